@@ -1,0 +1,591 @@
+"""The Lightning engine (`engine=lightning`): the trial runs through `lightning.Trainer.fit`, measured
+by a Callback with the same clocks, stop rule, monitors and metrics as gpuopt's own loop.
+
+gpuopt's groups map onto Lightning's own knobs:
+
+- precision: fp32 -> `precision="32-true"` (matmul precision "highest"), tf32 -> "32-true" with
+  matmul precision "high", bf16 -> "bf16-mixed", fp16 -> "16-mixed"; `engine.precision` overrides
+  the mapping with any Lightning precision string (e.g. "bf16-true").
+- compile: `torch.compile(LightningModule)`; Lightning compiles its forward and training_step.
+- loader: gpuopt's DataLoader (`gpuopt.trial.build_loader`) for a Dataset; for a LightningDataModule,
+  the loader knobs its constructor accepts (batch_size, num_workers, ...).
+- device: accelerator/devices; cache.cudnn_benchmark -> `Trainer(benchmark=...)`.
+
+The model is either a built-in (or any) `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and
+optimizer config, or the user's own `LightningModule`, run as is: its training_step,
+configure_optimizers, and its train_dataloader unless `data._target_` names a Dataset or DataModule.
+
+Measuring (`MeasureCallback`): batch ends are the step boundaries (`gpuopt.measure` clocks: CUDA
+events, no per-step host sync); the first step is timed apart as compile_time_s when compile is on;
+`measure.warmup_steps` more steps are excluded (the first of them runs under FlopCounterMode for MFU,
+so warmup_time_s includes that counting); then the timed window runs until `gpuopt.measure.StopRule`
+says stop and sets `trainer.should_stop`. Data wait is the time Lightning spends in
+`next(dataloader)` (its profiler's `train_dataloader_next` action, caught by `FetchTimer`) plus, on
+CUDA, the GPU time of its host-to-device copy. Lightning's own per-step work (hooks, progress
+tracking) is inside the step time: that overhead is part of what this engine costs.
+
+Nothing is written to the working directory: no checkpoints, no logger, no progress bar;
+`default_root_dir` is the Hydra run dir (or a temporary directory outside Hydra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.utilities.data import extract_batch_size
+from torch.utils.flop_counter import FlopCounterMode
+
+from gpuopt import monitor, policies
+from gpuopt.config import MODEL_META_KEYS, TrialSpec
+from gpuopt.engines import owns_train_dataloader
+from gpuopt.measure import StopRule, WindowResult, make_clock, synchronize
+from gpuopt.result import TrialResult
+from gpuopt.trial import (
+    CEILING_WARMUP_STEPS,
+    Diverged,
+    _instantiate,
+    _Trial,
+    build_loader,
+    build_optimizer,
+    compute_loss,
+    peak_rss_mb,
+    record_window,
+)
+
+log = logging.getLogger(__name__)
+
+# gpuopt precision mode -> Lightning `Trainer(precision=...)`.
+PRECISION_TO_LIGHTNING = {
+    "fp32": "32-true",
+    "tf32": "32-true",
+    "bf16": "bf16-mixed",
+    "fp16": "16-mixed",
+}
+# Lightning precision string -> the dtype whose documented peak MFU is measured against.
+_PEAK_MODE = {"16-mixed": "fp16", "16-true": "fp16", "bf16-mixed": "bf16", "bf16-true": "bf16"}
+# Warnings Lightning gives for every trial that say nothing about the configuration.
+_IGNORED_WARNINGS = (
+    "does not have many workers",  # gpuopt's loader group is the place to tune num_workers
+    "GPU available but not used",
+    "`max_epochs=-1`",
+    "treespec",  # Lightning 2.6's use of a torch pytree API that torch 2.13 deprecates
+)
+
+
+def lightning_precision(spec: TrialSpec) -> str:
+    return spec.engine.precision or PRECISION_TO_LIGHTNING[spec.precision.mode]
+
+
+def peak_mode(spec: TrialSpec) -> str | None:
+    """The precision mode for the peak-FLOP/s lookup (MFU); None when there is no documented peak."""
+    precision = lightning_precision(spec)
+    if precision == "32-true":
+        return spec.precision.mode  # fp32 or tf32 (set through the matmul precision)
+    return _PEAK_MODE.get(precision)
+
+
+def accelerator_and_devices(device: torch.device) -> tuple[str, list[int] | int]:
+    """Lightning's (accelerator, devices) for one torch device: one device per trial."""
+    if device.type == "cuda":
+        return "cuda", [device.index or 0]
+    return device.type, 1
+
+
+class BuiltinModule(pl.LightningModule):
+    """A plain `nn.Module` (a built-in family or the user's own) trained the gpuopt way: the loss
+    named by `loss`, the optimizer group, channels_last inputs when the model is channels_last."""
+
+    def __init__(self, model: torch.nn.Module, spec: TrialSpec) -> None:
+        super().__init__()
+        self.model = model
+        self.spec = spec
+        self.channels_last = bool(spec.model.get("channels_last", False))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs)
+
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
+        inputs, targets = batch
+        if self.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return compute_loss(self.spec.loss, self(inputs), targets)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return build_optimizer(self.spec, self.model.parameters())
+
+
+class FetchTimer(Profiler):
+    """Lightning's profiler hook, used only to time what the input pipeline costs the loop: the host
+    time in `next(dataloader)` and, on CUDA, the GPU time of the host-to-device copy (CUDA events:
+    Lightning copies with non_blocking=True on the current stream, so the copy's host time would
+    include waiting for queued compute). Only while `active` (the timed window)."""
+
+    FETCH = "train_dataloader_next"
+    COPY = "batch_to_device"
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
+        self.active = False
+        self.fetch_s = 0.0
+        self._fetch_t0: float | None = None
+        self._copy_events: list[tuple[Any, Any]] = []
+        self._copy_start: Any = None
+
+    def reset(self) -> None:
+        self.fetch_s, self._copy_events = 0.0, []
+
+    def start(self, action_name: str) -> None:
+        if not self.active:
+            return
+        if action_name.endswith(self.FETCH):
+            self._fetch_t0 = time.perf_counter()
+        elif self.device.type == "cuda" and action_name.endswith(self.COPY):
+            self._copy_start = torch.cuda.Event(enable_timing=True)
+            self._copy_start.record()
+
+    def stop(self, action_name: str) -> None:
+        if action_name.endswith(self.FETCH) and self._fetch_t0 is not None:
+            self.fetch_s += time.perf_counter() - self._fetch_t0
+            self._fetch_t0 = None
+        elif action_name.endswith(self.COPY) and self._copy_start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._copy_events.append((self._copy_start, end))
+            self._copy_start = None
+
+    def wait_seconds(self) -> float:
+        """Fetch + copy time of the window (call after the window's closing synchronize)."""
+        return self.fetch_s + sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3
+
+
+def _loss_of(outputs: Any) -> torch.Tensor | None:
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+class _NonFinite:
+    """A device-side flag: any loss so far NaN/inf. Updated without a host sync; read at window ends."""
+
+    def __init__(self) -> None:
+        self.flag: torch.Tensor | None = None
+
+    def update(self, outputs: Any) -> None:
+        loss = _loss_of(outputs)
+        if loss is None:
+            return
+        if self.flag is None:
+            self.flag = torch.zeros((), dtype=torch.bool, device=loss.device)
+        torch.logical_or(self.flag, ~torch.isfinite(loss.detach()), out=self.flag)
+
+    def check(self, phase: str) -> None:
+        if self.flag is not None and bool(self.flag):  # a CPU-GPU sync point: window ends only
+            raise Diverged(f"loss became NaN/inf during {phase}")
+
+
+class MeasureCallback(pl.Callback):
+    """Compile step, warm-up (FLOP count on its first step), then the timed window until the stop
+    rule ends it. Results stay on the callback: `window`, `timed_samples`, `nvml`, ..."""
+
+    def __init__(
+        self,
+        spec: TrialSpec,
+        device: torch.device,
+        fetch_timer: FetchTimer,
+        cache_policy: policies.CachePolicy,
+        notes: list[str],
+    ) -> None:
+        measure = spec.measure
+        self.device = device
+        self.fetch_timer = fetch_timer
+        self.cache_policy = cache_policy
+        self.notes = notes
+        self.nvml_interval_s = measure.nvml_interval_s
+        self.rule = StopRule(
+            measure.min_steps, measure.max_steps, measure.time_budget_s, measure.stability_target
+        )
+        self.clock = make_clock(device)
+        self.compile_steps = 0 if spec.compile.mode == "off" else 1
+        self.untimed_steps = self.compile_steps + measure.warmup_steps
+        self.flop_step = (
+            self.compile_steps if measure.count_flops and measure.warmup_steps >= 1 else None
+        )
+        if measure.count_flops and self.flop_step is None:
+            notes.append(
+                "flops_per_sample and mfu need measure.warmup_steps >= 1 under engine=lightning"
+            )
+        self.nonfinite = _NonFinite()
+        self.steps = 0  # batches completed in this fit
+        # Filled as the fit runs.
+        self.compile_time_s: float | None = None
+        self.warmup_time_s: float | None = None
+        self.flops_per_sample: float | None = None
+        self.window: WindowResult | None = None
+        self.timed_steps = 0
+        self.timed_samples = 0
+        self.nvml: Any = None
+        self.last_batch: Any = None
+        self._sampler: Any = None
+        self._flop_counter: FlopCounterMode | None = None
+        self._first_step_t0 = self._warmup_t0 = self._window_t0 = self._first_step_at = 0.0
+
+    # -- hooks -------------------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._warmup_t0 = time.perf_counter()
+        if self.untimed_steps == 0:
+            self._start_window()
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.steps == 0:
+            self._first_step_t0 = time.perf_counter()
+        if self.steps == self.flop_step:
+            # Counts the matmul/conv/attention FLOPs of this whole step: forward and backward
+            # (the optimizer's elementwise ops are not counted), as the native engine does.
+            self._flop_counter = FlopCounterMode(display=False)
+            self._flop_counter.__enter__()
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self.nonfinite.update(outputs)
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            flops = float(self._flop_counter.get_total_flops())
+            self.flops_per_sample = flops / extract_batch_size(batch) if flops else None
+            self._flop_counter = None
+        self.steps += 1
+        if self._window_t0 and self.window is None:
+            self._timed_step(trainer, batch)
+            return
+        if self.compile_steps and self.steps == self.compile_steps:
+            synchronize(self.device)
+            now = time.perf_counter()
+            self.compile_time_s = now - self._first_step_t0
+            self._warmup_t0 = now
+        if self.steps == self.untimed_steps:
+            synchronize(self.device)
+            self.warmup_time_s = time.perf_counter() - self._warmup_t0
+            self.nonfinite.check("warm-up")
+            self._start_window()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            self._flop_counter = None
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+
+    # -- the window --------------------------------------------------------------------------
+    def _start_window(self) -> None:
+        sampler, note = monitor.open_sampler(self.device, self.nvml_interval_s)
+        if note:
+            self.notes.append(note)
+        self._sampler = sampler
+        self.fetch_timer.reset()
+        self.fetch_timer.active = True
+        if sampler is not None:
+            sampler.start()
+        self.clock.start()
+        self._first_step_at = time.time()
+        self._window_t0 = time.perf_counter()
+
+    def _timed_step(self, trainer: pl.Trainer, batch: Any) -> None:
+        self.clock.mark()
+        self.timed_steps += 1
+        self.timed_samples += extract_batch_size(batch)
+        self.last_batch = batch
+        self.cache_policy.after_step(self.timed_steps - 1)
+        elapsed = time.perf_counter() - self._window_t0
+        rule = self.rule
+        reason = None
+        # Reading completed step times queries CUDA events: only once a stop is possible.
+        if self.timed_steps >= rule.min_steps or elapsed >= rule.time_budget_s:
+            reason = rule.check(self.clock.completed_step_times(), elapsed)
+        if reason is not None:
+            self._end_window(trainer, reason)
+
+    def _end_window(self, trainer: pl.Trainer, reason: str) -> None:
+        step_times, wall = self.clock.finish()  # synchronizes on CUDA
+        self.fetch_timer.active = False
+        if self._sampler is not None:
+            self.nvml = self._sampler.stop()
+            self._sampler = None
+        self.window = WindowResult(step_times, wall, self.timed_steps, reason, self._first_step_at)
+        trainer.should_stop = True
+        self.nonfinite.check("the timed window")
+
+
+class CeilingCallback(pl.Callback):
+    """The compute ceiling under Lightning: `warm` untimed steps, then `steps` timed ones on a batch
+    already on the device (Lightning's per-step work included, no loader)."""
+
+    def __init__(self, device: torch.device, warm: int, steps: int) -> None:
+        self.device, self.warm, self.steps = device, warm, steps
+        self.nonfinite = _NonFinite()
+        self.done = 0
+        self.samples = 0
+        self.seconds: float | None = None
+        self._t0 = 0.0
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        self.nonfinite.update(outputs)
+        self.done += 1
+        if self.done > self.warm:
+            self.samples += extract_batch_size(batch)
+        if self.done == self.warm:
+            synchronize(self.device)
+            self._t0 = time.perf_counter()
+        elif self.done == self.warm + self.steps:
+            synchronize(self.device)
+            self.seconds = time.perf_counter() - self._t0
+            trainer.should_stop = True
+            self.nonfinite.check("the compute-ceiling replay")
+
+
+class _RepeatedBatch:
+    """One batch, `length` times: the ceiling's 'data loader' (no loader work, already on device)."""
+
+    def __init__(self, batch: Any, length: int) -> None:
+        self.batch, self.length = batch, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self.batch for _ in range(self.length))
+
+
+def _datamodule_loader_kwargs(
+    spec: TrialSpec, cls: type, device: torch.device, notes: list[str]
+) -> dict[str, Any]:
+    """The loader knobs a DataModule's constructor accepts (loader.* wins over data.*)."""
+    params = inspect.signature(cls.__init__).parameters
+    knobs = dataclasses.asdict(spec.loader)
+    # Page-locked memory only helps host-to-device copies; without an accelerator it is a no-op.
+    knobs["pin_memory"] = knobs["pin_memory"] and device.type != "cpu"
+    defaults = dataclasses.asdict(type(spec.loader)())
+    accepted = {k: v for k, v in knobs.items() if k in params}
+    overridden = sorted(k for k in accepted if k in spec.data and spec.data[k] != accepted[k])
+    if overridden:
+        notes.append(f"data.{', data.'.join(overridden)} replaced by the loader group's value(s)")
+    ignored = sorted(k for k, v in knobs.items() if k not in params and v != defaults[k])
+    if ignored:
+        notes.append(
+            f"loader.{', loader.'.join(ignored)} not applied: {cls.__name__}.__init__ does not take them"
+        )
+    return accepted
+
+
+def build_lightning_workload(
+    spec: TrialSpec, device: torch.device, notes: list[str]
+) -> tuple[pl.LightningModule, dict[str, Any]]:
+    """The LightningModule to fit and the data arguments of `Trainer.fit`."""
+    from hydra._internal.utils import _locate
+
+    torch.manual_seed(spec.seed)
+    model_kwargs = {k: v for k, v in spec.model.items() if k not in MODEL_META_KEYS}
+    built = _instantiate(model_kwargs, spec.trusted_targets)
+    if isinstance(built, pl.LightningModule):
+        module = built
+        if spec.model.get("channels_last"):
+            notes.append(
+                "model.channels_last not applied: a LightningModule formats its own inputs"
+            )
+    elif isinstance(built, torch.nn.Module):
+        if spec.model.get("channels_last"):
+            built = built.to(memory_format=torch.channels_last)
+        module = BuiltinModule(built, spec)
+    else:
+        raise TypeError(
+            f"model._target_={spec.model['_target_']} built a {type(built).__name__}, "
+            "not an nn.Module or LightningModule"
+        )
+
+    data_target = spec.data.get("_target_")
+    data_cls = _locate(data_target) if data_target else None
+    if isinstance(data_cls, type) and issubclass(data_cls, pl.LightningDataModule):
+        kwargs = _datamodule_loader_kwargs(spec, data_cls, device, notes)
+        return module, {"datamodule": _instantiate(spec.data, spec.trusted_targets, **kwargs)}
+    if isinstance(built, pl.LightningModule) and owns_train_dataloader(built):
+        if data_target:
+            notes.append(
+                f"data ({data_target}) and the loader group not used: "
+                f"{type(built).__name__} brings its own train_dataloader"
+            )
+        return module, {}
+    if data_cls is None:
+        raise TypeError(
+            f"{type(built).__name__} has no train_dataloader and no data._target_ is set: "
+            "give a Dataset or LightningDataModule as data._target_"
+        )
+    dataset = _instantiate(spec.data, spec.trusted_targets)
+    return module, {"train_dataloaders": build_loader(spec, dataset, device, notes)}
+
+
+def make_trainer(
+    spec: TrialSpec,
+    device: torch.device,
+    callbacks: list[pl.Callback],
+    profiler: Profiler | None,
+    root: Path,
+) -> pl.Trainer:
+    accelerator, devices = accelerator_and_devices(device)
+    return pl.Trainer(
+        accelerator=accelerator,
+        devices=devices,
+        strategy=spec.engine.strategy,
+        precision=lightning_precision(spec),  # type: ignore[arg-type]
+        benchmark=bool(spec.cache.cudnn_benchmark),
+        accumulate_grad_batches=spec.engine.accumulate_grad_batches,
+        gradient_clip_val=spec.engine.gradient_clip_val,
+        # The callback ends the fit (trainer.should_stop); epochs restart the loader as needed.
+        max_epochs=-1,
+        max_steps=-1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        profiler=profiler,
+        # Nothing into the user's cwd: no checkpoints, no logs, no progress bar.
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+    )
+
+
+@contextlib.contextmanager
+def _trainer_root() -> Iterator[Path]:
+    """Hydra's run dir when inside a Hydra job, else a temporary directory removed afterwards."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
+        yield Path(HydraConfig.get().runtime.output_dir)
+        return
+    with tempfile.TemporaryDirectory(prefix="gpuopt-lightning-") as root:
+        yield Path(root)
+
+
+@contextlib.contextmanager
+def _lightning_output(notes: list[str]) -> Iterator[None]:
+    """Quiet Lightning's per-fit info lines; keep its warnings about the configuration as notes."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+    seen: set[str] = set()
+    for warning in caught:
+        text = str(warning.message).strip().splitlines()[0]
+        if text in seen or any(ignored in text for ignored in _IGNORED_WARNINGS):
+            continue
+        seen.add(text)
+        notes.append(f"lightning: {text}")
+
+
+def measure_lightning(trial: _Trial, process_t0: float) -> None:
+    """`gpuopt.trial._measure`'s counterpart: fill `trial.metrics` by fitting with lightning.Trainer.
+    Raises on failure (Diverged, OOM, errors); `gpuopt.trial.run_trial` classifies them."""
+    spec, device, m = trial.spec, trial.device, trial.metrics
+    measure = spec.measure
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    rss_before_mb = peak_rss_mb()
+    policies.set_num_threads(spec.device.num_threads)
+    # Process-wide float32 matmul precision (TF32 on/off). Lightning's precision plugin does the
+    # autocast and the fp16 GradScaler, so the returned policy is not used here.
+    policies.precision_policy(spec.precision, device)
+    cache_policy = policies.CachePolicy(spec.cache, device)
+    cache_policy.apply()
+    module, fit_data = build_lightning_workload(spec, device, trial.warnings)
+    if trial.inspect is not None:
+        trial.inspect("module", module)
+        trial.inspect("fit_data", fit_data)
+    # Lightning recognises the compiled wrapper and compiles forward and training_step.
+    fit_module = policies.compile_function(module, spec.compile)
+    fetch_timer = FetchTimer(device)
+    meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings)
+    with _trainer_root() as root, _lightning_output(trial.warnings):
+        trainer = make_trainer(spec, device, [meter], fetch_timer, root)
+        if trial.inspect is not None:
+            trial.inspect("trainer", trainer)
+        trainer.fit(fit_module, **fit_data)
+        if meter.window is None:
+            raise RuntimeError(
+                f"the fit ended after {meter.steps} steps, before the timed window did "
+                "(did the train_dataloader yield no batches?)"
+            )
+        m.compile_time_s = meter.compile_time_s if meter.compile_steps else 0.0
+        m.warmup_time_s = meter.warmup_time_s
+        m.flops_per_sample = meter.flops_per_sample
+        record_window(
+            m,
+            meter.window,
+            samples=meter.timed_samples,
+            waited_s=fetch_timer.wait_seconds(),
+            device=device,
+            nvml=meter.nvml,
+            rss_before_mb=rss_before_mb,
+            precision_mode=peak_mode(spec),
+            process_t0=process_t0,
+        )
+        if measure.ceiling and meter.last_batch is not None:
+            ceiling = CeilingCallback(device, CEILING_WARMUP_STEPS, measure.ceiling_steps)
+            replay = _RepeatedBatch(meter.last_batch, CEILING_WARMUP_STEPS + measure.ceiling_steps)
+            meter.last_batch = None
+            # trainer.lightning_module: the fitted module (already compiled, if compile is on).
+            ceiling_trainer = make_trainer(spec, device, [ceiling], None, root)
+            ceiling_trainer.fit(trainer.lightning_module, train_dataloaders=replay)
+            if ceiling.seconds:
+                m.ceiling_throughput = ceiling.samples / ceiling.seconds
+                m.input_efficiency = (
+                    100.0 * m.throughput / m.ceiling_throughput if m.throughput else None
+                )
+
+
+def run_lightning_trial(
+    spec: TrialSpec, device: torch.device | None = None, inspect: Any = None
+) -> TrialResult:
+    """Measure `spec` under the Lightning engine (whatever `spec.engine.name` says), with the same
+    failure handling and result as `gpuopt.trial.run_trial`."""
+    from gpuopt.trial import run_trial
+
+    engine = dataclasses.replace(spec.engine, name="lightning")
+    return run_trial(dataclasses.replace(spec, engine=engine), device=device, inspect=inspect)

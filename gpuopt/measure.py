@@ -1,0 +1,294 @@
+"""The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling and MFU.
+
+Principles (see docs/DESIGN.md): warm-up and compilation happen before the window; on CUDA the host
+never synchronizes inside the window (that would serialize CPU and GPU): step boundaries are CUDA
+events, and the host synchronizes only at the window's ends. Throughput is samples / wall seconds of
+the whole window; step-time statistics come from the per-step boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+# Two-sided 95% Student-t quantiles t(0.975, df) for df = 1..30; 1.96 beyond.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+# The CI uses this many batch means: consecutive step times are autocorrelated (allocator,
+# thermal and frequency drift, loader bursts), so raw steps would understate the uncertainty.
+CI_BATCHES = 10
+MIN_CI_BATCHES = 5
+
+
+def t_quantile_975(df: int) -> float:
+    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
+
+
+def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES) -> float | None:
+    """Relative half-width of the 95% CI of the mean step time (= of throughput, to first order),
+    from batch means: the last n steps are cut into up to `batches` equal consecutive batches."""
+    n = len(step_times)
+    size = max(1, n // batches)
+    count = n // size
+    if count < MIN_CI_BATCHES:
+        return None
+    means = np.asarray(step_times[n - count * size :], dtype=float).reshape(count, size).mean(axis=1)
+    mean = float(means.mean())
+    if mean <= 0:
+        return None
+    half_width = t_quantile_975(count - 1) * float(means.std(ddof=1)) / math.sqrt(count)
+    return half_width / mean
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When the timed window ends: stable (CI under target, after min_steps), budget, or max_steps."""
+
+    min_steps: int
+    max_steps: int
+    time_budget_s: float
+    stability_target: float
+
+    def check(self, step_times: Sequence[float], elapsed_s: float, steps: int | None = None) -> str | None:
+        """`step_times`: the completed steps' times; `steps`: steps run (on CUDA some may still be
+        queued on the device); `elapsed_s`: wall seconds since the window started."""
+        n = len(step_times) if steps is None else steps
+        if n >= self.max_steps:
+            return "max_steps"
+        if n >= self.min_steps:
+            ci = relative_ci_halfwidth(step_times)
+            if ci is not None and ci < self.stability_target:
+                return "stable"
+        if elapsed_s >= self.time_budget_s and n >= 2:
+            return "budget"
+        return None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    cv: float
+
+
+def step_stats(step_times_s: Sequence[float]) -> StepStats:
+    times = np.asarray(step_times_s, dtype=float)
+    mean = float(times.mean())
+    cv = float(times.std(ddof=1) / mean) if len(times) > 1 and mean > 0 else 0.0
+    p10, p50, p90 = np.percentile(times, [10, 50, 90]) * 1e3
+    return StepStats(float(p50), float(p10), float(p90), cv)
+
+
+class StepClock(Protocol):
+    """Marks step boundaries; `completed_step_times` must not block (no device sync)."""
+
+    def start(self) -> None: ...
+    def mark(self) -> None: ...
+    def completed_step_times(self) -> list[float]: ...
+    def finish(self) -> tuple[list[float], float]: ...  # (step times, window wall seconds)
+
+
+class HostClock:
+    """CPU: the host's clock is the device's clock. On an asynchronous device without timing
+    events (MPS), `sync` makes the window's ends exact; per-step times are then host-side."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.boundaries: list[float] = []
+        self.sync = sync
+
+    def start(self) -> None:
+        if self.sync is not None:
+            self.sync()
+        self.boundaries = [time.perf_counter()]
+
+    def mark(self) -> None:
+        self.boundaries.append(time.perf_counter())
+
+    def completed_step_times(self) -> list[float]:
+        b = self.boundaries
+        return [b[i + 1] - b[i] for i in range(len(b) - 1)]
+
+    def finish(self) -> tuple[list[float], float]:
+        if self.sync is not None:
+            self.sync()
+            self.boundaries[-1] = time.perf_counter()  # the last step ends when the device is done
+        return self.completed_step_times(), self.boundaries[-1] - self.boundaries[0]
+
+
+class CudaEventClock:
+    """CUDA: one event per step boundary, recorded on the current stream (asynchronous). An event
+    is reached when the GPU gets there, so event-to-event times include GPU idle time waiting for
+    the host (e.g. for data) - what a training step costs, not just its kernels."""
+
+    def __init__(self, device: torch.device) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self.events: list[Any] = []
+        self._host_start = 0.0
+
+    def _record(self) -> None:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.events.append(event)
+
+    def start(self) -> None:
+        # Window boundary: a sync point, so queued warm-up work does not leak into the window.
+        self._torch.cuda.synchronize(self.device)
+        self._host_start = time.perf_counter()
+        self.events = []
+        self._record()
+
+    def mark(self) -> None:
+        self._record()
+
+    def completed_step_times(self) -> list[float]:
+        # event.query() does not block; elapsed_time between two completed events does not either.
+        last = len(self.events) - 1
+        while last > 0 and not self.events[last].query():
+            last -= 1
+        return [self.events[i].elapsed_time(self.events[i + 1]) / 1e3 for i in range(last)]
+
+    def finish(self) -> tuple[list[float], float]:
+        # Window boundary: a sync point; everything the window queued has now run.
+        self._torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - self._host_start
+        return self.completed_step_times(), wall
+
+
+def make_clock(device: torch.device) -> StepClock:
+    if device.type == "cuda":
+        return CudaEventClock(device)
+    if device.type == "mps":
+        return HostClock(sync=lambda: synchronize(device))
+    return HostClock()
+
+
+def synchronize(device: torch.device) -> None:
+    """A CPU-GPU sync point: wait until the device finished everything queued so far."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass
+class WindowResult:
+    step_times: list[float]
+    wall_s: float
+    steps: int
+    stop_reason: str
+    first_step_at: float  # time.time() when the first timed step started
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) -> WindowResult:
+    """Run `step(i)` (fetch a batch, train on it) until the rule says stop.
+
+    The stability check costs tens of microseconds (more on CUDA, where it queries events), so it
+    runs at min_steps and then each time the step count grew ~5%: its cost stays under ~1% of the
+    window even for sub-millisecond steps. Budget and max_steps are checked every step.
+    """
+    clock.start()
+    first_step_at = time.time()
+    started = time.perf_counter()
+    steps = 0
+    next_check = rule.min_steps
+    reason = None
+    while reason is None:
+        step(steps)
+        clock.mark()
+        steps += 1
+        elapsed = time.perf_counter() - started
+        due = steps >= next_check
+        if due or elapsed >= rule.time_budget_s or steps >= rule.max_steps:
+            reason = rule.check(clock.completed_step_times(), elapsed, steps)
+            if due:
+                next_check = steps + max(1, steps // 20)
+    step_times, wall = clock.finish()
+    return WindowResult(step_times, wall, steps, reason, first_step_at)
+
+
+def time_replay(
+    step: Callable[[int], None], max_steps: int, device: torch.device, budget_s: float, min_steps: int = 3
+) -> tuple[int, float]:
+    """(steps, wall seconds) for up to `max_steps` calls of `step`, ending early once `budget_s`
+    passed (after at least `min_steps`): a slow step must not make the ceiling cost more than the
+    window itself. Synchronized at both ends; the budget is read on the host, so on CUDA the queue
+    may run a little past it, and the final synchronize counts that in."""
+    synchronize(device)
+    started = time.perf_counter()
+    steps = 0
+    while steps < max_steps:
+        step(steps)
+        steps += 1
+        if steps >= min_steps and time.perf_counter() - started >= budget_s:
+            break
+    synchronize(device)
+    return steps, time.perf_counter() - started
+
+
+# Dense (no sparsity) peak TFLOP/s per dtype from NVIDIA's datasheets. fp16/bf16/tf32 are tensor-core
+# numbers with fp32 accumulation; fp32 is the non-tensor-core number (gpuopt's fp32 mode disables
+# TF32). Matched against torch.cuda.get_device_name() in order, first match wins.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),  # SXM
+    (r"H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    (r"H100", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),  # SXM
+    (r"A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    (r"L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    (r"V100.*PCIe", {"fp32": 14.0, "fp16": 112.0}),
+    (r"V100", {"fp32": 15.7, "fp16": 125.0}),  # SXM2
+    (r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
+    (r"RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
+    (r"RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0}),
+)
+
+
+def peak_flops(device_name: str | None, precision_mode: str) -> float | None:
+    """Documented dense peak FLOP/s of a device for a precision mode, or None when unknown (CPUs)."""
+    if not device_name:
+        return None
+    for pattern, table in PEAK_TFLOPS:
+        if re.search(pattern, device_name):
+            tflops = table.get(precision_mode)
+            return tflops * 1e12 if tflops else None
+    return None
+
+
+def count_step_flops(run_forward_backward: Callable[[], None]) -> float:
+    """FLOPs of one forward+backward, counted by torch.utils.flop_counter (matmuls, convolutions,
+    attention). Runs outside the timed window. With activation checkpointing the count includes
+    the recomputed forward (hardware FLOPs, not model FLOPs)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        run_forward_backward()
+    return float(counter.get_total_flops())
+
+
+def mfu_percent(flops_per_sample: float | None, throughput: float | None, peak: float | None) -> float | None:
+    if not flops_per_sample or not throughput or not peak:
+        return None
+    return 100.0 * flops_per_sample * throughput / peak

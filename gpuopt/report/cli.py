@@ -1,0 +1,179 @@
+"""`python -m gpuopt.report`: list studies, report one, write HTML, export the best config."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from gpuopt.report.export import compose_experiment, export_experiment
+from gpuopt.report.html import PLOTLY_HINT, plotly_available, write_html
+from gpuopt.report.storage import (
+    ReportError,
+    StudyEntry,
+    default_storage_url,
+    list_studies,
+    load_study,
+    open_storage,
+)
+from gpuopt.report.summary import StudyReport, config_diff
+from gpuopt.report.text import fmt, render, trial_detail
+
+HTML_WIDTH = 150  # characters per line of the text report embedded in the HTML page
+PIPE_WIDTH = 150  # characters per line when stdout is not a terminal (files, CI logs)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuopt.report",
+        description="Review a gpuopt study: status counts, baseline vs best, the change to apply, "
+        "bottlenecks, parameter importances; optional HTML plots and best-config export.",
+    )
+    parser.add_argument(
+        "--storage",
+        default=None,
+        help="Optuna storage URL "
+        f"(default: {default_storage_url()}, from GPUOPT_OUTPUT_DIR or ./outputs)",
+    )
+    parser.add_argument("--study", default=None, help="study name (default: the latest study)")
+    parser.add_argument(
+        "--html", metavar="PATH", help="also write a self-contained HTML report with plots"
+    )
+    parser.add_argument(
+        "--export-best",
+        metavar="PATH",
+        help="write the best configuration as a Hydra experiment config "
+        "(e.g. conf/experiment/best_NAME.yaml)",
+    )
+    parser.add_argument(
+        "--top", type=int, default=15, help="trials shown in the trials table (default 15)"
+    )
+    parser.add_argument("--all", action="store_true", help="show every trial")
+    parser.add_argument(
+        "--trial",
+        type=int,
+        metavar="N",
+        help="also show trial N in detail: overrides, diagnosis with evidence, reason",
+    )
+    parser.add_argument("--list", action="store_true", help="only list the studies in the storage")
+    return parser.parse_args(argv)
+
+
+def studies_table(studies: list[StudyEntry], current: str | None) -> Table:
+    table = Table(title="Studies", title_justify="left")
+    for column in ("study", "trials", "directions", "started"):
+        table.add_column(column)
+    for entry in studies:
+        mark = " <" if entry.name == current else ""
+        started = entry.started.strftime("%Y-%m-%d %H:%M") if entry.started else "-"
+        table.add_row(entry.name + mark, str(entry.n_trials), ", ".join(entry.directions), started)
+    return table
+
+
+def run_command_for(path: Path) -> str:
+    """How to run an exported experiment written to `path`."""
+    if path.parent.name != "experiment":
+        return (
+            f"put it in a folder named experiment/ (e.g. conf/experiment/{path.name}), then: "
+            f"python -m gpuopt.run --config-dir DIR_ABOVE_IT +experiment={path.stem}"
+        )
+    conf_dir = path.parent.parent  # as given: a relative path stays relative to where you are
+    import gpuopt.conf
+
+    if conf_dir.resolve() == Path(gpuopt.conf.__file__).parent.resolve():
+        return f"python -m gpuopt.run +experiment={path.stem}"
+    return f"python -m gpuopt.run --config-dir {conf_dir} +experiment={path.stem}"
+
+
+def export_best(report: StudyReport, path: Path, console: Console) -> None:
+    best = report.best
+    if best is None:
+        raise ReportError(f"study {report.study_name!r} has no completed ok trial to export")
+    if best.overrides is None:
+        raise ReportError(f"trial #{best.number} has no recorded overrides: cannot export it")
+    values = ", ".join(f"{n} {fmt(n, v)}" for n, v in zip(report.objectives, best.values or ()))
+    header = [f"Best configuration of study {report.study_name}: trial #{best.number} ({values})"]
+    if report.speedup is not None:
+        header.append(
+            f"{report.speedup:.2f}x the baseline's throughput (trial #{report.baseline.number})"
+        )  # type: ignore[union-attr]
+    header.append(f"Run it: {run_command_for(path)}")
+    skipped = export_experiment(path, best.overrides, header)
+    console.print(f"Wrote {path}\n  {run_command_for(path)}")
+    if skipped:
+        console.print(
+            f"[yellow]Left out (not expressible in a config file): {' '.join(skipped)}[/]"
+        )
+    text = path.read_text()
+    if not best.config:
+        console.print("[yellow]Not verified: the trial has no recorded resolved config.[/]")
+        return
+    try:
+        composed = compose_experiment(text, name=path.stem)
+    except Exception as exc:  # noqa: BLE001 - e.g. conf/ changed since the study: a warning
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        console.print(
+            "[yellow]Not verified: composing the export failed: "
+            f"{type(exc).__name__}: {first_line}[/]"
+        )
+        return
+    mismatches = config_diff(best.config, composed)
+    if mismatches:
+        console.print(
+            "[bold yellow]Warning: the export composes differently from "
+            f"trial #{best.number}'s config:[/]"
+        )
+        for item in mismatches:
+            console.print(f"  {item.key}: trial {item.baseline!r}, export {item.best!r}")
+    else:
+        console.print(f"Verified: the export composes to trial #{best.number}'s resolved config.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Piped output (a file, a CI log) gets a fixed width wide enough for the trials table.
+    console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
+    url = args.storage or default_storage_url()
+    try:
+        storage = open_storage(url)
+        studies = list_studies(storage)
+        if args.list:
+            console.print(studies_table(studies, None))
+            return 0
+        study = load_study(storage, url, args.study)
+        if args.study is None:
+            console.print(studies_table(studies, study.study_name))
+        # Importances and plots are computed quietly; Optuna's INFO logs would drown the report.
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        from gpuopt.report.summary import build_report
+
+        report = build_report(study, url)
+        limit = None if args.all else args.top
+        render(report, console, limit)
+        if args.trial is not None:
+            trial = next((t for t in report.trials if t.number == args.trial), None)
+            if trial is None:
+                raise ReportError(f"study {report.study_name!r} has no trial #{args.trial}")
+            console.print(trial_detail(report, trial))
+        if args.html:
+            recorder = Console(
+                record=True, width=HTML_WIDTH, file=io.StringIO(), force_terminal=True
+            )
+            render(report, recorder, limit)
+            text_html = recorder.export_html(inline_styles=True, code_format="<pre>{code}</pre>")
+            notes = write_html(args.html, study, report, text_html)
+            console.print(f"Wrote {args.html}" + "".join(f" ({n})" for n in notes))
+        elif not plotly_available():
+            console.print(f"[dim]Note: {PLOTLY_HINT} (for --html).[/]")
+        if args.export_best:
+            export_best(report, Path(args.export_best), console)
+    except ReportError as exc:
+        print(f"gpuopt.report: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

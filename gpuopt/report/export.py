@@ -1,0 +1,72 @@
+"""--export-best: the best trial's overrides as a Hydra experiment config, verified by composing it.
+
+The overrides -> experiment conversion is the sweeper's (gpuopt/sweeper/export.py: one
+implementation for the report and the sweep's own best.yaml). This module adds what the report
+needs around it: which keys are config groups, and a check that the written file composes to the
+trial's resolved config.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from gpuopt.sweeper.export import overrides_to_experiment, write_experiment
+
+CONF_PACKAGE = "gpuopt.conf"
+
+
+@functools.cache
+def conf_groups(package: str = CONF_PACKAGE) -> frozenset[str]:
+    """Config groups: the folders of the packaged conf/ (a dotless key naming one is a group)."""
+    return frozenset(
+        entry.name
+        for entry in resources.files(package).iterdir()
+        if entry.is_dir() and not entry.name.startswith(("_", "."))
+    )
+
+
+def experiment_body(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """(experiment config as a dict, overrides that cannot be written as a config file)."""
+    return overrides_to_experiment(overrides, conf_groups())
+
+
+def experiment_text(overrides: Sequence[str]) -> str:
+    """The experiment config as YAML, for showing in the report (no header)."""
+    body, _ = experiment_body(overrides)
+    return "# @package _global_\n" + (OmegaConf.to_yaml(OmegaConf.create(body)) if body else "{}\n")
+
+
+def export_experiment(path: Path, overrides: Sequence[str], header: Sequence[str]) -> list[str]:
+    """Write the experiment file; returns the skipped overrides."""
+    body, skipped = experiment_body(overrides)
+    write_experiment(path, body, header)
+    return skipped
+
+
+def compose_experiment(yaml_text: str, name: str = "exported") -> dict[str, Any]:
+    """Compose gpuopt's config with `+experiment=<this text>`, as `python -m gpuopt.run` would.
+
+    The text goes into a temporary `experiment/` folder searched after the packaged conf/, so the
+    check does not depend on where the file was written. Returns the resolved config (no `hydra`).
+    """
+    from hydra import compose, initialize_config_search_path
+
+    from gpuopt.config import register_schemas
+
+    register_schemas()  # conf/config.yaml starts from the `gpuopt_schema` structured config
+    with tempfile.TemporaryDirectory(prefix="gpuopt-export-") as tmp:
+        folder = Path(tmp) / "experiment"
+        folder.mkdir()
+        (folder / f"{name}.yaml").write_text(yaml_text)
+        with initialize_config_search_path([f"pkg://{CONF_PACKAGE}", f"file://{tmp}"]):
+            cfg = compose(config_name="config", overrides=[f"+experiment={name}"])
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    return resolved  # type: ignore[return-value]

@@ -1,0 +1,146 @@
+"""The HTML report: the terminal text plus plots, in one self-contained file that opens offline.
+
+Plots come from optuna.visualization (plotly). plotly.js is embedded once, inline
+(`include_plotlyjs=True`), so the file has no external script. Without plotly the page holds the
+text report and a note saying how to get the plots.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from gpuopt.report.summary import StudyReport, importance_target
+
+PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>gpuopt report: {title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; }}
+pre {{ font-family: Menlo, 'DejaVu Sans Mono', Consolas, monospace; font-size: 13px; }}
+.note {{ color: #8a6d3b; }}
+</style>
+</head>
+<body>
+<h1>gpuopt report: {title}</h1>
+{text}
+<h2>Plots</h2>
+{plots}
+</body>
+</html>
+"""
+
+
+def plotly_available() -> bool:
+    try:
+        return importlib.util.find_spec("plotly") is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules, a broken install
+        return False
+
+
+def _ok_study(study: optuna.Study, report: StudyReport) -> optuna.Study:
+    """An in-memory copy holding only the ok trials: worst-case values of OOM/diverged trials would
+    flatten every axis and every importance."""
+    ok_numbers = {t.number for t in report.ok_trials}
+    copy = optuna.create_study(directions=study.directions)
+    copy.add_trials([t for t in study.get_trials(deepcopy=False) if t.number in ok_numbers])
+    return copy
+
+
+def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:
+    """(title, plotly figure) pairs; needs plotly."""
+    import plotly.graph_objects as go
+    from optuna import visualization as vis
+
+    if not report.ok_trials:
+        return []
+    ok = _ok_study(study, report)
+    first = report.objectives[0]
+    target = (
+        {"target": (lambda t: t.values[0]), "target_name": first}
+        if report.multi_objective
+        else {"target_name": first}
+    )
+    result: list[tuple[str, Any]] = [
+        (f"Optimization history ({first}, ok trials)", vis.plot_optimization_history(ok, **target))
+    ]
+    if report.multi_objective and len(report.objectives) <= 3:
+        result.append(("Pareto front", vis.plot_pareto_front(ok, target_names=report.objectives)))
+    for index, (name, importances) in enumerate(report.importances.items()):
+        with warnings.catch_warnings():  # the sign is handled by importance_target (see summary.py)
+            warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+            figure = vis.plot_param_importances(
+                ok,
+                params=list(importances),
+                target=importance_target(study.directions[index], index),
+                target_name=name,
+            )
+        result.append((f"Parameter importances ({name})", figure))
+    if any(t.params for t in report.ok_trials):
+        result.append(("Parallel coordinates", vis.plot_parallel_coordinate(ok, **target)))
+
+    scatter = go.Figure()
+    by_precision: dict[str, list[tuple[float, float, int]]] = {}
+    for trial in report.ok_trials:
+        batch = (trial.config.get("loader") or {}).get("batch_size")
+        throughput = trial.metric("throughput")
+        if isinstance(batch, (int, float)) and throughput is not None:
+            precision = str((trial.config.get("precision") or {}).get("mode", "?"))
+            by_precision.setdefault(precision, []).append((batch, throughput, trial.number))
+    for precision, points in sorted(by_precision.items()):
+        scatter.add_trace(
+            go.Scatter(
+                x=[p[0] for p in points],
+                y=[p[1] for p in points],
+                mode="markers",
+                name=precision,
+                text=[f"trial #{p[2]}" for p in points],
+            )
+        )
+    if by_precision:
+        scatter.update_layout(
+            xaxis={"title": "loader.batch_size", "type": "log"},
+            yaxis={"title": "throughput (samples/s)"},
+            legend_title_text="precision",
+        )
+        result.append(("Throughput vs batch size, by precision", scatter))
+    return result
+
+
+def write_html(
+    path: str | Path, study: optuna.Study, report: StudyReport, text_html: str
+) -> list[str]:
+    """Write the page; returns notes for the user (e.g. plots skipped)."""
+    notes: list[str] = []
+    parts: list[str] = []
+    if not plotly_available():
+        notes.append(PLOTLY_HINT)
+        parts.append(
+            f'<p class="note">{html.escape(PLOTLY_HINT)}; this page holds the text report only.</p>'
+        )
+    else:
+        import plotly.io as pio
+
+        plots = figures(study, report)
+        if not plots:
+            parts.append('<p class="note">No completed ok trial: nothing to plot.</p>')
+        for index, (title, figure) in enumerate(plots):
+            # plotly.js (~4 MB) is inlined once, with the first figure; the others reuse it.
+            div = pio.to_html(figure, full_html=False, include_plotlyjs=index == 0)
+            parts.append(f"<h3>{html.escape(title)}</h3>\n{div}")
+    page = _PAGE.format(
+        title=html.escape(report.study_name), text=text_html, plots="\n".join(parts)
+    )
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page, encoding="utf-8")
+    return notes

@@ -1,0 +1,370 @@
+"""Read an Optuna study written by the gpuopt sweeper into a `StudyReport`: plain data, no printing.
+
+Everything the terminal and HTML views show is computed here, so tests assert on this object.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpuopt.diagnose import Diagnosis, diagnose
+from gpuopt.result import (
+    ATTR_BASELINE,
+    ATTR_CONFIG,
+    ATTR_ENV,
+    ATTR_OVERRIDES,
+    ATTR_STATUS,
+    STUDY_CONFIRMATION,
+    STUDY_HARDWARE,
+    STUDY_OBJECTIVES,
+)
+from gpuopt.sweeper.resume import INTERRUPTED_ATTR  # on a trial whose sweeping process died
+
+# Status columns, in display order; other states (pruned, waiting) are shown only when present.
+STATUS_ORDER = ("ok", "oom", "diverged", "error", "running")
+
+# Parameter importances need enough finished trials to mean anything (PED-ANOVA compares the top
+# quantile of trials with the rest).
+MIN_TRIALS_FOR_IMPORTANCE = 6
+# The metrics compared between the baseline and the best trial, in display order.
+COMPARED_METRICS = (
+    "throughput",
+    "step_time_ms",
+    "utilization",
+    "data_wait",
+    "mfu",
+    "input_efficiency",
+    "ceiling_throughput",
+    "peak_memory_mb",
+    "energy_per_sample_j",
+)
+# Keys of the resolved config that never describe the measured configuration.
+IGNORED_CONFIG_KEYS = ("hydra", "output_dir")
+
+
+def trial_status(trial: FrozenTrial) -> str:
+    """ok | oom | diverged | error for finished trials (the sweeper's attribute), else the state."""
+    if trial.state == TrialState.RUNNING:
+        return "running"
+    if trial.state == TrialState.WAITING:
+        return "waiting"
+    if trial.state == TrialState.PRUNED:
+        return "pruned"
+    if trial.user_attrs.get(INTERRUPTED_ATTR):
+        return "interrupted"  # the sweep died under it; the sweeper re-ran its parameters
+    if trial.state == TrialState.FAIL:
+        return "error"
+    return str(trial.user_attrs.get(ATTR_STATUS, "ok"))
+
+
+def device_type_of(attrs: dict[str, Any], hardware: dict[str, Any] | None) -> str | None:
+    """The device a trial ran on ("cuda", "cpu", ...): its env, the study's, its config."""
+    hardware_env = (hardware or {}).get("env")
+    for source in (attrs.get(ATTR_ENV), hardware, hardware_env):
+        if isinstance(source, dict):
+            for key in ("device_type", "device", "accelerator"):
+                value = source.get(key)
+                if isinstance(value, dict):
+                    value = value.get("type")
+                if isinstance(value, str) and value:
+                    return value.split(":")[0]
+    config = attrs.get(ATTR_CONFIG)
+    if isinstance(config, dict):
+        declared = (config.get("device") or {}).get("type")
+        if isinstance(declared, str) and declared != "auto":
+            return declared.split(":")[0]
+    return None
+
+
+@dataclass
+class TrialView:
+    """One trial as the report sees it."""
+
+    number: int
+    status: str
+    values: tuple[float, ...] | None
+    params: dict[str, Any]
+    attrs: dict[str, Any]
+    diagnosis: Diagnosis
+
+    @property
+    def baseline(self) -> bool:
+        return bool(self.attrs.get(ATTR_BASELINE))
+
+    @property
+    def overrides(self) -> list[str] | None:
+        value = self.attrs.get(ATTR_OVERRIDES)
+        return list(value) if isinstance(value, list) else None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        value = self.attrs.get(ATTR_CONFIG)
+        return value if isinstance(value, dict) else {}
+
+    def metric(self, name: str) -> float | None:
+        value = self.attrs.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            return None
+        return float(value)
+
+
+@dataclass
+class ConfigChange:
+    key: str  # dotted key of the resolved config
+    baseline: Any
+    best: Any
+
+
+@dataclass
+class StudyReport:
+    study_name: str
+    storage_url: str
+    objectives: list[str]
+    directions: list[str]
+    hardware: dict[str, Any] | None
+    counts: dict[str, int]
+    trials: list[TrialView]
+    baseline: TrialView | None
+    best: TrialView | None
+    pareto: list[TrialView]  # multi-objective: the ok trials on the Pareto front
+    speedup: float | None  # best throughput / baseline throughput
+    confirmation: Any  # the sweeper's end-of-sweep re-measurement, as stored
+    override_changes: list[str]  # best overrides not already in the baseline's
+    reverted_overrides: list[str]  # baseline overrides the best trial does not use
+    config_changes: list[ConfigChange]
+    importances: dict[str, dict[str, float]] = field(
+        default_factory=dict
+    )  # objective -> param -> share
+    importance_note: str | None = None
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.directions) > 1
+
+    @property
+    def ok_trials(self) -> list[TrialView]:
+        return [t for t in self.trials if t.status == "ok" and t.values is not None]
+
+
+def _objective_names(study: optuna.Study) -> list[str]:
+    names = study.user_attrs.get(STUDY_OBJECTIVES)
+    if isinstance(names, list) and len(names) == len(study.directions):
+        return [str(n) for n in names]
+    if study.metric_names and len(study.metric_names) == len(study.directions):
+        return list(study.metric_names)
+    return (
+        ["value"]
+        if len(study.directions) == 1
+        else [f"value_{i}" for i in range(len(study.directions))]
+    )
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    return all(c <= 0.0 for c in trial.constraints.values())
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(config, dict):
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, dotted))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+_ABSENT = "(absent)"
+
+
+def config_diff(baseline: dict[str, Any], best: dict[str, Any]) -> list[ConfigChange]:
+    """The resolved-config keys whose values differ, in the best config's key order."""
+    ignored = tuple(IGNORED_CONFIG_KEYS)
+    base_flat = {k: v for k, v in flatten(baseline).items() if k.split(".")[0] not in ignored}
+    best_flat = {k: v for k, v in flatten(best).items() if k.split(".")[0] not in ignored}
+    keys = list(best_flat) + [k for k in base_flat if k not in best_flat]
+    return [
+        ConfigChange(k, base_flat.get(k, _ABSENT), best_flat.get(k, _ABSENT))
+        for k in keys
+        if base_flat.get(k, _ABSENT) != best_flat.get(k, _ABSENT)
+    ]
+
+
+def _override_map(overrides: list[str]) -> dict[str, tuple[str, str]]:
+    """key (no +/++ prefix) -> (normalized value, the override as written), by Hydra's parser."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    result: dict[str, tuple[str, str]] = {}
+    for override, line in zip(OverridesParser.create().parse_overrides(overrides), overrides):
+        key = override.key_or_group + (f"@{override.package}" if override.package else "")
+        value = "~" if override.is_delete() else override.get_value_element_as_str()
+        result[key] = (value, line)
+    return result
+
+
+def override_diff(baseline: list[str], best: list[str]) -> tuple[list[str], list[str]]:
+    """(best overrides that differ from the baseline's, baseline overrides the best one drops)."""
+    base_map, best_map = _override_map(baseline), _override_map(best)
+    changed = [
+        line for key, (value, line) in best_map.items() if base_map.get(key, (None,))[0] != value
+    ]
+    dropped = [line for key, (_, line) in base_map.items() if key not in best_map]
+    return changed, dropped
+
+
+def importance_target(direction: optuna.study.StudyDirection, index: int) -> Any:
+    """PED-ANOVA ranks parameters by how they reach LOW target values: negate maximized ones."""
+    sign = -1.0 if direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    return lambda trial: sign * trial.values[index]
+
+
+def param_importances(
+    study: optuna.Study, trials: list[FrozenTrial], objectives: list[str]
+) -> tuple[dict[str, dict[str, float]], str | None]:
+    """Per-objective parameter importances over the ok trials (PED-ANOVA, Optuna's default).
+
+    Optuna warns whenever a `target` is given (PED-ANOVA's "low is good" convention); the
+    sign is handled by `importance_target`, so that warning is silenced here.
+    Infeasible trials carry worst-case values that would make every OOM-prone parameter look
+    important; they are left out by copying the ok trials into an in-memory study.
+    """
+    with_params = [t for t in trials if t.params]
+    if len(with_params) < MIN_TRIALS_FOR_IMPORTANCE:
+        return {}, (
+            f"parameter importances need >= {MIN_TRIALS_FOR_IMPORTANCE} completed ok trials "
+            f"with parameters; this study has {len(with_params)}"
+        )
+    varied = {
+        name
+        for t in with_params
+        for name in t.params
+        if any(u.params.get(name) != t.params[name] for u in with_params)
+    }
+    if not varied:
+        return {}, "no parameter varied between the ok trials"
+    copy = optuna.create_study(directions=study.directions)
+    copy.add_trials(with_params)
+    result: dict[str, dict[str, float]] = {}
+    for index, name in enumerate(objectives):
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+                result[name] = optuna.importance.get_param_importances(
+                    copy,
+                    params=sorted(varied),
+                    target=importance_target(study.directions[index], index),
+                )
+        except (ValueError, RuntimeError) as exc:  # e.g. too few distinct values
+            return result, f"parameter importances unavailable: {exc}"
+    return result, None
+
+
+def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
+    """Summarize a study: counts, baseline, best, Pareto front, diff, diagnoses, importances."""
+    objectives = _objective_names(study)
+    directions = [d.name.lower() for d in study.directions]
+    hardware = study.user_attrs.get(STUDY_HARDWARE)
+    hardware = hardware if isinstance(hardware, dict) else None
+    frozen = study.get_trials(deepcopy=False)
+
+    views: list[TrialView] = []
+    for trial in frozen:
+        status = trial_status(trial)
+        attrs = dict(trial.user_attrs)
+        views.append(
+            TrialView(
+                number=trial.number,
+                status=status,
+                values=tuple(trial.values) if trial.values is not None else None,
+                params=dict(trial.params),
+                attrs=attrs,
+                diagnosis=diagnose(
+                    attrs,
+                    status=status,
+                    device_type=device_type_of(attrs, hardware),
+                    config=attrs.get(ATTR_CONFIG) or {},
+                ),
+            )
+        )
+    by_number = {v.number: v for v in views}
+
+    counts = Counter(v.status for v in views)
+    ordered = {s: counts.get(s, 0) for s in STATUS_ORDER}
+    ordered.update({s: n for s, n in counts.items() if s not in ordered})
+
+    # Best = the sweeper's own pick (gpuopt/sweeper/_impl.py), so the report and the sweep's
+    # best.yaml agree: the confirmed winner when a confirmation ran, else the best first objective
+    # (on the Pareto front when there are several objectives).
+    from gpuopt.sweeper._impl import _pick_best
+
+    feasible = [t for t in frozen if t.state == TrialState.COMPLETE and _feasible(t) and t.values]
+    pareto_frozen = (
+        [t for t in study.best_trials if _feasible(t)] if len(directions) > 1 and feasible else []
+    )
+    confirmation = study.user_attrs.get(STUDY_CONFIRMATION)
+    picked = _pick_best(
+        feasible,
+        pareto_frozen,
+        directions,
+        confirmation if isinstance(confirmation, dict) else None,
+    )
+    best = by_number[picked.number] if picked is not None else None
+    pareto = [by_number[t.number] for t in pareto_frozen]
+
+    # The baseline: an interrupted baseline is re-run under the same flag, so prefer one that ran.
+    baselines = [v for v in views if v.baseline]
+    baseline = next(
+        (v for v in baselines if v.status == "ok"), baselines[-1] if baselines else None
+    )
+    speedup = None
+    if baseline and best and baseline.status == "ok":
+        base_tp, best_tp = baseline.metric("throughput"), best.metric("throughput")
+        if base_tp and best_tp:
+            speedup = best_tp / base_tp
+
+    changes: list[str] = []
+    reverted: list[str] = []
+    config_changes: list[ConfigChange] = []
+    if best is not None:
+        best_overrides = best.overrides or []
+        if baseline is not None and baseline is not best:
+            changes, reverted = override_diff(baseline.overrides or [], best_overrides)
+            if baseline.config and best.config:
+                config_changes = config_diff(baseline.config, best.config)
+        elif baseline is None:
+            changes = list(best_overrides)
+
+    ok_numbers = {v.number for v in views if v.status == "ok"}
+    importances, note = param_importances(
+        study, [t for t in feasible if t.number in ok_numbers], objectives
+    )
+
+    return StudyReport(
+        study_name=study.study_name,
+        storage_url=storage_url,
+        objectives=objectives,
+        directions=directions,
+        hardware=hardware,
+        counts=ordered,
+        trials=views,
+        baseline=baseline,
+        best=best,
+        pareto=pareto,
+        speedup=speedup,
+        confirmation=confirmation,
+        override_changes=changes,
+        reverted_overrides=reverted,
+        config_changes=config_changes,
+        importances=importances,
+        importance_note=note,
+    )

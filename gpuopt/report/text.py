@@ -1,0 +1,424 @@
+"""The terminal view of a `StudyReport` (rich tables); the HTML report embeds the same text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from gpuopt.diagnose import Bottleneck, Diagnosis
+from gpuopt.report.export import experiment_text
+from gpuopt.report.summary import COMPARED_METRICS, StudyReport, TrialView, flatten
+from gpuopt.result import METRIC_GOALS
+
+# Display unit per metric; percentages are differences in points, the rest ratios.
+METRIC_UNITS = {
+    "throughput": "samples/s",
+    "ceiling_throughput": "samples/s",
+    "step_time_ms": "ms",
+    "utilization": "%",
+    "data_wait": "%",
+    "mfu": "%",
+    "input_efficiency": "%",
+    "peak_memory_mb": "MB",
+    "energy_per_sample_j": "J",
+    "power_w": "W",
+    "compile_time_s": "s",
+}
+# Bottleneck labels short enough for a table column.
+BOTTLENECK_SHORT = {
+    Bottleneck.INPUT: "input",
+    Bottleneck.HOST: "host/launch",
+    Bottleneck.MEMORY_OR_SMALL_KERNELS: "memory/small kernels",
+    Bottleneck.NEAR_LIMIT: "near limit",
+    Bottleneck.COMPUTE: "compute",
+    Bottleneck.UNKNOWN: "unknown",
+    Bottleneck.NOT_MEASURED: "-",
+}
+# Sampled parameters get a column each up to this many; more go into one folded column.
+MAX_PARAM_COLUMNS = 4
+STATUS_STYLE = {
+    "ok": "green",
+    "oom": "yellow",
+    "diverged": "yellow",
+    "error": "red",
+    "running": "cyan",
+}
+
+
+def fmt(name: str, value: float | None, unit: bool = True) -> str:
+    """A metric value for display; `unit=False` in table cells whose header names the unit."""
+    if value is None:
+        return "-"
+    suffix = METRIC_UNITS.get(name, "")
+    if suffix == "%":
+        return f"{value:.1f}%"
+    number = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{number} {suffix}".rstrip() if unit else number
+
+
+def change(name: str, base: float | None, best: float | None) -> str:
+    """Best vs baseline: points for percentages, else a ratio; green/red by the metric's goal."""
+    if base is None or best is None:
+        return ""
+    if METRIC_UNITS.get(name) == "%":
+        delta = best - base
+        text = f"{delta:+.1f} pts"
+    else:
+        if base == 0:
+            return ""
+        delta = best / base - 1.0
+        text = f"x{best / base:.2f}"
+    goal = METRIC_GOALS.get(name)
+    if goal is None or abs(delta) < 1e-12:
+        return text
+    better = (delta > 0) == (goal == "maximize")
+    return f"[green]{text}[/]" if better else f"[red]{text}[/]"
+
+
+def _values_text(report: StudyReport, trial: TrialView) -> str:
+    if trial.values is None:
+        return "-"
+    return ", ".join(f"{n} {fmt(n, v)}" for n, v in zip(report.objectives, trial.values))
+
+
+def _params_text(trial: TrialView) -> str:
+    """The sampled parameters (or the overrides of a trial without any), one `key=value` each."""
+    if trial.params:
+        return " ".join(f"{k}={v}" for k, v in trial.params.items())
+    return " ".join(trial.overrides or [])
+
+
+# Hardware facts shown in the header (flattened keys of the study's hardware attribute), in order;
+# anything else recorded is listed after them.
+HARDWARE_KEYS = (
+    "id",
+    "env.device",
+    "env.device_name",
+    "gpus",
+    "cpu",
+    "cpu_count",
+    "env.cpus",
+    "system",
+    "machine",
+)
+MAX_HARDWARE_FACTS = 14
+
+
+def header(report: StudyReport) -> Panel:
+    lines = [
+        f"[bold]Study[/] {escape(report.study_name)}   [dim]{escape(report.storage_url)}[/]",
+        "Objectives: "
+        + ", ".join(f"{o} ({d})" for o, d in zip(report.objectives, report.directions)),
+    ]
+    if report.hardware:
+        facts = flatten(report.hardware)
+        keys = [k for k in HARDWARE_KEYS if k in facts] + [
+            k for k in facts if k not in HARDWARE_KEYS
+        ]
+        shown = [f"{k}={_short(facts[k])}" for k in keys[:MAX_HARDWARE_FACTS]]
+        lines.append("Hardware: " + escape("  ".join(shown)))
+    else:
+        lines.append("Hardware: not recorded")
+    return Panel("\n".join(lines), title="gpuopt report", expand=False)
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def counts_table(report: StudyReport) -> Table:
+    table = Table(title="Trials by status", title_justify="left")
+    for status in report.counts:
+        table.add_column(status, justify="right", style=STATUS_STYLE.get(status))
+    table.add_column("total", justify="right", style="bold")
+    table.add_row(*(str(n) for n in report.counts.values()), str(sum(report.counts.values())))
+    return table
+
+
+def comparison_table(report: StudyReport) -> Table:
+    best, base = report.best, report.baseline
+    assert best is not None
+    table = Table(title="Baseline vs best", title_justify="left")
+    table.add_column("metric")
+    if base is not None:
+        table.add_column(
+            f"baseline #{base.number}" + ("" if base.status == "ok" else f" ({base.status})"),
+            justify="right",
+        )
+    table.add_column(f"best #{best.number}", justify="right", style="bold")
+    if base is not None:
+        table.add_column("change", justify="right")
+    names = list(dict.fromkeys([*report.objectives, *COMPARED_METRICS]))
+    for name in names:
+        best_value = best.metric(name)
+        base_value = base.metric(name) if base is not None else None
+        if best_value is None and base_value is None:
+            continue
+        row = [name]
+        if base is not None:
+            row.append(fmt(name, base_value))
+        row.append(fmt(name, best_value))
+        if base is not None:
+            row.append(change(name, base_value, best_value))
+        table.add_row(*row)
+    return table
+
+
+def speedup_lines(report: StudyReport) -> list[str]:
+    lines: list[str] = []
+    if report.baseline is None:
+        lines.append("No baseline trial recorded: speedup unknown.")
+    elif report.baseline.status != "ok":
+        lines.append(f"The baseline ended as {report.baseline.status}: speedup unknown.")
+    elif report.speedup is not None:
+        lines.append(
+            f"[bold]Speedup over the baseline: {report.speedup:.2f}x throughput[/] "
+            f"(trial #{report.best.number} vs #{report.baseline.number}, one measurement each)"  # type: ignore[union-attr]
+        )
+    lines += confirmation_lines(report)
+    return lines
+
+
+def confirmation_lines(report: StudyReport) -> list[str]:
+    """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm.py): baseline vs top-k,
+    interleaved, each speedup with a 95% CI."""
+    from gpuopt.sweeper.summary import ci_text
+
+    confirmation = report.confirmation
+    if confirmation is None:
+        return [
+            (
+                "[dim]No confirmation recorded (the sweeper's end-of-sweep re-measurement of the "
+                "baseline vs the top candidates): one measurement drifts 4-14% between "
+                "processes.[/]"
+            )
+        ]
+    if not isinstance(confirmation, dict) or not isinstance(confirmation.get("comparisons"), list):
+        return [f"Confirmation (unrecognised format): {escape(_short(confirmation))}"]
+    best_number = report.best.number if report.best is not None else None
+    rounds, top_k = confirmation.get("rounds", "?"), confirmation.get("top_k", "?")
+    objective = confirmation.get("objective", "?")
+    lines = [
+        f"Confirmation: {rounds} interleaved round(s), baseline + top {top_k}, on {objective}:"
+    ]
+    for entry in confirmation["comparisons"]:
+        number = entry.get("trial_number")
+        mark = ", the best" if number == best_number else ""
+        label = escape(str(entry.get("label")))
+        text = f"  {label} (trial #{number}{mark}) vs baseline: {escape(ci_text(entry))}"
+        lines.append(f"[bold]{text}[/]" if number == best_number else text)
+    top_two = confirmation.get("top_two")
+    if isinstance(top_two, dict):
+        labels = " vs ".join(str(x) for x in top_two.get("labels", []))
+        lines.append(f"  top two ({escape(labels)}): {escape(ci_text(top_two))}")
+    for config in confirmation.get("configs") or []:
+        failed = [s for s in config.get("confirm_statuses") or [] if s != "ok"]
+        if failed:
+            lines.append(
+                f"  [yellow]{config.get('label')} (trial #{config.get('trial_number')}): "
+                f"re-measurements ended as {', '.join(failed)}[/]"
+            )
+    return lines
+
+
+def pareto_table(report: StudyReport) -> Table:
+    table = Table(title=f"Pareto front ({len(report.pareto)} trials)", title_justify="left")
+    table.add_column("#", justify="right")
+    for name, direction in zip(report.objectives, report.directions):
+        table.add_column(f"{name} ({'max' if direction == 'maximize' else 'min'})", justify="right")
+    table.add_column("parameters")
+    for trial in sorted(
+        report.pareto, key=lambda t: t.values[0], reverse=report.directions[0] == "maximize"
+    ):  # type: ignore[index]
+        table.add_row(
+            str(trial.number),
+            *(fmt(n, v) for n, v in zip(report.objectives, trial.values or ())),
+            escape(_params_text(trial)),
+        )
+    return table
+
+
+def change_section(report: StudyReport) -> Group:
+    best = report.best
+    assert best is not None
+    parts: list[Any] = []
+    if report.baseline is best:
+        parts.append(Text("The baseline is the best trial: nothing to change."))
+        return Group(*parts)
+    if best.overrides is None:
+        parts.append(Text("The best trial has no recorded overrides; see the config diff."))
+    elif not report.override_changes and not report.reverted_overrides:
+        parts.append(Text("The best trial uses the baseline's overrides."))
+    else:
+        if report.override_changes:
+            parts.append(
+                Text.from_markup(
+                    "Overrides: [bold]" + escape(" ".join(report.override_changes)) + "[/]"
+                )
+            )
+        if report.reverted_overrides:
+            parts.append(Text("Drop from the baseline: " + " ".join(report.reverted_overrides)))
+    if report.config_changes:
+        table = Table(title="Resolved config: keys that differ", title_justify="left")
+        table.add_column("key")
+        table.add_column("baseline", justify="right")
+        table.add_column("best", justify="right", style="bold")
+        for item in report.config_changes:
+            table.add_row(item.key, escape(_short(item.baseline)), escape(_short(item.best)))
+        parts.append(table)
+    if report.override_changes:
+        yaml_text = experiment_text(report.override_changes)
+        parts.append(Text("As a config (paste into a YAML file, or use --export-best PATH):"))
+        parts.append(Text(yaml_text.rstrip(), style="cyan"))
+    return Group(*parts)
+
+
+def diagnosis_panel(title: str, trial: TrialView, diagnosis: Diagnosis) -> Panel:
+    lines = [f"[bold]{diagnosis.bottleneck.value}[/]: {escape(diagnosis.summary)}"]
+    lines += [f"  - {escape(e)}" for e in diagnosis.evidence]
+    if diagnosis.suggestions:
+        lines.append("Try:")
+        lines += [f"  - {escape(s)}" for s in diagnosis.suggestions]
+    return Panel(
+        "\n".join(lines),
+        title=f"Bottleneck: {title} (#{trial.number})",
+        title_align="left",
+        expand=False,
+    )
+
+
+def ranked_trials(report: StudyReport) -> list[TrialView]:
+    """ok trials best first (by the first objective), then the rest by number."""
+    maximize = report.directions[0] == "maximize"
+    ok = sorted(report.ok_trials, key=lambda t: t.values[0], reverse=maximize)  # type: ignore[index]
+    rest = [t for t in report.trials if t not in ok]
+    return ok + rest
+
+
+def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
+    """The trials, best first; returns the table and how many trials it leaves out."""
+    ranked = ranked_trials(report)
+    shown = list(ranked if limit is None else ranked[:limit])
+    if report.baseline is not None and report.baseline not in shown:
+        shown.append(report.baseline)
+    units = ", ".join(
+        f"{n} in {METRIC_UNITS[n]}" for n in report.objectives if METRIC_UNITS.get(n, "%") != "%"
+    )
+    table = Table(
+        title="Trials (best first; B = baseline, * = best" + (f"; {units}" if units else "") + ")",
+        title_justify="left",
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    for name in report.objectives:
+        table.add_column(name, justify="right", no_wrap=True)
+    for name in ("util", "wait", "mfu", "in_eff"):
+        table.add_column(name, justify="right", no_wrap=True)
+    # ok trials: their bottleneck; the others: how they ended (oom, error, running, ...)
+    table.add_column("bottleneck", min_width=len("bottleneck"))
+    # One column per sampled parameter (headed by its last dotted part) while they fit; else, and
+    # for trials without sampled parameters, one folded column of key=value.
+    param_names = list(dict.fromkeys(k for t in report.trials for k in t.params))
+    as_columns = 0 < len(param_names) <= MAX_PARAM_COLUMNS
+    if as_columns:
+        for name in param_names:
+            header = name.rsplit(".", 1)[-1]
+            table.add_column(header, overflow="fold", min_width=len(header))
+    else:
+        table.add_column("parameters", overflow="fold", min_width=16)
+    for trial in shown:
+        ok = trial.status == "ok"
+        values = trial.values if ok and trial.values else [None] * len(report.objectives)
+        mark = " B" if trial.baseline else ""
+        mark += " *" if trial is report.best else ""
+        verdict = (
+            BOTTLENECK_SHORT[trial.diagnosis.bottleneck]
+            if ok
+            else f"[{STATUS_STYLE.get(trial.status, 'white')}]{trial.status}[/]"
+        )
+        if as_columns:
+            params = [escape(str(trial.params.get(n, "-"))) for n in param_names]
+        else:
+            params = [escape(_params_text(trial))]
+        table.add_row(
+            f"{trial.number}{mark}",
+            *(fmt(n, v, unit=False) for n, v in zip(report.objectives, values)),
+            fmt("utilization", trial.metric("utilization")),
+            fmt("data_wait", trial.metric("data_wait")),
+            fmt("mfu", trial.metric("mfu")),
+            fmt("input_efficiency", trial.metric("input_efficiency")),
+            verdict,
+            *params,
+        )
+    return table, len(ranked) - len(shown)
+
+
+def importance_section(report: StudyReport) -> Any:
+    if not report.importances:
+        return Text(report.importance_note or "parameter importances unavailable", style="dim")
+    table = Table(title="Which parameters mattered (PED-ANOVA, ok trials)", title_justify="left")
+    table.add_column("parameter")
+    for name in report.importances:
+        table.add_column(name, justify="right")
+    params = list(next(iter(report.importances.values())))
+    for param in params:
+        table.add_row(param, *(f"{imp.get(param, 0.0):.2f}" for imp in report.importances.values()))
+    return table
+
+
+def render(report: StudyReport, console: Console, limit: int | None = 15) -> None:
+    """Print the whole report."""
+    console.print(header(report))
+    console.print(counts_table(report))
+    if report.best is None:
+        running = report.counts.get("running", 0)
+        console.print(
+            "[bold yellow]No completed ok trial in this study yet[/]"
+            + (f" ({running} running)." if running else ".")
+        )
+        if report.trials:
+            table, _ = trials_table(report, limit)
+            console.print(table)
+        return
+    console.print(comparison_table(report))
+    for line in speedup_lines(report):
+        console.print(line)
+    if report.multi_objective:
+        console.print(pareto_table(report))
+        console.print(f"[dim]Best = the Pareto trial with the best {report.objectives[0]}.[/]")
+    console.rule("The change to apply")
+    console.print(change_section(report))
+    console.rule("Bottlenecks")
+    console.print(diagnosis_panel("best", report.best, report.best.diagnosis))
+    if report.baseline is not None and report.baseline is not report.best:
+        console.print(diagnosis_panel("baseline", report.baseline, report.baseline.diagnosis))
+    table, hidden = trials_table(report, limit)
+    console.print(table)
+    if hidden > 0:
+        console.print(f"[dim]{hidden} more trials not shown (--all shows every trial).[/]")
+    console.print(importance_section(report))
+
+
+def trial_detail(report: StudyReport, trial: TrialView) -> Group:
+    """What is recorded about one trial: status, values, overrides, diagnosis, reason, warnings."""
+    lines = [
+        f"[bold]Trial #{trial.number}[/] ({trial.status})"
+        + (" - the baseline" if trial.baseline else "")
+    ]
+    if trial.values is not None and trial.status == "ok":
+        lines.append("Values: " + _values_text(report, trial))
+    lines.append("Overrides: " + escape(" ".join(trial.overrides or []) or "(none recorded)"))
+    for key in ("run_dir", "reason"):
+        if trial.attrs.get(key):
+            lines.append(f"{key}: {escape(str(trial.attrs[key]))}")
+    for warning in trial.attrs.get("warnings") or []:
+        lines.append(f"[yellow]warning:[/] {escape(str(warning))}")
+    return Group(
+        Text.from_markup("\n".join(lines)), diagnosis_panel("trial", trial, trial.diagnosis)
+    )

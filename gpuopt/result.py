@@ -1,0 +1,145 @@
+"""What one trial produced: the contract between the trial engine and everything that reads it.
+
+The task function returns a `TrialResult`; the sweeper turns it into Optuna values, constraints and
+user attributes; the report reads those attributes back. Metric names here are the public output
+contract (README, "Metrics").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+
+class Status(str, Enum):
+    """How a trial ended. Only `error` counts as a failure of the sweep's machinery."""
+
+    OK = "ok"
+    OOM = "oom"  # ran out of device (or host) memory: an infeasible configuration
+    DIVERGED = "diverged"  # loss became NaN/inf: an infeasible configuration
+    ERROR = "error"  # anything else: a bug, a crash, a bad user model
+
+
+# Which way is better for each metric. The sweeper derives Optuna directions from this table,
+# and an objective must be one of these names.
+METRIC_GOALS: dict[str, str] = {
+    "throughput": "maximize",  # samples/s over the timed window
+    "utilization": "maximize",  # % (NVML GPU utilization; on CPU 100 - data_wait)
+    "mfu": "maximize",  # % of the device's dense peak FLOP/s for the dtype
+    "input_efficiency": "maximize",  # throughput / ceiling_throughput, %
+    "ceiling_throughput": "maximize",  # samples/s with the batch already on the device
+    "step_time_ms": "minimize",  # median step time
+    "data_wait": "minimize",  # % of timed wall time blocked on the next batch
+    "peak_memory_mb": "minimize",
+    "power_w": "minimize",
+    "energy_per_sample_j": "minimize",
+    "compile_time_s": "minimize",
+}
+
+
+@dataclass
+class Metrics:
+    """Measured numbers. `None` means "not measurable here", never zero."""
+
+    throughput: float | None = None
+    step_time_ms: float | None = None
+    step_time_p10_ms: float | None = None
+    step_time_p90_ms: float | None = None
+    step_time_cv: float | None = None  # std/mean of step times in the timed window
+    throughput_ci: float | None = None  # relative half-width of the 95% CI of throughput
+    data_wait: float | None = None
+    utilization: float | None = None
+    peak_memory_mb: float | None = None
+    mfu: float | None = None
+    flops_per_sample: float | None = None
+    ceiling_throughput: float | None = None
+    input_efficiency: float | None = None
+    compile_time_s: float | None = None
+    warmup_time_s: float | None = None
+    startup_time_s: float | None = None  # process start -> first timed step
+    power_w: float | None = None
+    energy_per_sample_j: float | None = None
+    timed_steps: int | None = None
+    timed_seconds: float | None = None
+    stop_reason: str | None = None  # stable | budget | max_steps
+
+
+@dataclass
+class TrialResult:
+    """One trial: its status, its metrics, and the facts needed to compare it with others."""
+
+    status: Status
+    metrics: Metrics = field(default_factory=Metrics)
+    reason: str | None = None  # for oom/diverged/error: exception type and message
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved trial config
+    env: dict[str, Any] = field(default_factory=dict)  # environment fingerprint (gpuopt.env)
+    warnings: list[str] = field(default_factory=list)  # settings that could not apply, etc.
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    def metric(self, name: str) -> float | None:
+        if name not in METRIC_GOALS and not hasattr(self.metrics, name):
+            raise KeyError(f"unknown metric {name!r}; known: {', '.join(sorted(METRIC_GOALS))}")
+        value = getattr(self.metrics, name)
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        known = {f.name for f in dataclasses.fields(Metrics)}
+        metrics = Metrics(**{k: v for k, v in (data.get("metrics") or {}).items() if k in known})
+        return cls(
+            status=Status(data["status"]),
+            metrics=metrics,
+            reason=data.get("reason"),
+            config=data.get("config") or {},
+            env=data.get("env") or {},
+            warnings=list(data.get("warnings") or []),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrialResult:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# Trial user-attribute keys: the sweeper writes them, the report and optuna-dashboard read them.
+# Every metric is also stored flat under its own name (e.g. "throughput").
+ATTR_STATUS = "status"
+ATTR_REASON = "reason"
+ATTR_OVERRIDES = "overrides"  # list[str]: the Hydra overrides that produced this trial
+ATTR_RUN_DIR = "run_dir"
+ATTR_ENV = "env"
+ATTR_CONFIG = "config"  # the resolved trial config
+ATTR_WARNINGS = "warnings"
+ATTR_BASELINE = "baseline"  # True on the trial measuring the user's config as composed
+
+# Study user-attribute keys.
+STUDY_OBJECTIVES = "objectives"  # list[str] metric names, in Optuna's value order
+STUDY_DIRECTIONS = "directions"  # list[str] minimize | maximize
+STUDY_HARDWARE = "hardware"  # hardware fingerprint the study was measured on
+STUDY_CONFIRMATION = "confirmation"  # the end-of-sweep re-measurement (baseline vs top-k)
+
+
+def result_user_attrs(result: TrialResult) -> dict[str, Any]:
+    """The user attributes a trial's result is stored under (all JSON-serializable)."""
+    attrs: dict[str, Any] = {k: v for k, v in dataclasses.asdict(result.metrics).items()}
+    attrs[ATTR_STATUS] = result.status.value
+    attrs[ATTR_REASON] = result.reason
+    attrs[ATTR_ENV] = result.env
+    attrs[ATTR_CONFIG] = result.config
+    attrs[ATTR_WARNINGS] = result.warnings
+    return json.loads(json.dumps(attrs, default=str))

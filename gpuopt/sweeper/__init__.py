@@ -1,0 +1,1 @@
+"""The gpuopt Hydra sweeper (Optuna), registered through the hydra.plugins entry point."""

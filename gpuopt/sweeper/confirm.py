@@ -1,0 +1,216 @@
+"""The confirmation round: re-measure the baseline and the top candidates, interleaved.
+
+Throughput of one configuration drifts 4-14% between fresh processes on these machines, so the
+sweep's single measurement per configuration can crown a lucky one. At the end, the baseline (A)
+and the top-k candidates (B1, B2, ...) run again as A B1 B2 A B1 B2 ..., and the speedup of each
+candidate over the baseline is estimated from all measurements of both with a 95% confidence
+interval on the log-ratio of means (Welch's t: unequal variances, small samples). The candidates
+were picked for a high first measurement, so including it biases their mean up a little; the
+re-measurements are what make the interval honest about the noise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# ---- Student's t quantile without scipy: regularized incomplete beta + bisection --------------
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (Numerical Recipes, modified Lentz)."""
+    tiny, eps = 1e-300, 3e-15
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < eps:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Inverse CDF of Student's t with (possibly fractional) df, by bisection."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+        if hi > 1e12:
+            return math.inf
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+# ---- speedup with a confidence interval -------------------------------------------------------
+
+
+@dataclass
+class Speedup:
+    """How much better `candidate` is than `reference` on one metric (ratio > 1: better)."""
+
+    ratio: float
+    ci_low: float | None  # None: fewer than 2 measurements on a side
+    ci_high: float | None
+    n_candidate: int
+    n_reference: int
+
+    @property
+    def distinguishable(self) -> bool | None:
+        """Whether the 95% CI excludes 1 (no difference); None when there is no CI."""
+        if self.ci_low is None or self.ci_high is None:
+            return None
+        return self.ci_low > 1.0 or self.ci_high < 1.0
+
+
+def speedup(
+    candidate: Sequence[float],
+    reference: Sequence[float],
+    direction: str = "maximize",
+    confidence: float = 0.95,
+) -> Speedup:
+    """Speedup of candidate over reference from all measurements of each.
+
+    Works on logs (throughput is a rate: its noise is multiplicative): the estimate is
+    exp(mean log c - mean log r), the CI uses Welch's standard error and Welch-Satterthwaite df.
+    For a minimized metric the ratio is inverted, so > 1 always means "candidate is better".
+    """
+    c = [math.log(v) for v in candidate if v is not None and v > 0 and math.isfinite(v)]
+    r = [math.log(v) for v in reference if v is not None and v > 0 and math.isfinite(v)]
+    if not c or not r:
+        raise ValueError("speedup needs at least one positive measurement on each side")
+    sign = 1.0 if direction == "maximize" else -1.0
+    diff = sign * (statistics.fmean(c) - statistics.fmean(r))
+    if len(c) < 2 or len(r) < 2:
+        return Speedup(math.exp(diff), None, None, len(c), len(r))
+    vc, vr = statistics.variance(c) / len(c), statistics.variance(r) / len(r)
+    se = math.sqrt(vc + vr)
+    if se == 0.0:
+        return Speedup(math.exp(diff), math.exp(diff), math.exp(diff), len(c), len(r))
+    df = (vc + vr) ** 2 / ((vc * vc) / (len(c) - 1) + (vr * vr) / (len(r) - 1))
+    half = t_quantile(0.5 + confidence / 2.0, df) * se
+    return Speedup(math.exp(diff), math.exp(diff - half), math.exp(diff + half), len(c), len(r))
+
+
+# ---- planning and recording ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfirmPlan:
+    top_k: int
+    rounds: int
+
+    @property
+    def runs(self) -> int:
+        return self.rounds * (self.top_k + 1)
+
+
+def plan(
+    top_k: int, rounds: int, max_share: float, n_trials: int, n_candidates: int
+) -> ConfirmPlan | None:
+    """Size the round to at most max_share * n_trials runs: fewer candidates first, then rounds.
+
+    None when it is off (rounds=0 or top_k=0), there is nothing to confirm, or the cap does not
+    allow even one baseline + one candidate run.
+    """
+    k = min(top_k, n_candidates)
+    if rounds <= 0 or k <= 0:
+        return None
+    budget = int(math.floor(max_share * n_trials + 1e-9))
+    while k > 1 and (k + 1) > budget:
+        k -= 1
+    if (k + 1) > budget:
+        return None
+    return ConfirmPlan(top_k=k, rounds=max(1, min(rounds, budget // (k + 1))))
+
+
+def schedule(labels: Sequence[str], rounds: int) -> list[str]:
+    """A B1 B2 A B1 B2 ...: every round measures each config once, the baseline first."""
+    return [label for _ in range(rounds) for label in labels]
+
+
+@dataclass
+class ConfirmedConfig:
+    label: str  # "baseline", "candidate1", ...
+    trial_number: int
+    params: dict[str, Any]
+    overrides: list[str]
+    sweep_values: list[float]  # first-objective values of the study's trials with these params
+    confirm_values: list[float] = field(default_factory=list)
+    confirm_statuses: list[str] = field(default_factory=list)
+
+    @property
+    def all_values(self) -> list[float]:
+        return [*self.sweep_values, *self.confirm_values]
+
+
+def compare(configs: Sequence[ConfirmedConfig], direction: str) -> dict[str, Any]:
+    """Speedups over the baseline and whether the top two candidates can be told apart."""
+    base = configs[0]
+    out: dict[str, Any] = {"comparisons": [], "top_two": None}
+    for cand in configs[1:]:
+        entry: dict[str, Any] = {"label": cand.label, "trial_number": cand.trial_number}
+        try:
+            entry.update(asdict(s := speedup(cand.all_values, base.all_values, direction)))
+            entry["distinguishable"] = s.distinguishable
+        except ValueError as exc:
+            entry["error"] = str(exc)
+        out["comparisons"].append(entry)
+    if len(configs) >= 3:
+        a, b = configs[1], configs[2]
+        try:
+            s = speedup(a.all_values, b.all_values, direction)
+            out["top_two"] = {
+                "labels": [a.label, b.label],
+                **asdict(s),
+                "distinguishable": s.distinguishable,
+            }
+        except ValueError as exc:
+            out["top_two"] = {"labels": [a.label, b.label], "error": str(exc)}
+    return out

@@ -1,0 +1,208 @@
+"""Which numbers the study optimizes, and how one trial's return value becomes Optuna values.
+
+A gpuopt task returns a `TrialResult`: its named metrics become the objectives, `oom`/`diverged`
+become feasible-looking worst-case values plus an Optuna constraint (so samplers learn the region
+is infeasible), and `error` becomes a FAIL. A stock task returns a float or a list of floats: it is
+used as hydra-optuna-sweeper uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuopt.result import METRIC_GOALS, Status, TrialResult, result_user_attrs
+
+DEFAULT_OBJECTIVES = ("throughput", "utilization")
+DIRECTIONS = ("minimize", "maximize")
+# Constraint keys set on every COMPLETE gpuopt trial: 1.0 when the trial hit it (infeasible), else 0.
+CONSTRAINT_KEYS = (Status.OOM.value, Status.DIVERGED.value)
+
+
+class SweepConfigError(ValueError):
+    """A sweep setting that cannot work: raised before any trial runs."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid sweep config: {key}={value!r}; allowed: {allowed}")
+
+
+def _direction_name(direction: Any) -> str:
+    name = getattr(direction, "name", direction)  # the stock plugin's Direction enum, or a string
+    name = str(name).lower()
+    if name not in DIRECTIONS:
+        raise SweepConfigError(
+            "hydra.sweeper.direction", direction, "minimize | maximize (or a list of them)"
+        )
+    return name
+
+
+def resolve_objectives(
+    objectives: Sequence[str] | None, direction: Any
+) -> tuple[list[str], list[str]]:
+    """(metric names, directions) from the sweeper config; raises SweepConfigError.
+
+    - objectives given: names must be METRIC_GOALS keys; directions come from METRIC_GOALS unless
+      `direction` is given too (then its length must match).
+    - only a stock `direction` given: the first len(direction) default objectives.
+    - neither: throughput and utilization, both maximized.
+    """
+    directions: list[str] | None = None
+    if direction is not None:
+        items = (
+            list(direction)
+            if isinstance(direction, (list, tuple)) or _is_list_config(direction)
+            else [direction]
+        )
+        if not items:
+            raise SweepConfigError("hydra.sweeper.direction", [], "one direction per objective")
+        directions = [_direction_name(d) for d in items]
+
+    if objectives is None:
+        if directions is None:
+            names = list(DEFAULT_OBJECTIVES)
+            return names, [METRIC_GOALS[n] for n in names]
+        if len(directions) > len(DEFAULT_OBJECTIVES):
+            raise SweepConfigError(
+                "hydra.sweeper.direction",
+                directions,
+                f"at most {len(DEFAULT_OBJECTIVES)} directions without hydra.sweeper.objectives "
+                f"(defaults: {', '.join(DEFAULT_OBJECTIVES)}); name the metrics with "
+                "hydra.sweeper.objectives=[...]",
+            )
+        return list(DEFAULT_OBJECTIVES[: len(directions)]), directions
+
+    names = [str(n) for n in objectives]
+    if not names:
+        raise SweepConfigError(
+            "hydra.sweeper.objectives", [], f"one or more of {', '.join(METRIC_GOALS)}"
+        )
+    unknown = [n for n in names if n not in METRIC_GOALS]
+    if unknown:
+        raise SweepConfigError(
+            "hydra.sweeper.objectives", unknown[0], f"metric names: {', '.join(METRIC_GOALS)}"
+        )
+    if len(set(names)) != len(names):
+        raise SweepConfigError("hydra.sweeper.objectives", names, "each metric at most once")
+    if directions is None:
+        return names, [METRIC_GOALS[n] for n in names]
+    if len(directions) != len(names):
+        raise SweepConfigError(
+            "hydra.sweeper.direction",
+            directions,
+            f"{len(names)} direction(s), one per objective {names} (or leave direction unset: "
+            "it follows METRIC_GOALS)",
+        )
+    return names, directions
+
+
+def _is_list_config(value: Any) -> bool:
+    from omegaconf import ListConfig
+
+    return isinstance(value, ListConfig)
+
+
+def worst_value(direction: str) -> float:
+    """The value an infeasible trial is told: no real measurement can be worse.
+
+    All gpuopt metrics are >= 0, so 0 is the floor of a maximized one; a minimized one gets +inf
+    (Optuna stores it; GPSampler clips it to the worst finite value when fitting).
+    """
+    return 0.0 if direction == "maximize" else math.inf
+
+
+@dataclass
+class TrialOutcome:
+    """What the sweeper tells Optuna about one finished trial."""
+
+    status: str  # ok | oom | diverged | error
+    values: list[float] | None  # None for FAIL
+    constraints: dict[str, float] = field(default_factory=dict)  # empty for stock-style tasks
+    user_attrs: dict[str, Any] = field(default_factory=dict)
+    plain: bool = False  # the task returned a plain float/list (stock style), not a TrialResult
+
+    @property
+    def failed(self) -> bool:
+        return self.status == Status.ERROR.value
+
+    @property
+    def feasible(self) -> bool:
+        return self.status == Status.OK.value
+
+
+def error_outcome(reason: str) -> TrialOutcome:
+    return TrialOutcome(
+        status=Status.ERROR.value, values=None, user_attrs={"status": "error", "reason": reason}
+    )
+
+
+def outcome_from_return(
+    value: Any, objectives: Sequence[str], directions: Sequence[str]
+) -> TrialOutcome:
+    """Turn a task's return value into values, constraints and user attrs (never raises)."""
+    if isinstance(value, dict) and "status" in value and "metrics" in value:
+        try:
+            value = TrialResult.from_dict(value)
+        except Exception as exc:  # a malformed dict: an error trial, not a crash of the sweep
+            return error_outcome(f"unreadable trial result: {type(exc).__name__}: {exc}")
+    if isinstance(value, TrialResult):
+        return _outcome_from_result(value, objectives, directions)
+    return _outcome_from_plain(value, directions)
+
+
+def _outcome_from_result(
+    result: TrialResult, objectives: Sequence[str], directions: Sequence[str]
+) -> TrialOutcome:
+    attrs = result_user_attrs(result)
+    status = result.status.value
+    if result.status is Status.ERROR:
+        return TrialOutcome(status=status, values=None, user_attrs=attrs)
+    if result.status is Status.OK:
+        values: list[float] = []
+        for name in objectives:
+            metric = result.metric(name)
+            if metric is None:
+                attrs["status"] = Status.ERROR.value
+                attrs["reason"] = (
+                    f"objective {name!r} was not measured in this trial (None): it is not measurable "
+                    f"on this device; choose other hydra.sweeper.objectives"
+                )
+                return TrialOutcome(status=Status.ERROR.value, values=None, user_attrs=attrs)
+            values.append(float(metric))
+        return TrialOutcome(
+            status=status,
+            values=values,
+            constraints={k: 0.0 for k in CONSTRAINT_KEYS},
+            user_attrs=attrs,
+        )
+    # oom / diverged: a region of the space that does not work, told as data.
+    constraints = {k: (1.0 if k == status else 0.0) for k in CONSTRAINT_KEYS}
+    return TrialOutcome(
+        status=status,
+        values=[worst_value(d) for d in directions],
+        constraints=constraints,
+        user_attrs=attrs,
+    )
+
+
+def _outcome_from_plain(value: Any, directions: Sequence[str]) -> TrialOutcome:
+    """Stock hydra-optuna-sweeper semantics: a float for one direction, a list for several."""
+    try:
+        if len(directions) == 1:
+            values = [float(value)]
+        else:
+            values = [float(v) for v in value]
+    except (TypeError, ValueError):
+        kind = "a float" if len(directions) == 1 else "a list or tuple of floats"
+        return error_outcome(f"return value must be a TrialResult or {kind}; got {value!r}")
+    if len(values) != len(directions):
+        return error_outcome(
+            f"the task returned {len(values)} values for {len(directions)} objectives: {values}"
+        )
+    if any(math.isnan(v) for v in values):
+        return error_outcome(f"the task returned NaN: {values}")
+    return TrialOutcome(
+        status=Status.OK.value, values=values, user_attrs={"status": "ok"}, plain=True
+    )

@@ -1,0 +1,134 @@
+"""The gpuopt Hydra sweeper: hydra-optuna-sweeper's keys and samplers, gpuopt's sweep loop.
+
+Hydra imports this module on every run (plugin discovery through the `hydra.plugins` entry point in
+pyproject.toml), so it stays light: no optuna, no torch. The sweep itself lives in `_impl`, imported
+when a multirun actually starts.
+
+Selected with `hydra/sweeper=gpuopt` (conf/config.yaml does that for `python -m gpuopt.run -m`).
+Every key of the stock `hydra/sweeper=optuna` works unchanged (sampler, direction, storage,
+study_name, n_trials, n_jobs, max_failure_rate, params, custom_search_space); the keys below them are
+gpuopt's additions.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.utils import instantiate
+from hydra_plugins.hydra_optuna_sweeper import config as _stock_config  # noqa: F401  (sampler nodes)
+from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
+from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+from omegaconf import DictConfig
+
+# The sampler configs (tpe, random, grid, nsgaii, gp, cmaes, qmc, ...) are the stock plugin's,
+# stored under hydra/sweeper/sampler by the import above.
+SAMPLER_WHITELIST = ("hydra_plugins.hydra_optuna_sweeper.*", "optuna.samplers.*")
+
+
+@dataclass
+class ConfirmConf:
+    """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved."""
+
+    top_k: int = 2  # candidates re-measured against the baseline
+    rounds: int = 2  # A B1 B2 repetitions; 0 turns the confirmation off
+    max_share: float = (
+        0.25  # cap: confirmation runs <= this share of n_trials (fewer k, then rounds)
+    )
+
+
+@dataclass
+class GpuoptSweeperConf(OptunaSweeperConf):
+    _target_: str = "gpuopt.sweeper.plugin.GpuoptSweeper"
+
+    # Stock keys whose defaults differ for gpuopt:
+    # null: derived from `objectives` (METRIC_GOALS). Given without `objectives` (a stock config):
+    # the first len(direction) default objectives, or the task's plain float/list return values.
+    direction: Any = None
+    # null: SQLite file <output_dir>/gpuopt.db (absolute). "memory": in-memory, nothing kept.
+    storage: Any | None = None
+    # null: derived from the workload (model choice, search preset) and a hardware fingerprint.
+    study_name: str | None = None
+    n_trials: int = 20  # TOTAL trials of the study: a re-run of the same command resumes up to it
+    n_jobs: int = 1  # parallel trials need a process launcher; on one GPU they interfere
+    # Stop once more than this share of the finished trials ended with status `error` (from the 3rd
+    # trial on). oom/diverged trials are results, not failures, and never count.
+    max_failure_rate: float = 0.5
+
+    # gpuopt additions
+    # Metric names of gpuopt.result.METRIC_GOALS, in Optuna's value order. null: throughput, utilization.
+    objectives: list[str] | None = None
+    # Drop choices that `python -m gpuopt.env --json` flags as poor on this machine from the
+    # preset's params (command-line sweep arguments are always taken as written).
+    device_aware: bool = True
+    # Extra params searched only when trials run on that device type (cpu | cuda | mps).
+    device_params: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Run the user's config as composed first, marked baseline=True (once per study).
+    baseline: bool = True
+    confirm: ConfirmConf = field(default_factory=ConfirmConf)
+    # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
+    env_timeout_s: float = 120.0
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="gpuopt", node=GpuoptSweeperConf, provider="gpuopt"
+)
+
+
+class GpuoptSweeper(OptunaSweeper):
+    """hydra-optuna-sweeper's interface; `setup` and `sweep` are delegated to `GpuoptSweeperImpl`."""
+
+    def __init__(
+        self,
+        sampler: Any,
+        direction: Any,
+        storage: Any | None,
+        study_name: str | None,
+        n_trials: int,
+        n_jobs: int,
+        max_failure_rate: float,
+        custom_search_space: str | None,
+        params: DictConfig | None,
+        objectives: list[str] | None = None,
+        device_aware: bool = True,
+        device_params: DictConfig | None = None,
+        baseline: bool = True,
+        confirm: DictConfig | None = None,
+        env_timeout_s: float = 120.0,
+    ) -> None:
+        from ._impl import GpuoptSweeperImpl  # lazy: optuna is imported only when sweeping
+
+        sampler = instantiate(sampler, _execution_whitelist_=SAMPLER_WHITELIST)
+        self.sweeper = GpuoptSweeperImpl(
+            sampler=sampler,
+            direction=direction,
+            storage=storage,
+            study_name=study_name,
+            n_trials=n_trials,
+            n_jobs=n_jobs,
+            max_failure_rate=max_failure_rate,
+            custom_search_space=custom_search_space,
+            params=params,
+            objectives=objectives,
+            device_aware=device_aware,
+            device_params=device_params,
+            baseline=baseline,
+            confirm=confirm,
+            env_timeout_s=env_timeout_s,
+        )
+
+    def sweep(self, arguments: list[str]) -> None:
+        """Run the sweep; a bad setting or too many failed trials ends it with one clear line."""
+        from ._impl import SweepAborted
+        from .objectives import SweepConfigError
+
+        try:
+            return self.sweeper.sweep(arguments)
+        except SweepConfigError as exc:
+            print(f"gpuopt: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        except SweepAborted as exc:
+            print(f"gpuopt: sweep stopped: {exc}", file=sys.stderr, flush=True)
+            sys.exit(1)

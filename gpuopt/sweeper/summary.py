@@ -1,0 +1,154 @@
+"""What the sweep tells the user: one progress line per trial, and the summary at the end."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    return str(value)
+
+
+def values_text(names: Sequence[str], values: Sequence[float] | None) -> str:
+    if not values:
+        return "-"
+    return " ".join(f"{n}={fmt(v)}" for n, v in zip(names, values))
+
+
+def progress_line(
+    done: int,
+    total: int,
+    number: int,
+    status: str,
+    names: Sequence[str],
+    values: Sequence[float] | None,
+    elapsed_s: float,
+    eta_s: float | None,
+    best: tuple[int, Sequence[float]] | None,
+    baseline: bool,
+    reason: str | None = None,
+) -> str:
+    tag = " (baseline)" if baseline else ""
+    shown = values_text(names, values) if status == "ok" else (reason or status)[:120]
+    best_text = f"#{best[0]} {values_text(names[:1], best[1][:1])}" if best else "-"
+    return (
+        f"trial {done}/{total} #{number}{tag} {status}: {shown} | elapsed {duration(elapsed_s)} "
+        f"ETA {duration(eta_s)} | best {best_text}"
+    )
+
+
+def param_text(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={fmt(v)}" for k, v in sorted(params.items())) or "(as configured)"
+
+
+def ci_text(entry: dict[str, Any]) -> str:
+    if "ratio" not in entry:
+        return entry.get("error", "n/a")
+    ratio = entry["ratio"]
+    if entry.get("ci_low") is None:
+        return f"{ratio:.3f}x (no CI: needs >= 2 measurements each)"
+    verdict = "" if entry.get("distinguishable") else ", not distinguishable from 1.0x"
+    return f"{ratio:.3f}x [95% CI {entry['ci_low']:.3f}-{entry['ci_high']:.3f}, n={entry['n_candidate']}/{entry['n_reference']}{verdict}]"
+
+
+def render(
+    *,
+    study_name: str,
+    storage: str,
+    sweep_dir: str,
+    names: Sequence[str],
+    directions: Sequence[str],
+    counts: dict[str, int],
+    baseline: Any | None,
+    best: Any | None,
+    pareto: Sequence[Any],
+    confirmation: dict[str, Any] | None,
+    best_yaml: str | None,
+    elapsed_s: float,
+    notes: Sequence[str] = (),
+) -> str:
+    lines = [
+        "",
+        "=" * 78,
+        f"gpuopt sweep summary: study {study_name!r} ({duration(elapsed_s)})",
+        "=" * 78,
+    ]
+    lines.append(
+        "objectives: "
+        + ", ".join(f"{n} ({d})" for n, d in zip(names, directions))
+        + " | trials: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    )
+    if baseline is not None:
+        lines.append(
+            f"baseline  #{baseline.number}: {values_text(names, baseline.values)}  [{param_text(baseline.params)}]"
+        )
+    else:
+        lines.append("baseline: not measured in this study")
+    if best is not None:
+        lines.append(
+            f"best      #{best.number}: {values_text(names, best.values)}  [{param_text(best.params)}]"
+        )
+    else:
+        lines.append("best: no feasible trial")
+    if confirmation and confirmation.get("comparisons"):
+        obj = confirmation.get("objective")
+        lines.append(
+            f"confirmation ({confirmation.get('rounds')} round(s), interleaved; {obj}, all measurements):"
+        )
+        for entry in confirmation["comparisons"]:
+            lines.append(
+                f"  {entry['label']} (#{entry['trial_number']}) vs baseline: {ci_text(entry)}"
+            )
+        top_two = confirmation.get("top_two")
+        if top_two and "ratio" in top_two:
+            if top_two.get("distinguishable"):
+                lines.append(
+                    f"  {top_two['labels'][0]} vs {top_two['labels'][1]}: {ci_text(top_two)}"
+                )
+            else:
+                lines.append(f"  the top candidates are not distinguishable: {ci_text(top_two)}")
+    elif (
+        baseline is not None
+        and best is not None
+        and baseline.values
+        and best.values
+        and best.number != baseline.number
+    ):
+        first = 0
+        b, c = baseline.values[first], best.values[first]
+        if b and c and b > 0 and c > 0:
+            ratio = c / b if directions[first] == "maximize" else b / c
+            lines.append(
+                f"speedup over baseline ({names[first]}): {ratio:.3f}x (single measurements, no confirmation round)"
+            )
+    if len(names) > 1 and pareto:
+        lines.append(f"Pareto front ({len(pareto)} trial(s)):")
+        for t in list(pareto)[:10]:
+            lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
+    lines.extend(notes)
+    lines.append(f"sweep dir: {sweep_dir}")
+    if best_yaml:
+        lines.append(f"best config: {best_yaml}")
+        lines.append(f"  reproduce: python -m gpuopt.run --config-dir {sweep_dir} +experiment=best")
+    lines.append(f"review: python -m gpuopt.report --study {study_name} --storage {storage}")
+    lines.append(f"        optuna trials --study-name {study_name} --storage {storage}")
+    lines.append("=" * 78)
+    return "\n".join(lines)

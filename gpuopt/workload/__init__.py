@@ -1,0 +1,1 @@
+"""Workloads: built-in model families and synthetic datasets."""

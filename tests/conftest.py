@@ -1,0 +1,37 @@
+"""Shared test fixtures: compose gpuopt's real Hydra config in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+from gpuopt.config import register_schemas
+
+# A trial small enough for unit tests: a few steps on a tiny model and cheap samples.
+TINY_TRIAL = [
+    "measure.warmup_steps=1",
+    "measure.min_steps=3",
+    "measure.max_steps=6",
+    "measure.time_budget_s=0.5",
+    "measure.ceiling_steps=2",
+    "loader.batch_size=8",
+    "data.size=64",
+    "data.sample_cost=0.1",
+    "device=cpu",
+    "device.num_threads=1",  # tests share 2 cores with each other: no thread oversubscription
+]
+
+
+@pytest.fixture
+def compose_cfg() -> Callable[..., DictConfig]:
+    """compose_cfg(*overrides) -> the composed config, as `python -m gpuopt.run` would see it."""
+    register_schemas()
+
+    def _compose(*overrides: str) -> DictConfig:
+        with initialize_config_module("gpuopt.conf"):
+            return compose("config", overrides=list(overrides))
+
+    return _compose

@@ -1,0 +1,50 @@
+"""A stand-in trial engine for sweeper tests: gpuopt's real configs, a deterministic TrialResult.
+
+No torch: each trial costs only Hydra's composition, so the sweeper's handling of every status
+(ok / oom / diverged / error / a process that dies) is tested in seconds. What it returns:
+- throughput = loader.batch_size * (1 + loader.num_workers), utilization = 50 + 10 * num_workers
+- model.width >= 1_000_000 or +case=oom -> oom; optimizer.lr >= 10 or +case=diverge -> diverged
+- +case=crash -> the task raises (error); +case=die -> the process exits without a result
+"""
+
+from __future__ import annotations
+
+import os
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from gpuopt.config import register_schemas
+from gpuopt.result import Metrics, Status, TrialResult
+
+register_schemas()
+
+
+def fake_result(cfg: DictConfig) -> TrialResult:
+    config = OmegaConf.to_container(cfg, resolve=True)
+    case = cfg.get("case")
+    if case == "crash":
+        raise RuntimeError("fake crash")
+    if case == "die":
+        os._exit(3)  # the trial process dies: the launcher has no result to return
+    if cfg.model.width >= 1_000_000 or case == "oom":
+        return TrialResult(status=Status.OOM, reason="fake: out of memory", config=config)
+    if cfg.optimizer.lr >= 10 or case == "diverge":
+        return TrialResult(status=Status.DIVERGED, reason="fake: loss is nan", config=config)
+    workers = cfg.loader.num_workers
+    metrics = Metrics(
+        throughput=float(cfg.loader.batch_size * (1 + workers)),
+        utilization=50.0 + 10.0 * workers,
+        step_time_ms=1000.0 / (1 + workers),
+        peak_memory_mb=float(cfg.loader.batch_size),
+    )
+    return TrialResult(status=Status.OK, metrics=metrics, config=config, env={"device": "fake"})
+
+
+@hydra.main(config_path="pkg://gpuopt.conf", config_name="config")
+def main(cfg: DictConfig) -> TrialResult:
+    return fake_result(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Bottleneck rules: each verdict from the metrics that support it, and none the metrics cannot."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuopt.diagnose import (
+    DATA_WAIT_HIGH_PCT,
+    INPUT_EFFICIENCY_LOW_PCT,
+    MFU_HIGH_PCT,
+    MFU_LOW_PCT,
+    UTILIZATION_LOW_PCT,
+    Bottleneck,
+    diagnose,
+)
+
+CPU_CONFIG = {"loader": {"num_workers": 0, "pin_memory": False}, "precision": {"mode": "fp32"}}
+
+
+def gpu(utilization, mfu, data_wait=1.0, input_efficiency=98.0):
+    return {
+        "utilization": utilization,
+        "mfu": mfu,
+        "data_wait": data_wait,
+        "input_efficiency": input_efficiency,
+    }
+
+
+@pytest.mark.parametrize(
+    ("metrics", "device", "expected"),
+    [
+        # input-bound from either signal
+        (
+            {"data_wait": 42.0, "input_efficiency": 55.0, "utilization": 58.0},
+            "cpu",
+            Bottleneck.INPUT,
+        ),
+        ({"data_wait": DATA_WAIT_HIGH_PCT, "input_efficiency": 99.0}, "cpu", Bottleneck.INPUT),
+        (
+            {"data_wait": 2.0, "input_efficiency": INPUT_EFFICIENCY_LOW_PCT},
+            "cuda",
+            Bottleneck.INPUT,
+        ),
+        ({"data_wait": 30.0}, None, Bottleneck.INPUT),
+        # GPU: utilization and MFU decide
+        (gpu(UTILIZATION_LOW_PCT - 0.1, 3.0), "cuda", Bottleneck.HOST),
+        (gpu(97.0, MFU_LOW_PCT - 0.1), "cuda", Bottleneck.MEMORY_OR_SMALL_KERNELS),
+        (gpu(99.0, MFU_HIGH_PCT), "cuda", Bottleneck.NEAR_LIMIT),
+        (gpu(99.0, (MFU_LOW_PCT + MFU_HIGH_PCT) / 2), "cuda", Bottleneck.COMPUTE),
+        (gpu(95.0, None), "cuda", Bottleneck.COMPUTE),  # busy, MFU unknown: no finer verdict
+        (
+            gpu(None, 5.0),
+            "cuda",
+            Bottleneck.UNKNOWN,
+        ),  # low MFU without utilization: host or memory?
+        # CPU: utilization = 100 - data_wait is no evidence, even when it reads low
+        (
+            {"data_wait": 2.0, "input_efficiency": 97.0, "utilization": 40.0, "mfu": None},
+            "cpu",
+            Bottleneck.COMPUTE,
+        ),
+        # nothing to decide from
+        ({"throughput": 100.0}, "cpu", Bottleneck.UNKNOWN),
+    ],
+)
+def test_verdicts(metrics, device, expected):
+    assert diagnose(metrics, device_type=device).bottleneck is expected
+
+
+def test_input_bound_evidence_names_the_numbers_and_fitting_fixes():
+    d = diagnose(
+        {
+            "data_wait": 42.0,
+            "input_efficiency": 55.0,
+            "throughput": 1000.0,
+            "ceiling_throughput": 1818.0,
+        },
+        device_type="cuda",
+        config=CPU_CONFIG,
+    )
+    text = " ".join(d.evidence)
+    assert "42.0%" in text and "55.0%" in text and "1,818" in text
+    assert any("loader.num_workers (now 0)" in s for s in d.suggestions)
+    assert any("pin_memory" in s for s in d.suggestions)
+    # already pinned: not suggested again
+    pinned = {"loader": {"num_workers": 4, "pin_memory": True}}
+    d2 = diagnose({"data_wait": 42.0}, device_type="cuda", config=pinned)
+    assert not any("pin_memory" in s for s in d2.suggestions)
+    assert any("persistent_workers" in s for s in d2.suggestions)
+
+
+def test_cpu_says_mfu_unknown_and_never_uses_utilization():
+    d = diagnose(
+        {"data_wait": 1.0, "input_efficiency": 99.0, "utilization": 99.0, "mfu": None},
+        device_type="cpu",
+    )
+    assert "MFU unknown" in d.summary
+    assert not any("utilization" in e.lower() for e in d.evidence)
+    assert not any("compile" in s for s in d.suggestions)  # no GPU advice for a CPU trial
+
+
+def test_host_bound_suggests_cuda_graphs_unless_already_compiled():
+    d = diagnose(gpu(45.0, 4.0), device_type="cuda:1", config={"compile": {"mode": "off"}})
+    assert d.bottleneck is Bottleneck.HOST
+    assert any("45.0%" in e for e in d.evidence)
+    assert any("reduce-overhead" in s for s in d.suggestions)
+    compiled = diagnose(
+        gpu(45.0, 4.0), device_type="cuda", config={"compile": {"mode": "reduce-overhead"}}
+    )
+    assert not any("reduce-overhead" in s for s in compiled.suggestions)
+
+
+def test_memory_bound_suggests_bf16_and_channels_last_for_images_in_fp32():
+    config = {"precision": {"mode": "fp32"}, "model": {"input": "images", "channels_last": False}}
+    d = diagnose(gpu(97.0, 8.0), device_type="cuda", config=config)
+    assert any("bf16" in s for s in d.suggestions)
+    assert any("channels_last" in s for s in d.suggestions)
+    bf16 = diagnose(gpu(97.0, 8.0), device_type="cuda", config={"precision": {"mode": "bf16"}})
+    assert not any("precision=bf16" in s for s in bf16.suggestions)
+
+
+@pytest.mark.parametrize("status", ["oom", "diverged", "error"])
+def test_failed_trials_are_not_diagnosed(status):
+    d = diagnose({"data_wait": 90.0}, status=status, device_type="cpu")
+    assert d.bottleneck is Bottleneck.NOT_MEASURED and status in d.summary
+
+
+def test_nan_metrics_count_as_missing():
+    assert diagnose({"data_wait": float("nan")}, device_type="cpu").bottleneck is Bottleneck.UNKNOWN

@@ -1,0 +1,162 @@
+"""Measurement mechanics: the stability stop, batch-means CI, step statistics, MFU, FLOP counting,
+process start time. Step times are synthetic where the rule, not the machine, is under test."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpuopt.measure import (
+    HostClock,
+    StopRule,
+    count_step_flops,
+    mfu_percent,
+    peak_flops,
+    relative_ci_halfwidth,
+    run_window,
+    step_stats,
+    time_replay,
+)
+from gpuopt.trial import process_start_time
+
+RULE = StopRule(min_steps=10, max_steps=200, time_budget_s=5.0, stability_target=0.03)
+
+
+def test_stable_step_times_stop_as_stable_at_min_steps():
+    times = [0.010 * (1 + 0.001 * (i % 3)) for i in range(10)]
+    assert RULE.check(times, elapsed_s=0.1) == "stable"
+    assert RULE.check(times[:9], elapsed_s=0.1) is None  # not before min_steps
+
+
+def test_noisy_step_times_run_to_the_budget():
+    rng = random.Random(0)
+    times = [0.010 * rng.lognormvariate(0, 0.6) for _ in range(40)]
+    assert relative_ci_halfwidth(times) > RULE.stability_target
+    assert RULE.check(times, elapsed_s=1.0) is None  # keep measuring
+    assert RULE.check(times, elapsed_s=5.0) == "budget"
+    assert RULE.check(times * 5, elapsed_s=1.0) == "max_steps"
+
+
+def test_ci_uses_batch_means_so_drift_is_not_mistaken_for_stability():
+    # Alternating jitter averages out inside each batch: stable.
+    alternating = [0.010 if i % 2 else 0.012 for i in range(100)]
+    assert relative_ci_halfwidth(alternating) == pytest.approx(0.0, abs=1e-12)
+    # A slow drift of +-5% with tiny step-to-step jitter is not stable: raw-step statistics would
+    # treat the steps as independent and understate the uncertainty.
+    drifting = [0.010 * (1 + 0.05 * math.sin(i / 15)) for i in range(100)]
+    mean = sum(drifting) / 100
+    sd = math.sqrt(sum((t - mean) ** 2 for t in drifting) / 99)
+    naive = 1.984 * sd / math.sqrt(100) / mean  # raw steps taken as independent
+    assert naive < 0.01
+    assert relative_ci_halfwidth(drifting) > 0.02
+
+
+def test_ci_matches_the_batch_means_formula():
+    times = [float(i % 7 + 1) for i in range(50)]  # 10 batches of 5
+    means = [sum(times[b * 5 : b * 5 + 5]) / 5 for b in range(10)]
+    mean = sum(means) / 10
+    sd = math.sqrt(sum((m - mean) ** 2 for m in means) / 9)
+    assert relative_ci_halfwidth(times) == pytest.approx(2.262 * sd / math.sqrt(10) / mean)
+    assert relative_ci_halfwidth(times[:4]) is None  # too few steps for a CI
+
+
+def test_step_stats_median_percentiles_and_cv():
+    stats = step_stats([i / 1000 for i in range(1, 11)])  # 1..10 ms
+    assert (stats.median_ms, stats.p10_ms, stats.p90_ms) == pytest.approx((5.5, 1.9, 9.1))
+    assert stats.cv == pytest.approx(3.0276503540974917 / 5.5)
+
+
+class ScriptedClock(HostClock):
+    """Step boundaries from a script instead of the wall clock."""
+
+    def __init__(self, step_times):
+        super().__init__()
+        self.script = iter(step_times)
+
+    def start(self):
+        self.boundaries = [0.0]
+
+    def mark(self):
+        self.boundaries.append(self.boundaries[-1] + next(self.script))
+
+
+def test_window_stops_stable_on_steady_steps_and_at_max_steps_on_noisy_ones():
+    steady = run_window(lambda i: None, ScriptedClock([0.01] * 100), RULE)
+    assert (steady.stop_reason, steady.steps, len(steady.step_times)) == ("stable", 10, 10)
+    assert steady.wall_s == pytest.approx(0.1)
+    rng = random.Random(1)
+    noisy = [0.01 * rng.lognormvariate(0, 0.8) for _ in range(300)]
+    rule = StopRule(min_steps=10, max_steps=50, time_budget_s=60.0, stability_target=0.01)
+    result = run_window(lambda i: None, ScriptedClock(noisy), rule)
+    assert (result.stop_reason, result.steps) == ("max_steps", 50)
+
+
+def test_window_stops_at_the_real_time_budget():
+    rule = StopRule(min_steps=5, max_steps=10_000, time_budget_s=0.05, stability_target=1e-9)
+    calls = []
+    started = time.perf_counter()
+    result = run_window(lambda i: (calls.append(i), time.sleep(0.005)), HostClock(), rule)
+    assert result.stop_reason == "budget"
+    assert result.steps == len(calls) == len(result.step_times)
+    assert calls == list(range(result.steps))
+    assert 0.05 <= result.wall_s <= time.perf_counter() - started
+
+
+@pytest.mark.parametrize(
+    ("name", "mode", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.5),
+        ("NVIDIA H100 PCIe", "fp16", 756.0),
+        ("NVIDIA H200", "tf32", 494.5),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A10", "fp32", 31.2),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40S", "bf16", 362.0),
+        ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+    ],
+)
+def test_peak_flops_lookup(name, mode, tflops):
+    assert peak_flops(name, mode) == pytest.approx(tflops * 1e12)
+
+
+def test_peak_flops_unknown_is_none():
+    assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None  # no bf16 on Volta
+    assert peak_flops("AMD EPYC", "fp32") is None
+    assert peak_flops(None, "fp32") is None
+    assert mfu_percent(1e9, 1000.0, None) is None
+
+
+def test_mfu_is_achieved_over_peak_flops():
+    assert mfu_percent(flops_per_sample=1e9, throughput=1000.0, peak=1e14) == pytest.approx(1.0)
+
+
+def test_flop_counter_counts_forward_and_backward_matmuls():
+    layer = torch.nn.Linear(16, 32)
+    x = torch.randn(4, 16)
+    flops = count_step_flops(lambda: layer(x).sum().backward())
+    assert flops == 2 * (2 * 4 * 16 * 32)  # forward + weight gradient (x needs no gradient)
+
+
+def test_process_start_time_agrees_with_proc_stat_btime():
+    start = process_start_time()
+    assert start is not None and start < time.time()
+    # Independent estimate: boot time (1 s resolution) + start ticks.
+    stat = Path("/proc/stat").read_text().splitlines()
+    btime = next(int(line.split()[1]) for line in stat if line.startswith("btime"))
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    assert start == pytest.approx(btime + ticks / os.sysconf("SC_CLK_TCK"), abs=1.5)
+
+
+def test_ceiling_replay_is_bounded_by_steps_and_by_time():
+    cpu = torch.device("cpu")
+    steps, seconds = time_replay(lambda i: None, 7, cpu, budget_s=10.0)
+    assert steps == 7 and seconds < 10.0
+    steps, seconds = time_replay(lambda i: time.sleep(0.02), 1000, cpu, budget_s=0.05)
+    assert 3 <= steps < 1000 and seconds >= 0.05  # slow steps: stopped by the budget, >= 3 steps

@@ -1,0 +1,141 @@
+"""The NVML sampler with a scripted NVML stand-in (this machine has no NVIDIA GPU), its statistics,
+the device-handle mapping, and the null results when NVML is absent."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gpuopt import monitor
+from gpuopt.monitor import NvmlSampler, Sample, integrate_power, summarize
+from gpuopt.result import Metrics
+from gpuopt.trial import apply_device_monitor
+
+
+class NotSupported(Exception):
+    """Stands in for pynvml.NVMLError_NotSupported."""
+
+
+class ScriptedNvml:
+    """Answers NVML queries from scripts; a field scripted as None raises NotSupported."""
+
+    def __init__(self, utilization=(50,), power_mw=(100_000,), memory_mb=(1000,), energy_mj=None):
+        self.utilization, self.power_mw, self.memory_mb = list(utilization), list(power_mw), list(memory_mb)
+        self.energy_mj = list(energy_mj) if energy_mj is not None else None
+        self.calls = 0
+
+    @staticmethod
+    def _next(script):
+        if script is None:
+            raise NotSupported()
+        return script.pop(0) if len(script) > 1 else script[0]
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        assert handle == "handle-0"
+        self.calls += 1
+        return SimpleNamespace(gpu=self._next(self.utilization), memory=0)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._next(self.power_mw)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=self._next(self.memory_mb) * 2**20)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self._next(self.energy_mj)
+
+
+def test_summary_of_samples():
+    samples = [Sample(0.0, 20.0, 100.0, 100.0), Sample(1.0, 60.0, 300.0, 200.0), Sample(3.0, 100.0, 200.0, 300.0)]
+    stats = summarize(samples, energy_counter_j=None)
+    assert (stats.samples, stats.utilization, stats.memory_used_mb, stats.power_w) == (3, 60.0, 300.0, 200.0)
+    assert stats.energy_j == pytest.approx(1.0 * 150 + 2.0 * 250)  # trapezoids
+    assert stats.energy_source == "integrated power"
+    counted = summarize(samples, energy_counter_j=42.0)
+    assert (counted.energy_j, counted.energy_source) == (42.0, "counter")
+
+
+def test_summary_skips_unsupported_fields():
+    samples = [Sample(0.0, None, None, None), Sample(1.0, 30.0, None, None)]
+    stats = summarize(samples, energy_counter_j=None)
+    assert stats.utilization == 30.0
+    assert stats.power_w is None and stats.memory_used_mb is None and stats.energy_j is None
+    assert integrate_power([Sample(0.0, 1.0, 1.0, 5.0)]) is None
+
+
+def test_sampler_thread_collects_during_the_window_with_integrated_energy():
+    nvml = ScriptedNvml(utilization=[10, 90, 90, 90], power_mw=[250_000], energy_mj=None)
+    sampler = NvmlSampler(nvml, "handle-0", interval_s=0.01)
+    sampler.start()
+    time.sleep(0.15)
+    stats = sampler.stop()
+    assert stats.samples == len(sampler.samples) >= 3
+    expected_util = (10 + 90 * (stats.samples - 1)) / stats.samples
+    assert stats.utilization == pytest.approx(expected_util)
+    assert stats.power_w == 250.0 and stats.memory_used_mb == 1000.0
+    span = sampler.samples[-1].t - sampler.samples[0].t
+    assert stats.energy_source == "integrated power"
+    assert stats.energy_j == pytest.approx(250.0 * span)
+    calls = nvml.calls
+    time.sleep(0.05)
+    assert nvml.calls == calls  # the thread stopped with the window
+
+
+def test_sampler_prefers_the_energy_counter():
+    nvml = ScriptedNvml(energy_mj=[1_000_000, 1_004_500])  # mJ at start, at stop
+    sampler = NvmlSampler(nvml, "handle-0", interval_s=0.01)
+    sampler.start()
+    stats = sampler.stop()
+    assert (stats.energy_j, stats.energy_source) == (4.5, "counter")
+
+
+def test_nvml_handle_by_uuid_then_pci_bus_id(monkeypatch):
+    props = SimpleNamespace(uuid="1234abcd", pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+
+    class ByUuid:
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            if uuid != "GPU-1234abcd":
+                raise NotSupported(uuid)
+            return "by-uuid"
+
+    class ByBus:
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            raise NotSupported(uuid)
+
+        def nvmlDeviceGetHandleByPciBusId(self, bus):
+            return f"bus {bus}"
+
+    device = torch.device("cuda", 0)
+    assert monitor.nvml_handle(ByUuid(), device) == "by-uuid"
+    assert monitor.nvml_handle(ByBus(), device) == "bus 00000000:3b:00.0"
+
+
+def test_nvml_absent_gives_a_note_and_null_metrics(monkeypatch):
+    def no_nvml():
+        raise ImportError("No module named 'pynvml'")
+
+    monkeypatch.setattr(monitor, "import_nvml", no_nvml)
+    sampler, note = monitor.open_sampler(torch.device("cuda", 0), 0.1)
+    assert sampler is None and "NVML unavailable" in note and "null" in note
+    m = Metrics(data_wait=12.0)
+    apply_device_monitor(m, "cuda", None, samples=100)
+    assert (m.utilization, m.power_w, m.energy_per_sample_j) == (None, None, None)
+
+
+def test_no_sampler_on_cpu_and_cpu_utilization_is_compute_share():
+    assert monitor.open_sampler(torch.device("cpu"), 0.1) == (None, None)
+    m = Metrics(data_wait=12.5)
+    apply_device_monitor(m, "cpu", None, samples=100)
+    assert m.utilization == 87.5 and m.power_w is None
+
+
+def test_nvml_numbers_become_metrics():
+    stats = summarize([Sample(0.0, 80.0, 10.0, 200.0), Sample(2.0, 60.0, 10.0, 200.0)], energy_counter_j=None)
+    m = Metrics(data_wait=1.0)
+    apply_device_monitor(m, "cuda", stats, samples=1000)
+    assert (m.utilization, m.power_w) == (70.0, 200.0)
+    assert m.energy_per_sample_j == pytest.approx(400.0 / 1000)

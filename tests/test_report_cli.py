@@ -1,0 +1,149 @@
+"""`python -m gpuopt.report` as a user runs it, and the study read by Optuna's own tools:
+the `optuna` CLI and optuna-dashboard's HTTP API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import optuna
+import pytest
+
+from tests.helpers.report_studies import (
+    CPU_STUDY,
+    GPU_STUDY,
+    build_cpu_study,
+    build_gpu_study,
+    fast_storage_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def output_dir(tmp_path_factory) -> Iterator[Path]:
+    """A GPUOPT_OUTPUT_DIR holding gpuopt.db with two studies; the CPU one is the latest."""
+    with fast_storage_dir(tmp_path_factory.mktemp("outputs")) as folder:
+        rdb = optuna.storages.RDBStorage(f"sqlite:///{folder / 'gpuopt.db'}")
+        build_gpu_study(rdb)
+        build_cpu_study(rdb)
+        rdb.remove_session()
+        yield folder
+
+
+def url_of(output_dir: Path) -> str:
+    return f"sqlite:///{output_dir / 'gpuopt.db'}"
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args,
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_default_storage_lists_studies_and_reports_the_latest(output_dir, tmp_path):
+    proc = run(
+        [sys.executable, "-m", "gpuopt.report"],
+        tmp_path,
+        GPUOPT_OUTPUT_DIR=str(output_dir),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "Studies" in out and GPU_STUDY in out and f"{CPU_STUDY} <" in out  # the latest, marked
+    assert f"Study {CPU_STUDY}" in out and f"Study {GPU_STUDY}" not in out
+    assert "Speedup over the baseline: 2.50x throughput" in out
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_storage_is_a_message_not_a_traceback(tmp_path):
+    empty = tmp_path / "nothing-here"
+    proc = run([sys.executable, "-m", "gpuopt.report"], tmp_path, GPUOPT_OUTPUT_DIR=str(empty))
+    assert proc.returncode == 2
+    assert f"no study database at {empty / 'gpuopt.db'} (GPUOPT_OUTPUT_DIR={empty})" in proc.stderr
+    assert "python -m gpuopt.run -m" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (empty / "gpuopt.db").exists()  # never creates an empty database
+
+
+def test_unknown_study_names_the_known_ones(output_dir, tmp_path):
+    proc = run(
+        [sys.executable, "-m", "gpuopt.report", "--storage", url_of(output_dir), "--study", "nope"],
+        tmp_path,
+    )
+    assert proc.returncode == 2
+    assert "no study named 'nope'" in proc.stderr
+    assert GPU_STUDY in proc.stderr and CPU_STUDY in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_optuna_cli_reads_the_study(output_dir, tmp_path):
+    optuna_cli = str(Path(sys.executable).parent / "optuna")
+    studies = run([optuna_cli, "studies", "--storage", url_of(output_dir), "-f", "json"], tmp_path)
+    assert studies.returncode == 0, studies.stderr
+    by_name = {s["name"]: s for s in json.loads(studies.stdout)}
+    assert by_name[CPU_STUDY]["n_trials"] == 11
+    assert by_name[GPU_STUDY]["user_attrs"]["objectives"] == ["throughput", "peak_memory_mb"]
+
+    trials = run(
+        [
+            optuna_cli,
+            "trials",
+            "--storage",
+            url_of(output_dir),
+            "--study-name",
+            CPU_STUDY,
+            "-f",
+            "json",
+        ],
+        tmp_path,
+    )
+    assert trials.returncode == 0, trials.stderr
+    rows = {t["number"]: t for t in json.loads(trials.stdout)}
+    assert rows[0]["user_attrs"]["baseline"] is True and rows[0]["user_attrs"]["data_wait"] == 42.0
+    assert rows[2]["user_attrs"]["status"] == "oom" and rows[4]["state"] == "FAIL"
+    assert rows[5]["user_attrs"]["overrides"] == [
+        "loader.batch_size=128",
+        "loader.num_workers=2",
+        "precision=fp32",
+        "optimizer=sgd",
+    ]
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # keep the test output clean
+        pass
+
+
+def test_optuna_dashboard_shows_gpuopt_attributes(output_dir):
+    dashboard = pytest.importorskip("optuna_dashboard", reason="the `dashboard` extra")
+    app = dashboard.wsgi(url_of(output_dir))
+    server = make_server("127.0.0.1", 0, app, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with urllib.request.urlopen(f"{base}/api/studies", timeout=30) as response:
+            summaries = json.load(response)["study_summaries"]
+        study_id = next(s["study_id"] for s in summaries if s["study_name"] == CPU_STUDY)
+        with urllib.request.urlopen(f"{base}/api/studies/{study_id}", timeout=30) as response:
+            detail = json.load(response)
+    finally:
+        server.shutdown()
+        server.server_close()
+    attrs = {t["number"]: {a["key"]: a["value"] for a in t["user_attrs"]} for t in detail["trials"]}
+    assert float(attrs[5]["throughput"]) == 2500 and attrs[5]["status"] == "ok"
+    assert attrs[0]["baseline"] == "True" and attrs[2]["status"] == "oom"  # str() of each value
+    assert {"throughput", "data_wait", "input_efficiency", "status"} <= {
+        a["key"] for a in detail["union_user_attrs"]
+    }
+    assert [t["number"] for t in detail["best_trials"]] == [5]
+    assert {a["key"] for a in detail["user_attrs"]} >= {"objectives", "directions", "hardware"}

@@ -1,0 +1,77 @@
+"""`python -m gpuopt.run` through the real CLI (subprocesses) and run_config in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuopt.result import Status, TrialResult
+from gpuopt.run import run_config
+from tests.conftest import TINY_TRIAL
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(tmp_path, *overrides):
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs")}
+    return subprocess.run(
+        [sys.executable, "-m", "gpuopt.run", *overrides], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+
+
+def test_one_trial_prints_a_table_and_writes_result_json_in_the_run_dir(tmp_path):
+    proc = _cli(tmp_path, *TINY_TRIAL, "model.width=16", "model.depth=1")
+    assert proc.returncode == 0, proc.stderr
+    (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    result = TrialResult.load(result_file)
+    assert result.status is Status.OK and result.metrics.throughput > 0
+    assert result.config["loader"]["batch_size"] == 8 and result.config["model"]["width"] == 16
+    assert "hydra" not in result.config
+    assert "throughput" in proc.stdout and "result.json" in proc.stdout
+    assert f"{result.metrics.throughput:,.1f} samples/s" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("loader.batch_size=0", "invalid config: loader.batch_size=0; allowed: an integer >= 1"),
+        ("model._target_=os.system", "invalid config: model._target_='os.system'; allowed: targets matching"),
+    ],
+)
+def test_invalid_value_exits_nonzero_with_one_line(tmp_path, override, expected):
+    proc = _cli(tmp_path, override)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0]
+    assert not (tmp_path / "outputs" / "runs").exists() or not list((tmp_path / "outputs").rglob("result.json"))
+
+
+def test_unknown_group_option_is_hydras_error_listing_the_options(tmp_path):
+    proc = _cli(tmp_path, "precision=fp8")
+    assert proc.returncode != 0
+    assert "precision/fp8" in proc.stderr and "bf16" in proc.stderr
+
+
+def test_import_of_the_task_module_does_not_import_torch():
+    code = "import sys, gpuopt.run; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_config_error_exits_in_a_single_run(compose_cfg, capsys):
+    with pytest.raises(SystemExit) as info:
+        run_config(compose_cfg(*TINY_TRIAL, "precision=tf32"))
+    assert info.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "precision.mode='tf32'" in err
+
+
+def test_config_error_in_multirun_is_an_error_result(compose_cfg, tmp_path):
+    result = run_config(compose_cfg(*TINY_TRIAL, "loader.num_workers=-2"), output_dir=tmp_path, multirun=True)
+    assert result.status is Status.ERROR and "loader.num_workers=-2" in result.reason
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["status"] == "error" and saved["config"]["loader"]["num_workers"] == -2

@@ -1,0 +1,402 @@
+"""End-to-end sweeps: real Hydra multirun, real Optuna SQLite storage, as subprocesses.
+
+`python -m gpuopt.run -m` runs the real trial engine at tiny sizes (measure=quick, a 16-wide MLP).
+tests/sweep_helpers/fake_task.py is the same config tree with a deterministic stand-in engine, for
+the statuses a real CPU cannot produce on demand (diverged, a crash, a dying process).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from gpuopt.result import (
+    ATTR_BASELINE,
+    STUDY_CONFIRMATION,
+    STUDY_DIRECTIONS,
+    STUDY_HARDWARE,
+    STUDY_OBJECTIVES,
+    Metrics,
+)
+
+pytestmark = pytest.mark.slow
+
+HELPERS = Path(__file__).parent / "sweep_helpers"
+# The real engine, as small and short as it goes: trials of ~1-2 s in-process.
+TINY = [
+    "~search",
+    "measure=quick",
+    "measure.time_budget_s=0.3",
+    "measure.count_flops=false",
+    "measure.ceiling=false",
+    "model.depth=1",
+    "data.size=256",
+    "hydra.sweeper.device_aware=false",
+]
+IN_PROCESS = ["hydra/launcher=basic"]
+
+
+def sweep(
+    tmp_path: Path,
+    *args: str,
+    app: list[str] | None = None,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, *(app or ["-m", "gpuopt.run"]), "-m", *args]
+    full_env = {
+        **os.environ,
+        "GPUOPT_OUTPUT_DIR": str(tmp_path),
+        "HYDRA_FULL_ERROR": "1",
+        **(env or {}),
+    }
+    return subprocess.run(
+        cmd, cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def fake(tmp_path: Path, *args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return sweep(tmp_path, *args, app=[str(HELPERS / "fake_task.py")], **kw)
+
+
+def load(tmp_path: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'gpuopt.db'}")
+
+
+def sweep_dir(tmp_path: Path, pattern: str = "sweeps/*/*") -> Path:
+    dirs = sorted(tmp_path.glob(pattern))
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+# ---- the real engine ------------------------------------------------------------------------------
+
+
+def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
+    proc = ok(
+        sweep(
+            tmp_path,
+            *TINY,
+            *IN_PROCESS,
+            "model.width=16",
+            "hydra.sweeper.n_trials=4",
+            "loader.batch_size=choice(8,32)",
+            "loader.num_workers=choice(0,1)",
+            "hydra.sweeper.confirm.top_k=1",
+            "hydra.sweeper.confirm.rounds=1",
+            "hydra.sweeper.confirm.max_share=1.0",
+        )
+    )
+    from gpuopt.sweeper import hardware
+
+    summaries = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
+    assert len(summaries) == 1
+    name = summaries[0].study_name
+    hw_id = hardware.fingerprint(hardware.hardware_facts())
+    assert name == f"mlp-{hw_id}"  # workload + hardware (no search preset: ~search)
+    study = load(tmp_path, name)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+
+    baseline = trials[0]
+    assert baseline.user_attrs[ATTR_BASELINE] is True
+    assert baseline.params == {
+        "loader.batch_size": 32,
+        "loader.num_workers": 0,
+    }  # the config as composed
+    assert not any(t.user_attrs[ATTR_BASELINE] for t in trials[1:])
+    for t in trials:
+        attrs = t.user_attrs
+        assert attrs["status"] == "ok" and t.constraints == {"oom": 0.0, "diverged": 0.0}
+        assert set(vars(Metrics())) <= set(attrs)  # every metric, flat
+        assert t.values == [attrs["throughput"], attrs["utilization"]] and attrs["throughput"] > 0
+        # the resolved config the trial really ran is the one its params asked for
+        assert attrs["config"]["loader"]["batch_size"] == t.params["loader.batch_size"]
+        assert attrs["config"]["loader"]["num_workers"] == t.params["loader.num_workers"]
+        assert f"loader.batch_size={t.params['loader.batch_size']}" in attrs["overrides"]
+        assert (Path(attrs["run_dir"]) / "result.json").is_file()
+        assert attrs["env"] and attrs["owner"]["pid"] > 0
+
+    user = study.user_attrs
+    assert user[STUDY_OBJECTIVES] == ["throughput", "utilization"]
+    assert user[STUDY_DIRECTIONS] == ["maximize", "maximize"]
+    assert user[STUDY_HARDWARE]["id"] == hw_id
+    conf = user[STUDY_CONFIRMATION]
+    assert [c["label"] for c in conf["configs"]] == ["baseline", "candidate1"]
+    assert all(
+        len(c["confirm_values"]) == 1 and c["confirm_statuses"] == ["ok"] for c in conf["configs"]
+    )
+    assert conf["comparisons"][0]["ratio"] > 0 and conf["comparisons"][0]["n_candidate"] >= 2
+
+    out = sweep_dir(tmp_path)
+    results = OmegaConf.load(out / "optimization_results.yaml")
+    assert results.name == "optuna" and results.study_name == name and len(results.solutions) >= 1
+    assert "gpuopt sweep summary" in proc.stdout
+    assert "candidate1" in proc.stdout and "95% CI" in proc.stdout
+    assert sum(f"trial {i}/4 #" in proc.stdout for i in range(1, 5)) == 4 and "ETA" in proc.stdout
+
+    # best.yaml reproduces the best trial's configuration
+    best = trials[results.best_trial]
+    experiment = _compose(["+experiment=best", f"hydra.searchpath=[file://{out}]"])
+    direct = _compose(best.user_attrs["overrides"])
+    assert experiment == direct
+    assert experiment["loader"] == best.user_attrs["config"]["loader"]
+    assert experiment["measure"] == best.user_attrs["config"]["measure"]
+
+
+def _compose(overrides: list[str]) -> dict:
+    """The task config `python -m gpuopt.run <overrides>` would run (in-process composition)."""
+    from hydra import compose, initialize_config_module
+
+    import gpuopt.run  # noqa: F401  (registers the schema)
+
+    with initialize_config_module(config_module="gpuopt.conf", version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    cfg = OmegaConf.to_container(cfg, resolve=False)
+    cfg.pop("hydra", None)
+    return cfg
+
+
+def test_out_of_memory_trials_are_infeasible_results_in_fresh_processes(tmp_path):
+    # The default launcher (a fresh process per trial); a 1e9-wide layer cannot be allocated.
+    ok(
+        sweep(
+            tmp_path,
+            *TINY,
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.study_name=oom",
+            "model.width=choice(1000000000)",
+            timeout=300,
+        )
+    )
+    trials = load(tmp_path, "oom").get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    baseline, oom = trials
+    assert (
+        baseline.user_attrs[ATTR_BASELINE] and baseline.params == {}
+    )  # width 512 is outside the space
+    assert baseline.user_attrs["status"] == "ok" and baseline.constraints == {
+        "oom": 0.0,
+        "diverged": 0.0,
+    }
+    assert oom.params == {"model.width": 1000000000}
+    assert oom.user_attrs["status"] == "oom" and "allocate" in oom.user_attrs["reason"]
+    assert oom.constraints == {"oom": 1.0, "diverged": 0.0} and oom.values == [0.0, 0.0]
+    assert Path(oom.user_attrs["run_dir"]).name == f"trial_{oom.number}"
+
+
+def test_killed_sweep_resumes_to_n_trials(tmp_path):
+    args = [
+        *TINY,
+        *IN_PROCESS,
+        "model.width=16",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.study_name=resume",
+        "loader.batch_size=choice(8,16,32)",
+        "hydra.sweeper.confirm.rounds=0",
+    ]
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuopt.run", "-m", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # wait until trial #1 is being measured
+            time.sleep(0.2)
+            try:
+                trials = load(tmp_path, "resume").get_trials(deepcopy=False)
+            except Exception:
+                continue
+            if any(t.number == 1 and t.state == TrialState.RUNNING for t in trials):
+                break
+        else:
+            pytest.fail("trial #1 never started")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ok(sweep(tmp_path, *args))
+
+    trials = load(tmp_path, "resume").get_trials()
+    interrupted = trials[1]
+    assert interrupted.state == TrialState.FAIL and interrupted.user_attrs["interrupted"] is True
+    assert "interrupted" in interrupted.user_attrs["reason"]
+    rerun = [t for t in trials if t.user_attrs.get("rerun_of") == 1]
+    assert (
+        len(rerun) == 1
+        and rerun[0].params == interrupted.params
+        and rerun[0].state == TrialState.COMPLETE
+    )
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(complete) == 3  # n_trials is the study's total
+    assert sum(bool(t.user_attrs.get(ATTR_BASELINE)) for t in trials) == 1  # the baseline ran once
+
+    ok(sweep(tmp_path, *args[:-1], "hydra.sweeper.n_trials=4", "hydra.sweeper.confirm.rounds=0"))
+    trials = load(tmp_path, "resume").get_trials()
+    assert len([t for t in trials if t.state == TrialState.COMPLETE]) == 4
+    assert sum(bool(t.user_attrs.get(ATTR_BASELINE)) for t in trials) == 1
+
+
+# ---- bad input: one clear message, no trial ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("hydra.sweeper.objectives=[throughput,speed]", "hydra.sweeper.objectives='speed'"),
+        ("loader.batchsize=choice(8,16)", "loader.batchsize"),
+        ("precision=choice(fp32,bf17)", "precision/bf17"),
+        (
+            '++hydra.sweeper.params={loader.batch_size:"choice(8,"}',
+            "hydra.sweeper.params: loader.batch_size",
+        ),
+    ],
+)
+def test_bad_sweep_settings_fail_before_any_trial(tmp_path, arg, message):
+    proc = fake(tmp_path, *TINY, *IN_PROCESS, arg, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert message in proc.stderr and "gpuopt: invalid sweep config" in proc.stderr
+    assert not list(tmp_path.glob("sweeps/*/*/trial_*"))
+    if (tmp_path / "gpuopt.db").exists():
+        assert all(
+            not s.n_trials
+            for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
+        )
+
+
+# ---- every status, through the stand-in engine ---------------------------------------------------------
+
+
+def test_statuses_are_recorded_and_the_sweep_survives_a_dying_trial(tmp_path):
+    # Fresh processes (the default launcher): one trial raises, one's process dies, one diverges.
+    proc = ok(
+        fake(
+            tmp_path,
+            *TINY,
+            "hydra/sweeper/sampler=grid",
+            "hydra.sweeper.study_name=s",
+            "hydra.sweeper.max_failure_rate=0.9",
+            "+case=choice(crash,die,diverge)",
+            timeout=300,
+        )
+    )
+    trials = load(tmp_path, "s").get_trials()
+    assert len(trials) == 4  # the baseline (as composed, outside the grid) + the 3 grid points
+    baseline = trials[0]
+    assert (
+        baseline.user_attrs[ATTR_BASELINE]
+        and baseline.params == {}
+        and baseline.user_attrs["status"] == "ok"
+    )
+    by = {t.params.get("+case"): t for t in trials[1:]}
+    assert set(by) == {"crash", "die", "diverge"}
+    diverged = by["diverge"]
+    assert diverged.state == TrialState.COMPLETE and diverged.user_attrs["status"] == "diverged"
+    assert diverged.constraints == {"oom": 0.0, "diverged": 1.0} and diverged.values == [0.0, 0.0]
+    crash = by["crash"]
+    assert (
+        crash.state == TrialState.FAIL and crash.user_attrs["reason"] == "RuntimeError: fake crash"
+    )
+    assert "RuntimeError" in crash.user_attrs["traceback"]
+    died = by["die"]
+    assert died.state == TrialState.FAIL and died.user_attrs["reason"].startswith("launcher:")
+    assert "gpuopt sweep summary" in proc.stdout
+
+
+def test_too_many_errors_stop_the_sweep_with_a_clear_message(tmp_path):
+    proc = fake(
+        tmp_path,
+        *TINY,
+        *IN_PROCESS,
+        "hydra.sweeper.study_name=f",
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.baseline=false",
+        "+case=choice(crash)",
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "sweep stopped: 3 of 3 trials ended with status error" in proc.stderr
+    assert len(load(tmp_path, "f").get_trials()) == 3
+
+
+def test_device_aware_default_preset_drops_poor_choices(tmp_path):
+    # The default preset, filtered by what `python -m gpuopt.env --json` says about this machine.
+    args = [a for a in TINY if a not in ("~search", "hydra.sweeper.device_aware=false")]
+    proc = ok(
+        fake(
+            tmp_path,
+            *args,
+            *IN_PROCESS,
+            "hydra.sweeper.study_name=d",
+            "hydra.sweeper.n_trials=6",
+            "hydra.sweeper.confirm.rounds=0",
+            "precision=choice(fp32,fp16)",  # a command-line sweep is taken as written
+        )
+    )
+    study = load(tmp_path, "d")
+    hardware = study.user_attrs[STUDY_HARDWARE]
+    poor = hardware["poor_choices"]
+    assert poor, "gpuopt.env reported no poor choices"
+    dropped = hardware["dropped"]
+    for key, choice, reason in dropped:
+        assert f"dropped {key}={choice}" in proc.stdout and reason in proc.stdout
+        assert choice in poor[key]
+    trials = study.get_trials()
+    preset_keys = {
+        "loader.batch_size",
+        "loader.num_workers",
+        "loader.pin_memory",
+        "device.num_threads",
+    }
+    for t in trials:
+        for key in preset_keys & set(t.params):
+            value = t.params[key]
+            text = (
+                str(value).lower()
+                if not isinstance(value, bool)
+                else ("true" if value else "false")
+            )
+            assert text not in poor.get(key, {}), (key, value)
+    assert trials[-1].distributions["precision"].choices == ("fp32", "fp16")
+    if hardware["env"].get("device") == "cpu":
+        assert "device.num_threads" in trials[-1].params  # the preset's CPU-only param
+    # the preset's fixed measurement settings yield to the user's measure=quick override
+    assert all("measure.time_budget_s=2.0" not in t.user_attrs["overrides"] for t in trials)
+
+
+# ---- hydra-optuna-sweeper compatibility -------------------------------------------------------------
+
+
+def test_stock_optuna_sweeper_config_runs_unchanged(tmp_path):
+    proc = ok(sweep(tmp_path, app=[str(HELPERS / "stock_app" / "sphere.py")], timeout=180))
+    study = load(tmp_path, "sphere")  # the doc's study_name; storage null -> gpuopt's SQLite file
+    trials = study.get_trials()
+    assert len(trials) == 20 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert all(
+        t.value == pytest.approx(t.params.get("x", 1) ** 2 + t.params.get("y", 1) ** 2)
+        for t in trials
+    )
+    assert study.direction.name == "MINIMIZE"
+    results = OmegaConf.load(sweep_dir(tmp_path, "multirun/*/*") / "optimization_results.yaml")
+    assert results.name == "optuna"
+    assert results.best_value == min(t.value for t in trials)
+    assert set(results.best_params) <= {"x", "y"}
+    assert "gpuopt sweep summary" in proc.stdout

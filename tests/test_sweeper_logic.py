@@ -1,0 +1,471 @@
+"""Pure logic of the gpuopt sweeper: fast, table-driven, no sweep launched."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import optuna
+import pytest
+from omegaconf import OmegaConf
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState, create_trial
+
+from gpuopt.result import ATTR_BASELINE, Metrics, Status, TrialResult
+from gpuopt.sweeper import confirm, hardware, resume
+from gpuopt.sweeper.export import overrides_to_experiment
+from gpuopt.sweeper.objectives import SweepConfigError, outcome_from_return, resolve_objectives
+from gpuopt.sweeper.search_space import (
+    baseline_params,
+    choice_text,
+    drop_poor_choices,
+    parser,
+    preset_without_user_keys,
+    select_device_params,
+)
+
+# ---- objectives ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("objectives", "direction", "names", "directions"),
+    [
+        (None, None, ["throughput", "utilization"], ["maximize", "maximize"]),
+        (
+            ["throughput", "energy_per_sample_j"],
+            None,
+            ["throughput", "energy_per_sample_j"],
+            ["maximize", "minimize"],
+        ),
+        (["step_time_ms"], None, ["step_time_ms"], ["minimize"]),
+        (["throughput"], "maximize", ["throughput"], ["maximize"]),
+        (
+            None,
+            "maximize",
+            ["throughput"],
+            ["maximize"],
+        ),  # stock config: first len(direction) defaults
+        (None, ["maximize", "maximize"], ["throughput", "utilization"], ["maximize", "maximize"]),
+        (
+            None,
+            "minimize",
+            ["throughput"],
+            ["minimize"],
+        ),  # a stock float task: its value, minimized
+    ],
+)
+def test_resolve_objectives(objectives, direction, names, directions):
+    assert resolve_objectives(objectives, direction) == (names, directions)
+
+
+@pytest.mark.parametrize(
+    ("objectives", "direction", "key", "bad"),
+    [
+        (["throughput", "speed"], None, "hydra.sweeper.objectives", "speed"),
+        (
+            ["throughput"],
+            ["maximize", "minimize"],
+            "hydra.sweeper.direction",
+            ["maximize", "minimize"],
+        ),
+        (
+            ["throughput", "throughput"],
+            None,
+            "hydra.sweeper.objectives",
+            ["throughput", "throughput"],
+        ),
+        (None, "sideways", "hydra.sweeper.direction", "sideways"),
+        (None, ["maximize"] * 3, "hydra.sweeper.direction", ["maximize"] * 3),
+        ([], None, "hydra.sweeper.objectives", []),
+    ],
+)
+def test_resolve_objectives_errors_name_key_and_value(objectives, direction, key, bad):
+    with pytest.raises(SweepConfigError) as info:
+        resolve_objectives(objectives, direction)
+    assert info.value.key == key and info.value.value == bad
+    assert "allowed" in str(info.value)
+
+
+NAMES, DIRS = ["throughput", "step_time_ms"], ["maximize", "minimize"]
+
+
+def _result(status: Status, **metrics: float) -> TrialResult:
+    return TrialResult(
+        status=status, metrics=Metrics(**metrics), reason=None if status is Status.OK else "why"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "status", "values", "constraints"),
+    [
+        (
+            _result(Status.OK, throughput=100.0, step_time_ms=5.0),
+            "ok",
+            [100.0, 5.0],
+            {"oom": 0.0, "diverged": 0.0},
+        ),
+        (_result(Status.OOM), "oom", [0.0, math.inf], {"oom": 1.0, "diverged": 0.0}),
+        (_result(Status.DIVERGED), "diverged", [0.0, math.inf], {"oom": 0.0, "diverged": 1.0}),
+        (_result(Status.ERROR), "error", None, {}),
+        (_result(Status.OK, throughput=100.0), "error", None, {}),  # objective not measured
+        (
+            _result(Status.OK, throughput=1.0, step_time_ms=2.0).to_dict(),
+            "ok",
+            [1.0, 2.0],
+            {"oom": 0.0, "diverged": 0.0},
+        ),
+        ([3.0, 4.0], "ok", [3.0, 4.0], {}),  # stock-style list
+        ("fast", "error", None, {}),
+        ([1.0], "error", None, {}),  # wrong length
+        ([math.nan, 1.0], "error", None, {}),
+    ],
+)
+def test_outcome_from_return(value, status, values, constraints):
+    outcome = outcome_from_return(value, NAMES, DIRS)
+    assert outcome.status == status
+    assert outcome.values == values
+    assert outcome.constraints == constraints
+    assert outcome.user_attrs["status"] == status
+    if status == "error":
+        assert outcome.user_attrs.get("reason")
+
+
+def test_outcome_stores_every_metric_flat():
+    outcome = outcome_from_return(
+        _result(Status.OK, throughput=7.0, step_time_ms=1.0, data_wait=3.5), NAMES, DIRS
+    )
+    assert outcome.user_attrs["data_wait"] == 3.5 and outcome.user_attrs["throughput"] == 7.0
+    assert "power_w" in outcome.user_attrs  # None metrics are stored too: "not measurable here"
+
+
+def test_plain_float_single_objective():
+    outcome = outcome_from_return(2.5, ["throughput"], ["minimize"])
+    assert outcome.values == [2.5] and outcome.plain and outcome.constraints == {}
+
+
+# ---- search space ------------------------------------------------------------------------------
+
+POOR = {
+    "precision": {"bf16": "no native bf16", "tf32": "no tensor cores"},
+    "loader.pin_memory": {"true": "no accelerator"},
+    "device.num_threads": {"4": "2 cores", "8": "2 cores"},
+}
+
+
+@pytest.mark.parametrize(
+    ("params", "expected", "dropped", "removed"),
+    [
+        ({"precision": "choice(fp32,tf32,bf16)"}, {"precision": "choice(fp32)"}, 2, []),
+        (
+            {"loader.pin_memory": "choice(false,true)"},
+            {"loader.pin_memory": "choice(false)"},
+            1,
+            [],
+        ),
+        ({"device.num_threads": "choice(1,2,4,8)"}, {"device.num_threads": "choice(1,2)"}, 2, []),
+        (
+            {"device.num_threads": "choice(4,8)"},
+            {},
+            2,
+            ["device.num_threads"],
+        ),  # nothing left: not searched
+        ({"loader.batch_size": "choice(32,64)"}, {"loader.batch_size": "choice(32,64)"}, 0, []),
+        (
+            {"device.num_threads": "range(1,9)"},
+            {"device.num_threads": "range(1,9)"},
+            0,
+            [],
+        ),  # not a choice list
+        ({"precision": "fp32"}, {"precision": "fp32"}, 0, []),
+    ],
+)
+def test_drop_poor_choices(params, expected, dropped, removed):
+    out = drop_poor_choices(params, POOR)
+    assert out.params == expected
+    assert len(out.dropped) == dropped and out.removed_keys == removed
+    assert all(reason for _, _, reason in out.dropped)
+
+
+def test_preset_fixed_values_yield_to_command_line_keys():
+    preset = {
+        "measure.time_budget_s": "2.0",
+        "measure.warmup_steps": "3",
+        "loader.batch_size": "choice(32,64)",
+    }
+    assert preset_without_user_keys(preset, ["measure"]) == {"loader.batch_size": "choice(32,64)"}
+    assert preset_without_user_keys(preset, ["measure.warmup_steps", "loader.batch_size"]) == {
+        "measure.time_budget_s": "2.0",
+        "loader.batch_size": "choice(32,64)",
+    }
+    assert preset_without_user_keys(preset, ["model"]) == preset
+
+
+def test_device_params_follow_the_device_type():
+    params = {"cpu": {"device.num_threads": "choice(1,2)"}}
+    assert select_device_params(params, "cpu") == {"device.num_threads": "choice(1,2)"}
+    assert select_device_params(params, "cuda") == {}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        32,
+        1.5,
+        1e-4,
+        True,
+        False,
+        None,
+        "fp32",
+        "reduce-overhead",
+        "off",
+        "1",
+        "true",
+        "a b",
+        "it's",
+        "null",
+    ],
+)
+def test_choice_text_reads_back_as_the_same_value(value):
+    parsed = parser().parse_override(f"k={choice_text(value)}").value()
+    assert parsed == value and type(parsed) is type(value)
+
+
+def _config(**task):
+    cfg = OmegaConf.create(
+        {"hydra": {"runtime": {"choices": {"precision": "fp32", "model": "mlp"}}}, **task}
+    )
+    return cfg
+
+
+def test_baseline_params_fit_the_space():
+    cfg = _config(
+        loader={"batch_size": 32, "pin_memory": False},
+        device={"num_threads": None},
+        optimizer={"lr": 0.001},
+    )
+    space = {
+        "loader.batch_size": CategoricalDistribution([16, 32, 64]),
+        "loader.pin_memory": CategoricalDistribution([False, True]),
+        "precision": CategoricalDistribution(["fp32", "bf16"]),
+        "device.num_threads": CategoricalDistribution([1, 2]),  # configured null: outside
+        "optimizer.lr": FloatDistribution(1e-4, 1e-2, log=True),
+    }
+    fitting, outside = baseline_params(cfg, space)
+    assert fitting == {
+        "loader.batch_size": 32,
+        "loader.pin_memory": False,
+        "precision": "fp32",
+        "optimizer.lr": 0.001,
+    }
+    assert outside == ["device.num_threads"]
+
+
+@pytest.mark.parametrize(
+    ("value", "distribution", "fits"),
+    [
+        (64, IntDistribution(32, 256, step=32), True),
+        (48, IntDistribution(32, 256, step=32), False),
+        (1, CategoricalDistribution([True, False]), False),  # 1 is not True
+        (0.5, FloatDistribution(0.0, 1.0, step=0.25), True),
+        (0.3, FloatDistribution(0.0, 1.0, step=0.25), False),
+    ],
+)
+def test_baseline_fit_rules(value, distribution, fits):
+    fitting, outside = baseline_params(_config(k=value), {"k": distribution})
+    assert ("k" in fitting) is fits and ("k" in outside) is not fits
+
+
+# ---- confirmation statistics --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("p", "df", "expected"),
+    [
+        (0.975, 1, 12.706),
+        (0.975, 2, 4.303),
+        (0.975, 10, 2.228),
+        (0.95, 5, 2.015),
+        (0.975, 1e6, 1.960),
+    ],
+)
+def test_t_quantile_matches_tables(p, df, expected):
+    assert confirm.t_quantile(p, df) == pytest.approx(expected, abs=1e-3)
+
+
+def test_t_quantile_matches_scipy_for_fractional_df():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1.3, 2.7, 7.5):
+        assert confirm.t_quantile(0.975, df) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-7)
+
+
+def test_speedup_estimate_and_interval():
+    s = confirm.speedup([110.0, 121.0, 115.0], [100.0, 98.0, 103.0])
+    geo = math.exp(sum(map(math.log, [110, 121, 115])) / 3 - sum(map(math.log, [100, 98, 103])) / 3)
+    assert s.ratio == pytest.approx(geo)
+    assert s.ci_low < s.ratio < s.ci_high and s.distinguishable
+    noisy = confirm.speedup([110.0, 90.0], [100.0, 105.0])
+    assert noisy.ci_low < 1.0 < noisy.ci_high and noisy.distinguishable is False
+
+
+def test_speedup_minimized_metric_is_inverted_and_single_points_have_no_ci():
+    s = confirm.speedup([50.0], [100.0], direction="minimize")
+    assert s.ratio == pytest.approx(2.0) and s.ci_low is None and s.distinguishable is None
+
+
+@pytest.mark.parametrize(
+    ("top_k", "rounds", "share", "n_trials", "n_cand", "expected"),
+    [
+        (2, 2, 0.25, 40, 5, confirm.ConfirmPlan(2, 2)),  # 6 runs <= 10
+        (2, 2, 0.25, 12, 5, confirm.ConfirmPlan(2, 1)),  # 3 runs allowed
+        (2, 2, 0.25, 8, 5, confirm.ConfirmPlan(1, 1)),  # 2 runs allowed: fewer candidates first
+        (2, 2, 0.25, 4, 5, None),  # 1 run allowed: off
+        (2, 0, 0.25, 40, 5, None),  # confirm.rounds=0
+        (2, 2, 0.25, 40, 0, None),  # nothing to confirm
+        (3, 2, 1.0, 4, 1, confirm.ConfirmPlan(1, 2)),
+    ],
+)
+def test_confirmation_plan_is_capped(top_k, rounds, share, n_trials, n_cand, expected):
+    plan = confirm.plan(top_k, rounds, share, n_trials, n_cand)
+    assert plan == expected
+    if plan:
+        assert plan.runs <= share * n_trials
+
+
+def test_schedule_interleaves():
+    assert confirm.schedule(["A", "B1", "B2"], 2) == ["A", "B1", "B2", "A", "B1", "B2"]
+
+
+# ---- export ------------------------------------------------------------------------------------
+
+
+def test_overrides_to_experiment():
+    body, skipped = overrides_to_experiment(
+        [
+            "precision=bf16",
+            "loader.batch_size=128",
+            "loader.pin_memory=true",
+            "model=cnn",
+            "model.width=64",
+            "compile=off",
+            "~cache.cpu_thp",
+            "hydra.sweep.subdir=x",
+        ],
+        groups=["precision", "model", "compile", "loader"],
+    )
+    assert body["defaults"] == [
+        {"override /precision": "bf16"},
+        {"override /model": "cnn"},
+        {"override /compile": "off"},
+        "_self_",
+    ]
+    assert body["loader"] == {"batch_size": 128, "pin_memory": True}
+    assert body["model"] == {"width": 64}
+    assert skipped == ["~cache.cpu_thp", "hydra.sweep.subdir=x"]
+
+
+# ---- hardware ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "line"),
+    [
+        ({}, "unset CUDA_VISIBLE_DEVICES"),
+        ({"CUDA_VISIBLE_DEVICES": "2,3"}, "export CUDA_VISIBLE_DEVICES=2,3"),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-1a2b"}, "export CUDA_VISIBLE_DEVICES=GPU-1a2b"),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "export CUDA_VISIBLE_DEVICES=''"),
+    ],
+)
+def test_gpu_setup_command(environ, line):
+    assert hardware.gpu_setup_command(environ) == line
+
+
+def test_fingerprint_is_stable_and_names_the_hardware():
+    cpu = {"machine": "x86_64", "system": "Linux", "cpu": "AMD EPYC", "cpu_count": 2, "gpus": []}
+    gpu = {**cpu, "gpus": ["NVIDIA H200"]}
+    assert hardware.fingerprint(cpu) == hardware.fingerprint(dict(cpu))
+    assert hardware.fingerprint(cpu).startswith("cpu2-")
+    assert hardware.fingerprint(gpu).startswith("h200-") and hardware.fingerprint(
+        gpu
+    ) != hardware.fingerprint(cpu)
+    assert hardware.default_study_name("mlp", "default", "cpu2-abc") == "mlp-default-cpu2-abc"
+
+
+def test_default_storage_is_absolute(tmp_path):
+    url = hardware.default_storage("out", cwd=tmp_path)
+    assert url == f"sqlite:///{tmp_path.resolve() / 'out' / 'gpuopt.db'}"
+    assert (tmp_path / "out").is_dir()
+
+
+def test_probe_env_failure_is_reported_not_raised():
+    probe = hardware.probe_env(python=sys.executable + "-does-not-exist")
+    assert probe.error and probe.poor_choices == {}
+
+
+# ---- resume ------------------------------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_owner_alive():
+    me = resume.this_owner()
+    assert resume.owner_alive(me) is True
+    assert resume.owner_alive({**me, "pid": _dead_pid()}) is False
+    assert resume.owner_alive({**me, "start": (me["start"] or 0) + 12345}) is False  # pid reused
+    assert resume.owner_alive({**me, "host": "elsewhere"}) is None
+
+
+def test_recover_interrupted_fails_and_reenqueues():
+    study = optuna.create_study(directions=["maximize"])
+    dead = {**resume.this_owner(), "pid": _dead_pid()}
+    study.add_trial(
+        create_trial(
+            state=TrialState.COMPLETE,
+            values=[1.0],
+            params={"x": 1},
+            distributions={"x": CategoricalDistribution([1, 2])},
+        )
+    )
+    running = study.ask()
+    running.suggest_categorical("x", [1, 2])
+    running.set_user_attr(ATTR_BASELINE, True)
+    study._storage.set_trial_system_attr(running._trial_id, resume.OWNER_ATTR, dead)
+    alive = study.ask()  # owned by this (living) process: in flight, left alone
+    study._storage.set_trial_system_attr(alive._trial_id, resume.OWNER_ATTR, resume.this_owner())
+
+    assert resume.trials_to_go(study.get_trials(), 4) == 2  # complete + the live running one
+    assert resume.recover_interrupted(study) == [running.number]
+    trials = study.get_trials()
+    failed = trials[running.number]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["interrupted"] is True
+    assert "interrupted" in failed.user_attrs["reason"]
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    assert len(waiting) == 1 and waiting[0].user_attrs == {
+        "rerun_of": running.number,
+        ATTR_BASELINE: True,
+    }
+    assert resume.trials_to_go(trials, 4) == 2  # the interrupted one no longer counts
+    assert resume.has_baseline(trials)
+
+
+def test_single_objective_samplers_are_refused_for_several_objectives():
+    from gpuopt.sweeper._impl import GpuoptSweeperImpl
+
+    impl = GpuoptSweeperImpl(
+        sampler=optuna.samplers.CmaEsSampler(),
+        direction=None,
+        storage=None,
+        study_name=None,
+        n_trials=4,
+        n_jobs=1,
+        max_failure_rate=0.5,
+        custom_search_space=None,
+        params=None,
+    )
+    impl._check_sampler(["maximize"])
+    with pytest.raises(SweepConfigError, match="cmaes"):
+        impl._check_sampler(["maximize", "maximize"])
