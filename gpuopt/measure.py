@@ -26,10 +26,11 @@ _T975 = (
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
-# The CI uses this many batch means: consecutive step times are autocorrelated (allocator,
+# The CI uses up to this many batch means: consecutive step times are autocorrelated (allocator,
 # thermal and frequency drift, loader bursts), so raw steps would understate the uncertainty.
 CI_BATCHES = 10
 MIN_CI_BATCHES = 5
+MIN_BATCH_STEPS = 3  # a batch mean averages at least this many steps: no CI before 15 steps
 
 
 def t_quantile_975(df: int) -> float:
@@ -38,12 +39,13 @@ def t_quantile_975(df: int) -> float:
 
 def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES) -> float | None:
     """Relative half-width of the 95% CI of the mean step time (= of throughput, to first order),
-    from batch means: the last n steps are cut into up to `batches` equal consecutive batches."""
+    from batch means: the steps are cut into up to `batches` equal consecutive batches of at least
+    MIN_BATCH_STEPS steps (the earliest steps left over are dropped); None below MIN_CI_BATCHES."""
     n = len(step_times)
-    size = max(1, n // batches)
-    count = n // size
+    count = min(batches, n // MIN_BATCH_STEPS)
     if count < MIN_CI_BATCHES:
         return None
+    size = n // count
     means = np.asarray(step_times[n - count * size :], dtype=float).reshape(count, size).mean(axis=1)
     mean = float(means.mean())
     if mean <= 0:

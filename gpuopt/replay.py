@@ -205,7 +205,9 @@ class ReplayRun:
     def trials_to_reach(self, target: float) -> int | None:
         """1-based count of trials until the best value reaches `target`; None if never."""
         for n, best in enumerate(self.best_so_far(), start=1):
-            if best is not None and (best >= target if self.direction == "maximize" else best <= target):
+            if best is not None and (
+                best >= target if self.direction == "maximize" else best <= target
+            ):
                 return n
         return None
 
@@ -257,7 +259,9 @@ def replay(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     objectives = list(setup.objectives) or [grid.objective]
     if objectives[0] != grid.objective:
-        raise ValueError(f"the first objective must be the grid's ({grid.objective}), got {objectives[0]}")
+        raise ValueError(
+            f"the first objective must be the grid's ({grid.objective}), got {objectives[0]}"
+        )
     directions = list(setup.directions) or [grid.direction] * len(objectives)
     if len(objectives) == 1:
         study = optuna.create_study(sampler=sampler, direction=directions[0])
@@ -265,10 +269,14 @@ def replay(
         study = optuna.create_study(sampler=sampler, directions=directions)
     for params in setup.enqueue:
         study.enqueue_trial(dict(params))
-    distributions = Grid(space=setup.space, points=[]).distributions() if setup.space else grid.distributions()
+    distributions = (
+        Grid(space=setup.space, points=[]).distributions() if setup.space else grid.distributions()
+    )
     run = ReplayRun(sampler=name, seed=seed, params=[], values=[], direction=grid.direction)
     while len(run.values) < n_trials:
-        batch = [study.ask(distributions) for _ in range(min(setup.n_jobs, n_trials - len(run.values)))]
+        batch = [
+            study.ask(distributions) for _ in range(min(setup.n_jobs, n_trials - len(run.values)))
+        ]
         for trial in batch:
             point = grid.lookup(trial.params)
             values = _values(grid, point, objectives) if point.ok else None
@@ -308,8 +316,9 @@ class SamplerSummary:
         med = statistics.median(counts)
         return None if math.isinf(med) else med
 
-    def reached(self, fraction: float) -> int:
-        return sum(c is not None for c in self.reach[fraction])
+    def reached(self, fraction: float, within: int | None = None) -> int:
+        """Seeds that reached `fraction` of the optimum (within `within` trials, if given)."""
+        return sum(c is not None and (within is None or c <= within) for c in self.reach[fraction])
 
 
 def compare_samplers(
@@ -331,8 +340,13 @@ def compare_samplers(
         reach: dict[float, list[int | None]] = {f: [] for f in fractions}
         for seed in seeds:
             run = replay(
-                grid, contender.factory(seed), budget, setup=contender.setup, name=contender.name,
-                seed=seed, stop_at=hardest,
+                grid,
+                contender.factory(seed),
+                budget,
+                setup=contender.setup,
+                name=contender.name,
+                seed=seed,
+                stop_at=hardest,
             )
             for f in fractions:
                 reach[f].append(run.trials_to_reach(grid.target(f)))
@@ -362,6 +376,7 @@ class SweeperDefaults:
     objectives: tuple[str, ...]
     directions: tuple[str, ...]
     n_jobs: int
+    n_trials: int  # the preset's trial budget
     baseline: bool
     device_aware: bool
     config: Any  # the composed config (DictConfig, with its hydra node), for the baseline's values
@@ -371,7 +386,9 @@ class SweeperDefaults:
 
         from gpuopt.sweeper.plugin import SAMPLER_WHITELIST
 
-        return lambda seed: instantiate(self.sampler, seed=seed, _execution_whitelist_=SAMPLER_WHITELIST)
+        return lambda seed: instantiate(
+            self.sampler, seed=seed, _execution_whitelist_=SAMPLER_WHITELIST
+        )
 
     def setup(self, grid: Grid, *, full: bool = True) -> SearchSetup:
         """The sweeper's setup on the grid's space. `full=False`: the sampler alone (one objective,
@@ -387,11 +404,15 @@ class SweeperDefaults:
         if self.baseline:
             from gpuopt.sweeper.search_space import baseline_params
 
-            fitting, _outside = baseline_params(self.config, Grid(space=space, points=[]).distributions())
+            fitting, _outside = baseline_params(
+                self.config, Grid(space=space, points=[]).distributions()
+            )
             enqueue = (fitting,)
         objectives = self.objectives if self.objectives[0] == grid.objective else (grid.objective,)
         directions = self.directions if objectives == self.objectives else (grid.direction,)
-        return SearchSetup(objectives, directions, self.n_jobs, enqueue, space if space != grid.space else None)
+        return SearchSetup(
+            objectives, directions, self.n_jobs, enqueue, space if space != grid.space else None
+        )
 
 
 def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:
@@ -411,20 +432,31 @@ def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:
         objectives=tuple(names),
         directions=tuple(directions),
         n_jobs=int(sweeper.n_jobs),
+        n_trials=int(sweeper.n_trials),
         baseline=bool(sweeper.get("baseline", False)),
         device_aware=bool(sweeper.get("device_aware", False)),
         config=cfg,
     )
 
 
-def gpuopt_contenders(grid: Grid, variant: Sequence[str] = (), sampler_only: bool = True) -> list[Contender]:
+def gpuopt_contenders(
+    grid: Grid, variant: Sequence[str] = (), sampler_only: bool = True
+) -> list[Contender]:
     """gpuopt's default search on the grid, as configured for the grid's workload: the full setup
     (objectives, baseline, device-aware trimming) and, with `sampler_only`, its sampler alone.
     `variant`: sweeper overrides to try instead of the defaults, e.g.
     ["hydra.sweeper.sampler.multivariate=true"]; they are named in the contenders' names."""
     defaults = sweeper_defaults([*grid.meta.get("fixed_overrides", ()), *variant])
-    name = "gpuopt default" + (f" [{' '.join(o.removeprefix('hydra.sweeper.') for o in variant)}]" if variant else "")
+    name = "gpuopt default" + (
+        f" [{' '.join(o.removeprefix('hydra.sweeper.') for o in variant)}]" if variant else ""
+    )
     contenders = [Contender(name, defaults.factory(), defaults.setup(grid))]
     if sampler_only:
-        contenders.append(Contender(name.replace("default", "sampler only", 1), defaults.factory(), defaults.setup(grid, full=False)))
+        contenders.append(
+            Contender(
+                name.replace("default", "sampler only", 1),
+                defaults.factory(),
+                defaults.setup(grid, full=False),
+            )
+        )
     return contenders

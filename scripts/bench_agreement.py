@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+import benchlib
 
 # The configurations compared: an input-bound one (loader work matters) and a compute-bound one.
 CONFIGS = {
@@ -40,13 +39,15 @@ CONFIGS = {
 GOAL = 0.03
 
 
-def independent(overrides: list[str], steps: int, warmup: int, compute_only: bool) -> dict[str, Any]:
+def independent(
+    overrides: list[str], steps: int, warmup: int, compute_only: bool
+) -> dict[str, Any]:
     """Time the training step without gpuopt's measuring code (run in a fresh process)."""
     import torch
-    import torch.utils.benchmark as benchmark
     from hydra import compose, initialize_config_module
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
+    from torch.utils import benchmark
 
     import gpuopt.run  # noqa: F401  (registers the config schema, so the config composes)
 
@@ -54,27 +55,45 @@ def independent(overrides: list[str], steps: int, warmup: int, compute_only: boo
         cfg = compose(config_name="config", overrides=overrides)
     conf = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(conf, dict)
-    device = torch.device("cuda" if conf["device"]["type"] in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    device = torch.device(
+        "cuda"
+        if conf["device"]["type"] in ("auto", "cuda") and torch.cuda.is_available()
+        else "cpu"
+    )
     if conf["device"]["num_threads"] is not None:
         torch.set_num_threads(int(conf["device"]["num_threads"]))
     torch.manual_seed(conf["seed"])
-    model_kwargs = {k: v for k, v in conf["model"].items() if k not in ("input", "input_shape", "num_classes", "channels_last")}
+    model_kwargs = {
+        k: v
+        for k, v in conf["model"].items()
+        if k not in ("input", "input_shape", "num_classes", "channels_last")
+    }
     model = instantiate(model_kwargs).to(device).train()
     dataset = instantiate(conf["data"])
     loader_conf = conf["loader"]
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=loader_conf["batch_size"], shuffle=True, drop_last=True,
-        num_workers=loader_conf["num_workers"], pin_memory=loader_conf["pin_memory"] and device.type == "cuda",
+        dataset,
+        batch_size=loader_conf["batch_size"],
+        shuffle=True,
+        drop_last=True,
+        num_workers=loader_conf["num_workers"],
+        pin_memory=loader_conf["pin_memory"] and device.type == "cuda",
     )
     opt_conf = conf["optimizer"]
     if opt_conf["name"] == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=opt_conf["lr"], momentum=opt_conf["momentum"])
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=opt_conf["lr"], momentum=opt_conf["momentum"]
+        )
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=opt_conf["lr"], weight_decay=opt_conf["weight_decay"])
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=opt_conf["lr"], weight_decay=opt_conf["weight_decay"]
+        )
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
         outputs = model(inputs)
-        loss = torch.nn.functional.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -88,11 +107,16 @@ def independent(overrides: list[str], steps: int, warmup: int, compute_only: boo
         inputs, targets = (t.to(device) for t in next(iter(loader)))
         for _ in range(warmup):
             step(inputs, targets)
-        timer = benchmark.Timer(stmt="step(inputs, targets); sync()",
-                                globals={"step": step, "inputs": inputs, "targets": targets, "sync": sync},
-                                num_threads=torch.get_num_threads())
+        timer = benchmark.Timer(
+            stmt="step(inputs, targets); sync()",
+            globals={"step": step, "inputs": inputs, "targets": targets, "sync": sync},
+            num_threads=torch.get_num_threads(),
+        )
         measurement = timer.blocked_autorange(min_run_time=2.0)
-        return {"throughput": batch_size / measurement.median, "iqr_over_median": measurement.iqr / measurement.median}
+        return {
+            "throughput": batch_size / measurement.median,
+            "iqr_over_median": measurement.iqr / measurement.median,
+        }
 
     def batches():
         while True:  # restart the loader at the end of each epoch, as gpuopt does
@@ -110,26 +134,56 @@ def independent(overrides: list[str], steps: int, warmup: int, compute_only: boo
     return {"throughput": steps * batch_size / (time.perf_counter() - t0), "steps": steps}
 
 
-def run_independent(overrides: list[str], steps: int, warmup: int, compute_only: bool) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--independent", json.dumps(overrides), "--steps", str(steps),
-           "--warmup", str(warmup)] + (["--compute-only"] if compute_only else [])
+def run_independent(
+    overrides: list[str], steps: int, warmup: int, compute_only: bool
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--independent",
+        json.dumps(overrides),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+    ] + (["--compute-only"] if compute_only else [])
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=benchlib.REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, cwd=benchlib.REPO, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        return {"status": "error", "reason": proc.stderr[-500:], "metrics": {}, "wall_s": time.perf_counter() - t0}
+        return {
+            "status": "error",
+            "reason": proc.stderr[-500:],
+            "metrics": {},
+            "wall_s": time.perf_counter() - t0,
+        }
     data = json.loads(lines[-1])
-    return {"status": "ok", "metrics": {"throughput": data["throughput"]}, "detail": data, "wall_s": time.perf_counter() - t0}
+    return {
+        "status": "ok",
+        "metrics": {"throughput": data["throughput"]},
+        "detail": data,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def compare(name: str, overrides: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """Both checks for one configuration: interleaved rounds, medians, agreement."""
-    gpuopt_end = overrides + ["measure.ceiling=false", "measure.count_flops=false",
-                              f"measure.warmup_steps={args.warmup}", f"measure.min_steps={args.steps}",
-                              f"measure.max_steps={args.steps}", "measure.time_budget_s=600"]
-    gpuopt_ceiling = overrides + ["measure.ceiling=true", "measure.count_flops=false",
-                                  f"measure.warmup_steps={args.warmup}", "measure.time_budget_s=1",
-                                  "measure.max_steps=20", f"measure.ceiling_steps={args.ceiling_steps}"]
+    gpuopt_end = overrides + [
+        "measure.ceiling=false",
+        "measure.count_flops=false",
+        f"measure.warmup_steps={args.warmup}",
+        f"measure.min_steps={args.steps}",
+        f"measure.max_steps={args.steps}",
+        "measure.time_budget_s=600",
+    ]
+    gpuopt_ceiling = overrides + [
+        "measure.ceiling=true",
+        "measure.count_flops=false",
+        f"measure.warmup_steps={args.warmup}",
+        "measure.time_budget_s=1",
+        "measure.max_steps=20",
+        f"measure.ceiling_steps={args.ceiling_steps}",
+    ]
     arms = {
         "gpuopt": lambda: benchlib.run_fresh(gpuopt_end),
         "plain loop": lambda: run_independent(overrides, args.steps, args.warmup, False),
@@ -141,15 +195,23 @@ def compare(name: str, overrides: list[str], args: argparse.Namespace) -> dict[s
         for arm, fn in arms.items():
             result = fn()
             results[arm].append(result)
-            print(f"  {name} round {r + 1}/{args.rounds} {arm:<16} {benchlib.fmt(benchlib.throughput(result))} "
-                  f"samples/s ({result.get('status')}, {result.get('wall_s', 0):.1f} s)", flush=True)
+            print(
+                f"  {name} round {r + 1}/{args.rounds} {arm:<16} {benchlib.fmt(benchlib.throughput(result))} "
+                f"samples/s ({result.get('status')}, {result.get('wall_s', 0):.1f} s)",
+                flush=True,
+            )
     medians = {arm: benchlib.median_throughput(runs) for arm, runs in results.items()}
     spreads = {arm: benchlib.spread(runs) for arm, runs in results.items()}
     end = benchlib.ratio(medians["gpuopt"], medians["plain loop"])
     ceiling = benchlib.ratio(medians["gpuopt ceiling"], medians["utils.benchmark"])
     return {
-        "config": name, "overrides": overrides, "medians": medians, "spreads": spreads,
-        "throughputs": {arm: [benchlib.throughput(r) for r in runs] for arm, runs in results.items()},
+        "config": name,
+        "overrides": overrides,
+        "medians": medians,
+        "spreads": spreads,
+        "throughputs": {
+            arm: [benchlib.throughput(r) for r in runs] for arm, runs in results.items()
+        },
         "agreement_end_to_end": None if end is None else end - 1,
         "agreement_compute": None if ceiling is None else ceiling - 1,
     }
@@ -163,7 +225,9 @@ def _ceiling(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=list(CONFIGS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=5)
@@ -176,7 +240,13 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.independent:
-        print(json.dumps(independent(json.loads(args.independent), args.steps, args.warmup, args.compute_only)))
+        print(
+            json.dumps(
+                independent(
+                    json.loads(args.independent), args.steps, args.warmup, args.compute_only
+                )
+            )
+        )
         return
 
     started, load_before, t0 = benchlib.now(), benchlib.load(), time.perf_counter()
@@ -184,7 +254,9 @@ def main() -> None:
     for name in args.models:
         overrides = CONFIGS[name] + [f"device={args.device}"]
         records.append(compare(name, overrides, args))
-    print("\n| config | gpuopt | plain loop | agreement | gpuopt ceiling | torch.utils.benchmark | agreement |")
+    print(
+        "\n| config | gpuopt | plain loop | agreement | gpuopt ceiling | torch.utils.benchmark | agreement |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in records:
         m = r["medians"]
@@ -192,13 +264,23 @@ def main() -> None:
         def pct(x: float | None) -> str:
             return "-" if x is None else f"{100 * x:+.1f}%" + (" ok" if abs(x) <= GOAL else " MISS")
 
-        print(f"| {r['config']} ({' '.join(r['overrides'][1:])}) | {benchlib.fmt(m['gpuopt'])} | "
-              f"{benchlib.fmt(m['plain loop'])} | {pct(r['agreement_end_to_end'])} | {benchlib.fmt(m['gpuopt ceiling'])} | "
-              f"{benchlib.fmt(m['utils.benchmark'])} | {pct(r['agreement_compute'])} |")
-    out = {"command": benchlib.command_line(), "date": started, "machine": benchlib.machine(),
-           "load_before": load_before, "load_after": benchlib.load(),
-           "wall_s": round(time.perf_counter() - t0, 1), "records": records}
-    print(f"\n{out['command']}  ({started}, {out['wall_s']} s, load {load_before} -> {out['load_after']})")
+        print(
+            f"| {r['config']} ({' '.join(r['overrides'][1:])}) | {benchlib.fmt(m['gpuopt'])} | "
+            f"{benchlib.fmt(m['plain loop'])} | {pct(r['agreement_end_to_end'])} | {benchlib.fmt(m['gpuopt ceiling'])} | "
+            f"{benchlib.fmt(m['utils.benchmark'])} | {pct(r['agreement_compute'])} |"
+        )
+    out = {
+        "command": benchlib.command_line(),
+        "date": started,
+        "machine": benchlib.machine(),
+        "load_before": load_before,
+        "load_after": benchlib.load(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "records": records,
+    }
+    print(
+        f"\n{out['command']}  ({started}, {out['wall_s']} s, load {load_before} -> {out['load_after']})"
+    )
     if args.json:
         benchlib.write_json(args.json, out)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -64,6 +65,72 @@ def measure_once(engine: str, overrides: list[str], workdir: Path) -> dict[str, 
     return json.loads(files[0].read_text())
 
 
+def loop_overhead(steps: int = 300, repeats: int = 3) -> dict[str, list[float]]:
+    """Median step time (ms) of a trivial model (Linear(4, 2), batch 8, one thread) in a plain
+    PyTorch loop vs lightning.Trainer: what Lightning's loop itself costs per step. Both run in this
+    one (warm) process, interleaved; steps 50+ only."""
+    import logging
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    import lightning.pytorch as pl
+
+    from gpuopt.engines.lightning import _RepeatedBatch
+
+    torch.set_num_threads(1)
+    batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+
+    def median_step_ms(stamps: list[float]) -> float:
+        return 1e3 * statistics.median(b - a for a, b in itertools.pairwise(stamps[50:]))
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 2)
+
+        def training_step(self, b: Any, i: int) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self.layer(b[0]), b[1])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Stamps(pl.Callback):
+        def __init__(self) -> None:
+            self.t: list[float] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.t.append(time.perf_counter())
+
+    def plain() -> float:
+        layer = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+        stamps = []
+        for _ in range(steps):
+            torch.nn.functional.cross_entropy(layer(batch[0]), batch[1]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            stamps.append(time.perf_counter())
+        return median_step_ms(stamps)
+
+    def lightning() -> float:
+        stamps = Stamps()
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, callbacks=[stamps],
+        )  # fmt: skip
+        trainer.fit(Tiny(), train_dataloaders=_RepeatedBatch(batch, steps))
+        return median_step_ms(stamps.t)
+
+    result: dict[str, list[float]] = {"plain_ms": [], "lightning_ms": []}
+    for _ in range(repeats):
+        result["plain_ms"].append(plain())
+        result["lightning_ms"].append(lightning())
+    return result
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for engine, results in runs.items():
@@ -93,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument(
+        "--no-overhead", action="store_true", help="skip the per-step loop overhead"
+    )
     parser.add_argument("--json", type=Path, help="write the raw results and the summary here")
     args = parser.parse_args(argv)
 
@@ -132,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 "summary": summarize(runs),
                 "raw": {e: [r["metrics"] for r in rs] for e, rs in runs.items()},
             }
+    if not args.no_overhead:
+        report["loop_overhead"] = loop_overhead()
     report["load_after"] = os.getloadavg()
     report["wall_s"] = time.time() - started
 
@@ -154,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{workload}: lightning/native throughput ratio median {r['median']:.3f} (range {r['min']:.3f}-{r['max']:.3f})"
         )
+    if "loop_overhead" in report:
+        o = report["loop_overhead"]
+        print(
+            f"per-step loop cost, trivial model: plain {statistics.median(o['plain_ms']):.3f} ms, "
+            f"lightning {statistics.median(o['lightning_ms']):.3f} ms (medians of {o})"
+        )
+    print(f"load average before {report['load_before']}, after {report['load_after']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

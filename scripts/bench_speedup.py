@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+import benchlib
 
 MODELS = ("mlp", "cnn", "transformer")
 PYTORCH_DEFAULTS = [
@@ -49,7 +49,9 @@ FINDER_MODES = ("power", "binsearch")
 # -- 1. the default sweep ----------------------------------------------------------------------------
 
 
-def default_sweep(model: str, device: str, n_trials: int | None, extra: list[str]) -> dict[str, Any]:
+def default_sweep(
+    model: str, device: str, n_trials: int | None, extra: list[str]
+) -> dict[str, Any]:
     """Run `python -m gpuopt.run -m model=M` in a throw-away output dir; the best trial's params
     (as the sweeper picked it, after its confirmation round) and the sweep's cost."""
     import optuna
@@ -58,12 +60,21 @@ def default_sweep(model: str, device: str, n_trials: int | None, extra: list[str
     from gpuopt.sweeper.search_space import override_text
 
     with tempfile.TemporaryDirectory(prefix="gpuopt_sweep_") as tmp:
-        cmd = [sys.executable, "-m", "gpuopt.run", "-m", f"model={model}", f"device={device}",
-               f"output_dir={tmp}", f"hydra.sweep.dir={tmp}/sweep", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpuopt.run",
+            "-m",
+            f"model={model}",
+            f"device={device}",
+            f"output_dir={tmp}",
+            f"hydra.sweep.dir={tmp}/sweep",
+            *extra,
+        ]
         if n_trials is not None:
             cmd.append(f"hydra.sweeper.n_trials={n_trials}")
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=benchlib.REPO, capture_output=True, text=True)
+        proc = subprocess.run(cmd, check=False, cwd=benchlib.REPO, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         results_file = Path(tmp) / "sweep" / "optimization_results.yaml"
         if proc.returncode != 0 or not results_file.exists():
@@ -89,7 +100,9 @@ def default_sweep(model: str, device: str, n_trials: int | None, extra: list[str
 # -- 2. Lightning's batch-size finder ---------------------------------------------------------------
 
 
-def find_batch_size(model: str, device: str, mode: str, max_val: int, init_val: int) -> dict[str, Any]:
+def find_batch_size(
+    model: str, device: str, mode: str, max_val: int, init_val: int
+) -> dict[str, Any]:
     """Lightning's Tuner.scale_batch_size on the workload, in this process (run it in a fresh one)."""
     import lightning.pytorch as pl
     import torch
@@ -103,7 +116,10 @@ def find_batch_size(model: str, device: str, mode: str, max_val: int, init_val: 
     from gpuopt.trial import _instantiate
 
     with initialize_config_module(config_module="gpuopt.conf"):
-        cfg = compose(config_name="config", overrides=[f"model={model}", f"device={device}", *PYTORCH_DEFAULTS])
+        cfg = compose(
+            config_name="config",
+            overrides=[f"model={model}", f"device={device}", *PYTORCH_DEFAULTS],
+        )
     spec = validate(cfg)
     dataset = _instantiate(spec.data, spec.trusted_targets)
 
@@ -123,21 +139,43 @@ def find_batch_size(model: str, device: str, mode: str, max_val: int, init_val: 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpuopt_finder_") as root:  # the finder's checkpoint
         trainer = pl.Trainer(
-            accelerator="gpu" if device.startswith("cuda") else "cpu", devices=1, max_epochs=1,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, default_root_dir=root,
+            accelerator="gpu" if device.startswith("cuda") else "cpu",
+            devices=1,
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=root,
         )
         picked = Tuner(trainer).scale_batch_size(
             FinderModule(), mode=mode, init_val=init_val, max_val=max_val, steps_per_trial=3
         )
-    return {"mode": mode, "batch_size": int(picked), "seconds": round(time.perf_counter() - t0, 1),
-            "max_val": max_val, "init_val": init_val, "dataset_size": len(dataset)}
+    return {
+        "mode": mode,
+        "batch_size": int(picked),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "max_val": max_val,
+        "init_val": init_val,
+        "dataset_size": len(dataset),
+    }
 
 
 def run_finder(model: str, device: str, mode: str, max_val: int, init_val: int) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--find-batch", model, mode, "--device", device,
-           "--finder-max-val", str(max_val), "--finder-init-val", str(init_val)]
-    proc = subprocess.run(cmd, cwd=benchlib.REPO, capture_output=True, text=True)
+    cmd = [
+        sys.executable,
+        __file__,
+        "--find-batch",
+        model,
+        mode,
+        "--device",
+        device,
+        "--finder-max-val",
+        str(max_val),
+        "--finder-init-val",
+        str(init_val),
+    ]
+    proc = subprocess.run(cmd, check=False, cwd=benchlib.REPO, capture_output=True, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"finder failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
@@ -148,34 +186,52 @@ def run_finder(model: str, device: str, mode: str, max_val: int, init_val: int) 
 
 
 def bench_model(model: str, args: argparse.Namespace, log: Any = print) -> dict[str, Any]:
-    base = [f"model={model}", f"device={args.device}", *benchlib.LEAN_MEASURE,
-            f"measure.time_budget_s={args.window_s}", *args.overrides]
+    base = [
+        f"model={model}",
+        f"device={args.device}",
+        *benchlib.LEAN_MEASURE,
+        f"measure.time_budget_s={args.window_s}",
+        *args.overrides,
+    ]
     record: dict[str, Any] = {"model": model, "load_before": benchlib.load()}
     log(f"== {model}: default sweep (load {benchlib.load()})")
     sweep = default_sweep(model, args.device, args.trials, list(args.overrides))
     record["sweep"] = {k: v for k, v in sweep.items() if k != "summary"}
-    log(f"  {sweep['trials']} trials in {sweep['wall_s']} s; best #{sweep['best_trial']}: {sweep['best_params']}")
-    arms = {"defaults": base + PYTORCH_DEFAULTS, "gpuopt": base + PYTORCH_DEFAULTS + sweep["overrides"]}
+    log(
+        f"  {sweep['trials']} trials in {sweep['wall_s']} s; best #{sweep['best_trial']}: {sweep['best_params']}"
+    )
+    arms = {
+        "defaults": base + PYTORCH_DEFAULTS,
+        "gpuopt": base + PYTORCH_DEFAULTS + sweep["overrides"],
+    }
     if args.lightning:
         record["finder"] = {}
         for mode in FINDER_MODES:
             found = run_finder(model, args.device, mode, args.finder_max_val, args.finder_init_val)
             record["finder"][mode] = found
-            log(f"  Lightning scale_batch_size(mode={mode}): batch {found['batch_size']} in {found['seconds']} s")
-            arms[f"lightning-{mode}"] = base + PYTORCH_DEFAULTS + [f"loader.batch_size={found['batch_size']}"]
+            log(
+                f"  Lightning scale_batch_size(mode={mode}): batch {found['batch_size']} in {found['seconds']} s"
+            )
+            arms[f"lightning-{mode}"] = (
+                base + PYTORCH_DEFAULTS + [f"loader.batch_size={found['batch_size']}"]
+            )
     log(f"  arms interleaved x{args.repeats} (fresh processes, timed window {args.window_s} s)")
     results = benchlib.interleave(arms, args.repeats, log=log)
     record["arms"] = {}
     for name, runs in results.items():
         record["arms"][name] = {
-            "overrides": arms[name][len(base):],
+            "overrides": arms[name][len(base) :],
             "throughput": [benchlib.throughput(r) for r in runs],
             "median": benchlib.median_throughput(runs),
             "spread": benchlib.spread(runs),
             "status": [r.get("status") for r in runs],
         }
     medians = {name: arm["median"] for name, arm in record["arms"].items()}
-    record["ratios"] = {f"gpuopt/{name}": benchlib.ratio(medians["gpuopt"], m) for name, m in medians.items() if name != "gpuopt"}
+    record["ratios"] = {
+        f"gpuopt/{name}": benchlib.ratio(medians["gpuopt"], m)
+        for name, m in medians.items()
+        if name != "gpuopt"
+    }
     record["load_after"] = benchlib.load()
     return record
 
@@ -183,7 +239,11 @@ def bench_model(model: str, args: argparse.Namespace, log: Any = print) -> dict[
 def report(records: list[dict[str, Any]]) -> str:
     arm_names = list(records[0]["arms"])
     head = "| model | " + " | ".join(f"{a} (samples/s, spread)" for a in arm_names)
-    head += " | " + " | ".join(f"gpuopt / {a}" for a in arm_names if a != "gpuopt") + " | gpuopt best params |"
+    head += (
+        " | "
+        + " | ".join(f"gpuopt / {a}" for a in arm_names if a != "gpuopt")
+        + " | gpuopt best params |"
+    )
     lines = [head, "|" + "---|" * (2 * len(arm_names) + 1)]
     for r in records:
         cells = []
@@ -199,24 +259,45 @@ def report(records: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--trials", type=int, default=None, help="sweep n_trials (default: the preset's)")
+    parser.add_argument(
+        "--trials", type=int, default=None, help="sweep n_trials (default: the preset's)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the arms")
     parser.add_argument("--window-s", type=float, default=4.0, help="timed window of the A/B runs")
-    parser.add_argument("--lightning", action="store_true", help="also Lightning's batch-size finder arms")
-    parser.add_argument("--finder-max-val", type=int, default=1024,
-                        help="cap of the finder's batch size (on a CPU nothing OOMs below huge sizes)")
-    parser.add_argument("--finder-init-val", type=int, default=2, help="the finder's first batch size")
+    parser.add_argument(
+        "--lightning", action="store_true", help="also Lightning's batch-size finder arms"
+    )
+    parser.add_argument(
+        "--finder-max-val",
+        type=int,
+        default=1024,
+        help="cap of the finder's batch size (on a CPU nothing OOMs below huge sizes)",
+    )
+    parser.add_argument(
+        "--finder-init-val", type=int, default=2, help="the finder's first batch size"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--find-batch", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="extra overrides for the sweep and every arm")
     args = parser.parse_args()
 
     if args.find_batch:
-        print(json.dumps(find_batch_size(args.find_batch[0], args.device, args.find_batch[1],
-                                         args.finder_max_val, args.finder_init_val)))
+        print(
+            json.dumps(
+                find_batch_size(
+                    args.find_batch[0],
+                    args.device,
+                    args.find_batch[1],
+                    args.finder_max_val,
+                    args.finder_init_val,
+                )
+            )
+        )
         return
 
     started = benchlib.now()
@@ -225,8 +306,13 @@ def main() -> None:
     for model in args.models:
         records.append(bench_model(model, args))
         print(report(records[-1:]), flush=True)
-    out = {"command": benchlib.command_line(), "date": started, "machine": benchlib.machine(),
-           "wall_s": round(time.perf_counter() - t0, 1), "records": records}
+    out = {
+        "command": benchlib.command_line(),
+        "date": started,
+        "machine": benchlib.machine(),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "records": records,
+    }
     print()
     print(report(records))
     print(f"\n{out['command']}  ({started}, {out['wall_s']} s)")

@@ -58,7 +58,9 @@ def now() -> str:
 
 
 def command_line() -> str:
-    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+    return "python " + " ".join(
+        shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]
+    )
 
 
 def run_fresh(overrides: Sequence[str], timeout_s: float = 600.0) -> dict[str, Any]:
@@ -68,9 +70,16 @@ def run_fresh(overrides: Sequence[str], timeout_s: float = 600.0) -> dict[str, A
         cmd = [sys.executable, "-m", "gpuopt.run", *overrides, f"hydra.run.dir={tmp}"]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(
+                cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired:
-            return {"status": "error", "reason": f"timeout after {timeout_s} s", "metrics": {}, "wall_s": timeout_s}
+            return {
+                "status": "error",
+                "reason": f"timeout after {timeout_s} s",
+                "metrics": {},
+                "wall_s": timeout_s,
+            }
         wall = time.perf_counter() - t0
         result_file = Path(tmp) / "result.json"
         if not result_file.exists():
@@ -129,8 +138,10 @@ def interleave(
         for name, overrides in arms.items():
             result = run(overrides)
             results[name].append(result)
-            log(f"  repeat {r + 1}/{repeats} {name:<12} {fmt(throughput(result))} samples/s "
-                f"({result.get('status')}, {result.get('wall_s', 0):.1f} s)")
+            log(
+                f"  repeat {r + 1}/{repeats} {name:<12} {fmt(throughput(result))} samples/s "
+                f"({result.get('status')}, {result.get('wall_s', 0):.1f} s)"
+            )
     return results
 
 

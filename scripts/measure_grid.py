@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+import benchlib
 
-from gpuopt.replay import DEFAULT_GRID_PATH, Grid, GridPoint  # noqa: E402
-from gpuopt.sweeper.hardware import probe_env  # noqa: E402
+from gpuopt.replay import DEFAULT_GRID_PATH, Grid, GridPoint
+from gpuopt.sweeper.hardware import probe_env
 
 # The reference space: the keys the default preset (conf/search/default.yaml) searches on a CPU
 # (batch size; loader workers and compute threads, which share the cores; precision), each with more
@@ -38,14 +38,23 @@ SPACE = {
 }
 FIXED = ["model=mlp", "device=cpu", "measure=quick", *benchlib.LEAN_MEASURE]
 # Kept from each result besides the objective (throughput).
-EXTRA_METRICS = ("utilization", "data_wait", "step_time_ms", "throughput_ci", "peak_memory_mb", "timed_steps")
+EXTRA_METRICS = (
+    "utilization",
+    "data_wait",
+    "step_time_ms",
+    "throughput_ci",
+    "peak_memory_mb",
+    "timed_steps",
+)
 
 
 def grid_configs(space: dict[str, str]) -> list[dict[str, object]]:
     """Every combination of the space's choices, with the values Hydra's parser gives them."""
     grid = Grid(space=space, points=[])
     dists = grid.distributions()
-    return [dict(zip(dists, combo)) for combo in itertools.product(*(d.choices for d in dists.values()))]  # type: ignore[attr-defined]
+    return [
+        dict(zip(dists, combo)) for combo in itertools.product(*(d.choices for d in dists.values()))
+    ]  # type: ignore[attr-defined]
 
 
 def override(key: str, value: object) -> str:
@@ -55,12 +64,18 @@ def override(key: str, value: object) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_GRID_PATH)
     parser.add_argument("--resume", action="store_true", help="keep the points already in --out")
     parser.add_argument("--seed", type=int, default=0, help="seed of the measuring order")
-    parser.add_argument("--limit", type=int, default=None, help="measure only this many (a trial run)")
-    parser.add_argument("overrides", nargs="*", help="extra fixed overrides for every configuration")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="measure only this many (a trial run)"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="extra fixed overrides for every configuration"
+    )
     args = parser.parse_args()
 
     fixed = FIXED + list(args.overrides)
@@ -86,7 +101,9 @@ def main() -> None:
         # what `python -m gpuopt.env --json` flags as poor here: the sweeper's device-aware trimming
         "poor_choices": probe_env().poor_choices,
     }
-    print(f"{len(configs)} configurations, {len(done)} already measured, {len(todo)} to go; load {benchlib.load()}")
+    print(
+        f"{len(configs)} configurations, {len(done)} already measured, {len(todo)} to go; load {benchlib.load()}"
+    )
     runner = benchlib.InProcessRunner()
     t0 = time.perf_counter()
     try:
@@ -98,7 +115,9 @@ def main() -> None:
             if result.get("reason"):
                 extra["reason"] = result["reason"]
             done.append(GridPoint(params, result["status"], metrics.get("throughput"), extra))
-            print(f"[{i}/{len(todo)}] {params} -> {benchlib.fmt(metrics.get('throughput'))} samples/s ({result['status']})")
+            print(
+                f"[{i}/{len(todo)}] {params} -> {benchlib.fmt(metrics.get('throughput'))} samples/s ({result['status']})"
+            )
             if i % 10 == 0 or i == len(todo):  # save as we go: --resume continues from here
                 _save(args.out, done, meta, time.perf_counter() - t0)
     finally:
@@ -106,7 +125,9 @@ def main() -> None:
         _save(args.out, done, meta, time.perf_counter() - t0)
     grid = Grid.load(args.out)
     best = grid.best() if any(p.ok for p in grid.points) else None
-    print(f"saved {len(grid.points)} points to {args.out}; complete: {grid.is_complete()}; best: {best}")
+    print(
+        f"saved {len(grid.points)} points to {args.out}; complete: {grid.is_complete()}; best: {best}"
+    )
 
 
 def _save(path: Path, points: list[GridPoint], meta: dict, seconds: float) -> None:

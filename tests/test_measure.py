@@ -28,10 +28,11 @@ from gpuopt.trial import process_start_time
 RULE = StopRule(min_steps=10, max_steps=200, time_budget_s=5.0, stability_target=0.03)
 
 
-def test_stable_step_times_stop_as_stable_at_min_steps():
-    times = [0.010 * (1 + 0.001 * (i % 3)) for i in range(10)]
-    assert RULE.check(times, elapsed_s=0.1) == "stable"
-    assert RULE.check(times[:9], elapsed_s=0.1) is None  # not before min_steps
+def test_stable_step_times_stop_as_stable_once_there_are_enough_batch_means():
+    times = [0.010 * (1 + 0.001 * (i % 3)) for i in range(15)]
+    assert RULE.check(times, elapsed_s=0.1) == "stable"  # 5 batch means of 3 steps
+    assert RULE.check(times[:14], elapsed_s=0.1) is None  # 4 batch means: no CI yet
+    assert StopRule(20, 200, 5.0, 0.03).check(times, elapsed_s=0.1) is None  # not before min_steps
 
 
 def test_noisy_step_times_run_to_the_budget():
@@ -88,8 +89,8 @@ class ScriptedClock(HostClock):
 
 def test_window_stops_stable_on_steady_steps_and_at_max_steps_on_noisy_ones():
     steady = run_window(lambda i: None, ScriptedClock([0.01] * 100), RULE)
-    assert (steady.stop_reason, steady.steps, len(steady.step_times)) == ("stable", 10, 10)
-    assert steady.wall_s == pytest.approx(0.1)
+    assert (steady.stop_reason, steady.steps, len(steady.step_times)) == ("stable", 15, 15)
+    assert steady.wall_s == pytest.approx(0.15)
     rng = random.Random(1)
     noisy = [0.01 * rng.lognormvariate(0, 0.8) for _ in range(300)]
     rule = StopRule(min_steps=10, max_steps=50, time_budget_s=60.0, stability_target=0.01)

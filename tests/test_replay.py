@@ -4,7 +4,6 @@ search on the shipped, measured grid (benchmarks/grid_cpu.json)."""
 from __future__ import annotations
 
 import itertools
-import statistics
 
 import optuna
 import pytest
@@ -28,10 +27,18 @@ WORKERS = [0, 1, 2]
 def _encoded_grid(space_batch: str = "choice(16,32,64,128)") -> Grid:
     """A grid whose value encodes its configuration, so a wrong lookup shows as a wrong value."""
     points = [
-        GridPoint({"loader.batch_size": b, "loader.num_workers": w, "precision": p}, "ok", b * 10 + w + (0.5 if p == "bf16" else 0))
+        GridPoint(
+            {"loader.batch_size": b, "loader.num_workers": w, "precision": p},
+            "ok",
+            b * 10 + w + (0.5 if p == "bf16" else 0),
+        )
         for b, w, p in itertools.product(BATCH, WORKERS, ["fp32", "bf16"])
     ]
-    space = {"loader.batch_size": space_batch, "loader.num_workers": "choice(0,1,2)", "precision": "choice(fp32,bf16)"}
+    space = {
+        "loader.batch_size": space_batch,
+        "loader.num_workers": "choice(0,1,2)",
+        "precision": "choice(fp32,bf16)",
+    }
     return Grid(space=space, points=points)
 
 
@@ -47,10 +54,22 @@ def test_replay_answers_each_asked_config_with_its_measured_value() -> None:
 
 def test_interval_spaces_snap_to_the_nearest_grid_value_in_log_scale() -> None:
     grid = _encoded_grid(space_batch="tag(log, int(interval(16, 128)))")
-    assert grid.snap({"loader.batch_size": 45, "loader.num_workers": 1, "precision": "fp32"})["loader.batch_size"] == 32
-    assert grid.snap({"loader.batch_size": 46, "loader.num_workers": 1, "precision": "fp32"})["loader.batch_size"] == 64
+    assert (
+        grid.snap({"loader.batch_size": 45, "loader.num_workers": 1, "precision": "fp32"})[
+            "loader.batch_size"
+        ]
+        == 32
+    )
+    assert (
+        grid.snap({"loader.batch_size": 46, "loader.num_workers": 1, "precision": "fp32"})[
+            "loader.batch_size"
+        ]
+        == 64
+    )
     run = replay(grid, optuna.samplers.RandomSampler(seed=0), 20)
-    assert {p["loader.batch_size"] for p in run.params} - set(BATCH)  # the sampler asked off-grid values
+    assert {p["loader.batch_size"] for p in run.params} - set(
+        BATCH
+    )  # the sampler asked off-grid values
     assert all(v is not None and v // 10 in BATCH for v in run.values)  # and got grid values back
 
 
@@ -77,11 +96,17 @@ def test_failed_grid_points_are_told_as_failures_not_values() -> None:
 
 def test_multi_objective_setup_tells_the_extra_metric_and_runs_the_baseline_first() -> None:
     grid = _encoded_grid()
-    points = [GridPoint(p.params, p.status, p.value, {"utilization": 100 - p.value}) for p in grid.points]
+    points = [
+        GridPoint(p.params, p.status, p.value, {"utilization": 100 - p.value}) for p in grid.points
+    ]
     grid = Grid(space=grid.space, points=points)
     baseline = {"loader.batch_size": 32, "loader.num_workers": 0, "precision": "fp32"}
-    setup = SearchSetup(("throughput", "utilization"), ("maximize", "maximize"), enqueue=(baseline,),
-                        space={**grid.space, "precision": "choice(fp32)"})
+    setup = SearchSetup(
+        ("throughput", "utilization"),
+        ("maximize", "maximize"),
+        enqueue=(baseline,),
+        space={**grid.space, "precision": "choice(fp32)"},
+    )
     run = replay(grid, optuna.samplers.TPESampler(seed=0), 15, setup=setup)
     assert run.params[0] == baseline
     assert {p["precision"] for p in run.params} == {"fp32"}  # the trimmed space is what is asked
@@ -120,7 +145,9 @@ def test_replay_is_deterministic_for_a_seed(grid: Grid, default: Contender) -> N
     assert first.params != other.params
 
 
-def test_default_search_finds_95_percent_of_the_optimum_not_later_than_random(grid: Grid, default: Contender) -> None:
+def test_default_search_finds_95_percent_of_the_optimum_not_later_than_random(
+    grid: Grid, default: Contender
+) -> None:
     """Seeded, so it cannot flake; it fails if the sampler, its wiring or the lookup breaks (a
     flipped direction, values told to the wrong trial, a lost baseline or trimming)."""
     n = len(grid.points)

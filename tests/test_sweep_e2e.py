@@ -118,7 +118,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
         "loader.batch_size": 32,
         "loader.num_workers": 0,
     }  # the config as composed
-    assert not any(t.user_attrs[ATTR_BASELINE] for t in trials[1:])
+    assert not any(t.user_attrs.get(ATTR_BASELINE) for t in trials[1:])
     for t in trials:
         attrs = t.user_attrs
         assert attrs["status"] == "ok" and t.constraints == {"oom": 0.0, "diverged": 0.0}
@@ -129,7 +129,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
         assert attrs["config"]["loader"]["num_workers"] == t.params["loader.num_workers"]
         assert f"loader.batch_size={t.params['loader.batch_size']}" in attrs["overrides"]
         assert (Path(attrs["run_dir"]) / "result.json").is_file()
-        assert attrs["env"] and attrs["owner"]["pid"] > 0
+        assert attrs["env"] and t.system_attrs["gpuopt:owner"]["pid"] > 0
 
     user = study.user_attrs
     assert user[STUDY_OBJECTIVES] == ["throughput", "utilization"]
@@ -164,7 +164,7 @@ def _compose(overrides: list[str]) -> dict:
 
     import gpuopt.run  # noqa: F401  (registers the schema)
 
-    with initialize_config_module(config_module="gpuopt.conf", version_base=None):
+    with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose(config_name="config", overrides=overrides)
     cfg = OmegaConf.to_container(cfg, resolve=False)
     cfg.pop("hydra", None)

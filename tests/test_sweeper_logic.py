@@ -469,3 +469,16 @@ def test_single_objective_samplers_are_refused_for_several_objectives():
     impl._check_sampler(["maximize"])
     with pytest.raises(SweepConfigError, match="cmaes"):
         impl._check_sampler(["maximize", "maximize"])
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "memory"])
+def test_user_attrs_written_in_one_go(tmp_path, storage):
+    from gpuopt.sweeper.attrs import set_user_attrs
+
+    url = f"sqlite:///{tmp_path / 'a.db'}" if storage == "sqlite" else None
+    study = optuna.create_study(storage=url)
+    trial = study.ask()
+    attrs = {"status": "ok", "throughput": 1.5, "overrides": ["a=1"], "env": {"device": "cpu"}}
+    set_user_attrs(study._storage, trial._trial_id, attrs)
+    study.tell(trial, 1.0)
+    assert study.trials[0].user_attrs == attrs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import pytest
 import torch
@@ -135,6 +136,8 @@ def test_user_model_by_target_is_trained_with_its_own_arguments(compose_cfg):
     result = _run(compose_cfg, "trust=[tests.*]", inspect=built.__setitem__, edit=_user_model("TinyNet", hidden=5))
     _assert_measured(result)
     assert type(built["model"]).__name__ == "TinyNet" and built["model"].hidden == 5
+    # The sweeper receives the result across processes (submitit pickles it).
+    assert pickle.loads(pickle.dumps(result)) == result
 
 
 def test_nan_loss_is_a_diverged_result(compose_cfg):

@@ -41,6 +41,7 @@ from gpuopt.result import (
 
 from . import confirm as confirm_mod
 from . import hardware, resume
+from .attrs import set_user_attrs
 from .export import overrides_to_experiment, stock_results, write_experiment
 from .objectives import (
     SweepConfigError,
@@ -64,7 +65,6 @@ from .summary import progress_line, render
 log = logging.getLogger("gpuopt.sweeper")
 
 ATTR_TRACEBACK = "traceback"
-ATTR_OWNER = "owner"  # user attr copy of the owner (host, pid), for people reading the study
 MIN_TRIALS_FOR_FAILURE_RATE = 3
 
 
@@ -118,6 +118,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         self.confirm_rounds = int(confirm.get("rounds", 2))
         self.confirm_max_share = float(confirm.get("max_share", 0.25))
         self.env_timeout_s = env_timeout_s
+        self._labels_checked = False
         if n_jobs < 1:
             raise SweepConfigError("hydra.sweeper.n_jobs", n_jobs, "an integer >= 1")
 
@@ -454,6 +455,8 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         finished = errors = 0
         t_loop = time.monotonic()
         owner = resume.this_owner()
+        best = _best(study, directions)  # read once; then kept up to date from this run's trials
+        sign = 1 if directions[0] == "maximize" else -1
         while to_go > 0:
             batch = min(self.n_jobs, to_go)
             trials = [study.ask() for _ in range(batch)]
@@ -464,6 +467,10 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             for trial, trial_overrides, ret in zip(trials, overrides, returns):
                 outcome = self._outcome(ret, names, directions)
                 self._tell(study, trial, trial_overrides, ret, outcome, owner)
+                if outcome.feasible and outcome.values and (
+                    best is None or sign * outcome.values[0] > sign * best[1][0]
+                ):
+                    best = (trial.number, outcome.values)
                 finished += 1
                 errors += outcome.failed
                 done = done_before + finished
@@ -478,7 +485,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                         outcome.values,
                         time.monotonic() - t_start,
                         per_trial * (self.n_trials - done),
-                        _best(study, directions),
+                        best,
                         bool(trial.user_attrs.get(ATTR_BASELINE)),
                         outcome.user_attrs.get(ATTR_REASON),
                     )
@@ -501,7 +508,11 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         out = []
         for trial in trials:
             is_baseline = bool(trial.user_attrs.get(ATTR_BASELINE))
-            pinned = trial.storage.get_trial_system_attrs(trial._trial_id).get("fixed_params") or {}
+            pinned = (
+                trial.storage.get_trial_system_attrs(trial._trial_id).get("fixed_params") or {}
+                if is_baseline
+                else {}
+            )
             for name, dist in distributions.items():
                 if is_baseline and name not in pinned:
                     continue  # the baseline keeps the configured value of keys outside the space
@@ -570,11 +581,9 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         attrs = dict(outcome.user_attrs)
         attrs[ATTR_OVERRIDES] = list(overrides)
         attrs[ATTR_RUN_DIR] = _run_dir(ret)
-        attrs[ATTR_BASELINE] = bool(trial.user_attrs.get(ATTR_BASELINE))
-        attrs[ATTR_OWNER] = {"host": owner["host"], "pid": owner["pid"]}
+        # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
         attrs.setdefault(ATTR_STATUS, outcome.status)
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
+        set_user_attrs(study._storage, trial._trial_id, attrs)
         if outcome.failed:
             study.tell(trial, state=TrialState.FAIL)
             return
@@ -587,10 +596,12 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             except RuntimeError as exc:  # GridSampler stops the study itself once the grid is done
                 if "Study.stop" not in str(exc):
                     raise
-        if (
-            outcome.plain
-            and study.user_attrs.get(STUDY_OBJECTIVES)
-            and not _plain_names(study.user_attrs[STUDY_OBJECTIVES])
+        if outcome.plain and not self._labels_checked:
+            self._labels_checked = True  # one study read per sweep, not per trial
+        else:
+            return
+        if study.user_attrs.get(STUDY_OBJECTIVES) and not _plain_names(
+            study.user_attrs[STUDY_OBJECTIVES]
         ):
             # A stock-style task: its values are not gpuopt metrics.
             n = len(outcome.values or [])
