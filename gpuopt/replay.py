@@ -440,13 +440,18 @@ def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:
 
 
 def gpuopt_contenders(
-    grid: Grid, variant: Sequence[str] = (), sampler_only: bool = True
+    grid: Grid,
+    variant: Sequence[str] = (),
+    sampler_only: bool = True,
+    defaults: SweeperDefaults | None = None,
 ) -> list[Contender]:
     """gpuopt's default search on the grid, as configured for the grid's workload: the full setup
     (objectives, baseline, device-aware trimming) and, with `sampler_only`, its sampler alone.
     `variant`: sweeper overrides to try instead of the defaults, e.g.
-    ["hydra.sweeper.sampler.multivariate=true"]; they are named in the contenders' names."""
-    defaults = sweeper_defaults([*grid.meta.get("fixed_overrides", ()), *variant])
+    ["hydra.sweeper.sampler.multivariate=true"]; they are named in the contenders' names.
+    `defaults`: already composed (`sweeper_defaults`), instead of composing here."""
+    if defaults is None:
+        defaults = sweeper_defaults([*grid.meta.get("fixed_overrides", ()), *variant])
     name = "gpuopt default" + (
         f" [{' '.join(o.removeprefix('hydra.sweeper.') for o in variant)}]" if variant else ""
     )

@@ -107,7 +107,9 @@ def main() -> None:
     n = len(grid.points)
     best = grid.best()
     fractions = (0.95, 0.99)
-    contenders: list[Contender] = gpuopt_contenders(grid) + optuna_contenders()
+    # Composed once, at the start: the sweeper's defaults as they are when the replay begins.
+    defaults = sweeper_defaults(grid.meta.get("fixed_overrides", ()))
+    contenders: list[Contender] = gpuopt_contenders(grid, defaults=defaults) + optuna_contenders()
     for variant in args.variant:
         contenders += gpuopt_contenders(grid, variant.split(), sampler_only=False)
     if args.samplers:
@@ -120,6 +122,7 @@ def main() -> None:
         f"  95% target {grid.target(0.95):,.1f} ({grid.rank_of(grid.target(0.95))} configs reach it), "
         f"99% target {grid.target(0.99):,.1f} ({grid.rank_of(grid.target(0.99))} configs)"
     )
+    print(f"  gpuopt default: sampler {dict(defaults.sampler)}, n_trials {defaults.n_trials}")
     print(
         f"  gpuopt default: objectives {default.objectives or (grid.objective,)}, baseline {default.enqueue}, "
         f"space {default.space or grid.space}"
@@ -137,7 +140,7 @@ def main() -> None:
         print(f"  {contender.name}: {seconds[contender.name]:.1f} s", flush=True)
 
     print()
-    preset_trials = sweeper_defaults(grid.meta.get("fixed_overrides", ())).n_trials
+    preset_trials = defaults.n_trials
     print(table(grid, summaries, fractions, seconds, preset_trials))
     goal = TARGET_SHARE * n
     default_median = (

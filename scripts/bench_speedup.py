@@ -79,7 +79,9 @@ def default_sweep(
         results_file = Path(tmp) / "sweep" / "optimization_results.yaml"
         if proc.returncode != 0 or not results_file.exists():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-            raise RuntimeError(f"sweep failed ({' '.join(cmd)}):\n{tail}")
+            raise RuntimeError(
+                f"sweep failed ({' '.join(cmd)}):\n{tail}\n{_trial_reasons(Path(tmp))}"
+            )
         results = OmegaConf.to_container(OmegaConf.load(results_file))
         assert isinstance(results, dict)
         study = optuna.load_study(study_name=results["study_name"], storage=results["storage"])
@@ -95,6 +97,21 @@ def default_sweep(
             "overrides": [override_text(k, v) for k, v in best.params.items()],
             "summary": summary,
         }
+
+
+def _trial_reasons(output_dir: Path) -> str:
+    """Why the trials of a failed sweep failed (their `reason` user attrs), before the output
+    directory is thrown away."""
+    import optuna
+
+    lines = []
+    for db in output_dir.glob("*.db"):
+        for summary in optuna.get_all_study_summaries(f"sqlite:///{db}"):
+            study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}")
+            for t in study.trials:
+                if t.user_attrs.get("reason"):
+                    lines.append(f"  trial {t.number} {t.params}: {t.user_attrs['reason']}")
+    return "\n".join(lines) or "  (no trial reasons recorded)"
 
 
 # -- 2. Lightning's batch-size finder ---------------------------------------------------------------

@@ -75,3 +75,29 @@ def test_config_error_in_multirun_is_an_error_result(compose_cfg, tmp_path):
     assert result.status is Status.ERROR and "loader.num_workers=-2" in result.reason
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["status"] == "error" and saved["config"]["loader"]["num_workers"] == -2
+
+
+def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
+    """README "Your own model and dataset": a model YAML in the user's folder, trusted by `trust`."""
+    model_dir = tmp_path / "myconf" / "model"
+    model_dir.mkdir(parents=True)
+    (model_dir / "tinynet.yaml").write_text(
+        "_target_: tests.helpers.user_models.TinyNet\n"
+        "input: vectors\n"
+        "input_shape: [12]\n"
+        "num_classes: 3\n"
+        "features: ${.input_shape[0]}\n"
+        "classes: ${.num_classes}\n"
+        "hidden: 7\n"
+    )
+    untrusted = _cli(tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", *TINY_TRIAL)
+    assert untrusted.returncode != 0
+    assert "model._target_='tests.helpers.user_models.TinyNet'" in untrusted.stderr
+    assert "trust=[tests.helpers.user_models.*]" in untrusted.stderr
+
+    proc = _cli(tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", "trust=[tests.*]", *TINY_TRIAL)
+    assert proc.returncode == 0, proc.stderr
+    (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    result = TrialResult.load(result_file)
+    assert result.status is Status.OK and result.metrics.throughput > 0
+    assert result.config["model"]["hidden"] == 7 and result.config["data"]["shape"] == [12]

@@ -302,17 +302,17 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     ordered = {s: counts.get(s, 0) for s in STATUS_ORDER}
     ordered.update({s: n for s, n in counts.items() if s not in ordered})
 
-    # Best = the sweeper's own pick (gpuopt/sweeper/_impl.py), so the report and the sweep's
+    # Best = the sweeper's own pick (gpuopt.sweeper.record.pick_best), so the report and the sweep's
     # best.yaml agree: the confirmed winner when a confirmation ran, else the best first objective
     # (on the Pareto front when there are several objectives).
-    from gpuopt.sweeper._impl import _pick_best
+    from gpuopt.sweeper.record import pick_best
 
     feasible = [t for t in frozen if t.state == TrialState.COMPLETE and _feasible(t) and t.values]
     pareto_frozen = (
         [t for t in study.best_trials if _feasible(t)] if len(directions) > 1 and feasible else []
     )
     confirmation = study.user_attrs.get(STUDY_CONFIRMATION)
-    picked = _pick_best(
+    picked = pick_best(
         feasible,
         pareto_frozen,
         directions,

@@ -12,44 +12,39 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import time
-import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
 import optuna
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+from optuna.storages._heartbeat import get_heartbeat_thread
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from gpuopt.result import (
     ATTR_BASELINE,
     ATTR_OVERRIDES,
     ATTR_REASON,
-    ATTR_RUN_DIR,
     ATTR_STATUS,
     STUDY_CONFIRMATION,
     STUDY_DIRECTIONS,
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
 )
+from gpuopt.secrets import mask_secrets
 
 from . import confirm as confirm_mod
 from . import hardware, resume
-from .attrs import set_user_attrs
+from . import storage as storage_mod
 from .export import overrides_to_experiment, stock_results, write_experiment
-from .objectives import (
-    SweepConfigError,
-    TrialOutcome,
-    error_outcome,
-    outcome_from_return,
-    resolve_objectives,
-)
+from .objectives import SweepConfigError, TrialOutcome, resolve_objectives
+from .record import ATTR_TRACEBACK, outcome_of, pick_best, record_trial  # noqa: F401
+from .record import feasible as _feasible
 from .search_space import (
     baseline_params,
     current_value,
@@ -64,7 +59,6 @@ from .summary import progress_line, render
 
 log = logging.getLogger("gpuopt.sweeper")
 
-ATTR_TRACEBACK = "traceback"
 MIN_TRIALS_FOR_FAILURE_RATE = 3
 
 
@@ -91,6 +85,8 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         baseline: bool = True,
         confirm: Any = None,
         env_timeout_s: float = 120.0,
+        heartbeat_interval: int | None = 60,
+        grace_period: int | None = None,
     ) -> None:
         super().__init__(
             sampler,
@@ -118,7 +114,10 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         self.confirm_rounds = int(confirm.get("rounds", 2))
         self.confirm_max_share = float(confirm.get("max_share", 0.25))
         self.env_timeout_s = env_timeout_s
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
         self._labels_checked = False
+        self._created_study = False
         if n_jobs < 1:
             raise SweepConfigError("hydra.sweeper.n_jobs", n_jobs, "an integer >= 1")
 
@@ -128,6 +127,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        _mask_config_secrets(config)  # every trial's .hydra/*.yaml and multirun.yaml copy it
         self._keep_gpus_visible()
 
     def _keep_gpus_visible(self) -> None:
@@ -135,6 +135,8 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         params = getattr(self.launcher, "params", None)
         if getattr(self.launcher, "_EXECUTOR", None) != "local" or not isinstance(params, dict):
             return
+        if hasattr(self.launcher, "_device_plan"):
+            return  # gpuopt's fresh_process launcher sets each job's GPUs itself
         if params.get("gpus_per_node") is not None or params.get("setup"):
             return  # the user chose
         params["setup"] = [hardware.gpu_setup_command(dict(os.environ))]
@@ -164,15 +166,17 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         study = self._open_study(study_name, storage_url, names, directions, hw_id, facts, probe)
         self._check_sampler(directions)
 
-        recovered = resume.recover_interrupted(study)
-        if recovered:
-            log.warning(
-                "trials %s were interrupted by a killed sweep: marked FAIL, their params enqueued again",
-                recovered,
-            )
+        self._recover(study)
         trials = study.get_trials(deepcopy=False)
         to_go = resume.trials_to_go(trials, self.n_trials)
-        if to_go and self.baseline_enabled and not resume.has_baseline(trials):
+        # A new study: its creator enqueues the baseline (workers started with it leave that to
+        # it); an existing study without one gets it from whoever resumes it.
+        if (
+            to_go
+            and self.baseline_enabled
+            and (self._created_study or trials)
+            and not resume.has_baseline(trials)
+        ):
             self._enqueue_baseline(study, distributions, is_grid)
             trials = study.get_trials(deepcopy=False)
         if is_grid:
@@ -200,7 +204,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             )
 
         log.info("Study name: %s", study_name)
-        log.info("Storage: %s", storage_url)
+        log.info("Storage: %s", storage_mod.display(storage_url))
         log.info("Sampler: %s", type(self.sampler).__name__)
         log.info("Objectives: %s", ", ".join(f"{n} ({d})" for n, d in zip(names, directions)))
         self._run_trials(
@@ -215,7 +219,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             t_start,
         )
 
-        confirmation = self._confirm(study, names, directions)
+        confirmation = self._confirm_if_last(study, names, directions)
         self._write_outputs(
             study, study_name, storage_url, names, directions, confirmation, t_start
         )
@@ -355,18 +359,20 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         facts: dict[str, Any],
         probe: hardware.EnvProbe,
     ) -> optuna.Study:
+        opened = storage_mod.open_storage(storage, self.heartbeat_interval, self.grace_period)
         try:
-            study = optuna.load_study(study_name=name, storage=storage, sampler=self.sampler)
+            study = optuna.load_study(study_name=name, storage=opened, sampler=self.sampler)
             existing = True
         except KeyError:
-            study = optuna.create_study(
-                study_name=name,
-                storage=storage,
-                sampler=self.sampler,
-                directions=directions,
-                load_if_exists=True,
-            )
-            existing = False
+            try:
+                study = optuna.create_study(
+                    study_name=name, storage=opened, sampler=self.sampler, directions=directions
+                )
+                existing = False
+                self._created_study = True
+            except optuna.exceptions.DuplicatedStudyError:  # another worker created it just now
+                study = optuna.load_study(study_name=name, storage=opened, sampler=self.sampler)
+                existing = True
         if storage is None:
             self.storage = "memory"
         attrs = study.user_attrs
@@ -440,6 +446,52 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
 
     # ---- trials ----------------------------------------------------------------------------------
 
+    def _recover(self, study: optuna.Study) -> None:
+        """Fail and re-queue trials whose worker died: on this host (pid gone) or anywhere
+        (heartbeat stale for grace_period)."""
+        for numbers, cause in (
+            (resume.recover_interrupted(study), "a killed sweep on this host"),
+            (resume.fail_stale(study), "a worker whose heartbeat stopped"),
+        ):
+            if numbers:
+                log.warning(
+                    "trials %s were interrupted by %s: marked FAIL, their params enqueued again",
+                    numbers,
+                    cause,
+                )
+
+    @staticmethod
+    def _others_in_flight(study: optuna.Study, owner: dict) -> list[FrozenTrial]:
+        return [
+            t
+            for t in resume.in_flight(study.get_trials(deepcopy=False))
+            if t.system_attrs.get(resume.OWNER_ATTR) != owner
+        ]
+
+    def _ask(self, study: optuna.Study, n: int, owner: dict) -> tuple[list[Trial], bool]:
+        """Up to n trials this worker may run, and whether the study is full (see resume.py's rule:
+        a trial with n_trials counted-or-waiting trials below its number is void, not run)."""
+        out: list[Trial] = []
+        while len(out) < n:
+            with warnings.catch_warnings():
+                # "Heartbeat of storage is supposed to be used with Study.optimize": gpuopt runs
+                # the heartbeat thread itself, around each launch.
+                warnings.simplefilter("ignore")
+                trial = study.ask()
+            study._storage.set_trial_system_attr(trial._trial_id, resume.OWNER_ATTR, owner)
+            trials = study.get_trials(deepcopy=False)
+            if resume.is_surplus(trial.number, trials, self.n_trials):
+                resume.void(study, trial, f"surplus: other workers hold n_trials={self.n_trials}")
+                log.info("trial #%d not run: the study's n_trials are taken", trial.number)
+                return out, True
+            if trial.user_attrs.get(ATTR_BASELINE) and resume.duplicate_baseline(
+                trial.number, trials
+            ):
+                resume.void(study, trial, "duplicate baseline (enqueued by two workers at once)")
+                continue
+            out.append(trial)
+        return out, False
+
     def _run_trials(
         self,
         study,
@@ -452,45 +504,78 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         directions,
         t_start,
     ) -> None:
+        """Ask, launch, record until the study holds n_trials counted trials.
+
+        The study, not this process, is the source of truth: other workers may share it (a
+        PostgreSQL or journal storage), so what is left is re-read before every batch.
+        """
         finished = errors = 0
         t_loop = time.monotonic()
         owner = resume.this_owner()
         best = _best(study, directions)  # read once; then kept up to date from this run's trials
         sign = 1 if directions[0] == "maximize" else -1
-        while to_go > 0:
-            batch = min(self.n_jobs, to_go)
-            trials = [study.ask() for _ in range(batch)]
-            for trial in trials:
-                study._storage.set_trial_system_attr(trial._trial_id, resume.OWNER_ATTR, owner)
-            overrides = self._configure(trials, distributions, fixed_params, fixed_overrides)
-            returns = self._launch(overrides, [t.number for t in trials])
-            for trial, trial_overrides, ret in zip(trials, overrides, returns):
-                outcome = self._outcome(ret, names, directions)
-                self._tell(study, trial, trial_overrides, ret, outcome, owner)
-                if outcome.feasible and outcome.values and (
-                    best is None or sign * outcome.values[0] > sign * best[1][0]
-                ):
-                    best = (trial.number, outcome.values)
-                finished += 1
-                errors += outcome.failed
-                done = done_before + finished
-                per_trial = (time.monotonic() - t_loop) / finished
-                log.info(
-                    progress_line(
-                        done,
-                        self.n_trials,
-                        trial.number,
-                        outcome.status,
-                        names,
-                        outcome.values,
-                        time.monotonic() - t_start,
-                        per_trial * (self.n_trials - done),
-                        best,
-                        bool(trial.user_attrs.get(ATTR_BASELINE)),
-                        outcome.user_attrs.get(ATTR_REASON),
+        full = False
+        first = True
+        waiting_logged = False
+        while not full:
+            if not first:
+                self._recover(study)
+                to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+            first = False
+            if to_go <= 0:
+                # n_trials are taken; trials of other workers may still be running. With heartbeats
+                # on, stay until they finish: a worker that died under one has its trial re-queued
+                # after grace_period, and this worker runs it.
+                others = self._others_in_flight(study, owner)
+                if not others or not storage_mod.heartbeat_on(study._storage):
+                    break
+                if not waiting_logged:
+                    log.info(
+                        "waiting for %d trial(s) of other workers (re-run here if their worker "
+                        "dies)",
+                        len(others),
                     )
-                )
-            to_go -= batch
+                    waiting_logged = True
+                time.sleep(min(2.0, float(self.heartbeat_interval or 2)))
+                continue
+            trials, full = self._ask(study, min(self.n_jobs, to_go), owner)
+            if not trials:
+                break
+            beats = [get_heartbeat_thread(t._trial_id, study._storage) for t in trials]
+            for beat in beats:
+                beat.start()  # records a beat at once, then every heartbeat_interval seconds
+            try:
+                overrides = self._configure(trials, distributions, fixed_params, fixed_overrides)
+                returns = self._launch(overrides, [t.number for t in trials])
+                for trial, trial_overrides, ret in zip(trials, overrides, returns):
+                    outcome = self._outcome(ret, names, directions)
+                    self._tell(study, trial, trial_overrides, ret, outcome, owner)
+                    if outcome.feasible and outcome.values and (
+                        best is None or sign * outcome.values[0] > sign * best[1][0]
+                    ):
+                        best = (trial.number, outcome.values)
+                    finished += 1
+                    errors += outcome.failed
+                    done = done_before + finished
+                    per_trial = (time.monotonic() - t_loop) / finished
+                    log.info(
+                        progress_line(
+                            done,
+                            self.n_trials,
+                            trial.number,
+                            outcome.status,
+                            names,
+                            outcome.values,
+                            time.monotonic() - t_start,
+                            per_trial * max(0, self.n_trials - done),
+                            best,
+                            bool(trial.user_attrs.get(ATTR_BASELINE)),
+                            outcome.user_attrs.get(ATTR_REASON),
+                        )
+                    )
+            finally:
+                for beat in beats:
+                    beat.join()
             if (
                 errors
                 and finished >= min(MIN_TRIALS_FOR_FAILURE_RATE, self.n_trials)
@@ -499,7 +584,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                 raise SweepAborted(
                     f"{errors} of {finished} trials ended with status error (> hydra.sweeper.max_failure_rate="
                     f"{self.max_failure_rate}); see their 'reason' user attrs: optuna trials --study-name "
-                    f"{study.study_name} --storage {self.storage}"
+                    f"{study.study_name} --storage {storage_mod.display(self.storage)}"
                 )
 
     def _configure(
@@ -555,19 +640,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
     def _outcome(
         ret: JobReturn | BaseException, names: list[str], directions: list[str]
     ) -> TrialOutcome:
-        if isinstance(ret, BaseException):
-            outcome = error_outcome(f"launcher: {type(ret).__name__}: {ret}")
-            outcome.user_attrs[ATTR_TRACEBACK] = "".join(traceback.format_exception(ret))[-4000:]
-            return outcome
-        if ret.status is JobStatus.COMPLETED:
-            return outcome_from_return(ret.return_value, names, directions)
-        try:
-            value = ret.return_value  # raises the task's exception
-        except BaseException as exc:  # noqa: BLE001 - any task failure is a recorded result
-            outcome = error_outcome(f"{type(exc).__name__}: {exc}")
-            outcome.user_attrs[ATTR_TRACEBACK] = "".join(traceback.format_exception(exc))[-4000:]
-            return outcome
-        return outcome_from_return(value, names, directions)
+        return outcome_of(ret, names, directions)
 
     def _tell(
         self,
@@ -578,24 +651,9 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         outcome: TrialOutcome,
         owner: dict,
     ) -> None:
-        attrs = dict(outcome.user_attrs)
-        attrs[ATTR_OVERRIDES] = list(overrides)
-        attrs[ATTR_RUN_DIR] = _run_dir(ret)
-        # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
-        attrs.setdefault(ATTR_STATUS, outcome.status)
-        set_user_attrs(study._storage, trial._trial_id, attrs)
+        record_trial(study, trial, overrides, ret, outcome)
         if outcome.failed:
-            study.tell(trial, state=TrialState.FAIL)
             return
-        for key, value in outcome.constraints.items():
-            trial.set_constraint(key, value)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            try:
-                study.tell(trial, values=outcome.values, state=TrialState.COMPLETE)
-            except RuntimeError as exc:  # GridSampler stops the study itself once the grid is done
-                if "Study.stop" not in str(exc):
-                    raise
         if outcome.plain and not self._labels_checked:
             self._labels_checked = True  # one study read per sweep, not per trial
         else:
@@ -610,6 +668,21 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             _set_metric_names(study, labels)
 
     # ---- confirmation ------------------------------------------------------------------------------
+
+    def _confirm_if_last(
+        self, study: optuna.Study, names: list[str], directions: list[str]
+    ) -> dict[str, Any] | None:
+        """The confirmation round runs in the last worker to finish (the others' trials are done)."""
+        others = self._others_in_flight(study, resume.this_owner())
+        if others:
+            log.info(
+                "%d trial(s) still running in other workers: the last worker to finish runs the "
+                "confirmation round",
+                len(others),
+            )
+            previous = study.user_attrs.get(STUDY_CONFIRMATION)
+            return previous if isinstance(previous, dict) else None
+        return self._confirm(study, names, directions)
 
     def _confirm(
         self, study: optuna.Study, names: list[str], directions: list[str]
@@ -651,6 +724,9 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                     self.n_trials,
                 )
             return None
+        if not resume.claim_confirmation(study, counted):
+            log.info("another worker runs the confirmation round")
+            return previous if isinstance(previous, dict) else None
         chosen = [baseline, *candidates[: confirm_plan.top_k]]
         configs = [
             confirm_mod.ConfirmedConfig(
@@ -720,7 +796,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         feasible = [t for t in complete if _feasible(t) and t.values]
         pareto = [t for t in study.best_trials if _feasible(t)] if feasible else []
         baseline = next((t for t in feasible if t.user_attrs.get(ATTR_BASELINE)), None)
-        best = _pick_best(feasible, pareto, directions, confirmation)
+        best = pick_best(feasible, pareto, directions, confirmation)
         counts: dict[str, int] = {}
         for t in all_trials:
             status = t.user_attrs.get(ATTR_STATUS) or t.state.name.lower()
@@ -734,7 +810,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             ranked,
             {
                 "study_name": study_name,
-                "storage": str(storage_url),
+                "storage": storage_mod.display(storage_url),
                 "objectives": names,
                 "directions": directions,
                 "best_trial": best.number if best is not None else None,
@@ -770,7 +846,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             )
         text = render(
             study_name=study_name,
-            storage=str(storage_url),
+            storage=storage_mod.display(storage_url),
             sweep_dir=str(sweep_dir),
             names=names,
             directions=directions,
@@ -813,20 +889,8 @@ def _set_metric_names(study: optuna.Study, names: list[str]) -> None:
             pass
 
 
-def _feasible(trial: FrozenTrial) -> bool:
-    return all(v <= 0 for v in trial.constraints.values())
-
-
 def _key(params: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
-
-
-def _run_dir(ret: Any) -> str | None:
-    cfg = getattr(ret, "hydra_cfg", None)
-    try:
-        return str(cfg.hydra.runtime.output_dir) if cfg is not None else None
-    except Exception:
-        return None
 
 
 def _best(study: optuna.Study, directions: list[str]) -> tuple[int, list[float]] | None:
@@ -843,27 +907,38 @@ def _best(study: optuna.Study, directions: list[str]) -> tuple[int, list[float]]
     return (best.number, best.values) if best is not None else None
 
 
-def _pick_best(
-    feasible: list[FrozenTrial],
-    pareto: list[FrozenTrial],
-    directions: list[str],
-    confirmation: dict[str, Any] | None,
-) -> FrozenTrial | None:
-    """The confirmed winner when a confirmation ran, else the best on the first objective
-    (among the Pareto front when there are several objectives)."""
-    if not feasible:
-        return None
-    sign = 1 if directions[0] == "maximize" else -1
-    if confirmation and confirmation.get("configs"):
+# Kept for callers of the old private name; use gpuopt.sweeper.record.pick_best.
+_pick_best = pick_best
 
-        def score(cfg: dict[str, Any]) -> float:
-            values = [*cfg.get("sweep_values", []), *cfg.get("confirm_values", [])]
-            logs = [math.log(v) for v in values if v and v > 0]
-            return sign * (sum(logs) / len(logs)) if logs else -math.inf
 
-        winner = max(confirmation["configs"], key=score)
-        match = next((t for t in feasible if t.number == winner.get("trial_number")), None)
-        if match is not None:
-            return match
-    pool = pareto or feasible
-    return max(pool, key=lambda t: sign * t.values[0])
+def _mask_config_secrets(config: DictConfig) -> None:
+    """Mask storage passwords in the sweep config that Hydra copies into every trial's
+    .hydra/hydra.yaml, overrides.yaml and multirun.yaml (interpolations such as
+    ${oc.env:GPUOPT_STORAGE} are kept: they hold no secret)."""
+    hydra_cfg = config.get("hydra")
+    if hydra_cfg is None:
+        return
+    readonly = OmegaConf.is_readonly(config)
+    OmegaConf.set_readonly(config, False)
+    try:
+        with open_dict(config):
+            _mask_node(hydra_cfg)
+    finally:
+        OmegaConf.set_readonly(config, readonly)
+
+
+def _mask_node(node: Any) -> None:
+    from omegaconf import DictConfig as _Dict
+    from omegaconf import ListConfig
+
+    keys = node.keys() if isinstance(node, _Dict) else range(len(node))
+    for key in keys:
+        raw = node._get_node(key)
+        if isinstance(raw, (_Dict, ListConfig)):
+            _mask_node(raw)
+            continue
+        value = raw._value() if raw is not None else None
+        if isinstance(value, str) and not OmegaConf.is_interpolation(node, key):
+            masked = mask_secrets(value)
+            if masked != value:
+                node[key] = masked

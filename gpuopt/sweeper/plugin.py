@@ -70,6 +70,15 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
     env_timeout_s: float = 120.0
+    # Several workers on one study (docs/scaling.md): each running trial's worker writes a
+    # heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING trial without one for
+    # grace_period seconds (null: 2 x interval) is failed with the reason and its params re-queued
+    # by the next worker that asks for a trial. Storage: null (SQLite file), memory,
+    # journal:///path/study.log (a file on a shared file system), or an SQLAlchemy URL
+    # (postgresql+psycopg://user@host/db; the password from PGPASSWORD / ~/.pgpass, or
+    # ${oc.env:GPUOPT_STORAGE}: never written unmasked to logs, attrs or exported configs).
+    heartbeat_interval: int | None = 60
+    grace_period: int | None = None
 
 
 ConfigStore.instance().store(
@@ -97,6 +106,8 @@ class GpuoptSweeper(OptunaSweeper):
         baseline: bool = True,
         confirm: DictConfig | None = None,
         env_timeout_s: float = 120.0,
+        heartbeat_interval: int | None = 60,
+        grace_period: int | None = None,
     ) -> None:
         from ._impl import GpuoptSweeperImpl  # lazy: optuna is imported only when sweeping
 
@@ -117,6 +128,8 @@ class GpuoptSweeper(OptunaSweeper):
             baseline=baseline,
             confirm=confirm,
             env_timeout_s=env_timeout_s,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
         )
 
     def sweep(self, arguments: list[str]) -> None:

@@ -3,14 +3,24 @@
 Each trial records its owner (host, pid and process start time of the sweeping process) in its
 system attrs. On start, a RUNNING trial whose owner is on this host and no longer alive was
 interrupted: it is marked FAIL with the reason in its user attrs and its params are enqueued again,
-so the configuration is re-measured rather than silently lost. Owners on other hosts are left alone
-(detecting those needs Optuna's heartbeat, for multi-host sweeps).
+so the configuration is re-measured rather than silently lost. Owners on other hosts are found
+through Optuna's heartbeat (`fail_stale`): a RUNNING trial whose worker stopped beating for
+`grace_period` seconds gets the same treatment.
+
+Several workers on one study (the same command, a shared storage) follow one counting rule, so the
+study never ends with more than n_trials counted trials even when workers ask() at the same time:
+a trial counts when it is finished (not interrupted, not void) or running under a live owner, and a
+freshly asked trial may run only if fewer than n_trials counted-or-waiting trials have a *lower
+number* (`is_surplus`). Trial numbers are handed out by the storage, so two racing workers never
+both see the other ahead of themselves. A surplus trial is marked void (FAIL, user attr `void`),
+never counted, and its worker stops.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +29,8 @@ from gpuopt.result import ATTR_BASELINE, ATTR_REASON, ATTR_STATUS
 OWNER_ATTR = "gpuopt:owner"  # system attr: {"host", "pid", "start"}
 INTERRUPTED_ATTR = "interrupted"  # user attr: True on a trial whose sweep died under it
 RERUN_OF_ATTR = "rerun_of"  # user attr on the re-enqueued trial: number of the interrupted one
+VOID_ATTR = "void"  # user attr: why a trial was asked but never run (surplus, duplicate baseline)
+CONFIRM_CLAIM_ATTR = "gpuopt:confirm_claim"  # study system attr: the worker running confirmation
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -35,14 +47,21 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
+def host_name() -> str:
+    """This worker's host as recorded on its trials. GPUOPT_HOSTNAME overrides it where hosts share
+    a name (containers on several machines often all call themselves the same): pid checks are
+    only made for trials of the same host name, the others rely on heartbeats."""
+    return os.environ.get("GPUOPT_HOSTNAME") or socket.gethostname()
+
+
 def this_owner() -> dict[str, Any]:
     pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "start": _start_ticks(pid)}
+    return {"host": host_name(), "pid": pid, "start": _start_ticks(pid)}
 
 
 def owner_alive(owner: dict[str, Any] | None, host: str | None = None) -> bool | None:
     """True/False for an owner on this host; None when it cannot be told (another host, no owner)."""
-    if not isinstance(owner, dict) or owner.get("host") != (host or socket.gethostname()):
+    if not isinstance(owner, dict) or owner.get("host") != (host or host_name()):
         return None
     pid = owner.get("pid")
     if not isinstance(pid, int):
@@ -74,8 +93,6 @@ def interrupted_trials(trials: Sequence[Any]) -> list[Any]:
 
 def recover_interrupted(study: Any) -> list[int]:
     """Mark interrupted trials FAIL (reason recorded) and enqueue their params again."""
-    from optuna.trial import TrialState, create_trial
-
     recovered = []
     for trial in interrupted_trials(study.get_trials(deepcopy=False)):
         owner = trial.system_attrs.get(OWNER_ATTR) or {}
@@ -83,23 +100,87 @@ def recover_interrupted(study: Any) -> list[int]:
             f"interrupted: the sweeping process {owner.get('host')}:{owner.get('pid')} ended while "
             "this trial ran; its params were enqueued again"
         )
-        storage, tid = study._storage, trial._trial_id
+        if fail_and_requeue(study, trial, reason):
+            recovered.append(trial.number)
+    return recovered
+
+
+def fail_stale(study: Any) -> list[int]:
+    """Fail the RUNNING trials whose worker stopped beating (Optuna's heartbeat) and re-queue them.
+
+    The storage decides which trials are stale (`_get_stale_trial_ids`, what
+    `optuna.storages.fail_stale_trials` uses); gpuopt writes the reason before failing the trial,
+    since a finished trial's attrs cannot change any more.
+    """
+    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
+
+    storage = study._storage
+    if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
+        return []
+    stale = set(storage._get_stale_trial_ids(study._study_id))
+    if not stale:
+        return []
+    grace = getattr(getattr(storage, "_backend", storage), "grace_period", None)
+    grace = grace or 2 * (storage.get_heartbeat_interval() or 0)
+    recovered = []
+    for trial in study.get_trials(deepcopy=False):
+        if trial._trial_id not in stale:
+            continue
+        owner = trial.system_attrs.get(OWNER_ATTR) or {}
+        reason = (
+            f"interrupted: worker {owner.get('host')}:{owner.get('pid')} sent no heartbeat for "
+            f"over {grace} s (hydra.sweeper.grace_period) while this trial ran; its params were "
+            "enqueued again"
+        )
+        if fail_and_requeue(study, trial, reason):
+            recovered.append(trial.number)
+    return recovered
+
+
+def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
+    """FAIL a RUNNING trial with `reason` and enqueue its params again, once across workers.
+
+    Several workers may find the same dead trial: the storage lets exactly one of them move it to
+    FAIL (the others get UpdateFinishedTrialError), and only that one enqueues the re-run.
+    """
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState, create_trial
+
+    storage, tid = study._storage, trial._trial_id
+    try:
         storage.set_trial_user_attr(tid, ATTR_STATUS, "error")
         storage.set_trial_user_attr(tid, ATTR_REASON, reason)
         storage.set_trial_user_attr(tid, INTERRUPTED_ATTR, True)
-        study.tell(trial.number, state=TrialState.FAIL)
-        attrs: dict[str, Any] = {RERUN_OF_ATTR: trial.number}
-        if trial.user_attrs.get(ATTR_BASELINE):
-            attrs[ATTR_BASELINE] = True
-        system_attrs: dict[str, Any] = {"fixed_params": dict(trial.params)}
-        for key in ("grid_id", "search_space"):  # GridSampler: the same grid point, re-run
-            if key in trial.system_attrs:
-                system_attrs[key] = trial.system_attrs[key]
-        study.add_trial(
-            create_trial(state=TrialState.WAITING, system_attrs=system_attrs, user_attrs=attrs)
-        )
-        recovered.append(trial.number)
-    return recovered
+        if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
+            return False
+    except UpdateFinishedTrialError:
+        return False  # another worker got there first
+    attrs: dict[str, Any] = {RERUN_OF_ATTR: trial.number}
+    if trial.user_attrs.get(ATTR_BASELINE):
+        attrs[ATTR_BASELINE] = True
+    system_attrs: dict[str, Any] = {"fixed_params": dict(trial.params)}
+    for key in ("grid_id", "search_space"):  # GridSampler: the same grid point, re-run
+        if key in trial.system_attrs:
+            system_attrs[key] = trial.system_attrs[key]
+    study.add_trial(
+        create_trial(state=TrialState.WAITING, system_attrs=system_attrs, user_attrs=attrs)
+    )
+    return True
+
+
+def void(study: Any, trial: Any, why: str) -> None:
+    """A trial that was asked but must not run (surplus, duplicate baseline): FAIL, never counted."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    storage, tid = study._storage, trial._trial_id
+    try:
+        storage.set_trial_user_attr(tid, VOID_ATTR, why)
+        storage.set_trial_user_attr(tid, ATTR_STATUS, "void")
+        storage.set_trial_user_attr(tid, ATTR_REASON, f"not run: {why}")
+        storage.set_trial_state_values(tid, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        pass
 
 
 def counted(trial: Any) -> bool:
@@ -110,7 +191,46 @@ def counted(trial: Any) -> bool:
         return owner_alive(trial.system_attrs.get(OWNER_ATTR)) is not False  # in flight elsewhere
     if trial.state == TrialState.WAITING:
         return False
-    return not trial.user_attrs.get(INTERRUPTED_ATTR, False)
+    return not trial.user_attrs.get(INTERRUPTED_ATTR, False) and not trial.user_attrs.get(VOID_ATTR)
+
+
+def is_surplus(number: int, trials: Sequence[Any], n_trials: int) -> bool:
+    """Whether trial `number`, just asked, would exceed n_trials (the module docstring's rule).
+
+    Ahead of it: lower-numbered trials that count, or are WAITING (being popped by another worker,
+    or queued re-runs: they run before anything new).
+    """
+    from optuna.trial import TrialState
+
+    ahead = sum(
+        1
+        for t in trials
+        if t.number < number and (counted(t) or t.state == TrialState.WAITING)
+    )
+    return ahead >= n_trials
+
+
+def duplicate_baseline(number: int, trials: Sequence[Any]) -> bool:
+    """Whether trial `number` is a baseline enqueued twice (two workers started at once)."""
+    return any(
+        t.number < number
+        and t.user_attrs.get(ATTR_BASELINE)
+        and not t.user_attrs.get(INTERRUPTED_ATTR)
+        and not t.user_attrs.get(VOID_ATTR)
+        for t in trials
+    )
+
+
+def in_flight(trials: Sequence[Any]) -> list[Any]:
+    """RUNNING trials that some live worker is measuring (this host: pid alive; others: assumed)."""
+    from optuna.trial import TrialState
+
+    return [
+        t
+        for t in trials
+        if t.state == TrialState.RUNNING
+        and owner_alive(t.system_attrs.get(OWNER_ATTR)) is not False
+    ]
 
 
 def trials_to_go(trials: Sequence[Any], n_trials: int) -> int:
@@ -120,5 +240,30 @@ def trials_to_go(trials: Sequence[Any], n_trials: int) -> int:
 def has_baseline(trials: Sequence[Any]) -> bool:
     """A baseline trial exists (finished, running, or waiting to be re-run)."""
     return any(
-        t.user_attrs.get(ATTR_BASELINE) and not t.user_attrs.get(INTERRUPTED_ATTR) for t in trials
+        t.user_attrs.get(ATTR_BASELINE)
+        and not t.user_attrs.get(INTERRUPTED_ATTR)
+        and not t.user_attrs.get(VOID_ATTR)
+        for t in trials
     )
+
+
+def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> bool:
+    """Whether this worker runs the confirmation round for a study of `after_trials` trials.
+
+    Workers that finish together each write a claim (study system attr), wait `settle_s` and read it
+    back: the last writer wins. A live claim for the same trial count already there means another
+    worker is confirming. Best effort (the storages have no compare-and-set): at worst two workers
+    confirm, which costs time, not correctness (the record is overwritten, no trial is counted).
+    """
+    storage = study._storage
+    current = storage.get_study_system_attrs(study._study_id).get(CONFIRM_CLAIM_ATTR)
+    if (
+        isinstance(current, dict)
+        and current.get("after_trials") == after_trials
+        and owner_alive(current.get("owner")) is not False
+    ):
+        return current.get("owner") == this_owner()
+    mine = {"owner": this_owner(), "after_trials": after_trials}
+    storage.set_study_system_attr(study._study_id, CONFIRM_CLAIM_ATTR, mine)
+    time.sleep(settle_s)
+    return storage.get_study_system_attrs(study._study_id).get(CONFIRM_CLAIM_ATTR) == mine

@@ -2,7 +2,7 @@
 
 Each trial is asked from Optuna with enqueued parameters (the baseline flagged as the sweeper's
 `_enqueue_baseline` does), its `TrialResult` comes back in a Hydra `JobReturn` and goes through the
-sweeper's `_outcome` and `_tell` (values, constraints, user attributes, overrides, run_dir), and its
+sweeper's public `gpuopt.sweeper.record.outcome_of` and `record_trial` (values, constraints, user attributes, overrides, run_dir), and its
 resolved config is composed by Hydra from its overrides: the report is tested on what a sweep
 stores.
 """
@@ -35,8 +35,7 @@ from gpuopt.result import (
     Status,
     TrialResult,
 )
-from gpuopt.sweeper import resume
-from gpuopt.sweeper._impl import GpuoptSweeperImpl
+from gpuopt.sweeper.record import outcome_of, record_trial
 
 # The search space of the test studies, as hydra-optuna-sweeper would declare it with choice(...).
 DISTRIBUTIONS = {
@@ -115,9 +114,6 @@ def build_study(
 def add_trials(study: optuna.Study, planned: Sequence[Planned], compose: bool = True) -> None:
     objectives = study.user_attrs[STUDY_OBJECTIVES]
     directions = study.user_attrs[STUDY_DIRECTIONS]
-    # `_tell` and `_outcome` use no sweeper state: an instance without __init__ is enough.
-    sweeper = object.__new__(GpuoptSweeperImpl)
-    owner = resume.this_owner()
     for plan in planned:
         if plan.enqueue:
             baseline_attrs = {ATTR_BASELINE: True} if plan.baseline else None
@@ -140,8 +136,8 @@ def add_trials(study: optuna.Study, planned: Sequence[Planned], compose: bool = 
         ret.hydra_cfg = OmegaConf.create(
             {"hydra": {"runtime": {"output_dir": f"outputs/sweeps/test/trial_{trial.number}"}}}
         )
-        outcome = GpuoptSweeperImpl._outcome(ret, objectives, directions)
-        sweeper._tell(study, trial, overrides, ret, outcome, owner)
+        outcome = outcome_of(ret, objectives, directions)
+        record_trial(study, trial, overrides, ret, outcome)
 
 
 def input_bound_metrics(

@@ -5,11 +5,15 @@ No torch: each trial costs only Hydra's composition, so the sweeper's handling o
 - throughput = loader.batch_size * (1 + loader.num_workers), utilization = 50 + 10 * num_workers
 - model.width >= 1_000_000 or +case=oom -> oom; optimizer.lr >= 10 or +case=diverge -> diverged
 - +case=crash -> the task raises (error); +case=die -> the process exits without a result
+- +case=segfault / abort / hang -> SIGSEGV, os.abort() (SIGABRT), sleeps for an hour
+- +sleep_s=S -> the trial takes S seconds (for concurrent workers); env records the
+  CUDA_VISIBLE_DEVICES the trial process saw
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -27,6 +31,16 @@ def fake_result(cfg: DictConfig) -> TrialResult:
         raise RuntimeError("fake crash")
     if case == "die":
         os._exit(3)  # the trial process dies: the launcher has no result to return
+    if case == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    if case == "abort":
+        os.abort()
+    if case == "hang":
+        time.sleep(3600)
+    if cfg.get("sleep_s"):
+        time.sleep(float(cfg.sleep_s))
     if cfg.model.width >= 1_000_000 or case == "oom":
         return TrialResult(status=Status.OOM, reason="fake: out of memory", config=config)
     if cfg.optimizer.lr >= 10 or case == "diverge":
@@ -38,7 +52,8 @@ def fake_result(cfg: DictConfig) -> TrialResult:
         step_time_ms=1000.0 / (1 + workers),
         peak_memory_mb=float(cfg.loader.batch_size),
     )
-    return TrialResult(status=Status.OK, metrics=metrics, config=config, env={"device": "fake"})
+    env = {"device": "fake", "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return TrialResult(status=Status.OK, metrics=metrics, config=config, env=env)
 
 
 @hydra.main(config_path="pkg://gpuopt.conf", config_name="config")

@@ -1,0 +1,34 @@
+"""submitit's local job controller, also writing its tasks' exit codes for the launcher.
+
+A trial process killed by a signal leaves no result pickle; submitit's controller knows the exit
+status (negative = signal) but keeps it to itself. This one writes `<job_id>_exit_codes.json` next
+to the job's logs so gpuopt.sweeper.launcher can say "killed by signal SIGSEGV".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from submitit.core.utils import JobPaths
+from submitit.local.local import Controller
+
+from gpuopt.sweeper.launcher import EXIT_CODES_SUFFIX
+
+
+class ExitCodeController(Controller):  # type: ignore[misc]
+    def wait(self, freq: int = 24) -> Any:
+        codes = super().wait(freq)
+        folder = JobPaths(self.folder, self.pid, 0).folder
+        try:
+            (folder / f"{self.pid}{EXIT_CODES_SUFFIX}").write_text(json.dumps(list(codes)))
+        except OSError:
+            pass
+        return codes
+
+
+if __name__ == "__main__":
+    assert len(sys.argv) == 2, "Usage: python -m gpuopt.sweeper._controller <submitit_folder>"
+    ExitCodeController(Path(sys.argv[1])).run()

@@ -1,0 +1,285 @@
+"""hydra/launcher=fresh_process: hydra-submitit-launcher's local mode, one result per trial.
+
+The stock local launcher waits for a whole batch and raises when any job of it produced no result,
+and its only time limit is whole minutes. This subclass keeps submitit (its pickled job, its
+controller, its logs under `.submitit/`) and changes what happens around each job:
+
+- every job has its own deadline, `timeout_s` seconds after it started: a job still running then is
+  killed with its whole process group (trial, DataLoader workers) and recorded as
+  "timed out after N s";
+- a job that ends without a result (a segfault, os.abort(), the kernel's OOM killer) is recorded
+  from its exit status ("killed by signal SIGSEGV") with the tail of its stderr log;
+- with several jobs in a batch (hydra.sweeper.n_jobs > 1) each one gets its own GPU(s) through
+  CUDA_VISIBLE_DEVICES (gpuopt.sweeper.gpus.assign), recorded on the trial.
+
+A failed job is a `JobReturn` with status FAILED holding a `TrialProcessError`, so the sweeper
+records it like any failing task and the other jobs of the batch keep their results.
+
+Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
+
+from gpuopt.secrets import mask_secrets
+
+from . import gpus as gpus_mod
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES_SUFFIX = "_exit_codes.json"  # written by gpuopt.sweeper._controller next to the logs
+POLL_S = 0.05
+
+
+@dataclass
+class FreshProcessConf(LocalQueueConf):
+    _target_: str = "gpuopt.sweeper.launcher.FreshProcessLauncher"
+    # A trial still running this many seconds after its process started is killed (with its
+    # DataLoader workers) and recorded as an error "timed out after N s".
+    timeout_s: float = 1200.0
+    # n_jobs > 1: give each parallel trial its own GPU(s) through CUDA_VISIBLE_DEVICES.
+    pin_gpus: bool = True
+    # Shell lines run before each trial process (module loads, env vars).
+    setup: list[str] | None = None
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="gpuopt_local", node=FreshProcessConf, provider="gpuopt"
+)
+
+
+class TrialProcessError(RuntimeError):
+    """A trial process that ended without a result: killed by a signal, exited, or timed out.
+
+    Its message is the whole reason (no exception-type prefix in the trial's user attrs); `log_tail`
+    holds the end of the job's stderr log.
+    """
+
+    def __init__(self, reason: str, log_tail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.log_tail = log_tail
+
+
+def describe_exit(code: int | None) -> str:
+    """A trial process's exit status in words."""
+    if code is None:
+        return "ended without an exit status"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        text = f"killed by signal {name}"
+        if name == "SIGKILL":
+            text += " (the kernel's OOM killer sends it when host memory runs out)"
+        return text
+    return f"exited with code {code} without a result"
+
+
+def _log_tail(path: Path, chars: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return mask_secrets(f.read().decode(errors="replace"))
+    except OSError:
+        return ""
+
+
+def _start_controller(
+    folder: Path, command: str, params: dict[str, Any]
+) -> subprocess.Popen[bytes]:
+    """submitit.local.local.start_controller, in a new session (so a timeout kills the whole
+    tree) and with gpuopt's controller, which writes the tasks' exit codes."""
+    setup = list(params.get("setup") or ())
+    env = dict(os.environ)
+    env.update(
+        SUBMITIT_LOCAL_NTASKS=str(params.get("tasks_per_node", 1)),
+        SUBMITIT_LOCAL_COMMAND=command,
+        SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * params.get("timeout_min", 2.0))),
+        SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(params.get("signal_delay_s", 30))),
+        SUBMITIT_LOCAL_NODEID="0",
+        SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+        SUBMITIT_STDERR_TO_STDOUT="1" if params.get("stderr_to_stdout") else "",
+        SUBMITIT_EXECUTOR="local",
+        CUDA_VISIBLE_DEVICES=",".join(str(k) for k in range(params.get("gpus_per_node") or 0)),
+        SUBMITIT_LOCAL_WITH_SHELL="1" if setup else "",
+    )
+    cmd: Any = [sys.executable, "-m", "gpuopt.sweeper._controller", str(folder)]
+    if setup:
+        cmd = " && ".join([*setup, shlex.join(cmd)])
+    return subprocess.Popen(cmd, shell=bool(setup), env=env, start_new_session=True)
+
+
+def _executor_class() -> type:
+    from submitit.local.local import LocalExecutor, LocalJob
+
+    class _Executor(LocalExecutor):  # type: ignore[misc,valid-type]
+        def _submit_command(self, command: str) -> LocalJob:
+            process = _start_controller(self.folder, command, self.parameters)
+            ntasks = self.parameters.get("tasks_per_node", 1)
+            return LocalJob(
+                folder=self.folder, job_id=str(process.pid), process=process, tasks=range(ntasks)
+            )
+
+    return _Executor
+
+
+class FreshProcessLauncher(LocalLauncher):
+    """submitit local mode with a per-trial deadline and per-trial failure records."""
+
+    def __init__(
+        self, timeout_s: float = 1200.0, pin_gpus: bool = True, **params: Any
+    ) -> None:
+        super().__init__(**params)
+        if not timeout_s or float(timeout_s) <= 0:
+            raise ValueError(f"hydra.launcher.timeout_s={timeout_s!r}; allowed: seconds > 0")
+        self.timeout_s = float(timeout_s)
+        self.pin_gpus = bool(pin_gpus)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        # Runs in the trial process: a segfault or abort leaves a Python traceback in the .err log.
+        import faulthandler
+
+        faulthandler.enable()
+        return super().__call__(*args, **kwargs)
+
+    def _device_plan(self, n_jobs: int) -> list[str | None]:
+        """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process)."""
+        current = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self.params.get("gpus_per_node") is not None:
+            return ["<submitit>"] * n_jobs  # the user's gpus_per_node decides (submitit's rule)
+        if n_jobs == 1 or not self.pin_gpus:
+            return [current] * n_jobs
+        from .hardware import nvml_count
+
+        gpus = gpus_mod.visible_gpus(os.environ, nvml_count())
+        if not gpus:
+            return [current] * n_jobs
+        if n_jobs > len(gpus):
+            log.warning(
+                "%d parallel trials on %d GPU(s): trials share GPUs and their measurements "
+                "interfere (lower hydra.sweeper.n_jobs to %d)",
+                n_jobs,
+                len(gpus),
+                len(gpus),
+            )
+        return [gpus_mod.assign(gpus, n_jobs, slot) for slot in range(n_jobs)]
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        assert self.config is not None and len(job_overrides) > 0
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        params = dict(self.params)
+        # submitit's own limit (whole minutes) stays above the per-trial deadline.
+        params["timeout_min"] = max(
+            int(params.get("timeout_min") or 0), math.ceil(self.timeout_s / 60) + 1
+        )
+        executor = _executor_class()(
+            folder=params.pop("submitit_folder"), python=params.pop("python", None)
+        )
+        for key in ("max_num_timeout", "name", "mem_gb", "cpus_per_task", "nodes"):
+            params.pop(key, None)  # cluster-only keys: meaningless for a local process
+        user_setup = list(params.pop("setup", None) or [])
+        executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        plan = self._device_plan(len(job_overrides))
+
+        started = []
+        for slot, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + slot
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            device = plan[slot]
+            setup = user_setup if device == "<submitit>" else [*user_setup, gpus_mod.setup_line(device)]
+            executor.update_parameters(setup=setup)
+            job = executor.submit(
+                self, list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
+                Singleton.get_state(),
+            )
+            started.append((job, time.monotonic(), None if device == "<submitit>" else device))
+        returns = []
+        for (job, t0, device), overrides in zip(started, job_overrides):
+            ret = self._collect(job, t0, list(overrides))
+            ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
+            returns.append(ret)
+        return returns
+
+    def _collect(self, job: Any, t0: float, overrides: list[str]) -> JobReturn:
+        """Wait for one job until its deadline; a JobReturn whatever happened to it."""
+        deadline = t0 + self.timeout_s
+        while not job.done():
+            if time.monotonic() > deadline:
+                self._kill(job)
+                return _failed(
+                    overrides,
+                    TrialProcessError(
+                        f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s): "
+                        "the trial process was killed",
+                        _log_tail(job.paths.stderr),
+                    ),
+                )
+            time.sleep(POLL_S)
+        if job.paths.result_pickle.exists():
+            try:
+                ret = job.results()[0]
+                if isinstance(ret, JobReturn):
+                    return ret
+                raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
+            except Exception as exc:  # submitit's wrapper failed (unpicklable result, ...)
+                return _failed(overrides, exc)
+        codes = _exit_codes(job)
+        code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
+        return _failed(
+            overrides, TrialProcessError(describe_exit(code), _log_tail(job.paths.stderr))
+        )
+
+    @staticmethod
+    def _kill(job: Any) -> None:
+        """SIGKILL the job's process group: shell, controller, trial and its DataLoader workers."""
+        process = job._process
+        if process is None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("job %s did not end after SIGKILL", job.job_id)
+
+
+def _exit_codes(job: Any) -> list[int | None]:
+    path = job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}"
+    try:
+        return list(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        poll = job._process.poll() if job._process is not None else None
+        return [poll]  # the controller itself died: its own status is all there is
+
+
+def _failed(overrides: list[str], exc: BaseException) -> JobReturn:
+    ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
+    ret._return_value = exc
+    return ret

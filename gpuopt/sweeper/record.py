@@ -1,0 +1,134 @@
+"""How one finished trial is written to the study, and which trial is "best": the public API.
+
+The sweep loop, the report and the tests that build studies all go through these, so a study built
+by hand reads exactly like one a sweep wrote:
+- `outcome_of(ret, names, directions)`: a launcher's JobReturn (or exception) -> TrialOutcome;
+- `record_trial(study, trial, overrides, ret, outcome)`: user attrs, constraints, tell;
+- `pick_best(feasible, pareto, directions, confirmation)`: the sweep's (and report's) best trial.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+import warnings
+from typing import Any
+
+import optuna
+from hydra.core.utils import JobReturn, JobStatus
+from optuna.trial import FrozenTrial, Trial, TrialState
+
+from gpuopt.result import ATTR_OVERRIDES, ATTR_RUN_DIR, ATTR_STATUS
+from gpuopt.secrets import mask_secrets
+
+from .attrs import set_user_attrs
+from .gpus import ATTR_VISIBLE_DEVICES
+from .objectives import TrialOutcome, error_outcome, outcome_from_return
+
+ATTR_TRACEBACK = "traceback"
+TRACEBACK_CHARS = 4000
+
+
+def _error(exc: BaseException, prefix: str = "") -> TrialOutcome:
+    """An error outcome for an exception; a gpuopt launcher's TrialProcessError is its own reason."""
+    log_tail = getattr(exc, "log_tail", None)
+    if log_tail is not None:  # gpuopt.sweeper.launcher.TrialProcessError (not imported: light)
+        outcome = error_outcome(str(exc))
+        outcome.user_attrs[ATTR_TRACEBACK] = log_tail[-TRACEBACK_CHARS:]
+        return outcome
+    outcome = error_outcome(f"{prefix}{type(exc).__name__}: {exc}")
+    outcome.user_attrs[ATTR_TRACEBACK] = "".join(traceback.format_exception(exc))[
+        -TRACEBACK_CHARS:
+    ]
+    return outcome
+
+
+def outcome_of(
+    ret: JobReturn | BaseException, names: list[str], directions: list[str]
+) -> TrialOutcome:
+    """What a launcher returned for one job, as values/constraints/user attrs (never raises)."""
+    if isinstance(ret, BaseException):
+        return _error(ret, prefix="launcher: ")
+    if ret.status is JobStatus.COMPLETED:
+        return outcome_from_return(ret.return_value, names, directions)
+    try:
+        value = ret.return_value  # raises the task's exception
+    except BaseException as exc:  # noqa: BLE001 - any task failure is a recorded result
+        return _error(exc)
+    return outcome_from_return(value, names, directions)
+
+
+def run_dir(ret: Any) -> str | None:
+    cfg = getattr(ret, "hydra_cfg", None)
+    try:
+        return str(cfg.hydra.runtime.output_dir) if cfg is not None else None
+    except Exception:
+        return None
+
+
+def record_trial(
+    study: optuna.Study,
+    trial: Trial,
+    overrides: list[str],
+    ret: Any,
+    outcome: TrialOutcome,
+) -> None:
+    """Write the trial's user attrs in one transaction, its constraints, then tell the study.
+
+    `error` -> FAIL; ok/oom/diverged -> COMPLETE with values and constraints (oom/diverged are
+    infeasible: constraint 1.0). Strings are passed through `mask_secrets` first: a reason or
+    traceback may quote a storage URL.
+    """
+    attrs = {
+        k: mask_secrets(v) if isinstance(v, str) else v for k, v in outcome.user_attrs.items()
+    }
+    attrs[ATTR_OVERRIDES] = [mask_secrets(str(o)) for o in overrides]
+    attrs[ATTR_RUN_DIR] = run_dir(ret)
+    devices = getattr(ret, "gpuopt_visible_devices", None)
+    if devices is not None:
+        attrs[ATTR_VISIBLE_DEVICES] = devices
+    # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
+    attrs.setdefault(ATTR_STATUS, outcome.status)
+    set_user_attrs(study._storage, trial._trial_id, attrs)
+    if outcome.failed:
+        study.tell(trial, state=TrialState.FAIL)
+        return
+    for key, value in outcome.constraints.items():
+        trial.set_constraint(key, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            study.tell(trial, values=outcome.values, state=TrialState.COMPLETE)
+        except RuntimeError as exc:  # GridSampler stops the study itself once the grid is done
+            if "Study.stop" not in str(exc):
+                raise
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    return all(v <= 0 for v in trial.constraints.values())
+
+
+def pick_best(
+    feasible_trials: list[FrozenTrial],
+    pareto: list[FrozenTrial],
+    directions: list[str],
+    confirmation: dict[str, Any] | None,
+) -> FrozenTrial | None:
+    """The confirmed winner when a confirmation ran, else the best on the first objective
+    (among the Pareto front when there are several objectives)."""
+    if not feasible_trials:
+        return None
+    sign = 1 if directions[0] == "maximize" else -1
+    if confirmation and confirmation.get("configs"):
+
+        def score(cfg: dict[str, Any]) -> float:
+            values = [*cfg.get("sweep_values", []), *cfg.get("confirm_values", [])]
+            logs = [math.log(v) for v in values if v and v > 0]
+            return sign * (sum(logs) / len(logs)) if logs else -math.inf
+
+        winner = max(confirmation["configs"], key=score)
+        match = next((t for t in feasible_trials if t.number == winner.get("trial_number")), None)
+        if match is not None:
+            return match
+    pool = pareto or feasible_trials
+    return max(pool, key=lambda t: sign * t.values[0])

@@ -1,0 +1,375 @@
+"""Scaling out: isolated trials, several workers on one study, heartbeats, GPU pinning, secrets.
+
+Unit tests for the rules (pure functions, an in-process journal study); end-to-end tests start real
+sweep processes (tests/sweep_helpers/fake_task.py: gpuopt's configs, a stand-in engine, no torch)
+against a real PostgreSQL server (tests/helpers/postgres.py) or a journal file.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from gpuopt.result import ATTR_BASELINE
+from gpuopt.sweeper import gpus, resume
+from gpuopt.sweeper import storage as storage_mod
+from gpuopt.sweeper.launcher import describe_exit
+from tests.helpers.postgres import find_pg_bin, postgres_server
+
+HELPERS = Path(__file__).parent / "sweep_helpers"
+FAKE = [
+    "~search",
+    "measure=quick",
+    "hydra.sweeper.device_aware=false",
+    "hydra.sweeper.confirm.rounds=0",
+    "loader.batch_size=choice(8,16,32,64)",
+    "loader.num_workers=choice(0,1,2)",
+]
+needs_pg = pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server binaries not found")
+
+
+# ---- rules ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("visible", "n_jobs", "expected"),
+    [
+        (["0", "1", "2", "3"], 4, ["0", "1", "2", "3"]),
+        (["0", "1", "2", "3"], 2, ["0,1", "2,3"]),  # 2 GPUs per job
+        (["0", "1", "2"], 2, ["0", "1"]),  # one GPU left over, never shared
+        (["4", "7"], 2, ["4", "7"]),  # the ids this process was given, not 0..n
+        (["GPU-a", "GPU-b"], 3, ["GPU-a", "GPU-b", "GPU-a"]),  # more jobs than GPUs: shared
+        ([], 2, ["", ""]),
+    ],
+)
+def test_gpu_assignment(visible, n_jobs, expected):
+    assert [gpus.assign(visible, n_jobs, k) for k in range(n_jobs)] == expected
+
+
+@pytest.mark.parametrize(
+    ("environ", "nvml", "expected"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "2,3"}, 8, ["2", "3"]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 8, []),
+        ({}, 2, ["0", "1"]),
+        ({}, 0, None),
+    ],
+)
+def test_visible_gpus(environ, nvml, expected):
+    assert gpus.visible_gpus(environ, nvml) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        (-11, "killed by signal SIGSEGV"),
+        (-6, "killed by signal SIGABRT"),
+        (-9, "killed by signal SIGKILL (the kernel's OOM killer"),
+        (3, "exited with code 3 without a result"),
+    ],
+)
+def test_describe_exit(code, text):
+    assert describe_exit(code).startswith(text)
+
+
+def _trial(number, state, **user_attrs):
+    kw = {"values": [1.0]} if state == TrialState.COMPLETE else {}
+    t = create_trial(state=state, user_attrs=user_attrs, **kw)
+    t.number = number
+    return t
+
+
+C, F, W = TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING
+
+
+@pytest.mark.parametrize(
+    ("others", "number", "n_trials", "surplus"),
+    [
+        ([], 0, 1, False),
+        ([(0, C, {}), (1, C, {})], 2, 2, True),
+        ([(0, C, {}), (1, F, {})], 2, 3, False),  # an error trial counts, one slot left
+        ([(0, C, {}), (1, F, {"interrupted": True})], 2, 2, False),  # interrupted: re-run
+        ([(0, C, {}), (1, F, {"void": "surplus"})], 2, 2, False),  # void: never counted
+        ([(0, C, {}), (1, W, {})], 2, 2, True),  # a lower queued trial runs first
+        ([(0, C, {}), (3, C, {})], 2, 2, False),  # a higher number is behind, not ahead
+    ],
+)
+def test_surplus_rule_counts_only_lower_numbers(others, number, n_trials, surplus):
+    trials = [_trial(n, s, **a) for n, s, a in others]
+    assert resume.is_surplus(number, trials, n_trials) is surplus
+
+
+def test_duplicate_baseline_is_the_higher_number():
+    trials = [_trial(0, W, **{ATTR_BASELINE: True}), _trial(1, W, **{ATTR_BASELINE: True})]
+    assert not resume.duplicate_baseline(0, trials)
+    assert resume.duplicate_baseline(1, trials)
+
+
+def test_storage_display_masks_the_password():
+    url = "postgresql+psycopg://gpuopt:pa55word@db.example:5432/studies"
+    assert storage_mod.display(url) == "postgresql+psycopg://gpuopt:***@db.example:5432/studies"
+    assert storage_mod.display(None) == "memory"
+
+
+def test_journal_heartbeat_fails_a_silent_trial_once_and_requeues_it(tmp_path):
+    spec = f"journal://{tmp_path / 'study.log'}"
+    store = storage_mod.open_storage(spec, heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(study_name="hb", storage=store)
+    alive, dead = study.ask(), study.ask()
+    alive.suggest_int("x", 0, 9)
+    dead.suggest_int("x", 0, 9)
+    store.record_heartbeat(alive._trial_id)
+    store.set_trial_system_attr(dead._trial_id, storage_mod.HEARTBEAT_ATTR, time.time() - 10)
+    # A second worker's view of the same file finds the same stale trial: only one fails it.
+    other = optuna.load_study(
+        study_name="hb", storage=storage_mod.open_storage(spec, heartbeat_interval=1, grace_period=2)
+    )
+    assert resume.fail_stale(study) == [dead.number]
+    assert resume.fail_stale(other) == []
+    trials = study.get_trials()
+    failed = trials[dead.number]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["interrupted"] is True
+    assert "no heartbeat for over 2 s" in failed.user_attrs["reason"]
+    assert trials[alive.number].state == TrialState.RUNNING
+    reruns = [t for t in trials if t.user_attrs.get("rerun_of") == dead.number]
+    assert len(reruns) == 1 and reruns[0].state == TrialState.WAITING
+    assert reruns[0].system_attrs["fixed_params"] == dead.params
+
+
+def test_slurm_preset_composes_the_submitit_slurm_launcher():
+    from hydra import compose, initialize_config_module
+
+    import gpuopt.run  # noqa: F401  (registers the schema)
+
+    with initialize_config_module(config_module="gpuopt.conf"):
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "hydra/launcher=slurm",
+                "hydra.launcher.partition=gpu",
+                "hydra.launcher.timeout_min=30",
+            ],
+            return_hydra_config=True,
+        )
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher.partition == "gpu" and launcher.timeout_min == 30
+    assert launcher.gpus_per_task == 1 and launcher.tasks_per_node == 1
+    assert launcher.cpus_per_task == 8 and launcher.mem_gb == 32
+    assert launcher.array_parallelism == 4
+
+
+# ---- end to end ---------------------------------------------------------------------------------
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, str(HELPERS / "fake_task.py"), "-m", *args]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path), "HYDRA_FULL_ERROR": "1", **extra}
+
+
+def _run(tmp_path, *args, timeout=120, **env):
+    proc = subprocess.run(
+        _cmd(*args), cwd=tmp_path, env=_env(tmp_path, **env), capture_output=True, text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _workers(tmp_path, n, args, env_per_worker=None):
+    procs = []
+    for i in range(n):
+        out = open(tmp_path / f"worker{i}.log", "w")
+        procs.append(
+            subprocess.Popen(
+                _cmd(*args), cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                env=_env(tmp_path, **((env_per_worker or {}).get(i, {}))),
+                start_new_session=True,
+            )
+        )
+    return procs
+
+
+def _wait(procs, tmp_path, timeout=150, first=0):
+    deadline = time.monotonic() + timeout
+    for i, p in enumerate(procs, start=first):
+        try:
+            rc = p.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    os.killpg(q.pid, signal.SIGKILL)
+            pytest.fail(f"worker {i} hung:\n" + (tmp_path / f"worker{i}.log").read_text()[-3000:])
+        assert rc == 0, (tmp_path / f"worker{i}.log").read_text()[-3000:]
+
+
+def _assert_one_study_of(trials, n_trials):
+    counted = [t for t in trials if resume.counted(t)]
+    assert len(counted) == n_trials
+    assert all(t.state == TrialState.COMPLETE for t in counted)
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert len({t.number for t in trials}) == len(trials)
+    void = [t for t in trials if not resume.counted(t)]
+    assert all(t.state == TrialState.FAIL and t.user_attrs.get("void") for t in void)
+    assert sum(bool(t.user_attrs.get(ATTR_BASELINE)) for t in counted) == 1
+    owners = {t.system_attrs["gpuopt:owner"]["pid"] for t in counted}
+    return owners
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    if find_pg_bin() is None:
+        pytest.skip("PostgreSQL server binaries not found")
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.mark.slow
+@needs_pg
+@pytest.mark.parametrize("kind", ["postgres", "journal"])
+def test_three_workers_share_one_study(tmp_path, kind, request):
+    storage = (
+        request.getfixturevalue("pg_url") if kind == "postgres" else f"journal://{tmp_path}/study.log"
+    )
+    n_trials = 9
+    args = [
+        *FAKE, "hydra/launcher=basic", f"hydra.sweeper.storage={storage}",
+        f"hydra.sweeper.study_name=three-{kind}", f"hydra.sweeper.n_trials={n_trials}",
+        "+sleep_s=0.3",
+    ]
+    procs = _workers(tmp_path, 3, args)
+    _wait(procs, tmp_path)
+    store = storage_mod.open_storage(storage, None, None)
+    trials = optuna.load_study(study_name=f"three-{kind}", storage=store).get_trials()
+    owners = _assert_one_study_of(trials, n_trials)
+    assert len(owners) >= 2  # the work was shared
+    logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(3)]
+    assert all("gpuopt sweep summary" in text for text in logs)
+
+
+@pytest.mark.slow
+@needs_pg
+def test_a_killed_worker_is_failed_by_heartbeat_and_the_others_finish(tmp_path, pg_url):
+    n_trials = 6
+    name = "killed"
+    args = [
+        *FAKE, "hydra/launcher=basic", f"hydra.sweeper.storage={pg_url}",
+        f"hydra.sweeper.study_name={name}", f"hydra.sweeper.n_trials={n_trials}",
+        "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", "+sleep_s=1.5",
+    ]
+    # Distinct host names: the pid check cannot see the dead worker, only its heartbeat can.
+    hosts = {i: {"GPUOPT_HOSTNAME": f"host{i}"} for i in range(3)}
+    procs = _workers(tmp_path, 3, args, hosts)
+    store = storage_mod.open_storage(pg_url, None, None)
+    victim = procs[0]
+    deadline = time.monotonic() + 60
+    killed_trial = None
+    while killed_trial is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            trials = optuna.load_study(study_name=name, storage=store).get_trials(deepcopy=False)
+        except KeyError:
+            continue
+        for t in trials:
+            owner = t.system_attrs.get("gpuopt:owner") or {}
+            if t.state == TrialState.RUNNING and owner.get("pid") == victim.pid:
+                killed_trial = t.number
+    assert killed_trial is not None, "worker 0 never ran a trial"
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    _wait(procs[1:], tmp_path, first=1)
+
+    trials = optuna.load_study(study_name=name, storage=store).get_trials()
+    dead = trials[killed_trial]
+    assert dead.state == TrialState.FAIL and dead.user_attrs["interrupted"] is True
+    assert "sent no heartbeat for over 3 s" in dead.user_attrs["reason"]
+    assert "host0" in dead.user_attrs["reason"]
+    rerun = [t for t in trials if t.user_attrs.get("rerun_of") == killed_trial]
+    assert len(rerun) == 1 and rerun[0].state == TrialState.COMPLETE
+    assert rerun[0].params == dead.params
+    _assert_one_study_of(trials, n_trials)
+
+
+@pytest.mark.slow
+def test_segfault_abort_and_hang_are_recorded_and_the_sweep_goes_on(tmp_path):
+    # The default launcher (fresh_process): every trial in its own process.
+    proc = _run(
+        tmp_path, "~search", "measure=quick", "hydra.sweeper.device_aware=false",
+        "hydra/sweeper/sampler=grid", "hydra.sweeper.study_name=iso",
+        "hydra.sweeper.max_failure_rate=1.0", "hydra.launcher.timeout_s=4",
+        "+case=choice(segfault,abort,hang)", timeout=180,
+    )
+    trials = optuna.load_study(
+        study_name="iso", storage=f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    ).get_trials()
+    assert trials[0].user_attrs[ATTR_BASELINE] and trials[0].state == TrialState.COMPLETE
+    by = {t.params.get("+case"): t for t in trials[1:]}
+    assert all(t.state == TrialState.FAIL and t.user_attrs["status"] == "error" for t in by.values())
+    assert by["segfault"].user_attrs["reason"] == "killed by signal SIGSEGV"
+    assert "Segmentation fault" in by["segfault"].user_attrs["traceback"]  # faulthandler, .err log
+    assert by["abort"].user_attrs["reason"] == "killed by signal SIGABRT"
+    assert by["hang"].user_attrs["reason"].startswith("timed out after 4 s")
+    assert "gpuopt sweep summary" in proc.stdout
+
+
+@pytest.mark.slow
+def test_parallel_trials_each_get_their_own_gpu(tmp_path):
+    _run(
+        tmp_path, *FAKE, "hydra.sweeper.study_name=gpus", "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2", timeout=180, CUDA_VISIBLE_DEVICES="5,7",
+    )
+    trials = optuna.load_study(
+        study_name="gpus", storage=f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    ).get_trials()
+    assert len(trials) == 4
+    for t in trials:
+        seen = t.user_attrs["env"]["cuda_visible_devices"]  # what the trial process saw
+        assert seen == t.user_attrs["cuda_visible_devices"]  # what the sweeper recorded
+    pairs = [{t.user_attrs["cuda_visible_devices"] for t in trials[i : i + 2]} for i in (0, 2)]
+    assert pairs == [{"5", "7"}, {"5", "7"}]  # each batch: one trial per GPU
+
+
+@pytest.mark.slow
+@needs_pg
+def test_storage_password_is_never_written(tmp_path, pg_url):
+    import psycopg
+
+    password = "Sup3r-s3cret-pw"
+    conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE sweeper LOGIN PASSWORD '{password}'")
+        conn.execute("CREATE DATABASE secretdb OWNER sweeper")
+    host = pg_url.split("@", 1)[1].rsplit("/", 1)[0]
+    url = f"postgresql+psycopg://sweeper:{password}@{host}/secretdb"
+    proc = _run(
+        tmp_path, *FAKE, "hydra/launcher=basic", f"hydra.sweeper.storage={url}",
+        "hydra.sweeper.study_name=secret", "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.max_failure_rate=1.0", "+case=choice(crash,ok)",
+    )
+    report = subprocess.run(
+        [sys.executable, "-m", "gpuopt.report", "--study", "secret", "--storage", url],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "sweeper:***@" in proc.stdout  # the summary names the storage, masked
+    for text in (proc.stdout, proc.stderr, report.stdout, report.stderr):
+        assert password not in text
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "hydra.yaml" for p in files)
+    for path in files:
+        assert password.encode() not in path.read_bytes(), path
+    study = optuna.load_study(study_name="secret", storage=url)
+    assert password not in repr(study.user_attrs) + repr(study.system_attrs)
+    for t in study.get_trials():
+        assert password not in repr(t.user_attrs) + repr(t.system_attrs)
