@@ -112,9 +112,9 @@ def main() -> None:
     contenders: list[Contender] = gpuopt_contenders(grid, defaults=defaults) + optuna_contenders()
     for variant in args.variant:
         contenders += gpuopt_contenders(grid, variant.split(), sampler_only=False)
+    default = contenders[0].setup  # gpuopt's default, for the header (before --samplers filters)
     if args.samplers:
         contenders = [c for c in contenders if c.name in args.samplers]
-    default = contenders[0].setup
     print(
         f"grid {args.grid} : {n} configurations, optimum {best.value:,.1f} samples/s at {best.params}"
     )

@@ -220,8 +220,11 @@ def _assert_one_study_of(trials, n_trials):
     assert all(t.state == TrialState.COMPLETE for t in counted)
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert len({t.number for t in trials}) == len(trials)
-    void = [t for t in trials if not resume.counted(t)]
-    assert all(t.state == TrialState.FAIL and t.user_attrs.get("void") for t in void)
+    uncounted = [t for t in trials if not resume.counted(t)]  # void (surplus) or interrupted
+    assert all(
+        t.state == TrialState.FAIL and (t.user_attrs.get("void") or t.user_attrs.get("interrupted"))
+        for t in uncounted
+    )
     assert sum(bool(t.user_attrs.get(ATTR_BASELINE)) for t in counted) == 1
     owners = {t.system_attrs["gpuopt:owner"]["pid"] for t in counted}
     return owners
@@ -283,7 +286,7 @@ def test_a_killed_worker_is_failed_by_heartbeat_and_the_others_finish(tmp_path, 
             continue
         for t in trials:
             owner = t.system_attrs.get("gpuopt:owner") or {}
-            if t.state == TrialState.RUNNING and owner.get("pid") == victim.pid:
+            if t.state == TrialState.RUNNING and owner.get("pid") == victim.pid and t.params:
                 killed_trial = t.number
     assert killed_trial is not None, "worker 0 never ran a trial"
     os.killpg(victim.pid, signal.SIGKILL)
@@ -370,6 +373,7 @@ def test_storage_password_is_never_written(tmp_path, pg_url):
     for path in files:
         assert password.encode() not in path.read_bytes(), path
     study = optuna.load_study(study_name="secret", storage=url)
-    assert password not in repr(study.user_attrs) + repr(study.system_attrs)
+    system = study._storage.get_study_system_attrs(study._study_id)
+    assert password not in repr(study.user_attrs) + repr(system)
     for t in study.get_trials():
         assert password not in repr(t.user_attrs) + repr(t.system_attrs)

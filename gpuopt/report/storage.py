@@ -13,6 +13,8 @@ from pathlib import Path
 
 import optuna
 
+from gpuopt.secrets import mask_secrets
+
 OUTPUT_DIR_ENV = "GPUOPT_OUTPUT_DIR"
 DEFAULT_DB_NAME = "gpuopt.db"
 
@@ -59,7 +61,9 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         return optuna.storages.get_storage(url)
     except Exception as exc:  # noqa: BLE001 - a corrupt file, a bad URL, an unreachable server
-        raise ReportError(f"cannot open storage {url}: {type(exc).__name__}: {exc}") from None
+        raise ReportError(
+            mask_secrets(f"cannot open storage {url}: {type(exc).__name__}: {exc}")
+        ) from None
 
 
 @dataclass(frozen=True)

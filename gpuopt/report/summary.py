@@ -25,6 +25,7 @@ from gpuopt.result import (
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
 )
+from gpuopt.secrets import mask_secrets
 from gpuopt.sweeper.resume import INTERRUPTED_ATTR  # on a trial whose sweeping process died
 
 # Status columns, in display order; other states (pruned, waiting) are shown only when present.
@@ -351,7 +352,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
 
     return StudyReport(
         study_name=study.study_name,
-        storage_url=storage_url,
+        storage_url=mask_secrets(storage_url),  # a report never shows a storage password
         objectives=objectives,
         directions=directions,
         hardware=hardware,

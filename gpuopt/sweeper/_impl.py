@@ -478,6 +478,9 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                 # the heartbeat thread itself, around each launch.
                 warnings.simplefilter("ignore")
                 trial = study.ask()
+            if storage_mod.heartbeat_on(study._storage):
+                # Beat at once: a trial that never beat is invisible to the stale check.
+                study._storage.record_heartbeat(trial._trial_id)
             study._storage.set_trial_system_attr(trial._trial_id, resume.OWNER_ATTR, owner)
             trials = study.get_trials(deepcopy=False)
             if resume.is_surplus(trial.number, trials, self.n_trials):
@@ -918,13 +921,10 @@ def _mask_config_secrets(config: DictConfig) -> None:
     hydra_cfg = config.get("hydra")
     if hydra_cfg is None:
         return
-    readonly = OmegaConf.is_readonly(config)
-    OmegaConf.set_readonly(config, False)
-    try:
-        with open_dict(config):
-            _mask_node(hydra_cfg)
-    finally:
-        OmegaConf.set_readonly(config, readonly)
+    from omegaconf import read_write
+
+    with read_write(config), read_write(hydra_cfg), open_dict(hydra_cfg):
+        _mask_node(hydra_cfg)
 
 
 def _mask_node(node: Any) -> None:

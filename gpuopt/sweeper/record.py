@@ -90,16 +90,19 @@ def record_trial(
     # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
     attrs.setdefault(ATTR_STATUS, outcome.status)
     set_user_attrs(study._storage, trial._trial_id, attrs)
-    if outcome.failed:
-        study.tell(trial, state=TrialState.FAIL)
-        return
-    for key, value in outcome.constraints.items():
-        trial.set_constraint(key, value)
+    if not outcome.failed:
+        for key, value in outcome.constraints.items():
+            trial.set_constraint(key, value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
-            study.tell(trial, values=outcome.values, state=TrialState.COMPLETE)
-        except RuntimeError as exc:  # GridSampler stops the study itself once the grid is done
+            if outcome.failed:
+                study.tell(trial, state=TrialState.FAIL)
+            else:
+                study.tell(trial, values=outcome.values, state=TrialState.COMPLETE)
+        except RuntimeError as exc:
+            # GridSampler calls Study.stop once the grid is done, which raises outside optimize();
+            # the trial's state is stored before that (optuna's _tell stores it in `finally`).
             if "Study.stop" not in str(exc):
                 raise
 

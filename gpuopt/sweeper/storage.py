@@ -53,11 +53,14 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         assert self.heartbeat_interval is not None
         grace = self.grace_period or 2 * self.heartbeat_interval
         now = time.time()
-        return [
-            t._trial_id
-            for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,))
-            if HEARTBEAT_ATTR in t.system_attrs and now - t.system_attrs[HEARTBEAT_ATTR] > grace
-        ]
+        stale = []
+        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            last = t.system_attrs.get(HEARTBEAT_ATTR)
+            if last is None and t.datetime_start is not None:
+                last = t.datetime_start.timestamp()  # died before its first beat (local time)
+            if last is not None and now - last > grace:
+                stale.append(t._trial_id)
+        return stale
 
     def get_heartbeat_interval(self) -> int | None:
         return self.heartbeat_interval
