@@ -45,12 +45,19 @@ def run(storage: str, workers: int, trials: int, trial_s: float, name: str) -> t
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "GPUOPT_OUTPUT_DIR": out}
         cmd = [
-            sys.executable, str(FAKE), "-m", *ARGS, f"hydra.sweeper.storage={storage}",
-            f"hydra.sweeper.study_name={name}", f"hydra.sweeper.n_trials={trials}",
+            sys.executable,
+            str(FAKE),
+            "-m",
+            *ARGS,
+            f"hydra.sweeper.storage={storage}",
+            f"hydra.sweeper.study_name={name}",
+            f"hydra.sweeper.n_trials={trials}",
             f"+sleep_s={trial_s}",
         ]
         procs = [
-            subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            subprocess.Popen(
+                cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
             for _ in range(workers)
         ]
         for p in procs:

@@ -130,7 +130,8 @@ def test_journal_heartbeat_fails_a_silent_trial_once_and_requeues_it(tmp_path):
     store.set_trial_system_attr(dead._trial_id, storage_mod.HEARTBEAT_ATTR, time.time() - 10)
     # A second worker's view of the same file finds the same stale trial: only one fails it.
     other = optuna.load_study(
-        study_name="hb", storage=storage_mod.open_storage(spec, heartbeat_interval=1, grace_period=2)
+        study_name="hb",
+        storage=storage_mod.open_storage(spec, heartbeat_interval=1, grace_period=2),
     )
     assert resume.fail_stale(study) == [dead.number]
     assert resume.fail_stale(other) == []
@@ -160,7 +161,9 @@ def test_slurm_preset_composes_the_submitit_slurm_launcher():
             return_hydra_config=True,
         )
     launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert (
+        launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    )
     assert launcher.partition == "gpu" and launcher.timeout_min == 30
     assert launcher.gpus_per_task == 1 and launcher.tasks_per_node == 1
     assert launcher.cpus_per_task == 8 and launcher.mem_gb == 32
@@ -180,7 +183,11 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def _run(tmp_path, *args, timeout=120, **env):
     proc = subprocess.run(
-        _cmd(*args), cwd=tmp_path, env=_env(tmp_path, **env), capture_output=True, text=True,
+        _cmd(*args),
+        cwd=tmp_path,
+        env=_env(tmp_path, **env),
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -193,7 +200,10 @@ def _workers(tmp_path, n, args, env_per_worker=None):
         out = open(tmp_path / f"worker{i}.log", "w")
         procs.append(
             subprocess.Popen(
-                _cmd(*args), cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                _cmd(*args),
+                cwd=tmp_path,
+                stdout=out,
+                stderr=subprocess.STDOUT,
                 env=_env(tmp_path, **((env_per_worker or {}).get(i, {}))),
                 start_new_session=True,
             )
@@ -243,12 +253,17 @@ def pg_url():
 @pytest.mark.parametrize("kind", ["postgres", "journal"])
 def test_three_workers_share_one_study(tmp_path, kind, request):
     storage = (
-        request.getfixturevalue("pg_url") if kind == "postgres" else f"journal://{tmp_path}/study.log"
+        request.getfixturevalue("pg_url")
+        if kind == "postgres"
+        else f"journal://{tmp_path}/study.log"
     )
     n_trials = 9
     args = [
-        *FAKE, "hydra/launcher=basic", f"hydra.sweeper.storage={storage}",
-        f"hydra.sweeper.study_name=three-{kind}", f"hydra.sweeper.n_trials={n_trials}",
+        *FAKE,
+        "hydra/launcher=basic",
+        f"hydra.sweeper.storage={storage}",
+        f"hydra.sweeper.study_name=three-{kind}",
+        f"hydra.sweeper.n_trials={n_trials}",
         "+sleep_s=0.3",
     ]
     procs = _workers(tmp_path, 3, args)
@@ -267,9 +282,14 @@ def test_a_killed_worker_is_failed_by_heartbeat_and_the_others_finish(tmp_path, 
     n_trials = 6
     name = "killed"
     args = [
-        *FAKE, "hydra/launcher=basic", f"hydra.sweeper.storage={pg_url}",
-        f"hydra.sweeper.study_name={name}", f"hydra.sweeper.n_trials={n_trials}",
-        "hydra.sweeper.heartbeat_interval=1", "hydra.sweeper.grace_period=3", "+sleep_s=1.5",
+        *FAKE,
+        "hydra/launcher=basic",
+        f"hydra.sweeper.storage={pg_url}",
+        f"hydra.sweeper.study_name={name}",
+        f"hydra.sweeper.n_trials={n_trials}",
+        "hydra.sweeper.heartbeat_interval=1",
+        "hydra.sweeper.grace_period=3",
+        "+sleep_s=1.5",
     ]
     # Distinct host names: the pid check cannot see the dead worker, only its heartbeat can.
     hosts = {i: {"GPUOPT_HOSTNAME": f"host{i}"} for i in range(3)}
@@ -308,17 +328,25 @@ def test_a_killed_worker_is_failed_by_heartbeat_and_the_others_finish(tmp_path, 
 def test_segfault_abort_and_hang_are_recorded_and_the_sweep_goes_on(tmp_path):
     # The default launcher (fresh_process): every trial in its own process.
     proc = _run(
-        tmp_path, "~search", "measure=quick", "hydra.sweeper.device_aware=false",
-        "hydra/sweeper/sampler=grid", "hydra.sweeper.study_name=iso",
-        "hydra.sweeper.max_failure_rate=1.0", "hydra.launcher.timeout_s=4",
-        "+case=choice(segfault,abort,hang)", timeout=180,
+        tmp_path,
+        "~search",
+        "measure=quick",
+        "hydra.sweeper.device_aware=false",
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.study_name=iso",
+        "hydra.sweeper.max_failure_rate=1.0",
+        "hydra.launcher.timeout_s=4",
+        "+case=choice(segfault,abort,hang)",
+        timeout=180,
     )
     trials = optuna.load_study(
         study_name="iso", storage=f"sqlite:///{tmp_path / 'gpuopt.db'}"
     ).get_trials()
     assert trials[0].user_attrs[ATTR_BASELINE] and trials[0].state == TrialState.COMPLETE
     by = {t.params.get("+case"): t for t in trials[1:]}
-    assert all(t.state == TrialState.FAIL and t.user_attrs["status"] == "error" for t in by.values())
+    assert all(
+        t.state == TrialState.FAIL and t.user_attrs["status"] == "error" for t in by.values()
+    )
     assert by["segfault"].user_attrs["reason"] == "killed by signal SIGSEGV"
     assert "Segmentation fault" in by["segfault"].user_attrs["traceback"]  # faulthandler, .err log
     assert by["abort"].user_attrs["reason"] == "killed by signal SIGABRT"
@@ -329,8 +357,13 @@ def test_segfault_abort_and_hang_are_recorded_and_the_sweep_goes_on(tmp_path):
 @pytest.mark.slow
 def test_parallel_trials_each_get_their_own_gpu(tmp_path):
     _run(
-        tmp_path, *FAKE, "hydra.sweeper.study_name=gpus", "hydra.sweeper.n_trials=4",
-        "hydra.sweeper.n_jobs=2", timeout=180, CUDA_VISIBLE_DEVICES="5,7",
+        tmp_path,
+        *FAKE,
+        "hydra.sweeper.study_name=gpus",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        timeout=180,
+        CUDA_VISIBLE_DEVICES="5,7",
     )
     trials = optuna.load_study(
         study_name="gpus", storage=f"sqlite:///{tmp_path / 'gpuopt.db'}"
@@ -356,13 +389,22 @@ def test_storage_password_is_never_written(tmp_path, pg_url):
     host = pg_url.split("@", 1)[1].rsplit("/", 1)[0]
     url = f"postgresql+psycopg://sweeper:{password}@{host}/secretdb"
     proc = _run(
-        tmp_path, *FAKE, "hydra/launcher=basic", f"hydra.sweeper.storage={url}",
-        "hydra.sweeper.study_name=secret", "hydra.sweeper.n_trials=3",
-        "hydra.sweeper.max_failure_rate=1.0", "+case=choice(crash,ok)",
+        tmp_path,
+        *FAKE,
+        "hydra/launcher=basic",
+        f"hydra.sweeper.storage={url}",
+        "hydra.sweeper.study_name=secret",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.max_failure_rate=1.0",
+        "+case=choice(crash,ok)",
     )
     report = subprocess.run(
         [sys.executable, "-m", "gpuopt.report", "--study", "secret", "--storage", url],
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert report.returncode == 0, report.stderr[-2000:]
     assert "sweeper:***@" in proc.stdout  # the summary names the storage, masked

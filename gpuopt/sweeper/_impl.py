@@ -553,8 +553,10 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                 for trial, trial_overrides, ret in zip(trials, overrides, returns):
                     outcome = self._outcome(ret, names, directions)
                     self._tell(study, trial, trial_overrides, ret, outcome, owner)
-                    if outcome.feasible and outcome.values and (
-                        best is None or sign * outcome.values[0] > sign * best[1][0]
+                    if (
+                        outcome.feasible
+                        and outcome.values
+                        and (best is None or sign * outcome.values[0] > sign * best[1][0])
                     ):
                         best = (trial.number, outcome.values)
                     finished += 1

@@ -148,9 +148,7 @@ def _executor_class() -> type:
 class FreshProcessLauncher(LocalLauncher):
     """submitit local mode with a per-trial deadline and per-trial failure records."""
 
-    def __init__(
-        self, timeout_s: float = 1200.0, pin_gpus: bool = True, **params: Any
-    ) -> None:
+    def __init__(self, timeout_s: float = 1200.0, pin_gpus: bool = True, **params: Any) -> None:
         super().__init__(**params)
         if not timeout_s or float(timeout_s) <= 0:
             raise ValueError(f"hydra.launcher.timeout_s={timeout_s!r}; allowed: seconds > 0")
@@ -211,10 +209,16 @@ class FreshProcessLauncher(LocalLauncher):
             idx = initial_job_idx + slot
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
             device = plan[slot]
-            setup = user_setup if device == "<submitit>" else [*user_setup, gpus_mod.setup_line(device)]
+            setup = (
+                user_setup if device == "<submitit>" else [*user_setup, gpus_mod.setup_line(device)]
+            )
             executor.update_parameters(setup=setup)
             job = executor.submit(
-                self, list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}",
+                self,
+                list(overrides),
+                "hydra.sweep.dir",
+                idx,
+                f"job_id_for_{idx}",
                 Singleton.get_state(),
             )
             started.append((job, time.monotonic(), None if device == "<submitit>" else device))
@@ -246,7 +250,7 @@ class FreshProcessLauncher(LocalLauncher):
                 if isinstance(ret, JobReturn):
                     return ret
                 raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
-            except Exception as exc:  # submitit's wrapper failed (unpicklable result, ...)
+            except Exception as exc:  # noqa: BLE001 - submitit's wrapper failed (unpicklable result, ...)
                 return _failed(overrides, exc)
         codes = _exit_codes(job)
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)

@@ -37,9 +37,7 @@ def _error(exc: BaseException, prefix: str = "") -> TrialOutcome:
         outcome.user_attrs[ATTR_TRACEBACK] = log_tail[-TRACEBACK_CHARS:]
         return outcome
     outcome = error_outcome(f"{prefix}{type(exc).__name__}: {exc}")
-    outcome.user_attrs[ATTR_TRACEBACK] = "".join(traceback.format_exception(exc))[
-        -TRACEBACK_CHARS:
-    ]
+    outcome.user_attrs[ATTR_TRACEBACK] = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
     return outcome
 
 
@@ -62,7 +60,7 @@ def run_dir(ret: Any) -> str | None:
     cfg = getattr(ret, "hydra_cfg", None)
     try:
         return str(cfg.hydra.runtime.output_dir) if cfg is not None else None
-    except Exception:
+    except Exception:  # noqa: BLE001 - a config without runtime info: no run dir
         return None
 
 
@@ -79,9 +77,7 @@ def record_trial(
     infeasible: constraint 1.0). Strings are passed through `mask_secrets` first: a reason or
     traceback may quote a storage URL.
     """
-    attrs = {
-        k: mask_secrets(v) if isinstance(v, str) else v for k, v in outcome.user_attrs.items()
-    }
+    attrs = {k: mask_secrets(v) if isinstance(v, str) else v for k, v in outcome.user_attrs.items()}
     attrs[ATTR_OVERRIDES] = [mask_secrets(str(o)) for o in overrides]
     attrs[ATTR_RUN_DIR] = run_dir(ret)
     devices = getattr(ret, "gpuopt_visible_devices", None)

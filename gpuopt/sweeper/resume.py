@@ -203,9 +203,7 @@ def is_surplus(number: int, trials: Sequence[Any], n_trials: int) -> bool:
     from optuna.trial import TrialState
 
     ahead = sum(
-        1
-        for t in trials
-        if t.number < number and (counted(t) or t.state == TrialState.WAITING)
+        1 for t in trials if t.number < number and (counted(t) or t.state == TrialState.WAITING)
     )
     return ahead >= n_trials
 

@@ -105,8 +105,9 @@ def open_storage(
                     grace_period=grace_period if heartbeat_interval else None,
                     **kwargs,
                 )
-        except Exception as exc:  # workers creating Optuna's tables at once: one wins, retry
-            if attempt == 2 or "already exists" not in str(exc) and "duplicate" not in str(exc):
+        except Exception as exc:  # noqa: BLE001 - workers creating Optuna's tables at once: one wins, retry
+            racing = ("already exists", "duplicate", "unique constraint", "database is locked")
+            if attempt == 2 or not any(r in str(exc).lower() for r in racing):
                 raise RuntimeError(
                     f"cannot open storage {display(text)}: {mask_secrets(str(exc).splitlines()[0])}"
                 ) from None
