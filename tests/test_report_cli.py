@@ -147,3 +147,24 @@ def test_optuna_dashboard_shows_gpuopt_attributes(output_dir):
     }
     assert [t["number"] for t in detail["best_trials"]] == [5]
     assert {a["key"] for a in detail["user_attrs"]} >= {"objectives", "directions", "hardware"}
+
+
+def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(output_dir, tmp_path):
+    """Studies shared through `hydra.sweeper.storage=journal:///...` are reviewed the same way."""
+    from gpuopt.sweeper.storage import open_storage
+
+    journal = tmp_path / "study.log"
+    optuna.copy_study(
+        from_study_name=CPU_STUDY,
+        from_storage=url_of(output_dir),
+        to_storage=open_storage(f"journal://{journal}", heartbeat_interval=None, grace_period=None),
+    )
+    proc = run([sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{journal}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"Study {CPU_STUDY}" in proc.stdout
+    assert "Speedup over the baseline: 2.50x throughput" in proc.stdout
+
+    missing = tmp_path / "nope.log"
+    proc = run([sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{missing}"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert str(missing) in proc.stderr and not missing.exists()

@@ -46,8 +46,11 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """Open an existing storage; a missing SQLite file is a `ReportError`, never a new database."""
-    path = sqlite_path(url)
+    """Open an existing storage; a missing SQLite or journal file is a `ReportError`, never a new
+    one. Any `hydra.sweeper.storage` value works: SQLAlchemy URLs and `journal://` files."""
+    from gpuopt.sweeper.storage import JOURNAL_SCHEME, journal_path
+
+    path = journal_path(url) if url.startswith(JOURNAL_SCHEME) else sqlite_path(url)
     if path is not None and not path.is_file():
         hint = (
             f" ({OUTPUT_DIR_ENV}={os.environ[OUTPUT_DIR_ENV]})"
@@ -59,6 +62,10 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             "or pass --storage sqlite:///PATH/TO/gpuopt.db"
         )
     try:
+        if url.startswith(JOURNAL_SCHEME):
+            from gpuopt.sweeper.storage import open_storage as open_sweep_storage
+
+            return open_sweep_storage(url, heartbeat_interval=None, grace_period=None)
         return optuna.storages.get_storage(url)
     except Exception as exc:  # noqa: BLE001 - a corrupt file, a bad URL, an unreachable server
         raise ReportError(
