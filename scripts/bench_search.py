@@ -111,7 +111,7 @@ def main() -> None:
     defaults = sweeper_defaults(grid.meta.get("fixed_overrides", ()))
     contenders: list[Contender] = gpuopt_contenders(grid, defaults=defaults) + optuna_contenders()
     for variant in args.variant:
-        contenders += gpuopt_contenders(grid, variant.split(), sampler_only=False)
+        contenders += gpuopt_contenders(grid, variant.split())
     default = contenders[0].setup  # gpuopt's default, for the header (before --samplers filters)
     if args.samplers:
         contenders = [c for c in contenders if c.name in args.samplers]
