@@ -419,3 +419,50 @@ def test_storage_password_is_never_written(tmp_path, pg_url):
     assert password not in repr(study.user_attrs) + repr(system)
     for t in study.get_trials():
         assert password not in repr(t.user_attrs) + repr(t.system_attrs)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, dead but not yet reaped by its new parent, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_terminated_sweep_takes_its_running_trial_down_and_resumes(tmp_path):
+    """SIGTERM to the sweep kills the fresh-process trial too (it runs in a session of its own, so
+    no signal reaches it otherwise); a re-run marks the trial interrupted and completes the study."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    args = (
+        "~search",
+        "measure=quick",
+        "hydra.sweeper.device_aware=false",
+        "hydra.sweeper.study_name=term",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.confirm.rounds=0",
+        f"+pid_dir={pid_dir}",
+    )
+    sweep = subprocess.Popen(
+        _cmd(*args, "+sleep_s=60"), cwd=tmp_path, env=_env(tmp_path),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 90
+    while not any(pid_dir.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (trial_pid,) = [int(p.name) for p in pid_dir.iterdir()]
+    assert _alive(trial_pid)
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=30) != 0
+    deadline = time.monotonic() + 10
+    while _alive(trial_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(trial_pid), "the trial process outlived the terminated sweep"
+
+    _run(tmp_path, *args)
+    trials = optuna.load_study(study_name="term", storage=f"sqlite:///{tmp_path / 'gpuopt.db'}").trials
+    interrupted = [t for t in trials if t.user_attrs.get("interrupted")]
+    assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2

@@ -20,6 +20,7 @@ Hydra imports this module on every run (plugin discovery): no submitit, optuna o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,8 +29,9 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,7 +206,28 @@ class FreshProcessLauncher(LocalLauncher):
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
         plan = self._device_plan(len(job_overrides))
 
-        started = []
+        started: list[tuple[Any, float, str | None]] = []
+        try:
+            with _terminate_as_interrupt():
+                return self._run_batch(
+                    executor, job_overrides, initial_job_idx, user_setup, plan, started
+                )
+        except BaseException:
+            # Ctrl-C or SIGTERM: the trials run in sessions of their own, so no signal reaches
+            # them; without this they would go on (and hold the GPU) after the sweep is gone.
+            for job, _, _ in started:
+                self._kill(job)
+            raise
+
+    def _run_batch(
+        self,
+        executor: Any,
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+        user_setup: list[str],
+        plan: list[str | None],
+        started: list[tuple[Any, float, str | None]],
+    ) -> list[JobReturn]:
         for slot, overrides in enumerate(job_overrides):
             idx = initial_job_idx + slot
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
@@ -272,6 +295,24 @@ class FreshProcessLauncher(LocalLauncher):
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("job %s did not end after SIGKILL", job.job_id)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While trials run, SIGTERM (kill, a scheduler's stop) raises KeyboardInterrupt like Ctrl-C,
+    so the launcher can kill its trials before the sweep exits. Main thread only (Python's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_codes(job: Any) -> list[int | None]:

@@ -6,6 +6,7 @@ No torch: each trial costs only Hydra's composition, so the sweeper's handling o
 - model.width >= 1_000_000 or +case=oom -> oom; optimizer.lr >= 10 or +case=diverge -> diverged
 - +case=crash -> the task raises (error); +case=die -> the process exits without a result
 - +case=segfault / abort / hang -> SIGSEGV, os.abort() (SIGABRT), sleeps for an hour
+- +pid_dir=D -> the trial process writes its pid as a file name in D (to find it from a test)
 - +sleep_s=S -> the trial takes S seconds (for concurrent workers); env records the
   CUDA_VISIBLE_DEVICES the trial process saw
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -27,6 +29,8 @@ register_schemas()
 def fake_result(cfg: DictConfig) -> TrialResult:
     config = OmegaConf.to_container(cfg, resolve=True)
     case = cfg.get("case")
+    if cfg.get("pid_dir"):
+        (Path(cfg.pid_dir) / str(os.getpid())).touch()
     if case == "crash":
         raise RuntimeError("fake crash")
     if case == "die":
