@@ -317,7 +317,9 @@ def test_speedup_minimized_metric_is_inverted_and_single_points_have_no_ci():
     ("top_k", "rounds", "share", "n_trials", "n_cand", "expected"),
     [
         (2, 2, 0.25, 40, 5, confirm.ConfirmPlan(2, 2)),  # 6 runs <= 10
-        (2, 2, 0.25, 12, 5, confirm.ConfirmPlan(2, 1)),  # 3 runs allowed
+        (2, 2, 0.25, 12, 5, confirm.ConfirmPlan(1, 1)),  # 3 runs: one candidate, one round
+        (2, 2, 0.4, 10, 5, confirm.ConfirmPlan(1, 2)),  # 4 runs: two rounds beat a second candidate
+        (2, 3, 0.6, 10, 5, confirm.ConfirmPlan(2, 2)),  # 6 runs: both candidates, two rounds
         (2, 2, 0.25, 8, 5, confirm.ConfirmPlan(1, 1)),  # 2 runs allowed: fewer candidates first
         (2, 2, 0.25, 4, 5, None),  # 1 run allowed: off
         (2, 0, 0.25, 40, 5, None),  # confirm.rounds=0

@@ -260,6 +260,8 @@ def param_importances(
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+                # Few trials per choice is the normal case for a sweep; the table says PED-ANOVA.
+                warnings.filterwarnings("ignore", message="Some regimes for parameter")
                 result[name] = optuna.importance.get_param_importances(
                     copy,
                     params=sorted(varied),

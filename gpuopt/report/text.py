@@ -108,6 +108,13 @@ HARDWARE_KEYS = (
     "machine",
 )
 MAX_HARDWARE_FACTS = 14
+# (column header, metric) of the trials table.
+DIAGNOSTIC_COLUMNS = (
+    ("util", "utilization"),
+    ("wait", "data_wait"),
+    ("mfu", "mfu"),
+    ("in_eff", "input_efficiency"),
+)
 
 
 def header(report: StudyReport) -> Panel:
@@ -117,7 +124,13 @@ def header(report: StudyReport) -> Panel:
         + ", ".join(f"{o} ({d})" for o, d in zip(report.objectives, report.directions)),
     ]
     if report.hardware:
-        facts = flatten(report.hardware)
+        # The probe's nested copies (env.fingerprint.*) and its search-space notes repeat or are
+        # not hardware facts.
+        facts = {
+            k: v
+            for k, v in flatten(report.hardware).items()
+            if ".fingerprint." not in k and not k.startswith(("poor_choices", "dropped", "env.poor_choices"))
+        }
         keys = [k for k in HARDWARE_KEYS if k in facts] + [
             k for k in facts if k not in HARDWARE_KEYS
         ]
@@ -318,8 +331,10 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
     table.add_column("#", justify="right", no_wrap=True)
     for name in report.objectives:
         table.add_column(name, justify="right", no_wrap=True)
-    for name in ("util", "wait", "mfu", "in_eff"):
-        table.add_column(name, justify="right", no_wrap=True)
+    # Diagnostic metrics next to the objectives, unless already shown as one.
+    extra = [(h, m) for h, m in DIAGNOSTIC_COLUMNS if m not in report.objectives]
+    for header_name, _ in extra:
+        table.add_column(header_name, justify="right", no_wrap=True)
     # ok trials: their bottleneck; the others: how they ended (oom, error, running, ...)
     table.add_column("bottleneck", min_width=len("bottleneck"))
     # One column per sampled parameter (headed by its last dotted part) while they fit; else, and
@@ -349,10 +364,7 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
         table.add_row(
             f"{trial.number}{mark}",
             *(fmt(n, v, unit=False) for n, v in zip(report.objectives, values)),
-            fmt("utilization", trial.metric("utilization")),
-            fmt("data_wait", trial.metric("data_wait")),
-            fmt("mfu", trial.metric("mfu")),
-            fmt("input_efficiency", trial.metric("input_efficiency")),
+            *(fmt(metric, trial.metric(metric)) for _, metric in extra),
             verdict,
             *params,
         )

@@ -154,7 +154,8 @@ class ConfirmPlan:
 def plan(
     top_k: int, rounds: int, max_share: float, n_trials: int, n_candidates: int
 ) -> ConfirmPlan | None:
-    """Size the round to at most max_share * n_trials runs: fewer candidates first, then rounds.
+    """Size the round to at most max_share * n_trials runs. A confidence interval needs repeats,
+    so candidates are dropped (the weakest first) until two rounds fit; then rounds grow.
 
     None when it is off (rounds=0 or top_k=0), there is nothing to confirm, or the cap does not
     allow even one baseline + one candidate run.
@@ -163,7 +164,7 @@ def plan(
     if rounds <= 0 or k <= 0:
         return None
     budget = int(math.floor(max_share * n_trials + 1e-9))
-    while k > 1 and (k + 1) > budget:
+    while k > 1 and (k + 1) * min(rounds, 2) > budget:
         k -= 1
     if (k + 1) > budget:
         return None

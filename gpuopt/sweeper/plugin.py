@@ -35,7 +35,7 @@ class ConfirmConf:
     top_k: int = 2  # candidates re-measured against the baseline
     rounds: int = 2  # A B1 B2 repetitions; 0 turns the confirmation off
     max_share: float = (
-        0.25  # cap: confirmation runs <= this share of n_trials (fewer k, then rounds)
+        0.4  # cap: confirmation runs <= this share of n_trials (fewer k until 2 rounds fit)
     )
 
 
