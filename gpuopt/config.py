@@ -104,6 +104,7 @@ class MeasureConf:
     min_steps: int = 10
     max_steps: int = 500
     time_budget_s: float = 8.0  # timed window ends after this, stable or not
+    min_time_s: float = 2.0  # the stability stop waits at least this long (capped at the budget)
     stability_target: float = 0.03  # stop once the 95% CI half-width of throughput is below this
     ceiling: bool = True  # replay one on-device batch to measure the compute-only ceiling
     ceiling_steps: int = 20
@@ -232,6 +233,8 @@ def validate(cfg: DictConfig) -> TrialSpec:
         raise ConfigError("measure.max_steps", measure.max_steps, f">= measure.min_steps ({measure.min_steps})")
     if not measure.time_budget_s > 0:
         raise ConfigError("measure.time_budget_s", measure.time_budget_s, "seconds > 0")
+    if not measure.min_time_s >= 0:
+        raise ConfigError("measure.min_time_s", measure.min_time_s, "seconds >= 0")
     if not 0 < measure.stability_target < 1:
         raise ConfigError("measure.stability_target", measure.stability_target, "a fraction in (0, 1), e.g. 0.03")
     _check_min("measure.ceiling_steps", measure.ceiling_steps, 1, "an integer >= 1")

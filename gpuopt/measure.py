@@ -56,12 +56,27 @@ def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES
 
 @dataclass(frozen=True)
 class StopRule:
-    """When the timed window ends: stable (CI under target, after min_steps), budget, or max_steps."""
+    """When the timed window ends: stable (CI under target, after min_steps and min_time_s),
+    budget, or max_steps. The CI only sees fluctuations shorter than the window, so a window of a
+    few fast steps can look stable while missing slower ones (epoch restarts, allocator, GC):
+    min_time_s keeps the window long enough to contain them."""
 
     min_steps: int
     max_steps: int
     time_budget_s: float
     stability_target: float
+    min_time_s: float = 0.0
+
+    @classmethod
+    def from_measure(cls, measure: Any) -> StopRule:
+        """The rule a `MeasureConf` describes."""
+        return cls(
+            measure.min_steps,
+            measure.max_steps,
+            measure.time_budget_s,
+            measure.stability_target,
+            min(measure.min_time_s, measure.time_budget_s),
+        )
 
     def check(self, step_times: Sequence[float], elapsed_s: float, steps: int | None = None) -> str | None:
         """`step_times`: the completed steps' times; `steps`: steps run (on CUDA some may still be
@@ -69,7 +84,7 @@ class StopRule:
         n = len(step_times) if steps is None else steps
         if n >= self.max_steps:
             return "max_steps"
-        if n >= self.min_steps:
+        if n >= self.min_steps and elapsed_s >= self.min_time_s:
             ci = relative_ci_halfwidth(step_times)
             if ci is not None and ci < self.stability_target:
                 return "stable"

@@ -390,7 +390,7 @@ def _measure(trial: _Trial, process_t0: float) -> None:
         workload.train_step(*feed.next())
         cache_policy.after_step(index)
 
-    rule = StopRule(measure.min_steps, measure.max_steps, measure.time_budget_s, measure.stability_target)
+    rule = StopRule.from_measure(measure)
     feed.reset_counters()
     if sampler is not None:
         sampler.start()

@@ -161,3 +161,18 @@ def test_ceiling_replay_is_bounded_by_steps_and_by_time():
     assert steps == 7 and seconds < 10.0
     steps, seconds = time_replay(lambda i: time.sleep(0.02), 1000, cpu, budget_s=0.05)
     assert 3 <= steps < 1000 and seconds >= 0.05  # slow steps: stopped by the budget, >= 3 steps
+
+
+def test_stability_stop_waits_for_min_time():
+    """Stable step times stop the window only once it has lasted min_time_s (capped at the budget)."""
+    times = [0.010 * (1 + 0.001 * (i % 3)) for i in range(30)]
+    rule = StopRule(min_steps=10, max_steps=200, time_budget_s=5.0, stability_target=0.03, min_time_s=2.0)
+    assert rule.check(times, elapsed_s=0.3) is None
+    assert rule.check(times, elapsed_s=2.0) == "stable"
+
+    class Measure:
+        min_steps, max_steps, stability_target = 10, 200, 0.03
+        time_budget_s, min_time_s = 1.0, 5.0
+
+    capped = StopRule.from_measure(Measure())
+    assert capped.min_time_s == 1.0 and capped.check(times, elapsed_s=1.0) == "stable"

@@ -215,9 +215,7 @@ class MeasureCallback(pl.Callback):
         self.cache_policy = cache_policy
         self.notes = notes
         self.nvml_interval_s = measure.nvml_interval_s
-        self.rule = StopRule(
-            measure.min_steps, measure.max_steps, measure.time_budget_s, measure.stability_target
-        )
+        self.rule = StopRule.from_measure(measure)
         self.clock = make_clock(device)
         self.compile_steps = 0 if spec.compile.mode == "off" else 1
         self.untimed_steps = self.compile_steps + measure.warmup_steps
