@@ -1,6 +1,6 @@
 """The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling and MFU.
 
-Principles (see docs/DESIGN.md): warm-up and compilation happen before the window; on CUDA the host
+Principles: warm-up and compilation happen before the window; on CUDA the host
 never synchronizes inside the window (that would serialize CPU and GPU): step boundaries are CUDA
 events, and the host synchronizes only at the window's ends. Throughput is samples / wall seconds of
 the whole window; step-time statistics come from the per-step boundaries.

@@ -13,7 +13,7 @@ Two independent checks per configuration, each in fresh processes, interleaved A
   `torch.utils.benchmark.Timer.blocked_autorange` on the same step over one on-device batch.
 
 Agreement = median(gpuopt) / median(independent) - 1; the goal is within 3%. Between fresh processes
-one configuration's throughput varies 4-14% on the 2-core dev machine (docs/DESIGN.md), so medians of
+one configuration's throughput varies 4-14% on a 2-core machine between fresh processes, so medians of
 several rounds are compared. scripts/bench_noise.py measures that process-to-process noise itself.
 """
 

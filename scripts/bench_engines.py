@@ -1,7 +1,7 @@
 """Native vs Lightning engine: the same model/data/precision/batch measured by both, side by side.
 
 Each measurement is a fresh `python -m gpuopt.run` process (trials in a long-lived process read
-10-35% faster, see DESIGN.md), and the two engines alternate within each repeat (native, lightning,
+10-35% faster on a 2-core machine), and the two engines alternate within each repeat (native, lightning,
 then lightning, native, ...) so drift of the machine hits both alike. Reported per workload: the
 median of each engine's metrics, and the median and range of the per-repeat ratio lightning/native.
 

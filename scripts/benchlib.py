@@ -3,7 +3,7 @@ interleave arms A B A B, record the machine and its load. Not part of the packag
 
 Fresh processes (`python -m gpuopt.run`) are what the sweeper's default launcher measures; every
 comparison here runs all its arms the same way, because a warm process reads 10-35% faster than a
-fresh one on the dev machine (docs/DESIGN.md).
+fresh one on a 2-core machine.
 """
 
 from __future__ import annotations
