@@ -226,7 +226,8 @@ def test_killed_sweep_resumes_to_n_trials(tmp_path):
                 trials = load(tmp_path, "resume").get_trials(deepcopy=False)
             except Exception:
                 continue
-            if any(t.number == 1 and t.state == TrialState.RUNNING for t in trials):
+            # RUNNING with its params suggested: being measured, not just asked for
+            if any(t.number == 1 and t.state == TrialState.RUNNING and t.params for t in trials):
                 break
         else:
             pytest.fail("trial #1 never started")
