@@ -484,3 +484,31 @@ def test_user_attrs_written_in_one_go(tmp_path, storage):
     set_user_attrs(study._storage, trial._trial_id, attrs)
     study.tell(trial, 1.0)
     assert study.trials[0].user_attrs == attrs
+
+
+@pytest.mark.parametrize("preset", ["default", "loader", "precision", "compile", "cache", "full"])
+def test_every_search_preset_composes_and_names_real_keys(preset):
+    """A preset whose params name a missing key or group option would fail only at sweep time."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from gpuopt.config import register_schemas
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_module("gpuopt.conf"):
+        cfg = compose("config", overrides=[f"search={preset}"], return_hydra_config=True)
+        params = dict(cfg.hydra.sweeper.params)
+        params.update(
+            {k: v for space in cfg.hydra.sweeper.device_params.values() for k, v in space.items()}
+        )
+        assert params, f"search={preset} searches nothing"
+        groups = cfg.hydra.runtime.choices
+        for key, value in params.items():
+            if key in groups:  # a group: every option must compose
+                options = str(value)[len("choice(") : -1].split(",")
+                for option in options:
+                    compose("config", overrides=[f"search={preset}", f"{key}={option.strip()}"])
+            else:
+                assert OmegaConf.select(cfg, key, default="<missing>") != "<missing>", key
