@@ -78,6 +78,7 @@ def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:
     for index, (name, importances) in enumerate(report.importances.items()):
         with warnings.catch_warnings():  # the sign is handled by importance_target (see summary.py)
             warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+            warnings.filterwarnings("ignore", message="Some regimes for parameter")
             figure = vis.plot_param_importances(
                 ok,
                 params=list(importances),
