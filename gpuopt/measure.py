@@ -17,24 +17,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from gpuopt.stats import t_quantile
+
 if TYPE_CHECKING:
     import torch
 
-# Two-sided 95% Student-t quantiles t(0.975, df) for df = 1..30; 1.96 beyond.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
 # The CI uses up to this many batch means: consecutive step times are autocorrelated (allocator,
 # thermal and frequency drift, loader bursts), so raw steps would understate the uncertainty.
 CI_BATCHES = 10
 MIN_CI_BATCHES = 5
 MIN_BATCH_STEPS = 3  # a batch mean averages at least this many steps: no CI before 15 steps
-
-
-def t_quantile_975(df: int) -> float:
-    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
 
 
 def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES) -> float | None:
@@ -50,7 +42,7 @@ def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES
     mean = float(means.mean())
     if mean <= 0:
         return None
-    half_width = t_quantile_975(count - 1) * float(means.std(ddof=1)) / math.sqrt(count)
+    half_width = t_quantile(0.975, count - 1) * float(means.std(ddof=1)) / math.sqrt(count)
     return half_width / mean
 
 

@@ -63,7 +63,7 @@ def test_ci_matches_the_batch_means_formula():
     means = [sum(times[b * 5 : b * 5 + 5]) / 5 for b in range(10)]
     mean = sum(means) / 10
     sd = math.sqrt(sum((m - mean) ** 2 for m in means) / 9)
-    assert relative_ci_halfwidth(times) == pytest.approx(2.262 * sd / math.sqrt(10) / mean)
+    assert relative_ci_halfwidth(times) == pytest.approx(2.2621571628 * sd / math.sqrt(10) / mean)  # t(0.975, 9)
     assert relative_ci_halfwidth(times[:4]) is None  # too few steps for a CI
 
 
