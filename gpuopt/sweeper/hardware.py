@@ -17,12 +17,13 @@ import logging
 import os
 import platform
 import re
-import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .gpus import setup_line
 
 log = logging.getLogger(__name__)
 
@@ -163,10 +164,7 @@ def gpu_setup_command(environ: dict[str, str]) -> str:
     (none by default), which hides every GPU from a trial. Its `setup` lines run in the job's shell
     after that, so they restore this process's setting (indices, UUIDs or unset alike).
     """
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return "unset CUDA_VISIBLE_DEVICES"
-    return f"export CUDA_VISIBLE_DEVICES={shlex.quote(value)}"
+    return setup_line(environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def nvml_count() -> int:
