@@ -513,3 +513,29 @@ def test_every_search_preset_composes_and_names_real_keys(preset):
                     compose("config", overrides=[f"search={preset}", f"{key}={option.strip()}"])
             else:
                 assert OmegaConf.select(cfg, key, default="<missing>") != "<missing>", key
+
+
+def test_default_sampler_is_multivariate_tpe_and_other_samplers_replace_it():
+    """gpuopt's default changes one stock TPE key; choosing another sampler must not inherit it
+    (a leftover `multivariate` key would fail RandomSampler's schema)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    from gpuopt.config import register_schemas
+    from gpuopt.sweeper.plugin import SAMPLER_WHITELIST
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_module("gpuopt.conf"):
+        default = compose("config", return_hydra_config=True).hydra.sweeper.sampler
+        stock = compose(
+            "config", overrides=["hydra/sweeper/sampler=tpe"], return_hydra_config=True
+        ).hydra.sweeper.sampler
+        chosen = compose(
+            "config", overrides=["hydra/sweeper/sampler=random"], return_hydra_config=True
+        ).hydra.sweeper.sampler
+    sampler = instantiate(default, _execution_whitelist_=SAMPLER_WHITELIST)
+    assert isinstance(sampler, optuna.samplers.TPESampler) and sampler._multivariate
+    assert stock.multivariate is False
+    assert chosen._target_ == "optuna.samplers.RandomSampler" and "multivariate" not in chosen

@@ -19,7 +19,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from hydra_plugins.hydra_optuna_sweeper import config as _stock_config  # noqa: F401  (sampler nodes)
-from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
+from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf, TPESamplerConfig
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import DictConfig
 
@@ -39,9 +39,22 @@ class ConfirmConf:
     )
 
 
+# gpuopt's default sampler: the stock TPE config with `multivariate: true` (Optuna's own TPE default
+# for one objective). The stock config pins it false, which made single-objective searches slower
+# than random on the replayed CPU grid (docs/benchmarks.md, "Search efficiency"). A separate node,
+# so that `hydra/sweeper/sampler=tpe` stays the stock one and `=random` etc. replace it cleanly.
+ConfigStore.instance().store(
+    group="hydra/sweeper/sampler",
+    name="gpuopt_tpe",
+    node=TPESamplerConfig(multivariate=True),
+    provider="gpuopt",
+)
+
+
 @dataclass
 class GpuoptSweeperConf(OptunaSweeperConf):
     _target_: str = "gpuopt.sweeper.plugin.GpuoptSweeper"
+    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "gpuopt_tpe"}])
 
     # Stock keys whose defaults differ for gpuopt:
     # null: derived from `objectives` (METRIC_GOALS). Given without `objectives` (a stock config):
