@@ -145,6 +145,39 @@ def test_journal_heartbeat_fails_a_silent_trial_once_and_requeues_it(tmp_path):
     assert reruns[0].system_attrs["fixed_params"] == dead.params
 
 
+def test_a_trial_whose_worker_died_right_after_asking_is_failed_after_grace(tmp_path):
+    """RDBStorage's stale check only sees trials that beat once; a worker killed between
+    `study.ask()` and its first heartbeat leaves an ownerless RUNNING trial, timed by the watcher."""
+    store = storage_mod.open_storage(
+        f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1, grace_period=5
+    )
+    study = optuna.create_study(study_name="orphan", storage=store)
+    study.enqueue_trial({"x": 3}, user_attrs={ATTR_BASELINE: True})
+    orphan = study.ask()  # popped the queued baseline; its worker dies before suggesting anything
+    live = study.ask()
+    store.record_heartbeat(live._trial_id)
+    store.set_trial_system_attr(live._trial_id, resume.OWNER_ATTR, resume.this_owner())
+    assert resume.fail_stale(study) == []  # the gap: never beat, so never stale
+
+    now = [100.0]
+    watch = resume.OwnerlessWatch(5, clock=lambda: now[0])
+    assert watch.fail_dead(study) == []  # first seen now
+    now[0] += 4.9
+    assert watch.fail_dead(study) == []
+    now[0] += 0.2
+    assert watch.fail_dead(study) == [orphan.number]
+    assert watch.fail_dead(study) == []
+
+    trials = study.get_trials()
+    failed = trials[orphan.number]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["interrupted"] is True
+    assert "ended before it started" in failed.user_attrs["reason"]
+    assert trials[live.number].state == TrialState.RUNNING
+    (rerun,) = [t for t in trials if t.user_attrs.get("rerun_of") == orphan.number]
+    assert rerun.state == TrialState.WAITING and rerun.user_attrs[ATTR_BASELINE] is True
+    assert rerun.system_attrs["fixed_params"] == {"x": 3}  # what it was enqueued with
+
+
 def test_slurm_preset_composes_the_submitit_slurm_launcher():
     from hydra import compose, initialize_config_module
 
@@ -466,3 +499,23 @@ def test_terminated_sweep_takes_its_running_trial_down_and_resumes(tmp_path):
     interrupted = [t for t in trials if t.user_attrs.get("interrupted")]
     assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
+
+
+@pytest.mark.slow
+def test_a_resumed_sweep_reruns_a_trial_left_ownerless_by_a_dead_worker(tmp_path):
+    args = (
+        *FAKE,
+        "hydra/launcher=basic",
+        "hydra.sweeper.study_name=ownerless",
+        "hydra.sweeper.heartbeat_interval=1",
+        "hydra.sweeper.grace_period=2",
+    )
+    _run(tmp_path, *args, "hydra.sweeper.n_trials=2")
+    storage = f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    dead = optuna.load_study(study_name="ownerless", storage=storage).ask()  # and nothing after
+
+    _run(tmp_path, *args, "hydra.sweeper.n_trials=4", timeout=90)
+    trials = optuna.load_study(study_name="ownerless", storage=storage).get_trials()
+    assert trials[dead.number].state == TrialState.FAIL
+    assert "ended before it started" in trials[dead.number].user_attrs["reason"]
+    _assert_one_study_of(trials, 4)

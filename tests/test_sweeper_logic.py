@@ -309,6 +309,45 @@ def test_speedup_estimate_and_interval():
     assert noisy.ci_low < 1.0 < noisy.ci_high and noisy.distinguishable is False
 
 
+def _confirmed(label, number, sweep, again):
+    return confirm.ConfirmedConfig(label, number, {}, [], [sweep], list(again))
+
+
+def _record(*configs):
+    return {"configs": [vars(c) for c in configs], **confirm.compare(configs, "maximize")}
+
+
+def test_a_lucky_first_measurement_does_not_crown_a_candidate():
+    """The winner's curse: the candidate was picked for its high sweep value; re-measured it ties
+    the baseline, so the baseline stays the best (the CNN case in docs/benchmarks.md)."""
+    record = _record(
+        _confirmed("baseline", 0, 95.0, [95.7, 95.6]),
+        _confirmed("candidate1", 7, 104.0, [94.5, 90.3]),
+    )
+    (entry,) = record["comparisons"]
+    assert entry["n_candidate"] == 2 and entry["n_reference"] == 2  # the sweep value is left out
+    assert entry["ratio"] < 1.0
+    assert confirm.winner(record) == 0
+
+
+@pytest.mark.parametrize(
+    ("candidates", "expected"),
+    [
+        ([(5, [150.0, 152.0])], 5),  # measurably faster
+        ([(5, [130.0, 90.0])], 0),  # faster on average, but the CI includes 1.0x
+        ([(5, [150.0, 152.0]), (6, [180.0, 181.0])], 6),  # the faster of two proven ones
+        ([(5, [150.0, 152.0]), (6, [200.0, 120.0])], 5),  # a higher mean without proof loses
+        ([(5, [120.0])], 5),  # one re-measurement each: no CI, the ratio decides
+        ([(5, [])], 0),  # every re-measurement failed: never the winner
+    ],
+)
+def test_confirmed_winner_must_be_measurably_faster_than_the_baseline(candidates, expected):
+    base_again = [100.0, 101.0] if all(len(a) != 1 for _, a in candidates) else [100.0]
+    configs = [_confirmed("baseline", 0, 100.0, base_again)]
+    configs += [_confirmed(f"candidate{i}", n, 300.0, a) for i, (n, a) in enumerate(candidates, 1)]
+    assert confirm.winner(_record(*configs)) == expected
+
+
 def test_speedup_minimized_metric_is_inverted_and_single_points_have_no_ci():
     s = confirm.speedup([50.0], [100.0], direction="minimize")
     assert s.ratio == pytest.approx(2.0) and s.ci_low is None and s.distinguishable is None

@@ -190,6 +190,8 @@ def speedup_lines(report: StudyReport) -> list[str]:
         lines.append("No baseline trial recorded: speedup unknown.")
     elif report.baseline.status != "ok":
         lines.append(f"The baseline ended as {report.baseline.status}: speedup unknown.")
+    elif report.best is report.baseline:
+        pass  # nothing beat it: confirmation_lines (or the change section) says so
     elif report.speedup is not None:
         lines.append(
             f"[bold]Speedup over the baseline: {report.speedup:.2f}x throughput[/] "
@@ -202,6 +204,7 @@ def speedup_lines(report: StudyReport) -> list[str]:
 def confirmation_lines(report: StudyReport) -> list[str]:
     """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm.py): baseline vs top-k,
     interleaved, each speedup with a 95% CI."""
+    from gpuopt.sweeper.confirm import KEEP_BASELINE
     from gpuopt.sweeper.summary import ci_text
 
     confirmation = report.confirmation
@@ -227,6 +230,9 @@ def confirmation_lines(report: StudyReport) -> list[str]:
         label = escape(str(entry.get("label")))
         text = f"  {label} (trial #{number}{mark}) vs baseline: {escape(ci_text(entry))}"
         lines.append(f"[bold]{text}[/]" if number == best_number else text)
+    configs = confirmation.get("configs") or [{}]
+    if best_number is not None and best_number == configs[0].get("trial_number"):
+        lines.append(f"  [bold]{KEEP_BASELINE}[/]")
     top_two = confirmation.get("top_two")
     if isinstance(top_two, dict):
         labels = " vs ".join(str(x) for x in top_two.get("labels", []))

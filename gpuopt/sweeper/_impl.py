@@ -116,6 +116,8 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         self.env_timeout_s = env_timeout_s
         self.heartbeat_interval = heartbeat_interval
         self.grace_period = grace_period
+        # Same grace as the storage's heartbeat check (Optuna's default: 2 x interval).
+        self._ownerless = resume.OwnerlessWatch(grace_period or 2 * (heartbeat_interval or 0))
         self._labels_checked = False
         self._created_study = False
         if n_jobs < 1:
@@ -448,10 +450,14 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
 
     def _recover(self, study: optuna.Study) -> None:
         """Fail and re-queue trials whose worker died: on this host (pid gone) or anywhere
-        (heartbeat stale for grace_period)."""
+        (heartbeat stale, or no owner, for grace_period)."""
         for numbers, cause in (
             (resume.recover_interrupted(study), "a killed sweep on this host"),
             (resume.fail_stale(study), "a worker whose heartbeat stopped"),
+            (
+                self._ownerless.fail_dead(study) if storage_mod.heartbeat_on(study._storage) else [],
+                "a worker that died right after asking",
+            ),
         ):
             if numbers:
                 log.warning(

@@ -3,10 +3,15 @@
 Throughput of one configuration drifts 4-14% between fresh processes on these machines, so the
 sweep's single measurement per configuration can crown a lucky one. At the end, the baseline (A)
 and the top-k candidates (B1, B2, ...) run again as A B1 B2 A B1 B2 ..., and the speedup of each
-candidate over the baseline is estimated from all measurements of both with a 95% confidence
-interval on the log-ratio of means (Welch's t: unequal variances, small samples). The candidates
-were picked for a high first measurement, so including it biases their mean up a little; the
-re-measurements are what make the interval honest about the noise.
+candidate over the baseline is estimated from those re-measurements only, with a 95% confidence
+interval on the log-ratio of means (Welch's t: unequal variances, small samples). The sweep's own
+measurement of a candidate is left out: it was picked for being high, and on a 2-core CPU that
+winner's curse alone made a candidate 5% slower than the baseline look like the winner
+(docs/benchmarks.md, "Speedup over PyTorch defaults").
+
+The winner (`winner`) is the candidate with the highest speedup among those measurably faster
+than the baseline (the CI above 1.0x, or no CI possible and a speedup > 1); when none is, the
+baseline wins: "keep your configuration" is the honest answer to a gain the noise can explain.
 """
 
 from __future__ import annotations
@@ -117,19 +122,19 @@ class ConfirmedConfig:
     confirm_values: list[float] = field(default_factory=list)
     confirm_statuses: list[str] = field(default_factory=list)
 
-    @property
-    def all_values(self) -> list[float]:
-        return [*self.sweep_values, *self.confirm_values]
+
+KEEP_BASELINE = "no candidate is measurably faster than the baseline: keep your configuration"
 
 
 def compare(configs: Sequence[ConfirmedConfig], direction: str) -> dict[str, Any]:
-    """Speedups over the baseline and whether the top two candidates can be told apart."""
+    """Speedups over the baseline and whether the top two candidates can be told apart, from the
+    re-measurements (the module docstring says why not the sweep's)."""
     base = configs[0]
     out: dict[str, Any] = {"comparisons": [], "top_two": None}
     for cand in configs[1:]:
         entry: dict[str, Any] = {"label": cand.label, "trial_number": cand.trial_number}
         try:
-            entry.update(asdict(s := speedup(cand.all_values, base.all_values, direction)))
+            entry.update(asdict(s := speedup(cand.confirm_values, base.confirm_values, direction)))
             entry["distinguishable"] = s.distinguishable
         except ValueError as exc:
             entry["error"] = str(exc)
@@ -137,7 +142,7 @@ def compare(configs: Sequence[ConfirmedConfig], direction: str) -> dict[str, Any
     if len(configs) >= 3:
         a, b = configs[1], configs[2]
         try:
-            s = speedup(a.all_values, b.all_values, direction)
+            s = speedup(a.confirm_values, b.confirm_values, direction)
             out["top_two"] = {
                 "labels": [a.label, b.label],
                 **asdict(s),
@@ -146,3 +151,19 @@ def compare(configs: Sequence[ConfirmedConfig], direction: str) -> dict[str, Any
         except ValueError as exc:
             out["top_two"] = {"labels": [a.label, b.label], "error": str(exc)}
     return out
+
+
+def winner(record: dict[str, Any]) -> int | None:
+    """Trial number of the confirmed winner of a stored confirmation record (the baseline's when
+    no candidate is measurably faster); None for a record without configs."""
+    configs = record.get("configs") or []
+    if not configs:
+        return None
+    faster = [
+        entry
+        for entry in record.get("comparisons") or []
+        if (entry.get("ratio") or 0.0) > 1.0 and entry.get("distinguishable") is not False
+    ]
+    if not faster:
+        return configs[0].get("trial_number")
+    return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")

@@ -83,11 +83,11 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
     env_timeout_s: float = 120.0
-    # Several workers on one study (docs/scaling.md): each running trial's worker writes a
-    # heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING trial without one for
-    # grace_period seconds (null: 2 x interval) is failed with the reason and its params re-queued
-    # by the next worker that asks for a trial. Storage: null (SQLite file), memory,
-    # journal:///path/study.log (a file on a shared file system), or an SQLAlchemy URL
+    # Several workers on one study (README: "Several workers (hosts) on one study"): each running
+    # trial's worker writes a heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING
+    # trial without one for grace_period seconds (null: 2 x interval) is failed with the reason
+    # and its params re-queued by the next worker that asks for a trial. Storage: null (SQLite
+    # file), memory, journal:///path/study.log (a file on a shared file system), or an SQLAlchemy URL
     # (postgresql+psycopg://user@host/db; the password from PGPASSWORD / ~/.pgpass, or
     # ${oc.env:GPUOPT_STORAGE}: never written unmasked to logs, attrs or exported configs).
     heartbeat_interval: int | None = 60

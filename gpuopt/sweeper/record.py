@@ -9,7 +9,6 @@ by hand reads exactly like one a sweep wrote:
 
 from __future__ import annotations
 
-import math
 import traceback
 import warnings
 from typing import Any
@@ -22,6 +21,7 @@ from gpuopt.result import ATTR_OVERRIDES, ATTR_RUN_DIR, ATTR_STATUS
 from gpuopt.secrets import mask_secrets
 
 from .attrs import set_user_attrs
+from .confirm import winner
 from .gpus import ATTR_VISIBLE_DEVICES
 from .objectives import TrialOutcome, error_outcome, outcome_from_return
 
@@ -113,21 +113,16 @@ def pick_best(
     directions: list[str],
     confirmation: dict[str, Any] | None,
 ) -> FrozenTrial | None:
-    """The confirmed winner when a confirmation ran, else the best on the first objective
-    (among the Pareto front when there are several objectives)."""
+    """The confirmed winner when a confirmation ran (the baseline unless a candidate is measurably
+    faster: confirm.winner), else the best on the first objective (among the Pareto front when
+    there are several objectives)."""
     if not feasible_trials:
         return None
-    sign = 1 if directions[0] == "maximize" else -1
-    if confirmation and confirmation.get("configs"):
-
-        def score(cfg: dict[str, Any]) -> float:
-            values = [*cfg.get("sweep_values", []), *cfg.get("confirm_values", [])]
-            logs = [math.log(v) for v in values if v and v > 0]
-            return sign * (sum(logs) / len(logs)) if logs else -math.inf
-
-        winner = max(confirmation["configs"], key=score)
-        match = next((t for t in feasible_trials if t.number == winner.get("trial_number")), None)
+    if confirmation:
+        number = winner(confirmation)
+        match = next((t for t in feasible_trials if t.number == number), None)
         if match is not None:
             return match
+    sign = 1 if directions[0] == "maximize" else -1
     pool = pareto or feasible_trials
     return max(pool, key=lambda t: sign * t.values[0])

@@ -5,7 +5,8 @@ system attrs. On start, a RUNNING trial whose owner is on this host and no longe
 interrupted: it is marked FAIL with the reason in its user attrs and its params are enqueued again,
 so the configuration is re-measured rather than silently lost. Owners on other hosts are found
 through Optuna's heartbeat (`fail_stale`): a RUNNING trial whose worker stopped beating for
-`grace_period` seconds gets the same treatment.
+`grace_period` seconds gets the same treatment, and so does one that never got an owner
+(`OwnerlessWatch`: its worker died between `study.ask()` and its first heartbeat).
 
 Several workers on one study (the same command, a shared storage) follow one counting rule, so the
 study never ends with more than n_trials counted trials even when workers ask() at the same time:
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuopt.result import ATTR_BASELINE, ATTR_REASON, ATTR_STATUS
@@ -137,6 +138,40 @@ def fail_stale(study: Any) -> list[int]:
     return recovered
 
 
+class OwnerlessWatch:
+    """Fails RUNNING trials that never got an owner: their worker died between `study.ask()` and
+    its first heartbeat. RDBStorage's stale check only sees trials that beat at least once, and a
+    trial's start time comes from its worker's clock (another host, maybe another time zone), so
+    this worker times them itself: one still ownerless `grace_s` after it first saw it is dead (a
+    live worker writes the owner milliseconds after asking) and is failed and re-queued."""
+
+    def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s = grace_s
+        self._clock = clock
+        self._first_seen: dict[int, float] = {}
+
+    def fail_dead(self, study: Any) -> list[int]:
+        from optuna.trial import TrialState
+
+        now = self._clock()
+        ownerless = {
+            t._trial_id: t
+            for t in study.get_trials(deepcopy=False)
+            if t.state == TrialState.RUNNING and OWNER_ATTR not in t.system_attrs
+        }
+        self._first_seen = {tid: self._first_seen.get(tid, now) for tid in ownerless}
+        reason = (
+            "interrupted: the worker that asked for this trial ended before it started (no owner "
+            f"and no heartbeat for over {self.grace_s:g} s); its params were enqueued again"
+        )
+        return [
+            trial.number
+            for tid, trial in ownerless.items()
+            if now - self._first_seen[tid] >= self.grace_s
+            and fail_and_requeue(study, trial, reason)
+        ]
+
+
 def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     """FAIL a RUNNING trial with `reason` and enqueue its params again, once across workers.
 
@@ -158,7 +193,9 @@ def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     attrs: dict[str, Any] = {RERUN_OF_ATTR: trial.number}
     if trial.user_attrs.get(ATTR_BASELINE):
         attrs[ATTR_BASELINE] = True
-    system_attrs: dict[str, Any] = {"fixed_params": dict(trial.params)}
+    # A trial that died before its params were suggested keeps the ones it was enqueued with.
+    fixed = {**(trial.system_attrs.get("fixed_params") or {}), **trial.params}
+    system_attrs: dict[str, Any] = {"fixed_params": fixed}
     for key in ("grid_id", "search_space"):  # GridSampler: the same grid point, re-run
         if key in trial.system_attrs:
             system_attrs[key] = trial.system_attrs[key]

@@ -55,9 +55,8 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         now = time.time()
         stale = []
         for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            # Never beat: resume.OwnerlessWatch times it (as for RDBStorage, which skips it too).
             last = t.system_attrs.get(HEARTBEAT_ATTR)
-            if last is None and t.datetime_start is not None:
-                last = t.datetime_start.timestamp()  # died before its first beat (local time)
             if last is not None and now - last > grace:
                 stale.append(t._trial_id)
         return stale

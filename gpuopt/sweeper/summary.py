@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from .confirm import KEEP_BASELINE
+
 
 def duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
@@ -111,12 +113,15 @@ def render(
     if confirmation and confirmation.get("comparisons"):
         obj = confirmation.get("objective")
         lines.append(
-            f"confirmation ({confirmation.get('rounds')} round(s), interleaved; {obj}, all measurements):"
+            f"confirmation ({confirmation.get('rounds')} round(s), interleaved; {obj}, "
+            "re-measurements only):"
         )
         for entry in confirmation["comparisons"]:
             lines.append(
                 f"  {entry['label']} (#{entry['trial_number']}) vs baseline: {ci_text(entry)}"
             )
+        if baseline is not None and best is not None and best.number == baseline.number:
+            lines.append(f"  {KEEP_BASELINE}")
         top_two = confirmation.get("top_two")
         if top_two and "ratio" in top_two:
             if top_two.get("distinguishable"):
