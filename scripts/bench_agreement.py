@@ -3,7 +3,7 @@
     python scripts/bench_agreement.py                          # mlp and cnn, 5 rounds (~5 min, 2 cores)
     python scripts/bench_agreement.py --models cnn --device cuda --rounds 3
 
-Two independent checks per configuration, each in fresh processes, interleaved A B A B ...:
+Two independent checks per configuration, each in fresh processes, interleaved A B C D D C B A ...:
 
 - end to end: gpuopt's `throughput` (`python -m gpuopt.run`, its DataLoader, its timed window)
   versus a plain loop written here, in its own process: the same model, dataset and DataLoader
@@ -30,6 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
+from gpuopt.trial import CEILING_BUDGET_SHARE
+
 # The configurations compared: an input-bound one (loader work matters) and a compute-bound one.
 # One compute thread: with two on a shared 2-core machine OpenMP's barriers make every number
 # hostage to the other jobs (see bench_noise.py). The CNN is shrunk so a round takes seconds on a CPU.
@@ -51,6 +53,11 @@ CONFIGS = {
     ],
 }
 GOAL = 0.03
+# Both compute-only arms time the same span: utils.benchmark's min_run_time, and gpuopt's ceiling
+# budget (CEILING_BUDGET_SHARE of measure.time_budget_s, ended by the budget, not a step count).
+# With a 0.25 s ceiling a CNN step of ~110 ms gave gpuopt 3 replay steps against ~18 timed by
+# utils.benchmark after its own calibration runs: not the same measurement.
+COMPUTE_SPAN_S = 2.0
 
 
 def independent(
@@ -126,7 +133,7 @@ def independent(
             globals={"step": step, "inputs": inputs, "targets": targets, "sync": sync},
             num_threads=torch.get_num_threads(),
         )
-        measurement = timer.blocked_autorange(min_run_time=2.0)
+        measurement = timer.blocked_autorange(min_run_time=COMPUTE_SPAN_S)
         # gpuopt's ceiling is samples / wall time of its replay steps, i.e. a mean: compare means.
         # The median of blocks (utils.benchmark's headline) ignores load spikes and reads higher.
         return {
@@ -197,7 +204,7 @@ def compare(name: str, overrides: list[str], args: argparse.Namespace) -> dict[s
         "measure.ceiling=true",
         "measure.count_flops=false",
         f"measure.warmup_steps={args.warmup}",
-        "measure.time_budget_s=1",
+        f"measure.time_budget_s={COMPUTE_SPAN_S / CEILING_BUDGET_SHARE:g}",
         "measure.max_steps=20",
         f"measure.ceiling_steps={args.ceiling_steps}",
     ]
@@ -209,8 +216,8 @@ def compare(name: str, overrides: list[str], args: argparse.Namespace) -> dict[s
     }
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
     for r in range(args.rounds):
-        for arm, fn in arms.items():
-            result = fn()
+        for arm in benchlib.round_order(list(arms), r):
+            result = arms[arm]()
             results[arm].append(result)
             print(
                 f"  {name} round {r + 1}/{args.rounds} {arm:<16} {benchlib.fmt(benchlib.throughput(result))} "
@@ -250,7 +257,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=40, help="timed steps of both end-to-end arms")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--ceiling-steps", type=int, default=30)
+    parser.add_argument(
+        "--ceiling-steps", type=int, default=1000, help="cap of gpuopt's replay (the span ends it)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--independent", help=argparse.SUPPRESS)
     parser.add_argument("--compute-only", action="store_true", help=argparse.SUPPRESS)

@@ -1,6 +1,6 @@
 """Measurement noise and accuracy of gpuopt's timing against an independent, plain training loop.
 
-For each of N rounds (interleaved, each in a fresh process):
+For each of N rounds (interleaved, the order reversed every other round, each in a fresh process):
   1. `python -m gpuopt.run <config>`: gpuopt measures the configuration; we read result.json.
   2. `python scripts/bench_noise.py --independent <config>`: the same model, data, loader and
      optimizer, timed by a plain loop written here (no gpuopt.measure / gpuopt.trial code): warm up,
@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # The configuration measured: the default config (MLP, batch 32, synthetic data with sample_cost=1,
@@ -143,8 +146,12 @@ def main() -> None:
     gp, ind = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            gp.append(run_gpuopt(Path(tmp), args.overrides))
-            ind.append(run_independent(args.budget))
+            arms = {
+                "gpuopt": lambda: gp.append(run_gpuopt(Path(tmp), args.overrides)),
+                "independent": lambda: ind.append(run_independent(args.budget)),
+            }
+            for name in benchlib.round_order(list(arms), i):  # A B, B A, ...
+                arms[name]()
             g, r = gp[-1], ind[-1]
             print(f"round {i + 1}: gpuopt {g['throughput']:8.1f} samples/s ({g['steps']} steps, {g['seconds']:.2f} s, "
                   f"{g['stop']}, ci {100 * (g['ci'] or 0):.1f}%, measure {g['measure_s']:.1f} s, process {g['process_wall_s']:.1f} s) | "

@@ -125,18 +125,25 @@ def throughput(result: Mapping[str, Any]) -> float | None:
     return (result.get("metrics") or {}).get("throughput")
 
 
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """A B C in even rounds, C B A in odd ones. Interleaving makes slow drift of the machine (load,
+    thermal, frequency) hit all arms alike; alternating the order also cancels position effects.
+    With a fixed order a CNN compute-only check read gpuopt -13% in 5 of 5 rounds; alternated, the
+    same two arms agreed within 1.1% (docs/benchmarks.md, "Measurement agreement")."""
+    return list(names) if round_index % 2 == 0 else list(reversed(names))
+
+
 def interleave(
     arms: Mapping[str, Sequence[str]],
     repeats: int,
     run: Callable[[Sequence[str]], dict[str, Any]] = run_fresh,
     log: Callable[[str], None] = print,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Measure every arm `repeats` times in the order A B C A B C ...: slow drift of the machine
-    (other load, thermal, frequency) then hits all arms alike instead of one of them."""
+    """Measure every arm `repeats` times in the order A B C C B A A B C ... (round_order)."""
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     for r in range(repeats):
-        for name, overrides in arms.items():
-            result = run(overrides)
+        for name in round_order(list(arms), r):
+            result = run(arms[name])
             results[name].append(result)
             log(
                 f"  repeat {r + 1}/{repeats} {name:<12} {fmt(throughput(result))} samples/s "

@@ -375,7 +375,11 @@ def test_confirmation_plan_is_capped(top_k, rounds, share, n_trials, n_cand, exp
 
 
 def test_schedule_interleaves():
-    assert confirm.schedule(["A", "B1", "B2"], 2) == ["A", "B1", "B2", "A", "B1", "B2"]
+    assert confirm.schedule(["A", "B1", "B2"], 3) == [
+        *("A", "B1", "B2"),
+        *("B2", "B1", "A"),  # every other round reversed: no config always first
+        *("A", "B1", "B2"),
+    ]
 
 
 # ---- export ------------------------------------------------------------------------------------
