@@ -213,7 +213,7 @@ def bench_model(model: str, args: argparse.Namespace, log: Any = print) -> dict[
     record: dict[str, Any] = {"model": model, "load_before": benchlib.load()}
     log(f"== {model}: default sweep (load {benchlib.load()})")
     sweep = default_sweep(model, args.device, args.trials, list(args.overrides))
-    record["sweep"] = {k: v for k, v in sweep.items() if k != "summary"}
+    record["sweep"] = sweep  # with its summary text: what the user would have been told
     log(
         f"  {sweep['trials']} trials in {sweep['wall_s']} s; best #{sweep['best_trial']}: {sweep['best_params']}"
     )

@@ -42,6 +42,7 @@ from tests.helpers.report_studies import (
 )
 
 CONFIRMED = "mlp-loader-cpu2-confirmed"
+TIED = "mlp-loader-cpu2-tied"
 NOT_DONE = "nothing-finished"
 IMPORTANCE = "importance-sign"
 
@@ -71,6 +72,9 @@ def storage(tmp_path_factory) -> Iterator[str]:
         # the trials the confirmation names (#0, #1, #5) and those between them
         build_study(
             rdb, CONFIRMED, CPU_TRIALS[:6], study_attrs={STUDY_CONFIRMATION: confirmation_record()}
+        )
+        build_study(
+            rdb, TIED, CPU_TRIALS[:6], study_attrs={STUDY_CONFIRMATION: confirmation_record(True)}
         )
         build_study(
             rdb,
@@ -167,6 +171,16 @@ def test_confirmed_winner_is_the_best_and_its_ci_is_shown(storage):
     text = rendered(report)
     assert re.search(r"candidate2 \(trial #1, the best\) vs baseline: 1\.\d+x \[95% CI", text)
     assert "top two (candidate1 vs candidate2)" in text
+    assert "keep your configuration" not in text  # a candidate was measurably faster
+
+
+def test_a_confirmation_without_a_measurably_faster_candidate_keeps_the_baseline(storage):
+    report = report_of(storage, TIED)
+    assert report.best is report.baseline and report.best.number == 0
+    text = rendered(report)
+    assert "no candidate is measurably faster than the baseline: keep your configuration" in text
+    assert "The baseline is the best trial: nothing to change." in text
+    assert "Speedup over the baseline" not in text  # #5's lucky single measurement is not news
 
 
 def test_parameter_importance_follows_the_objective_direction(storage):

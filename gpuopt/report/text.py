@@ -409,7 +409,13 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
         console.print(line)
     if report.multi_objective:
         console.print(pareto_table(report))
-        console.print(f"[dim]Best = the Pareto trial with the best {report.objectives[0]}.[/]")
+        confirmed = isinstance(report.confirmation, dict) and report.confirmation.get("configs")
+        how = (
+            "the confirmation round's winner (above)"
+            if confirmed
+            else f"the Pareto trial with the best {report.objectives[0]}"
+        )
+        console.print(f"[dim]Best = {how}.[/]")
     console.rule("The change to apply")
     console.print(change_section(report))
     console.rule("Bottlenecks")
