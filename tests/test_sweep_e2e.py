@@ -329,6 +329,17 @@ def test_statuses_are_recorded_and_the_sweep_survives_a_dying_trial(tmp_path):
     assert "gpuopt sweep summary" in proc.stdout
 
 
+def test_grid_marks_the_baseline_when_the_composed_config_is_a_grid_point(tmp_path):
+    """No extra trial: the grid runs the composed config (batch 32) in its turn, marked baseline."""
+    grid = "loader.batch_size=choice(8,16,32)"
+    ok(fake(tmp_path, *TINY, *IN_PROCESS, "hydra/sweeper/sampler=grid", grid,
+            "hydra.sweeper.study_name=g"))  # fmt: skip
+    trials = load(tmp_path, "g").get_trials()
+    assert sorted(t.params["loader.batch_size"] for t in trials) == [8, 16, 32]  # each once
+    (baseline,) = [t for t in trials if t.user_attrs.get(ATTR_BASELINE)]
+    assert baseline.params == {"loader.batch_size": 32} and baseline.user_attrs["status"] == "ok"
+
+
 def test_too_many_errors_stop_the_sweep_with_a_clear_message(tmp_path):
     proc = fake(
         tmp_path,

@@ -120,6 +120,9 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         self._ownerless = resume.OwnerlessWatch(grace_period or 2 * (heartbeat_interval or 0))
         self._labels_checked = False
         self._created_study = False
+        # Grid sweeps whose composed config is one of the grid's points: those params, until the
+        # grid reaches that point and the trial is marked baseline (no extra trial).
+        self._baseline_point: dict[str, Any] | None = None
         if n_jobs < 1:
             raise SweepConfigError("hydra.sweeper.n_jobs", n_jobs, "an integer >= 1")
 
@@ -173,14 +176,15 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         to_go = resume.trials_to_go(trials, self.n_trials)
         # A new study: its creator enqueues the baseline (workers started with it leave that to
         # it); an existing study without one gets it from whoever resumes it.
-        if (
-            to_go
-            and self.baseline_enabled
-            and (self._created_study or trials)
-            and not resume.has_baseline(trials)
-        ):
-            self._enqueue_baseline(study, distributions, is_grid)
-            trials = study.get_trials(deepcopy=False)
+        if to_go and self.baseline_enabled and not resume.has_baseline(trials):
+            point = self._grid_baseline_point(distributions) if is_grid else None
+            if point is not None:
+                # Every worker marks it when its grid trial comes up: at most one trial has it.
+                self._baseline_point = point
+                log.info("baseline: the configuration as composed is a grid point; marked when run")
+            elif self._created_study or trials:
+                self._enqueue_baseline(study, distributions, is_grid)
+                trials = study.get_trials(deepcopy=False)
         if is_grid:
             # The grid's size, plus a baseline that is not one of its points.
             grid_size = len(self.sampler._all_grids) + sum(  # type: ignore[attr-defined]
@@ -423,6 +427,11 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                 "or one objective: hydra.sweeper.objectives=[throughput]",
             )
 
+    def _grid_baseline_point(self, distributions: dict) -> dict[str, Any] | None:
+        """The composed config's params when every grid key holds one of its grid values."""
+        fitting, outside = baseline_params(self.config, distributions)
+        return fitting if not outside and set(fitting) == set(distributions) else None
+
     def _enqueue_baseline(self, study: optuna.Study, distributions: dict, is_grid: bool) -> None:
         fitting, outside = baseline_params(self.config, distributions)
         for key in outside:
@@ -433,9 +442,10 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             )
         system_attrs: dict[str, Any] = {"fixed_params": fitting}
         if is_grid:
-            # GridSampler hands grid points out by trial number, so a pinned baseline would take a
-            # point twice and leave one out: the baseline runs as composed, outside the grid
-            # (grid_id -1, the attrs GridSampler needs), one trial on top of the grid.
+            # Some key of the config is not a grid value. GridSampler hands grid points out by
+            # trial number, so a pinned baseline would take a point twice and leave one out: the
+            # baseline runs as composed, outside the grid (grid_id -1, the attrs GridSampler
+            # needs), one trial on top of the grid.
             system_attrs = {"fixed_params": {}, "grid_id": -1, "search_space": {}}
         # What study.enqueue_trial does, plus those attrs.
         study.add_trial(
@@ -615,6 +625,14 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                 trial._suggest(name, dist)
             for name, value in fixed_params.items():
                 trial.set_user_attr(name, value)  # as the stock sweeper does
+            if (
+                self._baseline_point is not None
+                and not is_baseline
+                and trial.params == self._baseline_point
+            ):
+                self._baseline_point = None
+                if not resume.has_baseline(trial.study.get_trials(deepcopy=False)):
+                    trial.set_user_attr(ATTR_BASELINE, True)  # the grid reached the baseline
             if self.custom_search_space_extender and not is_baseline:
                 self.custom_search_space_extender(self.config, trial)
             overlap = trial.params.keys() & fixed_params.keys()
