@@ -22,6 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# Arms alternate their order every other round, as the sweeper's confirmation round does.
+from gpuopt.sweeper.confirm import round_order  # noqa: F401  (used by the bench scripts)
+
 REPO = Path(__file__).resolve().parent.parent
 # Benchmarks time the training step, not the extras: no ceiling replay, no FLOP counting.
 LEAN_MEASURE = ["measure.ceiling=false", "measure.count_flops=false"]
@@ -125,21 +128,15 @@ def throughput(result: Mapping[str, Any]) -> float | None:
     return (result.get("metrics") or {}).get("throughput")
 
 
-def round_order(names: Sequence[str], round_index: int) -> list[str]:
-    """A B C in even rounds, C B A in odd ones. Interleaving makes slow drift of the machine (load,
-    thermal, frequency) hit all arms alike; alternating the order also cancels position effects.
-    With a fixed order a CNN compute-only check read gpuopt -13% in 5 of 5 rounds; alternated, the
-    same two arms agreed within 1.1% (docs/benchmarks.md, "Measurement agreement")."""
-    return list(names) if round_index % 2 == 0 else list(reversed(names))
-
-
 def interleave(
     arms: Mapping[str, Sequence[str]],
     repeats: int,
     run: Callable[[Sequence[str]], dict[str, Any]] = run_fresh,
     log: Callable[[str], None] = print,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Measure every arm `repeats` times in the order A B C C B A A B C ... (round_order)."""
+    """Measure every arm `repeats` times in the order A B C C B A A B C ... (round_order):
+    interleaving makes slow drift of the machine hit all arms alike, alternating cancels
+    position effects."""
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
     for r in range(repeats):
         for name in round_order(list(arms), r):

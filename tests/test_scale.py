@@ -119,6 +119,16 @@ def test_storage_display_masks_the_password():
     assert storage_mod.display(None) == "memory"
 
 
+def _failed_and_requeued(trials, number, reason_part):
+    """Trial `number` is FAIL as interrupted with the reason, and queued once again: the re-run."""
+    failed = trials[number]
+    assert failed.state == TrialState.FAIL and failed.user_attrs["interrupted"] is True
+    assert reason_part in failed.user_attrs["reason"]
+    (rerun,) = [t for t in trials if t.user_attrs.get("rerun_of") == number]
+    assert rerun.state == TrialState.WAITING
+    return rerun
+
+
 def test_journal_heartbeat_fails_a_silent_trial_once_and_requeues_it(tmp_path):
     spec = f"journal://{tmp_path / 'study.log'}"
     store = storage_mod.open_storage(spec, heartbeat_interval=1, grace_period=2)
@@ -136,13 +146,9 @@ def test_journal_heartbeat_fails_a_silent_trial_once_and_requeues_it(tmp_path):
     assert resume.fail_stale(study) == [dead.number]
     assert resume.fail_stale(other) == []
     trials = study.get_trials()
-    failed = trials[dead.number]
-    assert failed.state == TrialState.FAIL and failed.user_attrs["interrupted"] is True
-    assert "no heartbeat for over 2 s" in failed.user_attrs["reason"]
+    rerun = _failed_and_requeued(trials, dead.number, "no heartbeat for over 2 s")
     assert trials[alive.number].state == TrialState.RUNNING
-    reruns = [t for t in trials if t.user_attrs.get("rerun_of") == dead.number]
-    assert len(reruns) == 1 and reruns[0].state == TrialState.WAITING
-    assert reruns[0].system_attrs["fixed_params"] == dead.params
+    assert rerun.system_attrs["fixed_params"] == dead.params
 
 
 def test_a_trial_whose_worker_died_right_after_asking_is_failed_after_grace(tmp_path):
@@ -169,12 +175,9 @@ def test_a_trial_whose_worker_died_right_after_asking_is_failed_after_grace(tmp_
     assert watch.fail_dead(study) == []
 
     trials = study.get_trials()
-    failed = trials[orphan.number]
-    assert failed.state == TrialState.FAIL and failed.user_attrs["interrupted"] is True
-    assert "ended before it started" in failed.user_attrs["reason"]
+    rerun = _failed_and_requeued(trials, orphan.number, "ended before it started")
     assert trials[live.number].state == TrialState.RUNNING
-    (rerun,) = [t for t in trials if t.user_attrs.get("rerun_of") == orphan.number]
-    assert rerun.state == TrialState.WAITING and rerun.user_attrs[ATTR_BASELINE] is True
+    assert rerun.user_attrs[ATTR_BASELINE] is True
     assert rerun.system_attrs["fixed_params"] == {"x": 3}  # what it was enqueued with
 
 

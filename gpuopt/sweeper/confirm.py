@@ -107,16 +107,17 @@ def plan(
     return ConfirmPlan(top_k=k, rounds=max(1, min(rounds, budget // (k + 1))))
 
 
+def round_order(labels: Sequence[str], round_index: int) -> list[str]:
+    """A B1 B2 in even rounds, B2 B1 A in odd ones, so a position effect (the first run of a
+    round, or the one after a given config) does not favour one config. In a fixed order a
+    benchmark read -13% in 5 of 5 rounds between two timings that agreed within 1.1% once the
+    order alternated (docs/benchmarks.md). The benchmarks in scripts/ use the same order."""
+    return list(labels) if round_index % 2 == 0 else list(reversed(labels))
+
+
 def schedule(labels: Sequence[str], rounds: int) -> list[str]:
-    """A B1 B2 B2 B1 A A B1 B2 ...: every round measures each config once, every other round in
-    reverse, so a position effect (the first run of a round, or the one after a given config)
-    does not favour one config. In a fixed order a benchmark read -13% in 5 of 5 rounds between two
-    timings that agreed within 1.1% once the order alternated (docs/benchmarks.md)."""
-    return [
-        label
-        for r in range(rounds)
-        for label in (labels if r % 2 == 0 else list(reversed(labels)))
-    ]
+    """Every round measures each config once, in `round_order`: A B1 B2 B2 B1 A A B1 B2 ..."""
+    return [label for r in range(rounds) for label in round_order(labels, r)]
 
 
 @dataclass
