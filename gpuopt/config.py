@@ -26,8 +26,14 @@ LOSSES = ("cross_entropy", "mse")
 ENGINES = ("native", "lightning")
 # Lightning 2.x `Trainer(precision=...)` strings (engine.precision overrides the precision group).
 LIGHTNING_PRECISIONS = (
-    "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true",
-    "transformer-engine", "transformer-engine-float16",
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "64-true",
+    "transformer-engine",
+    "transformer-engine-float16",
 )
 LIGHTNING_INSTALL_HINT = 'pip install "gpuopt[lightning]"'
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -207,7 +213,9 @@ def validate(cfg: DictConfig) -> TrialSpec:
         key = getattr(exc, "full_key", None) or "?"
         raise ConfigError(str(key), "<unresolvable>", str(exc).splitlines()[0]) from None
     assert isinstance(container, dict)
-    typed: GpuoptConf = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GpuoptConf), container))  # type: ignore[assignment]
+    typed: GpuoptConf = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(GpuoptConf), container)
+    )  # type: ignore[assignment]
 
     loader = typed.loader
     _check_min("loader.batch_size", loader.batch_size, 1, "an integer >= 1")
@@ -221,7 +229,9 @@ def validate(cfg: DictConfig) -> TrialSpec:
     _check_choice("optimizer.name", typed.optimizer.name, OPTIMIZERS)
     _check_min("optimizer.lr", typed.optimizer.lr, 0.0, "a learning rate >= 0")
     if typed.optimizer.fused and typed.optimizer.foreach:
-        raise ConfigError("optimizer.fused", True, "false or null when optimizer.foreach=true (pick one)")
+        raise ConfigError(
+            "optimizer.fused", True, "false or null when optimizer.foreach=true (pick one)"
+        )
     if not DEVICE_PATTERN.match(str(typed.device.type)):
         raise ConfigError("device.type", typed.device.type, "auto | cpu | cuda | cuda:N | mps")
     if typed.device.num_threads is not None:
@@ -230,13 +240,17 @@ def validate(cfg: DictConfig) -> TrialSpec:
     _check_min("measure.warmup_steps", measure.warmup_steps, 0, "an integer >= 0")
     _check_min("measure.min_steps", measure.min_steps, 2, "an integer >= 2")
     if measure.max_steps < measure.min_steps:
-        raise ConfigError("measure.max_steps", measure.max_steps, f">= measure.min_steps ({measure.min_steps})")
+        raise ConfigError(
+            "measure.max_steps", measure.max_steps, f">= measure.min_steps ({measure.min_steps})"
+        )
     if not measure.time_budget_s > 0:
         raise ConfigError("measure.time_budget_s", measure.time_budget_s, "seconds > 0")
     if not measure.min_time_s >= 0:
         raise ConfigError("measure.min_time_s", measure.min_time_s, "seconds >= 0")
     if not 0 < measure.stability_target < 1:
-        raise ConfigError("measure.stability_target", measure.stability_target, "a fraction in (0, 1), e.g. 0.03")
+        raise ConfigError(
+            "measure.stability_target", measure.stability_target, "a fraction in (0, 1), e.g. 0.03"
+        )
     _check_min("measure.ceiling_steps", measure.ceiling_steps, 1, "an integer >= 1")
 
     _check_engine(typed.engine)
@@ -278,12 +292,18 @@ def _check_engine(engine: EngineConf) -> None:
         )
     if engine.precision is not None:
         _check_choice("engine.precision", engine.precision, LIGHTNING_PRECISIONS)
-    _check_min("engine.accumulate_grad_batches", engine.accumulate_grad_batches, 1, "an integer >= 1")
+    _check_min(
+        "engine.accumulate_grad_batches", engine.accumulate_grad_batches, 1, "an integer >= 1"
+    )
     if engine.gradient_clip_val is not None:
-        _check_min("engine.gradient_clip_val", engine.gradient_clip_val, 0.0, "null or a number >= 0")
+        _check_min(
+            "engine.gradient_clip_val", engine.gradient_clip_val, 0.0, "null or a number >= 0"
+        )
 
 
-def _check_workload(container: dict[str, Any], typed: GpuoptConf) -> tuple[dict[str, Any], dict[str, Any]]:
+def _check_workload(
+    container: dict[str, Any], typed: GpuoptConf
+) -> tuple[dict[str, Any], dict[str, Any]]:
     trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
     model = container.get("model")
     data = container.get("data")
@@ -296,8 +316,10 @@ def _check_workload(container: dict[str, Any], typed: GpuoptConf) -> tuple[dict[
 
         if not brings_own_data(model["_target_"]):
             raise ConfigError(
-                "data", data, "a Dataset or LightningDataModule config with _target_, or a "
-                f"LightningModule with its own train_dataloader (not {model['_target_']})"
+                "data",
+                data,
+                "a Dataset or LightningDataModule config with _target_, or a "
+                f"LightningModule with its own train_dataloader (not {model['_target_']})",
             )
         return model, {}
     if not isinstance(data, dict) or "_target_" not in data:

@@ -83,7 +83,9 @@ def nvidia_driver_version() -> str | None:
         pass
     try:
         text = Path("/proc/driver/nvidia/version").read_text()
-        return text.split("Kernel Module")[1].split()[0] if "Kernel Module" in text else text.strip()
+        return (
+            text.split("Kernel Module")[1].split()[0] if "Kernel Module" in text else text.strip()
+        )
     except (OSError, IndexError):
         return None
 
@@ -112,7 +114,9 @@ def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         info["compute_capability"] = f"{major}.{minor}"
-        info["device_memory_mb"] = round(torch.cuda.get_device_properties(device).total_memory / 2**20)
+        info["device_memory_mb"] = round(
+            torch.cuda.get_device_properties(device).total_memory / 2**20
+        )
     return info
 
 
@@ -169,7 +173,10 @@ def why_no_accelerator() -> dict[str, str] | None:
 
 def _nvidia_smi_works() -> bool:
     try:
-        return subprocess.run(["nvidia-smi"], capture_output=True, timeout=10, check=False).returncode == 0
+        return (
+            subprocess.run(["nvidia-smi"], capture_output=True, timeout=10, check=False).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -202,7 +209,11 @@ def detect_capabilities(device: torch.device | str | None = None) -> dict[str, A
     precision: dict[str, str] = {}
     compile_modes: dict[str, str] = {}
     poor: dict[str, dict[str, str]] = {}
-    caps: dict[str, Any] = {"device": device.type, "device_name": device_name(device), "cpus": cores}
+    caps: dict[str, Any] = {
+        "device": device.type,
+        "device_name": device_name(device),
+        "cpus": cores,
+    }
 
     if device.type == "cpu":
         bf16, fp16 = cpu_bf16_native(), cpu_fp16_native()
@@ -232,7 +243,9 @@ def detect_capabilities(device: torch.device | str | None = None) -> dict[str, A
         major, minor = torch.cuda.get_device_capability(device)
         caps.update(compute_capability=f"{major}.{minor}", tf32=major >= 8, bf16_native=major >= 8)
         if major < 8:
-            precision["tf32"] = f"TF32 needs compute capability >= 8.0; this GPU has {major}.{minor}"
+            precision["tf32"] = (
+                f"TF32 needs compute capability >= 8.0; this GPU has {major}.{minor}"
+            )
             precision["bf16"] = (
                 f"no native bf16 below compute capability 8.0 (this GPU: {major}.{minor}): emulated, slow"
             )
@@ -277,17 +290,23 @@ def check_device_support(spec: TrialSpec) -> tuple[torch.device, list[str]]:
         index = torch.device(requested).index or 0
         if index >= torch.cuda.device_count():
             raise ConfigError(
-                "device.type", requested, f"cuda:0 .. cuda:{torch.cuda.device_count() - 1} | cpu | auto"
+                "device.type",
+                requested,
+                f"cuda:0 .. cuda:{torch.cuda.device_count() - 1} | cpu | auto",
             )
     if requested == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device.type", requested, "cpu | auto here (MPS is not available)")
     device = resolve_device(requested)
     mode = spec.precision.mode
-    if mode == "tf32" and (device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8):
+    if mode == "tf32" and (
+        device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8
+    ):
         where = device_name(device) if device.type == "cuda" else device.type
         raise ConfigError(
-            "precision.mode", mode, f"fp32 | fp16 | bf16 on {where} (tf32 needs an NVIDIA GPU "
-            "with compute capability >= 8.0)"
+            "precision.mode",
+            mode,
+            f"fp32 | fp16 | bf16 on {where} (tf32 needs an NVIDIA GPU "
+            "with compute capability >= 8.0)",
         )
     if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("precision.mode", mode, f"fp32 | fp16 on {device_name(device)} (no bf16)")
@@ -296,11 +315,17 @@ def check_device_support(spec: TrialSpec) -> tuple[torch.device, list[str]]:
         if spec.loader.pin_memory:
             warnings.append("loader.pin_memory=true has no effect without an accelerator")
         if spec.loader.non_blocking:
-            warnings.append("loader.non_blocking=true has no effect on CPU (no host-to-device copy)")
+            warnings.append(
+                "loader.non_blocking=true has no effect on CPU (no host-to-device copy)"
+            )
         if mode == "bf16" and not cpu_bf16_native():
-            warnings.append("precision.mode=bf16 on a CPU without native bf16: emulated, expect it slow")
+            warnings.append(
+                "precision.mode=bf16 on a CPU without native bf16: emulated, expect it slow"
+            )
     if spec.compile.mode in ("reduce-overhead", "max-autotune") and device.type != "cuda":
-        warnings.append(f"compile.mode={spec.compile.mode} targets CUDA; on {device.type} expect no gain")
+        warnings.append(
+            f"compile.mode={spec.compile.mode} targets CUDA; on {device.type} expect no gain"
+        )
     return device, warnings
 
 
@@ -337,7 +362,9 @@ def _print_human(data: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuopt.env", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuopt.env", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
     args = parser.parse_args(argv)

@@ -38,7 +38,9 @@ def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES
     if count < MIN_CI_BATCHES:
         return None
     size = n // count
-    means = np.asarray(step_times[n - count * size :], dtype=float).reshape(count, size).mean(axis=1)
+    means = (
+        np.asarray(step_times[n - count * size :], dtype=float).reshape(count, size).mean(axis=1)
+    )
     mean = float(means.mean())
     if mean <= 0:
         return None
@@ -70,7 +72,9 @@ class StopRule:
             min(measure.min_time_s, measure.time_budget_s),
         )
 
-    def check(self, step_times: Sequence[float], elapsed_s: float, steps: int | None = None) -> str | None:
+    def check(
+        self, step_times: Sequence[float], elapsed_s: float, steps: int | None = None
+    ) -> str | None:
         """`step_times`: the completed steps' times; `steps`: steps run (on CUDA some may still be
         queued on the device); `elapsed_s`: wall seconds since the window started."""
         n = len(step_times) if steps is None else steps
@@ -235,7 +239,11 @@ def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) ->
 
 
 def time_replay(
-    step: Callable[[int], None], max_steps: int, device: torch.device, budget_s: float, min_steps: int = 3
+    step: Callable[[int], None],
+    max_steps: int,
+    device: torch.device,
+    budget_s: float,
+    min_steps: int = 3,
 ) -> tuple[int, float]:
     """(steps, wall seconds) for up to `max_steps` calls of `step`, ending early once `budget_s`
     passed (after at least `min_steps`): a slow step must not make the ceiling cost more than the
@@ -297,7 +305,9 @@ def count_step_flops(run_forward_backward: Callable[[], None]) -> float:
     return float(counter.get_total_flops())
 
 
-def mfu_percent(flops_per_sample: float | None, throughput: float | None, peak: float | None) -> float | None:
+def mfu_percent(
+    flops_per_sample: float | None, throughput: float | None, peak: float | None
+) -> float | None:
     if not flops_per_sample or not throughput or not peak:
         return None
     return 100.0 * flops_per_sample * throughput / peak

@@ -65,7 +65,9 @@ def summarize(samples: list[Sample], energy_counter_j: float | None) -> NvmlStat
     else:
         energy = integrate_power(samples)
         source = "integrated power" if energy is not None else None
-    return NvmlStats(len(samples), utilization, max(memory) if memory else None, power, energy, source)
+    return NvmlStats(
+        len(samples), utilization, max(memory) if memory else None, power, energy, source
+    )
 
 
 class NvmlSampler:

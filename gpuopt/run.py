@@ -47,7 +47,9 @@ def _resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
-def run_config(cfg: DictConfig, output_dir: Path | None = None, multirun: bool = False) -> TrialResult:
+def run_config(
+    cfg: DictConfig, output_dir: Path | None = None, multirun: bool = False
+) -> TrialResult:
     """Validate and measure one composed config; save result.json into `output_dir` if given.
 
     A ConfigError exits the process with a one-line message (single run), or becomes an `error`
@@ -67,7 +69,9 @@ def run_config(cfg: DictConfig, output_dir: Path | None = None, multirun: bool =
         if not multirun:
             print(f"gpuopt: {exc}", file=sys.stderr)
             sys.exit(2)
-        result = TrialResult(status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg), warnings=warnings)
+        result = TrialResult(
+            status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg), warnings=warnings
+        )
         if output_dir is not None:
             result.save(output_dir / RESULT_FILE)
         return result
@@ -105,7 +109,9 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
 
     m = result.metrics
     colour = {"ok": "green", "oom": "yellow", "diverged": "yellow"}.get(result.status.value, "red")
-    table = Table(title=f"gpuopt trial: [{colour}]{result.status.value}[/{colour}]", show_header=False)
+    table = Table(
+        title=f"gpuopt trial: [{colour}]{result.status.value}[/{colour}]", show_header=False
+    )
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_column("note")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 # user:password@ in any URL-like string (also inside longer text such as an exception message).
-_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]*)@")
+_CREDENTIALS = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]*)@"
+)
 
 
 def mask_secrets(text: str) -> str:

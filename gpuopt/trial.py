@@ -130,7 +130,9 @@ class Workload:
     non_blocking: bool
     nonfinite: torch.Tensor  # device-side flag: any loss so far NaN/inf (read only at window ends)
 
-    def to_device(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_device(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
@@ -259,7 +261,10 @@ def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: 
     else:
         ignored = [
             name
-            for name, value in (("prefetch_factor", conf.prefetch_factor), ("persistent_workers", conf.persistent_workers))
+            for name, value in (
+                ("prefetch_factor", conf.prefetch_factor),
+                ("persistent_workers", conf.persistent_workers),
+            )
             if value
         ]
         if ignored:
@@ -305,7 +310,9 @@ def _build(trial: _Trial) -> None:
     model_kwargs = {k: v for k, v in spec.model.items() if k not in MODEL_META_KEYS}
     model = _instantiate(model_kwargs, spec.trusted_targets)
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model._target_={spec.model['_target_']} built a {type(model).__name__}, not an nn.Module")
+        raise TypeError(
+            f"model._target_={spec.model['_target_']} built a {type(model).__name__}, not an nn.Module"
+        )
     channels_last = bool(spec.model.get("channels_last", False))
     model = model.to(device)
     if channels_last:
@@ -401,8 +408,15 @@ def _measure(trial: _Trial, process_t0: float) -> None:
     # clock.finish() synchronized: the window's work (and copies) has completed.
     waited = feed.wait_s + (feed.copy_seconds() if feed.time_copies else 0.0)
     record_window(
-        m, window, window.steps * spec.loader.batch_size, waited, device, nvml, rss_before_mb,
-        spec.precision.mode, process_t0,
+        m,
+        window,
+        window.steps * spec.loader.batch_size,
+        waited,
+        device,
+        nvml,
+        rss_before_mb,
+        spec.precision.mode,
+        process_t0,
     )
     workload.check_finite("the timed window")
 
@@ -441,7 +455,11 @@ def record_window(
     m.throughput = samples / window.wall_s
     m.startup_time_s = window.first_step_at - process_t0
     stats = step_stats(window.step_times)
-    m.step_time_ms, m.step_time_p10_ms, m.step_time_p90_ms = stats.median_ms, stats.p10_ms, stats.p90_ms
+    m.step_time_ms, m.step_time_p10_ms, m.step_time_p90_ms = (
+        stats.median_ms,
+        stats.p10_ms,
+        stats.p90_ms,
+    )
     m.step_time_cv = stats.cv
     m.throughput_ci = relative_ci_halfwidth(window.step_times)
     m.data_wait = min(100.0, 100.0 * waited_s / window.wall_s)
@@ -508,7 +526,9 @@ def run_trial(
     from gpuopt.env import fingerprint, resolve_device
 
     trial_t0 = time.time()
-    process_t0 = (process_start_time() or _MODULE_LOADED_AT) if _trials_in_process == 0 else trial_t0
+    process_t0 = (
+        (process_start_time() or _MODULE_LOADED_AT) if _trials_in_process == 0 else trial_t0
+    )
     _trials_in_process += 1
     device = device if device is not None else resolve_device(spec.device.type)
     trial = _Trial(spec, device, inspect=inspect)

@@ -192,7 +192,8 @@ def run_independent(
 
 def compare(name: str, overrides: list[str], args: argparse.Namespace) -> dict[str, Any]:
     """Both checks for one configuration: interleaved rounds, medians, agreement."""
-    gpuopt_end = overrides + [
+    gpuopt_end = [
+        *overrides,
         "measure.ceiling=false",
         "measure.count_flops=false",
         f"measure.warmup_steps={args.warmup}",
@@ -200,7 +201,8 @@ def compare(name: str, overrides: list[str], args: argparse.Namespace) -> dict[s
         f"measure.max_steps={args.steps}",
         "measure.time_budget_s=600",
     ]
-    gpuopt_ceiling = overrides + [
+    gpuopt_ceiling = [
+        *overrides,
         "measure.ceiling=true",
         "measure.count_flops=false",
         f"measure.warmup_steps={args.warmup}",

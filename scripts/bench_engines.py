@@ -143,7 +143,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         }
     ratios = [
         lt["metrics"]["throughput"] / nt["metrics"]["throughput"]
-        for nt, lt in zip(runs["native"], runs["lightning"])
+        for nt, lt in zip(runs["native"], runs["lightning"], strict=False)
     ]
     summary["ratio_lightning_over_native"] = {
         "median": statistics.median(ratios),

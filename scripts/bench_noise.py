@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
+import benchlib
 
 REPO = Path(__file__).resolve().parents[1]
 # The configuration measured: the default config (MLP, batch 32, synthetic data with sample_cost=1,
@@ -61,7 +61,9 @@ def independent_child(budget_s: float) -> None:
     torch.manual_seed(c["seed"])
     model = MLP(c["in_features"], c["out_features"], c["width"], c["depth"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=c["lr"])
-    data = SyntheticDataset("vectors", [c["in_features"]], c["out_features"], c["size"], c["sample_cost"], c["seed"])
+    data = SyntheticDataset(
+        "vectors", [c["in_features"]], c["out_features"], c["size"], c["sample_cost"], c["seed"]
+    )
     loader = DataLoader(data, batch_size=c["batch_size"], shuffle=True, drop_last=True,
                         generator=torch.Generator().manual_seed(c["seed"]))  # fmt: skip
 
@@ -131,7 +133,9 @@ def cv(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--budget", type=float, default=8.0, help="independent loop's timed seconds")
+    parser.add_argument(
+        "--budget", type=float, default=8.0, help="independent loop's timed seconds"
+    )
     parser.add_argument("--independent", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the gpuopt run")
     args = parser.parse_args()
@@ -142,7 +146,9 @@ def main() -> None:
     print(f"# bench_noise: {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()}, {os.cpu_count()} CPUs, "
           f"load average at start {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"# gpuopt: python -m gpuopt.run {' '.join(GPUOPT_OVERRIDES + args.overrides)}")
-    print(f"# independent: plain loop, {args.budget:.0f} s timed after {WARMUP_STEPS + 1} warm-up steps")
+    print(
+        f"# independent: plain loop, {args.budget:.0f} s timed after {WARMUP_STEPS + 1} warm-up steps"
+    )
     gp, ind = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
@@ -164,7 +170,7 @@ def main() -> None:
         "gpuopt_median": statistics.median(g_thr), "independent_median": statistics.median(i_thr),
         "ratio": ratio,
         # Each round's two runs are neighbours in time: their ratio cancels slow load drift.
-        "ratio_of_pairs_median": statistics.median(g / i for g, i in zip(g_thr, i_thr)),
+        "ratio_of_pairs_median": statistics.median(g / i for g, i in zip(g_thr, i_thr, strict=False)),
         "gpuopt_cv": cv(g_thr), "independent_cv": cv(i_thr),
         "gpuopt_startup_s": statistics.median(g["startup_s"] for g in gp),
         "independent_startup_s": statistics.median(r["startup_s"] for r in ind),
@@ -173,13 +179,19 @@ def main() -> None:
         "load_average_end": os.getloadavg()[0],
     }  # fmt: skip
     print(json.dumps(summary, indent=2))
-    print(f"throughput ratio gpuopt/independent = {ratio:.3f} (medians; per-round pairs: "
-          f"{summary['ratio_of_pairs_median']:.3f}) (target 0.97-1.03): "
-          f"{'met' if abs(ratio - 1) <= 0.03 else 'MISSED'}")
-    print(f"CV across processes: gpuopt {100 * summary['gpuopt_cv']:.1f}% vs independent "
-          f"{100 * summary['independent_cv']:.1f}%: {'met' if summary['gpuopt_cv'] <= summary['independent_cv'] else 'MISSED'}")
-    print(f"longest gpuopt measurement (warm-up, window, ceiling, exit) {summary['gpuopt_measure_s_max']:.1f} s "
-          f"(target <= 15 s): {'met' if summary['gpuopt_measure_s_max'] <= 15 else 'MISSED'}")
+    print(
+        f"throughput ratio gpuopt/independent = {ratio:.3f} (medians; per-round pairs: "
+        f"{summary['ratio_of_pairs_median']:.3f}) (target 0.97-1.03): "
+        f"{'met' if abs(ratio - 1) <= 0.03 else 'MISSED'}"
+    )
+    print(
+        f"CV across processes: gpuopt {100 * summary['gpuopt_cv']:.1f}% vs independent "
+        f"{100 * summary['independent_cv']:.1f}%: {'met' if summary['gpuopt_cv'] <= summary['independent_cv'] else 'MISSED'}"
+    )
+    print(
+        f"longest gpuopt measurement (warm-up, window, ceiling, exit) {summary['gpuopt_measure_s_max']:.1f} s "
+        f"(target <= 15 s): {'met' if summary['gpuopt_measure_s_max'] <= 15 else 'MISSED'}"
+    )
     print(f"startup (process start -> first timed step): gpuopt {summary['gpuopt_startup_s']:.1f} s, "
           f"independent {summary['independent_startup_s']:.1f} s")  # fmt: skip
 

@@ -53,7 +53,8 @@ def grid_configs(space: dict[str, str]) -> list[dict[str, object]]:
     grid = Grid(space=space, points=[])
     dists = grid.distributions()
     return [
-        dict(zip(dists, combo)) for combo in itertools.product(*(d.choices for d in dists.values()))
+        dict(zip(dists, combo, strict=False))
+        for combo in itertools.product(*(d.choices for d in dists.values()))
     ]  # type: ignore[attr-defined]
 
 

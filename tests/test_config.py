@@ -24,7 +24,9 @@ def test_default_config_validates_and_shapes_follow_the_model(compose_cfg):
 )
 def test_each_family_interpolates_its_constructor_arguments(compose_cfg, model, expected):
     shape = "[1,8,8]" if model == "cnn" else "[1]"
-    spec = validate(compose_cfg(f"model={model}", f"model.input_shape={shape}", "model.num_classes=5"))
+    spec = validate(
+        compose_cfg(f"model={model}", f"model.input_shape={shape}", "model.num_classes=5")
+    )
     assert {k: spec.model[k] for k in expected} == expected
     assert spec.data["kind"] == spec.model["input"]
 
@@ -46,7 +48,9 @@ def test_each_family_interpolates_its_constructor_arguments(compose_cfg, model, 
         (["+model.channels_last=true"], "model.channels_last", True, "images"),
     ],
 )
-def test_invalid_values_name_key_value_and_what_is_allowed(compose_cfg, overrides, key, value, allowed_part):
+def test_invalid_values_name_key_value_and_what_is_allowed(
+    compose_cfg, overrides, key, value, allowed_part
+):
     with pytest.raises(ConfigError) as info:
         validate(compose_cfg(*overrides))
     error = info.value

@@ -25,7 +25,11 @@ def test_cpu_capabilities_shape_for_the_sweeper():
     # Values are override strings; group keys mirror the mode keys.
     assert "tf32" in poor["precision.mode"] and poor["precision"] == poor["precision.mode"]
     assert ("bf16" in poor["precision.mode"]) == (not env.cpu_bf16_native())
-    assert set(poor["compile"]) == {"default", "reduce-overhead", "max-autotune"} == set(poor["compile.mode"])
+    assert (
+        set(poor["compile"])
+        == {"default", "reduce-overhead", "max-autotune"}
+        == set(poor["compile.mode"])
+    )
     assert "true" in poor["loader.pin_memory"]
     cores = env.usable_cpus()
     assert poor["device.num_threads"] and all(int(n) > cores for n in poor["device.num_threads"])
@@ -42,7 +46,9 @@ def test_fingerprint_names_machine_and_software():
 
 @no_cuda
 def test_env_json_cli_reports_devices_capabilities_and_why_no_accelerator():
-    out = subprocess.run([sys.executable, "-m", "gpuopt.env", "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuopt.env", "--json"], capture_output=True, text=True, check=True
+    )
     data = json.loads(out.stdout)
     assert data["device"] == "cpu" and data["devices"][0]["device"] == "cpu"
     assert data["fingerprint"]["torch"] == torch.__version__
@@ -82,8 +88,14 @@ def test_allocator_settings_apply_before_torch_is_imported():
         "assert apply_allocator_env('expandable_segments:True', True) == []\n"
         "print(os.environ['PYTORCH_CUDA_ALLOC_CONF'], os.environ['PYTORCH_ALLOC_CONF'], os.environ['THP_MEM_ALLOC_ENABLE'])\n"
     )
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "THP_MEM_ALLOC_ENABLE")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean, check=True)
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "THP_MEM_ALLOC_ENABLE")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=clean, check=True
+    )
     assert out.stdout.split() == ["expandable_segments:True", "expandable_segments:True", "1"]
 
 

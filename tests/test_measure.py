@@ -63,7 +63,9 @@ def test_ci_matches_the_batch_means_formula():
     means = [sum(times[b * 5 : b * 5 + 5]) / 5 for b in range(10)]
     mean = sum(means) / 10
     sd = math.sqrt(sum((m - mean) ** 2 for m in means) / 9)
-    assert relative_ci_halfwidth(times) == pytest.approx(2.2621571628 * sd / math.sqrt(10) / mean)  # t(0.975, 9)
+    assert relative_ci_halfwidth(times) == pytest.approx(
+        2.2621571628 * sd / math.sqrt(10) / mean
+    )  # t(0.975, 9)
     assert relative_ci_halfwidth(times[:4]) is None  # too few steps for a CI
 
 
@@ -166,7 +168,9 @@ def test_ceiling_replay_is_bounded_by_steps_and_by_time():
 def test_stability_stop_waits_for_min_time():
     """Stable step times stop the window only once it has lasted min_time_s (capped at the budget)."""
     times = [0.010 * (1 + 0.001 * (i % 3)) for i in range(30)]
-    rule = StopRule(min_steps=10, max_steps=200, time_budget_s=5.0, stability_target=0.03, min_time_s=2.0)
+    rule = StopRule(
+        min_steps=10, max_steps=200, time_budget_s=5.0, stability_target=0.03, min_time_s=2.0
+    )
     assert rule.check(times, elapsed_s=0.3) is None
     assert rule.check(times, elapsed_s=2.0) == "stable"
 

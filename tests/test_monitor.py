@@ -23,7 +23,11 @@ class ScriptedNvml:
     """Answers NVML queries from scripts; a field scripted as None raises NotSupported."""
 
     def __init__(self, utilization=(50,), power_mw=(100_000,), memory_mb=(1000,), energy_mj=None):
-        self.utilization, self.power_mw, self.memory_mb = list(utilization), list(power_mw), list(memory_mb)
+        self.utilization, self.power_mw, self.memory_mb = (
+            list(utilization),
+            list(power_mw),
+            list(memory_mb),
+        )
         self.energy_mj = list(energy_mj) if energy_mj is not None else None
         self.calls = 0
 
@@ -49,9 +53,18 @@ class ScriptedNvml:
 
 
 def test_summary_of_samples():
-    samples = [Sample(0.0, 20.0, 100.0, 100.0), Sample(1.0, 60.0, 300.0, 200.0), Sample(3.0, 100.0, 200.0, 300.0)]
+    samples = [
+        Sample(0.0, 20.0, 100.0, 100.0),
+        Sample(1.0, 60.0, 300.0, 200.0),
+        Sample(3.0, 100.0, 200.0, 300.0),
+    ]
     stats = summarize(samples, energy_counter_j=None)
-    assert (stats.samples, stats.utilization, stats.memory_used_mb, stats.power_w) == (3, 60.0, 300.0, 200.0)
+    assert (stats.samples, stats.utilization, stats.memory_used_mb, stats.power_w) == (
+        3,
+        60.0,
+        300.0,
+        200.0,
+    )
     assert stats.energy_j == pytest.approx(1.0 * 150 + 2.0 * 250)  # trapezoids
     assert stats.energy_source == "integrated power"
     counted = summarize(samples, energy_counter_j=42.0)
@@ -134,7 +147,9 @@ def test_no_sampler_on_cpu_and_cpu_utilization_is_compute_share():
 
 
 def test_nvml_numbers_become_metrics():
-    stats = summarize([Sample(0.0, 80.0, 10.0, 200.0), Sample(2.0, 60.0, 10.0, 200.0)], energy_counter_j=None)
+    stats = summarize(
+        [Sample(0.0, 80.0, 10.0, 200.0), Sample(2.0, 60.0, 10.0, 200.0)], energy_counter_j=None
+    )
     m = Metrics(data_wait=1.0)
     apply_device_monitor(m, "cuda", stats, samples=1000)
     assert (m.utilization, m.power_w) == (70.0, 200.0)

@@ -46,7 +46,7 @@ def test_replay_answers_each_asked_config_with_its_measured_value() -> None:
     grid = _encoded_grid()
     run = replay(grid, optuna.samplers.RandomSampler(seed=3), 30)
     assert len(run.params) == len(run.values) == 30
-    for params, value in zip(run.params, run.values):
+    for params, value in zip(run.params, run.values, strict=False):
         expected = params["loader.batch_size"] * 10 + params["loader.num_workers"]
         expected += 0.5 if params["precision"] == "bf16" else 0
         assert value == expected
@@ -134,7 +134,7 @@ def test_shipped_grid_is_a_complete_measured_grid(grid: Grid) -> None:
     # every configuration the sweeper's parser can produce from the space is in the grid
     dists = grid.distributions()
     for combo in itertools.product(*(d.choices for d in dists.values())):  # type: ignore[attr-defined]
-        grid.lookup(dict(zip(dists, combo)))
+        grid.lookup(dict(zip(dists, combo, strict=False)))
 
 
 def test_replay_is_deterministic_for_a_seed(grid: Grid, default: Contender) -> None:

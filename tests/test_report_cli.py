@@ -159,12 +159,16 @@ def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(output_d
         from_storage=url_of(output_dir),
         to_storage=open_storage(f"journal://{journal}", heartbeat_interval=None, grace_period=None),
     )
-    proc = run([sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{journal}"], tmp_path)
+    proc = run(
+        [sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{journal}"], tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"Study {CPU_STUDY}" in proc.stdout
     assert "Speedup over the baseline: 2.50x throughput" in proc.stdout
 
     missing = tmp_path / "nope.log"
-    proc = run([sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{missing}"], tmp_path)
+    proc = run(
+        [sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{missing}"], tmp_path
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert str(missing) in proc.stderr and not missing.exists()

@@ -20,7 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 def _cli(tmp_path, *overrides):
     env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs")}
     return subprocess.run(
-        [sys.executable, "-m", "gpuopt.run", *overrides], cwd=REPO, env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-m", "gpuopt.run", *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
 
 
@@ -40,7 +45,10 @@ def test_one_trial_prints_a_table_and_writes_result_json_in_the_run_dir(tmp_path
     ("override", "expected"),
     [
         ("loader.batch_size=0", "invalid config: loader.batch_size=0; allowed: an integer >= 1"),
-        ("model._target_=os.system", "invalid config: model._target_='os.system'; allowed: targets matching"),
+        (
+            "model._target_=os.system",
+            "invalid config: model._target_='os.system'; allowed: targets matching",
+        ),
     ],
 )
 def test_invalid_value_exits_nonzero_with_one_line(tmp_path, override, expected):
@@ -48,7 +56,9 @@ def test_invalid_value_exits_nonzero_with_one_line(tmp_path, override, expected)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0]
-    assert not (tmp_path / "outputs" / "runs").exists() or not list((tmp_path / "outputs").rglob("result.json"))
+    assert not (tmp_path / "outputs" / "runs").exists() or not list(
+        (tmp_path / "outputs").rglob("result.json")
+    )
 
 
 def test_unknown_group_option_is_hydras_error_listing_the_options(tmp_path):
@@ -71,7 +81,9 @@ def test_config_error_exits_in_a_single_run(compose_cfg, capsys):
 
 
 def test_config_error_in_multirun_is_an_error_result(compose_cfg, tmp_path):
-    result = run_config(compose_cfg(*TINY_TRIAL, "loader.num_workers=-2"), output_dir=tmp_path, multirun=True)
+    result = run_config(
+        compose_cfg(*TINY_TRIAL, "loader.num_workers=-2"), output_dir=tmp_path, multirun=True
+    )
     assert result.status is Status.ERROR and "loader.num_workers=-2" in result.reason
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["status"] == "error" and saved["config"]["loader"]["num_workers"] == -2
@@ -90,12 +102,21 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
         "classes: ${.num_classes}\n"
         "hidden: 7\n"
     )
-    untrusted = _cli(tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", *TINY_TRIAL)
+    untrusted = _cli(
+        tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", *TINY_TRIAL
+    )
     assert untrusted.returncode != 0
     assert "model._target_='tests.helpers.user_models.TinyNet'" in untrusted.stderr
     assert "trust=[tests.helpers.user_models.*]" in untrusted.stderr
 
-    proc = _cli(tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", "trust=[tests.*]", *TINY_TRIAL)
+    proc = _cli(
+        tmp_path,
+        "--config-dir",
+        str(tmp_path / "myconf"),
+        "model=tinynet",
+        "trust=[tests.*]",
+        *TINY_TRIAL,
+    )
     assert proc.returncode == 0, proc.stderr
     (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
     result = TrialResult.load(result_file)

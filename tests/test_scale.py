@@ -233,7 +233,7 @@ def _run(tmp_path, *args, timeout=120, **env):
 def _workers(tmp_path, n, args, env_per_worker=None):
     procs = []
     for i in range(n):
-        out = open(tmp_path / f"worker{i}.log", "w")
+        out = open(tmp_path / f"worker{i}.log", "w")  # noqa: SIM115 - the worker writes to it after we return
         procs.append(
             subprocess.Popen(
                 _cmd(*args),
@@ -482,8 +482,11 @@ def test_terminated_sweep_takes_its_running_trial_down_and_resumes(tmp_path):
         f"+pid_dir={pid_dir}",
     )
     sweep = subprocess.Popen(
-        _cmd(*args, "+sleep_s=60"), cwd=tmp_path, env=_env(tmp_path),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        _cmd(*args, "+sleep_s=60"),
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 90
     while not any(pid_dir.iterdir()) and time.monotonic() < deadline:
@@ -498,7 +501,9 @@ def test_terminated_sweep_takes_its_running_trial_down_and_resumes(tmp_path):
     assert not _alive(trial_pid), "the trial process outlived the terminated sweep"
 
     _run(tmp_path, *args)
-    trials = optuna.load_study(study_name="term", storage=f"sqlite:///{tmp_path / 'gpuopt.db'}").trials
+    trials = optuna.load_study(
+        study_name="term", storage=f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    ).trials
     interrupted = [t for t in trials if t.user_attrs.get("interrupted")]
     assert len(interrupted) == 1 and interrupted[0].state == TrialState.FAIL
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2

@@ -73,7 +73,9 @@ def test_mlp_flops_match_the_matmul_count(compose_cfg):
     assert result.metrics.flops_per_sample == forward + backward
 
 
-@pytest.mark.parametrize(("mode", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+@pytest.mark.parametrize(
+    ("mode", "dtype"), [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)]
+)
 def test_each_cpu_precision_runs_with_its_autocast_and_scaler(compose_cfg, mode, dtype):
     built = {}
     result = _run(compose_cfg, *FAMILIES["mlp"], f"precision={mode}", inspect=built.__setitem__)
@@ -118,7 +120,9 @@ def test_loader_knobs_reach_a_real_dataloader_with_worker_processes(compose_cfg,
 
 def test_prefetch_without_workers_is_ignored_with_a_warning(compose_cfg):
     built = {}
-    result = _run(compose_cfg, *FAMILIES["mlp"], "loader.prefetch_factor=4", inspect=built.__setitem__)
+    result = _run(
+        compose_cfg, *FAMILIES["mlp"], "loader.prefetch_factor=4", inspect=built.__setitem__
+    )
     assert result.status is Status.OK and built["loader"].num_workers == 0
     assert any("prefetch_factor" in w and "ignored" in w for w in result.warnings)
 
@@ -133,7 +137,12 @@ def _user_model(target, **kwargs):
 
 def test_user_model_by_target_is_trained_with_its_own_arguments(compose_cfg):
     built = {}
-    result = _run(compose_cfg, "trust=[tests.*]", inspect=built.__setitem__, edit=_user_model("TinyNet", hidden=5))
+    result = _run(
+        compose_cfg,
+        "trust=[tests.*]",
+        inspect=built.__setitem__,
+        edit=_user_model("TinyNet", hidden=5),
+    )
     _assert_measured(result)
     assert type(built["model"]).__name__ == "TinyNet" and built["model"].hidden == 5
     # The sweeper receives the result across processes (submitit pickles it).

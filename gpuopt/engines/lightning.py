@@ -507,7 +507,7 @@ def _lightning_output(notes: list[str]) -> Iterator[None]:
             warnings.simplefilter("always")
             yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=False):
             lg.setLevel(level)
     seen: set[str] = set()
     for warning in caught:

@@ -95,7 +95,9 @@ def export_best(report: StudyReport, path: Path, console: Console) -> None:
         raise ReportError(f"study {report.study_name!r} has no completed ok trial to export")
     if best.overrides is None:
         raise ReportError(f"trial #{best.number} has no recorded overrides: cannot export it")
-    values = ", ".join(f"{n} {fmt(n, v)}" for n, v in zip(report.objectives, best.values or ()))
+    values = ", ".join(
+        f"{n} {fmt(n, v)}" for n, v in zip(report.objectives, best.values or (), strict=False)
+    )
     header = [f"Best configuration of study {report.study_name}: trial #{best.number} ({values})"]
     if report.speedup is not None:
         header.append(
@@ -114,7 +116,7 @@ def export_best(report: StudyReport, path: Path, console: Console) -> None:
         return
     try:
         composed = compose_experiment(text, name=path.stem)
-    except Exception as exc:  # noqa: BLE001 - e.g. conf/ changed since the study: a warning
+    except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         console.print(
             "[yellow]Not verified: composing the export failed: "

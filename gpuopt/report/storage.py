@@ -67,7 +67,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 
             return open_sweep_storage(url, heartbeat_interval=None, grace_period=None)
         return optuna.storages.get_storage(url)
-    except Exception as exc:  # noqa: BLE001 - a corrupt file, a bad URL, an unreachable server
+    except Exception as exc:
         raise ReportError(
             mask_secrets(f"cannot open storage {url}: {type(exc).__name__}: {exc}")
         ) from None

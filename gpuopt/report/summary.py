@@ -206,7 +206,9 @@ def _override_map(overrides: list[str]) -> dict[str, tuple[str, str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     result: dict[str, tuple[str, str]] = {}
-    for override, line in zip(OverridesParser.create().parse_overrides(overrides), overrides):
+    for override, line in zip(
+        OverridesParser.create().parse_overrides(overrides), overrides, strict=False
+    ):
         key = override.key_or_group + (f"@{override.package}" if override.package else "")
         value = "~" if override.is_delete() else override.get_value_element_as_str()
         result[key] = (value, line)

@@ -84,7 +84,9 @@ def change(name: str, base: float | None, best: float | None) -> str:
 def _values_text(report: StudyReport, trial: TrialView) -> str:
     if trial.values is None:
         return "-"
-    return ", ".join(f"{n} {fmt(n, v)}" for n, v in zip(report.objectives, trial.values))
+    return ", ".join(
+        f"{n} {fmt(n, v)}" for n, v in zip(report.objectives, trial.values, strict=False)
+    )
 
 
 def _params_text(trial: TrialView) -> str:
@@ -121,7 +123,9 @@ def header(report: StudyReport) -> Panel:
     lines = [
         f"[bold]Study[/] {escape(report.study_name)}   [dim]{escape(report.storage_url)}[/]",
         "Objectives: "
-        + ", ".join(f"{o} ({d})" for o, d in zip(report.objectives, report.directions)),
+        + ", ".join(
+            f"{o} ({d})" for o, d in zip(report.objectives, report.directions, strict=False)
+        ),
     ]
     if report.hardware:
         # The probe's nested copies (env.fingerprint.*) and its search-space notes repeat or are
@@ -129,7 +133,8 @@ def header(report: StudyReport) -> Panel:
         facts = {
             k: v
             for k, v in flatten(report.hardware).items()
-            if ".fingerprint." not in k and not k.startswith(("poor_choices", "dropped", "env.poor_choices"))
+            if ".fingerprint." not in k
+            and not k.startswith(("poor_choices", "dropped", "env.poor_choices"))
         }
         keys = [k for k in HARDWARE_KEYS if k in facts] + [
             k for k in facts if k not in HARDWARE_KEYS
@@ -250,7 +255,7 @@ def confirmation_lines(report: StudyReport) -> list[str]:
 def pareto_table(report: StudyReport) -> Table:
     table = Table(title=f"Pareto front ({len(report.pareto)} trials)", title_justify="left")
     table.add_column("#", justify="right")
-    for name, direction in zip(report.objectives, report.directions):
+    for name, direction in zip(report.objectives, report.directions, strict=False):
         table.add_column(f"{name} ({'max' if direction == 'maximize' else 'min'})", justify="right")
     table.add_column("parameters")
     for trial in sorted(
@@ -258,7 +263,7 @@ def pareto_table(report: StudyReport) -> Table:
     ):  # type: ignore[index]
         table.add_row(
             str(trial.number),
-            *(fmt(n, v) for n, v in zip(report.objectives, trial.values or ())),
+            *(fmt(n, v) for n, v in zip(report.objectives, trial.values or (), strict=False)),
             escape(_params_text(trial)),
         )
     return table
@@ -369,7 +374,7 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
             params = [escape(_params_text(trial))]
         table.add_row(
             f"{trial.number}{mark}",
-            *(fmt(n, v, unit=False) for n, v in zip(report.objectives, values)),
+            *(fmt(n, v, unit=False) for n, v in zip(report.objectives, values, strict=False)),
             *(fmt(metric, trial.metric(metric)) for _, metric in extra),
             verdict,
             *params,

@@ -7,6 +7,7 @@ to the job's logs so gpuopt.sweeper.launcher can say "killed by signal SIGSEGV".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -22,10 +23,8 @@ class ExitCodeController(Controller):  # type: ignore[misc]
     def wait(self, freq: int = 24) -> Any:
         codes = super().wait(freq)
         folder = JobPaths(self.folder, self.pid, 0).folder
-        try:
+        with contextlib.suppress(OSError):
             (folder / f"{self.pid}{EXIT_CODES_SUFFIX}").write_text(json.dumps(list(codes)))
-        except OSError:
-            pass
         return codes
 
 

@@ -9,6 +9,7 @@ runs in the launcher's processes and sends back a picklable `TrialResult`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -212,7 +213,10 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         log.info("Study name: %s", study_name)
         log.info("Storage: %s", storage_mod.display(storage_url))
         log.info("Sampler: %s", type(self.sampler).__name__)
-        log.info("Objectives: %s", ", ".join(f"{n} ({d})" for n, d in zip(names, directions)))
+        log.info(
+            "Objectives: %s",
+            ", ".join(f"{n} ({d})" for n, d in zip(names, directions, strict=False)),
+        )
         self._run_trials(
             study,
             to_go,
@@ -465,7 +469,9 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             (resume.recover_interrupted(study), "a killed sweep on this host"),
             (resume.fail_stale(study), "a worker whose heartbeat stopped"),
             (
-                self._ownerless.fail_dead(study) if storage_mod.heartbeat_on(study._storage) else [],
+                self._ownerless.fail_dead(study)
+                if storage_mod.heartbeat_on(study._storage)
+                else [],
                 "a worker that died right after asking",
             ),
         ):
@@ -566,7 +572,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
             try:
                 overrides = self._configure(trials, distributions, fixed_params, fixed_overrides)
                 returns = self._launch(overrides, [t.number for t in trials])
-                for trial, trial_overrides, ret in zip(trials, overrides, returns):
+                for trial, trial_overrides, ret in zip(trials, overrides, returns, strict=False):
                     outcome = self._outcome(ret, names, directions)
                     self._tell(study, trial, trial_overrides, ret, outcome, owner)
                     if (
@@ -663,7 +669,7 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
                 log.warning("launcher failed: %s: %s", type(exc).__name__, exc)
                 return [exc]
             log.warning("launcher failed for a batch (%s); launching its jobs one by one", exc)
-            return [self._launch([o], [n])[0] for o, n in zip(overrides, numbers)]
+            return [self._launch([o], [n])[0] for o, n in zip(overrides, numbers, strict=False)]
 
     @staticmethod
     def _outcome(
@@ -854,16 +860,14 @@ class GpuoptSweeperImpl(OptunaSweeperImpl):
         notes = []
         if best is not None:
             groups = [
-                k
-                for k in self.config.hydra.runtime.choices.keys()
-                if not str(k).startswith("hydra/")
+                k for k in self.config.hydra.runtime.choices if not str(k).startswith("hydra/")
             ]
             body, skipped = overrides_to_experiment(
                 best.user_attrs.get(ATTR_OVERRIDES) or [], groups
             )
             header = [
                 f"Best configuration of study {study_name} (trial #{best.number}): "
-                + ", ".join(f"{n}={v:.4g}" for n, v in zip(names, best.values)),
+                + ", ".join(f"{n}={v:.4g}" for n, v in zip(names, best.values, strict=False)),
                 f"Reproduce: {self._app_command()} --config-dir {sweep_dir} +experiment=best",
             ]
             if skipped:
@@ -912,10 +916,9 @@ def _plain_names(labels: Any) -> bool:
 def _set_metric_names(study: optuna.Study, names: list[str]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
+        # experimental API: never worth failing a sweep over
+        with contextlib.suppress(Exception):
             study.set_metric_names(names)
-        except Exception:  # experimental API: never worth failing a sweep over
-            pass
 
 
 def _key(params: dict[str, Any]) -> tuple:

@@ -99,7 +99,7 @@ def plan(
     k = min(top_k, n_candidates)
     if rounds <= 0 or k <= 0:
         return None
-    budget = int(math.floor(max_share * n_trials + 1e-9))
+    budget = math.floor(max_share * n_trials + 1e-9)
     while k > 1 and (k + 1) * min(rounds, 2) > budget:
         k -= 1
     if (k + 1) > budget:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -99,10 +100,8 @@ def nvml_gpu_names() -> list[str]:
     except Exception:
         return []
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def hardware_facts(gpu_names: list[str] | None = None) -> dict[str, Any]:

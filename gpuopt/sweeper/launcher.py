@@ -246,7 +246,7 @@ class FreshProcessLauncher(LocalLauncher):
             )
             started.append((job, time.monotonic(), None if device == "<submitit>" else device))
         returns = []
-        for (job, t0, device), overrides in zip(started, job_overrides):
+        for (job, t0, device), overrides in zip(started, job_overrides, strict=False):
             ret = self._collect(job, t0, list(overrides))
             ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
             returns.append(ret)
@@ -273,7 +273,7 @@ class FreshProcessLauncher(LocalLauncher):
                 if isinstance(ret, JobReturn):
                     return ret
                 raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
-            except Exception as exc:  # noqa: BLE001 - submitit's wrapper failed (unpicklable result, ...)
+            except Exception as exc:
                 return _failed(overrides, exc)
         codes = _exit_codes(job)
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
@@ -287,10 +287,8 @@ class FreshProcessLauncher(LocalLauncher):
         process = job._process
         if process is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:

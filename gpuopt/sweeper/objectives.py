@@ -190,10 +190,7 @@ def _outcome_from_result(
 def _outcome_from_plain(value: Any, directions: Sequence[str]) -> TrialOutcome:
     """Stock hydra-optuna-sweeper semantics: a float for one direction, a list for several."""
     try:
-        if len(directions) == 1:
-            values = [float(value)]
-        else:
-            values = [float(v) for v in value]
+        values = [float(value)] if len(directions) == 1 else [float(v) for v in value]
     except (TypeError, ValueError):
         kind = "a float" if len(directions) == 1 else "a list or tuple of floats"
         return error_outcome(f"return value must be a TrialResult or {kind}; got {value!r}")

@@ -51,7 +51,7 @@ def outcome_of(
         return outcome_from_return(ret.return_value, names, directions)
     try:
         value = ret.return_value  # raises the task's exception
-    except BaseException as exc:  # noqa: BLE001 - any task failure is a recorded result
+    except BaseException as exc:
         return _error(exc)
     return outcome_from_return(value, names, directions)
 
@@ -60,7 +60,7 @@ def run_dir(ret: Any) -> str | None:
     cfg = getattr(ret, "hydra_cfg", None)
     try:
         return str(cfg.hydra.runtime.output_dir) if cfg is not None else None
-    except Exception:  # noqa: BLE001 - a config without runtime info: no run dir
+    except Exception:
         return None
 
 

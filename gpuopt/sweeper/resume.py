@@ -23,6 +23,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuopt.result import ATTR_BASELINE, ATTR_REASON, ATTR_STATUS
@@ -37,7 +38,7 @@ CONFIRM_CLAIM_ATTR = "gpuopt:confirm_claim"  # study system attr: the worker run
 def _start_ticks(pid: int) -> int | None:
     """The process start time in clock ticks since boot (Linux), to tell a reused pid apart."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.

@@ -17,6 +17,7 @@ keep hosts NTP-synced).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,9 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         self.grace_period = grace_period
 
     def record_heartbeat(self, trial_id: int) -> None:
-        try:
+        # the trial may have finished between two beats
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, KeyError):
             self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
-        except (optuna.exceptions.UpdateFinishedTrialError, KeyError):
-            pass  # the trial finished between two beats
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         assert self.heartbeat_interval is not None
@@ -104,7 +104,7 @@ def open_storage(
                     grace_period=grace_period if heartbeat_interval else None,
                     **kwargs,
                 )
-        except Exception as exc:  # noqa: BLE001 - workers creating Optuna's tables at once: one wins, retry
+        except Exception as exc:
             racing = ("already exists", "duplicate", "unique constraint", "database is locked")
             if attempt == 2 or not any(r in str(exc).lower() for r in racing):
                 raise RuntimeError(

@@ -12,7 +12,7 @@ from .confirm import KEEP_BASELINE
 def duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "?"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
@@ -31,7 +31,7 @@ def fmt(value: Any) -> str:
 def values_text(names: Sequence[str], values: Sequence[float] | None) -> str:
     if not values:
         return "-"
-    return " ".join(f"{n}={fmt(v)}" for n, v in zip(names, values))
+    return " ".join(f"{n}={fmt(v)}" for n, v in zip(names, values, strict=False))
 
 
 def progress_line(
@@ -94,7 +94,7 @@ def render(
     ]
     lines.append(
         "objectives: "
-        + ", ".join(f"{n} ({d})" for n, d in zip(names, directions))
+        + ", ".join(f"{n} ({d})" for n, d in zip(names, directions, strict=False))
         + " | trials: "
         + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     )

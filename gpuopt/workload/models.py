@@ -58,7 +58,8 @@ class _ResidualBlock(nn.Module):
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or channels_in != channels_out:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(channels_in, channels_out, 1, stride, bias=False), nn.BatchNorm2d(channels_out)
+                nn.Conv2d(channels_in, channels_out, 1, stride, bias=False),
+                nn.BatchNorm2d(channels_out),
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,7 +124,9 @@ class _TransformerBlock(nn.Module):
         self.ln1 = nn.LayerNorm(width)
         self.attn = _CausalSelfAttention(width, heads)
         self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

@@ -56,24 +56,37 @@ def postgres_server(database: str = "gpuopt") -> Iterator[str]:
         for path in (root, sock_dir):
             os.chown(path, pw.pw_uid, pw.pw_gid)
     port = _free_port()
-    run = lambda *cmd: subprocess.run(  # noqa: E731
-        _as_server_user([str(pg_bin / cmd[0]), *cmd[1:]]),
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+
+    def run(*cmd):
+        return subprocess.run(
+            _as_server_user([str(pg_bin / cmd[0]), *cmd[1:]]),
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+
     try:
         run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
         run(
-            "pg_ctl", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", "60",
-            "-o", f"-p {port} -k {sock_dir} -c listen_addresses=127.0.0.1 -c max_connections=100",
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(root / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {port} -k {sock_dir} -c listen_addresses=127.0.0.1 -c max_connections=100",
             "start",
         )
         run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", database)
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/{database}"
     finally:
         subprocess.run(
-            _as_server_user([str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]),
+            _as_server_user(
+                [str(pg_bin / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
+            ),
             capture_output=True,
         )
         # Give the postmaster a moment to release files before removing the directory.
