@@ -47,18 +47,26 @@ def cpu_model() -> str:
 
 
 def resolve_device(device_type: str) -> torch.device:
-    """`auto` -> cuda if available, then mps, then cpu; anything else as given."""
+    """`auto` -> cuda if available, then mps, then cpu; anything else as given.
+
+    A CUDA device is made current and initialized here: allocations, streams and events without
+    an explicit device then go to cuda:N, not cuda:0, and the allocator statistics
+    (reset_peak_memory_stats) exist before the first tensor does (pytorch#72404)."""
     import torch
 
     if device_type == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        if torch.backends.mps.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif torch.backends.mps.is_available():
             return torch.device("mps")
-        return torch.device("cpu")
-    device = torch.device(device_type)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
+        else:
+            return torch.device("cpu")
+    else:
+        device = torch.device(device_type)
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index or 0)
+        torch.cuda.set_device(device)
+        torch.cuda.init()
     return device
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -142,39 +143,53 @@ class HostClock:
 
 
 class CudaEventClock:
-    """CUDA: one event per step boundary, recorded on the current stream (asynchronous). An event
-    is reached when the GPU gets there, so event-to-event times include GPU idle time waiting for
-    the host (e.g. for data) - what a training step costs, not just its kernels."""
+    """CUDA: one event per step boundary, recorded on the device's current stream (asynchronous).
+    An event is reached when the GPU gets there, so event-to-event times include GPU idle time
+    waiting for the host (e.g. for data) - what a training step costs, not just its kernels.
 
-    def __init__(self, device: torch.device) -> None:
+    The events go on `device`'s own current stream (not the current device's: for cuda:N, N > 0,
+    recorded on cuda:0 they would time an idle GPU). Completed intervals are cached: each
+    `completed_step_times` call queries only the events not yet seen complete, so the stop rule's
+    repeated checks cost O(new steps), not O(all steps), and resolved events are released.
+    """
+
+    def __init__(
+        self, device: torch.device, event_factory: Callable[[], Any] | None = None
+    ) -> None:
         import torch
 
         self._torch = torch
         self.device = device
-        self.events: list[Any] = []
+        self._new_event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        self._last_done: Any = None  # the latest event known to be reached
+        self._pending: deque[Any] = deque()  # recorded after it, not yet seen reached
+        self._step_times: list[float] = []
         self._host_start = 0.0
 
     def _record(self) -> None:
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
-        self.events.append(event)
+        event = self._new_event()
+        event.record(self._torch.cuda.current_stream(self.device))
+        self._pending.append(event)
 
     def start(self) -> None:
         # Window boundary: a sync point, so queued warm-up work does not leak into the window.
         self._torch.cuda.synchronize(self.device)
         self._host_start = time.perf_counter()
-        self.events = []
+        self._step_times, self._pending = [], deque()
         self._record()
+        self._last_done = self._pending.popleft()  # the window's first boundary
 
     def mark(self) -> None:
         self._record()
 
     def completed_step_times(self) -> list[float]:
-        # event.query() does not block; elapsed_time between two completed events does not either.
-        last = len(self.events) - 1
-        while last > 0 and not self.events[last].query():
-            last -= 1
-        return [self.events[i].elapsed_time(self.events[i + 1]) / 1e3 for i in range(last)]
+        # Events on one stream complete in order: stop at the first one not reached yet.
+        # event.query() does not block; elapsed_time between two reached events does not either.
+        while self._pending and self._pending[0].query():
+            event = self._pending.popleft()
+            self._step_times.append(self._last_done.elapsed_time(event) / 1e3)
+            self._last_done = event
+        return list(self._step_times)
 
     def finish(self) -> tuple[list[float], float]:
         # Window boundary: a sync point; everything the window queued has now run.

@@ -5,6 +5,16 @@ driver queries, no CUDA sync). The NVML module is injectable, so tests can drive
 scripted stand-in; the real path imports pynvml (nvidia-ml-py) and maps the torch device to its NVML
 handle by UUID (or PCI bus id), which stays right under CUDA_VISIBLE_DEVICES, where torch's index
 and NVML's index differ.
+
+Windows are short (0.5-2 s) next to NVML's own averaging: nvmlDeviceGetPowerUsage is a 1 s average
+on Ampere and newer, nvmlDeviceGetUtilizationRates averages over 1/6-1 s, so a polled mean mostly
+describes warm-up. Hence, where the device supports them:
+
+- power = the energy counter's difference / the window's seconds (nvmlDeviceGetTotalEnergyConsumption,
+  mJ, Volta and newer), else the mean of the polled samples (flagged in `notes`);
+- utilization = the mean of the driver's timestamped utilization samples (nvmlDeviceGetSamples,
+  NVML_GPU_UTILIZATION_SAMPLES, one per sampling period) whose timestamps fall inside the window,
+  else the polled nvmlDeviceGetUtilizationRates (flagged).
 """
 
 from __future__ import annotations
@@ -22,6 +32,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _said_absent = False
+_said_notes: set[str] = set()
+
+NVML_GPU_UTILIZATION_SAMPLES = 1  # pynvml's constant, for stand-ins that lack it
+NVML_ERROR_NOT_FOUND = 6  # nvmlDeviceGetSamples: no sample newer than lastSeenTimeStamp
+# nvmlValueType_t -> the nvmlValue_t union member that holds the sample
+_VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+UTILIZATION_SAMPLED = "device samples"
+UTILIZATION_POLLED = "polled"
+POWER_COUNTER = "energy counter"
+POWER_POLLED = "polled mean"
 
 
 @dataclass(frozen=True)
@@ -37,9 +58,12 @@ class NvmlStats:
     samples: int
     utilization: float | None  # mean %
     memory_used_mb: float | None  # max
-    power_w: float | None  # mean
+    power_w: float | None  # energy counter / window seconds, else mean of polled samples
     energy_j: float | None  # from the energy counter when supported, else integrated power
     energy_source: str | None  # "counter" | "integrated power" | None
+    utilization_source: str | None = None  # UTILIZATION_SAMPLED | UTILIZATION_POLLED | None
+    power_source: str | None = None  # POWER_COUNTER | POWER_POLLED | None
+    notes: tuple[str, ...] = ()  # why a number fell back to NVML's coarser averages
 
 
 def _mean(values: list[float]) -> float | None:
@@ -54,33 +78,82 @@ def integrate_power(samples: list[Sample]) -> float | None:
     return sum((t1 - t0) * (p0 + p1) / 2 for (t0, p0), (t1, p1) in itertools.pairwise(points))
 
 
-def summarize(samples: list[Sample], energy_counter_j: float | None) -> NvmlStats:
+def summarize(
+    samples: list[Sample],
+    energy_counter_j: float | None,
+    window_s: float | None = None,
+    device_utilization: list[float] | None = None,
+) -> NvmlStats:
     """Statistics over a window's samples. `energy_counter_j`: the energy counter's difference
-    over the window, when the device supports it (Volta and newer)."""
-    utilization = _mean([s.utilization for s in samples if s.utilization is not None])
+    over the window (`window_s` seconds), when the device supports it (Volta and newer);
+    `device_utilization`: the driver's timestamped utilization samples inside the window (None:
+    the device keeps none). Each fallback to a polled average is flagged in `notes`."""
     memory = [s.memory_used_mb for s in samples if s.memory_used_mb is not None]
-    power = _mean([s.power_w for s in samples if s.power_w is not None])
+    notes: list[str] = []
+    if device_utilization:
+        utilization, util_source = _mean(device_utilization), UTILIZATION_SAMPLED
+    else:
+        utilization = _mean([s.utilization for s in samples if s.utilization is not None])
+        util_source = UTILIZATION_POLLED if utilization is not None else None
+        if utilization is not None:
+            why = (
+                "the device keeps no timestamped samples"
+                if device_utilization is None
+                else "no timestamped sample fell inside the window"
+            )
+            notes.append(
+                f"utilization: {why} (nvmlDeviceGetSamples); polled "
+                "nvmlDeviceGetUtilizationRates, which averages over up to 1 s, partly before "
+                "the window"
+            )
     if energy_counter_j is not None:
         energy, source = energy_counter_j, "counter"
     else:
         energy = integrate_power(samples)
         source = "integrated power" if energy is not None else None
+    if energy_counter_j is not None and window_s:
+        power, power_source = energy_counter_j / window_s, POWER_COUNTER
+    else:
+        power = _mean([s.power_w for s in samples if s.power_w is not None])
+        power_source = POWER_POLLED if power is not None else None
+        if power is not None:
+            notes.append(
+                "power_w: no NVML energy counter; mean of polled nvmlDeviceGetPowerUsage "
+                "(a 1 s average on Ampere and newer: short windows read warm-up power)"
+            )
     return NvmlStats(
-        len(samples), utilization, max(memory) if memory else None, power, energy, source
+        len(samples),
+        utilization,
+        max(memory) if memory else None,
+        power,
+        energy,
+        source,
+        util_source,
+        power_source,
+        tuple(notes),
     )
 
 
 class NvmlSampler:
-    """Polls one device in a background thread between start() and stop()."""
+    """Polls one device in a background thread between start() and stop(): memory and the
+    fallback utilization/power by polling, the driver's timestamped utilization samples by
+    fetching those newer than the last one seen (lastSeenTimeStamp), and the energy counter at
+    both ends."""
 
     def __init__(self, nvml: Any, handle: Any, interval_s: float = 0.1) -> None:
         self.nvml = nvml
         self.handle = handle
         self.interval_s = interval_s
         self.samples: list[Sample] = []
+        self.device_samples: list[tuple[int, float]] = []  # (timestamp µs, utilization %)
+        self._device_samples_supported = False
+        self._last_seen_us = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._energy_start_mj: float | None = None
+        self._started_s = 0.0  # perf_counter at the window's start
+        self.window_s = 0.0  # the last window's seconds (energy counter read at both ends)
+        self._window_us = (0, 0)  # time.time() µs at start and stop (NVML's sample clock)
 
     def _query(self, fn_name: str, *args: Any) -> Any:
         try:
@@ -99,28 +172,67 @@ class NvmlSampler:
             power_w=power_mw / 1e3 if power_mw is not None else None,
         )
 
+    def fetch_device_samples(self) -> bool:
+        """Append the driver's utilization samples newer than the last one seen. False when the
+        device does not keep them (any NVML error but NOT_FOUND, which means: none newer)."""
+        kind = getattr(self.nvml, "NVML_GPU_UTILIZATION_SAMPLES", NVML_GPU_UTILIZATION_SAMPLES)
+        try:
+            value_type, samples = self.nvml.nvmlDeviceGetSamples(
+                self.handle, kind, self._last_seen_us
+            )
+        except Exception as exc:
+            not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", NVML_ERROR_NOT_FOUND)
+            return getattr(exc, "value", None) == not_found
+        field = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
+        for sample in samples:
+            if sample.timeStamp > self._last_seen_us:
+                value = float(getattr(sample.sampleValue, field))
+                self.device_samples.append((int(sample.timeStamp), value))
+                self._last_seen_us = int(sample.timeStamp)
+        return True
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self.samples.append(self.sample_once())
+            if self._device_samples_supported:
+                self.fetch_device_samples()
             self._stop.wait(self.interval_s)
 
     def start(self) -> None:
-        self.samples = []
+        self.samples, self.device_samples = [], []
         self._stop.clear()
+        # lastSeenTimeStamp 0 returns the driver's whole buffer: a cheap probe for support.
+        self._last_seen_us = 0
+        self._device_samples_supported = self.fetch_device_samples()
+        self.device_samples = []
         self._energy_start_mj = self._query("nvmlDeviceGetTotalEnergyConsumption")
+        self._started_s = time.perf_counter()
+        self._window_us = (int(time.time() * 1e6), 0)
         self._thread = threading.Thread(target=self._run, name="gpuopt-nvml", daemon=True)
         self._thread.start()
 
     def stop(self) -> NvmlStats:
+        energy_end_mj = self._query("nvmlDeviceGetTotalEnergyConsumption")
+        self.window_s = window_s = time.perf_counter() - self._started_s
+        self._window_us = (self._window_us[0], int(time.time() * 1e6))
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         self.samples.append(self.sample_once())  # one sample at the window's end
-        energy_end_mj = self._query("nvmlDeviceGetTotalEnergyConsumption")
         counter_j = None
         if self._energy_start_mj is not None and energy_end_mj is not None:
             counter_j = (energy_end_mj - self._energy_start_mj) / 1e3
-        return summarize(self.samples, counter_j)
+        inside = None
+        if self._device_samples_supported:
+            self.fetch_device_samples()
+            start_us, end_us = self._window_us
+            inside = [v for t, v in self.device_samples if start_us < t <= end_us]
+        stats = summarize(self.samples, counter_j, window_s, inside)
+        for note in stats.notes:
+            if note not in _said_notes:  # once per process: every trial would say the same
+                log.info(note)
+                _said_notes.add(note)
+        return stats
 
 
 def import_nvml() -> ModuleType:

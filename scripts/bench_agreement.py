@@ -2,13 +2,16 @@
 
     python scripts/bench_agreement.py                          # mlp and cnn, 5 rounds (~5 min, 2 cores)
     python scripts/bench_agreement.py --models cnn --device cuda --rounds 3
+    python scripts/bench_agreement.py --models transformer --device cuda model.width=1024 model.depth=12
 
 Two independent checks per configuration, each in fresh processes, interleaved A B C D D C B A ...:
 
 - end to end: gpuopt's `throughput` (`python -m gpuopt.run`, its DataLoader, its timed window)
   versus a plain loop written here, in its own process: the same model, dataset and DataLoader
   settings built straight from the config with hydra.utils.instantiate, AdamW/SGD, loss, backward,
-  step; a synchronized `time.perf_counter` around a fixed number of steps after the same warm-up.
+  step, and the same flags (TF32 off for fp32 in matmuls and cuDNN, cudnn.benchmark as configured,
+  autocast/GradScaler, non_blocking copies); a `time.perf_counter` synchronized at the two ends of
+  a fixed number of steps after the same warm-up, never inside.
 - compute only: gpuopt's `ceiling_throughput` (one batch already on the device, no loader) versus
   `torch.utils.benchmark.Timer.blocked_autorange` on the same step over one on-device batch.
 
@@ -60,13 +63,108 @@ GOAL = 0.03
 COMPUTE_SPAN_S = 2.0
 
 
+def _apply_flags(conf: dict[str, Any]) -> None:
+    """The process-wide flags gpuopt's trial sets, written out here with torch's own API (not
+    gpuopt.policies, so the loop stays independent): fp32 turns TF32 off for matmuls and cuDNN
+    convolutions alike (cuDNN's default allows TF32), tf32 turns it on, and cudnn.benchmark
+    follows cache.cudnn_benchmark. PyTorch's defaults would compare a different setup on CUDA."""
+    import torch
+
+    tf32 = conf["precision"]["mode"] == "tf32"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = bool(conf["cache"]["cudnn_benchmark"])
+    if conf["device"]["num_threads"] is not None:
+        torch.set_num_threads(int(conf["device"]["num_threads"]))
+
+
+def _build(conf: dict[str, Any], device: Any) -> tuple[Any, Any, Any]:
+    """(model, loader, optimizer) built straight from the config, as a user's script would."""
+    import torch
+    from hydra.utils import instantiate
+
+    torch.manual_seed(conf["seed"])
+    model_kwargs = {
+        k: v
+        for k, v in conf["model"].items()
+        if k not in ("input", "input_shape", "num_classes", "channels_last")
+    }
+    model = instantiate(model_kwargs).to(device).train()
+    if conf["model"].get("channels_last"):
+        model = model.to(memory_format=torch.channels_last)
+    loader_conf = conf["loader"]
+    loader = torch.utils.data.DataLoader(
+        instantiate(conf["data"]),
+        batch_size=loader_conf["batch_size"],
+        shuffle=True,
+        drop_last=True,
+        num_workers=loader_conf["num_workers"],
+        pin_memory=loader_conf["pin_memory"] and device.type == "cuda",
+    )
+    opt = conf["optimizer"]
+    kwargs = {k: opt[k] for k in ("foreach", "fused") if opt.get(k) is not None}
+    if opt["name"] == "sgd":
+        optimizer = torch.optim.SGD(
+            model.parameters(), lr=opt["lr"], momentum=opt["momentum"], **kwargs
+        )
+    else:
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=opt["lr"], weight_decay=opt["weight_decay"], **kwargs
+        )
+    return model, loader, optimizer
+
+
+def _make_step(conf: dict[str, Any], model: Any, optimizer: Any, device: Any) -> Any:
+    """The standard training step: autocast for fp16/bf16, a GradScaler for fp16, no host sync
+    (the timers synchronize at their ends only)."""
+    import contextlib
+
+    import torch
+
+    mode = conf["precision"]["mode"]
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mode)
+    scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
+    non_blocking = bool(conf["loader"]["non_blocking"])
+    channels_last = bool(conf["model"].get("channels_last"))
+
+    def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        inputs = inputs.to(device, non_blocking=non_blocking)
+        targets = targets.to(device, non_blocking=non_blocking)
+        if channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=dtype)
+            if dtype is not None
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            outputs = model(inputs)
+            if conf["loss"] == "mse":
+                loss = torch.nn.functional.mse_loss(outputs, targets.to(outputs.dtype))
+            else:
+                loss = torch.nn.functional.cross_entropy(
+                    outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
+                )
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def independent(
     overrides: list[str], steps: int, warmup: int, compute_only: bool
 ) -> dict[str, Any]:
-    """Time the training step without gpuopt's measuring code (run in a fresh process)."""
+    """Time the training step without gpuopt's measuring code (run in a fresh process), with the
+    flags gpuopt's trial uses (`_apply_flags`)."""
     import torch
     from hydra import compose, initialize_config_module
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from torch.utils import benchmark
 
@@ -81,56 +179,25 @@ def independent(
         if conf["device"]["type"] in ("auto", "cuda") and torch.cuda.is_available()
         else "cpu"
     )
-    if conf["device"]["num_threads"] is not None:
-        torch.set_num_threads(int(conf["device"]["num_threads"]))
-    torch.manual_seed(conf["seed"])
-    model_kwargs = {
-        k: v
-        for k, v in conf["model"].items()
-        if k not in ("input", "input_shape", "num_classes", "channels_last")
-    }
-    model = instantiate(model_kwargs).to(device).train()
-    dataset = instantiate(conf["data"])
-    loader_conf = conf["loader"]
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=loader_conf["batch_size"],
-        shuffle=True,
-        drop_last=True,
-        num_workers=loader_conf["num_workers"],
-        pin_memory=loader_conf["pin_memory"] and device.type == "cuda",
-    )
-    opt_conf = conf["optimizer"]
-    if opt_conf["name"] == "sgd":
-        optimizer = torch.optim.SGD(
-            model.parameters(), lr=opt_conf["lr"], momentum=opt_conf["momentum"]
-        )
-    else:
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=opt_conf["lr"], weight_decay=opt_conf["weight_decay"]
-        )
-
-    def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        outputs = model(inputs)
-        loss = torch.nn.functional.cross_entropy(
-            outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    _apply_flags(conf)
+    model, loader, optimizer = _build(conf, device)
+    step = _make_step(conf, model, optimizer, device)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()  # a CPU-GPU sync point: only at the clock reads
 
-    batch_size = loader_conf["batch_size"]
+    batch_size = conf["loader"]["batch_size"]
     if compute_only:
         inputs, targets = (t.to(device) for t in next(iter(loader)))
         for _ in range(warmup):
             step(inputs, targets)
+        sync()
+        # No sync in the statement: utils.benchmark's timer synchronizes the accelerator at each
+        # block's ends, as gpuopt's ceiling does at its replay's ends.
         timer = benchmark.Timer(
-            stmt="step(inputs, targets); sync()",
-            globals={"step": step, "inputs": inputs, "targets": targets, "sync": sync},
+            stmt="step(inputs, targets)",
+            globals={"step": step, "inputs": inputs, "targets": targets},
             num_threads=torch.get_num_threads(),
         )
         measurement = timer.blocked_autorange(min_run_time=COMPUTE_SPAN_S)
@@ -148,12 +215,11 @@ def independent(
 
     it = batches()
     for _ in range(warmup):
-        step(*(t.to(device) for t in next(it)))
+        step(*next(it))
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        inputs, targets = next(it)
-        step(inputs.to(device), targets.to(device))
+        step(*next(it))
     sync()
     return {"throughput": steps * batch_size / (time.perf_counter() - t0), "steps": steps}
 
@@ -265,6 +331,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--independent", help=argparse.SUPPRESS)
     parser.add_argument("--compute-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "overrides", nargs="*", help="extra overrides for every config (after its own: they win)"
+    )
     args = parser.parse_args()
 
     if args.independent:
@@ -280,7 +349,7 @@ def main() -> None:
     started, load_before, t0 = benchlib.now(), benchlib.load(), time.perf_counter()
     records = []
     for name in args.models:
-        overrides = CONFIGS[name] + [f"device={args.device}"]
+        overrides = [*CONFIGS[name], f"device={args.device}", *args.overrides]
         records.append(compare(name, overrides, args))
     print(
         "\n| config | gpuopt | plain loop | agreement | gpuopt ceiling | torch.utils.benchmark | agreement |"

@@ -180,3 +180,109 @@ def test_stability_stop_waits_for_min_time():
 
     capped = StopRule.from_measure(Measure())
     assert capped.min_time_s == 1.0 and capped.check(times, elapsed_s=1.0) == "stable"
+
+
+# ---- the CUDA event clock, with stand-in events (this machine has no GPU) ------------------------
+
+
+class FakeStreams:
+    """Stands in for torch.cuda's streams and synchronize: records which device each call named."""
+
+    def __init__(self):
+        self.current_stream_devices, self.synchronized = [], []
+
+    def current_stream(self, device=None):
+        self.current_stream_devices.append(device)
+        return ("stream", device)
+
+    def synchronize(self, device=None):
+        self.synchronized.append(device)
+
+
+class FakeGpu:
+    """A device timeline: events are 'reached' once the fake GPU's progress passes them."""
+
+    def __init__(self, step_ms):
+        self.step_ms = step_ms
+        self.recorded = 0
+        self.reached = 0  # how many recorded events the GPU has passed
+        self.queries = 0
+        self.elapsed_calls = 0
+
+
+class FakeEvent:
+    def __init__(self, gpu):
+        self.gpu, self.index, self.stream = gpu, None, None
+
+    def record(self, stream=None):
+        self.stream = stream
+        self.index = self.gpu.recorded
+        self.gpu.recorded += 1
+
+    def query(self):
+        self.gpu.queries += 1
+        return self.index < self.gpu.reached
+
+    def elapsed_time(self, end):
+        self.gpu.elapsed_calls += 1
+        assert self.index < self.gpu.reached and end.index < self.gpu.reached, "not reached"
+        return self.gpu.step_ms * (end.index - self.index)
+
+
+def _fake_cuda_clock(monkeypatch, device, step_ms=10.0):
+    from gpuopt.measure import CudaEventClock
+
+    streams = FakeStreams()
+    monkeypatch.setattr(torch.cuda, "current_stream", streams.current_stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", streams.synchronize)
+    gpu = FakeGpu(step_ms)
+    clock = CudaEventClock(device, event_factory=lambda: FakeEvent(gpu))
+    return clock, gpu, streams
+
+
+def test_cuda_clock_records_on_its_own_devices_stream_and_syncs_that_device(monkeypatch):
+    device = torch.device("cuda", 1)
+    clock, gpu, streams = _fake_cuda_clock(monkeypatch, device)
+    clock.start()
+    for _ in range(3):
+        clock.mark()
+    gpu.reached = gpu.recorded  # the GPU ran everything queued
+    times, _ = clock.finish()
+    assert times == pytest.approx([0.01, 0.01, 0.01])
+    assert streams.current_stream_devices == [device] * 4  # cuda:1's stream, never cuda:0's
+    assert streams.synchronized == [device, device]  # the window's two ends, cuda:1 only
+
+
+def test_cuda_clock_reports_only_reached_steps_and_queries_each_event_about_once(monkeypatch):
+    clock, gpu, _ = _fake_cuda_clock(monkeypatch, torch.device("cuda", 0))
+    clock.start()
+    steps, seen = 500, []
+    for i in range(steps):
+        clock.mark()
+        gpu.reached = max(0, gpu.recorded - 3)  # the GPU runs three steps behind the host
+        if i >= 10:  # the stop rule's check after min_steps, each step (as Lightning's callback)
+            seen.append(len(clock.completed_step_times()))
+    # After mark i the GPU has reached the boundaries 0..i-2: i-2 completed steps, never more.
+    assert seen == [i - 2 for i in range(10, steps)]
+    # Cached intervals: each event is timed once and queried about once per check (plus the one
+    # found not reached yet), not once per event per check (~125k queries by step 500).
+    assert gpu.elapsed_calls == seen[-1]
+    assert gpu.queries <= seen[-1] + len(seen) + 1
+    gpu.reached = gpu.recorded
+    times, _ = clock.finish()
+    assert len(times) == steps and gpu.elapsed_calls == steps
+
+
+def test_cuda_device_is_made_current_and_initialized_when_resolved(monkeypatch):
+    from gpuopt import env
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(torch.cuda, "init", lambda: calls.append(("init",)))
+    assert env.resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert calls == [("set_device", torch.device("cuda", 1)), ("init",)]
+    calls.clear()
+    assert env.resolve_device("cuda") == torch.device("cuda", 0)
+    assert calls == [("set_device", torch.device("cuda", 0)), ("init",)]
+    calls.clear()
+    assert env.resolve_device("cpu") == torch.device("cpu") and calls == []

@@ -154,3 +154,96 @@ def test_nvml_numbers_become_metrics():
     apply_device_monitor(m, "cuda", stats, samples=1000)
     assert (m.utilization, m.power_w) == (70.0, 200.0)
     assert m.energy_per_sample_j == pytest.approx(400.0 / 1000)
+
+
+class NvmlError(Exception):
+    """Stands in for pynvml.NVMLError: `value` is the NVML return code."""
+
+    def __init__(self, value):
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class SampledNvml(ScriptedNvml):
+    """ScriptedNvml plus the driver's buffer of timestamped utilization samples
+    (nvmlDeviceGetSamples with NVML_GPU_UTILIZATION_SAMPLES)."""
+
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    NVML_ERROR_NOT_FOUND = 6
+
+    def __init__(self, error=None, **kwargs):
+        super().__init__(**kwargs)
+        self.buffer, self.last_seen_args, self.error = [], [], error
+
+    def add(self, value, at_us=None):
+        self.buffer.append((int(time.time() * 1e6) if at_us is None else at_us, value))
+
+    def nvmlDeviceGetSamples(self, handle, kind, last_seen):
+        assert handle == "handle-0" and kind == self.NVML_GPU_UTILIZATION_SAMPLES
+        self.last_seen_args.append(last_seen)
+        if self.error is not None:
+            raise NvmlError(self.error)
+        newer = [(t, v) for t, v in list(self.buffer) if t > last_seen]
+        if not newer:
+            raise NvmlError(self.NVML_ERROR_NOT_FOUND)
+        samples = [
+            SimpleNamespace(timeStamp=t, sampleValue=SimpleNamespace(uiVal=v)) for t, v in newer
+        ]
+        return 1, samples  # NVML_VALUE_TYPE_UNSIGNED_INT
+
+
+def _run_window(sampler, nvml, value, seconds=0.12, every_s=0.01):
+    sampler.start()
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        time.sleep(every_s)
+        nvml.add(value)  # the driver's sample of the period just ended
+    return sampler.stop()
+
+
+def test_utilization_from_timestamped_samples_inside_the_window_only():
+    nvml = SampledNvml(utilization=[50])  # polled: 50 (its 1 s average), ignored
+    now_us = int(time.time() * 1e6)
+    for k in range(10, 0, -1):  # warm-up, before the window: in the driver's buffer, excluded
+        nvml.add(5, at_us=now_us - k * 100_000)
+    sampler = NvmlSampler(nvml, "handle-0", interval_s=0.01)
+    stats = _run_window(sampler, nvml, 90)
+    assert stats.utilization == 90.0 and stats.utilization_source == monitor.UTILIZATION_SAMPLED
+    added = len(nvml.buffer) - 10
+    assert len(sampler.device_samples) == added  # no warm-up sample, no sample twice
+    # lastSeenTimeStamp: 0 once (the probe), then the newest timestamp seen, never going back.
+    assert nvml.last_seen_args[0] == 0
+    later = nvml.last_seen_args[1:]
+    assert later[0] == now_us - 100_000 and later == sorted(later) and len(later) >= 2
+    assert not any("utilization" in note for note in stats.notes)
+
+
+def test_no_new_device_sample_is_not_unsupported():
+    nvml = SampledNvml()  # empty buffer: NVML answers NOT_FOUND
+    sampler = NvmlSampler(nvml, "handle-0", interval_s=0.01)
+    stats = _run_window(sampler, nvml, 70, seconds=0.05)
+    assert (stats.utilization, stats.utilization_source) == (70.0, monitor.UTILIZATION_SAMPLED)
+
+
+def test_unsupported_device_samples_fall_back_to_polled_utilization_flagged():
+    nvml = SampledNvml(error=3, utilization=[40])  # NVML_ERROR_NOT_SUPPORTED
+    sampler = NvmlSampler(nvml, "handle-0", interval_s=0.01)
+    stats = _run_window(sampler, nvml, 90, seconds=0.05)
+    assert (stats.utilization, stats.utilization_source) == (40.0, monitor.UTILIZATION_POLLED)
+    assert len(nvml.last_seen_args) == 1  # probed once, not polled after
+    assert any(n.startswith("utilization: the device keeps no timestamped") for n in stats.notes)
+
+
+def test_power_is_the_energy_counter_over_the_window_else_the_polled_mean_flagged():
+    nvml = ScriptedNvml(power_mw=[100_000], energy_mj=[1_000_000, 1_004_500])
+    sampler = NvmlSampler(nvml, "handle-0", interval_s=0.01)
+    sampler.start()
+    time.sleep(0.03)
+    stats = sampler.stop()
+    assert 0.03 <= sampler.window_s < 1.0
+    assert stats.power_w == pytest.approx(4.5 / sampler.window_s)  # not the polled 100 W
+    assert stats.power_source == monitor.POWER_COUNTER
+    assert not any(n.startswith("power_w") for n in stats.notes)
+    no_counter = summarize([Sample(0.0, 1.0, 1.0, 150.0), Sample(1.0, 1.0, 1.0, 250.0)], None, 1.0)
+    assert (no_counter.power_w, no_counter.power_source) == (200.0, monitor.POWER_POLLED)
+    assert any(n.startswith("power_w: no NVML energy counter") for n in no_counter.notes)

@@ -165,26 +165,26 @@ class FreshProcessLauncher(LocalLauncher):
         return super().__call__(*args, **kwargs)
 
     def _device_plan(self, n_jobs: int) -> list[str | None]:
-        """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process)."""
-        current = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if self.params.get("gpus_per_node") is not None:
-            return ["<submitit>"] * n_jobs  # the user's gpus_per_node decides (submitit's rule)
-        if n_jobs == 1 or not self.pin_gpus:
-            return [current] * n_jobs
-        from .hardware import nvml_count
+        """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process;
+        "<submitit>": submitit's own 0..gpus_per_node-1).
 
-        gpus = gpus_mod.visible_gpus(os.environ, nvml_count())
+        Parallel jobs get disjoint GPUs: `gpus_per_node` each when set, else an even share of the
+        GPUs this process sees (gpus.assign); a warning when they must share. Ids are this
+        process's CUDA_VISIBLE_DEVICES entries, or NVML's UUIDs when it is unset (NVML's indices
+        are PCI order, CUDA's default is fastest first: an index could name another GPU).
+        """
+        current = os.environ.get("CUDA_VISIBLE_DEVICES")
+        per_job = self.params.get("gpus_per_node")
+        unpinned = "<submitit>" if per_job is not None else current
+        if not self.pin_gpus or (n_jobs == 1 and per_job is None):
+            return [unpinned] * n_jobs
+        gpus = gpus_mod.pinnable_gpus(os.environ)
         if not gpus:
-            return [current] * n_jobs
-        if n_jobs > len(gpus):
-            log.warning(
-                "%d parallel trials on %d GPU(s): trials share GPUs and their measurements "
-                "interfere (lower hydra.sweeper.n_jobs to %d)",
-                n_jobs,
-                len(gpus),
-                len(gpus),
-            )
-        return [gpus_mod.assign(gpus, n_jobs, slot) for slot in range(n_jobs)]
+            return [unpinned] * n_jobs
+        warning = gpus_mod.sharing_warning(len(gpus), n_jobs, per_job)
+        if warning:
+            log.warning(warning)
+        return [gpus_mod.assign(gpus, n_jobs, slot, per_job) for slot in range(n_jobs)]
 
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
