@@ -10,9 +10,9 @@ import torch
 from omegaconf import open_dict
 
 from gpuopt.config import ConfigError, validate
+from gpuopt.engines import run_trial
 from gpuopt.env import check_device_support
 from gpuopt.result import Status
-from gpuopt.trial import run_trial
 from tests.conftest import TINY_TRIAL
 
 FAMILIES = {
