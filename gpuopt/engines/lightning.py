@@ -7,8 +7,8 @@ gpuopt's groups map onto Lightning's own knobs:
   matmul precision "high", bf16 -> "bf16-mixed", fp16 -> "16-mixed"; `engine.precision` overrides
   the mapping with any Lightning precision string (e.g. "bf16-true").
 - compile: `torch.compile(LightningModule)`; Lightning compiles its forward and training_step.
-- loader: gpuopt's DataLoader (`gpuopt.engines._common.build_loader`) for a Dataset; for a LightningDataModule,
-  the loader knobs its constructor accepts (batch_size, num_workers, ...).
+- loader: gpuopt's DataLoader (`gpuopt.engines._common.build_loader`) for a Dataset; for a
+  LightningDataModule, the loader knobs its constructor accepts (batch_size, num_workers, ...).
 - device: accelerator/devices; cache.cudnn_benchmark -> `Trainer(benchmark=...)`.
 
 The model is either a built-in (or any) `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and
