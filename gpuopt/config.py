@@ -122,7 +122,7 @@ class MeasureConf:
 class EngineConf:
     """Which training loop runs the trial. The Lightning-only knobs are ignored by `native`."""
 
-    name: str = "native"  # native (gpuopt.trial) | lightning (gpuopt.engines.lightning)
+    name: str = "native"  # native (gpuopt.engines.native) | lightning (gpuopt.engines.lightning)
     precision: str | None = None  # Lightning precision string overriding the precision group
     strategy: str = "auto"  # Trainer(strategy=...)
     accumulate_grad_batches: int = 1
@@ -197,12 +197,19 @@ def check_target(key: str, target: Any, trusted: tuple[str, ...]) -> None:
             f"targets matching {', '.join(trusted)}; trust your own module with "
             f"trust=[{target.rsplit('.', 1)[0]}.*]",
         )
-    from hydra._internal.utils import _locate
+    import logging
 
+    from hydra.utils import get_object
+
+    # get_object logs its failure at ERROR before raising: quiet that, the ConfigError says it.
+    hydra_log = logging.getLogger("hydra.utils")
+    was_disabled, hydra_log.disabled = hydra_log.disabled, True
     try:
-        _locate(target)
+        get_object(target)
     except Exception as exc:  # ImportError, AttributeError, or the module failing on import
         raise ConfigError(key, target, f"an importable class or function ({exc})") from None
+    finally:
+        hydra_log.disabled = was_disabled
 
 
 def validate(cfg: DictConfig) -> TrialSpec:

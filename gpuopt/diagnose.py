@@ -13,6 +13,8 @@ The rules read only measured metrics (see gpuopt/result.py, `Metrics`) and never
 5. compute-bound     busy, mfu between the two thresholds - or on CPU, where utilization is derived
                      as 100 - data_wait and MFU is not measured ("MFU unknown")
 
+The rules are the table `RULES` (first match wins), each a small `Rule`: when it applies, its
+verdict, the evidence lines it cites (from `Facts`, what was measured) and its suggestions.
 Utilization only counts as evidence on CUDA devices, where it is NVML's sampled
 `utilization.gpu`; elsewhere it is derived from data_wait and says nothing new.
 """
@@ -20,7 +22,7 @@ Utilization only counts as evidence on CUDA devices, where it is NVML's sampled
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -102,6 +104,252 @@ def _input_suggestions(config: Mapping[str, Any], cuda: bool) -> list[str]:
     return tips
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What the rules read: one trial's status, device and measured numbers (None: not recorded),
+    and its resolved config (for tailored suggestions)."""
+
+    status: str
+    device_type: str | None
+    config: Mapping[str, Any]
+    data_wait: float | None
+    input_efficiency: float | None
+    utilization: float | None
+    mfu: float | None
+    throughput: float | None
+    ceiling: float | None
+
+    @classmethod
+    def of(
+        cls,
+        metrics: Mapping[str, Any],
+        status: str,
+        device_type: str | None,
+        config: Mapping[str, Any],
+    ) -> Facts:
+        def number(name: str) -> float | None:
+            return _number(metrics, name)
+
+        return cls(
+            status=status,
+            device_type=device_type,
+            config=config,
+            data_wait=number("data_wait"),
+            input_efficiency=number("input_efficiency"),
+            utilization=number("utilization"),
+            mfu=number("mfu"),
+            throughput=number("throughput"),
+            ceiling=number("ceiling_throughput"),
+        )
+
+    @property
+    def cuda(self) -> bool:
+        return _is_cuda(self.device_type)
+
+    def setting(self, dotted: str) -> Any:
+        return _get(self.config, dotted)
+
+
+# -- evidence: the numbers behind a verdict, each with the threshold it is read against ----------
+def _input_evidence(f: Facts) -> list[str]:
+    lines = []
+    if f.data_wait is not None:
+        lines.append(
+            f"data_wait {f.data_wait:.1f}% of the timed window "
+            f"(input-bound at >= {DATA_WAIT_HIGH_PCT:g}%)"
+        )
+    if f.input_efficiency is not None:
+        vs = (
+            f" ({f.throughput:,.0f} vs ceiling {f.ceiling:,.0f} samples/s)"
+            if f.throughput and f.ceiling
+            else ""
+        )
+        lines.append(
+            f"input_efficiency {f.input_efficiency:.1f}%{vs} "
+            f"(input-bound at <= {INPUT_EFFICIENCY_LOW_PCT:g}%)"
+        )
+    return lines
+
+
+def _mfu_text(f: Facts) -> str:
+    if f.mfu is None:
+        return "MFU unknown (not measured on this device)"
+    return f"mfu {f.mfu:.1f}% of peak"
+
+
+def _no_input_evidence(f: Facts) -> list[str]:
+    return [*_input_evidence(f), "no data_wait or input_efficiency recorded"]
+
+
+def _cpu_evidence(f: Facts) -> list[str]:
+    # CPU (or an unknown device): utilization is 100 - data_wait, so it adds no evidence.
+    return [*_input_evidence(f), _mfu_text(f)]
+
+
+def _gpu_evidence(f: Facts) -> list[str]:
+    if f.utilization is None:
+        utilization = "GPU utilization not recorded"
+    else:
+        utilization = (
+            f"GPU utilization {f.utilization:.1f}% "
+            f"(NVML; host-bound below {UTILIZATION_LOW_PCT:g}%)"
+        )
+    thresholds = (
+        f" (low < {MFU_LOW_PCT:g}%, near the limit >= {MFU_HIGH_PCT:g}%)"
+        if f.mfu is not None
+        else ""
+    )
+    return [*_input_evidence(f), utilization, _mfu_text(f) + thresholds]
+
+
+# -- suggestions: what to try next, as config keys -----------------------------------------------
+def _host_suggestions(f: Facts) -> list[str]:
+    tips = []
+    if f.setting("compile.mode") in (None, "off", "default"):
+        tips.append("fewer kernel launches: compile=reduce-overhead (torch.compile + CUDA graphs)")
+    tips.append("more work per launch: larger loader.batch_size")
+    if f.setting("optimizer.fused") is not True:
+        tips.append("fused optimizer step: optimizer.fused=true")
+    return tips
+
+
+def _memory_suggestions(f: Facts) -> list[str]:
+    tips = []
+    if f.setting("precision.mode") in (None, "fp32", "tf32"):
+        tips.append("half the bytes per value: precision=bf16 (or fp16)")
+    if f.setting("model.input") == "images" and f.setting("model.channels_last") is not True:
+        tips.append("NHWC convolutions: model.channels_last=true")
+    tips.append("bigger kernels: larger loader.batch_size")
+    if f.setting("compile.mode") in (None, "off"):
+        tips.append("fuse elementwise ops: compile=default")
+    return tips
+
+
+def _cpu_compute_summary(f: Facts) -> str:
+    where = "CPU" if f.device_type == "cpu" else f"device {f.device_type or 'unknown'}"
+    return f"the training step itself limits throughput on {where}; " + (
+        "MFU unknown, no finer diagnosis" if f.mfu is None else "no single cause stands out"
+    )
+
+
+def _input_bound(f: Facts) -> bool:
+    return (f.data_wait is not None and f.data_wait >= DATA_WAIT_HIGH_PCT) or (
+        f.input_efficiency is not None and f.input_efficiency <= INPUT_EFFICIENCY_LOW_PCT
+    )
+
+
+def _none(_: Facts) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One bottleneck rule: when it applies, its verdict, the evidence lines it cites and what
+    it suggests. `RULES` is read in order; the first rule that applies gives the diagnosis. New
+    evidence (e.g. a profiled window's phases) enters as a `Facts` field cited by `evidence`."""
+
+    name: str
+    applies: Callable[[Facts], bool]
+    bottleneck: Bottleneck
+    summary: str | Callable[[Facts], str]
+    evidence: Callable[[Facts], list[str]] = _none
+    suggestions: Callable[[Facts], list[str]] = _none
+
+    def diagnose(self, f: Facts) -> Diagnosis:
+        summary = self.summary if isinstance(self.summary, str) else self.summary(f)
+        return Diagnosis(self.bottleneck, summary, self.evidence(f), self.suggestions(f))
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "not measured",
+        lambda f: f.status != "ok",
+        Bottleneck.NOT_MEASURED,
+        lambda f: f"no timed window: the trial ended as {f.status}",
+    ),
+    Rule(
+        "no input metrics",
+        lambda f: f.data_wait is None and f.input_efficiency is None,
+        Bottleneck.UNKNOWN,
+        "cannot tell whether the input pipeline limits throughput",
+        _no_input_evidence,
+    ),
+    Rule(
+        "input-bound",
+        _input_bound,
+        Bottleneck.INPUT,
+        "the step waits for data: the input pipeline limits throughput",
+        _input_evidence,
+        lambda f: _input_suggestions(f.config, f.cuda),
+    ),
+    Rule(
+        "CPU near the limit",
+        lambda f: not f.cuda and f.mfu is not None and f.mfu >= MFU_HIGH_PCT,
+        Bottleneck.NEAR_LIMIT,
+        NEAR_LIMIT_SUMMARY,
+        _cpu_evidence,
+        lambda f: ["less work per sample (smaller model, fewer FLOPs) is what is left"],
+    ),
+    Rule(
+        "CPU compute-bound",
+        lambda f: not f.cuda,
+        Bottleneck.COMPUTE,
+        _cpu_compute_summary,
+        _cpu_evidence,
+        lambda f: ["compute threads: device.num_threads", "larger batch: loader.batch_size"],
+    ),
+    Rule(
+        "host/launch-bound",
+        lambda f: f.cuda and f.utilization is not None and f.utilization < UTILIZATION_LOW_PCT,
+        Bottleneck.HOST,
+        "the GPU idles between kernels without waiting for data: "
+        "host/launch overhead limits throughput",
+        _gpu_evidence,
+        _host_suggestions,
+    ),
+    Rule(
+        "busy GPU, MFU unknown",
+        lambda f: f.cuda and f.mfu is None,
+        Bottleneck.COMPUTE,
+        "the GPU is busy; MFU unknown, so memory-bound and near-the-limit cannot be told apart",
+        _gpu_evidence,
+    ),
+    Rule(
+        "GPU near the limit",
+        lambda f: f.cuda and f.mfu is not None and f.mfu >= MFU_HIGH_PCT,
+        Bottleneck.NEAR_LIMIT,
+        NEAR_LIMIT_SUMMARY,
+        _gpu_evidence,
+        lambda f: [
+            "less work per sample is what is left (lower precision if not yet, smaller model)"
+        ],
+    ),
+    Rule(
+        "low MFU, utilization unknown",
+        lambda f: f.cuda and f.mfu is not None and f.mfu < MFU_LOW_PCT and f.utilization is None,
+        Bottleneck.UNKNOWN,
+        "low MFU, but without utilization host-bound and memory-bound cannot be told apart",
+        _gpu_evidence,
+    ),
+    Rule(
+        "memory-bound or small kernels",
+        lambda f: f.cuda and f.mfu is not None and f.mfu < MFU_LOW_PCT,
+        Bottleneck.MEMORY_OR_SMALL_KERNELS,
+        "the GPU is busy but does little math: memory-bound or small kernels",
+        _gpu_evidence,
+        _memory_suggestions,
+    ),
+    Rule(
+        "GPU compute-bound",
+        lambda f: f.cuda,
+        Bottleneck.COMPUTE,
+        "the GPU is busy with useful math; no single cause stands out",
+        _gpu_evidence,
+        lambda f: ["larger loader.batch_size or lower precision may still help"],
+    ),
+)
+
+
 def diagnose(
     metrics: Mapping[str, Any],
     *,
@@ -109,150 +357,12 @@ def diagnose(
     device_type: str | None = None,
     config: Mapping[str, Any] | None = None,
 ) -> Diagnosis:
-    """Diagnose one trial from its metrics (flat user attributes), status and device type.
+    """Diagnose one trial from its metrics (flat user attributes), status and device type: the
+    first rule of `RULES` that applies.
 
     `device_type` is "cuda", "cuda:N", "cpu", "mps" or None (unknown); `config` (the resolved trial
     config) only tailors the suggestions.
     """
-    config = config or {}
-    if status != "ok":
-        return Diagnosis(Bottleneck.NOT_MEASURED, f"no timed window: the trial ended as {status}")
-
-    data_wait = _number(metrics, "data_wait")
-    input_eff = _number(metrics, "input_efficiency")
-    utilization = _number(metrics, "utilization")
-    mfu = _number(metrics, "mfu")
-    throughput = _number(metrics, "throughput")
-    ceiling = _number(metrics, "ceiling_throughput")
-    cuda = _is_cuda(device_type)
-    evidence: list[str] = []
-
-    if data_wait is not None:
-        evidence.append(
-            f"data_wait {data_wait:.1f}% of the timed window "
-            f"(input-bound at >= {DATA_WAIT_HIGH_PCT:g}%)"
-        )
-    if input_eff is not None:
-        vs = (
-            f" ({throughput:,.0f} vs ceiling {ceiling:,.0f} samples/s)"
-            if throughput and ceiling
-            else ""
-        )
-        evidence.append(
-            f"input_efficiency {input_eff:.1f}%{vs} "
-            f"(input-bound at <= {INPUT_EFFICIENCY_LOW_PCT:g}%)"
-        )
-    if data_wait is None and input_eff is None:
-        evidence.append("no data_wait or input_efficiency recorded")
-        return Diagnosis(
-            Bottleneck.UNKNOWN, "cannot tell whether the input pipeline limits throughput", evidence
-        )
-
-    if (data_wait is not None and data_wait >= DATA_WAIT_HIGH_PCT) or (
-        input_eff is not None and input_eff <= INPUT_EFFICIENCY_LOW_PCT
-    ):
-        return Diagnosis(
-            Bottleneck.INPUT,
-            "the step waits for data: the input pipeline limits throughput",
-            evidence,
-            _input_suggestions(config, cuda),
-        )
-
-    mfu_text = (
-        f"mfu {mfu:.1f}% of peak"
-        if mfu is not None
-        else "MFU unknown (not measured on this device)"
-    )
-    if not cuda:
-        # CPU (or an unknown device): utilization is 100 - data_wait, so it adds no evidence.
-        evidence.append(mfu_text)
-        if mfu is not None and mfu >= MFU_HIGH_PCT:
-            return Diagnosis(
-                Bottleneck.NEAR_LIMIT,
-                NEAR_LIMIT_SUMMARY,
-                evidence,
-                ["less work per sample (smaller model, fewer FLOPs) is what is left"],
-            )
-        where = "CPU" if device_type == "cpu" else f"device {device_type or 'unknown'}"
-        return Diagnosis(
-            Bottleneck.COMPUTE,
-            f"the training step itself limits throughput on {where}; "
-            + ("MFU unknown, no finer diagnosis" if mfu is None else "no single cause stands out"),
-            evidence,
-            ["compute threads: device.num_threads", "larger batch: loader.batch_size"],
-        )
-
-    if utilization is None:
-        evidence.append("GPU utilization not recorded")
-    else:
-        evidence.append(
-            f"GPU utilization {utilization:.1f}% (NVML; host-bound below {UTILIZATION_LOW_PCT:g}%)"
-        )
-    evidence.append(
-        mfu_text
-        + (
-            f" (low < {MFU_LOW_PCT:g}%, near the limit >= {MFU_HIGH_PCT:g}%)"
-            if mfu is not None
-            else ""
-        )
-    )
-
-    if utilization is not None and utilization < UTILIZATION_LOW_PCT:
-        tips = []
-        if _get(config, "compile.mode") in (None, "off", "default"):
-            tips.append(
-                "fewer kernel launches: compile=reduce-overhead (torch.compile + CUDA graphs)"
-            )
-        tips.append("more work per launch: larger loader.batch_size")
-        if _get(config, "optimizer.fused") is not True:
-            tips.append("fused optimizer step: optimizer.fused=true")
-        return Diagnosis(
-            Bottleneck.HOST,
-            "the GPU idles between kernels without waiting for data: "
-            "host/launch overhead limits throughput",
-            evidence,
-            tips,
-        )
-    if mfu is None:
-        return Diagnosis(
-            Bottleneck.COMPUTE,
-            "the GPU is busy; MFU unknown, so memory-bound and near-the-limit cannot be told apart",
-            evidence,
-        )
-    if mfu >= MFU_HIGH_PCT:
-        return Diagnosis(
-            Bottleneck.NEAR_LIMIT,
-            NEAR_LIMIT_SUMMARY,
-            evidence,
-            ["less work per sample is what is left (lower precision if not yet, smaller model)"],
-        )
-    if mfu < MFU_LOW_PCT:
-        if utilization is None:
-            return Diagnosis(
-                Bottleneck.UNKNOWN,
-                "low MFU, but without utilization host-bound and memory-bound cannot be told apart",
-                evidence,
-            )
-        tips = []
-        if _get(config, "precision.mode") in (None, "fp32", "tf32"):
-            tips.append("half the bytes per value: precision=bf16 (or fp16)")
-        if (
-            _get(config, "model.input") == "images"
-            and _get(config, "model.channels_last") is not True
-        ):
-            tips.append("NHWC convolutions: model.channels_last=true")
-        tips.append("bigger kernels: larger loader.batch_size")
-        if _get(config, "compile.mode") in (None, "off"):
-            tips.append("fuse elementwise ops: compile=default")
-        return Diagnosis(
-            Bottleneck.MEMORY_OR_SMALL_KERNELS,
-            "the GPU is busy but does little math: memory-bound or small kernels",
-            evidence,
-            tips,
-        )
-    return Diagnosis(
-        Bottleneck.COMPUTE,
-        "the GPU is busy with useful math; no single cause stands out",
-        evidence,
-        ["larger loader.batch_size or lower precision may still help"],
-    )
+    facts = Facts.of(metrics, status, device_type, config or {})
+    rule = next(rule for rule in RULES if rule.applies(facts))
+    return rule.diagnose(facts)

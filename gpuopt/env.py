@@ -202,6 +202,39 @@ def cpu_fp16_native() -> bool:
     return bool(check()) if check is not None else False
 
 
+def _cpu_choices(
+    caps: dict[str, Any],
+    precision: dict[str, str],
+    compile_modes: dict[str, str],
+    poor: dict[str, dict[str, str]],
+) -> None:
+    """detect_capabilities on a CPU: native bf16/fp16 math, and what does nothing without an
+    accelerator (filled into detect_capabilities' tables)."""
+    bf16, fp16 = cpu_bf16_native(), cpu_fp16_native()
+    caps.update(bf16_native=bf16, fp16_native=fp16, tf32=False)
+    if not bf16:
+        precision["bf16"] = (
+            "this CPU has no native bf16 (no AVX512-BF16/AMX): autocast emulates it, "
+            "measured 3-15x slower than fp32"
+        )
+    if not fp16:
+        precision["fp16"] = (
+            "this CPU has no native fp16 math (no AMX-FP16): fp16 autocast plus loss scaling "
+            "is slower than fp32"
+        )
+    precision["tf32"] = "TF32 needs an NVIDIA GPU with compute capability >= 8.0"
+    poor["loader.pin_memory"] = {
+        "true": "no accelerator: pinned memory is a no-op here (PyTorch warns)"
+    }
+    poor["loader.non_blocking"] = {"true": "no accelerator: there is no host-to-device copy"}
+    compile_modes["default"] = (
+        "torch.compile costs ~30 s cold per process on CPU (measured 27-38 s on 2 cores) and "
+        "gave no measurable speed-up for these models"
+    )
+    compile_modes["reduce-overhead"] = "CUDA graphs: needs a CUDA device to pay off"
+    compile_modes["max-autotune"] = "autotunes GPU kernels: needs a CUDA device to pay off"
+
+
 def detect_capabilities(device: torch.device | str | None = None) -> dict[str, Any]:
     """What the device does well, and `poor_choices`: {config key: {override value: reason}}.
 
@@ -224,29 +257,7 @@ def detect_capabilities(device: torch.device | str | None = None) -> dict[str, A
     }
 
     if device.type == "cpu":
-        bf16, fp16 = cpu_bf16_native(), cpu_fp16_native()
-        caps.update(bf16_native=bf16, fp16_native=fp16, tf32=False)
-        if not bf16:
-            precision["bf16"] = (
-                "this CPU has no native bf16 (no AVX512-BF16/AMX): autocast emulates it, "
-                "measured 3-15x slower than fp32"
-            )
-        if not fp16:
-            precision["fp16"] = (
-                "this CPU has no native fp16 math (no AMX-FP16): fp16 autocast plus loss scaling "
-                "is slower than fp32"
-            )
-        precision["tf32"] = "TF32 needs an NVIDIA GPU with compute capability >= 8.0"
-        poor["loader.pin_memory"] = {
-            "true": "no accelerator: pinned memory is a no-op here (PyTorch warns)"
-        }
-        poor["loader.non_blocking"] = {"true": "no accelerator: there is no host-to-device copy"}
-        compile_modes["default"] = (
-            "torch.compile costs ~30 s cold per process on CPU (measured 27-38 s on 2 cores) and "
-            "gave no measurable speed-up for these models"
-        )
-        compile_modes["reduce-overhead"] = "CUDA graphs: needs a CUDA device to pay off"
-        compile_modes["max-autotune"] = "autotunes GPU kernels: needs a CUDA device to pay off"
+        _cpu_choices(caps, precision, compile_modes, poor)
     elif device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         caps.update(compute_capability=f"{major}.{minor}", tf32=major >= 8, bf16_native=major >= 8)

@@ -76,7 +76,7 @@ def run_config(
             result.save(output_dir / RESULT_FILE)
         return result
 
-    from gpuopt.trial import run_trial
+    from gpuopt.engines import run_trial
 
     result = run_trial(spec, device=device)
     result.warnings = warnings + device_warnings + result.warnings

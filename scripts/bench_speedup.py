@@ -129,8 +129,8 @@ def find_batch_size(
 
     import gpuopt.run  # noqa: F401  (registers the config schema)
     from gpuopt.config import MODEL_META_KEYS, validate
+    from gpuopt.engines._common import instantiate_trusted as _instantiate
     from gpuopt.engines.lightning import BuiltinModule
-    from gpuopt.trial import _instantiate
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose(

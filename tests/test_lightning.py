@@ -24,6 +24,8 @@ from tests.conftest import TINY_TRIAL
 
 pytest.importorskip("lightning")
 
+from gpuopt.engines import run_trial
+from gpuopt.engines._common import CEILING_WARMUP_STEPS
 from gpuopt.engines.lightning import (
     BuiltinModule,
     FetchTimer,
@@ -31,7 +33,6 @@ from gpuopt.engines.lightning import (
     lightning_precision,
     run_lightning_trial,
 )
-from gpuopt.trial import CEILING_WARMUP_STEPS, run_trial
 
 HELPERS = "tests.helpers.lightning_models"
 TINY_MODELS = {

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpuopt.engines._common import process_start_time
 from gpuopt.measure import (
     HostClock,
     StopRule,
@@ -23,7 +24,6 @@ from gpuopt.measure import (
     step_stats,
     time_replay,
 )
-from gpuopt.trial import process_start_time
 
 RULE = StopRule(min_steps=10, max_steps=200, time_budget_s=5.0, stability_target=0.03)
 

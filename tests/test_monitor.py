@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gpuopt import monitor
+from gpuopt.engines._common import apply_device_monitor
 from gpuopt.monitor import NvmlSampler, Sample, integrate_power, summarize
 from gpuopt.result import Metrics
-from gpuopt.trial import apply_device_monitor
 
 
 class NotSupported(Exception):

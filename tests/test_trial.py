@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
+import sys
+import time
 
 import pytest
 import torch
 from omegaconf import open_dict
 
 from gpuopt.config import ConfigError, validate
+from gpuopt.engines import run_trial
+from gpuopt.engines._common import CeilingReplay
 from gpuopt.env import check_device_support
-from gpuopt.result import Status
-from gpuopt.trial import run_trial
+from gpuopt.result import Metrics, Status
 from tests.conftest import TINY_TRIAL
 
 FAMILIES = {
@@ -184,3 +188,40 @@ def test_num_threads_applies_and_null_restores_the_default():
     assert torch.get_num_threads() == 1
     set_num_threads(None)  # a later trial in the same process without a setting
     assert torch.get_num_threads() == default
+
+
+def test_ceiling_replay_both_engines_drive_is_bounded_by_steps_and_by_time():
+    """CeilingReplay (the one ceiling both engines use): warm-up untimed, at most max_steps timed,
+    or fewer once the budget passed, never under its minimum of timed steps."""
+    cpu = torch.device("cpu")
+    calls = []
+    replay = CeilingReplay(cpu, max_steps=7, budget_s=10.0, warmup_steps=1)
+    replay.run(lambda: calls.append(1) or 8)
+    assert (len(calls), replay.steps, replay.samples) == (8, 7, 56) and replay.seconds < 10.0
+    slow = CeilingReplay(cpu, max_steps=1000, budget_s=0.05, warmup_steps=0)
+    slow.run(lambda: time.sleep(0.02) or 8)
+    assert 3 <= slow.steps < 1000 and slow.seconds >= 0.05
+    m = Metrics(throughput=slow.samples / slow.seconds / 2)
+    slow.record(m)
+    assert m.ceiling_throughput == pytest.approx(slow.samples / slow.seconds)
+    assert m.input_efficiency == pytest.approx(50.0)
+    # A framework's batch-end hook drives the same object step by step.
+    hooked = CeilingReplay(cpu, max_steps=2, budget_s=10.0, warmup_steps=1)
+    hooked.begin()
+    assert [hooked.step_done(4) for _ in range(3)] == [False, False, True]
+    assert (hooked.steps, hooked.samples) == (2, 8)
+
+
+def test_engine_without_its_extra_is_an_error_result_before_anything_is_built(
+    compose_cfg, monkeypatch
+):
+    if importlib.util.find_spec("lightning") is None:
+        pytest.skip("validating engine=lightning needs the extra installed")
+    spec = validate(compose_cfg(*TINY_TRIAL, "engine=lightning"))  # validated while installed
+    monkeypatch.setitem(sys.modules, "lightning", None)  # then as if it never was
+    built = {}
+    result = run_trial(spec, inspect=built.__setitem__)
+    assert result.status is Status.ERROR and built == {}
+    assert result.reason == (
+        'ModuleNotFoundError: engine=lightning needs lightning: pip install "gpuopt[lightning]"'
+    )

@@ -7,8 +7,8 @@ gpuopt's groups map onto Lightning's own knobs:
   matmul precision "high", bf16 -> "bf16-mixed", fp16 -> "16-mixed"; `engine.precision` overrides
   the mapping with any Lightning precision string (e.g. "bf16-true").
 - compile: `torch.compile(LightningModule)`; Lightning compiles its forward and training_step.
-- loader: gpuopt's DataLoader (`gpuopt.trial.build_loader`) for a Dataset; for a LightningDataModule,
-  the loader knobs its constructor accepts (batch_size, num_workers, ...).
+- loader: gpuopt's DataLoader (`gpuopt.engines._common.build_loader`) for a Dataset; for a
+  LightningDataModule, the loader knobs its constructor accepts (batch_size, num_workers, ...).
 - device: accelerator/devices; cache.cudnn_benchmark -> `Trainer(benchmark=...)`.
 
 The model is either a built-in (or any) `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and
@@ -23,6 +23,9 @@ says stop and sets `trainer.should_stop`. Data wait is the time Lightning spends
 `next(dataloader)` (its profiler's `train_dataloader_next` action, caught by `FetchTimer`) plus, on
 CUDA, the GPU time of its host-to-device copy. Lightning's own per-step work (hooks, progress
 tracking) is inside the step time: that overhead is part of what this engine costs.
+
+The compute ceiling replays the first batch of the fit (already on the device) through a second
+`Trainer.fit` on the same module, timed by `gpuopt.engines._common.CeilingReplay` like the native one.
 
 Nothing is written to the working directory: no checkpoints, no logger, no progress bar;
 `default_root_dir` is the Hydra run dir (or a temporary directory outside Hydra).
@@ -47,22 +50,26 @@ from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpuopt import monitor, policies
-from gpuopt.config import MODEL_META_KEYS, TrialSpec
-from gpuopt.engines import owns_train_dataloader
-from gpuopt.measure import StopRule, WindowResult, make_clock, synchronize
-from gpuopt.result import TrialResult
-from gpuopt.trial import (
-    CEILING_WARMUP_STEPS,
-    Diverged,
-    _instantiate,
-    _Trial,
+from gpuopt import policies
+from gpuopt.config import TrialSpec
+from gpuopt.engines._common import (
+    CeilingReplay,
+    InputWait,
+    MemoryBaseline,
+    NonFiniteLoss,
+    Trial,
+    WindowMonitors,
+    apply_policies,
     build_loader,
     build_optimizer,
     compute_loss,
-    peak_rss_mb,
+    instantiate_data,
+    instantiate_model,
     record_window,
+    run_measured,
 )
+from gpuopt.measure import StopRule, WindowResult, make_clock, synchronize
+from gpuopt.result import TrialResult
 
 log = logging.getLogger(__name__)
 
@@ -141,65 +148,44 @@ class FetchTimer(Profiler):
         super().__init__()
         self.device = device
         self.active = False
-        self.fetch_s = 0.0
-        self._fetch_t0: float | None = None
-        self._copy_events: list[tuple[Any, Any]] = []
-        self._copy_start: Any = None
+        self.wait = InputWait(time_copies=device.type == "cuda")
+
+    @property
+    def fetch_s(self) -> float:
+        return self.wait.fetch_s
 
     def reset(self) -> None:
-        self.fetch_s, self._copy_events = 0.0, []
+        self.wait.reset()
 
     def start(self, action_name: str) -> None:
         if not self.active:
             return
         if action_name.endswith(self.FETCH):
-            self._fetch_t0 = time.perf_counter()
-        elif self.device.type == "cuda" and action_name.endswith(self.COPY):
-            self._copy_start = torch.cuda.Event(enable_timing=True)
-            self._copy_start.record()
+            self.wait.fetch_started()
+        elif action_name.endswith(self.COPY):
+            self.wait.copy_started()
 
     def stop(self, action_name: str) -> None:
-        if action_name.endswith(self.FETCH) and self._fetch_t0 is not None:
-            self.fetch_s += time.perf_counter() - self._fetch_t0
-            self._fetch_t0 = None
-        elif action_name.endswith(self.COPY) and self._copy_start is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._copy_events.append((self._copy_start, end))
-            self._copy_start = None
+        if action_name.endswith(self.FETCH):
+            self.wait.fetch_ended()
+        elif action_name.endswith(self.COPY):
+            self.wait.copy_ended()
 
     def wait_seconds(self) -> float:
         """Fetch + copy time of the window (call after the window's closing synchronize)."""
-        return self.fetch_s + sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3
+        return self.wait.seconds()
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
+    """The loss in what training_step returned (a tensor, or a dict with "loss")."""
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
     return loss if isinstance(loss, torch.Tensor) else None
 
 
-class _NonFinite:
-    """A device-side flag: any loss so far NaN/inf. Updated without a host sync; read at window ends."""
-
-    def __init__(self) -> None:
-        self.flag: torch.Tensor | None = None
-
-    def update(self, outputs: Any) -> None:
-        loss = _loss_of(outputs)
-        if loss is None:
-            return
-        if self.flag is None:
-            self.flag = torch.zeros((), dtype=torch.bool, device=loss.device)
-        torch.logical_or(self.flag, ~torch.isfinite(loss.detach()), out=self.flag)
-
-    def check(self, phase: str) -> None:
-        if self.flag is not None and bool(self.flag):  # a CPU-GPU sync point: window ends only
-            raise Diverged(f"loss became NaN/inf during {phase}")
-
-
 class MeasureCallback(pl.Callback):
     """Compile step, warm-up (FLOP count on its first step), then the timed window until the stop
-    rule ends it. Results stay on the callback: `window`, `timed_samples`, `nvml`, ..."""
+    rule ends it. Results stay on the callback: `window`, `timed_samples`, `nvml`, `first_batch`
+    (the fit's first batch, on the device: the ceiling replays it), ..."""
 
     def __init__(
         self,
@@ -214,7 +200,7 @@ class MeasureCallback(pl.Callback):
         self.fetch_timer = fetch_timer
         self.cache_policy = cache_policy
         self.notes = notes
-        self.nvml_interval_s = measure.nvml_interval_s
+        self.monitors = WindowMonitors(device, measure.nvml_interval_s, notes)
         self.rule = StopRule.from_measure(measure)
         self.clock = make_clock(device)
         self.compile_steps = 0 if spec.compile.mode == "off" else 1
@@ -226,7 +212,7 @@ class MeasureCallback(pl.Callback):
             notes.append(
                 "flops_per_sample and mfu need measure.warmup_steps >= 1 under engine=lightning"
             )
-        self.nonfinite = _NonFinite()
+        self.nonfinite = NonFiniteLoss()
         self.steps = 0  # batches completed in this fit
         # Filled as the fit runs.
         self.compile_time_s: float | None = None
@@ -236,8 +222,8 @@ class MeasureCallback(pl.Callback):
         self.timed_steps = 0
         self.timed_samples = 0
         self.nvml: Any = None
-        self.last_batch: Any = None
-        self._sampler: Any = None
+        self.keep_first_batch = measure.ceiling
+        self.first_batch: Any = None
         self._flop_counter: FlopCounterMode | None = None
         self._first_step_t0 = self._warmup_t0 = self._window_t0 = self._first_step_at = 0.0
 
@@ -252,6 +238,8 @@ class MeasureCallback(pl.Callback):
     ) -> None:
         if self.steps == 0:
             self._first_step_t0 = time.perf_counter()
+            if self.keep_first_batch:
+                self.first_batch = batch  # already moved to the device by Lightning
         if self.steps == self.flop_step:
             # Counts the matmul/conv/attention FLOPs of this whole step: forward and backward
             # (the optimizer's elementwise ops are not counted), as the native engine does.
@@ -266,7 +254,7 @@ class MeasureCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self.nonfinite.update(outputs)
+        self.nonfinite.update(_loss_of(outputs))
         if self._flop_counter is not None:
             self._flop_counter.__exit__(None, None, None)
             flops = float(self._flop_counter.get_total_flops())
@@ -293,20 +281,13 @@ class MeasureCallback(pl.Callback):
         if self._flop_counter is not None:
             self._flop_counter.__exit__(None, None, None)
             self._flop_counter = None
-        if self._sampler is not None:
-            self._sampler.stop()
-            self._sampler = None
+        self.monitors.stop()
 
     # -- the window --------------------------------------------------------------------------
     def _start_window(self) -> None:
-        sampler, note = monitor.open_sampler(self.device, self.nvml_interval_s)
-        if note:
-            self.notes.append(note)
-        self._sampler = sampler
+        self.monitors.start()
         self.fetch_timer.reset()
         self.fetch_timer.active = True
-        if sampler is not None:
-            sampler.start()
         self.clock.start()
         self._first_step_at = time.time()
         self._window_t0 = time.perf_counter()
@@ -315,7 +296,6 @@ class MeasureCallback(pl.Callback):
         self.clock.mark()
         self.timed_steps += 1
         self.timed_samples += extract_batch_size(batch)
-        self.last_batch = batch
         self.cache_policy.after_step(self.timed_steps - 1)
         elapsed = time.perf_counter() - self._window_t0
         rule = self.rule
@@ -329,25 +309,22 @@ class MeasureCallback(pl.Callback):
     def _end_window(self, trainer: pl.Trainer, reason: str) -> None:
         step_times, wall = self.clock.finish()  # synchronizes on CUDA
         self.fetch_timer.active = False
-        if self._sampler is not None:
-            self.nvml = self._sampler.stop()
-            self._sampler = None
+        self.nvml = self.monitors.stop()
         self.window = WindowResult(step_times, wall, self.timed_steps, reason, self._first_step_at)
         trainer.should_stop = True
         self.nonfinite.check("the timed window")
 
 
 class CeilingCallback(pl.Callback):
-    """The compute ceiling under Lightning: `warm` untimed steps, then `steps` timed ones on a batch
-    already on the device (Lightning's per-step work included, no loader)."""
+    """The compute ceiling under Lightning: `replay` (gpuopt's CeilingReplay) times the steps of a
+    fit over one batch already on the device (Lightning's per-step work included, no loader)."""
 
-    def __init__(self, device: torch.device, warm: int, steps: int) -> None:
-        self.device, self.warm, self.steps = device, warm, steps
-        self.nonfinite = _NonFinite()
-        self.done = 0
-        self.samples = 0
-        self.seconds: float | None = None
-        self._t0 = 0.0
+    def __init__(self, replay: CeilingReplay) -> None:
+        self.replay = replay
+        self.nonfinite = NonFiniteLoss()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.replay.begin()
 
     def on_train_batch_end(
         self,
@@ -357,16 +334,8 @@ class CeilingCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        self.nonfinite.update(outputs)
-        self.done += 1
-        if self.done > self.warm:
-            self.samples += extract_batch_size(batch)
-        if self.done == self.warm:
-            synchronize(self.device)
-            self._t0 = time.perf_counter()
-        elif self.done == self.warm + self.steps:
-            synchronize(self.device)
-            self.seconds = time.perf_counter() - self._t0
+        self.nonfinite.update(_loss_of(outputs))
+        if self.replay.step_done(extract_batch_size(batch)):
             trainer.should_stop = True
             self.nonfinite.check("the compute-ceiling replay")
 
@@ -409,11 +378,10 @@ def build_lightning_workload(
     spec: TrialSpec, device: torch.device, notes: list[str]
 ) -> tuple[pl.LightningModule, dict[str, Any]]:
     """The LightningModule to fit and the data arguments of `Trainer.fit`."""
-    from hydra._internal.utils import _locate
+    from hydra.utils import get_object
 
     torch.manual_seed(spec.seed)
-    model_kwargs = {k: v for k, v in spec.model.items() if k not in MODEL_META_KEYS}
-    built = _instantiate(model_kwargs, spec.trusted_targets)
+    built = instantiate_model(spec)
     if isinstance(built, pl.LightningModule):
         module = built
         if spec.model.get("channels_last"):
@@ -431,10 +399,10 @@ def build_lightning_workload(
         )
 
     data_target = spec.data.get("_target_")
-    data_cls = _locate(data_target) if data_target else None
+    data_cls = get_object(data_target) if data_target else None
     if isinstance(data_cls, type) and issubclass(data_cls, pl.LightningDataModule):
         kwargs = _datamodule_loader_kwargs(spec, data_cls, device, notes)
-        return module, {"datamodule": _instantiate(spec.data, spec.trusted_targets, **kwargs)}
+        return module, {"datamodule": instantiate_data(spec, **kwargs)}
     if isinstance(built, pl.LightningModule) and owns_train_dataloader(built):
         if data_target:
             notes.append(
@@ -447,8 +415,14 @@ def build_lightning_workload(
             f"{type(built).__name__} has no train_dataloader and no data._target_ is set: "
             "give a Dataset or LightningDataModule as data._target_"
         )
-    dataset = _instantiate(spec.data, spec.trusted_targets)
+    dataset = instantiate_data(spec)
     return module, {"train_dataloaders": build_loader(spec, dataset, device, notes)}
+
+
+def owns_train_dataloader(module: Any) -> bool:
+    """Whether a LightningModule (class or instance) overrides Lightning's train_dataloader hook."""
+    cls = module if isinstance(module, type) else type(module)
+    return getattr(cls, "train_dataloader", None) is not pl.LightningModule.train_dataloader
 
 
 def make_trainer(
@@ -518,72 +492,77 @@ def _lightning_output(notes: list[str]) -> Iterator[None]:
         notes.append(f"lightning: {text}")
 
 
-def measure_lightning(trial: _Trial, process_t0: float) -> None:
-    """`gpuopt.trial._measure`'s counterpart: fill `trial.metrics` by fitting with lightning.Trainer.
-    Raises on failure (Diverged, OOM, errors); `gpuopt.trial.run_trial` classifies them."""
-    spec, device, m = trial.spec, trial.device, trial.metrics
-    measure = spec.measure
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    rss_before_mb = peak_rss_mb()
-    policies.set_num_threads(spec.device.num_threads)
-    # Process-wide float32 matmul precision (TF32 on/off). Lightning's precision plugin does the
-    # autocast and the fp16 GradScaler, so the returned policy is not used here.
-    policies.precision_policy(spec.precision, device)
-    cache_policy = policies.CachePolicy(spec.cache, device)
-    cache_policy.apply()
+def measure(trial: Trial, process_t0: float) -> None:
+    """The engine (`gpuopt.engines.ENGINES["lightning"]`): fill `trial.metrics` by fitting with
+    lightning.Trainer, raising on failure (Diverged, OOM, errors: `gpuopt.engines.run_trial`
+    classifies them)."""
+    spec, device = trial.spec, trial.device
+    memory = MemoryBaseline.take(device)
+    # Process-wide settings, float32 matmul precision (TF32 on/off) included. Lightning's precision
+    # plugin does the autocast and the fp16 GradScaler: the precision policy is not used here.
+    cache_policy = apply_policies(spec, device).cache
     module, fit_data = build_lightning_workload(spec, device, trial.warnings)
-    if trial.inspect is not None:
-        trial.inspect("module", module)
-        trial.inspect("fit_data", fit_data)
+    trial.show("module", module)
+    trial.show("fit_data", fit_data)
     # Lightning recognises the compiled wrapper and compiles forward and training_step.
     fit_module = policies.compile_function(module, spec.compile)
     fetch_timer = FetchTimer(device)
     meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings)
     with _trainer_root() as root, _lightning_output(trial.warnings):
         trainer = make_trainer(spec, device, [meter], fetch_timer, root)
-        if trial.inspect is not None:
-            trial.inspect("trainer", trainer)
+        trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
-        if meter.window is None:
-            raise RuntimeError(
-                f"the fit ended after {meter.steps} steps, before the timed window did "
-                "(did the train_dataloader yield no batches?)"
-            )
-        m.compile_time_s = meter.compile_time_s if meter.compile_steps else 0.0
-        m.warmup_time_s = meter.warmup_time_s
-        m.flops_per_sample = meter.flops_per_sample
-        record_window(
-            m,
-            meter.window,
-            samples=meter.timed_samples,
-            waited_s=fetch_timer.wait_seconds(),
-            device=device,
-            nvml=meter.nvml,
-            rss_before_mb=rss_before_mb,
-            precision_mode=peak_mode(spec),
-            process_t0=process_t0,
-        )
-        if measure.ceiling and meter.last_batch is not None:
-            ceiling = CeilingCallback(device, CEILING_WARMUP_STEPS, measure.ceiling_steps)
-            replay = _RepeatedBatch(meter.last_batch, CEILING_WARMUP_STEPS + measure.ceiling_steps)
-            meter.last_batch = None
+        _record_fit(trial, meter, fetch_timer, memory, process_t0)
+        batch, meter.first_batch = meter.first_batch, None
+        if spec.measure.ceiling and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).
-            ceiling_trainer = make_trainer(spec, device, [ceiling], None, root)
-            ceiling_trainer.fit(trainer.lightning_module, train_dataloaders=replay)
-            if ceiling.seconds:
-                m.ceiling_throughput = ceiling.samples / ceiling.seconds
-                m.input_efficiency = (
-                    100.0 * m.throughput / m.ceiling_throughput if m.throughput else None
-                )
+            _compute_ceiling(trial, trainer.lightning_module, batch, root)
+
+
+def _record_fit(
+    trial: Trial,
+    meter: MeasureCallback,
+    fetch_timer: FetchTimer,
+    memory: MemoryBaseline,
+    process_t0: float,
+) -> None:
+    """The metrics of the fit the callback measured (an error if it ended before the window did)."""
+    m = trial.metrics
+    if meter.window is None:
+        raise RuntimeError(
+            f"the fit ended after {meter.steps} steps, before the timed window did "
+            "(did the train_dataloader yield no batches?)"
+        )
+    m.compile_time_s = meter.compile_time_s if meter.compile_steps else 0.0
+    m.warmup_time_s = meter.warmup_time_s
+    m.flops_per_sample = meter.flops_per_sample
+    record_window(
+        m,
+        meter.window,
+        samples=meter.timed_samples,
+        waited_s=fetch_timer.wait_seconds(),
+        device=trial.device,
+        nvml=meter.nvml,
+        memory=memory,
+        precision_mode=peak_mode(trial.spec),
+        process_t0=process_t0,
+    )
+
+
+def _compute_ceiling(trial: Trial, module: pl.LightningModule, batch: Any, root: Path) -> None:
+    """The fitted module trained on `batch` (on the device) by a second fit, no loader."""
+    replay = CeilingReplay.for_trial(trial.spec, trial.device)
+    ceiling = CeilingCallback(replay)
+    trainer = make_trainer(trial.spec, trial.device, [ceiling], None, root)
+    trainer.fit(module, train_dataloaders=_RepeatedBatch(batch, replay.max_batches))
+    replay.record(trial.metrics)
 
 
 def run_lightning_trial(
     spec: TrialSpec, device: torch.device | None = None, inspect: Any = None
 ) -> TrialResult:
     """Measure `spec` under the Lightning engine (whatever `spec.engine.name` says), with the same
-    failure handling and result as `gpuopt.trial.run_trial`."""
-    from gpuopt.trial import run_trial
-
+    failure handling and result as `gpuopt.engines.run_trial`."""
     engine = dataclasses.replace(spec.engine, name="lightning")
-    return run_trial(dataclasses.replace(spec, engine=engine), device=device, inspect=inspect)
+    spec = dataclasses.replace(spec, engine=engine)
+    return run_measured(spec, lambda: measure, device=device, inspect=inspect)
