@@ -429,11 +429,11 @@ def test_gpu_setup_command(environ, line):
 def test_fingerprint_is_stable_and_names_the_hardware():
     cpu = {"machine": "x86_64", "system": "Linux", "cpu": "AMD EPYC", "cpu_count": 2, "gpus": []}
     gpu = {**cpu, "gpus": ["NVIDIA H200"]}
-    assert hardware.fingerprint(cpu) == hardware.fingerprint(dict(cpu))
-    assert hardware.fingerprint(cpu).startswith("cpu2-")
-    assert hardware.fingerprint(gpu).startswith("h200-") and hardware.fingerprint(
+    assert hardware.hardware_id(cpu) == hardware.hardware_id(dict(cpu))
+    assert hardware.hardware_id(cpu).startswith("cpu2-")
+    assert hardware.hardware_id(gpu).startswith("h200-") and hardware.hardware_id(
         gpu
-    ) != hardware.fingerprint(cpu)
+    ) != hardware.hardware_id(cpu)
     assert hardware.default_study_name("mlp", "default", "cpu2-abc") == "mlp-default-cpu2-abc"
 
 
@@ -499,19 +499,10 @@ def test_recover_interrupted_fails_and_reenqueues():
 
 
 def test_single_objective_samplers_are_refused_for_several_objectives():
-    from gpuopt.sweeper._impl import GpuoptSweeperImpl
+    from gpuopt.sweeper.loop import GpuoptSweeperImpl
+    from gpuopt.sweeper.options import SweeperOptions
 
-    impl = GpuoptSweeperImpl(
-        sampler=optuna.samplers.CmaEsSampler(),
-        direction=None,
-        storage=None,
-        study_name=None,
-        n_trials=4,
-        n_jobs=1,
-        max_failure_rate=0.5,
-        custom_search_space=None,
-        params=None,
-    )
+    impl = GpuoptSweeperImpl(optuna.samplers.CmaEsSampler(), SweeperOptions.build(n_trials=4))
     impl._check_sampler(["maximize"])
     with pytest.raises(SweepConfigError, match="cmaes"):
         impl._check_sampler(["maximize", "maximize"])

@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
+from gpuopt.fmt import duration
+from gpuopt.fmt import speedup_ci as ci_text
+from gpuopt.fmt import value as fmt
+
 from .confirm import KEEP_BASELINE
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    seconds = round(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
-    return str(value)
 
 
 def values_text(names: Sequence[str], values: Sequence[float] | None) -> str:
@@ -58,16 +42,6 @@ def progress_line(
 
 def param_text(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={fmt(v)}" for k, v in sorted(params.items())) or "(as configured)"
-
-
-def ci_text(entry: dict[str, Any]) -> str:
-    if "ratio" not in entry:
-        return entry.get("error", "n/a")
-    ratio = entry["ratio"]
-    if entry.get("ci_low") is None:
-        return f"{ratio:.3f}x (no CI: needs >= 2 measurements each)"
-    verdict = "" if entry.get("distinguishable") else ", not distinguishable from 1.0x"
-    return f"{ratio:.3f}x [95% CI {entry['ci_low']:.3f}-{entry['ci_high']:.3f}, n={entry['n_candidate']}/{entry['n_reference']}{verdict}]"
 
 
 def render(
