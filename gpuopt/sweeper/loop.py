@@ -18,7 +18,6 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,9 @@ from ._compat import (
 )
 from .objectives import SweepConfigError, TrialOutcome, resolve_objectives
 from .options import SweeperOptions
+from .progress import Progress
 from .record import outcome_of, record_trial
-from .schema import ATTR_BASELINE, ATTR_REASON, leading_trial
+from .schema import ATTR_BASELINE
 from .search_space import (
     SearchSpace,
     build_search_space,
@@ -52,27 +52,8 @@ from .search_space import (
     suggest,
     validate_overrides,
 )
-from .summary import progress_line
 
 log = logging.getLogger("gpuopt.sweeper")
-
-MIN_TRIALS_FOR_FAILURE_RATE = 3
-
-
-class SweepAborted(RuntimeError):
-    """Too many trials ended with status `error` (hydra.sweeper.max_failure_rate)."""
-
-
-@dataclass
-class Progress:
-    """This run's count of finished trials, for the progress line and the failure rate."""
-
-    done_before: int  # counted trials of the study when this run started
-    t_start: float
-    t_loop: float
-    best: tuple[int, list[float]] | None
-    finished: int = 0
-    errors: int = 0
 
 
 class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
@@ -176,8 +157,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             "Objectives: %s",
             ", ".join(f"{n} ({d})" for n, d in zip(names, directions, strict=False)),
         )
-        progress = Progress(done_before, t_start, time.monotonic(), None)
-        self._run_trials(study, to_go, space, names, directions, progress)
+        progress = Progress(self.n_trials, names, directions, done_before, t_start)
+        self._run_trials(study, to_go, space, progress)
 
         confirmation = confirm.confirm_if_last(
             study,
@@ -281,8 +262,6 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         study: optuna.Study,
         to_go: int,
         space: SearchSpace,
-        names: list[str],
-        directions: list[str],
         progress: Progress,
     ) -> None:
         """Ask, launch, record until the study holds n_trials counted trials.
@@ -291,8 +270,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         PostgreSQL or journal storage), so what is left is re-read before every batch.
         """
         owner = resume.this_owner()
-        leader = leading_trial(study.get_trials(deepcopy=False), directions)
-        progress.best = (leader.number, leader.values) if leader is not None else None
+        progress.start(study.get_trials(deepcopy=False))
         first, waiting_logged = True, False
         while True:
             if not first:
@@ -310,8 +288,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             trials, full = self._ask(study, min(self.n_jobs, to_go), owner)
             if not trials:
                 return
-            self._run_batch(study, trials, space, names, directions, progress)
-            self._check_failure_rate(study, progress)
+            self._run_batch(study, trials, space, progress)
+            progress.check_failure_rate(
+                self.max_failure_rate, study.study_name, storage_mod.display(self.storage)
+            )
             if full:
                 return
 
@@ -365,8 +345,6 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         study: optuna.Study,
         trials: list[Trial],
         space: SearchSpace,
-        names: list[str],
-        directions: list[str],
         progress: Progress,
     ) -> None:
         """Launch one batch under heartbeats and record each trial as it is read back."""
@@ -377,61 +355,13 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             overrides = [self._configure(t, space) for t in trials]
             returns = self._launch(overrides, [t.number for t in trials])
             for trial, trial_overrides, ret in zip(trials, overrides, returns, strict=False):
-                outcome = outcome_of(ret, names, directions)
+                outcome = outcome_of(ret, progress.names, progress.directions)
                 self._tell(study, trial, trial_overrides, ret, outcome)
-                self._log_progress(trial, outcome, names, directions, progress)
+                baseline_trial = bool(trial.user_attrs.get(ATTR_BASELINE))
+                log.info(progress.record(trial.number, baseline_trial, outcome))
         finally:
             for beat in beats:
                 beat.join()
-
-    def _log_progress(
-        self,
-        trial: Trial,
-        outcome: TrialOutcome,
-        names: list[str],
-        directions: list[str],
-        progress: Progress,
-    ) -> None:
-        sign = 1 if directions[0] == "maximize" else -1
-        best = progress.best
-        if (
-            outcome.feasible
-            and outcome.values
-            and (best is None or sign * outcome.values[0] > sign * best[1][0])
-        ):
-            progress.best = (trial.number, outcome.values)
-        progress.finished += 1
-        progress.errors += outcome.failed
-        done = progress.done_before + progress.finished
-        per_trial = (time.monotonic() - progress.t_loop) / progress.finished
-        log.info(
-            progress_line(
-                done,
-                self.n_trials,
-                trial.number,
-                outcome.status,
-                names,
-                outcome.values,
-                time.monotonic() - progress.t_start,
-                per_trial * max(0, self.n_trials - done),
-                progress.best,
-                bool(trial.user_attrs.get(ATTR_BASELINE)),
-                outcome.user_attrs.get(ATTR_REASON),
-            )
-        )
-
-    def _check_failure_rate(self, study: optuna.Study, progress: Progress) -> None:
-        errors, finished = progress.errors, progress.finished
-        if (
-            errors
-            and finished >= min(MIN_TRIALS_FOR_FAILURE_RATE, self.n_trials)
-            and errors / finished > self.max_failure_rate
-        ):
-            raise SweepAborted(
-                f"{errors} of {finished} trials ended with status error (> hydra.sweeper.max_failure_rate="
-                f"{self.max_failure_rate}); see their 'reason' user attrs: optuna trials --study-name "
-                f"{study.study_name} --storage {storage_mod.display(self.storage)}"
-            )
 
     def _configure(self, trial: Trial, space: SearchSpace) -> list[str]:
         """Suggest the trial's params; its overrides. The baseline suggests only the keys it was

@@ -133,7 +133,7 @@ class GpuoptSweeper(OptunaSweeper):
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
     """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback."""
-    from .loop import SweepAborted
+    from .progress import SweepAborted
 
     try:
         yield
