@@ -255,6 +255,43 @@ def param_importances(
     return result, None
 
 
+def trial_view(trial: FrozenTrial, hardware: dict[str, Any] | None) -> TrialView:
+    """One trial with its status and bottleneck diagnosis."""
+    status = trial_status(trial)
+    attrs = dict(trial.user_attrs)
+    return TrialView(
+        number=trial.number,
+        status=status,
+        values=tuple(trial.values) if trial.values is not None else None,
+        params=dict(trial.params),
+        attrs=attrs,
+        diagnosis=diagnose(
+            attrs,
+            status=status,
+            device_type=device_type_of(attrs, hardware),
+            config=attrs.get(ATTR_CONFIG) or {},
+        ),
+    )
+
+
+def _changes(
+    baseline: TrialView | None, best: TrialView | None
+) -> tuple[list[str], list[str], list[ConfigChange]]:
+    """(best overrides not in the baseline's, baseline overrides the best drops, config diff)."""
+    changes: list[str] = []
+    reverted: list[str] = []
+    config_changes: list[ConfigChange] = []
+    if best is not None:
+        best_overrides = best.overrides or []
+        if baseline is not None and baseline is not best:
+            changes, reverted = override_diff(baseline.overrides or [], best_overrides)
+            if baseline.config and best.config:
+                config_changes = config_diff(baseline.config, best.config)
+        elif baseline is None:
+            changes = list(best_overrides)
+    return changes, reverted, config_changes
+
+
 def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     """Summarize a study: counts, baseline, best, Pareto front, diff, diagnoses, importances."""
     objectives = _objective_names(study)
@@ -263,25 +300,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     hardware = hardware if isinstance(hardware, dict) else None
     frozen = study.get_trials(deepcopy=False)
 
-    views: list[TrialView] = []
-    for trial in frozen:
-        status = trial_status(trial)
-        attrs = dict(trial.user_attrs)
-        views.append(
-            TrialView(
-                number=trial.number,
-                status=status,
-                values=tuple(trial.values) if trial.values is not None else None,
-                params=dict(trial.params),
-                attrs=attrs,
-                diagnosis=diagnose(
-                    attrs,
-                    status=status,
-                    device_type=device_type_of(attrs, hardware),
-                    config=attrs.get(ATTR_CONFIG) or {},
-                ),
-            )
-        )
+    views = [trial_view(trial, hardware) for trial in frozen]
     by_number = {v.number: v for v in views}
 
     counts = Counter(v.status for v in views)
@@ -312,17 +331,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         if base_tp and best_tp:
             speedup = best_tp / base_tp
 
-    changes: list[str] = []
-    reverted: list[str] = []
-    config_changes: list[ConfigChange] = []
-    if best is not None:
-        best_overrides = best.overrides or []
-        if baseline is not None and baseline is not best:
-            changes, reverted = override_diff(baseline.overrides or [], best_overrides)
-            if baseline.config and best.config:
-                config_changes = config_diff(baseline.config, best.config)
-        elif baseline is None:
-            changes = list(best_overrides)
+    changes, reverted, config_changes = _changes(baseline, best)
 
     ok_numbers = {v.number for v in views if v.status == "ok"}
     importances, note = param_importances(

@@ -130,18 +130,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             study_mod.warn_other_hardware(study, hw_id)
         self._check_sampler(directions)
 
-        self._recover(study)
-        to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
-        if to_go and self.options.baseline:
-            self._baseline_point = baseline.prepare(study, self.config, space, created)
-        if space.is_grid:
-            grid_trials = baseline.grid_trials(space, study.get_trials(deepcopy=False))
-            if grid_trials < self.n_trials:
-                log.info(
-                    "GridSampler: n_trials %d -> %d (the grid's size)", self.n_trials, grid_trials
-                )
-            self.n_trials = min(self.n_trials, grid_trials)
-        to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+        to_go = self._trials_to_go(study, space, created)
         done_before = self.n_trials - to_go
         if done_before:
             log.info(
@@ -184,6 +173,22 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         )
         text = outputs.write_outputs(study, identity, confirmation, time.monotonic() - t_start)
         print(text, flush=True)
+
+    def _trials_to_go(self, study: optuna.Study, space: SearchSpace, created: bool) -> int:
+        """Recover dead workers' trials, make sure a baseline will run, fit n_trials to a grid;
+        how many trials the study still needs."""
+        self._recover(study)
+        to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+        if to_go and self.options.baseline:
+            self._baseline_point = baseline.prepare(study, self.config, space, created)
+        if space.is_grid:
+            grid_trials = baseline.grid_trials(space, study.get_trials(deepcopy=False))
+            if grid_trials < self.n_trials:
+                log.info(
+                    "GridSampler: n_trials %d -> %d (the grid's size)", self.n_trials, grid_trials
+                )
+            self.n_trials = min(self.n_trials, grid_trials)
+        return resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
 
     # ---- configuration -------------------------------------------------------------------------
 

@@ -84,6 +84,31 @@ def render(
         )
     else:
         lines.append("best: no feasible trial")
+    lines.extend(_comparison_lines(confirmation, baseline, best, names, directions))
+    if len(names) > 1 and pareto:
+        lines.append(f"Pareto front ({len(pareto)} trial(s)):")
+        for t in list(pareto)[:10]:
+            lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
+    lines.extend(notes)
+    lines.append(f"sweep dir: {sweep_dir}")
+    if best_yaml:
+        lines.append(f"best config: {best_yaml}")
+        lines.append(f"  reproduce: python -m gpuopt.run --config-dir {sweep_dir} +experiment=best")
+    lines.append(f"review: python -m gpuopt.report --study {study_name} --storage {storage}")
+    lines.append(f"        optuna trials --study-name {study_name} --storage {storage}")
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+def _comparison_lines(
+    confirmation: dict[str, Any] | None,
+    baseline: Any | None,
+    best: Any | None,
+    names: Sequence[str],
+    directions: Sequence[str],
+) -> list[str]:
+    """The confirmation round's verdict, or without one the single-measurement speedup."""
+    lines: list[str] = []
     if confirmation and confirmation.get("comparisons"):
         obj = confirmation.get("objective")
         lines.append(
@@ -118,16 +143,4 @@ def render(
             lines.append(
                 f"speedup over baseline ({names[first]}): {ratio:.3f}x (single measurements, no confirmation round)"
             )
-    if len(names) > 1 and pareto:
-        lines.append(f"Pareto front ({len(pareto)} trial(s)):")
-        for t in list(pareto)[:10]:
-            lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
-    lines.extend(notes)
-    lines.append(f"sweep dir: {sweep_dir}")
-    if best_yaml:
-        lines.append(f"best config: {best_yaml}")
-        lines.append(f"  reproduce: python -m gpuopt.run --config-dir {sweep_dir} +experiment=best")
-    lines.append(f"review: python -m gpuopt.report --study {study_name} --storage {storage}")
-    lines.append(f"        optuna trials --study-name {study_name} --storage {storage}")
-    lines.append("=" * 78)
-    return "\n".join(lines)
+    return lines
