@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gpuopt.fmt import metric as fmt
 from gpuopt.report.export import compose_experiment, export_experiment
 from gpuopt.report.html import PLOTLY_HINT, plotly_available, write_html
 from gpuopt.report.storage import (
@@ -21,7 +22,7 @@ from gpuopt.report.storage import (
     open_storage,
 )
 from gpuopt.report.summary import StudyReport, config_diff
-from gpuopt.report.text import fmt, render, trial_detail
+from gpuopt.report.text import render, trial_detail
 
 HTML_WIDTH = 150  # characters per line of the text report embedded in the HTML page
 PIPE_WIDTH = 150  # characters per line when stdout is not a terminal (files, CI logs)
