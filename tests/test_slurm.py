@@ -163,9 +163,9 @@ def test_sweep_runs_its_trials_as_slurm_jobs_to_completion(tmp_path, cluster):
     jobs = {k: v for k, v in squeue_states(cluster).items() if k not in before}
     assert len(jobs) == 3 and {s.state for s in jobs.values()} == {"COMPLETED"}
     assert len({k.split("_")[0] for k in jobs}) == 2
-    logs = list(tmp_path.glob("sweeps/*/*/.submitit/*/*_log.out"))
-    assert len(logs) == 3
-    assert all("SlurmJobEnvironment" in p.read_text() for p in logs)
+    logs = {p.parent.name: p.read_text() for p in tmp_path.glob("sweeps/*/*/.submitit/*/*_log.out")}
+    assert set(logs) == set(jobs)
+    assert all(f"Starting with JobEnvironment(job_id={k}," in text for k, text in logs.items())
 
 
 @pytest.mark.slow
@@ -200,5 +200,39 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
     assert "DUE TO TIME LIMIT" in hung.user_attrs["traceback"]
     job_id = reason.rsplit("job ", 1)[1]
     assert squeue_states(cluster)[job_id].state == "TIMEOUT"
+    # submitit's USR2 (signal_delay_s=120 > the limit: sent at once) did not end or requeue it.
+    (stderr,) = tmp_path.glob(f"sweeps/*/*/.submitit/{job_id}/{job_id}_0_log.err")
+    assert "gpuopt: SLURM sent SIGUSR2" in stderr.read_text()
     assert "gpuopt sweep summary" in proc.stdout
     assert elapsed > 55  # the trial did run to SLURM's limit (not cut short by submitit's USR2)
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_terminated_sweep_cancels_its_running_trial_jobs(tmp_path, cluster):
+    """SIGTERM (a scheduler's stop, `kill`) of the sweep: its trial job does not run on."""
+    env = {**os.environ, **cluster.env, "GPUOPT_OUTPUT_DIR": str(tmp_path)}
+    before = set(squeue_states(cluster))
+    cmd = [sys.executable, str(HELPERS / "fake_task.py"), "-m", *SLURM_JOB, *FAST]
+    cmd += ["hydra.sweeper.confirm.rounds=0", "hydra.launcher.timeout_min=5", "+case=hang"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        running: list[str] = []
+        while not running and time.monotonic() < deadline:
+            time.sleep(0.5)
+            states = squeue_states(cluster).items()
+            running = [k for k, v in states if k not in before and v.state == "RUNNING"]
+        assert running, "the trial job never started"
+        proc.terminate()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 15
+    while squeue_states(cluster)[running[0]].state != "CANCELLED" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert squeue_states(cluster)[running[0]].state == "CANCELLED"

@@ -309,10 +309,11 @@ def _result(job: Any, overrides: list[str]) -> JobReturn:
 
 
 def _warn_time_limit(signum: int, frame: Any) -> None:
-    log.warning(
-        "SLURM sent %s: the job's time limit (or a preemption) is near; the trial goes on until "
-        "it ends or SLURM ends it",
-        signal.Signals(signum).name,
+    """In the trial job: note submitit's USR2 in the job's stderr (os.write: signal-safe)."""
+    os.write(
+        2,
+        f"gpuopt: SLURM sent {signal.Signals(signum).name}: its time limit (or a preemption) is "
+        "near; the trial goes on until it ends or SLURM ends it\n".encode(),
     )
 
 
