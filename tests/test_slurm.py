@@ -83,10 +83,17 @@ def test_state_from_log_without_a_slurm_line_is_none():
         ("CANCELLED by 0", None, "cancelled by SLURM (scancel or an administrator), job 5_1"),
         ("FAILED", -9, "SLURM job 5_1 ended FAILED: killed by signal SIGKILL"),
         ("FAILED", 3, "SLURM job 5_1 ended FAILED: exited with code 3 without a result"),
+        (
+            "FAILED|purged",
+            None,
+            "SLURM job 5_1 ended FAILED (purged): ended without an exit status",
+        ),
     ],
 )
 def test_end_reason_names_slurms_verdict_and_the_knob(state, exit_code, reason):
-    text = end_reason(SlurmJobState("5_1", state), {"timeout_min": 3, "mem_gb": 2}, exit_code)
+    name, _, why = state.partition("|")
+    job = SlurmJobState("5_1", name, why)
+    text = end_reason(job, {"timeout_min": 3, "mem_gb": 2}, exit_code)
     assert text.startswith(reason)
 
 

@@ -181,7 +181,8 @@ def end_reason(state: SlurmJobState, params: dict[str, Any], exit_code: int | No
         return f"SLURM: {name.replace('_', ' ')} ({state.reason or 'the node failed'}), {job}"
     if name == "DEADLINE":
         return f"cancelled by SLURM: DEADLINE, {job}"
-    return f"SLURM {job} ended {name}: {describe_exit(exit_code)}"
+    detail = f" ({state.reason})" if state.reason not in ("", "None") else ""
+    return f"SLURM {job} ended {name}{detail}: {describe_exit(exit_code)}"
 
 
 class GpuoptSlurmLauncher(SlurmLauncher):
