@@ -694,5 +694,16 @@ def check_writable_path(key: str, path: str | os.PathLike[str], directory: bool 
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise ConfigError(key, str(path), f"a path under a directory ({existing} is a file)")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not os.access(existing, os.W_OK | os.X_OK) or not _can_create_in(existing):
         raise ConfigError(key, str(path), f"a path you can write ({existing} is not writable)")
+
+
+def _can_create_in(folder: str) -> bool:
+    """os.access says yes to root everywhere; an anonymous temporary file (gone on close) tells."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
