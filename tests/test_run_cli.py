@@ -122,3 +122,20 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
     result = TrialResult.load(result_file)
     assert result.status is Status.OK and result.metrics.throughput > 0
     assert result.config["model"]["hidden"] == 7 and result.config["data"]["shape"] == [12]
+
+
+def test_bad_input_is_exit_2_before_the_run_dir_exists(tmp_path):
+    proc = _cli(tmp_path, "model.depth=-2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "gpuopt: invalid config: model.depth=-2; allowed: an integer >= 1"
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_hydra_full_error_set_by_the_user_still_shows_the_full_traceback(tmp_path):
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs"), "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuopt.run", "model=nope"],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "MissingConfigException" in proc.stderr
