@@ -208,8 +208,12 @@ def _local_device_facts() -> dict[str, Any]:
 def check_before_run(config: DictConfig) -> None:
     """Everything a single run can get wrong, before Hydra creates its run directory: the values
     (torch-free, so the common mistakes fail fast), where the run writes, the targets, the device."""
+    from gpuopt.policies import apply_allocator_env
+
     check_composed(config)
     check_writable_path("hydra.run.dir", str(config.hydra.run.dir), directory=True)
+    # validate() imports the targets, hence torch, which reads the allocator settings on import.
+    apply_allocator_env(config.cache.cuda_alloc_conf, bool(config.cache.cpu_thp))
     validate(config)
     check_device_facts(config, _local_device_facts())
 

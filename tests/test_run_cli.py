@@ -139,3 +139,13 @@ def test_hydra_full_error_set_by_the_user_still_shows_the_full_traceback(tmp_pat
     )  # fmt: skip
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "MissingConfigException" in proc.stderr
+
+
+def test_allocator_settings_still_apply_although_validation_imports_torch_first(tmp_path):
+    """The callback imports the model (and torch) before the job: it must set THP first."""
+    proc = _cli(tmp_path, *TINY_TRIAL, "cache=cpu_thp")
+    assert proc.returncode == 0, proc.stderr
+    (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    result = TrialResult.load(result_file)
+    assert result.status is Status.OK
+    assert not [w for w in result.warnings if "did not apply" in w], result.warnings
