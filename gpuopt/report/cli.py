@@ -61,7 +61,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also show trial N in detail: overrides, diagnosis with evidence, reason",
     )
     parser.add_argument("--list", action="store_true", help="only list the studies in the storage")
-    return parser.parse_args(argv)
+
+    def one_line_error(message: str) -> None:  # argparse's usage block would be many lines
+        print(
+            f"gpuopt.report: error: {message}; see python -m gpuopt.report --help", file=sys.stderr
+        )
+        sys.exit(2)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    check_arguments(args)
+    return args
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Values and output paths, before any storage is opened or report built: one line, exit 2."""
+    from gpuopt.config import ConfigError, check_writable_path
+
+    try:
+        if args.top < 1:
+            raise ConfigError("--top", args.top, "an integer >= 1 (or --all)")
+        if args.trial is not None and args.trial < 0:
+            raise ConfigError("--trial", args.trial, "a trial number >= 0")
+        same = args.html and args.export_best
+        if same and Path(args.html).resolve() == Path(args.export_best).resolve():
+            raise ConfigError("--export-best", args.export_best, "a path other than --html's")
+        if args.html:
+            check_writable_path("--html", args.html)
+        if args.export_best:
+            check_writable_path("--export-best", args.export_best)
+    except ConfigError as exc:
+        print(
+            f"gpuopt.report: error: invalid argument {exc.key}={exc.value!r}; "
+            f"allowed: {exc.allowed}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 def studies_table(studies: list[StudyEntry], current: str | None) -> Table:
