@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import gpuopt
 from gpuopt.config import ConfigError, TrialSpec
+from gpuopt.host import cpu_model
 
 if TYPE_CHECKING:
     import torch
@@ -34,16 +35,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def resolve_device(device_type: str) -> torch.device:
