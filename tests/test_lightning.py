@@ -123,6 +123,8 @@ def test_builtin_family_runs_under_lightning_with_warmup_excluded(family_runs, f
     assert m.throughput == pytest.approx(meter.timed_samples / m.timed_seconds)
     assert m.step_time_ms > 0 and m.stop_reason in ("stable", "budget", "max_steps")
     assert 0.0 <= m.data_wait <= 100.0 and m.utilization == pytest.approx(100.0 - m.data_wait)
+    assert m.host_data_wait == m.data_wait  # CPU: the host's wait is the device's
+    assert m.peak_reserved_mb is None and m.utilization_source is m.power_source is None
     assert m.flops_per_sample and m.flops_per_sample > 0
     assert m.ceiling_throughput and m.ceiling_throughput > 0 and m.input_efficiency > 0
     assert m.mfu is None  # no documented peak for a CPU
@@ -294,7 +296,13 @@ def test_fetch_timer_times_only_the_fetch_while_active() -> None:
     timer.start("[LightningModule]BuiltinModule.training_step")
     timer.stop("[LightningModule]BuiltinModule.training_step")
     timer.stop("[_TrainingEpochLoop].train_dataloader_next")
-    assert timer.fetch_s > 0.0 and timer.wait_seconds() == timer.fetch_s
+    waited = timer.wait_seconds()  # on CPU the device's wait is the host's fetch time
+    assert timer.fetch_s > 0.0 and waited.device_s == waited.host_s == timer.fetch_s
+    timer.active = False
+    timer.start("[_TrainingEpochLoop].train_dataloader_next")
+    timer.active = True  # a span opened outside the window does not close inside it
+    timer.stop("[_TrainingEpochLoop].train_dataloader_next")
+    assert timer.wait_seconds() == waited
 
 
 @pytest.mark.slow

@@ -49,6 +49,8 @@ def _assert_measured(result, max_steps=6):
     assert m.throughput == pytest.approx(m.timed_steps * 8 / m.timed_seconds)
     assert m.step_time_p10_ms <= m.step_time_ms <= m.step_time_p90_ms
     assert 0 <= m.data_wait <= 100 and m.utilization == pytest.approx(100 - m.data_wait)
+    assert m.host_data_wait == m.data_wait  # CPU: the host's wait is the device's
+    assert m.peak_reserved_mb is None and m.utilization_source is m.power_source is None
     assert m.input_efficiency == pytest.approx(100 * m.throughput / m.ceiling_throughput)
     assert m.flops_per_sample > 0 and m.mfu is None  # no documented peak for a CPU
     assert m.peak_memory_mb >= 0 and m.startup_time_s > 0 and m.warmup_time_s > 0
