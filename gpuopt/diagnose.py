@@ -3,8 +3,10 @@
 The rules read only measured metrics (see gpuopt/result.py, `Metrics`) and never guess past them:
 
 1. input-bound       data_wait >= DATA_WAIT_HIGH_PCT or input_efficiency <= INPUT_EFFICIENCY_LOW_PCT
-                     (the step waits for the next batch / the loader costs throughput vs. the
-                     compute-only ceiling)
+                     (the device waits for the next batch / the loader costs throughput vs. the
+                     compute-only ceiling). data_wait is the device's starvation: on CUDA read on
+                     the GPU timeline, never host_data_wait (loader time that overlaps queued
+                     compute costs nothing); elsewhere the host's wait, the same thing there
 2. host/launch-bound (GPU) utilization < UTILIZATION_LOW_PCT without data wait: the GPU idles
                      between kernels because the CPU cannot issue them fast enough
 3. memory-bound or   (GPU) utilization high but mfu < MFU_LOW_PCT: kernels run, but do little math
@@ -130,11 +132,14 @@ class Facts:
         def number(name: str) -> float | None:
             return _number(metrics, name)
 
+        data_wait = number("data_wait")
+        if data_wait is None and not _is_cuda(device_type):
+            data_wait = number("host_data_wait")  # off CUDA the host's wait is the device's
         return cls(
             status=status,
             device_type=device_type,
             config=config,
-            data_wait=number("data_wait"),
+            data_wait=data_wait,
             input_efficiency=number("input_efficiency"),
             utilization=number("utilization"),
             mfu=number("mfu"),
@@ -154,8 +159,9 @@ class Facts:
 def _input_evidence(f: Facts) -> list[str]:
     lines = []
     if f.data_wait is not None:
+        starved = " (the GPU starved of input)" if f.cuda else ""
         lines.append(
-            f"data_wait {f.data_wait:.1f}% of the timed window "
+            f"data_wait {f.data_wait:.1f}% of the timed window{starved} "
             f"(input-bound at >= {DATA_WAIT_HIGH_PCT:g}%)"
         )
     if f.input_efficiency is not None:

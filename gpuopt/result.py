@@ -34,8 +34,10 @@ METRIC_GOALS: dict[str, str] = {
     "input_efficiency": "maximize",  # throughput / ceiling_throughput, %
     "ceiling_throughput": "maximize",  # samples/s with the batch already on the device
     "step_time_ms": "minimize",  # median step time
-    "data_wait": "minimize",  # % of timed wall time blocked on the next batch
+    "data_wait": "minimize",  # % of timed wall time the device starved of input
+    "host_data_wait": "minimize",  # % of timed wall time the host spent in next(loader)
     "peak_memory_mb": "minimize",
+    "peak_reserved_mb": "minimize",
     "power_w": "minimize",
     "energy_per_sample_j": "minimize",
     "compile_time_s": "minimize",
@@ -52,9 +54,12 @@ class Metrics:
     step_time_p90_ms: float | None = None
     step_time_cv: float | None = None  # std/mean of step times in the timed window
     throughput_ci: float | None = None  # relative half-width of the 95% CI of throughput
+    # % of the window the device starved of input (CUDA: on the GPU timeline; else host wait)
     data_wait: float | None = None
+    host_data_wait: float | None = None  # % of the window the host spent in next(loader)
     utilization: float | None = None
     peak_memory_mb: float | None = None
+    peak_reserved_mb: float | None = None  # CUDA: the caching allocator's reserved peak
     mfu: float | None = None
     flops_per_sample: float | None = None
     ceiling_throughput: float | None = None
@@ -64,6 +69,10 @@ class Metrics:
     startup_time_s: float | None = None  # process start -> first timed step
     power_w: float | None = None
     energy_per_sample_j: float | None = None
+    # How NVML's numbers were obtained (gpuopt.monitor): "device samples" | "polled", and
+    # "energy counter" | "polled mean"; None without NVML.
+    utilization_source: str | None = None
+    power_source: str | None = None
     timed_steps: int | None = None
     timed_seconds: float | None = None
     stop_reason: str | None = None  # stable | budget | max_steps

@@ -171,6 +171,8 @@ def release(trial: Trial, status: Status) -> None:
         if callable(close):
             close()
     trial.resources.clear()
+    if trial.spec.compile.mode != "off":
+        reset_compiler()
     gc.collect()
     CachePolicy(trial.spec.cache, trial.device).at_trial_end()
     if status is Status.OOM:
@@ -179,20 +181,41 @@ def release(trial: Trial, status: Status) -> None:
         empty_device_cache(trial.device)
 
 
+def reset_compiler() -> None:
+    """Forget what torch.compile built in this process, so the next in-process trial compiles
+    afresh (no cache hit, no recompile-limit carry-over from this trial's guards).
+    `torch.compiler.reset()` clears Dynamo's in-memory caches and, where CUDA is available, shuts
+    the CUDA-graph trees down (`reset_cudagraph_trees`), releasing their private memory pools to
+    the caching allocator (given back to the driver by the cache policy / after an OOM)."""
+    import torch
+
+    torch.compiler.reset()
+
+
 # -- failure classification -----------------------------------------------------------------------
 class Diverged(Exception):
     """The loss became NaN or inf."""
 
 
+# Out-of-memory as the CUDA libraries report it: a workspace or handle they could not allocate
+# (e.g. "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+# "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), raised as a RuntimeError / torch.AcceleratorError,
+# not as torch.OutOfMemoryError.
+LIBRARY_OOM_STATUSES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
 def is_oom(exc: BaseException) -> bool:
-    """torch.OutOfMemoryError (CUDA), the CPU allocator's failure, MPS's out-of-memory error."""
+    """torch.OutOfMemoryError (CUDA), the CPU allocator's failure, MPS's out-of-memory error,
+    and cuBLAS/cuDNN allocation failures (LIBRARY_OOM_STATUSES)."""
     import torch
 
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and (
-        "can't allocate memory" in text or "out of memory" in text.lower()
+        "can't allocate memory" in text
+        or "out of memory" in text.lower()
+        or any(status in text for status in LIBRARY_OOM_STATUSES)
     )
 
 
@@ -333,22 +356,40 @@ def peak_rss_mb() -> float:
 
 @dataclass(frozen=True)
 class MemoryBaseline:
-    """Where `peak_memory_mb` counts from: the device's peak statistics are reset, and the host's
-    peak RSS noted, when this is taken (both engines: before the trial builds anything)."""
+    """Where the window's memory metrics count from.
+
+    CUDA: the allocator's peak statistics are reset by `window_starting` (after warm-up, just
+    before the timed window), so `peak_mb` / `peak_reserved_mb` are the steady state's peaks, not
+    the eager FLOP-count step's activations, compilation or cudnn.benchmark's trial workspaces.
+    After a reset a peak starts at what is in use then: `release_cache` (before the warm-up steps)
+    gives the blocks those one-off steps left cached back to the driver, so the reserved peak is
+    what the warm-up and the window re-reserve (expandable_segments and compile show there).
+    CPU: ru_maxrss is the process's high-water mark and cannot be reset: the peak RSS's growth
+    from `take` (before the trial builds anything)."""
 
     device: torch.device
     rss_before_mb: float
 
     @classmethod
     def take(cls, device: torch.device) -> MemoryBaseline:
-        import torch
-
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         return cls(device, peak_rss_mb())
 
+    def release_cache(self) -> None:
+        """Give cached, unused device blocks back (outside the window: before the warm-up steps)."""
+        from gpuopt.policies import empty_device_cache
+
+        empty_device_cache(self.device)
+
+    def window_starting(self) -> None:
+        """Reset the device's peak statistics: the peaks read afterwards are the window's."""
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
     def peak_mb(self) -> float | None:
-        """The peak since the baseline: CUDA's allocator peak, the CPU's RSS growth, else None."""
+        """CUDA: the allocator's peak of allocated memory since `window_starting`; CPU: the peak
+        RSS's growth since `take`; else None."""
         import torch
 
         if self.device.type == "cuda":
@@ -356,6 +397,81 @@ class MemoryBaseline:
         if self.device.type == "cpu":
             return max(0.0, peak_rss_mb() - self.rss_before_mb)
         return None
+
+    def peak_reserved_mb(self) -> float | None:
+        """CUDA: the caching allocator's peak of reserved (allocated + cached) memory since
+        `window_starting`, what the device must hold; None elsewhere."""
+        import torch
+
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_reserved(self.device) / 2**20
+        return None
+
+
+# -- FLOP counts ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepFlops:
+    """One step's FLOPs as torch.utils.flop_counter counts them (matmuls, convolutions,
+    attention; forward and backward), counted on the eager module: under torch.compile a cache hit
+    inside a dispatch mode sees no Triton or CUDA-graph kernels."""
+
+    total: float
+    attention: float  # of which scaled-dot-product attention (forward and backward)
+
+    @classmethod
+    def of(cls, counter: Any) -> StepFlops:
+        """From a `FlopCounterMode` that has been exited."""
+        counts = counter.get_flop_counts().get("Global", {})
+        attention = sum(n for op, n in counts.items() if "attention" in str(op))
+        return cls(float(counter.get_total_flops()), float(attention))
+
+
+def count_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
+    """The FLOPs of one forward+backward (run outside the timed window)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        run_forward_backward()
+    return StepFlops.of(counter)
+
+
+HFU_NOTE = (
+    "model.activation_checkpointing: flops_per_sample counts the recomputed forward too, so mfu "
+    "is hardware FLOPs utilization (HFU), above the model FLOPs utilization"
+)
+
+
+def attention_tf32_note(
+    peak_mode: str | None, capability: tuple[int, int] | None, flops: StepFlops
+) -> str | None:
+    """A note for fp32 MFU of a model with attention on sm80+: PyTorch's memory-efficient attention
+    (the SDPA kernel fp32 gets; flash and cuDNN attention take fp16/bf16 only) runs its matmuls on
+    tensor cores for fp32 there, whatever allow_tf32 says, while mfu is against the non-tensor-core
+    fp32 peak."""
+    if peak_mode != "fp32" or capability is None or capability < (8, 0) or not flops.attention:
+        return None
+    share = 100.0 * flops.attention / flops.total if flops.total else 0.0
+    return (
+        f"precision fp32 with attention ({share:.0f}% of the counted FLOPs): PyTorch's "
+        "memory-efficient attention uses tensor cores for fp32 on sm80+ regardless of allow_tf32, "
+        "so mfu (against the fp32 non-tensor-core peak) overstates the fp32 math's share"
+    )
+
+
+def flop_notes(
+    spec: TrialSpec, device: torch.device, peak_mode: str | None, flops: StepFlops
+) -> list[str]:
+    """What a trial's MFU must be read with: HFU under activation checkpointing, tensor-core
+    attention under fp32 (CUDA sm80+)."""
+    import torch
+
+    notes = [HFU_NOTE] if spec.model.get("activation_checkpointing") else []
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    attention = attention_tf32_note(peak_mode, capability, flops)
+    if attention:
+        notes.append(attention)
+    return notes
 
 
 # -- beside the timed window ----------------------------------------------------------------------
@@ -378,54 +494,98 @@ class WindowMonitors:
             sampler.start()
 
     def stop(self) -> Any:
-        """The window's NVML statistics (`gpuopt.monitor.NvmlStats`), or None without a sampler."""
+        """The window's NVML statistics (`gpuopt.monitor.NvmlStats`), or None without a sampler.
+        The statistics' `notes` (a number that fell back to NVML's coarser averages) join the
+        trial's notes."""
         sampler, self._sampler = self._sampler, None
-        return sampler.stop() if sampler is not None else None
+        stats = sampler.stop() if sampler is not None else None
+        for note in getattr(stats, "notes", ()) or ():
+            if note not in self.notes:
+                self.notes.append(note)
+        return stats
+
+
+@dataclass(frozen=True)
+class InputWaitSeconds:
+    """What the input pipeline cost the timed window, in seconds."""
+
+    device_s: float  # the device starved of input (CUDA: on the GPU timeline; else = host_s)
+    host_s: float  # the host blocked in next(loader)
+
+
+def _cuda_event_recorder(device: torch.device) -> Callable[[], Any]:
+    """A function recording a timing event on `device`'s current stream (asynchronous)."""
+    import torch
+
+    def record() -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    return record
 
 
 class InputWait:
-    """What the input pipeline costs the loop inside the timed window: the host time blocked
-    fetching the next batch, plus (when `time_copies`) the GPU time of the host-to-device copies,
-    timed with CUDA events on the stream (a copy's host time would include waiting for queued
-    compute). Each engine marks the fetch and copy spans of its own loop."""
+    """What the input pipeline costs the loop inside the timed window. Each engine marks the fetch
+    (`next(loader)`) and host-to-device copy spans of its own loop; `totals` gives
 
-    def __init__(self, time_copies: bool) -> None:
-        self.time_copies = time_copies
+    - `host_s`: host time blocked fetching (the loader's time, on every device);
+    - `device_s`: time the device sat starved of input. On CUDA it is read on the GPU timeline:
+      per step, an event recorded on the stream when the fetch starts (reached once the previous
+      step's queued work is done) to one after the copy (reached once the batch is on the device):
+      the stream's idle gap waiting for the host's fetch, plus the copy itself. Loader time that
+      overlaps queued compute costs nothing there, whatever syncs the step makes (fp16's
+      GradScaler) and however the engine copies (blocking or not). Without CUDA events (CPU,
+      MPS) it is the host's fetch time, the same thing on a synchronous device.
+
+    `record_event` (tests: a stand-in) records a timing event on the device's stream."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        record_event: Callable[[], Any] | None = None,
+        host_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if record_event is None and device.type == "cuda":
+            record_event = _cuda_event_recorder(device)
+        self._record_event = record_event
+        self._host_clock = host_clock
         self.fetch_s = 0.0
         self._fetch_t0: float | None = None
-        self._copy_events: list[tuple[Any, Any]] = []
-        self._copy_start: Any = None
+        self._spans: list[tuple[Any, Any]] = []  # (fetch started, copy ended) events
+        self._span_start: Any = None
 
     def reset(self) -> None:
-        self.fetch_s, self._copy_events = 0.0, []
+        self.fetch_s, self._fetch_t0, self._spans, self._span_start = 0.0, None, [], None
+
+    def _open_span(self) -> None:
+        if self._record_event is not None and self._span_start is None:
+            self._span_start = self._record_event()
 
     def fetch_started(self) -> None:
-        self._fetch_t0 = time.perf_counter()
+        self._fetch_t0 = self._host_clock()
+        self._open_span()
 
     def fetch_ended(self) -> None:
         if self._fetch_t0 is not None:
-            self.fetch_s += time.perf_counter() - self._fetch_t0
+            self.fetch_s += self._host_clock() - self._fetch_t0
             self._fetch_t0 = None
 
     def copy_started(self) -> None:
-        if self.time_copies:
-            import torch
-
-            self._copy_start = torch.cuda.Event(enable_timing=True)
-            self._copy_start.record()
+        self._open_span()  # a step whose batch was fetched earlier (prefetched) starts here
 
     def copy_ended(self) -> None:
-        if self._copy_start is not None:
-            import torch
+        if self._span_start is not None:
+            self._spans.append((self._span_start, self._record_event()))  # type: ignore[misc]
+            self._span_start = None
 
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._copy_events.append((self._copy_start, end))
-            self._copy_start = None
-
-    def seconds(self) -> float:
-        """Fetch + copy time since the reset (call after the window's closing synchronize)."""
-        return self.fetch_s + sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3
+    def totals(self) -> InputWaitSeconds:
+        """The window's totals since the reset (call after the window's closing synchronize: an
+        event's elapsed time is defined once both were reached)."""
+        if self._record_event is None:
+            return InputWaitSeconds(device_s=self.fetch_s, host_s=self.fetch_s)
+        device_ms = sum(start.elapsed_time(end) for start, end in self._spans)
+        return InputWaitSeconds(device_s=device_ms / 1e3, host_s=self.fetch_s)
 
 
 # -- the compute ceiling --------------------------------------------------------------------------
@@ -510,15 +670,16 @@ def record_window(
     m: Metrics,
     window: WindowResult,
     samples: int,
-    waited_s: float,
+    input_wait: InputWaitSeconds,
     device: torch.device,
     nvml: Any,
     memory: MemoryBaseline,
     precision_mode: str | None,
     process_t0: float,
 ) -> None:
-    """The timed window's metrics (every engine): throughput, step-time statistics, data wait,
-    peak memory, utilization/power/energy and MFU. Call after the window's closing synchronize."""
+    """The timed window's metrics (every engine): throughput, step-time statistics, data wait
+    (`input_wait.device_s`: starvation) and host data wait, peak memory, utilization/power/energy
+    and MFU. Call after the window's closing synchronize."""
     import torch
 
     m.timed_steps, m.timed_seconds, m.stop_reason = window.steps, window.wall_s, window.stop_reason
@@ -532,10 +693,12 @@ def record_window(
     )
     m.step_time_cv = stats.cv
     m.throughput_ci = relative_ci_halfwidth(window.step_times)
-    m.data_wait = min(100.0, 100.0 * waited_s / window.wall_s)
+    m.data_wait = min(100.0, 100.0 * input_wait.device_s / window.wall_s)
+    m.host_data_wait = min(100.0, 100.0 * input_wait.host_s / window.wall_s)
     peak_memory = memory.peak_mb()
     if peak_memory is not None:
         m.peak_memory_mb = peak_memory
+    m.peak_reserved_mb = memory.peak_reserved_mb()
     apply_device_monitor(m, device.type, nvml, samples)
     device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = peak_flops(device_label, precision_mode) if precision_mode else None
@@ -550,5 +713,7 @@ def apply_device_monitor(m: Metrics, device_type: str, nvml: Any, samples: int) 
         return
     m.utilization = nvml.utilization if nvml is not None else None
     m.power_w = nvml.power_w if nvml is not None else None
+    m.utilization_source = getattr(nvml, "utilization_source", None)
+    m.power_source = getattr(nvml, "power_source", None)
     energy = nvml.energy_j if nvml is not None else None
     m.energy_per_sample_j = energy / samples if energy is not None and samples else None

@@ -31,11 +31,13 @@ from gpuopt.engines._common import (
     build_loader,
     build_optimizer,
     compute_loss,
+    count_step_flops,
+    flop_notes,
     instantiate_data,
     instantiate_model,
     record_window,
 )
-from gpuopt.measure import StopRule, count_step_flops, make_clock, run_window, synchronize
+from gpuopt.measure import StopRule, make_clock, run_window, synchronize
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -96,11 +98,8 @@ class BatchFeed:
         self.workload = workload
         self.iterator: Any = None
         self.batches = 0
-        # A synchronous H2D copy on CUDA also waits for queued compute: time the copy itself on
-        # the stream with events instead of on the host.
-        self.wait = InputWait(
-            time_copies=workload.device.type == "cuda" and not workload.non_blocking
-        )
+        # On CUDA the starvation is read on the GPU timeline (events), whatever the copy mode.
+        self.wait = InputWait(workload.device)
 
     def reset_counters(self) -> None:
         self.batches = 0
@@ -166,7 +165,8 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
 
 
 def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
-    """flops_per_sample from one forward+backward of the eager module (outside the window)."""
+    """flops_per_sample from one forward+backward of the eager module (outside the window), and
+    the notes its MFU must be read with (HFU, fp32 attention on tensor cores)."""
     eager, workload.forward = workload.forward, workload.model
 
     def forward_backward() -> None:
@@ -177,11 +177,17 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
-    trial.metrics.flops_per_sample = flops / trial.spec.loader.batch_size if flops else None
+    trial.metrics.flops_per_sample = (
+        flops.total / trial.spec.loader.batch_size if flops.total else None
+    )
+    trial.warnings += flop_notes(trial.spec, trial.device, trial.spec.precision.mode, flops)
 
 
-def warm_up(trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batch) -> None:
-    """compile_time_s (the first step through torch.compile), then the warm-up steps."""
+def warm_up(
+    trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batch, memory: MemoryBaseline
+) -> None:
+    """compile_time_s (the first step through torch.compile), then the warm-up steps (after the
+    blocks the FLOP-count and compile steps left cached went back: `MemoryBaseline`)."""
     m, device = trial.metrics, trial.device
     # torch.compile compiles lazily on the first call: time that step apart (compile + one step).
     m.compile_time_s = 0.0
@@ -190,6 +196,7 @@ def warm_up(trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batc
         workload.train_step(*first_batch)
         synchronize(device)
         m.compile_time_s = time.perf_counter() - started
+    memory.release_cache()
 
     started = time.perf_counter()
     for _ in range(trial.spec.measure.warmup_steps):
@@ -217,6 +224,7 @@ def timed_window(
 
     rule = StopRule.from_measure(spec.measure)
     feed.reset_counters()
+    memory.window_starting()
     monitors.start()
     try:
         window = run_window(step, make_clock(device), rule)
@@ -227,7 +235,7 @@ def timed_window(
         trial.metrics,
         window,
         window.steps * spec.loader.batch_size,
-        feed.wait.seconds(),
+        feed.wait.totals(),
         device,
         nvml,
         memory,
@@ -262,7 +270,7 @@ def measure(trial: Trial, process_t0: float) -> None:
     first_batch = feed.next()
     if trial.spec.measure.count_flops:
         count_flops(trial, workload, first_batch)
-    warm_up(trial, workload, feed, first_batch)
+    warm_up(trial, workload, feed, first_batch, memory)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
     if trial.spec.measure.ceiling:
         compute_ceiling(trial, workload, feed, first_batch)
