@@ -141,7 +141,8 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
         ("step time (median)", fixed(m.step_time_ms, " ms", 3),
          (f"p10 {fixed(m.step_time_p10_ms, ' ms', 3)}, p90 {fixed(m.step_time_p90_ms, ' ms', 3)}, "
           f"cv {fixed(m.step_time_cv, '', 3)}")),
-        ("data wait", fixed(m.data_wait, " %", 1), "time blocked on the next batch"),
+        ("data wait", fixed(m.data_wait, " %", 1), "CUDA: GPU idle for input; CPU: host wait"),
+        ("host data wait", fixed(m.host_data_wait, " %", 1), "host time in next(loader)"),
         ("utilization", fixed(m.utilization, " %", 1), "NVML on NVIDIA; CPU: 100 - data wait"),
         ("compute ceiling", fixed(m.ceiling_throughput, " samples/s", 1), "one on-device batch, no loader"),
         ("input efficiency", fixed(m.input_efficiency, " %", 1), "throughput / ceiling"),
