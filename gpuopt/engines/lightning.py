@@ -54,6 +54,7 @@ from gpuopt import policies
 from gpuopt.config import TrialSpec
 from gpuopt.engines._common import (
     CeilingReplay,
+    EpochBoundary,
     InputWait,
     MemoryBaseline,
     NonFiniteLoss,
@@ -65,6 +66,11 @@ from gpuopt.engines._common import (
     compute_loss,
     instantiate_data,
     instantiate_model,
+    measure_epoch_boundary,
+    measure_loader_cost,
+    record_achievable_mfu,
+    record_limit,
+    record_steady_state,
     record_window,
     run_measured,
 )
@@ -513,10 +519,36 @@ def measure(trial: Trial, process_t0: float) -> None:
         trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
         _record_fit(trial, meter, fetch_timer, memory, process_t0)
+        loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.fetch_s, meter)
         batch, meter.first_batch = meter.first_batch, None
+        ceiling = None
         if spec.measure.ceiling and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).
-            _compute_ceiling(trial, trainer.lightning_module, batch, root)
+            ceiling = _compute_ceiling(trial, trainer.lightning_module, batch, root)
+        record_limit(trial.metrics, device, loader_cost, ceiling)
+        if spec.measure.peak_probe:
+            record_achievable_mfu(trial.metrics, device, peak_mode(spec))
+
+
+def _beside_fit(
+    trial: Trial, loader: Any, fetch_wait_s: float, meter: MeasureCallback
+) -> float | None:
+    """After the fit, outside any timed span: the epoch boundary's cost (the fit stopped its
+    workers) and the input pipeline's cost per sample, for a torch DataLoader; (a CombinedLoader
+    or a user's own iterable is not priced: throughput_amortized is then the throughput)."""
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        trial.warnings.append(
+            "epoch_overhead_s and loader_cost_us not measured: the train dataloader is a "
+            f"{type(loader).__name__}, not one torch DataLoader"
+        )
+        record_steady_state(trial.metrics, EpochBoundary(None, 0.0, None))
+        return None
+    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, meter.timed_steps)
+    record_steady_state(trial.metrics, boundary)
+    shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is not None:  # persistent workers: stopped before the ceiling runs
+        shutdown()
+    return measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
 
 
 def _record_fit(
@@ -549,13 +581,16 @@ def _record_fit(
     )
 
 
-def _compute_ceiling(trial: Trial, module: pl.LightningModule, batch: Any, root: Path) -> None:
+def _compute_ceiling(
+    trial: Trial, module: pl.LightningModule, batch: Any, root: Path
+) -> CeilingReplay:
     """The fitted module trained on `batch` (on the device) by a second fit, no loader."""
     replay = CeilingReplay.for_trial(trial.spec, trial.device)
     ceiling = CeilingCallback(replay)
     trainer = make_trainer(trial.spec, trial.device, [ceiling], None, root)
     trainer.fit(module, train_dataloaders=_RepeatedBatch(batch, replay.max_batches))
     replay.record(trial.metrics)
+    return replay
 
 
 def run_lightning_trial(

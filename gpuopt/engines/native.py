@@ -5,8 +5,10 @@ The step is the standard one: forward (under autocast for fp16/bf16), loss, back
 GradScaler for fp16), optimizer step, zero_grad(set_to_none=True).
 
 Order of work, each part timed apart: build -> FLOP count (one step, outside the window) -> first
-step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on)
--> compute ceiling (the first batch replayed on the device, no loader).
+step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on;
+the loader's one epoch lasts the whole trial) -> an epoch boundary and the input pipeline's cost per
+sample, measured apart -> compute ceiling (the first batch replayed on the device, no loader) ->
+the machine's limit -> the measured matmul peak (cached).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from gpuopt import policies
 from gpuopt.engines._common import (
     CeilingReplay,
+    EpochBoundary,
     InputWait,
     MemoryBaseline,
     NonFiniteLoss,
@@ -33,6 +36,11 @@ from gpuopt.engines._common import (
     compute_loss,
     instantiate_data,
     instantiate_model,
+    measure_epoch_boundary,
+    measure_loader_cost,
+    record_achievable_mfu,
+    record_limit,
+    record_steady_state,
     record_window,
 )
 from gpuopt.measure import StopRule, count_step_flops, make_clock, run_window, synchronize
@@ -177,7 +185,10 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
-    trial.metrics.flops_per_sample = flops / trial.spec.loader.batch_size if flops else None
+    batch_size = trial.spec.loader.batch_size
+    if flops.hardware:
+        trial.metrics.flops_per_sample = flops.model / batch_size
+        trial.metrics.hardware_flops_per_sample = flops.hardware / batch_size
 
 
 def warm_up(trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batch) -> None:
@@ -237,7 +248,23 @@ def timed_window(
     workload.check_finite("the timed window")
 
 
-def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch) -> None:
+def beside_window(trial: Trial, feed: BatchFeed) -> tuple[EpochBoundary, float | None]:
+    """After the window, outside any timed span: what an epoch boundary costs (a fresh epoch's
+    first batch; the window's workers stopped first unless they persist, as between real epochs)
+    and the input pipeline's cost per sample. The loader's workers are stopped afterwards."""
+    loader = feed.loader
+    fetch_wait_s, steps = feed.wait.fetch_s, trial.metrics.timed_steps or 0
+    if not trial.spec.loader.persistent_workers:
+        feed.close()
+    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, steps)
+    feed.close()
+    loader_cost = measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
+    return boundary, loader_cost
+
+
+def compute_ceiling(
+    trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch
+) -> CeilingReplay:
     """The same step on one batch already on the device, no loader: the most this step can do."""
     feed.close()
     batch_size = trial.spec.loader.batch_size
@@ -250,6 +277,7 @@ def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Ba
     ceiling.run(replay)
     ceiling.record(trial.metrics)
     workload.check_finite("the compute-ceiling replay")
+    return ceiling
 
 
 def measure(trial: Trial, process_t0: float) -> None:
@@ -264,5 +292,11 @@ def measure(trial: Trial, process_t0: float) -> None:
         count_flops(trial, workload, first_batch)
     warm_up(trial, workload, feed, first_batch)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
+    boundary, loader_cost = beside_window(trial, feed)
+    record_steady_state(trial.metrics, boundary)
+    ceiling = None
     if trial.spec.measure.ceiling:
-        compute_ceiling(trial, workload, feed, first_batch)
+        ceiling = compute_ceiling(trial, workload, feed, first_batch)
+    record_limit(trial.metrics, trial.device, loader_cost, ceiling)
+    if trial.spec.measure.peak_probe:
+        record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
