@@ -353,7 +353,7 @@ def step_flop_counter() -> Any:
     return StepFlopCounter()
 
 
-def count_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
+def measure_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
     """FLOPs of one forward+backward, counted by torch.utils.flop_counter (matmuls, convolutions,
     attention), with activation-checkpoint recompute apart (`StepFlops`). Runs outside the timed
     window."""
@@ -361,6 +361,11 @@ def count_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
     with counter:
         run_forward_backward()
     return counter.step_flops()
+
+
+def count_step_flops(run_forward_backward: Callable[[], None]) -> float:
+    """Hardware FLOPs of one forward+backward (recompute included): `measure_step_flops`."""
+    return measure_step_flops(run_forward_backward).hardware
 
 
 def mfu_percent(

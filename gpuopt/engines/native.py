@@ -43,7 +43,7 @@ from gpuopt.engines._common import (
     record_steady_state,
     record_window,
 )
-from gpuopt.measure import StopRule, count_step_flops, make_clock, run_window, synchronize
+from gpuopt.measure import StopRule, make_clock, measure_step_flops, run_window, synchronize
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -181,7 +181,7 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
         workload.forward_backward(*batch)
 
     try:
-        flops = count_step_flops(forward_backward)
+        flops = measure_step_flops(forward_backward)
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
