@@ -127,3 +127,29 @@ def test_failed_trials_are_not_diagnosed(status):
 
 def test_nan_metrics_count_as_missing():
     assert diagnose({"data_wait": float("nan")}, device_type="cpu").bottleneck is Bottleneck.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("bound", "device", "says"),
+    [
+        ("cores", "cpu", "only cheaper data or more cores help"),
+        ("loader", "cuda", "only cheaper data or more cores help"),
+        ("compute", "cuda", "only less math per sample or a faster device help"),
+    ],
+)
+def test_at_the_machines_limit_comes_first_and_says_what_is_left(bound, device, says):
+    from gpuopt.diagnose import LIMIT_HIGH_PCT
+
+    metrics = {
+        "data_wait": 40.0,  # input-bound too: the limit says more workers cannot help
+        "input_efficiency": 50.0,
+        "limit_efficiency": 96.0,
+        "limit_throughput": 10_000.0,
+        "limit_bound": bound,
+    }
+    d = diagnose(metrics, device_type=device)
+    assert d.bottleneck is Bottleneck.AT_MACHINE_LIMIT
+    assert d.summary.startswith("at 96% of this machine's limit") and says in d.summary
+    assert any("limit_efficiency 96.0%" in line for line in d.evidence)
+    below = diagnose({**metrics, "limit_efficiency": LIMIT_HIGH_PCT - 1}, device_type=device)
+    assert below.bottleneck is Bottleneck.INPUT
