@@ -1,4 +1,5 @@
-"""Devices, the environment fingerprint, device capabilities, and `python -m gpuopt.env`.
+"""Devices, the environment fingerprint, device capabilities, the measured matmul peak (a short
+probe per device and dtype, cached per hardware fingerprint), and `python -m gpuopt.env`.
 
 The fingerprint goes into every result, so numbers from different machines or software never mix
 silently. `detect_capabilities` says which settings are poor choices on a device; the sweeper runs

@@ -1,4 +1,5 @@
-"""The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling and MFU.
+"""The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling,
+model and hardware FLOPs (MFU/HFU), and the steady state (the epoch boundary's cost, amortized).
 
 Principles: warm-up and compilation happen before the window; on CUDA the host
 never synchronizes inside the window (that would serialize CPU and GPU): step boundaries are CUDA
