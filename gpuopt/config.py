@@ -45,6 +45,9 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MODEL_META_KEYS = ("input", "input_shape", "num_classes", "channels_last")
 # Keys of a data config that gpuopt reads itself.
 DATA_META_KEYS = ("kind",)
+# Keys of a data config for gpuopt only, never passed to the dataset's constructor: `epoch_steps`,
+# the user's real steps per epoch (what the epoch boundary's cost is amortized over).
+DATA_GPUOPT_KEYS = ("epoch_steps",)
 
 # `_target_`s any config may instantiate. Everything else must be trusted explicitly with the
 # top-level `trust` list (e.g. `trust=[mypkg.*]`), so a shared YAML cannot run arbitrary code.
@@ -131,6 +134,8 @@ class MeasureConf:
     ceiling_steps: int = 20
     count_flops: bool = True  # torch.utils.flop_counter on one step, for MFU
     nvml_interval_s: float = 0.1
+    peak_probe: bool = True  # a matmul probe of this machine's peak (cached): mfu_achievable
+    loader_cost: bool = True  # price the input pipeline per sample: limit_throughput
 
 
 @dataclass
@@ -210,6 +215,7 @@ class SyntheticDataConf:
     size: int = 4096
     sample_cost: float = 1.0
     seed: int = 0
+    epoch_steps: int | None = None  # gpuopt key (DATA_GPUOPT_KEYS): the real epoch length
 
 
 BUILTIN_WORKLOAD_SCHEMAS: dict[str, type] = {
@@ -555,6 +561,11 @@ def _check_workload_values(
     if not isinstance(data, dict) or "_target_" not in data:
         raise ConfigError("data", data, "a dataset config with _target_ (conf/data/ or your own)")
     check_trusted("data._target_", data["_target_"], trusted)
+    epoch_steps = data.get("epoch_steps")
+    if epoch_steps is not None and (
+        isinstance(epoch_steps, bool) or not isinstance(epoch_steps, int) or epoch_steps < 1
+    ):
+        raise ConfigError("data.epoch_steps", epoch_steps, "null or an integer >= 1")
     model_input = model.get("input", "any")
     _check_choice("model.input", model_input, INPUT_KINDS)
     data_kind = data.get("kind", "any")

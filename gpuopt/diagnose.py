@@ -2,6 +2,9 @@
 
 The rules read only measured metrics (see gpuopt/result.py, `Metrics`) and never guess past them:
 
+0. at the machine's limit_efficiency >= LIMIT_HIGH_PCT: throughput is close to the most these cores
+   limit             and this device can do for the workload (gpuopt.limits): no setting helps much,
+                     only cheaper data, more cores, or (when the compute bounds it) less math
 1. input-bound       data_wait >= DATA_WAIT_HIGH_PCT or input_efficiency <= INPUT_EFFICIENCY_LOW_PCT
                      (the device waits for the next batch / the loader costs throughput vs. the
                      compute-only ceiling). data_wait is the device's starvation: on CUDA read on
@@ -41,6 +44,9 @@ UTILIZATION_LOW_PCT = 80.0
 MFU_LOW_PCT = 20.0
 # MFU at or above this is near what dense training reaches in practice.
 MFU_HIGH_PCT = 50.0
+# Throughput at or above this share of the machine's limit for the workload (limit_throughput:
+# loader and compute costs per sample on the usable cores / the compute ceiling) is at the limit.
+LIMIT_HIGH_PCT = 90.0
 
 
 NEAR_LIMIT_SUMMARY = (
@@ -53,6 +59,7 @@ class Bottleneck(str, Enum):
     HOST = "host/launch-bound"
     MEMORY_OR_SMALL_KERNELS = "memory-bound or small kernels"
     NEAR_LIMIT = "near the compute limit"
+    AT_MACHINE_LIMIT = "at the machine's limit"
     COMPUTE = "compute-bound"
     UNKNOWN = "unknown"  # the metrics needed for a verdict were not recorded
     NOT_MEASURED = "not measured"  # the trial did not finish a timed window (oom, diverged, error)
@@ -120,6 +127,9 @@ class Facts:
     mfu: float | None
     throughput: float | None
     ceiling: float | None
+    limit_efficiency: float | None = None
+    limit_throughput: float | None = None
+    limit_bound: str | None = None  # cores | loader | compute (gpuopt.limits.Limit.bound)
 
     @classmethod
     def of(
@@ -145,6 +155,11 @@ class Facts:
             mfu=number("mfu"),
             throughput=number("throughput"),
             ceiling=number("ceiling_throughput"),
+            limit_efficiency=number("limit_efficiency"),
+            limit_throughput=number("limit_throughput"),
+            limit_bound=metrics.get("limit_bound")
+            if isinstance(metrics.get("limit_bound"), str)
+            else None,
         )
 
     @property
@@ -248,6 +263,41 @@ def _none(_: Facts) -> list[str]:
     return []
 
 
+def _at_limit(f: Facts) -> bool:
+    return f.limit_efficiency is not None and f.limit_efficiency >= LIMIT_HIGH_PCT
+
+
+def _limit_summary(f: Facts) -> str:
+    share = f"at {f.limit_efficiency:.0f}% of this machine's limit for this workload"
+    if f.limit_bound == "compute":
+        return f"{share} (the compute ceiling): only less math per sample or a faster device help"
+    return f"{share}: only cheaper data or more cores help"
+
+
+def _limit_evidence(f: Facts) -> list[str]:
+    bound = {
+        "cores": "the usable cores shared by the loader's and the compute's cost per sample",
+        "loader": "the host cores free to load, at the loader's cost per sample",
+        "compute": "the compute ceiling (one batch already on the device)",
+    }.get(f.limit_bound or "", "the measured costs per sample")
+    lines = [
+        f"limit_efficiency {f.limit_efficiency:.1f}% (at the limit >= {LIMIT_HIGH_PCT:g}%)",
+        f"limit_throughput {f.limit_throughput:,.0f} samples/s, bound by {bound}"
+        if f.limit_throughput
+        else f"bound by {bound}",
+    ]
+    return [*lines, *_input_evidence(f)]
+
+
+def _limit_suggestions(f: Facts) -> list[str]:
+    if f.limit_bound == "compute":
+        return ["less math per sample: lower precision if not yet, a smaller model, or compile"]
+    return [
+        "cheaper per-sample transforms, or pre-process/cache the dataset once",
+        "more CPU cores for the loader (or a machine with more)",
+    ]
+
+
 @dataclass(frozen=True)
 class Rule:
     """One bottleneck rule: when it applies, its verdict, the evidence lines it cites and what
@@ -272,6 +322,14 @@ RULES: tuple[Rule, ...] = (
         lambda f: f.status != "ok",
         Bottleneck.NOT_MEASURED,
         lambda f: f"no timed window: the trial ended as {f.status}",
+    ),
+    Rule(
+        "at the machine's limit",
+        _at_limit,
+        Bottleneck.AT_MACHINE_LIMIT,
+        _limit_summary,
+        _limit_evidence,
+        _limit_suggestions,
     ),
     Rule(
         "no input metrics",

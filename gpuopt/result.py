@@ -28,9 +28,15 @@ class Status(str, Enum):
 # Which way is better for each metric. The sweeper derives Optuna directions from this table,
 # and an objective must be one of these names.
 METRIC_GOALS: dict[str, str] = {
-    "throughput": "maximize",  # samples/s over the timed window
+    "throughput": "maximize",  # samples/s over the timed window (steady state)
+    # samples/s of a long run: the steady state with each epoch boundary's cost amortized over the
+    # user's epoch length (data.epoch_steps, or the dataset's length / batch size)
+    "throughput_amortized": "maximize",
     "utilization": "maximize",  # % (NVML GPU utilization; on CPU 100 - data_wait)
-    "mfu": "maximize",  # % of the device's dense peak FLOP/s for the dtype
+    "mfu": "maximize",  # % of the device's dense peak FLOP/s for the dtype (model FLOPs)
+    "hfu": "maximize",  # the same with hardware FLOPs (activation-checkpoint recompute included)
+    "mfu_achievable": "maximize",  # model FLOP/s % of this machine's measured matmul peak
+    "limit_efficiency": "maximize",  # throughput / limit_throughput, %
     "input_efficiency": "maximize",  # throughput / ceiling_throughput, %
     "ceiling_throughput": "maximize",  # samples/s with the batch already on the device
     "step_time_ms": "minimize",  # median step time
@@ -49,6 +55,9 @@ class Metrics:
     """Measured numbers. `None` means "not measurable here", never zero."""
 
     throughput: float | None = None
+    throughput_amortized: float | None = None  # over the user's epoch (README, "Steady state")
+    epoch_overhead_s: float | None = None  # what one epoch boundary costs beyond steady state
+    epoch_steps: int | None = None  # the epoch length it is amortized over
     step_time_ms: float | None = None
     step_time_p10_ms: float | None = None
     step_time_p90_ms: float | None = None
@@ -60,10 +69,19 @@ class Metrics:
     utilization: float | None = None
     peak_memory_mb: float | None = None
     peak_reserved_mb: float | None = None  # CUDA: the caching allocator's reserved peak
-    mfu: float | None = None
-    flops_per_sample: float | None = None
+    mfu: float | None = None  # model FLOPs vs the documented dense peak (null where unknown)
+    hfu: float | None = None  # hardware FLOPs (recompute included) vs the documented peak
+    mfu_achievable: float | None = None  # model FLOPs vs the measured matmul peak
+    flops_per_sample: float | None = None  # model FLOPs (forward + backward, no recompute)
+    hardware_flops_per_sample: float | None = None  # what the device ran, recompute included
+    peak_flops_measured: float | None = None  # the matmul probe's FLOP/s for the dtype
     ceiling_throughput: float | None = None
     input_efficiency: float | None = None
+    loader_cost_us: float | None = None  # core-microseconds of input pipeline per sample
+    compute_cost_us: float | None = None  # core-microseconds of compute per sample (CPU)
+    limit_throughput: float | None = None  # the most this machine can do for the workload
+    limit_bound: str | None = None  # what bounds it: cores (CPU) | loader | compute
+    limit_efficiency: float | None = None  # throughput / limit_throughput, %
     compile_time_s: float | None = None
     warmup_time_s: float | None = None
     startup_time_s: float | None = None  # process start -> first timed step

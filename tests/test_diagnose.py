@@ -144,3 +144,29 @@ def test_cpu_input_bound_reads_the_hosts_wait_which_is_the_same_thing_there():
     assert diagnose({"host_data_wait": 40.0}, device_type="cpu").bottleneck is Bottleneck.INPUT
     # On a GPU the host's wait alone says nothing about starvation.
     assert diagnose({"host_data_wait": 40.0}, device_type="cuda").bottleneck is Bottleneck.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("bound", "device", "says"),
+    [
+        ("cores", "cpu", "only cheaper data or more cores help"),
+        ("loader", "cuda", "only cheaper data or more cores help"),
+        ("compute", "cuda", "only less math per sample or a faster device help"),
+    ],
+)
+def test_at_the_machines_limit_comes_first_and_says_what_is_left(bound, device, says):
+    from gpuopt.diagnose import LIMIT_HIGH_PCT
+
+    metrics = {
+        "data_wait": 40.0,  # input-bound too: the limit says more workers cannot help
+        "input_efficiency": 50.0,
+        "limit_efficiency": 96.0,
+        "limit_throughput": 10_000.0,
+        "limit_bound": bound,
+    }
+    d = diagnose(metrics, device_type=device)
+    assert d.bottleneck is Bottleneck.AT_MACHINE_LIMIT
+    assert d.summary.startswith("at 96% of this machine's limit") and says in d.summary
+    assert any("limit_efficiency 96.0%" in line for line in d.evidence)
+    below = diagnose({**metrics, "limit_efficiency": LIMIT_HIGH_PCT - 1}, device_type=device)
+    assert below.bottleneck is Bottleneck.INPUT

@@ -453,7 +453,8 @@ def test_nvml_fallback_notes_become_trial_warnings_and_sources_are_recorded(monk
 
 # -- MFU notes (item 7) ---------------------------------------------------------------------------
 def test_attention_flops_are_counted_apart_and_fp32_mfu_on_sm80_says_tensor_cores():
-    from gpuopt.engines._common import StepFlops, attention_tf32_note, count_step_flops
+    from gpuopt.engines._common import attention_tf32_note
+    from gpuopt.measure import StepFlops, measure_step_flops
 
     q = torch.randn(2, 2, 8, 16, device="meta", requires_grad=True)
     attention = torch.ops.aten._scaled_dot_product_efficient_attention
@@ -464,8 +465,8 @@ def test_attention_flops_are_counted_apart_and_fp32_mfu_on_sm80_says_tensor_core
             torch.randn(4, 16, device="meta"), torch.randn(8, 16, device="meta")
         )
 
-    flops = count_step_flops(step)
-    assert flops.total == flops.attention + 2 * 4 * 16 * 8 and flops.attention > 0
+    flops = measure_step_flops(step)
+    assert flops.hardware == flops.attention + 2 * 4 * 16 * 8 and flops.attention > 0
     note = attention_tf32_note("fp32", (9, 0), flops)
     assert note and "tensor cores" in note and "regardless of allow_tf32" in note
     assert attention_tf32_note("tf32", (9, 0), flops) is None  # against the tensor-core peak
@@ -474,14 +475,100 @@ def test_attention_flops_are_counted_apart_and_fp32_mfu_on_sm80_says_tensor_core
     assert attention_tf32_note("fp32", (9, 0), StepFlops(100.0, 0.0)) is None  # no attention
 
 
-def test_activation_checkpointing_reports_the_count_as_hfu(compose_cfg):
-    from gpuopt.engines._common import HFU_NOTE
-
+def test_activation_checkpointing_counts_the_recompute_as_hardware_flops_only(compose_cfg):
     plain = _run(compose_cfg, *FAMILIES["mlp"], "model.depth=2")
     checkpointed = _run(
         compose_cfg, *FAMILIES["mlp"], "model.depth=2", "model.activation_checkpointing=true"
     )
     _assert_measured(checkpointed)
-    assert HFU_NOTE in checkpointed.warnings and HFU_NOTE not in plain.warnings
-    # The recomputed forward is in the count: more FLOPs for the same model.
-    assert checkpointed.metrics.flops_per_sample > plain.metrics.flops_per_sample
+    # The recomputed forward is in the hardware count (hfu), not in the model's (mfu).
+    assert checkpointed.metrics.hardware_flops_per_sample > plain.metrics.hardware_flops_per_sample
+    assert checkpointed.metrics.flops_per_sample == plain.metrics.flops_per_sample
+
+
+# -- steady state, the measured peak, the machine's limit (issue 15) -------------------------------
+def test_the_window_never_restarts_the_loader_even_on_a_dataset_shorter_than_it(
+    compose_cfg, monkeypatch
+):
+    # 16 samples = 2 batches per epoch, the trial draws up to 1 + 1 + 6 batches: one epoch that
+    # cycles over the data, and one more iterator after the window (the measured boundary).
+    from torch.utils.data import DataLoader
+
+    iterators: dict[int, int] = {}
+    real_iter = DataLoader.__iter__
+
+    def counting_iter(self):
+        iterators[id(self)] = iterators.get(id(self), 0) + 1
+        return real_iter(self)
+
+    monkeypatch.setattr(DataLoader, "__iter__", counting_iter)
+    built = {}
+    result = _run(compose_cfg, *FAMILIES["mlp"], "data.size=16", inspect=built.__setitem__)
+    _assert_measured(result)
+    assert iterators[id(built["loader"])] == 2
+    assert result.metrics.epoch_steps == 2  # the real epoch: 16 samples / batch 8
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_epoch_overhead_is_measured_apart_and_amortized_over_the_real_epoch(compose_cfg, workers):
+    result = _run(compose_cfg, *FAMILIES["mlp"], f"loader.num_workers={workers}")
+    m = result.metrics
+    _assert_measured(result)
+    assert m.epoch_steps == 64 // 8 and m.epoch_overhead_s >= 0
+    if workers:
+        assert m.epoch_overhead_s > 0  # a fresh epoch starts a worker process
+    step_s = m.timed_seconds / m.timed_steps
+    epoch_s = m.epoch_steps * step_s
+    assert m.throughput_amortized == pytest.approx(
+        m.throughput * epoch_s / (epoch_s + m.epoch_overhead_s)
+    )
+    assert m.throughput_amortized <= m.throughput
+
+
+def test_data_epoch_steps_sets_the_epoch_amortized_over_and_is_not_a_dataset_argument(
+    compose_cfg,
+):
+    result = _run(compose_cfg, *FAMILIES["mlp"], "data.epoch_steps=1000")
+    assert result.status is Status.OK, result.reason
+    assert result.metrics.epoch_steps == 1000
+    with pytest.raises(ConfigError, match=r"data\.epoch_steps"):
+        validate(compose_cfg(*TINY_TRIAL, "data.epoch_steps=0"))
+
+
+def test_cpu_trial_reports_mfu_against_the_probe_and_its_limit(compose_cfg, monkeypatch, tmp_path):
+    from gpuopt.env import usable_cpus
+
+    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path))
+    result = _run(compose_cfg, *FAMILIES["mlp"])
+    m = result.metrics
+    _assert_measured(result)
+    # No documented CPU peak (mfu null), but the measured one gives a utilization of the math.
+    assert m.mfu is None and m.hfu is None and m.peak_flops_measured > 0
+    assert m.mfu_achievable == pytest.approx(
+        100 * m.flops_per_sample * m.throughput / m.peak_flops_measured
+    )
+    assert (tmp_path / "peak_flops.json").exists()
+    assert m.hardware_flops_per_sample == m.flops_per_sample  # no checkpointing
+    # The limit: the usable cores shared by the loader's and the compute's cost per sample.
+    assert m.loader_cost_us > 0 and m.compute_cost_us > 0 and m.limit_bound == "cores"
+    per_sample_s = (m.loader_cost_us + m.compute_cost_us) / 1e6
+    assert m.limit_throughput == pytest.approx(usable_cpus() / per_sample_s)
+    assert m.limit_efficiency == pytest.approx(100 * m.throughput / m.limit_throughput)
+
+
+def test_checkpointed_model_reports_model_and_hardware_flops_apart(compose_cfg):
+    result = _run(compose_cfg, *FAMILIES["mlp"], "model.activation_checkpointing=true")
+    m = result.metrics
+    assert result.status is Status.OK, result.reason
+    # One 16x16 block recomputed per sample in the backward: 2*16*16 FLOPs more on the hardware.
+    assert m.hardware_flops_per_sample - m.flops_per_sample == 2 * 16 * 16
+
+
+def test_measurements_beside_the_window_can_be_turned_off(compose_cfg):
+    result = _run(
+        compose_cfg, *FAMILIES["mlp"], "measure.peak_probe=false", "measure.loader_cost=false"
+    )
+    m = result.metrics
+    assert m.mfu_achievable is None and m.peak_flops_measured is None
+    assert m.loader_cost_us is None and m.limit_throughput is None
+    assert m.throughput_amortized is not None  # the epoch boundary is always priced

@@ -35,9 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuopt.config import MODEL_META_KEYS, TrialSpec
+from gpuopt import limits
+from gpuopt.config import DATA_GPUOPT_KEYS, MODEL_META_KEYS, TrialSpec
 from gpuopt.measure import (
+    StepFlops,
     WindowResult,
+    amortized_throughput,
+    epoch_overhead,
     mfu_percent,
     peak_flops,
     relative_ci_halfwidth,
@@ -60,6 +64,10 @@ CEILING_WARMUP_STEPS = 1
 CEILING_BUDGET_SHARE = 0.25
 # ... but not before this many timed replay steps.
 CEILING_MIN_STEPS = 3
+# Batches beyond the trial's own needs in its one long epoch (a guard for off-by-one consumers).
+EPOCH_MARGIN_BATCHES = 2
+# The worker-like loop that prices the input pipeline runs this long (at least one batch).
+LOADER_COST_BUDGET_S = 0.2
 
 
 # -- the trial's lifecycle ------------------------------------------------------------------------
@@ -285,8 +293,10 @@ def instantiate_model(spec: TrialSpec) -> Any:
 
 
 def instantiate_data(spec: TrialSpec, **kwargs: Any) -> Any:
-    """The data config's object (a Dataset, or under Lightning a LightningDataModule)."""
-    return instantiate_trusted(spec.data, spec.trusted_targets, **kwargs)
+    """The data config's object (a Dataset, or under Lightning a LightningDataModule), built
+    without gpuopt's own data keys (DATA_GPUOPT_KEYS)."""
+    data = {k: v for k, v in spec.data.items() if k not in DATA_GPUOPT_KEYS}
+    return instantiate_trusted(data, spec.trusted_targets, **kwargs)
 
 
 def compute_loss(loss_name: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -333,11 +343,12 @@ def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: 
         ]
         if ignored:
             warnings.append(f"loader.{' and loader.'.join(ignored)} ignored: loader.num_workers=0")
+    generator = torch.Generator().manual_seed(spec.seed)
     return DataLoader(
         dataset,
         batch_size=conf.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(spec.seed),
+        sampler=steady_sampler(spec, dataset, generator),
+        generator=generator,
         num_workers=conf.num_workers,
         # Page-locked host buffers: needed for truly asynchronous H2D copies. Without an
         # accelerator PyTorch ignores it (with a warning).
@@ -345,6 +356,40 @@ def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: 
         drop_last=conf.drop_last,
         **kwargs,
     )
+
+
+def trial_samples(spec: TrialSpec) -> int:
+    """The most samples a trial draws from its loader before the window ends: the first batch,
+    the warm-up, the window's max_steps (and a small margin)."""
+    batches = 1 + spec.measure.warmup_steps + spec.measure.max_steps + EPOCH_MARGIN_BATCHES
+    return batches * spec.loader.batch_size
+
+
+def steady_sampler(spec: TrialSpec, dataset: Any, generator: torch.Generator) -> Any:
+    """A shuffling sampler whose one epoch lasts the whole trial: the dataset's own random order,
+    and where the dataset is shorter than the trial, further random passes over it inside the
+    same epoch (`RandomSampler(num_samples=...)`, one fresh permutation per pass, drawn lazily).
+    So the loader never restarts (no worker respawn, no refill) inside the timed window; what an
+    epoch boundary costs is measured apart (`measure_epoch_boundary`). None for a dataset without
+    a length (an IterableDataset: no sampler, no epochs)."""
+    from torch.utils.data import RandomSampler
+
+    length = dataset_length(dataset)
+    if length is None:
+        return None
+    return RandomSampler(dataset, num_samples=max(length, trial_samples(spec)), generator=generator)
+
+
+def dataset_length(dataset: Any) -> int | None:
+    """len(dataset) for a map-style dataset, None for an IterableDataset or one without len."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return None
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -409,39 +454,6 @@ class MemoryBaseline:
 
 
 # -- FLOP counts ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StepFlops:
-    """One step's FLOPs as torch.utils.flop_counter counts them (matmuls, convolutions,
-    attention; forward and backward), counted on the eager module: under torch.compile a cache hit
-    inside a dispatch mode sees no Triton or CUDA-graph kernels."""
-
-    total: float
-    attention: float  # of which scaled-dot-product attention (forward and backward)
-
-    @classmethod
-    def of(cls, counter: Any) -> StepFlops:
-        """From a `FlopCounterMode` that has been exited."""
-        counts = counter.get_flop_counts().get("Global", {})
-        attention = sum(n for op, n in counts.items() if "attention" in str(op))
-        return cls(float(counter.get_total_flops()), float(attention))
-
-
-def count_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
-    """The FLOPs of one forward+backward (run outside the timed window)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        run_forward_backward()
-    return StepFlops.of(counter)
-
-
-HFU_NOTE = (
-    "model.activation_checkpointing: flops_per_sample counts the recomputed forward too, so mfu "
-    "is hardware FLOPs utilization (HFU), above the model FLOPs utilization"
-)
-
-
 def attention_tf32_note(
     peak_mode: str | None, capability: tuple[int, int] | None, flops: StepFlops
 ) -> str | None:
@@ -451,7 +463,7 @@ def attention_tf32_note(
     fp32 peak."""
     if peak_mode != "fp32" or capability is None or capability < (8, 0) or not flops.attention:
         return None
-    share = 100.0 * flops.attention / flops.total if flops.total else 0.0
+    share = 100.0 * flops.attention / flops.hardware if flops.hardware else 0.0
     return (
         f"precision fp32 with attention ({share:.0f}% of the counted FLOPs): PyTorch's "
         "memory-efficient attention uses tensor cores for fp32 on sm80+ regardless of allow_tf32, "
@@ -462,16 +474,13 @@ def attention_tf32_note(
 def flop_notes(
     spec: TrialSpec, device: torch.device, peak_mode: str | None, flops: StepFlops
 ) -> list[str]:
-    """What a trial's MFU must be read with: HFU under activation checkpointing, tensor-core
-    attention under fp32 (CUDA sm80+)."""
+    """What a trial's MFU must be read with: tensor-core attention under fp32 (CUDA sm80+).
+    (Activation checkpointing needs no note: `mfu` counts model FLOPs, `hfu` hardware FLOPs.)"""
     import torch
 
-    notes = [HFU_NOTE] if spec.model.get("activation_checkpointing") else []
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     attention = attention_tf32_note(peak_mode, capability, flops)
-    if attention:
-        notes.append(attention)
-    return notes
+    return [attention] if attention else []
 
 
 # -- beside the timed window ----------------------------------------------------------------------
@@ -611,7 +620,10 @@ class CeilingReplay:
         self.warmup_steps, self.min_steps = warmup_steps, min_steps
         self.done = self.steps = self.samples = 0
         self.seconds: float | None = None
-        self._t0 = 0.0
+        # The process's CPU time over the timed replay (every compute thread): on CPU, what the
+        # compute costs in core-seconds (gpuopt.limits).
+        self.cpu_seconds: float | None = None
+        self._t0 = self._cpu_t0 = 0.0
 
     @classmethod
     def for_trial(cls, spec: TrialSpec, device: torch.device) -> CeilingReplay:
@@ -625,13 +637,13 @@ class CeilingReplay:
 
     def begin(self) -> None:
         self.done = self.steps = self.samples = 0
-        self.seconds = None
+        self.seconds = self.cpu_seconds = None
         if self.warmup_steps == 0:
             self._start_timing()
 
     def _start_timing(self) -> None:
         synchronize(self.device)
-        self._t0 = time.perf_counter()
+        self._t0, self._cpu_t0 = time.perf_counter(), time.process_time()
 
     def step_done(self, samples: int) -> bool:
         """Count one replayed step of `samples` samples; True once the replay should stop."""
@@ -649,6 +661,7 @@ class CeilingReplay:
             return False
         synchronize(self.device)
         self.seconds = time.perf_counter() - self._t0
+        self.cpu_seconds = time.process_time() - self._cpu_t0
         return True
 
     def run(self, step: Callable[[], int]) -> None:
@@ -663,6 +676,158 @@ class CeilingReplay:
             return
         m.ceiling_throughput = self.samples / self.seconds
         m.input_efficiency = 100.0 * m.throughput / m.ceiling_throughput if m.throughput else None
+
+    @property
+    def compute_cost_s(self) -> float | None:
+        """Core-seconds of CPU per replayed sample (None before a replay ended)."""
+        if self.cpu_seconds is None:
+            return None
+        return limits.per_sample_cost(self.cpu_seconds, self.samples)
+
+
+# -- steady state: the epoch boundary, measured apart ---------------------------------------------
+@dataclass(frozen=True)
+class EpochBoundary:
+    """What an epoch boundary costs, measured after the window (`measure_epoch_boundary`):
+    `first_fetch_s` from a fresh epoch's iter() to its first batch, `steady_fetch_s` the window's
+    mean host fetch wait per step, `epoch_steps` the user's real steps per epoch (None: unknown,
+    an endless stream)."""
+
+    first_fetch_s: float | None
+    steady_fetch_s: float
+    epoch_steps: int | None
+
+
+def real_epoch_steps(spec: TrialSpec, dataset_len: int | None) -> int | None:
+    """The user's steps per epoch: `data.epoch_steps`, else the dataset's length / batch size."""
+    explicit = spec.data.get("epoch_steps")
+    if explicit:
+        return int(explicit)
+    if not dataset_len:
+        return None
+    batch = spec.loader.batch_size
+    steps = dataset_len // batch if spec.loader.drop_last else -(-dataset_len // batch)
+    return max(1, steps)
+
+
+def time_epoch_start(loader: Any) -> float:
+    """Host seconds from a fresh epoch's `iter(loader)` to its first batch: new worker processes
+    (or, with persistent_workers, the same ones resumed), the sampler's new order, the first batch
+    made from scratch. The epoch's workers are stopped after it unless they persist."""
+    persistent = bool(getattr(loader, "persistent_workers", False))
+    if persistent and getattr(loader, "_iterator", None) is None:
+        # Between real epochs persistent workers are alive (e.g. Lightning stopped them at the
+        # fit's end): start them, untimed, so the timed boundary resumes them.
+        next(iter(loader))
+    started = time.perf_counter()
+    iterator = iter(loader)
+    next(iterator)
+    seconds = time.perf_counter() - started
+    if not persistent:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    return seconds
+
+
+def measure_epoch_boundary(
+    spec: TrialSpec, loader: Any, fetch_wait_s: float, steps: int
+) -> EpochBoundary:
+    """The epoch boundary's cost for `loader` (the trial's DataLoader, its window over; the
+    caller stopped its non-persistent workers first). Outside any timed span."""
+    first_fetch = time_epoch_start(loader) if hasattr(loader, "__iter__") else None
+    length = dataset_length(getattr(loader, "dataset", None))
+    return EpochBoundary(first_fetch, fetch_wait_s / max(1, steps), real_epoch_steps(spec, length))
+
+
+def record_steady_state(m: Metrics, boundary: EpochBoundary) -> None:
+    """epoch_overhead_s, epoch_steps and throughput_amortized (over the user's epoch length)."""
+    if m.throughput is None or not m.timed_steps or not m.timed_seconds:
+        return
+    if boundary.first_fetch_s is not None:
+        m.epoch_overhead_s = epoch_overhead(boundary.first_fetch_s, boundary.steady_fetch_s)
+    m.epoch_steps = boundary.epoch_steps
+    m.throughput_amortized = amortized_throughput(
+        m.throughput, m.timed_seconds / m.timed_steps, boundary.epoch_steps, m.epoch_overhead_s
+    )
+
+
+# -- the machine's limit for this workload (gpuopt.limits) ----------------------------------------
+class _PricedLoop:
+    """A one-item map-style dataset whose item is a price: fetched inside one DataLoader worker
+    process, it does what a worker does per batch (`dataset[i]` for a batch of indices, then the
+    loader's collate_fn) for `budget_s`, timed on the worker's own CPU clock, and returns
+    (core-seconds, samples). Module-level and torch-free, so it pickles for spawned workers too."""
+
+    def __init__(
+        self, dataset: Any, length: int, collate: Any, batch_size: int, budget_s: float
+    ) -> None:
+        self.dataset, self.length, self.collate = dataset, length, collate
+        self.batch_size, self.budget_s = batch_size, budget_s
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> tuple[float, int]:
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        samples = 0
+        while samples == 0 or time.perf_counter() - started < self.budget_s:
+            indices = [(samples + i) % self.length for i in range(self.batch_size)]
+            self.collate([self.dataset[i] for i in indices])
+            samples += self.batch_size
+        return time.thread_time() - cpu_started, samples
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+def measure_loader_cost(loader: Any, budget_s: float = LOADER_COST_BUDGET_S) -> float | None:
+    """Core-seconds per sample of the input pipeline, in a worker-like loop outside the window:
+    one DataLoader worker process (one torch thread, the worker's seeding, `get_worker_info()`
+    set) prices a batch loop (`_PricedLoop`) on its thread's CPU clock, so other jobs on the cores
+    do not inflate the cost. None without a map-style dataset."""
+    from torch.utils.data import DataLoader
+
+    dataset = getattr(loader, "dataset", None)
+    length = dataset_length(dataset)
+    batch_size = getattr(loader, "batch_size", None)
+    collate = getattr(loader, "collate_fn", None)
+    if not length or not batch_size or collate is None:
+        return None
+    priced = _PricedLoop(dataset, length, collate, batch_size, budget_s)
+    worker = DataLoader(priced, batch_size=None, num_workers=1, collate_fn=_as_is)  # type: ignore[arg-type]
+    core_seconds, samples = next(iter(worker))
+    return limits.per_sample_cost(core_seconds, samples)
+
+
+def record_limit(
+    m: Metrics, device: torch.device, loader_cost_s: float | None, ceiling: CeilingReplay | None
+) -> None:
+    """loader/compute cost per sample, limit_throughput (what bounds it) and limit_efficiency."""
+    from gpuopt.env import usable_cpus
+
+    compute_cost = ceiling.compute_cost_s if ceiling is not None else None
+    m.loader_cost_us = None if loader_cost_s is None else loader_cost_s * 1e6
+    m.compute_cost_us = None if compute_cost is None else compute_cost * 1e6
+    limit = limits.machine_limit(
+        device.type, usable_cpus(), loader_cost_s, compute_cost, m.ceiling_throughput
+    )
+    if limit is None:
+        return
+    m.limit_throughput, m.limit_bound = limit.throughput, limit.bound
+    m.limit_efficiency = limits.limit_efficiency(m.throughput, limit.throughput)
+
+
+def record_achievable_mfu(m: Metrics, device: torch.device, precision_mode: str | None) -> None:
+    """mfu_achievable: model FLOP/s against this machine's measured matmul peak for the dtype
+    (gpuopt.env's probe, cached per hardware fingerprint; run here, after every timed span)."""
+    from gpuopt.env import probed_peak_flops
+
+    if not precision_mode or not m.flops_per_sample or not m.throughput:
+        return
+    m.peak_flops_measured = probed_peak_flops(device, precision_mode)
+    m.mfu_achievable = mfu_percent(m.flops_per_sample, m.throughput, m.peak_flops_measured)
 
 
 # -- the window's metrics -------------------------------------------------------------------------
@@ -703,6 +868,8 @@ def record_window(
     device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = peak_flops(device_label, precision_mode) if precision_mode else None
     m.mfu = mfu_percent(m.flops_per_sample, m.throughput, peak)
+    hardware_flops = m.hardware_flops_per_sample or m.flops_per_sample
+    m.hfu = mfu_percent(hardware_flops, m.throughput, peak)
 
 
 def apply_device_monitor(m: Metrics, device_type: str, nvml: Any, samples: int) -> None:

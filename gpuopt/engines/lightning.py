@@ -50,17 +50,16 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
-from torch.utils.flop_counter import FlopCounterMode
 
 from gpuopt import policies
 from gpuopt.config import TrialSpec
 from gpuopt.engines._common import (
     CeilingReplay,
+    EpochBoundary,
     InputWait,
     InputWaitSeconds,
     MemoryBaseline,
     NonFiniteLoss,
-    StepFlops,
     Trial,
     WindowMonitors,
     apply_policies,
@@ -70,10 +69,15 @@ from gpuopt.engines._common import (
     flop_notes,
     instantiate_data,
     instantiate_model,
+    measure_epoch_boundary,
+    measure_loader_cost,
+    record_achievable_mfu,
+    record_limit,
+    record_steady_state,
     record_window,
     run_measured,
 )
-from gpuopt.measure import StopRule, WindowResult, make_clock, synchronize
+from gpuopt.measure import StopRule, WindowResult, make_clock, step_flop_counter, synchronize
 from gpuopt.result import TrialResult
 
 log = logging.getLogger(__name__)
@@ -245,14 +249,15 @@ class MeasureCallback(pl.Callback):
         # Filled as the fit runs.
         self.compile_time_s: float | None = None
         self.warmup_time_s: float | None = None
-        self.flops_per_sample: float | None = None
+        self.flops_per_sample: float | None = None  # model FLOPs (recompute apart)
+        self.hardware_flops_per_sample: float | None = None
         self.window: WindowResult | None = None
         self.timed_steps = 0
         self.timed_samples = 0
         self.nvml: Any = None
         self.keep_first_batch = measure.ceiling
         self.first_batch: Any = None
-        self._flop_counter: FlopCounterMode | None = None
+        self._flop_counter: Any = None  # measure.step_flop_counter() during the FLOP step
         self._compiled_steps: dict[str, Any] | None = None  # restored after the FLOP step
         self._first_step_t0 = self._warmup_t0 = self._window_t0 = self._first_step_at = 0.0
 
@@ -274,7 +279,7 @@ class MeasureCallback(pl.Callback):
             # (the optimizer's elementwise ops are not counted), on the eager module as the
             # native engine does (through a compiled step the counter would miss kernels).
             self._compiled_steps = use_eager_steps(pl_module)
-            self._flop_counter = FlopCounterMode(display=False)
+            self._flop_counter = step_flop_counter()
             self._flop_counter.__enter__()
 
     def on_train_batch_end(
@@ -319,8 +324,10 @@ class MeasureCallback(pl.Callback):
         counter, self._flop_counter = self._flop_counter, None
         counter.__exit__(None, None, None)  # type: ignore[union-attr]
         self._restore_compiled_steps(pl_module)
-        flops = StepFlops.of(counter)
-        self.flops_per_sample = flops.total / extract_batch_size(batch) if flops.total else None
+        flops = counter.step_flops()  # type: ignore[union-attr]
+        samples = extract_batch_size(batch)
+        self.flops_per_sample = flops.model / samples if flops.hardware else None
+        self.hardware_flops_per_sample = flops.hardware / samples if flops.hardware else None
         self.notes += flop_notes(self.spec, self.device, peak_mode(self.spec), flops)
 
     def _restore_compiled_steps(self, pl_module: pl.LightningModule) -> None:
@@ -559,10 +566,36 @@ def measure(trial: Trial, process_t0: float) -> None:
         trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
         _record_fit(trial, meter, fetch_timer, memory, process_t0)
+        loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.fetch_s, meter)
         batch, meter.first_batch = meter.first_batch, None
+        ceiling = None
         if spec.measure.ceiling and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).
-            _compute_ceiling(trial, trainer.lightning_module, batch, root)
+            ceiling = _compute_ceiling(trial, trainer.lightning_module, batch, root)
+        record_limit(trial.metrics, device, loader_cost, ceiling)
+        if spec.measure.peak_probe:
+            record_achievable_mfu(trial.metrics, device, peak_mode(spec))
+
+
+def _beside_fit(
+    trial: Trial, loader: Any, fetch_wait_s: float, meter: MeasureCallback
+) -> float | None:
+    """After the fit, outside any timed span: the epoch boundary's cost (the fit stopped its
+    workers) and the input pipeline's cost per sample, for a torch DataLoader; (a CombinedLoader
+    or a user's own iterable is not priced: throughput_amortized is then the throughput)."""
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        trial.warnings.append(
+            "epoch_overhead_s and loader_cost_us not measured: the train dataloader is a "
+            f"{type(loader).__name__}, not one torch DataLoader"
+        )
+        record_steady_state(trial.metrics, EpochBoundary(None, 0.0, None))
+        return None
+    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, meter.timed_steps)
+    record_steady_state(trial.metrics, boundary)
+    shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is not None:  # persistent workers: stopped before the ceiling runs
+        shutdown()
+    return measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
 
 
 def _record_fit(
@@ -582,6 +615,7 @@ def _record_fit(
     m.compile_time_s = meter.compile_time_s if meter.compile_steps else 0.0
     m.warmup_time_s = meter.warmup_time_s
     m.flops_per_sample = meter.flops_per_sample
+    m.hardware_flops_per_sample = meter.hardware_flops_per_sample
     record_window(
         m,
         meter.window,
@@ -595,13 +629,16 @@ def _record_fit(
     )
 
 
-def _compute_ceiling(trial: Trial, module: pl.LightningModule, batch: Any, root: Path) -> None:
+def _compute_ceiling(
+    trial: Trial, module: pl.LightningModule, batch: Any, root: Path
+) -> CeilingReplay:
     """The fitted module trained on `batch` (on the device) by a second fit, no loader."""
     replay = CeilingReplay.for_trial(trial.spec, trial.device)
     ceiling = CeilingCallback(replay)
     trainer = make_trainer(trial.spec, trial.device, [ceiling], None, root)
     trainer.fit(module, train_dataloaders=_RepeatedBatch(batch, replay.max_batches))
     replay.record(trial.metrics)
+    return replay
 
 
 def run_lightning_trial(

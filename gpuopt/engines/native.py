@@ -5,8 +5,10 @@ The step is the standard one: forward (under autocast for fp16/bf16), loss, back
 GradScaler for fp16), optimizer step, zero_grad(set_to_none=True).
 
 Order of work, each part timed apart: build -> FLOP count (one step, outside the window) -> first
-step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on)
--> compute ceiling (the first batch replayed on the device, no loader).
+step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on;
+the loader's one epoch lasts the whole trial) -> an epoch boundary and the input pipeline's cost per
+sample, measured apart -> compute ceiling (the first batch replayed on the device, no loader) ->
+the machine's limit -> the measured matmul peak (cached).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from gpuopt import policies
 from gpuopt.engines._common import (
     CeilingReplay,
+    EpochBoundary,
     InputWait,
     MemoryBaseline,
     NonFiniteLoss,
@@ -31,13 +34,17 @@ from gpuopt.engines._common import (
     build_loader,
     build_optimizer,
     compute_loss,
-    count_step_flops,
     flop_notes,
     instantiate_data,
     instantiate_model,
+    measure_epoch_boundary,
+    measure_loader_cost,
+    record_achievable_mfu,
+    record_limit,
+    record_steady_state,
     record_window,
 )
-from gpuopt.measure import StopRule, make_clock, run_window, synchronize
+from gpuopt.measure import StopRule, make_clock, measure_step_flops, run_window, synchronize
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -173,13 +180,14 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
         workload.forward_backward(*batch)
 
     try:
-        flops = count_step_flops(forward_backward)
+        flops = measure_step_flops(forward_backward)
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
-    trial.metrics.flops_per_sample = (
-        flops.total / trial.spec.loader.batch_size if flops.total else None
-    )
+    batch_size = trial.spec.loader.batch_size
+    if flops.hardware:
+        trial.metrics.flops_per_sample = flops.model / batch_size
+        trial.metrics.hardware_flops_per_sample = flops.hardware / batch_size
     trial.warnings += flop_notes(trial.spec, trial.device, trial.spec.precision.mode, flops)
 
 
@@ -245,7 +253,23 @@ def timed_window(
     workload.check_finite("the timed window")
 
 
-def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch) -> None:
+def beside_window(trial: Trial, feed: BatchFeed) -> tuple[EpochBoundary, float | None]:
+    """After the window, outside any timed span: what an epoch boundary costs (a fresh epoch's
+    first batch; the window's workers stopped first unless they persist, as between real epochs)
+    and the input pipeline's cost per sample. The loader's workers are stopped afterwards."""
+    loader = feed.loader
+    fetch_wait_s, steps = feed.wait.fetch_s, trial.metrics.timed_steps or 0
+    if not trial.spec.loader.persistent_workers:
+        feed.close()
+    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, steps)
+    feed.close()
+    loader_cost = measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
+    return boundary, loader_cost
+
+
+def compute_ceiling(
+    trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch
+) -> CeilingReplay:
     """The same step on one batch already on the device, no loader: the most this step can do."""
     feed.close()
     batch_size = trial.spec.loader.batch_size
@@ -258,6 +282,7 @@ def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Ba
     ceiling.run(replay)
     ceiling.record(trial.metrics)
     workload.check_finite("the compute-ceiling replay")
+    return ceiling
 
 
 def measure(trial: Trial, process_t0: float) -> None:
@@ -272,5 +297,11 @@ def measure(trial: Trial, process_t0: float) -> None:
         count_flops(trial, workload, first_batch)
     warm_up(trial, workload, feed, first_batch, memory)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
+    boundary, loader_cost = beside_window(trial, feed)
+    record_steady_state(trial.metrics, boundary)
+    ceiling = None
     if trial.spec.measure.ceiling:
-        compute_ceiling(trial, workload, feed, first_batch)
+        ceiling = compute_ceiling(trial, workload, feed, first_batch)
+    record_limit(trial.metrics, trial.device, loader_cost, ceiling)
+    if trial.spec.measure.peak_probe:
+        record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
