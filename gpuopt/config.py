@@ -119,6 +119,17 @@ class MeasureConf:
 
 
 @dataclass
+class ProfileConf:
+    """The profiled window (gpuopt.profile): a few steps under torch.profiler after the timed
+    window, never timed for throughput. Off by default; `profile=on` turns it on for one run."""
+
+    enabled: bool = False
+    steps: int = 5  # profiled steps (each recorded op costs host time: keep it small)
+    warmup_steps: int = 1  # steps the profiler records and discards (its own start-up)
+    top_ops: int = 10  # operators listed by self time
+
+
+@dataclass
 class EngineConf:
     """Which training loop runs the trial. The Lightning-only knobs are ignored by `native`."""
 
@@ -143,6 +154,7 @@ class GpuoptConf:
     optimizer: OptimizerConf = field(default_factory=OptimizerConf)
     device: DeviceConf = field(default_factory=DeviceConf)
     measure: MeasureConf = field(default_factory=MeasureConf)
+    profile: ProfileConf = field(default_factory=ProfileConf)
     loss: str = "cross_entropy"
     seed: int = 0
     trust: list[str] = field(default_factory=list)
@@ -170,6 +182,7 @@ class TrialSpec:
     seed: int
     trusted_targets: tuple[str, ...]
     engine: EngineConf = field(default_factory=EngineConf)
+    profile: ProfileConf = field(default_factory=ProfileConf)
 
     @property
     def model_input(self) -> str:
@@ -259,6 +272,9 @@ def validate(cfg: DictConfig) -> TrialSpec:
             "measure.stability_target", measure.stability_target, "a fraction in (0, 1), e.g. 0.03"
         )
     _check_min("measure.ceiling_steps", measure.ceiling_steps, 1, "an integer >= 1")
+    _check_min("profile.steps", typed.profile.steps, 1, "an integer >= 1")
+    _check_min("profile.warmup_steps", typed.profile.warmup_steps, 0, "an integer >= 0")
+    _check_min("profile.top_ops", typed.profile.top_ops, 0, "an integer >= 0")
 
     _check_engine(typed.engine)
     model, data = _check_workload(container, typed)
@@ -279,6 +295,7 @@ def validate(cfg: DictConfig) -> TrialSpec:
         seed=typed.seed,
         trusted_targets=BUILTIN_TRUSTED_TARGETS + tuple(typed.trust),
         engine=typed.engine,
+        profile=typed.profile,
     )
 
 

@@ -497,6 +497,8 @@ def measure(trial: Trial, process_t0: float) -> None:
     lightning.Trainer, raising on failure (Diverged, OOM, errors: `gpuopt.engines.run_trial`
     classifies them)."""
     spec, device = trial.spec, trial.device
+    if spec.profile.enabled:  # gpuopt.profile annotates the native loop's callables only
+        trial.warnings.append("profile: engine=lightning has no profiled window yet (native only)")
     memory = MemoryBaseline.take(device)
     # Process-wide settings, float32 matmul precision (TF32 on/off) included. Lightning's precision
     # plugin does the autocast and the fp16 GradScaler: the precision policy is not used here.

@@ -252,6 +252,25 @@ def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Ba
     workload.check_finite("the compute-ceiling replay")
 
 
+def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
+    """A few steps under torch.profiler, outside the timed window (gpuopt.profile): the callables
+    of the step annotated as its phases for these steps only."""
+    from gpuopt.profile import Annotation, run_profiled_window
+
+    phases = [
+        Annotation(feed, "next", "next_batch"),
+        Annotation(workload, "to_device", "h2d_copy"),
+        Annotation(workload, "forward_backward", "forward_backward"),
+        Annotation(workload, "forward", "forward"),
+        Annotation(workload.optimizer, "step", "optimizer"),
+    ]
+    summary = run_profiled_window(
+        lambda: workload.train_step(*feed.next()), phases, trial.device, trial.spec.profile
+    )
+    trial.profile = summary.to_dict()
+    workload.check_finite("the profiled window")
+
+
 def measure(trial: Trial, process_t0: float) -> None:
     """The engine (`gpuopt.engines.ENGINES["native"]`): fill `trial.metrics`, raising on failure
     (Diverged, OOM, errors: `gpuopt.engines.run_trial` classifies them)."""
@@ -264,5 +283,7 @@ def measure(trial: Trial, process_t0: float) -> None:
         count_flops(trial, workload, first_batch)
     warm_up(trial, workload, feed, first_batch)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
+    if trial.spec.profile.enabled:  # before the ceiling, which stops the loader's workers
+        profiled_window(trial, workload, feed)
     if trial.spec.measure.ceiling:
         compute_ceiling(trial, workload, feed, first_batch)
