@@ -201,3 +201,64 @@ def test_gpu_idle_split_into_host_wait_and_kernel_wait():
 
 def test_cpu_trace_has_no_gpu_split():
     assert gpu_time_split([_span("step", 0, 10)]) is None
+
+
+# -- diagnosis from the breakdown -----------------------------------------------------------------
+def _profile(phases, gpu=None):
+    base = dict.fromkeys(PHASES, 0.0)
+    return {"phases_pct": {**base, **phases}, "gpu": gpu}
+
+
+def test_input_bound_verdict_cites_the_share_of_the_step_in_next_loader():
+    from gpuopt.diagnose import Bottleneck, diagnose
+
+    metrics = {"data_wait": 50.0, "input_efficiency": 60.0,
+               "profile": _profile({"data_wait": 53.2, "forward": 20, "backward": 20, "other": 6.8})}  # fmt: skip
+    d = diagnose(metrics, device_type="cpu")
+    assert d.bottleneck is Bottleneck.INPUT
+    assert "53% of the step in next(loader)" in d.summary
+    assert any(line.startswith("profiled step: next(loader) 53%") for line in d.evidence)
+    # Without a profile the same verdict cites no phase.
+    assert "of the step" not in diagnose({"data_wait": 50.0}, device_type="cpu").summary
+
+
+def test_heavy_optimizer_phase_suggests_the_fused_optimizer_first_unless_already_fused():
+    from gpuopt.diagnose import OPTIMIZER_HIGH_PCT, diagnose
+
+    metrics = {"data_wait": 1.0, "input_efficiency": 99.0,
+               "profile": _profile({"forward": 40, "backward": 42, "optimizer": 18})}  # fmt: skip
+    d = diagnose(metrics, device_type="cpu", config={"optimizer": {"fused": None}})
+    assert d.suggestions[0] == "optimizer 18% of the step: try optimizer.fused=true"
+    assert "backward 42% of the step" in d.summary  # the largest phase
+    fused = diagnose(metrics, device_type="cpu", config={"optimizer": {"fused": True}})
+    assert not any("optimizer.fused" in tip for tip in fused.suggestions)
+    light = {**metrics, "profile": _profile({"optimizer": OPTIMIZER_HIGH_PCT - 1})}
+    assert not any("optimizer.fused" in t for t in diagnose(light, device_type="cpu").suggestions)
+
+
+def test_profiled_gpu_idle_mostly_host_wait_is_launch_bound():
+    from gpuopt.diagnose import HOST_WAIT_HIGH_PCT, Bottleneck, diagnose
+
+    gpu = {"kernel": 55.0, "memcpy": 5.0, "idle": 40.0, "host_wait": 35.0, "kernel_wait": 5.0}
+    # NVML's utilization is not recorded here: the profile alone gives the verdict.
+    metrics = {"data_wait": 1.0, "input_efficiency": 99.0, "mfu": 30.0,
+               "profile": _profile({"forward": 30, "backward": 50, "optimizer": 10}, gpu)}  # fmt: skip
+    d = diagnose(metrics, device_type="cuda", config={"compile": {"mode": "off"}})
+    assert d.bottleneck is Bottleneck.HOST
+    assert "GPU idle 40%, of which 35 points host wait" in d.summary
+    assert d.suggestions[0] == (
+        "GPU idle 40%, of which 35 points host wait: launch-bound, try compile=reduce-overhead"
+    )
+    # The rule's own compile tip is not repeated after the phase tip.
+    assert sum("compile=reduce-overhead" in tip for tip in d.suggestions) == 1
+    assert any("35 points host wait, 5 kernel wait" in line for line in d.evidence)
+    busy = {**gpu, "idle": 10.0, "host_wait": HOST_WAIT_HIGH_PCT - 5, "kernel_wait": 5.0}
+    metrics["profile"] = _profile({"forward": 30, "backward": 60, "optimizer": 10}, busy)
+    assert diagnose(metrics, device_type="cuda").bottleneck is Bottleneck.COMPUTE
+
+
+def test_failed_trial_verdict_cites_no_profile():
+    from gpuopt.diagnose import Bottleneck, diagnose
+
+    d = diagnose({"profile": _profile({"forward": 90})}, status="oom", device_type="cpu")
+    assert d.bottleneck is Bottleneck.NOT_MEASURED and d.evidence == [] and d.suggestions == []
