@@ -4,19 +4,37 @@ The task function is thin: allocator environment (before torch is imported), val
 checks, `run_trial`, a result table, result.json in the run directory. It returns the `TrialResult`
 for the sweeper. torch is imported only inside functions: the sweeper process imports this module
 too and must stay light.
+
+Bad input ends the command with one line on stderr and exit status 2, before anything is created:
+`cli()` parses the arguments itself (argparse's usage block would be many lines), turns Hydra's
+composition errors into `ConfigError`s (Hydra raises them to us under HYDRA_FULL_ERROR, which
+`cli()` sets only until the job starts), and the `ValidateBeforeRun` callback (conf/config.yaml,
+`hydra.callbacks`) checks the composed values, the targets and the device in `on_run_start`, which
+Hydra calls before it creates the run directory.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from gpuopt.config import ConfigError, register_schemas, validate
+from gpuopt.config import (
+    ConfigError,
+    ConfigFileError,
+    check_composed,
+    check_device_facts,
+    check_writable_path,
+    config_error_from_omegaconf,
+    register_schemas,
+    validate,
+)
 from gpuopt.result import Status, TrialResult
 
 log = logging.getLogger(__name__)
@@ -88,7 +106,16 @@ def run_config(
     return result
 
 
-@hydra.main(config_path="pkg://gpuopt.conf", config_name="config")
+# The one target Hydra itself instantiates from gpuopt's config (`hydra.callbacks`); gpuopt's own
+# instantiate() calls pass their own whitelists (the `trust` list, the sampler whitelist).
+HYDRA_EXECUTION_WHITELIST = ("gpuopt.run.ValidateBeforeRun",)
+
+
+@hydra.main(
+    config_path="pkg://gpuopt.conf",
+    config_name="config",
+    execution_whitelist=HYDRA_EXECUTION_WHITELIST,
+)
 def main(cfg: DictConfig) -> TrialResult:
     multirun, output_dir = _hydra_context()
     return run_config(cfg, output_dir, multirun)
@@ -149,5 +176,198 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
         console.print(f"result: {saved_to}")
 
 
+# --- bad input: one line on stderr, exit status 2, nothing created --------------------------------
+
+BAD_INPUT_EXIT = 2
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
+_user_full_error: str | None = None  # the user's own HYDRA_FULL_ERROR, restored once a job starts
+
+
+def fail(error: ConfigError | str) -> None:
+    """The one line for bad input, then exit status 2."""
+    line = " ".join(str(error).split())
+    print(f"gpuopt: {line}", file=sys.stderr)
+    sys.exit(BAD_INPUT_EXIT)
+
+
+def _restore_full_error() -> None:
+    """Hand Hydra's error reporting back to it (and to trial processes) as the user set it."""
+    if _user_full_error is None:
+        os.environ.pop(FULL_ERROR_ENV, None)
+    else:
+        os.environ[FULL_ERROR_ENV] = _user_full_error
+
+
+def _local_device_facts() -> dict[str, Any]:
+    """This machine's facts in `python -m gpuopt.env --json`'s keys (imports torch)."""
+    from gpuopt.env import list_devices, usable_cpus, why_no_accelerator
+
+    return {"devices": list_devices(), "accelerator": why_no_accelerator(), "cpus": usable_cpus()}
+
+
+def check_before_run(config: DictConfig) -> None:
+    """Everything a single run can get wrong, before Hydra creates its run directory: the values
+    (torch-free, so the common mistakes fail fast), where the run writes, the targets, the device."""
+    from gpuopt.policies import apply_allocator_env
+
+    check_composed(config)
+    check_writable_path("hydra.run.dir", str(config.hydra.run.dir), directory=True)
+    # validate() imports the targets, hence torch, which reads the allocator settings on import.
+    apply_allocator_env(config.cache.cuda_alloc_conf, bool(config.cache.cpu_thp))
+    validate(config)
+    check_device_facts(config, _local_device_facts())
+
+
+class ValidateBeforeRun(Callback):
+    """Hydra callback (conf/config.yaml): `on_run_start` runs before the run directory exists."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        _restore_full_error()
+        HydraConfig.instance().set_config(config)  # ${hydra:...} resolves, as in the job
+        try:
+            check_before_run(config)
+        except ConfigError as exc:
+            fail(exc)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _restore_full_error()  # the sweeper validates the composed config itself
+
+
+def _parsed_overrides(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # the parse error itself is reported from Hydra's own exception
+        return []
+
+
+def _override_error(message: str, overrides: list[str], multirun: bool) -> ConfigError | None:
+    """A composition error without an OmegaConf cause, pinned to the override it names."""
+    for override in _parsed_overrides(overrides):
+        key = override.key_or_group
+        if f"'{key}" not in message:
+            continue
+        value = override.value() if not override.is_delete() else None
+        if override.is_sweep_override() and not multirun:
+            return ConfigError(
+                key,
+                override.input_line.split("=", 1)[-1],
+                "one value in a single run (sweep with "
+                "-m; a list is [a,b]; a string with commas is quoted)",
+            )
+        if override.is_add():
+            return ConfigError(
+                key, value, f"{key}=... without '+' (the key exists), or ++{key}=... to force it"
+            )
+        if override.is_delete():
+            return ConfigError(key, "~", "deleting only a key or group the config has")
+        return ConfigError(key, value, " ".join(message.split()))
+    return None
+
+
+def config_error_from_hydra(
+    exc: BaseException, overrides: list[str], multirun: bool = False
+) -> ConfigError | None:
+    """Hydra's composition errors as one `ConfigError`, from their attributes; None for others."""
+    import yaml
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+        SearchPathException,
+    )
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return ConfigFileError(mark.name, mark.line + 1, mark.column + 1, str(exc.problem))
+    if isinstance(exc, MissingConfigException):
+        missing = exc.missing_cfg_file or "?"
+        if exc.options is None:  # the primary config
+            return ConfigError("--config-name", missing, "a config in the config search path")
+        group, _, option = missing.rpartition("/")
+        allowed = " | ".join(exc.options) or "no options found"
+        return ConfigError(group, option, f"{allowed} (no {missing}.yaml in the search path)")
+    if isinstance(exc, OverrideParseException):
+        key, _, value = exc.override.partition("=")
+        lines = exc.message.splitlines()  # the parser's reason is the second line
+        reason = lines[1] if len(lines) > 1 else lines[0]
+        return ConfigError(
+            key,
+            value,
+            f"Hydra's override grammar ({' '.join(reason.split())}; see "
+            "https://hydra.cc/docs/advanced/override_grammar/basic)",
+        )
+    if isinstance(exc, SearchPathException):
+        return ConfigError(
+            "--config-dir",
+            str(exc).split("'")[1] if "'" in str(exc) else "?",
+            "an existing directory",
+        )
+    if isinstance(exc.__cause__, OmegaConfBaseException):
+        error = config_error_from_omegaconf(exc.__cause__)
+        values = {o.key_or_group: o.value() for o in _parsed_overrides(overrides)}
+        return ConfigError(error.key, values.get(error.key, error.value), error.allowed)
+    if isinstance(exc, OmegaConfBaseException):
+        return config_error_from_omegaconf(exc)
+    if isinstance(exc, ConfigCompositionException):
+        return _override_error(str(exc), overrides, multirun) or ConfigError(
+            "overrides", " ".join(overrides), " ".join(str(exc).split())
+        )
+    return None
+
+
+def _check_arguments(argv: list[str]) -> Any:
+    """Hydra's own argument parser, failing with one line instead of its usage block."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def one_line_error(message: str) -> None:
+        fail(f"invalid argument: {message}; allowed: see python -m gpuopt.run --help")
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    return parser.parse_intermixed_args(argv)
+
+
+def cli() -> None:
+    """`python -m gpuopt.run`: Hydra's main, with bad input reported as one line and exit 2."""
+    global _user_full_error
+    args = _check_arguments(sys.argv[1:])
+    _user_full_error = os.environ.get(FULL_ERROR_ENV)
+    os.environ[FULL_ERROR_ENV] = "1"  # until the job starts, Hydra raises its errors to us
+    try:
+        main()
+    except Exception as exc:
+        _restore_full_error()
+        error = (
+            None
+            if _user_full_error
+            else config_error_from_hydra(exc, list(args.overrides), bool(args.multirun))
+        )
+        if error is None:
+            from hydra._internal.utils import run_and_report
+
+            failure = exc
+
+            def reraise() -> None:
+                raise failure
+
+            run_and_report(reraise)  # as Hydra reports it (HYDRA_FULL_ERROR as the user set it)
+            raise
+        fail(error)
+    finally:
+        _restore_full_error()
+
+
 if __name__ == "__main__":
-    main()
+    # Run the importable module, not this `__main__` copy: the callback Hydra instantiates from
+    # `gpuopt.run.ValidateBeforeRun` must share `_user_full_error` with `cli()`.
+    from gpuopt.run import cli as run_cli
+
+    run_cli()

@@ -4,7 +4,7 @@
     python scripts/bench_search.py --seeds 20 --json out.json
 
 Replays benchmarks/grid_cpu.json (measured once with the real engine by scripts/measure_grid.py)
-as a lookup-table objective (gpuopt.replay): every sampler asks through Optuna exactly as the sweeper
+as a lookup-table objective (scripts/replay.py): every sampler asks through Optuna exactly as the sweeper
 does, the grid answers with the measured throughput. Contenders:
 
 - random, tpe, gp, nsgaii: Optuna's samplers with library defaults, single objective (throughput);
@@ -29,8 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
-
-from gpuopt.replay import (
+from replay import (
     DEFAULT_GRID_PATH,
     Contender,
     Grid,

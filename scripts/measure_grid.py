@@ -6,7 +6,7 @@
 The grid is a full factorial over SPACE (Hydra sweep strings, exactly as a sweeper preset writes
 them) on a fixed CPU workload, measured with the real engine (`gpuopt.run.run_config`) in this one
 process with a short window (measure=quick). Configurations run in a seeded random order, so slow
-drift of the machine spreads over the grid instead of lining up with one axis. gpuopt.replay then
+drift of the machine spreads over the grid instead of lining up with one axis. scripts/replay.py then
 answers samplers' asks from the file (scripts/bench_search.py, tests/test_replay.py).
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
+from replay import DEFAULT_GRID_PATH, Grid, GridPoint
 
-from gpuopt.replay import DEFAULT_GRID_PATH, Grid, GridPoint
 from gpuopt.sweeper.hardware import probe_env
 
 # The reference space: the keys the default preset (conf/search/default.yaml) searches on a CPU

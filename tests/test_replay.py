@@ -1,14 +1,18 @@
-"""The grid replay (gpuopt.replay): lookup, trials-to-reach, determinism, and the default sampler's
+"""The grid replay (scripts/replay.py): lookup, trials-to-reach, determinism, and the default sampler's
 search on the shipped, measured grid (benchmarks/grid_cpu.json)."""
 
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 
 import optuna
 import pytest
 
-from gpuopt.replay import (
+# The replay is a benchmark helper (scripts/), not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from replay import (
     DEFAULT_GRID_PATH,
     Contender,
     Grid,

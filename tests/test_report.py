@@ -212,6 +212,23 @@ def test_interrupted_baseline_is_counted_and_its_rerun_is_the_baseline():
     assert report.baseline.number == 1 and report.best.number == 1  # the re-run, not #0
 
 
+def test_surplus_trials_are_void_in_the_report_not_errors():
+    """A trial asked but never run (another worker held the study's n_trials) is `void`: the
+    report used to count it as an error."""
+    study = optuna.create_study(directions=["maximize"])
+    study.set_user_attr(STUDY_OBJECTIVES, ["throughput"])
+    study.set_user_attr(STUDY_DIRECTIONS, ["maximize"])
+    metrics = input_bound_metrics(1000, 42.0, 55.0)
+    add_trials(study, [Planned(cpu_params(32, 0), metrics=metrics)], compose=False)
+    resume.void(study, study.ask(), "surplus: other workers hold n_trials=1")
+    report = build_report(study)
+    assert report.counts["void"] == 1 and report.counts["error"] == 0
+    assert [t.status for t in report.trials] == ["ok", "void"]
+    text = io.StringIO()
+    render(report, Console(file=text, width=200))
+    assert "void" in text.getvalue()
+
+
 def test_study_without_completed_trials(storage):
     report = report_of(storage, NOT_DONE)
     assert report.best is None and report.counts["error"] == 1 and report.counts["running"] == 1

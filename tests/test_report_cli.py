@@ -172,3 +172,27 @@ def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(output_d
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert str(missing) in proc.stderr and not missing.exists()
+
+
+def test_unwritable_html_path_fails_before_the_report_is_built(output_dir, tmp_path):
+    proc = run(
+        [sys.executable, "-m", "gpuopt.report", "--html", "/proc/gpuopt/report.html"],
+        tmp_path,
+        GPUOPT_OUTPUT_DIR=str(output_dir),
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""  # no studies table, no report: the path is checked first
+    (line,) = proc.stderr.strip().splitlines()
+    assert "--html='/proc/gpuopt/report.html'" in line and "not writable" in line
+
+
+def test_export_best_into_a_file_path_fails_before_the_report_is_built(output_dir, tmp_path):
+    blocker = tmp_path / "conf"
+    blocker.write_text("a file, not a folder")
+    proc = run(
+        [sys.executable, "-m", "gpuopt.report", "--export-best", str(blocker / "best.yaml")],
+        tmp_path,
+        GPUOPT_OUTPUT_DIR=str(output_dir),
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"{blocker} is a file" in proc.stderr

@@ -122,3 +122,30 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
     result = TrialResult.load(result_file)
     assert result.status is Status.OK and result.metrics.throughput > 0
     assert result.config["model"]["hidden"] == 7 and result.config["data"]["shape"] == [12]
+
+
+def test_bad_input_is_exit_2_before_the_run_dir_exists(tmp_path):
+    proc = _cli(tmp_path, "model.depth=-2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "gpuopt: invalid config: model.depth=-2; allowed: an integer >= 1"
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_hydra_full_error_set_by_the_user_still_shows_the_full_traceback(tmp_path):
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs"), "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuopt.run", "model=nope"],
+        cwd=REPO, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stderr and "MissingConfigException" in proc.stderr
+
+
+def test_allocator_settings_still_apply_although_validation_imports_torch_first(tmp_path):
+    """The callback imports the model (and torch) before the job: it must set THP first."""
+    proc = _cli(tmp_path, *TINY_TRIAL, "cache=cpu_thp")
+    assert proc.returncode == 0, proc.stderr
+    (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    result = TrialResult.load(result_file)
+    assert result.status is Status.OK
+    assert not [w for w in result.warnings if "did not apply" in w], result.warnings

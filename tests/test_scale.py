@@ -197,9 +197,7 @@ def test_slurm_preset_composes_the_submitit_slurm_launcher():
             return_hydra_config=True,
         )
     launcher = cfg.hydra.launcher
-    assert (
-        launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
-    )
+    assert launcher._target_ == "gpuopt.sweeper.slurm_launcher.GpuoptSlurmLauncher"
     assert launcher.partition == "gpu" and launcher.timeout_min == 30
     assert launcher.gpus_per_task == 1 and launcher.tasks_per_node == 1
     assert launcher.cpus_per_task == 8 and launcher.mem_gb == 32

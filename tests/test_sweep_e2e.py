@@ -106,7 +106,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     summaries = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
     assert len(summaries) == 1
     name = summaries[0].study_name
-    hw_id = hardware.fingerprint(hardware.hardware_facts())
+    hw_id = hardware.hardware_id(hardware.hardware_facts())
     assert name == f"mlp-{hw_id}"  # workload + hardware (no search preset: ~search)
     study = load(tmp_path, name)
     trials = study.get_trials()

@@ -429,11 +429,11 @@ def test_gpu_setup_command(environ, line):
 def test_fingerprint_is_stable_and_names_the_hardware():
     cpu = {"machine": "x86_64", "system": "Linux", "cpu": "AMD EPYC", "cpu_count": 2, "gpus": []}
     gpu = {**cpu, "gpus": ["NVIDIA H200"]}
-    assert hardware.fingerprint(cpu) == hardware.fingerprint(dict(cpu))
-    assert hardware.fingerprint(cpu).startswith("cpu2-")
-    assert hardware.fingerprint(gpu).startswith("h200-") and hardware.fingerprint(
+    assert hardware.hardware_id(cpu) == hardware.hardware_id(dict(cpu))
+    assert hardware.hardware_id(cpu).startswith("cpu2-")
+    assert hardware.hardware_id(gpu).startswith("h200-") and hardware.hardware_id(
         gpu
-    ) != hardware.fingerprint(cpu)
+    ) != hardware.hardware_id(cpu)
     assert hardware.default_study_name("mlp", "default", "cpu2-abc") == "mlp-default-cpu2-abc"
 
 
@@ -499,19 +499,10 @@ def test_recover_interrupted_fails_and_reenqueues():
 
 
 def test_single_objective_samplers_are_refused_for_several_objectives():
-    from gpuopt.sweeper._impl import GpuoptSweeperImpl
+    from gpuopt.sweeper.loop import GpuoptSweeperImpl
+    from gpuopt.sweeper.options import SweeperOptions
 
-    impl = GpuoptSweeperImpl(
-        sampler=optuna.samplers.CmaEsSampler(),
-        direction=None,
-        storage=None,
-        study_name=None,
-        n_trials=4,
-        n_jobs=1,
-        max_failure_rate=0.5,
-        custom_search_space=None,
-        params=None,
-    )
+    impl = GpuoptSweeperImpl(optuna.samplers.CmaEsSampler(), SweeperOptions.build(n_trials=4))
     impl._check_sampler(["maximize"])
     with pytest.raises(SweepConfigError, match="cmaes"):
         impl._check_sampler(["maximize", "maximize"])
@@ -582,3 +573,81 @@ def test_default_sampler_is_multivariate_tpe_and_other_samplers_replace_it():
     assert isinstance(sampler, optuna.samplers.TPESampler) and sampler._multivariate
     assert stock.multivariate is False
     assert chosen._target_ == "optuna.samplers.RandomSampler" and "multivariate" not in chosen
+
+
+# ---- sweeper options: one default each, validated once ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"n_trials": 0}, "hydra.sweeper.n_trials"),
+        ({"n_trials": 2.5}, "hydra.sweeper.n_trials"),
+        ({"n_jobs": 0}, "hydra.sweeper.n_jobs"),
+        ({"max_failure_rate": -0.1}, "hydra.sweeper.max_failure_rate"),
+        ({"max_failure_rate": 1.5}, "hydra.sweeper.max_failure_rate"),
+        ({"confirm": {"rounds": -1}}, "hydra.sweeper.confirm.rounds"),
+        ({"confirm": {"top_k": 0}}, "hydra.sweeper.confirm.top_k"),
+        ({"confirm": {"max_share": 0.0}}, "hydra.sweeper.confirm.max_share"),
+        ({"confirm": {"max_share": 1.2}}, "hydra.sweeper.confirm.max_share"),
+        ({"confirm": {"shares": 0.5}}, "hydra.sweeper.confirm.shares"),
+        ({"heartbeat_interval": -5}, "hydra.sweeper.heartbeat_interval"),
+        ({"grace_period": 0}, "hydra.sweeper.grace_period"),
+        ({"env_timeout_s": 0}, "hydra.sweeper.env_timeout_s"),
+    ],
+)
+def test_bad_sweeper_options_are_one_line_errors(settings, key):
+    from gpuopt.sweeper.options import SweeperOptions
+
+    with pytest.raises(SweepConfigError) as info:
+        SweeperOptions.build(**settings)
+    assert info.value.key == key and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"n_trials": 1, "n_jobs": 4, "max_failure_rate": 0.0},
+        {"max_failure_rate": 1.0, "confirm": {"rounds": 0, "max_share": 1.0}},
+        {"heartbeat_interval": None, "grace_period": None},  # null: off / 2 x interval
+        {"heartbeat_interval": 0},  # 0: off
+        {"heartbeat_interval": 5, "grace_period": 30},
+    ],
+)
+def test_good_sweeper_options_build(settings):
+    from gpuopt.sweeper.options import SweeperOptions
+
+    options = SweeperOptions.build(**settings)
+    for key, value in settings.items():
+        if key != "confirm":
+            assert getattr(options, key) == value
+    for key, value in settings.get("confirm", {}).items():
+        assert getattr(options.confirm, key) == value
+
+
+def test_sweeper_options_have_one_default_each():
+    """The composed hydra.sweeper node (plugin.py's ConfigStore) and SweeperOptions() agree on
+    every setting; the documented confirm.max_share is 0.4."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from gpuopt.config import register_schemas
+    from gpuopt.sweeper.options import SweeperOptions
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    with initialize_config_module("gpuopt.conf"):
+        node = compose("config", overrides=["~search"], return_hydra_config=True).hydra.sweeper
+    settings = {
+        k: v for k, v in OmegaConf.to_container(node).items() if k not in ("sampler", "_target_")
+    }
+    composed = SweeperOptions.build(**settings)
+    defaults = SweeperOptions()
+    assert defaults.confirm.max_share == 0.4
+    assert composed.confirm == defaults.confirm
+    for key in ("n_trials", "n_jobs", "max_failure_rate", "device_aware", "baseline"):
+        assert getattr(composed, key) == getattr(defaults, key), key
+    for key in ("env_timeout_s", "heartbeat_interval", "grace_period", "storage", "study_name"):
+        assert getattr(composed, key) == getattr(defaults, key), key

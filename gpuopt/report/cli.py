@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from gpuopt.fmt import metric as fmt
 from gpuopt.report.export import compose_experiment, export_experiment
 from gpuopt.report.html import PLOTLY_HINT, plotly_available, write_html
 from gpuopt.report.storage import (
@@ -21,7 +22,7 @@ from gpuopt.report.storage import (
     open_storage,
 )
 from gpuopt.report.summary import StudyReport, config_diff
-from gpuopt.report.text import fmt, render, trial_detail
+from gpuopt.report.text import render, trial_detail
 
 HTML_WIDTH = 150  # characters per line of the text report embedded in the HTML page
 PIPE_WIDTH = 150  # characters per line when stdout is not a terminal (files, CI logs)
@@ -67,7 +68,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="two trials side by side (config diff, metrics, phase breakdowns): trial numbers "
         "of the study, or paths to a run's result.json (or its run directory)",
     )
-    return parser.parse_args(argv)
+
+    def one_line_error(message: str) -> None:  # argparse's usage block would be many lines
+        print(
+            f"gpuopt.report: error: {message}; see python -m gpuopt.report --help", file=sys.stderr
+        )
+        sys.exit(2)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    check_arguments(args)
+    return args
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Values and output paths, before any storage is opened or report built: one line, exit 2."""
+    from gpuopt.config import ConfigError, check_writable_path
+
+    try:
+        if args.top < 1:
+            raise ConfigError("--top", args.top, "an integer >= 1 (or --all)")
+        if args.trial is not None and args.trial < 0:
+            raise ConfigError("--trial", args.trial, "a trial number >= 0")
+        same = args.html and args.export_best
+        if same and Path(args.html).resolve() == Path(args.export_best).resolve():
+            raise ConfigError("--export-best", args.export_best, "a path other than --html's")
+        if args.html:
+            check_writable_path("--html", args.html)
+        if args.export_best:
+            check_writable_path("--export-best", args.export_best)
+    except ConfigError as exc:
+        print(
+            f"gpuopt.report: error: invalid argument {exc.key}={exc.value!r}; "
+            f"allowed: {exc.allowed}",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 def compare_trials(

@@ -93,7 +93,8 @@ def list_studies(storage: optuna.storages.BaseStorage) -> list[StudyEntry]:
         )
         for s in summaries
     ]
-    order = {s.study_name: s._study_id for s in summaries}
+    # Study ids grow with creation; the summaries do not expose theirs, the storage does.
+    order = {s.study_name: storage.get_study_id_from_name(s.study_name) for s in summaries}
     return sorted(entries, key=lambda e: order[e.name])
 
 

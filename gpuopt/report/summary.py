@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from gpuopt.diagnose import Diagnosis, diagnose
 from gpuopt.result import (
@@ -20,15 +20,15 @@ from gpuopt.result import (
     ATTR_CONFIG,
     ATTR_ENV,
     ATTR_OVERRIDES,
-    ATTR_STATUS,
     STUDY_CONFIRMATION,
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
 )
 from gpuopt.secrets import mask_secrets
-from gpuopt.sweeper.resume import INTERRUPTED_ATTR  # on a trial whose sweeping process died
+from gpuopt.sweeper.schema import feasible, feasible_trials, pick_baseline, pick_best, trial_status
 
-# Status columns, in display order; other states (pruned, waiting) are shown only when present.
+# Status columns, in display order; other statuses (void, interrupted, pruned, waiting: see
+# gpuopt.sweeper.schema.trial_status) are shown only when present.
 STATUS_ORDER = ("ok", "oom", "diverged", "error", "running")
 
 # Parameter importances need enough finished trials to mean anything (PED-ANOVA compares the top
@@ -48,21 +48,6 @@ COMPARED_METRICS = (
 )
 # Keys of the resolved config that never describe the measured configuration.
 IGNORED_CONFIG_KEYS = ("hydra", "output_dir")
-
-
-def trial_status(trial: FrozenTrial) -> str:
-    """ok | oom | diverged | error for finished trials (the sweeper's attribute), else the state."""
-    if trial.state == TrialState.RUNNING:
-        return "running"
-    if trial.state == TrialState.WAITING:
-        return "waiting"
-    if trial.state == TrialState.PRUNED:
-        return "pruned"
-    if trial.user_attrs.get(INTERRUPTED_ATTR):
-        return "interrupted"  # the sweep died under it; the sweeper re-ran its parameters
-    if trial.state == TrialState.FAIL:
-        return "error"
-    return str(trial.user_attrs.get(ATTR_STATUS, "ok"))
 
 
 def device_type_of(attrs: dict[str, Any], hardware: dict[str, Any] | None) -> str | None:
@@ -165,10 +150,6 @@ def _objective_names(study: optuna.Study) -> list[str]:
         if len(study.directions) == 1
         else [f"value_{i}" for i in range(len(study.directions))]
     )
-
-
-def _feasible(trial: FrozenTrial) -> bool:
-    return all(c <= 0.0 for c in trial.constraints.values())
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -274,69 +255,29 @@ def param_importances(
     return result, None
 
 
-def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
-    """Summarize a study: counts, baseline, best, Pareto front, diff, diagnoses, importances."""
-    objectives = _objective_names(study)
-    directions = [d.name.lower() for d in study.directions]
-    hardware = study.user_attrs.get(STUDY_HARDWARE)
-    hardware = hardware if isinstance(hardware, dict) else None
-    frozen = study.get_trials(deepcopy=False)
-
-    views: list[TrialView] = []
-    for trial in frozen:
-        status = trial_status(trial)
-        attrs = dict(trial.user_attrs)
-        views.append(
-            TrialView(
-                number=trial.number,
-                status=status,
-                values=tuple(trial.values) if trial.values is not None else None,
-                params=dict(trial.params),
-                attrs=attrs,
-                diagnosis=diagnose(
-                    attrs,
-                    status=status,
-                    device_type=device_type_of(attrs, hardware),
-                    config=attrs.get(ATTR_CONFIG) or {},
-                ),
-            )
-        )
-    by_number = {v.number: v for v in views}
-
-    counts = Counter(v.status for v in views)
-    ordered = {s: counts.get(s, 0) for s in STATUS_ORDER}
-    ordered.update({s: n for s, n in counts.items() if s not in ordered})
-
-    # Best = the sweeper's own pick (gpuopt.sweeper.record.pick_best), so the report and the sweep's
-    # best.yaml agree: the confirmed winner when a confirmation ran, else the best first objective
-    # (on the Pareto front when there are several objectives).
-    from gpuopt.sweeper.record import pick_best
-
-    feasible = [t for t in frozen if t.state == TrialState.COMPLETE and _feasible(t) and t.values]
-    pareto_frozen = (
-        [t for t in study.best_trials if _feasible(t)] if len(directions) > 1 and feasible else []
+def trial_view(trial: FrozenTrial, hardware: dict[str, Any] | None) -> TrialView:
+    """One trial with its status and bottleneck diagnosis."""
+    status = trial_status(trial)
+    attrs = dict(trial.user_attrs)
+    return TrialView(
+        number=trial.number,
+        status=status,
+        values=tuple(trial.values) if trial.values is not None else None,
+        params=dict(trial.params),
+        attrs=attrs,
+        diagnosis=diagnose(
+            attrs,
+            status=status,
+            device_type=device_type_of(attrs, hardware),
+            config=attrs.get(ATTR_CONFIG) or {},
+        ),
     )
-    confirmation = study.user_attrs.get(STUDY_CONFIRMATION)
-    picked = pick_best(
-        feasible,
-        pareto_frozen,
-        directions,
-        confirmation if isinstance(confirmation, dict) else None,
-    )
-    best = by_number[picked.number] if picked is not None else None
-    pareto = [by_number[t.number] for t in pareto_frozen]
 
-    # The baseline: an interrupted baseline is re-run under the same flag, so prefer one that ran.
-    baselines = [v for v in views if v.baseline]
-    baseline = next(
-        (v for v in baselines if v.status == "ok"), baselines[-1] if baselines else None
-    )
-    speedup = None
-    if baseline and best and baseline.status == "ok":
-        base_tp, best_tp = baseline.metric("throughput"), best.metric("throughput")
-        if base_tp and best_tp:
-            speedup = best_tp / base_tp
 
+def _changes(
+    baseline: TrialView | None, best: TrialView | None
+) -> tuple[list[str], list[str], list[ConfigChange]]:
+    """(best overrides not in the baseline's, baseline overrides the best drops, config diff)."""
     changes: list[str] = []
     reverted: list[str] = []
     config_changes: list[ConfigChange] = []
@@ -348,10 +289,53 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
                 config_changes = config_diff(baseline.config, best.config)
         elif baseline is None:
             changes = list(best_overrides)
+    return changes, reverted, config_changes
+
+
+def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
+    """Summarize a study: counts, baseline, best, Pareto front, diff, diagnoses, importances."""
+    objectives = _objective_names(study)
+    directions = [d.name.lower() for d in study.directions]
+    hardware = study.user_attrs.get(STUDY_HARDWARE)
+    hardware = hardware if isinstance(hardware, dict) else None
+    frozen = study.get_trials(deepcopy=False)
+
+    views = [trial_view(trial, hardware) for trial in frozen]
+    by_number = {v.number: v for v in views}
+
+    counts = Counter(v.status for v in views)
+    ordered = {s: counts.get(s, 0) for s in STATUS_ORDER}
+    ordered.update({s: n for s, n in counts.items() if s not in ordered})
+
+    # Best and baseline = the sweeper's own picks (gpuopt.sweeper.schema), so the report and the
+    # sweep's best.yaml agree: the confirmed winner when a confirmation ran, else the best first
+    # objective (on the Pareto front when there are several objectives).
+    pool = feasible_trials(frozen)
+    pareto_frozen = (
+        [t for t in study.best_trials if feasible(t)] if len(directions) > 1 and pool else []
+    )
+    confirmation = study.user_attrs.get(STUDY_CONFIRMATION)
+    picked = pick_best(
+        pool,
+        pareto_frozen,
+        directions,
+        confirmation if isinstance(confirmation, dict) else None,
+    )
+    best = by_number[picked.number] if picked is not None else None
+    pareto = [by_number[t.number] for t in pareto_frozen]
+    base_trial = pick_baseline(frozen)
+    baseline = by_number[base_trial.number] if base_trial is not None else None
+    speedup = None
+    if baseline and best and baseline.status == "ok":
+        base_tp, best_tp = baseline.metric("throughput"), best.metric("throughput")
+        if base_tp and best_tp:
+            speedup = best_tp / base_tp
+
+    changes, reverted, config_changes = _changes(baseline, best)
 
     ok_numbers = {v.number for v in views if v.status == "ok"}
     importances, note = param_importances(
-        study, [t for t in feasible if t.number in ok_numbers], objectives
+        study, [t for t in pool if t.number in ok_numbers], objectives
     )
 
     return StudyReport(

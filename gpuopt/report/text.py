@@ -12,24 +12,13 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuopt.diagnose import Bottleneck, Diagnosis
+from gpuopt.fmt import METRIC_UNITS
+from gpuopt.fmt import metric as fmt
+from gpuopt.fmt import speedup_ci as ci_text
 from gpuopt.report.export import experiment_text
 from gpuopt.report.summary import COMPARED_METRICS, StudyReport, TrialView, flatten
 from gpuopt.result import METRIC_GOALS
 
-# Display unit per metric; percentages are differences in points, the rest ratios.
-METRIC_UNITS = {
-    "throughput": "samples/s",
-    "ceiling_throughput": "samples/s",
-    "step_time_ms": "ms",
-    "utilization": "%",
-    "data_wait": "%",
-    "mfu": "%",
-    "input_efficiency": "%",
-    "peak_memory_mb": "MB",
-    "energy_per_sample_j": "J",
-    "power_w": "W",
-    "compile_time_s": "s",
-}
 # Bottleneck labels short enough for a table column.
 BOTTLENECK_SHORT = {
     Bottleneck.INPUT: "input",
@@ -49,17 +38,6 @@ STATUS_STYLE = {
     "error": "red",
     "running": "cyan",
 }
-
-
-def fmt(name: str, value: float | None, unit: bool = True) -> str:
-    """A metric value for display; `unit=False` in table cells whose header names the unit."""
-    if value is None:
-        return "-"
-    suffix = METRIC_UNITS.get(name, "")
-    if suffix == "%":
-        return f"{value:.1f}%"
-    number = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
-    return f"{number} {suffix}".rstrip() if unit else number
 
 
 def change(name: str, base: float | None, best: float | None) -> str:
@@ -210,7 +188,6 @@ def confirmation_lines(report: StudyReport) -> list[str]:
     """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm.py): baseline vs top-k,
     interleaved, each speedup with a 95% CI."""
     from gpuopt.sweeper.confirm import KEEP_BASELINE
-    from gpuopt.sweeper.summary import ci_text
 
     confirmation = report.confirmation
     if confirmation is None:

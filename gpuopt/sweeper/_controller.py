@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from submitit.core.utils import JobPaths
-from submitit.local.local import Controller
 
+from gpuopt.sweeper._compat import local_controller_class
 from gpuopt.sweeper.launcher import EXIT_CODES_SUFFIX
 
 
-class ExitCodeController(Controller):  # type: ignore[misc]
+class ExitCodeController(local_controller_class()):  # type: ignore[misc]
     def wait(self, freq: int = 24) -> Any:
         codes = super().wait(freq)
         folder = JobPaths(self.folder, self.pid, 0).folder

@@ -1,5 +1,9 @@
 """The confirmation round: re-measure the baseline and the top candidates, interleaved.
 
+`confirm_if_last` runs it at the end of a sweep: which trials are candidates (`candidates`), how
+many runs the budget allows (`plan`), the interleaved rounds (`schedule`, `run_rounds`), and the
+verdict (`compare`; the winner rule, `winner`, is schema.py's: the best pick reads it).
+
 Throughput of one configuration drifts 4-14% between fresh processes on these machines, so the
 sweep's single measurement per configuration can crown a lucky one. At the end, the baseline (A)
 and the top-k candidates (B1, B2, ...) run again as A B1 B2 B2 B1 A ..., and the speedup of each
@@ -16,13 +20,31 @@ baseline wins: "keep your configuration" is the honest answer to a gain the nois
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpuopt.stats import t_quantile
+
+from . import resume
+from .schema import (
+    ATTR_BASELINE,
+    ATTR_OVERRIDES,
+    STUDY_CONFIRMATION,
+    STUDY_OBJECTIVES,
+    feasible_trials,
+    plain_names,
+    winner,
+)
+
+log = logging.getLogger("gpuopt.sweeper")
+
+__all__ = ["KEEP_BASELINE", "compare", "plan", "round_order", "schedule", "speedup", "winner"]
 
 # ---- speedup with a confidence interval -------------------------------------------------------
 
@@ -161,17 +183,152 @@ def compare(configs: Sequence[ConfirmedConfig], direction: str) -> dict[str, Any
     return out
 
 
-def winner(record: dict[str, Any]) -> int | None:
-    """Trial number of the confirmed winner of a stored confirmation record (the baseline's when
-    no candidate is measurably faster); None for a record without configs."""
-    configs = record.get("configs") or []
-    if not configs:
-        return None
-    faster = [
-        entry
-        for entry in record.get("comparisons") or []
-        if (entry.get("ratio") or 0.0) > 1.0 and entry.get("distinguishable") is not False
+# ---- the round, at the end of a sweep ----------------------------------------------------------
+
+
+def confirm_if_last(study: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """The confirmation round runs in the last worker to finish (the others' trials are done);
+    the others return the stored record, if any. kwargs: those of `run`."""
+    owner = resume.this_owner()
+    others = [
+        t
+        for t in resume.in_flight(study.get_trials(deepcopy=False))
+        if t.system_attrs.get(resume.OWNER_ATTR) != owner
     ]
-    if not faster:
-        return configs[0].get("trial_number")
-    return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")
+    if others:
+        log.info(
+            "%d trial(s) still running in other workers: the last worker to finish runs the "
+            "confirmation round",
+            len(others),
+        )
+        previous = study.user_attrs.get(STUDY_CONFIRMATION)
+        return previous if isinstance(previous, dict) else None
+    return run(study, **kwargs)
+
+
+def candidates(
+    trials: Sequence[Any], directions: Sequence[str]
+) -> tuple[Any | None, list[Any], list[Any]]:
+    """(the feasible baseline, the other feasible trials best first with one per distinct params
+    and none with the baseline's, every feasible trial)."""
+    feasible = feasible_trials(trials)
+    baseline = next((t for t in feasible if t.user_attrs.get(ATTR_BASELINE)), None)
+    if baseline is None:
+        return None, [], feasible
+    sign = 1 if directions[0] == "maximize" else -1
+    seen = {_key(baseline.params)}
+    chosen = []
+    for t in sorted(
+        (t for t in feasible if not t.user_attrs.get(ATTR_BASELINE)),
+        key=lambda t: -sign * t.values[0],
+    ):
+        if _key(t.params) not in seen:
+            seen.add(_key(t.params))
+            chosen.append(t)
+    return baseline, chosen, feasible
+
+
+def run(
+    study: Any,
+    *,
+    names: Sequence[str],
+    directions: Sequence[str],
+    top_k: int,
+    rounds: int,
+    max_share: float,
+    n_trials: int,
+    sweep_dir: str,
+    measure: Callable[[list[str], int], Any],
+) -> dict[str, Any] | None:
+    """Plan, claim and run the round; store and return its record (None when it does not run).
+
+    `measure(overrides, index)` runs one configuration and returns its TrialOutcome.
+    """
+    if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
+        return None  # a stock-style task: its values are not noisy measurements to confirm
+    all_trials = study.get_trials(deepcopy=False)
+    previous = study.user_attrs.get(STUDY_CONFIRMATION)
+    counted = sum(1 for t in all_trials if resume.counted(t))
+    if previous and previous.get("after_trials") == counted:
+        return previous  # nothing new since the last confirmation
+    baseline, ranked, feasible = candidates(all_trials, directions)
+    if baseline is None:
+        return None
+    confirm_plan = plan(top_k, rounds, max_share, n_trials, len(ranked))
+    if confirm_plan is None:
+        if rounds > 0 and ranked:
+            log.info(
+                "confirmation round skipped: %.0f%% of n_trials=%d allows fewer than 2 runs "
+                "(hydra.sweeper.confirm.max_share)",
+                100 * max_share,
+                n_trials,
+            )
+        return None
+    if not resume.claim_confirmation(study, counted):
+        log.info("another worker runs the confirmation round")
+        return previous if isinstance(previous, dict) else None
+    configs = [
+        ConfirmedConfig(
+            label="baseline" if i == 0 else f"candidate{i}",
+            trial_number=t.number,
+            params=dict(t.params),
+            overrides=list(t.user_attrs.get(ATTR_OVERRIDES) or []),
+            sweep_values=[s.values[0] for s in feasible if _key(s.params) == _key(t.params)],
+        )
+        for i, t in enumerate([baseline, *ranked[: confirm_plan.top_k]])
+    ]
+    run_rounds(configs, confirm_plan.rounds, names[0], measure)
+    record = {
+        "objective": names[0],
+        "direction": directions[0],
+        "rounds": confirm_plan.rounds,
+        "top_k": confirm_plan.top_k,
+        "after_trials": counted,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "sweep_dir": sweep_dir,
+        "configs": [vars(c) for c in configs],
+        **compare(configs, directions[0]),
+    }
+    record = json.loads(json.dumps(record, default=str))
+    study.set_user_attr(STUDY_CONFIRMATION, record)
+    return record
+
+
+# Job numbers of the confirmation runs (the sweep's trials are numbered from 0).
+FIRST_CONFIRM_JOB = 10_000
+
+
+def run_rounds(
+    configs: Sequence[ConfirmedConfig],
+    rounds: int,
+    objective: str,
+    measure: Callable[[list[str], int], Any],
+) -> None:
+    """Measure every config once per round in `schedule` order; record values and statuses."""
+    by_label = {c.label: c for c in configs}
+    order = schedule([c.label for c in configs], rounds)
+    log.info(
+        "confirmation: %d round(s) of %s (interleaved) on %s",
+        rounds,
+        ", ".join(c.label for c in configs),
+        objective,
+    )
+    for i, label in enumerate(order):
+        cfg = by_label[label]
+        overrides = [*cfg.overrides, f"hydra.sweep.subdir=confirm/{i:02d}_{label}"]
+        outcome = measure(overrides, FIRST_CONFIRM_JOB + i)
+        cfg.confirm_statuses.append(outcome.status)
+        measured = outcome.feasible and outcome.values
+        if measured:
+            cfg.confirm_values.append(outcome.values[0])
+        log.info(
+            "confirmation %d/%d %s: %s",
+            i + 1,
+            len(order),
+            label,
+            f"{objective}={outcome.values[0]:.4g}" if measured else outcome.status,
+        )
+
+
+def _key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))

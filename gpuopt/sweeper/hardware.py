@@ -2,7 +2,7 @@
 
 - `probe_env`: `python -m gpuopt.env --json` once, in a subprocess (its `poor_choices` drive the
   device-aware presets; torch is imported there, not here).
-- `fingerprint`: a stable short id of the hardware (CPU model, core count, GPU names through NVML),
+- `hardware_id`: a stable short id of the hardware (CPU model, core count, GPU names through NVML),
   part of the default study name, so one study never mixes machines.
 - `default_storage` / `default_study_name`: where the study lives when the user does not say.
 - `gpu_setup_command`: the GPUs a fresh trial process must see (submitit's local launcher would
@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gpuopt.host import cpu_model
 
 from .gpus import setup_line
 
@@ -73,16 +75,6 @@ def probe_env(timeout_s: float = 120.0, python: str | None = None) -> EnvProbe:
     return EnvProbe(data=data)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def nvml_gpu_names() -> list[str]:
     """GPU names through NVML (no torch); [] without a driver."""
     try:
@@ -109,14 +101,14 @@ def hardware_facts(gpu_names: list[str] | None = None) -> dict[str, Any]:
     return {
         "machine": platform.machine(),
         "system": platform.system(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "gpus": gpus,
     }
 
 
-def fingerprint(facts: dict[str, Any]) -> str:
-    """A short readable id: the accelerator (or CPU core count) plus a hash of all the facts."""
+def hardware_id(facts: dict[str, Any]) -> str:
+    """The hardware's short readable id (a string; gpuopt.env.fingerprint is the dict of facts): the accelerator (or CPU core count) plus a hash of all the facts."""
     digest = hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:6]
     gpus = facts.get("gpus") or []
     if gpus:

@@ -45,6 +45,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLaunche
 from gpuopt.secrets import mask_secrets
 
 from . import gpus as gpus_mod
+from ._compat import job_process, local_executor_class
 
 log = logging.getLogger(__name__)
 
@@ -134,17 +135,7 @@ def _start_controller(
 
 
 def _executor_class() -> type:
-    from submitit.local.local import LocalExecutor, LocalJob
-
-    class _Executor(LocalExecutor):  # type: ignore[misc,valid-type]
-        def _submit_command(self, command: str) -> LocalJob:
-            process = _start_controller(self.folder, command, self.parameters)
-            ntasks = self.parameters.get("tasks_per_node", 1)
-            return LocalJob(
-                folder=self.folder, job_id=str(process.pid), process=process, tasks=range(ntasks)
-            )
-
-    return _Executor
+    return local_executor_class(_start_controller)
 
 
 class FreshProcessLauncher(LocalLauncher):
@@ -284,7 +275,7 @@ class FreshProcessLauncher(LocalLauncher):
     @staticmethod
     def _kill(job: Any) -> None:
         """SIGKILL the job's process group: shell, controller, trial and its DataLoader workers."""
-        process = job._process
+        process = job_process(job)
         if process is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -318,11 +309,12 @@ def _exit_codes(job: Any) -> list[int | None]:
     try:
         return list(json.loads(path.read_text()))
     except (OSError, ValueError):
-        poll = job._process.poll() if job._process is not None else None
+        process = job_process(job)
+        poll = process.poll() if process is not None else None
         return [poll]  # the controller itself died: its own status is all there is
 
 
 def _failed(overrides: list[str], exc: BaseException) -> JobReturn:
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
-    ret._return_value = exc
+    ret.return_value = exc
     return ret

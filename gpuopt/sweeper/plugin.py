@@ -1,7 +1,7 @@
 """The gpuopt Hydra sweeper: hydra-optuna-sweeper's keys and samplers, gpuopt's sweep loop.
 
 Hydra imports this module on every run (plugin discovery through the `hydra.plugins` entry point in
-pyproject.toml), so it stays light: no optuna, no torch. The sweep itself lives in `_impl`, imported
+pyproject.toml), so it stays light: no optuna, no torch. The sweep itself lives in `loop`, imported
 when a multirun actually starts.
 
 Selected with `hydra/sweeper=gpuopt` (conf/config.yaml does that for `python -m gpuopt.run -m`).
@@ -12,7 +12,9 @@ gpuopt's additions.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,22 +23,26 @@ from hydra.utils import instantiate
 from hydra_plugins.hydra_optuna_sweeper import config as _stock_config  # noqa: F401  (sampler nodes)
 from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf, TPESamplerConfig
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
-from omegaconf import DictConfig
+
+from .objectives import SweepConfigError
+from .options import SweeperOptions
 
 # The sampler configs (tpe, random, grid, nsgaii, gp, cmaes, qmc, ...) are the stock plugin's,
 # stored under hydra/sweeper/sampler by the import above.
 SAMPLER_WHITELIST = ("hydra_plugins.hydra_optuna_sweeper.*", "optuna.samplers.*")
 
 
+_DEFAULTS = SweeperOptions()  # the one default of each setting (gpuopt/sweeper/options.py)
+
+
 @dataclass
 class ConfirmConf:
     """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved."""
 
-    top_k: int = 2  # candidates re-measured against the baseline
-    rounds: int = 2  # A B1 B2 repetitions; 0 turns the confirmation off
-    max_share: float = (
-        0.4  # cap: confirmation runs <= this share of n_trials (fewer k until 2 rounds fit)
-    )
+    top_k: int = _DEFAULTS.confirm.top_k  # candidates re-measured against the baseline
+    rounds: int = _DEFAULTS.confirm.rounds  # A B1 B2 repetitions; 0 turns the confirmation off
+    # cap: confirmation runs <= this share of n_trials (fewer k until 2 rounds fit)
+    max_share: float = _DEFAULTS.confirm.max_share
 
 
 # gpuopt's default sampler: the stock TPE config with `multivariate: true` (Optuna's own TPE default
@@ -60,30 +66,34 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     # Stock keys whose defaults differ for gpuopt:
     # null: derived from `objectives` (METRIC_GOALS). Given without `objectives` (a stock config):
     # the first len(direction) default objectives, or the task's plain float/list return values.
-    direction: Any = None
+    direction: Any = _DEFAULTS.direction
     # null: SQLite file <output_dir>/gpuopt.db (absolute). "memory": in-memory, nothing kept.
-    storage: Any | None = None
+    storage: Any | None = _DEFAULTS.storage
     # null: derived from the workload (model choice, search preset) and a hardware fingerprint.
-    study_name: str | None = None
-    n_trials: int = 20  # TOTAL trials of the study: a re-run of the same command resumes up to it
-    n_jobs: int = 1  # parallel trials need a process launcher; on one GPU they interfere
+    study_name: str | None = _DEFAULTS.study_name
+    n_trials: int = (
+        _DEFAULTS.n_trials
+    )  # TOTAL trials of the study: a re-run of the same command resumes up to it
+    n_jobs: int = (
+        _DEFAULTS.n_jobs
+    )  # parallel trials need a process launcher; on one GPU they interfere
     # Stop once more than this share of the finished trials ended with status `error` (from the 3rd
     # trial on). oom/diverged trials are results, not failures, and never count.
-    max_failure_rate: float = 0.5
+    max_failure_rate: float = _DEFAULTS.max_failure_rate
 
     # gpuopt additions
     # Metric names of gpuopt.result.METRIC_GOALS, in Optuna's value order. null: throughput, utilization.
-    objectives: list[str] | None = None
+    objectives: list[str] | None = None  # (SweeperOptions.objectives)
     # Drop choices that `python -m gpuopt.env --json` flags as poor on this machine from the
     # preset's params (command-line sweep arguments are always taken as written).
-    device_aware: bool = True
+    device_aware: bool = _DEFAULTS.device_aware
     # Extra params searched only when trials run on that device type (cpu | cuda | mps).
     device_params: dict[str, dict[str, str]] = field(default_factory=dict)
     # Run the user's config as composed first, marked baseline=True (once per study).
-    baseline: bool = True
+    baseline: bool = _DEFAULTS.baseline
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
-    env_timeout_s: float = 120.0
+    env_timeout_s: float = _DEFAULTS.env_timeout_s
     # Several workers on one study (README: "Several workers (hosts) on one study"): each running
     # trial's worker writes a heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING
     # trial without one for grace_period seconds (null: 2 x interval) is failed with the reason
@@ -91,8 +101,8 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     # file), memory, journal:///path/study.log (a file on a shared file system), or an SQLAlchemy URL
     # (postgresql+psycopg://user@host/db; the password from PGPASSWORD / ~/.pgpass, or
     # ${oc.env:GPUOPT_STORAGE}: never written unmasked to logs, attrs or exported configs).
-    heartbeat_interval: int | None = 60
-    grace_period: int | None = None
+    heartbeat_interval: int | None = _DEFAULTS.heartbeat_interval
+    grace_period: int | None = _DEFAULTS.grace_period
 
 
 ConfigStore.instance().store(
@@ -101,61 +111,35 @@ ConfigStore.instance().store(
 
 
 class GpuoptSweeper(OptunaSweeper):
-    """hydra-optuna-sweeper's interface; `setup` and `sweep` are delegated to `GpuoptSweeperImpl`."""
+    """hydra-optuna-sweeper's interface; `setup` and `sweep` are delegated to `GpuoptSweeperImpl`.
 
-    def __init__(
-        self,
-        sampler: Any,
-        direction: Any,
-        storage: Any | None,
-        study_name: str | None,
-        n_trials: int,
-        n_jobs: int,
-        max_failure_rate: float,
-        custom_search_space: str | None,
-        params: DictConfig | None,
-        objectives: list[str] | None = None,
-        device_aware: bool = True,
-        device_params: DictConfig | None = None,
-        baseline: bool = True,
-        confirm: DictConfig | None = None,
-        env_timeout_s: float = 120.0,
-        heartbeat_interval: int | None = 60,
-        grace_period: int | None = None,
-    ) -> None:
-        from ._impl import GpuoptSweeperImpl  # lazy: optuna is imported only when sweeping
+    Hydra passes every `hydra.sweeper` key as a keyword; they become one `SweeperOptions` here.
+    """
 
+    def __init__(self, sampler: Any, **settings: Any) -> None:
+        from .loop import GpuoptSweeperImpl  # lazy: optuna is imported only when sweeping
+
+        with _one_line_errors():
+            options = SweeperOptions.build(**settings)
         sampler = instantiate(sampler, _execution_whitelist_=SAMPLER_WHITELIST)
-        self.sweeper = GpuoptSweeperImpl(
-            sampler=sampler,
-            direction=direction,
-            storage=storage,
-            study_name=study_name,
-            n_trials=n_trials,
-            n_jobs=n_jobs,
-            max_failure_rate=max_failure_rate,
-            custom_search_space=custom_search_space,
-            params=params,
-            objectives=objectives,
-            device_aware=device_aware,
-            device_params=device_params,
-            baseline=baseline,
-            confirm=confirm,
-            env_timeout_s=env_timeout_s,
-            heartbeat_interval=heartbeat_interval,
-            grace_period=grace_period,
-        )
+        self.sweeper = GpuoptSweeperImpl(sampler, options)
 
     def sweep(self, arguments: list[str]) -> None:
         """Run the sweep; a bad setting or too many failed trials ends it with one clear line."""
-        from ._impl import SweepAborted
-        from .objectives import SweepConfigError
-
-        try:
+        with _one_line_errors():
             return self.sweeper.sweep(arguments)
-        except SweepConfigError as exc:
-            print(f"gpuopt: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
-        except SweepAborted as exc:
-            print(f"gpuopt: sweep stopped: {exc}", file=sys.stderr, flush=True)
-            sys.exit(1)
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback."""
+    from .progress import SweepAborted
+
+    try:
+        yield
+    except SweepConfigError as exc:
+        print(f"gpuopt: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except SweepAborted as exc:
+        print(f"gpuopt: sweep stopped: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)

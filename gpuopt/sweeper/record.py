@@ -1,10 +1,9 @@
-"""How one finished trial is written to the study, and which trial is "best": the public API.
+"""How one finished trial is written to the study: the public API.
 
-The sweep loop, the report and the tests that build studies all go through these, so a study built
-by hand reads exactly like one a sweep wrote:
+The sweep loop and the tests that build studies both go through these, so a study built by hand
+reads exactly like one a sweep wrote (which trial is best: schema.pick_best):
 - `outcome_of(ret, names, directions)`: a launcher's JobReturn (or exception) -> TrialOutcome;
-- `record_trial(study, trial, overrides, ret, outcome)`: user attrs, constraints, tell;
-- `pick_best(feasible, pareto, directions, confirmation)`: the sweep's (and report's) best trial.
+- `record_trial(study, trial, overrides, ret, outcome)`: user attrs, constraints, tell.
 """
 
 from __future__ import annotations
@@ -15,17 +14,15 @@ from typing import Any
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import Trial, TrialState
 
-from gpuopt.result import ATTR_OVERRIDES, ATTR_RUN_DIR, ATTR_STATUS
 from gpuopt.secrets import mask_secrets
 
+from ._compat import storage_of, trial_id
 from .attrs import set_user_attrs
-from .confirm import winner
-from .gpus import ATTR_VISIBLE_DEVICES
 from .objectives import TrialOutcome, error_outcome, outcome_from_return
+from .schema import ATTR_OVERRIDES, ATTR_RUN_DIR, ATTR_STATUS, ATTR_TRACEBACK, ATTR_VISIBLE_DEVICES
 
-ATTR_TRACEBACK = "traceback"
 TRACEBACK_CHARS = 4000
 
 
@@ -85,7 +82,7 @@ def record_trial(
         attrs[ATTR_VISIBLE_DEVICES] = devices
     # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
     attrs.setdefault(ATTR_STATUS, outcome.status)
-    set_user_attrs(study._storage, trial._trial_id, attrs)
+    set_user_attrs(storage_of(study), trial_id(trial), attrs)
     if not outcome.failed:
         for key, value in outcome.constraints.items():
             trial.set_constraint(key, value)
@@ -101,28 +98,3 @@ def record_trial(
             # the trial's state is stored before that (optuna's _tell stores it in `finally`).
             if "Study.stop" not in str(exc):
                 raise
-
-
-def feasible(trial: FrozenTrial) -> bool:
-    return all(v <= 0 for v in trial.constraints.values())
-
-
-def pick_best(
-    feasible_trials: list[FrozenTrial],
-    pareto: list[FrozenTrial],
-    directions: list[str],
-    confirmation: dict[str, Any] | None,
-) -> FrozenTrial | None:
-    """The confirmed winner when a confirmation ran (the baseline unless a candidate is measurably
-    faster: confirm.winner), else the best on the first objective (among the Pareto front when
-    there are several objectives)."""
-    if not feasible_trials:
-        return None
-    if confirmation:
-        number = winner(confirmation)
-        match = next((t for t in feasible_trials if t.number == number), None)
-        if match is not None:
-            return match
-    sign = 1 if directions[0] == "maximize" else -1
-    pool = pareto or feasible_trials
-    return max(pool, key=lambda t: sign * t.values[0])

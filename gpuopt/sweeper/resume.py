@@ -26,13 +26,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuopt.result import ATTR_BASELINE, ATTR_REASON, ATTR_STATUS
+from ._compat import (
+    heartbeat_base,
+    heartbeat_enabled,
+    stale_trial_ids,
+    storage_of,
+    trial_id,
+    unwrap_storage,
+)
+from .schema import (
+    ATTR_BASELINE,
+    ATTR_REASON,
+    ATTR_STATUS,
+    CONFIRM_CLAIM_ATTR,
+    FIXED_PARAMS_ATTR,
+    GRID_ID_ATTR,
+    INTERRUPTED_ATTR,
+    OWNER_ATTR,
+    RERUN_OF_ATTR,
+    SEARCH_SPACE_ATTR,
+    VOID_ATTR,
+)
 
-OWNER_ATTR = "gpuopt:owner"  # system attr: {"host", "pid", "start"}
-INTERRUPTED_ATTR = "interrupted"  # user attr: True on a trial whose sweep died under it
-RERUN_OF_ATTR = "rerun_of"  # user attr on the re-enqueued trial: number of the interrupted one
-VOID_ATTR = "void"  # user attr: why a trial was asked but never run (surplus, duplicate baseline)
-CONFIRM_CLAIM_ATTR = "gpuopt:confirm_claim"  # study system attr: the worker running confirmation
+# The attribute keys (OWNER_ATTR, INTERRUPTED_ATTR, ...) live in schema.py; re-exported here, where
+# their rules are.
+__all__ = ["CONFIRM_CLAIM_ATTR", "INTERRUPTED_ATTR", "OWNER_ATTR", "RERUN_OF_ATTR", "VOID_ATTR"]
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -110,23 +128,21 @@ def recover_interrupted(study: Any) -> list[int]:
 def fail_stale(study: Any) -> list[int]:
     """Fail the RUNNING trials whose worker stopped beating (Optuna's heartbeat) and re-queue them.
 
-    The storage decides which trials are stale (`_get_stale_trial_ids`, what
+    The storage decides which trials are stale (`_compat.stale_trial_ids`, what
     `optuna.storages.fail_stale_trials` uses); gpuopt writes the reason before failing the trial,
     since a finished trial's attrs cannot change any more.
     """
-    from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
-
-    storage = study._storage
-    if not isinstance(storage, BaseHeartbeat) or not is_heartbeat_enabled(storage):
+    storage = storage_of(study)
+    if not isinstance(storage, heartbeat_base()) or not heartbeat_enabled(storage):
         return []
-    stale = set(storage._get_stale_trial_ids(study._study_id))
+    stale = set(stale_trial_ids(storage, study_id(study)))
     if not stale:
         return []
-    grace = getattr(getattr(storage, "_backend", storage), "grace_period", None)
+    grace = getattr(unwrap_storage(storage), "grace_period", None)
     grace = grace or 2 * (storage.get_heartbeat_interval() or 0)
     recovered = []
     for trial in study.get_trials(deepcopy=False):
-        if trial._trial_id not in stale:
+        if trial_id(trial) not in stale:
             continue
         owner = trial.system_attrs.get(OWNER_ATTR) or {}
         reason = (
@@ -156,7 +172,7 @@ class OwnerlessWatch:
 
         now = self._clock()
         ownerless = {
-            t._trial_id: t
+            trial_id(t): t
             for t in study.get_trials(deepcopy=False)
             if t.state == TrialState.RUNNING and OWNER_ATTR not in t.system_attrs
         }
@@ -182,7 +198,7 @@ def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState, create_trial
 
-    storage, tid = study._storage, trial._trial_id
+    storage, tid = storage_of(study), trial_id(trial)
     try:
         storage.set_trial_user_attr(tid, ATTR_STATUS, "error")
         storage.set_trial_user_attr(tid, ATTR_REASON, reason)
@@ -195,9 +211,9 @@ def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     if trial.user_attrs.get(ATTR_BASELINE):
         attrs[ATTR_BASELINE] = True
     # A trial that died before its params were suggested keeps the ones it was enqueued with.
-    fixed = {**(trial.system_attrs.get("fixed_params") or {}), **trial.params}
-    system_attrs: dict[str, Any] = {"fixed_params": fixed}
-    for key in ("grid_id", "search_space"):  # GridSampler: the same grid point, re-run
+    fixed = {**(trial.system_attrs.get(FIXED_PARAMS_ATTR) or {}), **trial.params}
+    system_attrs: dict[str, Any] = {FIXED_PARAMS_ATTR: fixed}
+    for key in (GRID_ID_ATTR, SEARCH_SPACE_ATTR):  # GridSampler: the same grid point, re-run
         if key in trial.system_attrs:
             system_attrs[key] = trial.system_attrs[key]
     study.add_trial(
@@ -211,7 +227,7 @@ def void(study: Any, trial: Any, why: str) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    storage, tid = study._storage, trial._trial_id
+    storage, tid = storage_of(study), trial_id(trial)
     try:
         storage.set_trial_user_attr(tid, VOID_ATTR, why)
         storage.set_trial_user_attr(tid, ATTR_STATUS, "void")
@@ -291,8 +307,8 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
     worker is confirming. Best effort (the storages have no compare-and-set): at worst two workers
     confirm, which costs time, not correctness (the record is overwritten, no trial is counted).
     """
-    storage = study._storage
-    current = storage.get_study_system_attrs(study._study_id).get(CONFIRM_CLAIM_ATTR)
+    storage, sid = storage_of(study), study_id(study)
+    current = storage.get_study_system_attrs(sid).get(CONFIRM_CLAIM_ATTR)
     if (
         isinstance(current, dict)
         and current.get("after_trials") == after_trials
@@ -300,6 +316,11 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
     ):
         return current.get("owner") == this_owner()
     mine = {"owner": this_owner(), "after_trials": after_trials}
-    storage.set_study_system_attr(study._study_id, CONFIRM_CLAIM_ATTR, mine)
+    storage.set_study_system_attr(sid, CONFIRM_CLAIM_ATTR, mine)
     time.sleep(settle_s)
-    return storage.get_study_system_attrs(study._study_id).get(CONFIRM_CLAIM_ATTR) == mine
+    return storage.get_study_system_attrs(sid).get(CONFIRM_CLAIM_ATTR) == mine
+
+
+def study_id(study: Any) -> int:
+    """The storage's id of a study, by the public name lookup (Study keeps its id private)."""
+    return storage_of(study).get_study_id_from_name(study.study_name)

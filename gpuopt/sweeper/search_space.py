@@ -242,3 +242,141 @@ def baseline_params(
         else:
             outside.append(key)
     return fitting, outside
+
+
+# ---- the sweep's space, built once per sweep ------------------------------------------------------
+
+
+@dataclass
+class SearchSpace:
+    """What the sweep searches: Optuna distributions, the fixed params and overrides every trial
+    gets, and the grid (GridSampler's values per key) when the sampler is a grid."""
+
+    distributions: dict[str, Any]
+    fixed_params: dict[str, Any]
+    fixed_overrides: list[str]
+    grid: dict[str, list[Any]] | None = None
+    dropped: list[tuple[str, str, str]] = field(default_factory=list)  # device-aware trimming
+
+    @property
+    def is_grid(self) -> bool:
+        return self.grid is not None
+
+    @property
+    def grid_size(self) -> int:
+        """How many points GridSampler hands out: the product of the value counts per key."""
+        return math.prod(len(v) for v in (self.grid or {}).values())
+
+
+def build_search_space(
+    preset: dict[str, str],
+    arguments: list[str],
+    poor_choices: Mapping[str, Mapping[str, str]] | None,
+    grid: bool,
+) -> SearchSpace:
+    """The preset's params (device-trimmed by `poor_choices` when given) plus the command line's
+    sweep arguments (which always win), as Optuna distributions; SweepConfigError when malformed."""
+    from ._compat import create_params_from_overrides, grid_choices
+
+    for key, text in preset.items():
+        parse_entry(key, text, "hydra.sweeper.params")
+    dropped: list[tuple[str, str, str]] = []
+    if poor_choices:
+        filtered = drop_poor_choices(preset, poor_choices)
+        for key, choice, reason in filtered.dropped:
+            log.info("device-aware: dropped %s=%s from the search (%s)", key, choice, reason)
+        for key in filtered.removed_keys:
+            log.info(
+                "device-aware: %s not searched (every choice is poor here); the configured value stays",
+                key,
+            )
+        preset, dropped = filtered.params, filtered.dropped
+    preset = preset_without_user_keys(preset, [_override_key(arg) for arg in arguments])
+    params_conf = [f"{k}={v}" for k, v in preset.items()] + list(arguments)
+    try:
+        distributions, fixed_params, fixed_overrides = create_params_from_overrides(params_conf)
+    except (ValueError, AssertionError, NotImplementedError) as exc:
+        raise SweepConfigError(
+            "hydra.sweeper.params", params_conf, f"sweeps Optuna can sample ({exc})"
+        ) from None
+    for name in fixed_params:
+        distributions.pop(name, None)
+    space = SearchSpace(distributions, fixed_params, fixed_overrides, dropped=dropped)
+    if grid:
+        try:
+            space.grid = {n: grid_choices(d) for n, d in distributions.items()}
+        except (ValueError, AssertionError) as exc:
+            raise SweepConfigError(
+                "hydra.sweeper.sampler", "grid", f"discrete params only ({exc})"
+            ) from None
+    return space
+
+
+def _override_key(arg: str) -> str:
+    try:
+        return parser().parse_override(arg).key_or_group
+    except Exception as exc:
+        raise SweepConfigError(
+            "command line", arg, f"a Hydra override ({str(exc).splitlines()[0]})"
+        ) from None
+
+
+def validate_overrides(loader: Any, config: Any, space: SearchSpace) -> None:
+    """Compose the trial config for every choice before any trial: unknown keys, bad group
+    options and wrong types fail here with the override that caused them."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    columns: dict[str, list[Any]] = {}
+    for name, dist in space.distributions.items():
+        if isinstance(dist, CategoricalDistribution):
+            columns[name] = list(dist.choices)
+        elif isinstance(dist, (IntDistribution, FloatDistribution)):
+            columns[name] = [dist.low, dist.high]
+    fixed = [f"{k}={v}" for k, v in space.fixed_params.items()] + list(space.fixed_overrides)
+    rows = max((len(v) for v in columns.values()), default=1)
+    for i in range(rows):
+        overrides = [override_text(k, v[i % len(v)]) for k, v in columns.items()]
+        error = _compose_error(loader, config, overrides + fixed)
+        if error is None:
+            continue
+        # Name the override at fault: each one alone (with the fixed ones) until one fails.
+        culprit = next(
+            ((o, e) for o in overrides if (e := _compose_error(loader, config, [o, *fixed]))),
+            None,
+        )
+        if culprit is None:
+            culprit = next(
+                ((o, e) for o in fixed if (e := _compose_error(loader, config, [o]))),
+                (" ".join(overrides + fixed), error),
+            )
+        raise SweepConfigError(
+            "sweep override", culprit[0], f"keys and options of this config ({culprit[1]})"
+        )
+
+
+def _compose_error(loader: Any, config: Any, overrides: list[str]) -> str | None:
+    """None if the trial config composes with these overrides, else the first lines of the error."""
+    try:
+        loader.load_sweep_config(config, overrides)
+    except Exception as exc:
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        return " ".join(lines[:3]) or type(exc).__name__
+    return None
+
+
+def suggest(trial: Any, name: str, distribution: Any) -> Any:
+    """`trial.suggest_*` for a distribution object, through Optuna's public API (what the stock
+    sweeper does with the private `trial._suggest`); a fixed param (enqueued) is returned as is."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(distribution, CategoricalDistribution):
+        return trial.suggest_categorical(name, distribution.choices)
+    if isinstance(distribution, IntDistribution):
+        return trial.suggest_int(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
+    if isinstance(distribution, FloatDistribution):
+        return trial.suggest_float(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
+    raise TypeError(f"unsupported distribution for {name}: {distribution!r}")

@@ -24,17 +24,18 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from gpuopt.secrets import mask_secrets
 
+from ._compat import StaleTrialsByPublicName, heartbeat_base, heartbeat_enabled, trial_id
+from .schema import HEARTBEAT_ATTR
+
 JOURNAL_SCHEME = "journal://"
-HEARTBEAT_ATTR = "gpuopt:heartbeat"  # journal storage: unix time of the trial's last beat
 
 
-class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
+class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat_base()):  # type: ignore[misc]
     """JournalStorage + Optuna's heartbeat interface (beats are trial system attrs in the log)."""
 
     def __init__(
@@ -49,7 +50,7 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, KeyError):
             self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
 
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+    def stale_trial_ids(self, study_id: int) -> list[int]:
         assert self.heartbeat_interval is not None
         grace = self.grace_period or 2 * self.heartbeat_interval
         now = time.time()
@@ -58,7 +59,7 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
             # Never beat: resume.OwnerlessWatch times it (as for RDBStorage, which skips it too).
             last = t.system_attrs.get(HEARTBEAT_ATTR)
             if last is not None and now - last > grace:
-                stale.append(t._trial_id)
+                stale.append(trial_id(t))
         return stale
 
     def get_heartbeat_interval(self) -> int | None:
@@ -115,9 +116,7 @@ def open_storage(
 
 
 def heartbeat_on(storage: Any) -> bool:
-    from optuna.storages._heartbeat import is_heartbeat_enabled
-
-    return storage is not None and is_heartbeat_enabled(storage)
+    return heartbeat_enabled(storage)
 
 
 def display(spec: Any) -> str:

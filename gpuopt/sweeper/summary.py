@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
+from gpuopt.fmt import duration
+from gpuopt.fmt import speedup_ci as ci_text
+from gpuopt.fmt import value as fmt
+
 from .confirm import KEEP_BASELINE
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    seconds = round(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
-    return str(value)
 
 
 def values_text(names: Sequence[str], values: Sequence[float] | None) -> str:
@@ -58,16 +42,6 @@ def progress_line(
 
 def param_text(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={fmt(v)}" for k, v in sorted(params.items())) or "(as configured)"
-
-
-def ci_text(entry: dict[str, Any]) -> str:
-    if "ratio" not in entry:
-        return entry.get("error", "n/a")
-    ratio = entry["ratio"]
-    if entry.get("ci_low") is None:
-        return f"{ratio:.3f}x (no CI: needs >= 2 measurements each)"
-    verdict = "" if entry.get("distinguishable") else ", not distinguishable from 1.0x"
-    return f"{ratio:.3f}x [95% CI {entry['ci_low']:.3f}-{entry['ci_high']:.3f}, n={entry['n_candidate']}/{entry['n_reference']}{verdict}]"
 
 
 def render(
@@ -110,6 +84,31 @@ def render(
         )
     else:
         lines.append("best: no feasible trial")
+    lines.extend(_comparison_lines(confirmation, baseline, best, names, directions))
+    if len(names) > 1 and pareto:
+        lines.append(f"Pareto front ({len(pareto)} trial(s)):")
+        for t in list(pareto)[:10]:
+            lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
+    lines.extend(notes)
+    lines.append(f"sweep dir: {sweep_dir}")
+    if best_yaml:
+        lines.append(f"best config: {best_yaml}")
+        lines.append(f"  reproduce: python -m gpuopt.run --config-dir {sweep_dir} +experiment=best")
+    lines.append(f"review: python -m gpuopt.report --study {study_name} --storage {storage}")
+    lines.append(f"        optuna trials --study-name {study_name} --storage {storage}")
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+def _comparison_lines(
+    confirmation: dict[str, Any] | None,
+    baseline: Any | None,
+    best: Any | None,
+    names: Sequence[str],
+    directions: Sequence[str],
+) -> list[str]:
+    """The confirmation round's verdict, or without one the single-measurement speedup."""
+    lines: list[str] = []
     if confirmation and confirmation.get("comparisons"):
         obj = confirmation.get("objective")
         lines.append(
@@ -144,16 +143,4 @@ def render(
             lines.append(
                 f"speedup over baseline ({names[first]}): {ratio:.3f}x (single measurements, no confirmation round)"
             )
-    if len(names) > 1 and pareto:
-        lines.append(f"Pareto front ({len(pareto)} trial(s)):")
-        for t in list(pareto)[:10]:
-            lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
-    lines.extend(notes)
-    lines.append(f"sweep dir: {sweep_dir}")
-    if best_yaml:
-        lines.append(f"best config: {best_yaml}")
-        lines.append(f"  reproduce: python -m gpuopt.run --config-dir {sweep_dir} +experiment=best")
-    lines.append(f"review: python -m gpuopt.report --study {study_name} --storage {storage}")
-    lines.append(f"        optuna trials --study-name {study_name} --storage {storage}")
-    lines.append("=" * 78)
-    return "\n".join(lines)
+    return lines

@@ -74,7 +74,7 @@ class Grid:
     # -- the search space ------------------------------------------------------------------------
     def distributions(self) -> dict[str, BaseDistribution]:
         """The Optuna distributions the sweeper would build from `space` (same parser)."""
-        from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+        from gpuopt.sweeper._compat import create_params_from_overrides
 
         dists, fixed, _ = create_params_from_overrides([f"{k}={v}" for k, v in self.space.items()])
         if fixed:

@@ -1,0 +1,71 @@
+"""How gpuopt writes numbers for people: one module for the sweep summary and the report.
+
+Torch-free and dependency-free (the sweeping process and the report both use it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# Display unit per metric; percentages are differences in points, the rest ratios.
+METRIC_UNITS = {
+    "throughput": "samples/s",
+    "ceiling_throughput": "samples/s",
+    "step_time_ms": "ms",
+    "utilization": "%",
+    "data_wait": "%",
+    "mfu": "%",
+    "input_efficiency": "%",
+    "peak_memory_mb": "MB",
+    "energy_per_sample_j": "J",
+    "power_w": "W",
+    "compile_time_s": "s",
+}
+
+
+def value(value: Any) -> str:
+    """Any value, compactly: 4 significant digits for floats, YAML-style true/false/null."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    return str(value)
+
+
+def metric(name: str, number: float | None, unit: bool = True) -> str:
+    """A metric value with its unit (METRIC_UNITS); `unit=False` in table cells whose header
+    names the unit. Percentages to 0.1, large numbers with thousands separators."""
+    if number is None:
+        return "-"
+    suffix = METRIC_UNITS.get(name, "")
+    if suffix == "%":
+        return f"{number:.1f}%"
+    text = f"{number:,.0f}" if abs(number) >= 100 else f"{number:.3g}"
+    return f"{text} {suffix}".rstrip() if unit else text
+
+
+def duration(seconds: float | None) -> str:
+    """h:mm:ss (m:ss under an hour); ? when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = round(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def speedup_ci(entry: dict[str, Any]) -> str:
+    """A stored speedup (confirm.speedup as a dict): ratio, 95% CI, sample sizes, verdict."""
+    if "ratio" not in entry:
+        return entry.get("error", "n/a")
+    ratio = entry["ratio"]
+    if entry.get("ci_low") is None:
+        return f"{ratio:.3f}x (no CI: needs >= 2 measurements each)"
+    verdict = "" if entry.get("distinguishable") else ", not distinguishable from 1.0x"
+    return (
+        f"{ratio:.3f}x [95% CI {entry['ci_low']:.3f}-{entry['ci_high']:.3f}, "
+        f"n={entry['n_candidate']}/{entry['n_reference']}{verdict}]"
+    )

@@ -1,0 +1,175 @@
+"""Every private Optuna / Hydra / submitit internal gpuopt uses, in one place.
+
+Optuna is pinned `>=5,<6` and Hydra is a release candidate: a minor release may move any of these.
+Each wrapper says why no public API does the job; tests/test_compat.py exercises every one of them
+against the installed libraries, so an upgrade that moves one fails that test, by name, instead of
+a sweep. Nothing else in gpuopt/ may touch a private name of these libraries.
+
+Imports are lazy (inside the functions) where the library is heavy or optional, so that importing
+this module costs nothing in Hydra's plugin discovery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+# ---- Optuna: study and trial handles -------------------------------------------------------------
+
+
+def storage_of(study: Any) -> Any:
+    """The study's storage object. Study exposes no public accessor, and gpuopt needs the storage
+    for what Study does not offer: writing a RUNNING trial's system attrs (its owner), failing a
+    dead worker's trial with a reason, study system attrs (the confirmation claim), heartbeats."""
+    return study._storage
+
+
+def trial_id(trial: Any) -> int:
+    """The storage's id of a Trial or FrozenTrial (not its number). Every storage method takes it,
+    and neither class exposes it publicly."""
+    return trial._trial_id
+
+
+def unwrap_storage(storage: Any) -> Any:
+    """The backend behind Optuna's `_CachedStorage` (which wraps every RDBStorage that
+    `optuna.create_study`/`load_study` open): its class and settings (grace_period) are the
+    backend's; the wrapper has no public way to reach them."""
+    return getattr(storage, "_backend", storage)
+
+
+# ---- Optuna: heartbeats ---------------------------------------------------------------------------
+# Optuna runs heartbeats only inside Study.optimize; gpuopt runs its own loop (ask, launch in other
+# processes, tell), so it starts the heartbeat thread and reads stale trials itself. The public
+# `optuna.storages.fail_stale_trials` fails stale trials but cannot record why, nor re-queue their
+# params once across several workers.
+
+
+def heartbeat_base() -> type:
+    """Optuna's heartbeat interface (`optuna.storages._heartbeat.BaseHeartbeat`): the class
+    `is_heartbeat_enabled` checks for. Not exported publicly."""
+    from optuna.storages._heartbeat import BaseHeartbeat
+
+    return BaseHeartbeat
+
+
+def heartbeat_enabled(storage: Any) -> bool:
+    """Whether the storage beats (a BaseHeartbeat with an interval): Optuna's own rule, private."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return storage is not None and is_heartbeat_enabled(storage)
+
+
+def heartbeat_thread(trial: Any, storage: Any) -> Any:
+    """Optuna's heartbeat thread for one trial (`start()`: beats at once, then every interval;
+    `join()`: stops). What Study.optimize uses; private."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    return get_heartbeat_thread(trial_id(trial), storage)
+
+
+def stale_trial_ids(storage: Any, study_id: int) -> list[int]:
+    """The RUNNING trials whose heartbeat is older than the grace period: the storage's own check
+    (what `fail_stale_trials` uses), a private method of BaseHeartbeat."""
+    return list(storage._get_stale_trial_ids(study_id))
+
+
+class StaleTrialsByPublicName:
+    """Mixin for a storage that implements Optuna's heartbeat interface: Optuna calls the private
+    `_get_stale_trial_ids`; the storage implements it under the public name `stale_trial_ids`."""
+
+    def stale_trial_ids(self, study_id: int) -> list[int]:
+        raise NotImplementedError
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        return self.stale_trial_ids(study_id)
+
+
+# ---- Optuna: RDB storage, many user attrs in one transaction --------------------------------------
+
+
+def set_user_attrs_in_one_transaction(storage: Any, trial_id_: int, attrs: dict[str, Any]) -> bool:
+    """Write all attrs in one RDB transaction; False when the storage is not an RDBStorage.
+
+    Optuna's public `set_trial_user_attr` commits once per key: ~30 commits per gpuopt trial, a few
+    ms each on SQLite. RDBStorage has a per-key helper that does not commit; there is no public
+    batch call. Raises ImportError/AttributeError/TypeError when the internals moved.
+    """
+    from optuna.storages import RDBStorage
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    backend = unwrap_storage(storage)
+    if not isinstance(backend, RDBStorage):
+        return False
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        for key, value in attrs.items():
+            backend._set_trial_attr_without_commit(
+                session, models.TrialUserAttributeModel, trial_id_, key, value
+            )
+    return True
+
+
+# ---- hydra-optuna-sweeper ---------------------------------------------------------------------------
+
+
+def stock_sweeper_impl() -> type:
+    """hydra-optuna-sweeper's `OptunaSweeperImpl`: gpuopt's loop subclasses it for its setup
+    (launcher, config) and its attributes. The plugin ships it only in its private `_impl`."""
+    from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+
+    return OptunaSweeperImpl
+
+
+def create_params_from_overrides(overrides: list[str]) -> tuple[dict, dict, list]:
+    """Hydra sweep syntax (choice, range, interval, tag(log, ...)) -> Optuna distributions, fixed
+    params and fixed overrides: the stock sweeper's parser, only in its private `_impl`."""
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides as create
+
+    return create(overrides)
+
+
+def grid_choices(distribution: Any) -> Any:
+    """The grid values of a discrete distribution, as the stock sweeper gives them to GridSampler
+    (a private staticmethod of OptunaSweeperImpl)."""
+    return stock_sweeper_impl()._to_grid_sampler_choices(distribution)
+
+
+# ---- hydra-submitit-launcher / submitit -----------------------------------------------------------
+
+
+def submitit_executor_kind(launcher: Any) -> str | None:
+    """ "local" or "slurm" for a hydra-submitit-launcher launcher (its private `_EXECUTOR` class
+    attribute: nothing public says which one it is), None for any other launcher."""
+    return getattr(launcher, "_EXECUTOR", None)
+
+
+def local_executor_class(start: Callable[[Any, str, dict[str, Any]], Any]) -> type:
+    """submitit's LocalExecutor, starting each job's controller with `start(folder, command,
+    parameters)` (a Popen). submitit has no hook for how the controller starts (gpuopt needs a new
+    session and its own controller): `_submit_command` is overridden, and the LocalJob built as
+    submitit builds it."""
+    from submitit.local.local import LocalExecutor, LocalJob
+
+    class Executor(LocalExecutor):  # type: ignore[misc,valid-type]
+        def _submit_command(self, command: str) -> Any:
+            process = start(self.folder, command, self.parameters)
+            ntasks = self.parameters.get("tasks_per_node", 1)
+            return LocalJob(
+                folder=self.folder, job_id=str(process.pid), process=process, tasks=range(ntasks)
+            )
+
+    return Executor
+
+
+def job_process(job: Any) -> Any:
+    """The Popen of a submitit LocalJob (None once unpickled): needed to kill its process group
+    and read the controller's exit status; LocalJob keeps it private."""
+    return job._process
+
+
+def local_controller_class() -> type:
+    """submitit's local job controller (`submitit.local.local.Controller`, undocumented): gpuopt's
+    controller subclasses it to write the tasks' exit codes, which submitit keeps to itself."""
+    from submitit.local.local import Controller
+
+    return Controller

@@ -1,0 +1,159 @@
+"""The sweeper's settings: one frozen, typed object built once from `hydra.sweeper.*`.
+
+Each setting has exactly one default, here; plugin.py's ConfigStore node (what `hydra.sweeper`
+composes to) takes its defaults from these classes, so the documented value, the composed value
+and the value the loop runs with cannot disagree. `SweeperOptions.build` validates every value and
+raises `SweepConfigError` (one line: key, value, what is allowed) before any trial runs.
+
+Light on purpose: plugin.py imports this on every Hydra run (no optuna, no torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .objectives import SweepConfigError
+
+KEY = "hydra.sweeper"
+
+
+@dataclass(frozen=True)
+class ConfirmOptions:
+    """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved."""
+
+    top_k: int = 2  # candidates re-measured against the baseline
+    rounds: int = 2  # A B1 B2 repetitions; 0 turns the confirmation off
+    # cap: confirmation runs <= this share of n_trials (fewer k until 2 rounds fit)
+    max_share: float = 0.4
+
+
+@dataclass(frozen=True)
+class SweeperOptions:
+    """Every `hydra.sweeper` key, as the sweep loop reads it (see plugin.py for what each means)."""
+
+    # Stock hydra-optuna-sweeper keys (sampler is instantiated separately).
+    direction: Any = None
+    storage: Any = None
+    study_name: str | None = None
+    n_trials: int = 20
+    n_jobs: int = 1
+    max_failure_rate: float = 0.5
+    custom_search_space: str | None = None
+    params: Mapping[str, str] | None = None
+    # gpuopt additions
+    objectives: tuple[str, ...] | None = None
+    device_aware: bool = True
+    device_params: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    baseline: bool = True
+    confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
+    env_timeout_s: float = 120.0
+    heartbeat_interval: int | None = 60
+    grace_period: int | None = None
+
+    @classmethod
+    def build(cls, **settings: Any) -> SweeperOptions:
+        """From the sweeper config's keys (OmegaConf nodes or plain values); validated."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise SweepConfigError(f"{KEY}.{unknown[0]}", settings[unknown[0]], "a sweeper key")
+        values = {k: _plain(k, v) for k, v in settings.items() if v is not None or k in _NULLABLE}
+        confirm = values.pop("confirm", None) or {}
+        if not isinstance(confirm, Mapping):
+            raise SweepConfigError(
+                f"{KEY}.confirm", confirm, "a mapping of top_k, rounds, max_share"
+            )
+        confirm_keys = {f.name for f in dataclasses.fields(ConfirmOptions)}
+        if set(confirm) - confirm_keys:
+            extra = sorted(set(confirm) - confirm_keys)[0]
+            raise SweepConfigError(
+                f"{KEY}.confirm.{extra}", confirm[extra], "top_k, rounds, max_share"
+            )
+        if values.get("objectives") is not None:
+            values["objectives"] = tuple(str(n) for n in values["objectives"])
+        options = cls(**values, confirm=ConfirmOptions(**confirm))
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        for key, value, ok, allowed in (
+            ("n_trials", self.n_trials, _int_at_least(self.n_trials, 1), "an integer >= 1"),
+            ("n_jobs", self.n_jobs, _int_at_least(self.n_jobs, 1), "an integer >= 1"),
+            (
+                "max_failure_rate",
+                self.max_failure_rate,
+                _number_in(self.max_failure_rate, 0.0, 1.0),
+                "a number in [0, 1]",
+            ),
+            (
+                "confirm.rounds",
+                self.confirm.rounds,
+                _int_at_least(self.confirm.rounds, 0),
+                "an integer >= 0 (0: off)",
+            ),
+            (
+                "confirm.top_k",
+                self.confirm.top_k,
+                _int_at_least(self.confirm.top_k, 1),
+                "an integer >= 1",
+            ),
+            (
+                "confirm.max_share",
+                self.confirm.max_share,
+                _number_in(self.confirm.max_share, 0.0, 1.0) and self.confirm.max_share > 0,
+                "a number in (0, 1]",
+            ),
+            (
+                "heartbeat_interval",
+                self.heartbeat_interval,
+                self.heartbeat_interval is None
+                or self.heartbeat_interval == 0
+                or _int_at_least(self.heartbeat_interval, 1),
+                "seconds >= 1, or null / 0 (off)",
+            ),
+            (
+                "grace_period",
+                self.grace_period,
+                self.grace_period is None or _int_at_least(self.grace_period, 1),
+                "seconds >= 1, or null (2 x heartbeat_interval)",
+            ),
+            (
+                "env_timeout_s",
+                self.env_timeout_s,
+                _number_in(self.env_timeout_s, 0.0, math.inf) and self.env_timeout_s > 0,
+                "seconds > 0",
+            ),
+        ):
+            if not ok:
+                raise SweepConfigError(f"{KEY}.{key}", value, allowed)
+
+
+# Keys whose null means something (so a null given is kept, not replaced by the default).
+_NULLABLE = frozenset(
+    {"direction", "storage", "study_name", "custom_search_space", "params", "objectives"}
+    | {"heartbeat_interval", "grace_period"}
+)
+
+
+def _plain(key: str, value: Any) -> Any:
+    """OmegaConf containers -> plain dicts/lists. `params` stays as given: its values are read
+    (and any interpolation resolved) when the sweep starts, as the stock sweeper reads them."""
+    from omegaconf import OmegaConf
+
+    if key == "params" or not OmegaConf.is_config(value):
+        return value
+    return OmegaConf.to_container(value)
+
+
+def _int_at_least(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _number_in(value: Any, low: float, high: float) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+        return False
+    return low <= value <= high

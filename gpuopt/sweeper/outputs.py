@@ -1,0 +1,118 @@
+"""What a finished sweep leaves in its sweep dir, and prints.
+
+- optimization_results.yaml: hydra-optuna-sweeper's file (best params and value, or the Pareto
+  solutions), plus gpuopt's keys (study, storage, objectives, best trial);
+- experiment/best.yaml: the best trial as a Hydra experiment config that reproduces it;
+- summary.txt: the summary printed at the end (baseline, best, confirmation, how to review).
+
+The best trial is schema.pick_best's, as in the report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from omegaconf import OmegaConf
+
+from .export import overrides_to_experiment, stock_results, write_experiment
+from .schema import (
+    ATTR_OVERRIDES,
+    feasible,
+    feasible_trials,
+    pick_baseline,
+    pick_best,
+    status_counts,
+)
+from .summary import render
+
+INFEASIBLE_NOTE = (
+    "infeasible trials (oom/diverged) are kept in the study with constraints > 0: samplers avoid "
+    "that region"
+)
+
+
+@dataclass(frozen=True)
+class SweepIdentity:
+    """Which sweep the outputs describe."""
+
+    study_name: str
+    storage: str  # as it may be shown (storage.display: password masked)
+    sweep_dir: Path
+    names: list[str]
+    directions: list[str]
+    app_command: str  # how the user starts this task (for the reproduce line)
+    groups: list[str]  # config groups of the composed config (not hydra/...)
+
+
+def write_outputs(
+    study: optuna.Study,
+    sweep: SweepIdentity,
+    confirmation: dict[str, Any] | None,
+    elapsed_s: float,
+) -> str:
+    """Write the three files; returns the summary text (the caller prints it)."""
+    sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+    all_trials = study.get_trials(deepcopy=False)
+    pool = feasible_trials(all_trials)
+    pareto = [t for t in study.best_trials if feasible(t)] if pool else []
+    baseline = pick_baseline(all_trials)
+    baseline = baseline if baseline in pool else None  # the summary shows a measured baseline
+    best = pick_best(pool, pareto, sweep.directions, confirmation)
+    counts = status_counts(all_trials)
+
+    write_results(sweep, [best] if best is not None and len(sweep.directions) < 2 else pareto, best)
+    best_yaml = write_best_config(sweep, best) if best is not None else None
+    notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
+    text = render(
+        study_name=sweep.study_name,
+        storage=sweep.storage,
+        sweep_dir=str(sweep.sweep_dir),
+        names=sweep.names,
+        directions=sweep.directions,
+        counts=counts,
+        baseline=baseline,
+        best=best,
+        pareto=pareto,
+        confirmation=confirmation,
+        best_yaml=best_yaml,
+        elapsed_s=elapsed_s,
+        notes=notes,
+    )
+    (sweep.sweep_dir / "summary.txt").write_text(text + "\n")
+    return text
+
+
+def write_results(sweep: SweepIdentity, ranked: list[Any], best: Any | None) -> None:
+    """optimization_results.yaml."""
+    results = stock_results(
+        sweep.directions,
+        ranked,
+        {
+            "study_name": sweep.study_name,
+            "storage": sweep.storage,
+            "objectives": sweep.names,
+            "directions": sweep.directions,
+            "best_trial": best.number if best is not None else None,
+        },
+    )
+    OmegaConf.save(
+        OmegaConf.create(json.loads(json.dumps(results, default=str))),
+        sweep.sweep_dir / "optimization_results.yaml",
+    )
+
+
+def write_best_config(sweep: SweepIdentity, best: Any) -> str:
+    """experiment/best.yaml; returns its path."""
+    body, skipped = overrides_to_experiment(best.user_attrs.get(ATTR_OVERRIDES) or [], sweep.groups)
+    values = ", ".join(f"{n}={v:.4g}" for n, v in zip(sweep.names, best.values, strict=False))
+    header = [
+        f"Best configuration of study {sweep.study_name} (trial #{best.number}): {values}",
+        f"Reproduce: {sweep.app_command} --config-dir {sweep.sweep_dir} +experiment=best",
+    ]
+    if skipped:
+        header.append(f"Not expressible here (apply by hand): {' '.join(skipped)}")
+    return str(write_experiment(sweep.sweep_dir / "experiment" / "best.yaml", body, header))

@@ -1,0 +1,182 @@
+"""Bad input through the real CLIs: one line on stderr naming the key and value, exit status 2,
+and nothing created (no run dir, no database, no result.json) - for `python -m gpuopt.run` and
+`python -m gpuopt.report`. Rows are (argv, expected substring of the line); `{tmp}` in an argument
+is the test's empty working directory. A row's `torch` says the check needs torch (targets that
+must import, the device); every other row runs with torch made unimportable, which proves that it
+fails before torch is imported. Sweep rows (`gpuopt.run -m`) get their own column later.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BROKEN_YAML = "_target_: gpuopt.workload.models.MLP\ninput: vectors\n  width: [1, 2\n"
+# Runs the module as `python -m` would, with `import torch` failing.
+NO_TORCH = (
+    "import runpy, sys; sys.modules['torch'] = None; module = sys.argv.pop(1); "
+    "sys.argv[0] = module; runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    argv: tuple[str, ...]
+    expected: str  # a substring of the one stderr line: the key, and the value where it shows
+    module: str = "gpuopt.run"
+    torch: bool = False  # the check needs torch (importing targets, asking the device)
+
+    @property
+    def id(self) -> str:
+        return f"{self.module.split('.')[-1]}: {' '.join(self.argv) or '(no arguments)'}"
+
+
+def run_rows(*rows: tuple[str | tuple[str, ...], str] | Row) -> list[Row]:
+    out = []
+    for row in rows:
+        if isinstance(row, Row):
+            out.append(row)
+            continue
+        argv, expected = row
+        out.append(Row(tuple(argv.split()) if isinstance(argv, str) else argv, expected))
+    return out
+
+
+RUN = run_rows(
+    # keys the schema lacks, values of the wrong type (OmegaConf's schema, at composition or after)
+    ("+foo=1", "foo=1; allowed: a key of GpuoptConf"),
+    ("+model.widht=3", "model.widht=3; allowed: a key of MLPConf"),
+    ("+data.bogus=1", "data.bogus=1"),
+    ("loader.batch_size=abc", "loader.batch_size='abc'; allowed: an integer"),
+    ("loader.pin_memory=maybe", "loader.pin_memory='maybe'; allowed: true | false"),
+    ("model.width=abc", "model.width='abc'; allowed: an integer"),
+    ("trust=notalist", "trust"),
+    # ranges of gpuopt's own model and data (measured as "ok" or crashed at build time before)
+    ("model.depth=-2", "model.depth=-2; allowed: an integer >= 1"),
+    ("model.width=0", "model.width=0; allowed: an integer >= 1"),
+    ("model.num_classes=0", "model.num_classes=0"),
+    ("model=transformer model.heads=3", "model.heads=3; allowed: a divisor of model.width (128)"),
+    ("model=transformer model.heads=0", "model.heads=0"),
+    ("model.input_shape=[0]", "model.input_shape=[0]"),
+    ("model=cnn model.input_shape=[3,32]", "model.input_shape=[3, 32]"),
+    ("data.size=0", "data.size=0; allowed: an integer >= 1"),
+    ("data.size=8", "data.size=8; allowed: an integer >= loader.batch_size (32)"),
+    ("data.sample_cost=-1", "data.sample_cost=-1"),
+    ("data.kind=tokens", "data.kind='tokens'"),
+    ("+model.channels_last=true", "model.channels_last=True"),
+    # the typed groups
+    ("loader.batch_size=0", "loader.batch_size=0; allowed: an integer >= 1"),
+    ("loader.batch_size=-5", "loader.batch_size=-5"),
+    ("loader.num_workers=-1", "loader.num_workers=-1"),
+    ("loader.num_workers=1000", "loader.num_workers=1000; allowed: an integer >= 0 and <="),
+    ("loader.prefetch_factor=0", "loader.prefetch_factor=0"),
+    ("precision.mode=fp8", "precision.mode='fp8'; allowed: fp32 | tf32 | fp16 | bf16"),
+    ("compile.mode=turbo", "compile.mode='turbo'"),
+    ("cache.empty_cache=always", "cache.empty_cache='always'"),
+    ("cache.every_n_steps=0", "cache.every_n_steps=0"),
+    ("cache.cuda_alloc_conf=bogus", "cache.cuda_alloc_conf='bogus'"),
+    ("optimizer.name=lion", "optimizer.name='lion'"),
+    ("optimizer.lr=-1", "optimizer.lr=-1"),
+    ("optimizer.fused=true optimizer.foreach=true", "optimizer.fused=True"),
+    ("device.type=tpu", "device.type='tpu'"),
+    ("device.num_threads=0", "device.num_threads=0"),
+    ("device.num_threads=1000", "device.num_threads=1000"),
+    ("measure.warmup_steps=-1", "measure.warmup_steps=-1"),
+    ("measure.min_steps=1", "measure.min_steps=1"),
+    ("measure.max_steps=1", "measure.max_steps=1"),
+    ("measure.time_budget_s=0", "measure.time_budget_s=0"),
+    ("measure.stability_target=3", "measure.stability_target=3"),
+    ("engine.name=bogus", "engine.name='bogus'"),
+    ("seed=-1", "seed=-1"),
+    ("loss=hinge", "loss='hinge'"),
+    ("model._target_=os.system", "model._target_='os.system'; allowed: targets matching"),
+    ("data._target_=os.system", "data._target_='os.system'"),
+    # composition: unknown group options, override syntax, files, arguments
+    ("model=nope", "model='nope'; allowed: cnn | mlp | transformer"),
+    ("precision=fp8", "precision='fp8'"),
+    ("engine=nope", "engine='nope'"),
+    ("model.width=[", "model.width='['; allowed: Hydra's override grammar"),
+    ("loader.batch_size=8,16", "loader.batch_size='8,16'; allowed: one value in a single run"),
+    ("+loader.batch_size=3", "loader.batch_size=3; allowed: loader.batch_size=... without '+'"),
+    ("~nope", "nope"),
+    (("--config-dir", "{tmp}/myconf", "model=broken"), "broken.yaml, line 3, column 8"),
+    (("--config-dir", "{tmp}/nonexistent"), "--config-dir='{tmp}/nonexistent'"),
+    ("--config-name nope", "--config-name='nope'"),
+    ("--bogus", "unrecognized arguments: --bogus"),
+    ("--cfg bogus", "--cfg"),
+    ("hydra.run.dir=/proc/gpuopt/run", "hydra.run.dir='/proc/gpuopt/run'"),
+    # checks that import the targets or ask the device
+    Row(
+        ("model._target_=tests.helpers.no_such_module.Net", "trust=[tests.*]"),
+        "model._target_='tests.helpers.no_such_module.Net'; allowed: an importable",
+        torch=True,
+    ),
+    Row(("device.type=cuda:99",), "device.type='cuda:99'", torch=True),
+    Row(("device=cpu", "precision=tf32"), "precision.mode='tf32'", torch=True),
+)
+
+REPORT = [
+    Row(argv, expected, module="gpuopt.report")
+    for argv, expected in [
+        (("--bogus",), "unrecognized arguments: --bogus"),
+        (("--top", "0"), "--top=0"),
+        (("--top", "abc"), "--top"),
+        (("--trial", "-1"), "--trial=-1"),
+        (("--trial", "abc"), "--trial"),
+        (("--html", "/proc/gpuopt/x.html"), "--html='/proc/gpuopt/x.html'"),
+        (("--html", "{tmp}"), "--html='{tmp}'; allowed: a file path"),
+        (("--export-best", "/proc/gpuopt/best.yaml"), "--export-best='/proc/gpuopt/best.yaml'"),
+        (("--export-best", f"{REPO / 'README.md'}/best.yaml"), "--export-best="),
+        (("--html", "{tmp}/r.html", "--export-best", "{tmp}/r.html"), "a path other than --html"),
+        (("--storage", "bogus://x"), "bogus://x"),
+        (("--storage", "sqlite:///{tmp}/missing/x.db"), "{tmp}/missing/x.db"),
+        ((), "no study database"),
+    ]
+]
+
+ROWS = RUN + REPORT
+
+
+def _run(row: Row, tmp: Path) -> subprocess.CompletedProcess:
+    argv = [arg.replace("{tmp}", str(tmp)) for arg in row.argv]
+    env = {
+        **os.environ,
+        "GPUOPT_OUTPUT_DIR": str(tmp / "outputs"),
+        "PYTHONPATH": str(REPO),  # tests.helpers targets
+        "COLUMNS": "300",
+    }
+    env.pop("HYDRA_FULL_ERROR", None)
+    launch = ["-m", row.module] if row.torch else ["-c", NO_TORCH, row.module]
+    return subprocess.run(
+        [sys.executable, *launch, *argv],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_table_has_45_distinct_inputs():
+    assert len({(row.module, row.argv) for row in ROWS}) == len(ROWS) >= 45
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_bad_input_is_one_line_exit_2_and_nothing_created(row, tmp_path):
+    (tmp_path / "myconf" / "model").mkdir(parents=True)
+    (tmp_path / "myconf" / "model" / "broken.yaml").write_text(BROKEN_YAML)
+    before = set(tmp_path.rglob("*"))
+    proc = _run(row, tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert row.expected.replace("{tmp}", str(tmp_path)) in lines[0]
+    assert set(tmp_path.rglob("*")) == before, "bad input created files"
+    assert not Path("/proc/gpuopt").exists()

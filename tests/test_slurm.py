@@ -1,0 +1,245 @@
+"""hydra/launcher=slurm against a real single-node SLURM cluster (tests/helpers/slurm.py).
+
+Unit tests for how a job's end is read and worded; end-to-end sweeps submit their trials with
+sbatch (hydra-submitit-launcher's SLURM mode, gpuopt.sweeper.slurm_launcher) to slurmctld and
+slurmd running on this host, and check that they complete, and that a trial SLURM kills at its time
+limit is an `error` with SLURM's verdict while the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from gpuopt.sweeper.slurm_launcher import (
+    SlurmJobState,
+    end_reason,
+    parse_squeue,
+    state_from_log,
+)
+from tests.helpers import slurm as slurm_helper
+
+HELPERS = Path(__file__).parent / "sweep_helpers"
+# One CPU, 1 GB, no GPU per trial job; squeue every second.
+SLURM_JOB = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.gpus_per_task=null",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=1",
+    "hydra.launcher.poll_s=1",
+]
+FAST = ["~search", "measure=quick", "hydra.sweeper.device_aware=false"]
+needs_slurm = pytest.mark.skipif(
+    slurm_helper.missing() is not None, reason=str(slurm_helper.missing())
+)
+
+
+# ---- how a job's end is read -----------------------------------------------------------------------
+
+
+def test_parse_squeue_reads_array_tasks_and_reasons():
+    text = "12_0|COMPLETED|None\n12_1|TIMEOUT|TimeLimit\n13|PENDING|Resources\n\n"
+    states = parse_squeue(text)
+    assert states["12_1"] == SlurmJobState("12_1", "TIMEOUT", "TimeLimit")
+    assert states["12_1"].ended and states["12_0"].ended and not states["13"].ended
+    assert set(states) == {"12_0", "12_1", "13"}
+
+
+@pytest.mark.parametrize(
+    ("line", "state"),
+    [
+        ("slurmstepd-vm: error: *** JOB 2 ON vm CANCELLED AT 2026-12-01T08:39:03 DUE TO TIME LIMIT ***", "TIMEOUT"),
+        ("slurmstepd: error: *** STEP 7.0 ON n1 CANCELLED AT 2026-12-01T08:39:03 DUE TO TIME LIMIT ***", "TIMEOUT"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-12-01T08:39:03 DUE TO PREEMPTION ***", "PREEMPTED"),
+        ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2026-12-01T08:39:03 ***", "CANCELLED"),
+    ],
+)  # fmt: skip
+def test_state_from_slurmstepd_line(line, state):
+    found = state_from_log("2", f"some output\n{line}\nmore\n")
+    assert found is not None and found.state == state and found.ended
+
+
+def test_state_from_log_without_a_slurm_line_is_none():
+    assert state_from_log("2", "Traceback (most recent call last):\nValueError: x\n") is None
+
+
+@pytest.mark.parametrize(
+    ("state", "exit_code", "reason"),
+    [
+        ("TIMEOUT", None, "cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min=3), job 5_1"),
+        (
+            "OUT_OF_MEMORY",
+            None,
+            "killed by SLURM: OUT OF MEMORY (hydra.launcher.mem_gb=2), job 5_1",
+        ),
+        ("CANCELLED by 0", None, "cancelled by SLURM (scancel or an administrator), job 5_1"),
+        ("FAILED", -9, "SLURM job 5_1 ended FAILED: killed by signal SIGKILL"),
+        ("FAILED", 3, "SLURM job 5_1 ended FAILED: exited with code 3 without a result"),
+        (
+            "FAILED|purged",
+            None,
+            "SLURM job 5_1 ended FAILED (purged): ended without an exit status",
+        ),
+    ],
+)
+def test_end_reason_names_slurms_verdict_and_the_knob(state, exit_code, reason):
+    name, _, why = state.partition("|")
+    job = SlurmJobState("5_1", name, why)
+    text = end_reason(job, {"timeout_min": 3, "mem_gb": 2}, exit_code)
+    assert text.startswith(reason)
+
+
+# ---- a real cluster --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[slurm_helper.SlurmCluster]:
+    with slurm_helper.slurm_cluster() as running:
+        yield running
+
+
+def sweep(
+    tmp_path: Path, cluster: slurm_helper.SlurmCluster, *args: str, app: list[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **cluster.env, "GPUOPT_OUTPUT_DIR": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run(
+        [sys.executable, *app, "-m", *SLURM_JOB, *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + cluster.logs()
+    return proc
+
+
+def squeue_states(cluster: slurm_helper.SlurmCluster) -> dict[str, SlurmJobState]:
+    out = subprocess.run(
+        ["squeue", "--states=all", "-h", "-r", "-o", "%i|%T|%r"],
+        env={**os.environ, **cluster.env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return parse_squeue(out.stdout)
+
+
+def trials_of(tmp_path: Path, study: str) -> list[optuna.trial.FrozenTrial]:
+    storage = f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    return optuna.load_study(study_name=study, storage=storage).get_trials()
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_sweep_runs_its_trials_as_slurm_jobs_to_completion(tmp_path, cluster):
+    """The real engine (tiny), 3 trials in batches of 2: each batch one sbatch job array."""
+    before = set(squeue_states(cluster))
+    proc = sweep(
+        tmp_path,
+        cluster,
+        *FAST,
+        "measure.time_budget_s=0.3",
+        "measure.count_flops=false",
+        "measure.ceiling=false",
+        "model.depth=1",
+        "data.size=256",
+        "hydra.sweeper.confirm.rounds=0",
+        "hydra.sweeper.study_name=s",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.launcher.timeout_min=5",
+        "loader.batch_size=choice(16,64)",
+        app=["-m", "gpuopt.run"],
+        timeout=150,
+    )
+    trials = trials_of(tmp_path, "s")
+    assert len(trials) == 3
+    assert all(t.state == TrialState.COMPLETE and t.user_attrs["status"] == "ok" for t in trials)
+    assert "gpuopt sweep summary" in proc.stdout
+    # They ran as SLURM jobs: slurmctld lists them COMPLETED (two arrays: 2 + 1 tasks), and each
+    # trial's submitit log shows its SLURM job environment.
+    jobs = {k: v for k, v in squeue_states(cluster).items() if k not in before}
+    assert len(jobs) == 3 and {s.state for s in jobs.values()} == {"COMPLETED"}
+    assert len({k.split("_")[0] for k in jobs}) == 2
+    logs = {p.parent.name: p.read_text() for p in tmp_path.glob("sweeps/*/*/.submitit/*/*_log.out")}
+    assert set(logs) == set(jobs)
+    assert all(f"Starting with JobEnvironment(job_id={k}," in text for k, text in logs.items())
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp_path, cluster):
+    """Trial #1 hangs, SLURM kills it at timeout_min=1 (slurmctld checks limits every 30 s, so
+    60-90 s); trial #2 still runs. The grid's seed puts the hanging point first."""
+    started = time.monotonic()
+    proc = sweep(
+        tmp_path,
+        cluster,
+        *FAST,
+        "hydra.sweeper.confirm.rounds=0",
+        "hydra.sweeper.study_name=t",
+        "hydra.sweeper.max_failure_rate=0.9",
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.launcher.timeout_min=1",
+        "+case=choice(hang,fine)",
+        app=[str(HELPERS / "fake_task.py")],
+        timeout=170,
+    )
+    elapsed = time.monotonic() - started
+    trials = trials_of(tmp_path, "t")
+    assert [t.params.get("+case") for t in trials] == [None, "hang", "fine"]
+    baseline, hung, after = trials
+    assert baseline.user_attrs["status"] == "ok" and after.user_attrs["status"] == "ok"
+    assert hung.state == TrialState.FAIL and hung.user_attrs["status"] == "error"
+    reason = hung.user_attrs["reason"]
+    assert reason.startswith("cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min=1), job ")
+    # The job's stderr, slurmstepd's verdict included, is kept with the trial.
+    assert "DUE TO TIME LIMIT" in hung.user_attrs["traceback"]
+    job_id = reason.rsplit("job ", 1)[1]
+    assert squeue_states(cluster)[job_id].state == "TIMEOUT"
+    # submitit's USR2 (signal_delay_s=120 > the limit: sent at once) did not end or requeue it.
+    (stderr,) = tmp_path.glob(f"sweeps/*/*/.submitit/{job_id}/{job_id}_0_log.err")
+    assert "gpuopt: SLURM sent SIGUSR2" in stderr.read_text()
+    assert "gpuopt sweep summary" in proc.stdout
+    assert elapsed > 55  # the trial did run to SLURM's limit (not cut short by submitit's USR2)
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_terminated_sweep_cancels_its_running_trial_jobs(tmp_path, cluster):
+    """SIGTERM (a scheduler's stop, `kill`) of the sweep: its trial job does not run on."""
+    env = {**os.environ, **cluster.env, "GPUOPT_OUTPUT_DIR": str(tmp_path)}
+    before = set(squeue_states(cluster))
+    cmd = [sys.executable, str(HELPERS / "fake_task.py"), "-m", *SLURM_JOB, *FAST]
+    cmd += ["hydra.sweeper.confirm.rounds=0", "hydra.launcher.timeout_min=5", "+case=hang"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 60
+        running: list[str] = []
+        while not running and time.monotonic() < deadline:
+            time.sleep(0.5)
+            states = squeue_states(cluster).items()
+            running = [k for k, v in states if k not in before and v.state == "RUNNING"]
+        assert running, "the trial job never started"
+        proc.terminate()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 15
+    while squeue_states(cluster)[running[0]].state != "CANCELLED" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert squeue_states(cluster)[running[0]].state == "CANCELLED"
