@@ -15,9 +15,10 @@ from typing import Any
 
 import optuna
 
+from gpuopt.report.page import PLOTLY_HINT, render_page
 from gpuopt.report.summary import StudyReport, importance_target
 
-PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
+__all__ = ["PLOTLY_HINT", "figures", "plotly_available", "write_html"]
 
 
 def plotly_available() -> bool:
@@ -101,8 +102,6 @@ def write_html(
     path: str | Path, study: optuna.Study, report: StudyReport, text_html: str
 ) -> list[str]:
     """Write the report page (gpuopt.report.page); returns notes for the user (e.g. no plotly)."""
-    from gpuopt.report.page import render_page
-
     notes: list[str] = []
     if plotly_available():
         search_figures: list[tuple[str, Any]] | None = figures(study, report)

@@ -26,6 +26,7 @@ from gpuopt.diagnose import PHASE_LABELS
 from gpuopt.report.summary import StudyReport, TrialView
 from gpuopt.result import ATTR_PROFILE
 
+PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
 PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
 PHASE_COLOURS = {
     "data_wait": "#d62728",
@@ -329,8 +330,6 @@ def render_page(
     search_figures: list[tuple[str, Any]] | None, report: StudyReport, text_html: str
 ) -> str:
     """The whole page; `search_figures` None means plotly is missing (a note replaces the charts)."""
-    from gpuopt.report.html import PLOTLY_HINT
-
     charts = _Charts()
     plotly = search_figures is not None
     speedup = speedup_figure(report) if plotly and report.ok_trials else None
