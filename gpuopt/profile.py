@@ -6,18 +6,22 @@ never timed for throughput. It runs after the timed window, with the workload wa
 (`profile.steps`, after `profile.warmup_steps` steps the profiler records and discards: its first
 step pays the profiler's own start-up).
 
-Phases. The engine names which of its callables are which phase (`Annotation`s); for the window
-only, each is shadowed on its owner by a wrapper that enters `torch.profiler.record_function`
-(spans `gpuopt:*` in the trace), and restored afterwards. The timed window's step therefore enters
-no annotation at all: annotating costs nothing when not profiling. Each step is one `gpuopt:step`
-span; the phases are read from the spans nested in it:
+Phases. The native engine names which of its callables are which phase (`Annotation`s); for the
+window only, each is shadowed on its owner by a wrapper that enters
+`torch.profiler.record_function` (spans `gpuopt:*` in the trace), and restored afterwards. The
+timed window's step therefore enters no annotation at all: annotating costs nothing when not
+profiling. (Under Lightning, its own profiler hook names the phases: gpuopt.profile_lightning.)
+Each step is one `gpuopt:step` span; each phase is the self time of its spans (their duration less
+the gpuopt spans nested in them, `SPAN_PHASES`):
 
-- data_wait   `gpuopt:next_batch` minus the copy inside it (blocked in next(loader))
+- data_wait   `gpuopt:next_batch` (blocked in next(loader); the copy inside it is its own phase)
 - h2d_copy    `gpuopt:h2d_copy` (host time of the host-to-device copy: on CUDA a synchronous copy
               also waits for queued work)
 - forward     `gpuopt:forward` (the model's forward)
-- backward    `gpuopt:forward_backward` minus forward: the loss, then backward
-- optimizer   `gpuopt:optimizer` (optimizer.step, inside GradScaler.step under fp16)
+- backward    `gpuopt:forward_backward` less forward: the loss, then backward (Lightning:
+              `gpuopt:backward`)
+- optimizer   `gpuopt:optimizer` (optimizer.step, inside GradScaler.step under fp16; Lightning runs
+              training_step and backward inside it, and they are not counted twice)
 - other       the rest of the step: zero_grad, loss bookkeeping, Python, the cache policy
 
 so the phases add up to the step by construction; what a test checks is that the step spans add up
@@ -64,7 +68,7 @@ SPAN_PREFIX = "gpuopt:"
 STEP_SPAN = "gpuopt:step"
 PHASES = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
 # The spans the engines annotate (`Annotation.span`), the phases are derived from them.
-SPANS = ("next_batch", "h2d_copy", "forward_backward", "forward", "optimizer")
+SPANS = ("next_batch", "h2d_copy", "forward_backward", "forward", "backward", "optimizer")
 # The step spans must cover the window's wall time (perf_counter, outside the profiler) to this
 # share: what is left is the profiler's own per-step bookkeeping (prof.step()).
 STEP_COVERAGE_TOLERANCE = 0.10
@@ -182,29 +186,55 @@ def _spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+# Each span's self time (its duration less the gpuopt spans nested in it) counts for this phase.
+SPAN_PHASES = {
+    "next_batch": "data_wait",
+    "h2d_copy": "h2d_copy",
+    "forward": "forward",
+    "forward_backward": "backward",  # native: forward_backward less forward = loss + backward
+    "backward": "backward",  # Lightning: its backward hook
+    "optimizer": "optimizer",  # Lightning: optimizer_step less the closure's forward/backward
+}
+
+
+def _self_times(spans: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(span name, self microseconds) for each span, children found by nesting on each thread."""
+    result: list[tuple[str, float]] = []
+    by_thread: dict[Any, list[dict[str, Any]]] = {}
+    for e in spans:
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for thread in by_thread.values():
+        thread.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        stack: list[list[Any]] = []  # [end, name, self time]
+        for e in thread:
+            start, dur = float(e["ts"]), float(e["dur"])
+            while stack and stack[-1][0] <= start:
+                _, name, own = stack.pop()
+                result.append((name, own))
+            if stack:
+                stack[-1][2] -= dur
+            stack.append([start + dur, e["name"], dur])
+        result += [(name, own) for _, name, own in stack]
+    return result
+
+
 def phase_breakdown(events: list[dict[str, Any]]) -> tuple[int, float, dict[str, float]]:
-    """(steps, mean step seconds, seconds per step by phase) from gpuopt's spans in a trace."""
+    """(steps, mean step seconds, seconds per step by phase) from gpuopt's spans in a trace: each
+    phase span's self time, and `other` the rest of the step spans."""
     spans = _spans(events)
     steps = [e for e in spans if e["name"] == STEP_SPAN]
     if not steps:
         raise ValueError(f"no {STEP_SPAN} span in the trace: nothing was profiled")
-    total = {name: 0.0 for name in SPANS}
-    for e in spans:
-        name = e["name"][len(SPAN_PREFIX) :]
-        if name in total:
-            total[name] += float(e["dur"])
+    phases_us = dict.fromkeys(PHASES, 0.0)
+    for name, own in _self_times([e for e in spans if e["name"] != STEP_SPAN]):
+        phase = SPAN_PHASES.get(name[len(SPAN_PREFIX) :])
+        if phase is not None:
+            phases_us[phase] += max(0.0, own)
     n = len(steps)
     step_us = sum(float(e["dur"]) for e in steps) / n
-    per = {name: value / n for name, value in total.items()}
-    phases_us = {
-        "data_wait": max(0.0, per["next_batch"] - per["h2d_copy"]),
-        "h2d_copy": per["h2d_copy"],
-        "forward": per["forward"],
-        "backward": max(0.0, per["forward_backward"] - per["forward"]),
-        "optimizer": per["optimizer"],
-    }
-    phases_us["other"] = max(0.0, step_us - sum(phases_us.values()))
-    return n, step_us / 1e6, {k: v / 1e6 for k, v in phases_us.items()}
+    per_step = {k: v / n for k, v in phases_us.items() if k != "other"}
+    per_step["other"] = max(0.0, step_us - sum(per_step.values()))
+    return n, step_us / 1e6, {k: per_step[k] / 1e6 for k in PHASES}
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -227,7 +257,7 @@ def _innermost_phase(spans: list[dict[str, Any]], ts: float) -> str:
     if not holding:
         return "other"
     name = min(holding, key=lambda e: e["dur"])["name"][len(SPAN_PREFIX) :]
-    return {"next_batch": "data_wait", "forward_backward": "backward"}.get(name, name)
+    return SPAN_PHASES.get(name, "other")
 
 
 def _idle_split(
@@ -346,45 +376,116 @@ def trial_run_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="gpuopt-profile-"))
 
 
-@dataclass
-class _Recorded:
-    window_s: float = 0.0
-    averages: Any = None
+class ProfiledSteps:
+    """warmup_steps + steps training steps under torch.profiler, each in a `gpuopt:step` span, the
+    trace written to `trace` when the last one ends; `window_s` is the wall time of the recorded
+    steps (perf_counter, synchronized at both ends), `averages` the profiler's operator table.
 
+    Driven like `CeilingReplay`: a loop calls `run(step)`; a framework's hooks call `begin()`,
+    then `step_started()` / `step_ended()` around each step until `step_ended()` returns True
+    (`close()` after a failure)."""
 
-def _record(
-    step: Callable[[], None], device: torch.device, conf: ProfileConf, trace: Path
-) -> _Recorded:
-    """Run warm-up + profiled steps under torch.profiler; write the trace; the wall time of the
-    profiled steps and the profiler's operator averages."""
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+    def __init__(self, device: torch.device, conf: ProfileConf, trace: Path) -> None:
+        self.device, self.conf, self.trace = device, conf, trace
+        self.total = conf.warmup_steps + conf.steps
+        self.index = 0
+        self.finished = False
+        self.window_s = 0.0
+        self.averages: Any = None
+        self._profiler: Any = None
+        self._span: Any = None
+        self._t0 = 0.0
 
-    from gpuopt.measure import synchronize
+    def begin(self) -> None:
+        from torch.profiler import ProfilerActivity, profile, schedule
 
-    recorded = _Recorded()
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        plan = schedule(wait=0, warmup=self.conf.warmup_steps, active=self.conf.steps, repeat=1)
+        self._profiler = profile(activities=activities, schedule=plan, on_trace_ready=self._ready)
+        self._profiler.__enter__()
 
-    def ready(prof: Any) -> None:
-        prof.export_chrome_trace(str(trace))  # gzipped: the name ends in .gz
-        recorded.averages = prof.key_averages()
+    def _ready(self, prof: Any) -> None:
+        prof.export_chrome_trace(str(self.trace))  # gzipped: the name ends in .gz
+        self.averages = prof.key_averages()
 
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    plan = schedule(wait=0, warmup=conf.warmup_steps, active=conf.steps, repeat=1)
-    with profile(activities=activities, schedule=plan, on_trace_ready=ready) as prof:
-        for index in range(conf.warmup_steps + conf.steps):
-            if index == conf.warmup_steps:
-                synchronize(device)
-                started = time.perf_counter()
-            with record_function(STEP_SPAN):
+    def step_started(self) -> None:
+        from torch.profiler import record_function
+
+        from gpuopt.measure import synchronize
+
+        if self.index == self.conf.warmup_steps:
+            synchronize(self.device)
+            self._t0 = time.perf_counter()
+        self._span = record_function(STEP_SPAN)
+        self._span.__enter__()
+
+    def step_ended(self) -> bool:
+        """Close the step's span; True once the last step ended (the trace is then written)."""
+        from gpuopt.measure import synchronize
+
+        span, self._span = self._span, None
+        if span is not None:
+            span.__exit__(None, None, None)
+        self.index += 1
+        if self.index == self.total:
+            # The last step's queued GPU work belongs to the window: drain it before the profiler
+            # stops (a CPU-GPU sync point, outside any step span).
+            synchronize(self.device)
+            self.window_s = time.perf_counter() - self._t0
+        self._profiler.step()
+        if self.index < self.total:
+            return False
+        self.close()
+        self.finished = True
+        return True
+
+    def close(self) -> None:
+        span, self._span = self._span, None
+        if span is not None:
+            span.__exit__(None, None, None)
+        profiler, self._profiler = self._profiler, None
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+
+    def run(self, step: Callable[[], None]) -> None:
+        self.begin()
+        try:
+            while True:
+                self.step_started()
                 step()
-            if index == conf.warmup_steps + conf.steps - 1:
-                # The last step's queued GPU work belongs to the window: drain it before the
-                # profiler stops (a CPU-GPU sync point, outside any step span).
-                synchronize(device)
-                recorded.window_s = time.perf_counter() - started
-            prof.step()
-    return recorded
+                if self.step_ended():
+                    return
+        finally:
+            self.close()
+
+
+def summarize(recorded: ProfiledSteps, began: float) -> ProfileSummary:
+    """The summary of a finished `ProfiledSteps` (reads its trace back); `began` counts the cost."""
+    events = load_trace(recorded.trace)
+    steps, step_s, phases_s = phase_breakdown(events)
+    cuda = recorded.device.type == "cuda"
+    ops = top_operators(recorded.averages or [], steps, step_s, recorded.conf.top_ops, cuda)
+    return ProfileSummary(
+        steps=steps,
+        step_s=step_s,
+        window_s=recorded.window_s,
+        phases_s=phases_s,
+        phases_pct={k: 100.0 * v / step_s if step_s else 0.0 for k, v in phases_s.items()},
+        top_ops=ops,
+        gpu=gpu_time_split(events) if cuda else None,
+        trace_path=str(recorded.trace),
+        cost_s=time.perf_counter() - began,
+        device_type=recorded.device.type,
+    )
+
+
+def trace_file(run_dir: Path | None) -> Path:
+    """Where the trace goes: `run_dir` (the trial's run directory by default)/trace.json.gz."""
+    run_dir = run_dir if run_dir is not None else trial_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir / TRACE_FILE
 
 
 def run_profiled_window(
@@ -397,23 +498,7 @@ def run_profiled_window(
     """Profile `conf.steps` calls of `step` (one training step) with `annotations` in place; write
     `trace.json.gz` into `run_dir` (the trial's run directory by default); summarize it."""
     began = time.perf_counter()
-    run_dir = run_dir if run_dir is not None else trial_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    trace = run_dir / TRACE_FILE
+    recorded = ProfiledSteps(device, conf, trace_file(run_dir))
     with annotated(annotations):
-        recorded = _record(step, device, conf, trace)
-    events = load_trace(trace)
-    steps, step_s, phases_s = phase_breakdown(events)
-    cuda = device.type == "cuda"
-    return ProfileSummary(
-        steps=steps,
-        step_s=step_s,
-        window_s=recorded.window_s,
-        phases_s=phases_s,
-        phases_pct={k: 100.0 * v / step_s if step_s else 0.0 for k, v in phases_s.items()},
-        top_ops=top_operators(recorded.averages or [], steps, step_s, conf.top_ops, cuda),
-        gpu=gpu_time_split(events) if cuda else None,
-        trace_path=str(trace),
-        cost_s=time.perf_counter() - began,
-        device_type=device.type,
-    )
+        recorded.run(step)
+    return summarize(recorded, began)

@@ -81,6 +81,35 @@ def test_phases_sum_to_the_step_and_the_steps_cover_the_measured_window(profiled
     assert summary.cost_s >= summary.window_s > 0
 
 
+def test_lightning_engine_profiles_the_same_phases(compose_cfg, tmp_path, monkeypatch):
+    pytest.importorskip("lightning")
+    result, _ = _profiled(
+        compose_cfg, tmp_path, monkeypatch, "engine=lightning", PROFILE_OVERRIDE,
+        "profile.steps=4", "data.sample_cost=2",
+    )  # fmt: skip
+    summary = ProfileSummary.from_dict(result.profile)
+    assert summary.steps == 4
+    assert sum(summary.phases_s.values()) == pytest.approx(summary.step_s, rel=1e-9)
+    covered = summary.steps * summary.step_s
+    assert summary.window_s * (1 - STEP_COVERAGE_TOLERANCE) <= covered <= summary.window_s * 1.01
+    for phase in ("data_wait", "forward", "backward", "optimizer"):
+        assert summary.phases_s[phase] > 0, phase
+    # Lightning runs training_step and backward inside optimizer.step(closure): the optimizer's
+    # phase is its span less the forward and backward spans nested in it.
+    events = load_trace(tmp_path / TRACE_FILE)
+    spans = [e for e in events if str(e.get("name", "")).startswith("gpuopt:")]
+    optimizer = [e for e in spans if e["name"] == "gpuopt:optimizer"]
+    nested = [
+        e for e in spans
+        if e["name"] in ("gpuopt:forward", "gpuopt:backward")
+        and any(o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in optimizer)
+    ]  # fmt: skip
+    assert len(nested) == 2 * summary.steps
+    own = (sum(e["dur"] for e in optimizer) - sum(e["dur"] for e in nested)) / summary.steps / 1e6
+    assert summary.phases_s["optimizer"] == pytest.approx(own, rel=1e-6)
+    assert (tmp_path / TRACE_FILE).exists()
+
+
 def test_top_operators_are_real_ops_by_self_time(profiled):
     summary = ProfileSummary.from_dict(profiled[0].profile)
     names = [op.name for op in summary.top_ops]

@@ -497,8 +497,6 @@ def measure(trial: Trial, process_t0: float) -> None:
     lightning.Trainer, raising on failure (Diverged, OOM, errors: `gpuopt.engines.run_trial`
     classifies them)."""
     spec, device = trial.spec, trial.device
-    if spec.profile.enabled:  # gpuopt.profile annotates the native loop's callables only
-        trial.warnings.append("profile: engine=lightning has no profiled window yet (native only)")
     memory = MemoryBaseline.take(device)
     # Process-wide settings, float32 matmul precision (TF32 on/off) included. Lightning's precision
     # plugin does the autocast and the fp16 GradScaler: the precision policy is not used here.
@@ -516,6 +514,17 @@ def measure(trial: Trial, process_t0: float) -> None:
         trainer.fit(fit_module, **fit_data)
         _record_fit(trial, meter, fetch_timer, memory, process_t0)
         batch, meter.first_batch = meter.first_batch, None
+        if spec.profile.enabled:  # a short extra fit under torch.profiler (gpuopt.profile)
+            from gpuopt.profile_lightning import profiled_fit
+
+            summary = profiled_fit(
+                spec,
+                device,
+                trainer.lightning_module,
+                fit_data,
+                lambda callbacks, spans: make_trainer(spec, device, callbacks, spans, root),
+            )
+            trial.profile = summary.to_dict()
         if spec.measure.ceiling and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).
             _compute_ceiling(trial, trainer.lightning_module, batch, root)
