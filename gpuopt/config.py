@@ -139,6 +139,17 @@ class MeasureConf:
 
 
 @dataclass
+class ProfileConf:
+    """The profiled window (gpuopt.profile): a few steps under torch.profiler after the timed
+    window, never timed for throughput. Off by default; `profile=on` turns it on for one run."""
+
+    enabled: bool = False
+    steps: int = 5  # profiled steps (each recorded op costs host time: keep it small)
+    warmup_steps: int = 1  # steps the profiler records and discards (its own start-up)
+    top_ops: int = 10  # operators listed by self time
+
+
+@dataclass
 class EngineConf:
     """Which training loop runs the trial. The Lightning-only knobs are ignored by `native`."""
 
@@ -163,6 +174,7 @@ class GpuoptConf:
     optimizer: OptimizerConf = field(default_factory=OptimizerConf)
     device: DeviceConf = field(default_factory=DeviceConf)
     measure: MeasureConf = field(default_factory=MeasureConf)
+    profile: ProfileConf = field(default_factory=ProfileConf)
     loss: str = "cross_entropy"
     seed: int = 0
     trust: list[str] = field(default_factory=list)
@@ -253,6 +265,7 @@ class TrialSpec:
     seed: int
     trusted_targets: tuple[str, ...]
     engine: EngineConf = field(default_factory=EngineConf)
+    profile: ProfileConf = field(default_factory=ProfileConf)
 
     @property
     def model_input(self) -> str:
@@ -440,6 +453,7 @@ def validate(cfg: DictConfig) -> TrialSpec:
         seed=typed.seed,
         trusted_targets=BUILTIN_TRUSTED_TARGETS + tuple(typed.trust),
         engine=typed.engine,
+        profile=typed.profile,
     )
 
 
@@ -470,6 +484,7 @@ def _check_scalars(typed: GpuoptConf, cpus: int) -> None:
     if typed.device.num_threads is not None:
         _check_per_cpu("device.num_threads", typed.device.num_threads, 1, cpus, "threads")
     _check_measure(typed.measure)
+    _check_profile(typed.profile)
     _check_min("seed", typed.seed, 0, "an integer >= 0")
     if not typed.output_dir:
         raise ConfigError("output_dir", typed.output_dir, "a directory path")
@@ -484,6 +499,12 @@ def _check_optimizer(optimizer: OptimizerConf) -> None:
         raise ConfigError(
             "optimizer.fused", True, "false or null when optimizer.foreach=true (pick one)"
         )
+
+
+def _check_profile(profile: ProfileConf) -> None:
+    _check_min("profile.steps", profile.steps, 1, "an integer >= 1")
+    _check_min("profile.warmup_steps", profile.warmup_steps, 0, "an integer >= 0")
+    _check_min("profile.top_ops", profile.top_ops, 0, "an integer >= 0")
 
 
 def _check_measure(measure: MeasureConf) -> None:

@@ -106,6 +106,9 @@ class TrialResult:
     config: dict[str, Any] = field(default_factory=dict)  # the resolved trial config
     env: dict[str, Any] = field(default_factory=dict)  # environment fingerprint (gpuopt.env)
     warnings: list[str] = field(default_factory=list)  # settings that could not apply, etc.
+    # The profiled window's summary (gpuopt.profile.ProfileSummary.to_dict()), when profiled:
+    # phases, top operators, GPU split, trace_path. None when the trial was not profiled.
+    profile: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -133,6 +136,7 @@ class TrialResult:
             config=data.get("config") or {},
             env=data.get("env") or {},
             warnings=list(data.get("warnings") or []),
+            profile=data.get("profile") if isinstance(data.get("profile"), dict) else None,
         )
 
     def save(self, path: str | Path) -> None:
@@ -153,6 +157,7 @@ ATTR_ENV = "env"
 ATTR_CONFIG = "config"  # the resolved trial config
 ATTR_WARNINGS = "warnings"
 ATTR_BASELINE = "baseline"  # True on the trial measuring the user's config as composed
+ATTR_PROFILE = "profile"  # the profiled window's summary (dict), on profiled trials only
 
 # Study user-attribute keys.
 STUDY_OBJECTIVES = "objectives"  # list[str] metric names, in Optuna's value order
@@ -169,4 +174,6 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
     attrs[ATTR_ENV] = result.env
     attrs[ATTR_CONFIG] = result.config
     attrs[ATTR_WARNINGS] = result.warnings
+    if result.profile is not None:
+        attrs[ATTR_PROFILE] = result.profile
     return json.loads(json.dumps(attrs, default=str))

@@ -83,6 +83,7 @@ class Trial:
     # What the engine built and must let go of at the trial's end (closed first where it has a
     # close()), so the device cache can be given back even after a failure.
     resources: list[Any] = field(default_factory=list)
+    profile: dict[str, Any] | None = None  # the profiled window's summary (gpuopt.profile)
 
     def show(self, name: str, obj: Any) -> None:
         """Hand a built object to the `inspect` hook of run_trial (tests, debugging)."""
@@ -166,6 +167,7 @@ def run_measured(
         config=spec_to_dict(spec),
         env=fingerprint(device),
         warnings=trial.warnings,
+        profile=trial.profile,
     )
 
 

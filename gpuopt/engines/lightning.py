@@ -568,6 +568,17 @@ def measure(trial: Trial, process_t0: float) -> None:
         _record_fit(trial, meter, fetch_timer, memory, process_t0)
         loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.fetch_s, meter)
         batch, meter.first_batch = meter.first_batch, None
+        if spec.profile.enabled:  # a short extra fit under torch.profiler (gpuopt.profile)
+            from gpuopt.profile_lightning import profiled_fit
+
+            summary = profiled_fit(
+                spec,
+                device,
+                trainer.lightning_module,
+                fit_data,
+                lambda callbacks, spans: make_trainer(spec, device, callbacks, spans, root),
+            )
+            trial.profile = summary.to_dict()
         ceiling = None
         if spec.measure.ceiling and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).

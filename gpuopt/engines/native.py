@@ -253,12 +253,13 @@ def timed_window(
     workload.check_finite("the timed window")
 
 
-def beside_window(trial: Trial, feed: BatchFeed) -> tuple[EpochBoundary, float | None]:
+def beside_window(
+    trial: Trial, feed: BatchFeed, fetch_wait_s: float
+) -> tuple[EpochBoundary, float | None]:
     """After the window, outside any timed span: what an epoch boundary costs (a fresh epoch's
     first batch; the window's workers stopped first unless they persist, as between real epochs)
     and the input pipeline's cost per sample. The loader's workers are stopped afterwards."""
-    loader = feed.loader
-    fetch_wait_s, steps = feed.wait.fetch_s, trial.metrics.timed_steps or 0
+    loader, steps = feed.loader, trial.metrics.timed_steps or 0
     if not trial.spec.loader.persistent_workers:
         feed.close()
     boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, steps)
@@ -285,6 +286,25 @@ def compute_ceiling(
     return ceiling
 
 
+def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
+    """A few steps under torch.profiler, outside the timed window (gpuopt.profile): the callables
+    of the step annotated as its phases for these steps only."""
+    from gpuopt.profile import Annotation, run_profiled_window
+
+    phases = [
+        Annotation(feed, "next", "next_batch"),
+        Annotation(workload, "to_device", "h2d_copy"),
+        Annotation(workload, "forward_backward", "forward_backward"),
+        Annotation(workload, "forward", "forward"),
+        Annotation(workload.optimizer, "step", "optimizer"),
+    ]
+    summary = run_profiled_window(
+        lambda: workload.train_step(*feed.next()), phases, trial.device, trial.spec.profile
+    )
+    trial.profile = summary.to_dict()
+    workload.check_finite("the profiled window")
+
+
 def measure(trial: Trial, process_t0: float) -> None:
     """The engine (`gpuopt.engines.ENGINES["native"]`): fill `trial.metrics`, raising on failure
     (Diverged, OOM, errors: `gpuopt.engines.run_trial` classifies them)."""
@@ -297,7 +317,10 @@ def measure(trial: Trial, process_t0: float) -> None:
         count_flops(trial, workload, first_batch)
     warm_up(trial, workload, feed, first_batch, memory)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
-    boundary, loader_cost = beside_window(trial, feed)
+    window_fetch_s = feed.wait.fetch_s  # the window's, before the profiled steps fetch more
+    if trial.spec.profile.enabled:  # before the epoch boundary and ceiling stop the loader
+        profiled_window(trial, workload, feed)
+    boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
     record_steady_state(trial.metrics, boundary)
     ceiling = None
     if trial.spec.measure.ceiling:
