@@ -23,7 +23,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from ._compat import (
@@ -34,6 +33,7 @@ from ._compat import (
     trial_id,
     unwrap_storage,
 )
+from .lifeline import start_ticks as _start_ticks
 from .schema import (
     ATTR_BASELINE,
     ATTR_REASON,
@@ -51,20 +51,6 @@ from .schema import (
 # The attribute keys (OWNER_ATTR, INTERRUPTED_ATTR, ...) live in schema.py; re-exported here, where
 # their rules are.
 __all__ = ["CONFIRM_CLAIM_ATTR", "INTERRUPTED_ATTR", "OWNER_ATTR", "RERUN_OF_ATTR", "VOID_ATTR"]
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    try:
-        return int(fields[19])  # field 22 overall: starttime
-    except (IndexError, ValueError):
-        return None
 
 
 def host_name() -> str:
