@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,6 +174,14 @@ class FreshProcessLauncher(LocalLauncher):
         self.pin_gpus = bool(pin_gpus)
         # The sweeping process, pickled with each job: the trial's watchdog ends it with the sweep.
         self.sweep_process: lifeline.SweepProcess | None = None
+        # Set by the sweep loop around a batch: slot -> why to stop that job now (its trial was
+        # failed as stale by another worker), else None. Never pickled into a job.
+        self.stop_check: Callable[[int], str | None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["stop_check"] = None  # a closure over the study: stays in the sweeping process
+        return state
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
         # Runs in the trial process: a segfault or abort leaves a Python traceback in the .err log,
@@ -270,7 +278,7 @@ class FreshProcessLauncher(LocalLauncher):
         for slot, ((job, t0, device), overrides) in enumerate(
             zip(started, job_overrides, strict=False)
         ):
-            ret = self._collect(job, t0, list(overrides))
+            ret = self._collect(job, t0, list(overrides), slot)
             ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
             attach_diagnostics(ret, job, self._run_dir_of(list(overrides), initial_job_idx + slot))
             returns.append(ret)
@@ -291,10 +299,15 @@ class FreshProcessLauncher(LocalLauncher):
         except Exception:
             return None
 
-    def _collect(self, job: Any, t0: float, overrides: list[str]) -> JobReturn:
+    def _collect(self, job: Any, t0: float, overrides: list[str], slot: int = 0) -> JobReturn:
         """Wait for one job until its deadline; a JobReturn whatever happened to it."""
         deadline = t0 + self.timeout_s
         while not job.done():
+            stop = self.stop_check(slot) if self.stop_check is not None else None
+            if stop is not None:
+                self._kill(job)
+                log.warning("%s", stop)
+                return _failed(overrides, TrialProcessError(stop, "", str(job.paths.stderr)))
             if time.monotonic() > deadline:
                 self._kill(job)
                 return _failed(
@@ -354,6 +367,9 @@ def _terminate_as_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+terminate_as_interrupt = _terminate_as_interrupt  # the sweep loop's name for it
 
 
 def _exit_codes(job: Any) -> list[int | None]:
