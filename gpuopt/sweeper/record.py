@@ -18,7 +18,7 @@ from optuna.trial import Trial, TrialState
 
 from gpuopt.secrets import mask_secrets
 
-from ._compat import storage_of, trial_id
+from ._compat import constraints_key, storage_of, trial_id
 from .attrs import set_user_attrs
 from .objectives import TrialOutcome, error_outcome, outcome_from_return
 from .schema import (
@@ -96,9 +96,12 @@ def record_trial(
     # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
     attrs.setdefault(ATTR_STATUS, outcome.status)
     set_user_attrs(storage_of(study), trial_id(trial), attrs)
-    if not outcome.failed:
-        for key, value in outcome.constraints.items():
-            trial.set_constraint(key, value)
+    if not outcome.failed and outcome.constraints:
+        # The list under Optuna's `constraints` key, in CONSTRAINT_KEYS order (oom, diverged): what
+        # Optuna's constraints_func machinery writes, read by its samplers and optuna-dashboard.
+        storage_of(study).set_trial_system_attr(
+            trial_id(trial), constraints_key(), list(outcome.constraints.values())
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
