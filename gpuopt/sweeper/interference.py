@@ -18,6 +18,7 @@ from typing import Any
 
 from optuna.trial import TrialState
 
+from .resume import owner_alive
 from .schema import OWNER_ATTR
 
 ATTR_INTERFERENCE = "interference"  # trial user attr: {"host", "trials": [numbers]}
@@ -46,6 +47,8 @@ def overlapping(trial: Any, trials: Sequence[Any], now: dt.datetime) -> list[int
             or other_owner.get("pid") == owner.get("pid")
         ):
             continue
+        if other.state == TrialState.RUNNING and owner_alive(other_owner) is False:
+            continue  # a dead sweep's trial, not yet recovered: it does not run now
         other_span = _interval(other, now)
         if other_span is not None and other_span[0] < span[1] and span[0] < other_span[1]:
             found.append(other.number)
