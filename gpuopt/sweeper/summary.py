@@ -59,6 +59,7 @@ def render(
     best_yaml: str | None,
     elapsed_s: float,
     notes: Sequence[str] = (),
+    best_pending: str | None = None,
 ) -> str:
     lines = [
         "",
@@ -83,7 +84,9 @@ def render(
             f"best      #{best.number}: {values_text(names, best.values)}  [{param_text(best.params)}]"
         )
     else:
-        lines.append("best: no feasible trial")
+        lines.append(
+            f"best: pending: {best_pending}" if best_pending else "best: no feasible trial"
+        )
     lines.extend(_comparison_lines(confirmation, baseline, best, names, directions))
     if len(names) > 1 and pareto:
         lines.append(f"Pareto front ({len(pareto)} trial(s)):")
