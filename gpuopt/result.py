@@ -67,6 +67,14 @@ class Metrics:
     timed_steps: int | None = None
     timed_seconds: float | None = None
     stop_reason: str | None = None  # stable | budget | max_steps
+    # What one optimizer step trains on (one timed step = one optimizer step).
+    global_batch: int | None = None  # samples per optimizer step
+    micro_batch: int | None = None  # samples per forward/backward (loader.batch_size)
+    accumulation_steps: int | None = None  # micro-batches per optimizer step
+    lr_scale: float | None = None  # the factor optimizer.lr_scaling applied to optimizer.lr
+    # The numerics guard (gpuopt.numerics): the largest relative loss deviation from the fp32
+    # reference over guard.steps optimizer steps; None when the guard did not run.
+    loss_drift: float | None = None
 
 
 @dataclass
@@ -79,6 +87,8 @@ class TrialResult:
     config: dict[str, Any] = field(default_factory=dict)  # the resolved trial config
     env: dict[str, Any] = field(default_factory=dict)  # environment fingerprint (gpuopt.env)
     warnings: list[str] = field(default_factory=list)  # settings that could not apply, etc.
+    # The numerics guard's evidence (gpuopt.numerics.GuardEvidence as a dict); None: not run.
+    numerics: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,6 +116,7 @@ class TrialResult:
             config=data.get("config") or {},
             env=data.get("env") or {},
             warnings=list(data.get("warnings") or []),
+            numerics=data.get("numerics"),
         )
 
     def save(self, path: str | Path) -> None:
@@ -126,6 +137,7 @@ ATTR_ENV = "env"
 ATTR_CONFIG = "config"  # the resolved trial config
 ATTR_WARNINGS = "warnings"
 ATTR_BASELINE = "baseline"  # True on the trial measuring the user's config as composed
+ATTR_NUMERICS = "numerics"  # the numerics guard's evidence (dict), absent when it did not run
 
 # Study user-attribute keys.
 STUDY_OBJECTIVES = "objectives"  # list[str] metric names, in Optuna's value order
@@ -142,4 +154,6 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
     attrs[ATTR_ENV] = result.env
     attrs[ATTR_CONFIG] = result.config
     attrs[ATTR_WARNINGS] = result.warnings
+    if result.numerics is not None:
+        attrs[ATTR_NUMERICS] = result.numerics
     return json.loads(json.dumps(attrs, default=str))

@@ -276,10 +276,11 @@ def compute_loss(loss_name: str, outputs: torch.Tensor, targets: torch.Tensor) -
 
 
 def build_optimizer(spec: TrialSpec, params: Any) -> torch.optim.Optimizer:
+    """The optimizer group's optimizer; its lr scaled by `optimizer.lr_scaling` (spec.lr_scale)."""
     import torch
 
     conf = spec.optimizer
-    kwargs: dict[str, Any] = {"lr": conf.lr, "weight_decay": conf.weight_decay}
+    kwargs: dict[str, Any] = {"lr": conf.lr * spec.lr_scale, "weight_decay": conf.weight_decay}
     if conf.foreach is not None:
         kwargs["foreach"] = conf.foreach
     if conf.fused is not None:
@@ -287,6 +288,13 @@ def build_optimizer(spec: TrialSpec, params: Any) -> torch.optim.Optimizer:
     if conf.name == "sgd":
         return torch.optim.SGD(params, momentum=conf.momentum, **kwargs)
     return torch.optim.AdamW(params, **kwargs)
+
+
+def record_batches(trial: Trial) -> None:
+    """What one optimizer step trains on, and the lr factor, into the trial's metrics."""
+    m, spec = trial.metrics, trial.spec
+    m.global_batch, m.micro_batch = spec.global_batch, spec.micro_batch
+    m.accumulation_steps, m.lr_scale = spec.accumulation_steps, spec.lr_scale
 
 
 def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: list[str]) -> Any:

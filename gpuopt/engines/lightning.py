@@ -65,6 +65,7 @@ from gpuopt.engines._common import (
     compute_loss,
     instantiate_data,
     instantiate_model,
+    record_batches,
     record_window,
     run_measured,
 )
@@ -213,7 +214,12 @@ class MeasureCallback(pl.Callback):
                 "flops_per_sample and mfu need measure.warmup_steps >= 1 under engine=lightning"
             )
         self.nonfinite = NonFiniteLoss()
-        self.steps = 0  # batches completed in this fit
+        self.steps = 0  # optimizer steps completed in this fit (batches without accumulation)
+        # With accumulation a step ends when Lightning steps the optimizer (trainer.global_step
+        # moves; also at an epoch's end with fewer micro-batches): samples count up till then.
+        self.accumulating = spec.accumulation_steps > 1
+        self._optimizer_steps = 0
+        self._pending_samples = 0
         # Filled as the fit runs.
         self.compile_time_s: float | None = None
         self.warmup_time_s: float | None = None
@@ -240,7 +246,7 @@ class MeasureCallback(pl.Callback):
             self._first_step_t0 = time.perf_counter()
             if self.keep_first_batch:
                 self.first_batch = batch  # already moved to the device by Lightning
-        if self.steps == self.flop_step:
+        if self.steps == self.flop_step and self._flop_counter is None:
             # Counts the matmul/conv/attention FLOPs of this whole step: forward and backward
             # (the optimizer's elementwise ops are not counted), as the native engine does.
             self._flop_counter = FlopCounterMode(display=False)
@@ -260,9 +266,15 @@ class MeasureCallback(pl.Callback):
             flops = float(self._flop_counter.get_total_flops())
             self.flops_per_sample = flops / extract_batch_size(batch) if flops else None
             self._flop_counter = None
+        self._pending_samples += extract_batch_size(batch)
+        if self.accumulating:
+            if trainer.global_step == self._optimizer_steps:
+                return  # a micro-batch inside the optimizer step
+            self._optimizer_steps = trainer.global_step
+        samples, self._pending_samples = self._pending_samples, 0
         self.steps += 1
         if self._window_t0 and self.window is None:
-            self._timed_step(trainer, batch)
+            self._timed_step(trainer, samples)
             return
         if self.compile_steps and self.steps == self.compile_steps:
             synchronize(self.device)
@@ -292,10 +304,10 @@ class MeasureCallback(pl.Callback):
         self._first_step_at = time.time()
         self._window_t0 = time.perf_counter()
 
-    def _timed_step(self, trainer: pl.Trainer, batch: Any) -> None:
+    def _timed_step(self, trainer: pl.Trainer, samples: int) -> None:
         self.clock.mark()
         self.timed_steps += 1
-        self.timed_samples += extract_batch_size(batch)
+        self.timed_samples += samples
         self.cache_policy.after_step(self.timed_steps - 1)
         elapsed = time.perf_counter() - self._window_t0
         rule = self.rule
@@ -439,7 +451,8 @@ def make_trainer(
         strategy=spec.engine.strategy,
         precision=lightning_precision(spec),  # type: ignore[arg-type]
         benchmark=bool(spec.cache.cudnn_benchmark),
-        accumulate_grad_batches=spec.engine.accumulate_grad_batches,
+        # Lightning divides each micro-batch loss by this count itself.
+        accumulate_grad_batches=spec.accumulation_steps,
         gradient_clip_val=spec.engine.gradient_clip_val,
         # The callback ends the fit (trainer.should_stop); epochs restart the loader as needed.
         max_epochs=-1,
@@ -501,6 +514,7 @@ def measure(trial: Trial, process_t0: float) -> None:
     # Process-wide settings, float32 matmul precision (TF32 on/off) included. Lightning's precision
     # plugin does the autocast and the fp16 GradScaler: the precision policy is not used here.
     cache_policy = apply_policies(spec, device).cache
+    record_batches(trial)
     module, fit_data = build_lightning_workload(spec, device, trial.warnings)
     trial.show("module", module)
     trial.show("fit_data", fit_data)
@@ -563,6 +577,9 @@ def run_lightning_trial(
 ) -> TrialResult:
     """Measure `spec` under the Lightning engine (whatever `spec.engine.name` says), with the same
     failure handling and result as `gpuopt.engines.run_trial`."""
+    from gpuopt.numerics import guard_result
+
     engine = dataclasses.replace(spec.engine, name="lightning")
     spec = dataclasses.replace(spec, engine=engine)
-    return run_measured(spec, lambda: measure, device=device, inspect=inspect)
+    result = run_measured(spec, lambda: measure, device=device, inspect=inspect)
+    return guard_result(spec, device, result)
