@@ -175,3 +175,138 @@ def test_spec_defaults_keep_todays_training(compose_cfg):
     spec = _spec(compose_cfg, "loader.batch_size=32")
     assert (spec.global_batch, spec.accumulation_steps, spec.lr_scale) == (32, 1, 1.0)
     assert dataclasses.asdict(spec.guard)["enabled"] is True
+
+
+# ---- the two answers: schema rules and an end-to-end sweep --------------------------------------
+
+
+def test_same_training_preset_holds_the_baseline_batch_and_searches_its_divisors():
+    from omegaconf import OmegaConf
+
+    from gpuopt.sweeper.schema import same_training_params
+
+    config = OmegaConf.create(
+        {
+            "loader": {"batch_size": 16},
+            "train": {"global_batch": 64},
+            "optimizer": {"lr_scaling": "sqrt", "reference_batch": None},
+        }
+    )
+    preset = {"train.global_batch": "baseline", "loader.batch_size": "divisors", "x": "choice(1,2)"}
+    out = same_training_params(preset, config)
+    assert out["train.global_batch"] == "64"
+    assert out["loader.batch_size"] == "choice(1,2,4,8,16,32,64)"
+    assert out["optimizer.reference_batch"] == "64" and out["x"] == "choice(1,2)"
+    # the default preset: nothing held; the LR reference still the baseline's batch
+    plain = OmegaConf.create({"loader": {"batch_size": 32}, "optimizer": {"lr_scaling": "none"}})
+    assert same_training_params({"loader.batch_size": "choice(32,64)"}, plain) == {
+        "loader.batch_size": "choice(32,64)"
+    }
+
+
+def _frozen(number, batch, value, numerics=0.0, baseline=False):
+    import optuna
+
+    return optuna.trial.create_trial(
+        value=value,
+        params={"loader.batch_size": batch},
+        distributions={
+            "loader.batch_size": optuna.distributions.CategoricalDistribution([32, 64, 256])
+        },
+        user_attrs={
+            "baseline": baseline,
+            "config": {"loader": {"batch_size": batch}, "optimizer": {"lr": 1e-3}},
+        },
+        constraints={"oom": 0.0, "diverged": 0.0, "numerics": numerics},
+    )
+
+
+def test_same_training_classification_and_the_change_advice():
+    from gpuopt.sweeper.confirm import with_same_training_pick
+    from gpuopt.sweeper.schema import pick_same_training, same_training, training_change
+
+    trials = [
+        _frozen(0, 32, 10.0, baseline=True),
+        _frozen(1, 256, 80.0),
+        _frozen(2, 32, 30.0, numerics=1.0),
+        _frozen(3, 32, 20.0),
+    ]
+    for number, trial in enumerate(trials):
+        trial.number = number
+    base = trials[0]
+    assert [same_training(t, base) for t in trials] == [True, False, False, True]
+    assert pick_same_training(trials, base, ["maximize"], None).number == 3
+    assert training_change(base, trials[1]) == (
+        "global batch 32 -> 256 (x8): scale the learning rate and re-validate; linear rule: "
+        "lr x8, square-root rule: x2.83"
+    )
+    assert training_change(base, trials[3]) is None
+    ranked, top_k = with_same_training_pick([trials[1], trials[2], trials[3]], base, 1)
+    assert [t.number for t in ranked[:2]] == [1, 3] and top_k == 2
+
+
+@pytest.mark.slow
+def test_sweep_summary_and_report_give_both_answers_and_best_reproduces(tmp_path):
+    from tests.test_sweep_e2e import _compose, fake, load, ok, sweep_dir
+
+    proc = ok(
+        fake(
+            tmp_path,
+            "~search",
+            "hydra/launcher=basic",
+            "hydra/sweeper/sampler=grid",
+            "hydra.sweeper.device_aware=false",
+            "hydra.sweeper.n_trials=6",
+            "loader.batch_size=choice(32,256)",
+            "loader.num_workers=choice(0,1,2)",
+            "optimizer.lr_scaling=linear",
+            "hydra.sweeper.confirm.top_k=1",
+            "hydra.sweeper.confirm.rounds=2",
+            "hydra.sweeper.confirm.max_share=1.0",
+        )
+    )
+    out = proc.stdout
+    assert "two answers (same training = global batch 32" in out
+    assert "(a) same training: #" in out and "[loader.batch_size=32 loader.num_workers=2]" in out
+    assert "(b) best overall: #" in out and "global batch 32 -> 256 (x8)" in out
+    assert out.count("confirmed ") >= 2  # each answer with its own confirmation
+    folder = sweep_dir(tmp_path)
+    study = load(tmp_path, optuna_study_name(tmp_path))
+    configs = study.user_attrs["confirmation"]["configs"]
+    assert [c["same_training"] for c in configs] == [True, False, True]
+
+    # the exported configs reproduce global batch, accumulation and LR scaling
+    from omegaconf import OmegaConf
+
+    from gpuopt.config import validate
+
+    for name, batch in (("best", 256), ("best_same_training", 32)):
+        composed = _compose([f"+experiment={name}", f"hydra.searchpath=[file://{folder}]"])
+        spec = validate(OmegaConf.create(composed))
+        assert (spec.global_batch, spec.accumulation_steps) == (batch, 1)
+        assert spec.optimizer.lr_scaling == "linear" and spec.optimizer.reference_batch == 32
+        assert spec.lr_scale == pytest.approx(batch / 32)
+
+    from gpuopt.report.cli import main as report_main
+
+    assert "Two answers" in _report_text(report_main, tmp_path, study.study_name)
+
+
+def optuna_study_name(tmp_path):
+    import optuna
+
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
+    return summary.study_name
+
+
+def _report_text(report_main, tmp_path, name):
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        try:
+            report_main(["--study", name, "--storage", f"sqlite:///{tmp_path / 'gpuopt.db'}"])
+        except SystemExit as exc:
+            assert not exc.code
+    return buffer.getvalue()

@@ -43,7 +43,7 @@ from .objectives import SweepConfigError, TrialOutcome, resolve_objectives
 from .options import SweeperOptions
 from .progress import Progress
 from .record import outcome_of, record_trial
-from .schema import ATTR_BASELINE
+from .schema import ATTR_BASELINE, same_training_params
 from .search_space import (
     SearchSpace,
     build_search_space,
@@ -219,6 +219,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         self, arguments: list[str], probe: hardware.EnvProbe, device_type: str
     ) -> SearchSpace:
         preset = {str(k): str(v) for k, v in (self.params or {}).items()}
+        preset = same_training_params(preset, self.config)  # the baseline's batch (issue 13)
         extra = select_device_params(self.options.device_params, device_type)
         preset.update({k: v for k, v in extra.items() if k not in preset})
         # The stock grid config is a partial, given the grid once the space is known.
