@@ -27,6 +27,7 @@ OPTIMIZERS = ("sgd", "adamw")
 INPUT_KINDS = ("vectors", "images", "tokens", "any")
 LOSSES = ("cross_entropy", "mse")
 ENGINES = ("native", "lightning")
+LR_SCALING_RULES = ("none", "linear", "sqrt")
 # Lightning 2.x `Trainer(precision=...)` strings (engine.precision overrides the precision group).
 LIGHTNING_PRECISIONS = (
     "32-true",
@@ -114,6 +115,29 @@ class OptimizerConf:
     momentum: float = 0.9  # sgd only
     foreach: bool | None = None  # None: PyTorch's choice
     fused: bool | None = None
+    # lr x (global_batch / reference_batch) (linear) or its square root (sqrt); none: lr as given.
+    lr_scaling: str = "none"
+    # The global batch `lr` was tuned for; None: the composed global batch (the sweeper sets the
+    # baseline's for every trial).
+    reference_batch: int | None = None
+
+
+@dataclass
+class TrainConf:
+    """What one optimizer step trains on. `global_batch` samples per optimizer step, in
+    global_batch / loader.batch_size accumulated micro-batches; None: loader.batch_size."""
+
+    global_batch: int | None = None
+
+
+@dataclass
+class GuardConf:
+    """The numerics guard (gpuopt.numerics): K seeded optimizer steps on fixed batches compared
+    with an fp32 reference of the same global batch, for trials that change the math."""
+
+    enabled: bool = True
+    steps: int = 8  # K optimizer steps
+    loss_tolerance: float = 0.05  # the largest loss_drift still "the same training"
 
 
 @dataclass
@@ -175,6 +199,8 @@ class GpuoptConf:
     device: DeviceConf = field(default_factory=DeviceConf)
     measure: MeasureConf = field(default_factory=MeasureConf)
     profile: ProfileConf = field(default_factory=ProfileConf)
+    train: TrainConf = field(default_factory=TrainConf)
+    guard: GuardConf = field(default_factory=GuardConf)
     loss: str = "cross_entropy"
     seed: int = 0
     trust: list[str] = field(default_factory=list)
@@ -266,10 +292,47 @@ class TrialSpec:
     trusted_targets: tuple[str, ...]
     engine: EngineConf = field(default_factory=EngineConf)
     profile: ProfileConf = field(default_factory=ProfileConf)
+    train: TrainConf = field(default_factory=TrainConf)
+    guard: GuardConf = field(default_factory=GuardConf)
 
     @property
     def model_input(self) -> str:
         return str(self.model.get("input", "any"))
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples per forward/backward (the DataLoader's batch)."""
+        return self.loader.batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        return accumulation_steps(self.train, self.loader, self.engine)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step."""
+        return self.micro_batch * self.accumulation_steps
+
+    @property
+    def lr_scale(self) -> float:
+        """The factor `optimizer.lr_scaling` applies to `optimizer.lr` (1.0 for none)."""
+        return lr_scale(self.optimizer, self.global_batch)
+
+
+def accumulation_steps(train: TrainConf, loader: LoaderConf, engine: EngineConf) -> int:
+    """Micro-batches per optimizer step: train.global_batch / loader.batch_size, else Lightning's
+    own engine.accumulate_grad_batches (validation makes the two agree)."""
+    if train.global_batch is not None:
+        return max(1, train.global_batch // loader.batch_size)
+    return engine.accumulate_grad_batches if engine.name == "lightning" else 1
+
+
+def lr_scale(optimizer: OptimizerConf, global_batch: int) -> float:
+    """lr x (global / reference) for linear, its square root for sqrt; 1.0 without a rule or a
+    reference (a single run's reference is its own global batch)."""
+    reference = optimizer.reference_batch or global_batch
+    ratio = global_batch / reference
+    return {"linear": ratio, "sqrt": ratio**0.5}.get(optimizer.lr_scaling, 1.0)
 
 
 def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -425,6 +488,7 @@ def _check_values(cfg: DictConfig, cpus: int) -> _Checked:
         raise config_error_from_omegaconf(exc, container) from None
     _check_scalars(typed, cpus)
     _check_engine(typed.engine)
+    _check_train(typed)
     model, data = _check_workload_values(container, typed)
     if isinstance(typed.loss, str) and not typed.loss.startswith("_"):
         _check_choice("loss", typed.loss, LOSSES)
@@ -454,6 +518,8 @@ def validate(cfg: DictConfig) -> TrialSpec:
         trusted_targets=BUILTIN_TRUSTED_TARGETS + tuple(typed.trust),
         engine=typed.engine,
         profile=typed.profile,
+        train=typed.train,
+        guard=typed.guard,
     )
 
 
@@ -490,8 +556,37 @@ def _check_scalars(typed: GpuoptConf, cpus: int) -> None:
         raise ConfigError("output_dir", typed.output_dir, "a directory path")
 
 
+def _check_train(typed: GpuoptConf) -> None:
+    """train.global_batch: a multiple of the micro-batch (loader.batch_size), agreeing with
+    engine.accumulate_grad_batches when that is set too; the guard's knobs."""
+    global_batch, micro = typed.train.global_batch, typed.loader.batch_size
+    if global_batch is not None:
+        if global_batch < 1 or global_batch % micro:
+            multiples = ", ".join(str(micro * n) for n in range(1, 5))
+            raise ConfigError(
+                "train.global_batch",
+                global_batch,
+                f"null or a multiple of loader.batch_size ({micro}): {multiples}, ... "
+                "(or a loader.batch_size that divides it)",
+            )
+        accumulate = typed.engine.accumulate_grad_batches
+        if typed.engine.name == "lightning" and accumulate not in (1, global_batch // micro):
+            raise ConfigError(
+                "engine.accumulate_grad_batches",
+                accumulate,
+                f"1 or {global_batch // micro} (train.global_batch / loader.batch_size)",
+            )
+    guard = typed.guard
+    _check_min("guard.steps", guard.steps, 2, "an integer >= 2")
+    if not guard.loss_tolerance > 0:
+        raise ConfigError("guard.loss_tolerance", guard.loss_tolerance, "a relative drift > 0")
+
+
 def _check_optimizer(optimizer: OptimizerConf) -> None:
     _check_choice("optimizer.name", optimizer.name, OPTIMIZERS)
+    _check_choice("optimizer.lr_scaling", optimizer.lr_scaling, LR_SCALING_RULES)
+    if optimizer.reference_batch is not None:
+        _check_min("optimizer.reference_batch", optimizer.reference_batch, 1, "null or >= 1")
     _check_min("optimizer.lr", optimizer.lr, 0.0, "a learning rate >= 0")
     _check_min("optimizer.weight_decay", optimizer.weight_decay, 0.0, "a number >= 0")
     _check_min("optimizer.momentum", optimizer.momentum, 0.0, "a number >= 0")

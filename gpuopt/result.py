@@ -94,6 +94,14 @@ class Metrics:
     timed_steps: int | None = None
     timed_seconds: float | None = None
     stop_reason: str | None = None  # stable | budget | max_steps
+    # What one optimizer step trains on (one timed step = one optimizer step).
+    global_batch: int | None = None  # samples per optimizer step
+    micro_batch: int | None = None  # samples per forward/backward (loader.batch_size)
+    accumulation_steps: int | None = None  # micro-batches per optimizer step
+    lr_scale: float | None = None  # the factor optimizer.lr_scaling applied to optimizer.lr
+    # The numerics guard (gpuopt.numerics): the largest relative loss deviation from the fp32
+    # reference over guard.steps optimizer steps; None when the guard did not run.
+    loss_drift: float | None = None
 
 
 @dataclass
@@ -109,6 +117,8 @@ class TrialResult:
     # The profiled window's summary (gpuopt.profile.ProfileSummary.to_dict()), when profiled:
     # phases, top operators, GPU split, trace_path. None when the trial was not profiled.
     profile: dict[str, Any] | None = None
+    # The numerics guard's evidence (gpuopt.numerics.GuardEvidence as a dict); None: not run.
+    numerics: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -137,6 +147,7 @@ class TrialResult:
             env=data.get("env") or {},
             warnings=list(data.get("warnings") or []),
             profile=data.get("profile") if isinstance(data.get("profile"), dict) else None,
+            numerics=data.get("numerics"),
         )
 
     def save(self, path: str | Path) -> None:
@@ -158,6 +169,7 @@ ATTR_CONFIG = "config"  # the resolved trial config
 ATTR_WARNINGS = "warnings"
 ATTR_BASELINE = "baseline"  # True on the trial measuring the user's config as composed
 ATTR_PROFILE = "profile"  # the profiled window's summary (dict), on profiled trials only
+ATTR_NUMERICS = "numerics"  # the numerics guard's evidence (dict), absent when it did not run
 
 # Study user-attribute keys.
 STUDY_OBJECTIVES = "objectives"  # list[str] metric names, in Optuna's value order
@@ -176,4 +188,6 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
     attrs[ATTR_WARNINGS] = result.warnings
     if result.profile is not None:
         attrs[ATTR_PROFILE] = result.profile
+    if result.numerics is not None:
+        attrs[ATTR_NUMERICS] = result.numerics
     return json.loads(json.dumps(attrs, default=str))

@@ -195,7 +195,7 @@ def test_optuna_dashboard_sees_oom_as_infeasible(tmp_path):
         server.shutdown()
         server.server_close()
     constraints = {t["number"]: t["constraints"] for t in detail["trials"]}
-    assert constraints == {0: [0.0, 0.0], 1: [1.0, 0.0]}  # the dashboard's "infeasible" input
+    assert constraints == {0: [0.0, 0.0, 0.0], 1: [1.0, 0.0, 0.0]}  # the dashboard's "infeasible" input
     assert [t["number"] for t in detail["best_trials"]] == [0]
 
 

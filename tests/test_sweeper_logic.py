@@ -104,17 +104,27 @@ def _result(status: Status, **metrics: float) -> TrialResult:
             _result(Status.OK, throughput=100.0, step_time_ms=5.0),
             "ok",
             [100.0, 5.0],
-            {"oom": 0.0, "diverged": 0.0},
+            {"oom": 0.0, "diverged": 0.0, "numerics": 0.0},
         ),
-        (_result(Status.OOM), "oom", [0.0, math.inf], {"oom": 1.0, "diverged": 0.0}),
-        (_result(Status.DIVERGED), "diverged", [0.0, math.inf], {"oom": 0.0, "diverged": 1.0}),
+        (
+            _result(Status.OOM),
+            "oom",
+            [0.0, math.inf],
+            {"oom": 1.0, "diverged": 0.0, "numerics": 0.0},
+        ),
+        (
+            _result(Status.DIVERGED),
+            "diverged",
+            [0.0, math.inf],
+            {"oom": 0.0, "diverged": 1.0, "numerics": 0.0},
+        ),
         (_result(Status.ERROR), "error", None, {}),
         (_result(Status.OK, throughput=100.0), "error", None, {}),  # objective not measured
         (
             _result(Status.OK, throughput=1.0, step_time_ms=2.0).to_dict(),
             "ok",
             [1.0, 2.0],
-            {"oom": 0.0, "diverged": 0.0},
+            {"oom": 0.0, "diverged": 0.0, "numerics": 0.0},
         ),
         ([3.0, 4.0], "ok", [3.0, 4.0], {}),  # stock-style list
         ("fast", "error", None, {}),

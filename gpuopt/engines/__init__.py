@@ -67,8 +67,10 @@ def run_trial(
     for a failing workload: OOM, divergence and errors (also an engine that cannot be imported)
     come back as the result's status. `inspect(name, obj)` sees what the engine built."""
     from gpuopt.engines._common import run_measured
+    from gpuopt.numerics import guard_result
 
-    return run_measured(spec, lambda: load_engine(spec.engine.name), device, inspect)
+    result = run_measured(spec, lambda: load_engine(spec.engine.name), device, inspect)
+    return guard_result(spec, device, result)  # outside the window, the trial's memory released
 
 
 def brings_own_data(model_target: str) -> bool:

@@ -65,7 +65,7 @@ CEILING_BUDGET_SHARE = 0.25
 # ... but not before this many timed replay steps.
 CEILING_MIN_STEPS = 3
 # Batches beyond the trial's own needs in its one long epoch (a guard for off-by-one consumers).
-EPOCH_MARGIN_BATCHES = 2
+EPOCH_MARGIN_STEPS = 2
 # The worker-like loop that prices the input pipeline runs this long (at least one batch).
 LOADER_COST_BUDGET_S = 0.2
 
@@ -311,10 +311,11 @@ def compute_loss(loss_name: str, outputs: torch.Tensor, targets: torch.Tensor) -
 
 
 def build_optimizer(spec: TrialSpec, params: Any) -> torch.optim.Optimizer:
+    """The optimizer group's optimizer; its lr scaled by `optimizer.lr_scaling` (spec.lr_scale)."""
     import torch
 
     conf = spec.optimizer
-    kwargs: dict[str, Any] = {"lr": conf.lr, "weight_decay": conf.weight_decay}
+    kwargs: dict[str, Any] = {"lr": conf.lr * spec.lr_scale, "weight_decay": conf.weight_decay}
     if conf.foreach is not None:
         kwargs["foreach"] = conf.foreach
     if conf.fused is not None:
@@ -322,6 +323,13 @@ def build_optimizer(spec: TrialSpec, params: Any) -> torch.optim.Optimizer:
     if conf.name == "sgd":
         return torch.optim.SGD(params, momentum=conf.momentum, **kwargs)
     return torch.optim.AdamW(params, **kwargs)
+
+
+def record_batches(trial: Trial) -> None:
+    """What one optimizer step trains on, and the lr factor, into the trial's metrics."""
+    m, spec = trial.metrics, trial.spec
+    m.global_batch, m.micro_batch = spec.global_batch, spec.micro_batch
+    m.accumulation_steps, m.lr_scale = spec.accumulation_steps, spec.lr_scale
 
 
 def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: list[str]) -> Any:
@@ -362,9 +370,10 @@ def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: 
 
 def trial_samples(spec: TrialSpec) -> int:
     """The most samples a trial draws from its loader before the window ends: the first batch,
-    the warm-up, the window's max_steps (and a small margin)."""
-    batches = 1 + spec.measure.warmup_steps + spec.measure.max_steps + EPOCH_MARGIN_BATCHES
-    return batches * spec.loader.batch_size
+    the warm-up, the window's max_steps (and a small margin); a step is an optimizer step of
+    `global_batch` samples (accumulation_steps micro-batches)."""
+    steps = 1 + spec.measure.warmup_steps + spec.measure.max_steps + EPOCH_MARGIN_STEPS
+    return steps * spec.global_batch
 
 
 def steady_sampler(spec: TrialSpec, dataset: Any, generator: torch.Generator) -> Any:

@@ -72,6 +72,7 @@ from gpuopt.engines._common import (
     measure_epoch_boundary,
     measure_loader_cost,
     record_achievable_mfu,
+    record_batches,
     record_limit,
     record_steady_state,
     record_window,
@@ -245,7 +246,12 @@ class MeasureCallback(pl.Callback):
         # After the one-off steps (compile, eager FLOP count) their cached blocks go back.
         self.release_cache_after = self.compile_steps + (self.flop_step is not None)
         self.nonfinite = NonFiniteLoss()
-        self.steps = 0  # batches completed in this fit
+        self.steps = 0  # optimizer steps completed in this fit (batches without accumulation)
+        # With accumulation a step ends when Lightning steps the optimizer (trainer.global_step
+        # moves; also at an epoch's end with fewer micro-batches): samples count up till then.
+        self.accumulating = spec.accumulation_steps > 1
+        self._optimizer_steps = 0
+        self._pending_samples = 0
         # Filled as the fit runs.
         self.compile_time_s: float | None = None
         self.warmup_time_s: float | None = None
@@ -274,7 +280,7 @@ class MeasureCallback(pl.Callback):
             self._first_step_t0 = time.perf_counter()
             if self.keep_first_batch:
                 self.first_batch = batch  # already moved to the device by Lightning
-        if self.steps == self.flop_step:
+        if self.steps == self.flop_step and self._flop_counter is None:
             # Counts the matmul/conv/attention FLOPs of this whole step: forward and backward
             # (the optimizer's elementwise ops are not counted), on the eager module as the
             # native engine does (through a compiled step the counter would miss kernels).
@@ -293,9 +299,15 @@ class MeasureCallback(pl.Callback):
         self.nonfinite.update(_loss_of(outputs))
         if self._flop_counter is not None:
             self._end_flop_step(pl_module, batch)
+        self._pending_samples += extract_batch_size(batch)
+        if self.accumulating:
+            if trainer.global_step == self._optimizer_steps:
+                return  # a micro-batch inside the optimizer step
+            self._optimizer_steps = trainer.global_step
+        samples, self._pending_samples = self._pending_samples, 0
         self.steps += 1
         if self._window_t0 and self.window is None:
-            self._timed_step(trainer, batch)
+            self._timed_step(trainer, samples)
             return
         if self.steps == self.release_cache_after:
             self.memory.release_cache()
@@ -345,10 +357,10 @@ class MeasureCallback(pl.Callback):
         self._first_step_at = time.time()
         self._window_t0 = time.perf_counter()
 
-    def _timed_step(self, trainer: pl.Trainer, batch: Any) -> None:
+    def _timed_step(self, trainer: pl.Trainer, samples: int) -> None:
         self.clock.mark()
         self.timed_steps += 1
-        self.timed_samples += extract_batch_size(batch)
+        self.timed_samples += samples
         self.cache_policy.after_step(self.timed_steps - 1)
         elapsed = time.perf_counter() - self._window_t0
         rule = self.rule
@@ -492,7 +504,8 @@ def make_trainer(
         strategy=spec.engine.strategy,
         precision=lightning_precision(spec),  # type: ignore[arg-type]
         benchmark=bool(spec.cache.cudnn_benchmark),
-        accumulate_grad_batches=spec.engine.accumulate_grad_batches,
+        # Lightning divides each micro-batch loss by this count itself.
+        accumulate_grad_batches=spec.accumulation_steps,
         gradient_clip_val=spec.engine.gradient_clip_val,
         # The callback ends the fit (trainer.should_stop); epochs restart the loader as needed.
         max_epochs=-1,
@@ -554,6 +567,7 @@ def measure(trial: Trial, process_t0: float) -> None:
     # Process-wide settings, float32 matmul precision (TF32 on/off) included. Lightning's precision
     # plugin does the autocast and the fp16 GradScaler: the precision policy is not used here.
     cache_policy = apply_policies(spec, device).cache
+    record_batches(trial)
     module, fit_data = build_lightning_workload(spec, device, trial.warnings)
     trial.show("module", module)
     trial.show("fit_data", fit_data)
@@ -657,6 +671,9 @@ def run_lightning_trial(
 ) -> TrialResult:
     """Measure `spec` under the Lightning engine (whatever `spec.engine.name` says), with the same
     failure handling and result as `gpuopt.engines.run_trial`."""
+    from gpuopt.numerics import guard_result
+
     engine = dataclasses.replace(spec.engine, name="lightning")
     spec = dataclasses.replace(spec, engine=engine)
-    return run_measured(spec, lambda: measure, device=device, inspect=inspect)
+    result = run_measured(spec, lambda: measure, device=device, inspect=inspect)
+    return guard_result(spec, device, result)

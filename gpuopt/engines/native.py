@@ -2,7 +2,10 @@
 describes (the workload contract: `gpuopt.engines._common`).
 
 The step is the standard one: forward (under autocast for fp16/bf16), loss, backward (through a
-GradScaler for fp16), optimizer step, zero_grad(set_to_none=True).
+GradScaler for fp16), optimizer step, zero_grad(set_to_none=True). With `train.global_batch` set,
+one step is `accumulation_steps` micro-batches of forward/backward, each loss divided by that count
+(the built-in losses are means over equal micro-batches, so the accumulated gradient is the full
+batch's mean gradient), then one optimizer step: a timed step is an optimizer step.
 
 Order of work, each part timed apart: build -> FLOP count (one step, outside the window) -> first
 step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on;
@@ -14,7 +17,7 @@ the machine's limit -> the measured matmul peak (cached).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,7 @@ from gpuopt.engines._common import (
     measure_epoch_boundary,
     measure_loader_cost,
     record_achievable_mfu,
+    record_batches,
     record_limit,
     record_steady_state,
     record_window,
@@ -61,6 +65,7 @@ class Workload:
     device: torch.device
     channels_last: bool
     non_blocking: bool
+    accumulation_steps: int = 1  # micro-batches per optimizer step
     nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
 
     def to_device(self, inputs: torch.Tensor, targets: torch.Tensor) -> Batch:
@@ -72,15 +77,23 @@ class Workload:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         return inputs, targets
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward_backward(
+        self, inputs: torch.Tensor, targets: torch.Tensor, share: float = 1.0
+    ) -> torch.Tensor:
+        """Forward and backward of one (micro-)batch; `share` scales the loss (1/accumulation)."""
         with self.precision.autocast():
             loss = compute_loss(self.loss_name, self.forward(inputs), targets)
+        scaled = loss * share if share != 1.0 else loss
         scaler = self.precision.scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
         return loss
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        loss = self.forward_backward(inputs, targets)
+    def train_step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """One optimizer step over `micro_batches` (accumulation_steps of them); returns the step's
+        loss (the mean of the micro-batch losses: the full batch's loss), on the device."""
+        share = 1.0 / len(micro_batches)
+        losses = [self.forward_backward(x, y, share) for x, y in micro_batches]
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         scaler = self.precision.scaler
         if scaler is not None:
             # GradScaler.step reads found_inf on the host: a CPU-GPU sync point per step, the
@@ -91,6 +104,7 @@ class Workload:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite.update(loss)
+        return loss
 
     def check_finite(self, phase: str) -> None:
         self.nonfinite.check(phase)
@@ -128,6 +142,10 @@ class BatchFeed:
         self.wait.copy_ended()
         return batch
 
+    def next_step(self) -> list[Batch]:
+        """The micro-batches of one optimizer step."""
+        return [self.next() for _ in range(self.workload.accumulation_steps)]
+
     def close(self) -> None:
         """Stop the worker processes (they would compete with the ceiling measurement)."""
         iterator, self.iterator = self.iterator, None
@@ -162,6 +180,7 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
         device=device,
         channels_last=channels_last,
         non_blocking=spec.loader.non_blocking,
+        accumulation_steps=spec.accumulation_steps,
     )
     feed = BatchFeed(loader, workload)
     trial.resources += [workload, feed]
@@ -172,8 +191,9 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
 
 
 def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
-    """flops_per_sample from one forward+backward of the eager module (outside the window), and
-    the notes its MFU must be read with (HFU, fp32 attention on tensor cores)."""
+    """flops_per_sample from one forward+backward of the eager module on one micro-batch
+    (outside the window), and the notes its MFU must be read with (fp32 attention on tensor
+    cores)."""
     eager, workload.forward = workload.forward, workload.model
 
     def forward_backward() -> None:
@@ -192,7 +212,11 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
 
 
 def warm_up(
-    trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batch, memory: MemoryBaseline
+    trial: Trial,
+    workload: Workload,
+    feed: BatchFeed,
+    first_step: list[Batch],
+    memory: MemoryBaseline,
 ) -> None:
     """compile_time_s (the first step through torch.compile), then the warm-up steps (after the
     blocks the FLOP-count and compile steps left cached went back: `MemoryBaseline`)."""
@@ -201,14 +225,14 @@ def warm_up(
     m.compile_time_s = 0.0
     if trial.spec.compile.mode != "off":
         started = time.perf_counter()
-        workload.train_step(*first_batch)
+        workload.train_step(first_step)
         synchronize(device)
         m.compile_time_s = time.perf_counter() - started
     memory.release_cache()
 
     started = time.perf_counter()
     for _ in range(trial.spec.measure.warmup_steps):
-        workload.train_step(*feed.next())
+        workload.train_step(feed.next_step())
     synchronize(device)
     m.warmup_time_s = time.perf_counter() - started
     workload.check_finite("warm-up")
@@ -227,7 +251,7 @@ def timed_window(
     monitors = WindowMonitors(device, spec.measure.nvml_interval_s, trial.warnings)
 
     def step(index: int) -> None:
-        workload.train_step(*feed.next())
+        workload.train_step(feed.next_step())
         cache_policy.after_step(index)
 
     rule = StopRule.from_measure(spec.measure)
@@ -242,7 +266,7 @@ def timed_window(
     record_window(
         trial.metrics,
         window,
-        window.steps * spec.loader.batch_size,
+        window.steps * spec.global_batch,
         feed.wait.totals(),
         device,
         nvml,
@@ -269,14 +293,14 @@ def beside_window(
 
 
 def compute_ceiling(
-    trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch
+    trial: Trial, workload: Workload, feed: BatchFeed, first_step: list[Batch]
 ) -> CeilingReplay:
-    """The same step on one batch already on the device, no loader: the most this step can do."""
+    """The same step on batches already on the device, no loader: the most this step can do."""
     feed.close()
-    batch_size = trial.spec.loader.batch_size
+    batch_size = trial.spec.global_batch
 
     def replay() -> int:
-        workload.train_step(*batch)
+        workload.train_step(first_step)
         return batch_size
 
     ceiling = CeilingReplay.for_trial(trial.spec, trial.device)
@@ -299,7 +323,7 @@ def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
         Annotation(workload.optimizer, "step", "optimizer"),
     ]
     summary = run_profiled_window(
-        lambda: workload.train_step(*feed.next()), phases, trial.device, trial.spec.profile
+        lambda: workload.train_step(feed.next_step()), phases, trial.device, trial.spec.profile
     )
     trial.profile = summary.to_dict()
     workload.check_finite("the profiled window")
@@ -312,10 +336,11 @@ def measure(trial: Trial, process_t0: float) -> None:
     trial_policies = apply_policies(trial.spec, trial.device)
     workload, feed = build(trial, trial_policies)
 
-    first_batch = feed.next()
+    record_batches(trial)
+    first_step = feed.next_step()
     if trial.spec.measure.count_flops:
-        count_flops(trial, workload, first_batch)
-    warm_up(trial, workload, feed, first_batch, memory)
+        count_flops(trial, workload, first_step[0])
+    warm_up(trial, workload, feed, first_step, memory)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
     window_fetch_s = feed.wait.fetch_s  # the window's, before the profiled steps fetch more
     if trial.spec.profile.enabled:  # before the epoch boundary and ceiling stop the loader
@@ -324,7 +349,7 @@ def measure(trial: Trial, process_t0: float) -> None:
     record_steady_state(trial.metrics, boundary)
     ceiling = None
     if trial.spec.measure.ceiling:
-        ceiling = compute_ceiling(trial, workload, feed, first_batch)
+        ceiling = compute_ceiling(trial, workload, feed, first_step)
     record_limit(trial.metrics, trial.device, loader_cost, ceiling)
     if trial.spec.measure.peak_probe:
         record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)

@@ -25,7 +25,16 @@ from gpuopt.result import (
     STUDY_OBJECTIVES,
 )
 from gpuopt.secrets import mask_secrets
-from gpuopt.sweeper.schema import feasible, feasible_trials, pick_baseline, pick_best, trial_status
+from gpuopt.sweeper.schema import (
+    feasible,
+    feasible_trials,
+    global_batch_of,
+    pick_baseline,
+    pick_best,
+    pick_same_training,
+    training_change,
+    trial_status,
+)
 
 # Status columns, in display order; other statuses (void, interrupted, pruned, waiting: see
 # gpuopt.sweeper.schema.trial_status) are shown only when present.
@@ -129,6 +138,11 @@ class StudyReport:
         default_factory=dict
     )  # objective -> param -> share
     importance_note: str | None = None
+    # The two answers (gpuopt.sweeper.schema): the best that keeps the baseline's training math,
+    # and what the best overall changes in the training (None: it keeps it).
+    same_training: TrialView | None = None
+    training_change: str | None = None
+    global_batch: int | None = None  # the baseline's
 
     @property
     def multi_objective(self) -> bool:
@@ -332,6 +346,9 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
             speedup = best_tp / base_tp
 
     changes, reverted, config_changes = _changes(baseline, best)
+    same = pick_same_training(
+        pool, base_trial, directions, confirmation if isinstance(confirmation, dict) else None
+    )
 
     ok_numbers = {v.number for v in views if v.status == "ok"}
     importances, note = param_importances(
@@ -356,4 +373,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         config_changes=config_changes,
         importances=importances,
         importance_note=note,
+        same_training=by_number[same.number] if same is not None else None,
+        training_change=training_change(base_trial, picked),
+        global_batch=global_batch_of(base_trial) if base_trial is not None else None,
     )

@@ -230,6 +230,53 @@ def confirmation_lines(report: StudyReport) -> list[str]:
     return lines
 
 
+def _confirmed(report: StudyReport, trial: TrialView) -> str:
+    if report.baseline is not None and trial.number == report.baseline.number:
+        return "the baseline itself: nothing faster keeps the training"
+    confirmation = report.confirmation if isinstance(report.confirmation, dict) else {}
+    for entry in confirmation.get("comparisons") or []:
+        if entry.get("trial_number") == trial.number:
+            return f"confirmed {ci_text(entry)}"
+    return "not confirmed (one measurement)"
+
+
+def two_answers_lines(report: StudyReport) -> list[str]:
+    """(a) the best that keeps the baseline's training math, (b) the best overall and what it
+    changes in the training, each with its confirmation; the LR scaling the best applied."""
+    best, same = report.best, report.same_training
+    if best is None or report.baseline is None:
+        return []
+    held = f"global batch {report.global_batch}" if report.global_batch else "the same batch"
+    lines = [f"[bold]Two answers[/] (same training = {held}, same lr, numerics within tolerance):"]
+    if same is None:
+        lines.append("  (a) same training: no feasible trial keeps the baseline's training")
+    else:
+        lines.append(
+            f"  (a) same training: trial #{same.number} ({escape(_values_text(report, same))}): "
+            f"{escape(_confirmed(report, same))}"
+        )
+    if same is not None and same.number == best.number:
+        lines.append("  (b) best overall: the same trial (it keeps the training)")
+    else:
+        lines.append(
+            f"  (b) best overall: trial #{best.number} ({escape(_values_text(report, best))}): "
+            f"{escape(_confirmed(report, best))}"
+        )
+        if report.training_change:
+            lines.append(f"      [yellow]changes the training: {escape(report.training_change)}[/]")
+    optimizer = best.config.get("optimizer") or {}
+    if optimizer.get("lr_scaling") not in (None, "none"):
+        lines.append(
+            f"  LR scaling ({optimizer['lr_scaling']}, reference batch "
+            f"{optimizer.get('reference_batch')}): lr x{best.metric('lr_scale') or 1.0:.3g} in "
+            f"trial #{best.number}"
+        )
+    drift = best.metric("loss_drift")
+    if drift is not None:
+        lines.append(f"  numerics guard: loss_drift {drift:.3g} for trial #{best.number}")
+    return lines
+
+
 def pareto_table(report: StudyReport) -> Table:
     table = Table(title=f"Pareto front ({len(report.pareto)} trials)", title_justify="left")
     table.add_column("#", justify="right")
@@ -389,6 +436,8 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
         return
     console.print(comparison_table(report))
     for line in speedup_lines(report):
+        console.print(line)
+    for line in two_answers_lines(report):
         console.print(line)
     if report.multi_objective:
         console.print(pareto_table(report))

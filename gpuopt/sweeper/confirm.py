@@ -39,6 +39,7 @@ from .schema import (
     STUDY_OBJECTIVES,
     feasible_trials,
     plain_names,
+    same_training,
     winner,
 )
 
@@ -151,6 +152,7 @@ class ConfirmedConfig:
     sweep_values: list[float]  # first-objective values of the study's trials with these params
     confirm_values: list[float] = field(default_factory=list)
     confirm_statuses: list[str] = field(default_factory=list)
+    same_training: bool = False  # keeps the baseline's training math (schema.same_training)
 
 
 KEEP_BASELINE = "no candidate is measurably faster than the baseline: keep your configuration"
@@ -228,6 +230,16 @@ def candidates(
     return baseline, chosen, feasible
 
 
+def with_same_training_pick(ranked: list[Any], baseline: Any, top_k: int) -> tuple[list[Any], int]:
+    """Both answers get their own confirmation: when the best same-training candidate is not in
+    the top k, it goes second (top_k at least 2), after the best overall."""
+    same = [t for t in ranked if same_training(t, baseline)]
+    if not same or same[0] in ranked[:top_k] or not ranked:
+        return ranked, top_k
+    rest = [t for t in ranked if t is not same[0]]
+    return [rest[0], same[0], *rest[1:]], max(top_k, 2)
+
+
 def run(
     study: Any,
     *,
@@ -254,6 +266,7 @@ def run(
     baseline, ranked, feasible = candidates(all_trials, directions)
     if baseline is None:
         return None
+    ranked, top_k = with_same_training_pick(ranked, baseline, top_k)
     confirm_plan = plan(top_k, rounds, max_share, n_trials, len(ranked))
     if confirm_plan is None:
         if rounds > 0 and ranked:
@@ -274,6 +287,7 @@ def run(
             params=dict(t.params),
             overrides=list(t.user_attrs.get(ATTR_OVERRIDES) or []),
             sweep_values=[s.values[0] for s in feasible if _key(s.params) == _key(t.params)],
+            same_training=same_training(t, baseline),
         )
         for i, t in enumerate([baseline, *ranked[: confirm_plan.top_k]])
     ]

@@ -46,7 +46,13 @@ from .objectives import SweepConfigError, TrialOutcome, resolve_objectives
 from .options import SweeperOptions
 from .progress import Progress
 from .record import outcome_of, record_trial
-from .schema import ATTR_BASELINE, ATTR_WARNINGS, CONFIRM_CLAIM_ATTR, STUDY_OBJECTIVES
+from .schema import (
+    ATTR_BASELINE,
+    ATTR_WARNINGS,
+    CONFIRM_CLAIM_ATTR,
+    STUDY_OBJECTIVES,
+    same_training_params,
+)
 from .schema import plain_names as schema_plain_names
 from .search_space import (
     SearchSpace,
@@ -302,6 +308,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         self, arguments: list[str], probe: hardware.EnvProbe, device_type: str
     ) -> SearchSpace:
         preset = {str(k): str(v) for k, v in (self.params or {}).items()}
+        preset = same_training_params(preset, self.config)  # the baseline's batch (issue 13)
         extra = select_device_params(self.options.device_params, device_type)
         preset.update({k: v for k, v in extra.items() if k not in preset})
         # The stock grid config is a partial, given the grid once the space is known.

@@ -18,7 +18,10 @@ from gpuopt.result import METRIC_GOALS, Status, TrialResult, result_user_attrs
 DEFAULT_OBJECTIVES = ("throughput", "utilization")
 DIRECTIONS = ("minimize", "maximize")
 # Constraint keys set on every COMPLETE gpuopt trial: 1.0 when the trial hit it (infeasible), else 0.
-CONSTRAINT_KEYS = (Status.OOM.value, Status.DIVERGED.value)
+# `numerics`: an ok trial whose numerics guard found the loss drifting from the fp32 reference
+# (gpuopt.numerics; the evidence is the trial's `numerics` user attr).
+NUMERICS_CONSTRAINT = "numerics"
+CONSTRAINT_KEYS = (Status.OOM.value, Status.DIVERGED.value, NUMERICS_CONSTRAINT)
 
 
 class SweepConfigError(ValueError):
@@ -171,12 +174,10 @@ def _outcome_from_result(
                 )
                 return TrialOutcome(status=Status.ERROR.value, values=None, user_attrs=attrs)
             values.append(float(metric))
-        return TrialOutcome(
-            status=status,
-            values=values,
-            constraints={k: 0.0 for k in CONSTRAINT_KEYS},
-            user_attrs=attrs,
-        )
+        constraints = {k: 0.0 for k in CONSTRAINT_KEYS}
+        if result.numerics is not None and result.numerics.get("passed") is False:
+            constraints[NUMERICS_CONSTRAINT] = 1.0  # measured, but not the same training
+        return TrialOutcome(status=status, values=values, constraints=constraints, user_attrs=attrs)
     # oom / diverged: a region of the space that does not work, told as data.
     constraints = {k: (1.0 if k == status else 0.0) for k in CONSTRAINT_KEYS}
     return TrialOutcome(

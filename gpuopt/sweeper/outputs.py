@@ -3,6 +3,8 @@
 - optimization_results.yaml: hydra-optuna-sweeper's file (best params and value, or the Pareto
   solutions), plus gpuopt's keys (study, storage, objectives, best trial);
 - experiment/best.yaml: the best trial as a Hydra experiment config that reproduces it;
+- experiment/best_same_training.yaml: the best trial that keeps the baseline's training math
+  (schema.pick_same_training), when it differs from the baseline;
 - summary.txt: the summary printed at the end (baseline, best, confirmation, how to review).
 
 The best trial is schema.pick_best's, as in the report.
@@ -24,11 +26,14 @@ from .schema import (
     ATTR_OVERRIDES,
     feasible,
     feasible_trials,
+    global_batch_of,
     pick_baseline,
     pick_best,
+    pick_same_training,
     status_counts,
+    training_change,
 )
-from .summary import render
+from .summary import answers_lines, render
 
 INFEASIBLE_NOTE = (
     "infeasible trials (oom/diverged) are kept in the study with constraints > 0: samplers avoid "
@@ -74,6 +79,19 @@ def write_outputs(
 
     write_results(sweep, [best] if best is not None and len(sweep.directions) < 2 else pareto, best)
     best_yaml = write_best_config(sweep, best) if best is not None else None
+    same = pick_same_training(pool, baseline, sweep.directions, confirmation)
+    answers = answers_lines(
+        sweep.names,
+        baseline,
+        best,
+        same,
+        training_change(baseline, best),
+        confirmation,
+        global_batch_of(baseline) if baseline is not None else None,
+    )
+    if same is not None and baseline is not None and same.number != baseline.number:
+        same_yaml = write_best_config(sweep, same, "best_same_training")
+        answers.append(f"same-training config: {same_yaml} (+experiment=best_same_training)")
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
     interfered = interference.summary_note(all_trials)
     if interfered:
@@ -93,6 +111,7 @@ def write_outputs(
         elapsed_s=elapsed_s,
         notes=notes,
         best_pending=best_pending,
+        answers=answers,
     )
     (sweep.sweep_dir / "summary.txt").write_text(text + "\n")
     return text
@@ -117,14 +136,35 @@ def write_results(sweep: SweepIdentity, ranked: list[Any], best: Any | None) -> 
     )
 
 
-def write_best_config(sweep: SweepIdentity, best: Any) -> str:
-    """experiment/best.yaml; returns its path."""
+def training_notes(trial: Any) -> list[str]:
+    """What the trial's training is: global batch, accumulation, LR scaling (best.yaml's header)."""
+    config = trial.user_attrs.get("config") or {}
+    optimizer = config.get("optimizer") or {}
+    attrs = trial.user_attrs
+    notes = []
+    if attrs.get("global_batch"):
+        notes.append(
+            f"Training: global batch {attrs['global_batch']} = micro-batch "
+            f"{attrs.get('micro_batch')} x {attrs.get('accumulation_steps')} accumulation step(s)"
+        )
+    rule = optimizer.get("lr_scaling")
+    if rule and rule != "none":
+        notes.append(
+            f"LR scaling: {rule} relative to batch {optimizer.get('reference_batch')}: "
+            f"lr {optimizer.get('lr')} x{attrs.get('lr_scale') or 1.0:.3g}"
+        )
+    return notes
+
+
+def write_best_config(sweep: SweepIdentity, best: Any, name: str = "best") -> str:
+    """experiment/<name>.yaml; returns its path."""
     body, skipped = overrides_to_experiment(best.user_attrs.get(ATTR_OVERRIDES) or [], sweep.groups)
     values = ", ".join(f"{n}={v:.4g}" for n, v in zip(sweep.names, best.values, strict=False))
     header = [
         f"Best configuration of study {sweep.study_name} (trial #{best.number}): {values}",
-        f"Reproduce: {sweep.app_command} --config-dir {sweep.sweep_dir} +experiment=best",
+        f"Reproduce: {sweep.app_command} --config-dir {sweep.sweep_dir} +experiment={name}",
+        *training_notes(best),
     ]
     if skipped:
         header.append(f"Not expressible here (apply by hand): {' '.join(skipped)}")
-    return str(write_experiment(sweep.sweep_dir / "experiment" / "best.yaml", body, header))
+    return str(write_experiment(sweep.sweep_dir / "experiment" / f"{name}.yaml", body, header))

@@ -97,7 +97,7 @@ def record_trial(
     attrs.setdefault(ATTR_STATUS, outcome.status)
     set_user_attrs(storage_of(study), trial_id(trial), attrs)
     if not outcome.failed and outcome.constraints:
-        # The list under Optuna's `constraints` key, in CONSTRAINT_KEYS order (oom, diverged): what
+        # The list under Optuna's `constraints` key, in CONSTRAINT_KEYS order (oom, diverged, numerics): what
         # Optuna's constraints_func machinery writes, read by its samplers and optuna-dashboard.
         storage_of(study).set_trial_system_attr(
             trial_id(trial), constraints_key(), list(outcome.constraints.values())

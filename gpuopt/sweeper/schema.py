@@ -8,12 +8,17 @@ and the report.
 - `feasible` / `feasible_trials`: COMPLETE, with values, and no constraint violated (oom/diverged
   trials are COMPLETE with constraint 1.0, so samplers learn the region; they are never "best").
 - `pick_baseline` / `pick_best`: which trial is the baseline and which the best.
+- `same_training` / `pick_same_training` / `training_change`: the two answers of every sweep, the
+  best that keeps the baseline's training math (same global batch and learning rate, numerics
+  within tolerance) and the best overall with what it changes (issue 13); `same_training_params`:
+  the preset markers of `search=same_training` and the baseline's batch as the LR reference.
 
 Torch-free and light (optuna only): the sweeping process and the report both import it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,11 +88,17 @@ __all__ = [
     "VOID_ATTR",
     "feasible",
     "feasible_trials",
+    "global_batch_of",
     "leading_trial",
     "pick_baseline",
     "pick_best",
+    "pick_same_training",
     "plain_names",
+    "same_training",
+    "same_training_params",
+    "same_training_winner",
     "status_counts",
+    "training_change",
     "trial_status",
     "winner",
 ]
@@ -191,3 +202,134 @@ def winner(record: dict[str, Any]) -> int | None:
     if not faster:
         return configs[0].get("trial_number")
     return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")
+
+
+# ---- same training: the baseline's training math (issue 13) -------------------------------------
+NUMERICS_CONSTRAINT = "numerics"  # gpuopt.sweeper.objectives: the numerics guard's verdict
+# search=same_training's params: held at the composed config's global batch, and its divisors.
+HOLD_BASELINE = "baseline"
+DIVISORS = "divisors"
+MAX_DIVISORS = 8  # the largest divisors only: tiny micro-batches are never the fast choice
+
+
+def _config_of(trial: FrozenTrial) -> dict[str, Any]:
+    config = trial.user_attrs.get(ATTR_CONFIG)
+    return config if isinstance(config, dict) else {}
+
+
+def global_batch_of(trial: FrozenTrial) -> int | None:
+    """Samples per optimizer step: the trial's metric, else from its resolved config."""
+    value = trial.user_attrs.get("global_batch")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    config = _config_of(trial)
+    declared = (config.get("train") or {}).get("global_batch")
+    batch = declared or (config.get("loader") or {}).get("batch_size")
+    return int(batch) if isinstance(batch, int | float) else None
+
+
+def _effective_lr(trial: FrozenTrial) -> float | None:
+    lr = (_config_of(trial).get("optimizer") or {}).get("lr")
+    scale = trial.user_attrs.get("lr_scale")
+    if not isinstance(lr, int | float):
+        return None
+    return float(lr) * (float(scale) if isinstance(scale, int | float) else 1.0)
+
+
+def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
+    """Whether `trial` trains what the baseline trains: the same global batch and effective
+    learning rate, and no numerics violation (the guard's drift within tolerance)."""
+    if baseline is None:
+        return False
+    if trial.number == baseline.number:
+        return True
+    if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
+        return False
+    return global_batch_of(trial) == global_batch_of(baseline) and math.isclose(
+        _effective_lr(trial) or 0.0, _effective_lr(baseline) or 0.0
+    )
+
+
+def same_training_winner(record: dict[str, Any]) -> int | None:
+    """The confirmed same-training pick of a confirmation record: the fastest measurably faster
+    candidate flagged same_training, else the baseline; None for a record without the flags."""
+    configs = record.get("configs") or []
+    if not configs or "same_training" not in configs[0]:
+        return None
+    same = {c.get("trial_number") for c in configs[1:] if c.get("same_training")}
+    faster = [
+        entry
+        for entry in record.get("comparisons") or []
+        if entry.get("trial_number") in same
+        and (entry.get("ratio") or 0.0) > 1.0
+        and entry.get("distinguishable") is not False
+    ]
+    if not faster:
+        return configs[0].get("trial_number")
+    return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")
+
+
+def pick_same_training(
+    feasible_pool: Sequence[FrozenTrial],
+    baseline: FrozenTrial | None,
+    directions: Sequence[str],
+    confirmation: dict[str, Any] | None,
+) -> FrozenTrial | None:
+    """The best trial that keeps the baseline's training math: the confirmed one when the
+    confirmation round flagged same-training candidates, else the best first objective."""
+    pool = [t for t in feasible_pool if same_training(t, baseline)]
+    if not pool:
+        return None
+    number = same_training_winner(confirmation) if confirmation else None
+    match = next((t for t in pool if t.number == number), None)
+    if match is not None:
+        return match
+    sign = 1 if directions[0] == "maximize" else -1
+    return max(pool, key=lambda t: sign * t.values[0])
+
+
+def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> str | None:
+    """What `trial` changes in the training relative to the baseline, as advice; None when it
+    keeps the training (or either is missing)."""
+    if baseline is None or trial is None or same_training(trial, baseline):
+        return None
+    if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
+        return "numerics drift from the fp32 reference over the tolerance: not the same training"
+    before, after = global_batch_of(baseline), global_batch_of(trial)
+    if not before or not after or before == after:
+        return "learning rate differs from the baseline's: re-validate"
+    ratio = after / before
+    scale = trial.user_attrs.get("lr_scale")
+    if isinstance(scale, int | float) and not math.isclose(scale, 1.0):
+        return (
+            f"global batch {before} -> {after} (x{ratio:.3g}), learning rate scaled x{scale:.3g} "
+            "(optimizer.lr_scaling): re-validate"
+        )
+    return (
+        f"global batch {before} -> {after} (x{ratio:.3g}): scale the learning rate and "
+        f"re-validate; linear rule: lr x{ratio:.3g}, square-root rule: x{math.sqrt(ratio):.3g}"
+    )
+
+
+def same_training_params(preset: dict[str, str], config: Any) -> dict[str, str]:
+    """The preset with its same-training markers resolved against the composed config (the
+    baseline): `train.global_batch: baseline` -> its global batch, `loader.batch_size: divisors`
+    -> a choice of that batch's divisors; and, with optimizer.lr_scaling on and no
+    optimizer.reference_batch, the baseline's global batch as every trial's reference."""
+    from omegaconf import OmegaConf
+
+    micro = OmegaConf.select(config, "loader.batch_size", default=None)
+    held = OmegaConf.select(config, "train.global_batch", default=None) or micro
+    out = dict(preset)
+    if held is None:
+        return out
+    if out.get("train.global_batch") == HOLD_BASELINE:
+        out["train.global_batch"] = str(held)
+    if out.get("loader.batch_size") == DIVISORS:
+        divisors = [d for d in range(1, int(held) + 1) if int(held) % d == 0][-MAX_DIVISORS:]
+        out["loader.batch_size"] = f"choice({','.join(map(str, divisors))})"
+    rule = OmegaConf.select(config, "optimizer.lr_scaling", default="none")
+    reference = OmegaConf.select(config, "optimizer.reference_batch", default=None)
+    if rule not in (None, "none") and reference is None:
+        out.setdefault("optimizer.reference_batch", str(held))
+    return out

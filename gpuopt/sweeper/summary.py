@@ -60,6 +60,7 @@ def render(
     elapsed_s: float,
     notes: Sequence[str] = (),
     best_pending: str | None = None,
+    answers: Sequence[str] = (),
 ) -> str:
     lines = [
         "",
@@ -88,6 +89,7 @@ def render(
             f"best: pending: {best_pending}" if best_pending else "best: no feasible trial"
         )
     lines.extend(_comparison_lines(confirmation, baseline, best, names, directions))
+    lines.extend(answers)
     if len(names) > 1 and pareto:
         lines.append(f"Pareto front ({len(pareto)} trial(s)):")
         for t in list(pareto)[:10]:
@@ -146,4 +148,47 @@ def _comparison_lines(
             lines.append(
                 f"speedup over baseline ({names[first]}): {ratio:.3f}x (single measurements, no confirmation round)"
             )
+    return lines
+
+
+def _confirmed_text(confirmation: dict[str, Any] | None, trial: Any, baseline: Any) -> str:
+    if baseline is not None and trial.number == baseline.number:
+        return "the baseline itself"
+    for entry in (confirmation or {}).get("comparisons") or []:
+        if entry.get("trial_number") == trial.number:
+            return f"confirmed {ci_text(entry)}"
+    return "not confirmed (single measurement)"
+
+
+def answers_lines(
+    names: Sequence[str],
+    baseline: Any | None,
+    best: Any | None,
+    same: Any | None,
+    change: str | None,
+    confirmation: dict[str, Any] | None,
+    global_batch: int | None,
+) -> list[str]:
+    """The two answers (issue 13): (a) the best that keeps the baseline's training math, (b) the
+    best overall with what it changes; each with its own confirmation."""
+    if baseline is None or best is None:
+        return []
+    held = f"global batch {global_batch}" if global_batch else "the baseline's global batch"
+    lines = [f"two answers (same training = {held}, same lr, numerics within tolerance):"]
+    if same is None:
+        lines.append("  (a) same training: no feasible trial keeps the baseline's training")
+    else:
+        lines.append(
+            f"  (a) same training: #{same.number} {values_text(names, same.values)}  "
+            f"[{param_text(same.params)}]: {_confirmed_text(confirmation, same, baseline)}"
+        )
+    if same is not None and best.number == same.number:
+        lines.append("  (b) best overall: the same trial (it keeps the training)")
+    else:
+        lines.append(
+            f"  (b) best overall: #{best.number} {values_text(names, best.values)}  "
+            f"[{param_text(best.params)}]: {_confirmed_text(confirmation, best, baseline)}"
+        )
+        if change:
+            lines.append(f"      changes the training: {change}")
     return lines

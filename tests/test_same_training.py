@@ -1,0 +1,312 @@
+"""Same training, faster: global batch and gradient accumulation, learning-rate scaling.
+
+The accumulation proof: micro-batch 64 x 4 accumulated and batch 256 x 1 give the same parameters
+after an optimizer step (fp32, float tolerance) in both engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpuopt.config import ConfigError, check_composed, validate
+from gpuopt.engines import run_trial
+from gpuopt.engines._common import Trial, apply_policies, build_optimizer
+from gpuopt.engines.native import build
+from gpuopt.result import Status
+from tests.conftest import TINY_TRIAL
+
+# A small MLP on the learnable synthetic vectors, SGD with momentum (its update is linear in the
+# gradient: equal gradients give equal parameters to float rounding).
+SMALL = [
+    "model.width=32",
+    "model.depth=1",
+    "model.input_shape=[16]",
+    "data.size=512",
+    "data.sample_cost=0",
+    "optimizer=sgd",
+    "optimizer.lr=0.1",
+    "device=cpu",
+    "device.num_threads=1",
+]
+
+
+def _spec(compose_cfg, *overrides):
+    return validate(compose_cfg(*SMALL, *overrides))
+
+
+def _params_after_native_steps(spec, steps=2):
+    device = torch.device("cpu")
+    trial = Trial(spec, device)
+    workload, feed = build(trial, apply_policies(spec, device))
+    for _ in range(steps):
+        workload.train_step(feed.next_step())
+    feed.close()
+    return [p.detach().clone() for p in workload.model.parameters()]
+
+
+def test_accumulated_micro_batches_give_the_full_batch_step_native(compose_cfg):
+    full = _spec(compose_cfg, "loader.batch_size=256")
+    split = _spec(compose_cfg, "loader.batch_size=64", "train.global_batch=256")
+    assert (split.micro_batch, split.accumulation_steps, split.global_batch) == (64, 4, 256)
+    assert (full.micro_batch, full.accumulation_steps, full.global_batch) == (256, 1, 256)
+    initial = _params_after_native_steps(full, steps=0)
+    after_full, after_split = _params_after_native_steps(full), _params_after_native_steps(split)
+    assert any(not torch.equal(a, b) for a, b in zip(initial, after_full, strict=True))
+    for a, b in zip(after_full, after_split, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # Not accumulating (64 per optimizer step) is a different training: the test can tell.
+    unscaled = _params_after_native_steps(_spec(compose_cfg, "loader.batch_size=64"))
+    assert any(
+        not torch.allclose(a, b, atol=1e-4) for a, b in zip(after_full, unscaled, strict=True)
+    )
+
+
+class _StopAfterOptimizerSteps:
+    """A Lightning callback: stop the fit after `steps` optimizer steps."""
+
+    def __init__(self, steps: int) -> None:
+        import lightning.pytorch as pl
+
+        class Stop(pl.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                if trainer.global_step >= steps:
+                    trainer.should_stop = True
+
+        self.callback = Stop()
+
+
+def _params_after_lightning_steps(spec, tmp_path, steps=2):
+    pytest.importorskip("lightning")
+    from gpuopt.engines.lightning import build_lightning_workload, make_trainer
+
+    device = torch.device("cpu")
+    apply_policies(spec, device)
+    module, fit_data = build_lightning_workload(spec, device, [])
+    # build_loader shuffles with a seeded generator: the same sample order as the native engine.
+    trainer = make_trainer(spec, device, [_StopAfterOptimizerSteps(steps).callback], None, tmp_path)
+    trainer.fit(module, **fit_data)
+    assert trainer.global_step == steps
+    return [p.detach().clone() for p in module.model.parameters()]
+
+
+def test_accumulated_micro_batches_give_the_full_batch_step_lightning(compose_cfg, tmp_path):
+    pytest.importorskip("lightning")
+    full = _spec(compose_cfg, "engine=lightning", "loader.batch_size=256")
+    split = _spec(compose_cfg, "engine=lightning", "loader.batch_size=64", "train.global_batch=256")
+    after_full = _params_after_lightning_steps(full, tmp_path / "full")
+    after_split = _params_after_lightning_steps(split, tmp_path / "split")
+    for a, b in zip(after_full, after_split, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # ... and both engines train the same parameters.
+    native = _params_after_native_steps(_spec(compose_cfg, "loader.batch_size=256"))
+    for a, b in zip(after_full, native, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["native", "lightning"])
+def test_results_carry_the_batches_and_a_timed_step_is_an_optimizer_step(compose_cfg, engine):
+    if engine == "lightning":
+        pytest.importorskip("lightning")
+    cfg = compose_cfg(
+        *TINY_TRIAL,
+        f"engine={engine}",
+        "train.global_batch=32",
+        "measure.ceiling=false",
+        "guard.enabled=false",
+    )
+    result = run_trial(validate(cfg), device=torch.device("cpu"))
+    assert result.status is Status.OK, result.reason
+    m = result.metrics
+    assert (m.global_batch, m.micro_batch, m.accumulation_steps) == (32, 8, 4)
+    # samples/s over the window: each timed step is one optimizer step of 32 samples.
+    assert m.throughput == pytest.approx(m.timed_steps * 32 / m.timed_seconds)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["loader.batch_size=64", "train.global_batch=250"], "train.global_batch"),
+        (["loader.batch_size=64", "train.global_batch=0"], "train.global_batch"),
+        (["optimizer.lr_scaling=cubic"], "optimizer.lr_scaling"),
+        (["guard.loss_tolerance=0"], "guard.loss_tolerance"),
+    ],
+)
+def test_bad_batch_and_scaling_settings_are_one_line_errors_before_torch(
+    compose_cfg, overrides, key
+):
+    cfg = compose_cfg(*overrides)
+    with pytest.raises(ConfigError) as info:
+        check_composed(cfg)  # torch-free: the sweeping process runs it
+    assert info.value.key == key and "\n" not in str(info.value)
+    if key == "train.global_batch":
+        assert "multiple of loader.batch_size (64)" in str(info.value)
+
+
+def test_lightning_accumulation_must_agree_with_the_global_batch(compose_cfg):
+    pytest.importorskip("lightning")
+    cfg = compose_cfg(
+        "engine=lightning",
+        "loader.batch_size=8",
+        "train.global_batch=32",
+        "engine.accumulate_grad_batches=2",
+    )
+    with pytest.raises(ConfigError, match=r"engine\.accumulate_grad_batches"):
+        check_composed(cfg)
+
+
+@pytest.mark.parametrize(
+    ("rule", "reference", "scale"),
+    [("none", 32, 1.0), ("linear", 32, 8.0), ("sqrt", 32, 8**0.5), ("linear", None, 1.0)],
+)
+def test_lr_scaling_scales_the_optimizer_lr(compose_cfg, rule, reference, scale):
+    overrides = ["loader.batch_size=64", "train.global_batch=256", f"optimizer.lr_scaling={rule}"]
+    if reference is not None:
+        overrides.append(f"optimizer.reference_batch={reference}")
+    spec = _spec(compose_cfg, *overrides)
+    assert spec.lr_scale == pytest.approx(scale)
+    optimizer = build_optimizer(spec, torch.nn.Linear(2, 2).parameters())
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * scale)
+
+
+def test_spec_defaults_keep_todays_training(compose_cfg):
+    spec = _spec(compose_cfg, "loader.batch_size=32")
+    assert (spec.global_batch, spec.accumulation_steps, spec.lr_scale) == (32, 1, 1.0)
+    assert dataclasses.asdict(spec.guard)["enabled"] is True
+
+
+# ---- the two answers: schema rules and an end-to-end sweep --------------------------------------
+
+
+def test_same_training_preset_holds_the_baseline_batch_and_searches_its_divisors():
+    from omegaconf import OmegaConf
+
+    from gpuopt.sweeper.schema import same_training_params
+
+    config = OmegaConf.create(
+        {
+            "loader": {"batch_size": 16},
+            "train": {"global_batch": 64},
+            "optimizer": {"lr_scaling": "sqrt", "reference_batch": None},
+        }
+    )
+    preset = {"train.global_batch": "baseline", "loader.batch_size": "divisors", "x": "choice(1,2)"}
+    out = same_training_params(preset, config)
+    assert out["train.global_batch"] == "64"
+    assert out["loader.batch_size"] == "choice(1,2,4,8,16,32,64)"
+    assert out["optimizer.reference_batch"] == "64" and out["x"] == "choice(1,2)"
+    # the default preset: nothing held; the LR reference still the baseline's batch
+    plain = OmegaConf.create({"loader": {"batch_size": 32}, "optimizer": {"lr_scaling": "none"}})
+    assert same_training_params({"loader.batch_size": "choice(32,64)"}, plain) == {
+        "loader.batch_size": "choice(32,64)"
+    }
+
+
+def _frozen(number, batch, value, numerics=0.0, baseline=False):
+    import optuna
+
+    return optuna.trial.create_trial(
+        value=value,
+        params={"loader.batch_size": batch},
+        distributions={
+            "loader.batch_size": optuna.distributions.CategoricalDistribution([32, 64, 256])
+        },
+        user_attrs={
+            "baseline": baseline,
+            "config": {"loader": {"batch_size": batch}, "optimizer": {"lr": 1e-3}},
+        },
+        constraints={"oom": 0.0, "diverged": 0.0, "numerics": numerics},
+    )
+
+
+def test_same_training_classification_and_the_change_advice():
+    from gpuopt.sweeper.confirm import with_same_training_pick
+    from gpuopt.sweeper.schema import pick_same_training, same_training, training_change
+
+    trials = [
+        _frozen(0, 32, 10.0, baseline=True),
+        _frozen(1, 256, 80.0),
+        _frozen(2, 32, 30.0, numerics=1.0),
+        _frozen(3, 32, 20.0),
+    ]
+    for number, trial in enumerate(trials):
+        trial.number = number
+    base = trials[0]
+    assert [same_training(t, base) for t in trials] == [True, False, False, True]
+    assert pick_same_training(trials, base, ["maximize"], None).number == 3
+    assert training_change(base, trials[1]) == (
+        "global batch 32 -> 256 (x8): scale the learning rate and re-validate; linear rule: "
+        "lr x8, square-root rule: x2.83"
+    )
+    assert training_change(base, trials[3]) is None
+    ranked, top_k = with_same_training_pick([trials[1], trials[2], trials[3]], base, 1)
+    assert [t.number for t in ranked[:2]] == [1, 3] and top_k == 2
+
+
+@pytest.mark.slow
+def test_sweep_summary_and_report_give_both_answers_and_best_reproduces(tmp_path):
+    from tests.test_sweep_e2e import _compose, fake, load, ok, sweep_dir
+
+    proc = ok(
+        fake(
+            tmp_path,
+            "~search",
+            "hydra/launcher=basic",
+            "hydra/sweeper/sampler=grid",
+            "hydra.sweeper.device_aware=false",
+            "hydra.sweeper.n_trials=6",
+            "loader.batch_size=choice(32,256)",
+            "loader.num_workers=choice(0,1,2)",
+            "optimizer.lr_scaling=linear",
+            "hydra.sweeper.confirm.top_k=1",
+            "hydra.sweeper.confirm.rounds=2",
+            "hydra.sweeper.confirm.max_share=1.0",
+        )
+    )
+    out = proc.stdout
+    assert "two answers (same training = global batch 32" in out
+    assert "(a) same training: #" in out and "[loader.batch_size=32 loader.num_workers=2]" in out
+    assert "(b) best overall: #" in out and "global batch 32 -> 256 (x8)" in out
+    assert out.count("confirmed ") >= 2  # each answer with its own confirmation
+    folder = sweep_dir(tmp_path)
+    study = load(tmp_path, optuna_study_name(tmp_path))
+    configs = study.user_attrs["confirmation"]["configs"]
+    assert [c["same_training"] for c in configs] == [True, False, True]
+
+    # the exported configs reproduce global batch, accumulation and LR scaling
+    from omegaconf import OmegaConf
+
+    from gpuopt.config import validate
+
+    for name, batch in (("best", 256), ("best_same_training", 32)):
+        composed = _compose([f"+experiment={name}", f"hydra.searchpath=[file://{folder}]"])
+        spec = validate(OmegaConf.create(composed))
+        assert (spec.global_batch, spec.accumulation_steps) == (batch, 1)
+        assert spec.optimizer.lr_scaling == "linear" and spec.optimizer.reference_batch == 32
+        assert spec.lr_scale == pytest.approx(batch / 32)
+
+    from gpuopt.report.cli import main as report_main
+
+    assert "Two answers" in _report_text(report_main, tmp_path, study.study_name)
+
+
+def optuna_study_name(tmp_path):
+    import optuna
+
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
+    return summary.study_name
+
+
+def _report_text(report_main, tmp_path, name):
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        try:
+            report_main(["--study", name, "--storage", f"sqlite:///{tmp_path / 'gpuopt.db'}"])
+        except SystemExit as exc:
+            assert not exc.code
+    return buffer.getvalue()
