@@ -180,7 +180,10 @@ def test_optuna_dashboard_sees_oom_as_infeasible(tmp_path):
         ret = JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=result)
         record_trial(study, trial, [], ret, outcome_from_return(result, names, directions))
     # Optuna's own reading: the oom trial is infeasible, the best is the ok one.
-    assert [t.constraints for t in study.trials] == [{"0": 0.0, "1": 0.0}, {"0": 1.0, "1": 0.0}]
+    assert [t.constraints for t in study.trials] == [
+        {"0": 0.0, "1": 0.0, "2": 0.0},
+        {"0": 1.0, "1": 0.0, "2": 0.0},
+    ]
     assert study.best_trial.number == 0
 
     server = make_server("127.0.0.1", 0, dashboard.wsgi(url), handler_class=_Quiet)
@@ -195,7 +198,10 @@ def test_optuna_dashboard_sees_oom_as_infeasible(tmp_path):
         server.shutdown()
         server.server_close()
     constraints = {t["number"]: t["constraints"] for t in detail["trials"]}
-    assert constraints == {0: [0.0, 0.0, 0.0], 1: [1.0, 0.0, 0.0]}  # the dashboard's "infeasible" input
+    assert constraints == {
+        0: [0.0, 0.0, 0.0],
+        1: [1.0, 0.0, 0.0],
+    }  # the dashboard's "infeasible" input
     assert [t["number"] for t in detail["best_trials"]] == [0]
 
 
