@@ -107,7 +107,11 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     assert len(summaries) == 1
     name = summaries[0].study_name
     hw_id = hardware.hardware_id(hardware.hardware_facts())
-    assert name == f"mlp-{hw_id}"  # workload + hardware (no search preset: ~search)
+    # workload, a digest of the search space (no search preset: ~search), hardware
+    from gpuopt.sweeper.study import space_digest
+
+    assert name == f"mlp-{space_digest(load(tmp_path, name).trials[-1].distributions)}-{hw_id}"
+    assert "reproduce: python -m gpuopt.run --config-dir" in proc.stdout
     study = load(tmp_path, name)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
@@ -399,23 +403,3 @@ def test_device_aware_default_preset_drops_poor_choices(tmp_path):
         assert "device.num_threads" in trials[-1].params  # the preset's CPU-only param
     # the preset's fixed measurement settings yield to the user's measure=quick override
     assert all("measure.time_budget_s=2.0" not in t.user_attrs["overrides"] for t in trials)
-
-
-# ---- hydra-optuna-sweeper compatibility -------------------------------------------------------------
-
-
-def test_stock_optuna_sweeper_config_runs_unchanged(tmp_path):
-    proc = ok(sweep(tmp_path, app=[str(HELPERS / "stock_app" / "sphere.py")], timeout=180))
-    study = load(tmp_path, "sphere")  # the doc's study_name; storage null -> gpuopt's SQLite file
-    trials = study.get_trials()
-    assert len(trials) == 20 and all(t.state == TrialState.COMPLETE for t in trials)
-    assert all(
-        t.value == pytest.approx(t.params.get("x", 1) ** 2 + t.params.get("y", 1) ** 2)
-        for t in trials
-    )
-    assert study.direction.name == "MINIMIZE"
-    results = OmegaConf.load(sweep_dir(tmp_path, "multirun/*/*") / "optimization_results.yaml")
-    assert results.name == "optuna"
-    assert results.best_value == min(t.value for t in trials)
-    assert set(results.best_params) <= {"x", "y"}
-    assert "gpuopt sweep summary" in proc.stdout
