@@ -156,11 +156,13 @@ class GpuoptSweeper(OptunaSweeper):
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
     """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback."""
+    from gpuopt.config import ConfigError  # torch-free: the composed config's own checks
+
     from .progress import SweepAborted
 
     try:
         yield
-    except SweepConfigError as exc:
+    except (SweepConfigError, ConfigError) as exc:
         print(f"gpuopt: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except SweepAborted as exc:
