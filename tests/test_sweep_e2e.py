@@ -403,3 +403,32 @@ def test_device_aware_default_preset_drops_poor_choices(tmp_path):
         assert "device.num_threads" in trials[-1].params  # the preset's CPU-only param
     # the preset's fixed measurement settings yield to the user's measure=quick override
     assert all("measure.time_budget_s=2.0" not in t.user_attrs["overrides"] for t in trials)
+
+
+# ---- gpuopt's own app: its defaults come from its own config ---------------------------------------
+
+
+def test_own_app_keeps_its_study_and_a_changed_space_is_a_new_study(tmp_path):
+    """conf/config.yaml (not the sweeper's code) gives gpuopt's app its SQLite file under
+    GPUOPT_OUTPUT_DIR and its baseline; the default study name carries a digest of the search
+    space: the same command resumes, a changed space starts a new study instead of crashing."""
+    common = [
+        "~search",
+        "hydra/launcher=basic",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.confirm.rounds=0",
+    ]
+    first = ok(fake(tmp_path, *common, "loader.batch_size=choice(8,16)"))
+    again = ok(fake(tmp_path, *common, "loader.batch_size=choice(8,16)"))
+    changed = ok(fake(tmp_path, *common, "loader.batch_size=choice(8,32)"))
+    names = sorted(
+        s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
+    )
+    assert len(names) == 2 and names[0] != names[1]
+    assert "resuming" not in first.stdout + first.stderr
+    assert "3/3 counted trials: resuming" in again.stdout + again.stderr
+    assert "resuming" not in changed.stdout + changed.stderr
+    for name in names:
+        trials = load(tmp_path, name).trials
+        assert len(trials) == 3 and trials[0].user_attrs.get(ATTR_BASELINE) is True
+    assert f"reproduce: python {HELPERS / 'fake_task.py'} --config-dir" in first.stdout
