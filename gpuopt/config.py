@@ -45,6 +45,9 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MODEL_META_KEYS = ("input", "input_shape", "num_classes", "channels_last")
 # Keys of a data config that gpuopt reads itself.
 DATA_META_KEYS = ("kind",)
+# Keys of a data config for gpuopt only, never passed to the dataset's constructor: `epoch_steps`,
+# the user's real steps per epoch (what the epoch boundary's cost is amortized over).
+DATA_GPUOPT_KEYS = ("epoch_steps",)
 
 # `_target_`s any config may instantiate. Everything else must be trusted explicitly with the
 # top-level `trust` list (e.g. `trust=[mypkg.*]`), so a shared YAML cannot run arbitrary code.
@@ -131,6 +134,19 @@ class MeasureConf:
     ceiling_steps: int = 20
     count_flops: bool = True  # torch.utils.flop_counter on one step, for MFU
     nvml_interval_s: float = 0.1
+    peak_probe: bool = True  # a matmul probe of this machine's peak (cached): mfu_achievable
+    loader_cost: bool = True  # price the input pipeline per sample: limit_throughput
+
+
+@dataclass
+class ProfileConf:
+    """The profiled window (gpuopt.profile): a few steps under torch.profiler after the timed
+    window, never timed for throughput. Off by default; `profile=on` turns it on for one run."""
+
+    enabled: bool = False
+    steps: int = 5  # profiled steps (each recorded op costs host time: keep it small)
+    warmup_steps: int = 1  # steps the profiler records and discards (its own start-up)
+    top_ops: int = 10  # operators listed by self time
 
 
 @dataclass
@@ -158,6 +174,7 @@ class GpuoptConf:
     optimizer: OptimizerConf = field(default_factory=OptimizerConf)
     device: DeviceConf = field(default_factory=DeviceConf)
     measure: MeasureConf = field(default_factory=MeasureConf)
+    profile: ProfileConf = field(default_factory=ProfileConf)
     loss: str = "cross_entropy"
     seed: int = 0
     trust: list[str] = field(default_factory=list)
@@ -210,6 +227,7 @@ class SyntheticDataConf:
     size: int = 4096
     sample_cost: float = 1.0
     seed: int = 0
+    epoch_steps: int | None = None  # gpuopt key (DATA_GPUOPT_KEYS): the real epoch length
 
 
 BUILTIN_WORKLOAD_SCHEMAS: dict[str, type] = {
@@ -247,6 +265,7 @@ class TrialSpec:
     seed: int
     trusted_targets: tuple[str, ...]
     engine: EngineConf = field(default_factory=EngineConf)
+    profile: ProfileConf = field(default_factory=ProfileConf)
 
     @property
     def model_input(self) -> str:
@@ -434,6 +453,7 @@ def validate(cfg: DictConfig) -> TrialSpec:
         seed=typed.seed,
         trusted_targets=BUILTIN_TRUSTED_TARGETS + tuple(typed.trust),
         engine=typed.engine,
+        profile=typed.profile,
     )
 
 
@@ -464,6 +484,7 @@ def _check_scalars(typed: GpuoptConf, cpus: int) -> None:
     if typed.device.num_threads is not None:
         _check_per_cpu("device.num_threads", typed.device.num_threads, 1, cpus, "threads")
     _check_measure(typed.measure)
+    _check_profile(typed.profile)
     _check_min("seed", typed.seed, 0, "an integer >= 0")
     if not typed.output_dir:
         raise ConfigError("output_dir", typed.output_dir, "a directory path")
@@ -478,6 +499,12 @@ def _check_optimizer(optimizer: OptimizerConf) -> None:
         raise ConfigError(
             "optimizer.fused", True, "false or null when optimizer.foreach=true (pick one)"
         )
+
+
+def _check_profile(profile: ProfileConf) -> None:
+    _check_min("profile.steps", profile.steps, 1, "an integer >= 1")
+    _check_min("profile.warmup_steps", profile.warmup_steps, 0, "an integer >= 0")
+    _check_min("profile.top_ops", profile.top_ops, 0, "an integer >= 0")
 
 
 def _check_measure(measure: MeasureConf) -> None:
@@ -555,6 +582,11 @@ def _check_workload_values(
     if not isinstance(data, dict) or "_target_" not in data:
         raise ConfigError("data", data, "a dataset config with _target_ (conf/data/ or your own)")
     check_trusted("data._target_", data["_target_"], trusted)
+    epoch_steps = data.get("epoch_steps")
+    if epoch_steps is not None and (
+        isinstance(epoch_steps, bool) or not isinstance(epoch_steps, int) or epoch_steps < 1
+    ):
+        raise ConfigError("data.epoch_steps", epoch_steps, "null or an integer >= 1")
     model_input = model.get("input", "any")
     _check_choice("model.input", model_input, INPUT_KINDS)
     data_kind = data.get("kind", "any")

@@ -2,9 +2,14 @@
 
 The rules read only measured metrics (see gpuopt/result.py, `Metrics`) and never guess past them:
 
+0. at the machine's limit_efficiency >= LIMIT_HIGH_PCT: throughput is close to the most these cores
+   limit             and this device can do for the workload (gpuopt.limits): no setting helps much,
+                     only cheaper data, more cores, or (when the compute bounds it) less math
 1. input-bound       data_wait >= DATA_WAIT_HIGH_PCT or input_efficiency <= INPUT_EFFICIENCY_LOW_PCT
-                     (the step waits for the next batch / the loader costs throughput vs. the
-                     compute-only ceiling)
+                     (the device waits for the next batch / the loader costs throughput vs. the
+                     compute-only ceiling). data_wait is the device's starvation: on CUDA read on
+                     the GPU timeline, never host_data_wait (loader time that overlaps queued
+                     compute costs nothing); elsewhere the host's wait, the same thing there
 2. host/launch-bound (GPU) utilization < UTILIZATION_LOW_PCT without data wait: the GPU idles
                      between kernels because the CPU cannot issue them fast enough
 3. memory-bound or   (GPU) utilization high but mfu < MFU_LOW_PCT: kernels run, but do little math
@@ -17,6 +22,12 @@ The rules are the table `RULES` (first match wins), each a small `Rule`: when it
 verdict, the evidence lines it cites (from `Facts`, what was measured) and its suggestions.
 Utilization only counts as evidence on CUDA devices, where it is NVML's sampled
 `utilization.gpu`; elsewhere it is derived from data_wait and says nothing new.
+
+A profiled trial (gpuopt.profile; the user attribute `profile`) adds its phase breakdown: every
+verdict then cites the shares of the step ("53% of the step in next(loader)"), the evidence lists
+all phases, and phase-specific tips come first ("optimizer 18% of the step: try
+optimizer.fused=true"). On CUDA its GPU time split adds a rule of its own, before NVML's: GPU idle
+with most of it host wait (the next kernel not launched yet) is launch-bound.
 """
 
 from __future__ import annotations
@@ -39,6 +50,25 @@ UTILIZATION_LOW_PCT = 80.0
 MFU_LOW_PCT = 20.0
 # MFU at or above this is near what dense training reaches in practice.
 MFU_HIGH_PCT = 50.0
+# Throughput at or above this share of the machine's limit for the workload (limit_throughput:
+# loader and compute costs per sample on the usable cores / the compute ceiling) is at the limit.
+LIMIT_HIGH_PCT = 90.0
+# Profiled window: GPU idle time that is host wait (% of the window) from which the GPU waits for
+# the CPU to launch work: launch-bound.
+HOST_WAIT_HIGH_PCT = 20.0
+# Profiled window: an optimizer step taking this share of the step is worth fusing.
+OPTIMIZER_HIGH_PCT = 15.0
+# Profiled window: a host-to-device copy taking this share of the step is worth overlapping.
+COPY_HIGH_PCT = 10.0
+# How the phases read in a verdict (gpuopt.profile.PHASES).
+PHASE_LABELS = {
+    "data_wait": "next(loader)",
+    "h2d_copy": "host-to-device copy",
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer",
+    "other": "other host time",
+}
 
 
 NEAR_LIMIT_SUMMARY = (
@@ -51,6 +81,7 @@ class Bottleneck(str, Enum):
     HOST = "host/launch-bound"
     MEMORY_OR_SMALL_KERNELS = "memory-bound or small kernels"
     NEAR_LIMIT = "near the compute limit"
+    AT_MACHINE_LIMIT = "at the machine's limit"
     COMPUTE = "compute-bound"
     UNKNOWN = "unknown"  # the metrics needed for a verdict were not recorded
     NOT_MEASURED = "not measured"  # the trial did not finish a timed window (oom, diverged, error)
@@ -118,6 +149,13 @@ class Facts:
     mfu: float | None
     throughput: float | None
     ceiling: float | None
+    limit_efficiency: float | None = None
+    limit_throughput: float | None = None
+    limit_bound: str | None = None  # cores | loader | compute (gpuopt.limits.Limit.bound)
+    # The profiled window, when the trial was profiled: % of the step by phase, the GPU's time
+    # split (% of the window: idle, host_wait, ...) on CUDA.
+    phases: Mapping[str, float] | None = None
+    gpu: Mapping[str, Any] | None = None
 
     @classmethod
     def of(
@@ -130,17 +168,34 @@ class Facts:
         def number(name: str) -> float | None:
             return _number(metrics, name)
 
+        data_wait = number("data_wait")
+        if data_wait is None and not _is_cuda(device_type):
+            data_wait = number("host_data_wait")  # off CUDA the host's wait is the device's
         return cls(
             status=status,
             device_type=device_type,
             config=config,
-            data_wait=number("data_wait"),
+            data_wait=data_wait,
             input_efficiency=number("input_efficiency"),
             utilization=number("utilization"),
             mfu=number("mfu"),
             throughput=number("throughput"),
             ceiling=number("ceiling_throughput"),
+            limit_efficiency=number("limit_efficiency"),
+            limit_throughput=number("limit_throughput"),
+            limit_bound=metrics.get("limit_bound")
+            if isinstance(metrics.get("limit_bound"), str)
+            else None,
+            **_profile_facts(metrics.get("profile")),
         )
+
+    def phase(self, name: str) -> float | None:
+        """The phase's % of the profiled step, or None when not profiled."""
+        return _number(self.phases, name) if self.phases else None
+
+    def gpu_share(self, name: str) -> float | None:
+        """A GPU time share (% of the profiled window), or None without a CUDA profile."""
+        return _number(self.gpu, name) if self.gpu else None
 
     @property
     def cuda(self) -> bool:
@@ -150,12 +205,113 @@ class Facts:
         return _get(self.config, dotted)
 
 
+def _profile_facts(profile: Any) -> dict[str, Any]:
+    """Facts' profile fields from the `profile` user attribute (gpuopt.profile.ProfileSummary)."""
+    if not isinstance(profile, Mapping):
+        return {}
+    phases = profile.get("phases_pct")
+    gpu = profile.get("gpu")
+    return {
+        "phases": phases if isinstance(phases, Mapping) and phases else None,
+        "gpu": gpu if isinstance(gpu, Mapping) else None,
+    }
+
+
+# -- the profiled window: what verdicts cite -------------------------------------------------------
+def _phase_evidence(f: Facts) -> list[str]:
+    if not f.phases:
+        return []
+    shares = ", ".join(
+        f"{PHASE_LABELS.get(name, name)} {pct:.0f}%"
+        for name, pct in f.phases.items()
+        if isinstance(pct, (int, float))
+    )
+    lines = [f"profiled step: {shares}"]
+    idle, host = f.gpu_share("idle"), f.gpu_share("host_wait")
+    if idle is not None and host is not None:
+        lines.append(
+            f"profiled GPU: kernels {f.gpu_share('kernel') or 0:.0f}%, memcpy "
+            f"{f.gpu_share('memcpy') or 0:.0f}%, idle {idle:.0f}% ({host:.0f} points host wait, "
+            f"{f.gpu_share('kernel_wait') or 0:.0f} kernel wait; launch-bound at >= "
+            f"{HOST_WAIT_HIGH_PCT:g} points host wait)"
+        )
+    return lines
+
+
+def _idle_citation(f: Facts) -> str | None:
+    idle, host = f.gpu_share("idle"), f.gpu_share("host_wait")
+    if idle is None or host is None:
+        return None
+    return f"GPU idle {idle:.0f}%, of which {host:.0f} points host wait"
+
+
+def _input_citation(f: Facts) -> str | None:
+    wait, copy = f.phase("data_wait"), f.phase("h2d_copy")
+    if wait is None:
+        return None
+    cite = f"{wait:.0f}% of the step in next(loader)"
+    return cite + (f", {copy:.0f}% in the host-to-device copy" if copy and copy >= 1 else "")
+
+
+def _largest_phase_citation(f: Facts) -> str | None:
+    if not f.phases:
+        return None
+    name, pct = max(
+        ((n, v) for n, v in f.phases.items() if isinstance(v, (int, float))),
+        key=lambda item: item[1],
+    )
+    cite = f"{PHASE_LABELS.get(name, name)} {pct:.0f}% of the step"
+    idle = _idle_citation(f)
+    return f"{cite}; {idle}" if idle else cite
+
+
+def _phase_suggestions(f: Facts) -> list[str]:
+    """Tips read off the profiled phases, most specific first."""
+    tips = []
+    host = f.gpu_share("host_wait")
+    if (
+        host is not None
+        and host >= HOST_WAIT_HIGH_PCT
+        and f.setting("compile.mode")
+        in (
+            None,
+            "off",
+            "default",
+        )
+    ):
+        tips.append(f"{_idle_citation(f)}: launch-bound, try compile=reduce-overhead")
+    optimizer = f.phase("optimizer")
+    unfused = f.setting("optimizer.fused") is not True
+    if optimizer is not None and optimizer >= OPTIMIZER_HIGH_PCT and unfused:
+        tips.append(f"optimizer {optimizer:.0f}% of the step: try optimizer.fused=true")
+    copy = f.phase("h2d_copy")
+    synchronous = not (f.setting("loader.pin_memory") and f.setting("loader.non_blocking"))
+    if copy is not None and copy >= COPY_HIGH_PCT and f.cuda and synchronous:
+        tips.append(
+            f"host-to-device copy {copy:.0f}% of the step: "
+            "try loader.pin_memory=true loader.non_blocking=true"
+        )
+    return tips
+
+
+def _merge_tips(first: list[str], rest: list[str]) -> list[str]:
+    """`first`, then the tips of `rest` that do not repeat one of its config overrides."""
+    overrides = {word for tip in first for word in tip.split() if "=" in word}
+    return first + [tip for tip in rest if not any(o in tip.split() for o in overrides)]
+
+
+def _launch_bound_profiled(f: Facts) -> bool:
+    host = f.gpu_share("host_wait")
+    return f.cuda and host is not None and host >= HOST_WAIT_HIGH_PCT
+
+
 # -- evidence: the numbers behind a verdict, each with the threshold it is read against ----------
 def _input_evidence(f: Facts) -> list[str]:
     lines = []
     if f.data_wait is not None:
+        starved = " (the GPU starved of input)" if f.cuda else ""
         lines.append(
-            f"data_wait {f.data_wait:.1f}% of the timed window "
+            f"data_wait {f.data_wait:.1f}% of the timed window{starved} "
             f"(input-bound at >= {DATA_WAIT_HIGH_PCT:g}%)"
         )
     if f.input_efficiency is not None:
@@ -242,11 +398,47 @@ def _none(_: Facts) -> list[str]:
     return []
 
 
+def _at_limit(f: Facts) -> bool:
+    return f.limit_efficiency is not None and f.limit_efficiency >= LIMIT_HIGH_PCT
+
+
+def _limit_summary(f: Facts) -> str:
+    share = f"at {f.limit_efficiency:.0f}% of this machine's limit for this workload"
+    if f.limit_bound == "compute":
+        return f"{share} (the compute ceiling): only less math per sample or a faster device help"
+    return f"{share}: only cheaper data or more cores help"
+
+
+def _limit_evidence(f: Facts) -> list[str]:
+    bound = {
+        "cores": "the usable cores shared by the loader's and the compute's cost per sample",
+        "loader": "the host cores free to load, at the loader's cost per sample",
+        "compute": "the compute ceiling (one batch already on the device)",
+    }.get(f.limit_bound or "", "the measured costs per sample")
+    lines = [
+        f"limit_efficiency {f.limit_efficiency:.1f}% (at the limit >= {LIMIT_HIGH_PCT:g}%)",
+        f"limit_throughput {f.limit_throughput:,.0f} samples/s, bound by {bound}"
+        if f.limit_throughput
+        else f"bound by {bound}",
+    ]
+    return [*lines, *_input_evidence(f)]
+
+
+def _limit_suggestions(f: Facts) -> list[str]:
+    if f.limit_bound == "compute":
+        return ["less math per sample: lower precision if not yet, a smaller model, or compile"]
+    return [
+        "cheaper per-sample transforms, or pre-process/cache the dataset once",
+        "more CPU cores for the loader (or a machine with more)",
+    ]
+
+
 @dataclass(frozen=True)
 class Rule:
     """One bottleneck rule: when it applies, its verdict, the evidence lines it cites and what
-    it suggests. `RULES` is read in order; the first rule that applies gives the diagnosis. New
-    evidence (e.g. a profiled window's phases) enters as a `Facts` field cited by `evidence`."""
+    it suggests. `RULES` is read in order; the first rule that applies gives the diagnosis.
+    When the trial was profiled, `cite` adds the phase shares behind the verdict to its summary,
+    and every measured verdict lists the phases and puts the phase tips first."""
 
     name: str
     applies: Callable[[Facts], bool]
@@ -254,10 +446,21 @@ class Rule:
     summary: str | Callable[[Facts], str]
     evidence: Callable[[Facts], list[str]] = _none
     suggestions: Callable[[Facts], list[str]] = _none
+    cite: Callable[[Facts], str | None] = _largest_phase_citation
 
     def diagnose(self, f: Facts) -> Diagnosis:
         summary = self.summary if isinstance(self.summary, str) else self.summary(f)
-        return Diagnosis(self.bottleneck, summary, self.evidence(f), self.suggestions(f))
+        if f.status != "ok":
+            return Diagnosis(self.bottleneck, summary, self.evidence(f), self.suggestions(f))
+        citation = self.cite(f)
+        if citation:
+            summary = f"{summary} ({citation})"
+        return Diagnosis(
+            self.bottleneck,
+            summary,
+            [*self.evidence(f), *_phase_evidence(f)],
+            _merge_tips(_phase_suggestions(f), self.suggestions(f)),
+        )
 
 
 RULES: tuple[Rule, ...] = (
@@ -266,6 +469,14 @@ RULES: tuple[Rule, ...] = (
         lambda f: f.status != "ok",
         Bottleneck.NOT_MEASURED,
         lambda f: f"no timed window: the trial ended as {f.status}",
+    ),
+    Rule(
+        "at the machine's limit",
+        _at_limit,
+        Bottleneck.AT_MACHINE_LIMIT,
+        _limit_summary,
+        _limit_evidence,
+        _limit_suggestions,
     ),
     Rule(
         "no input metrics",
@@ -281,6 +492,7 @@ RULES: tuple[Rule, ...] = (
         "the step waits for data: the input pipeline limits throughput",
         _input_evidence,
         lambda f: _input_suggestions(f.config, f.cuda),
+        _input_citation,
     ),
     Rule(
         "CPU near the limit",
@@ -299,6 +511,15 @@ RULES: tuple[Rule, ...] = (
         lambda f: ["compute threads: device.num_threads", "larger batch: loader.batch_size"],
     ),
     Rule(
+        "launch-bound (profiled)",
+        _launch_bound_profiled,
+        Bottleneck.HOST,
+        "the GPU waits for the host to launch work: host/launch overhead limits throughput",
+        _gpu_evidence,
+        _host_suggestions,
+        _idle_citation,
+    ),
+    Rule(
         "host/launch-bound",
         lambda f: f.cuda and f.utilization is not None and f.utilization < UTILIZATION_LOW_PCT,
         Bottleneck.HOST,
@@ -306,6 +527,7 @@ RULES: tuple[Rule, ...] = (
         "host/launch overhead limits throughput",
         _gpu_evidence,
         _host_suggestions,
+        lambda f: _idle_citation(f) or _largest_phase_citation(f),
     ),
     Rule(
         "busy GPU, MFU unknown",

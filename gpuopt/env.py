@@ -1,4 +1,5 @@
-"""Devices, the environment fingerprint, device capabilities, and `python -m gpuopt.env`.
+"""Devices, the environment fingerprint, device capabilities, the measured matmul peak (a short
+probe per device and dtype, cached per hardware fingerprint), and `python -m gpuopt.env`.
 
 The fingerprint goes into every result, so numbers from different machines or software never mix
 silently. `detect_capabilities` says which settings are poor choices on a device; the sweeper runs
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import gpuopt
 from gpuopt.config import ConfigError, TrialSpec
+from gpuopt.host import cpu_model
 
 if TYPE_CHECKING:
     import torch
@@ -34,16 +36,6 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def resolve_device(device_type: str) -> torch.device:
@@ -126,6 +118,169 @@ def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
             torch.cuda.get_device_properties(device).total_memory / 2**20
         )
     return info
+
+
+# -- the measured peak: a short matmul probe per device and dtype, cached per hardware --------------
+# Precision mode -> (torch dtype name, float32 matmul precision the probe runs under).
+PROBE_MODES = {
+    "fp32": ("float32", "highest"),
+    "tf32": ("float32", "high"),
+    "bf16": ("bfloat16", "highest"),
+    "fp16": ("float16", "highest"),
+}
+PROBE_BUDGET_S = 0.2  # per dtype, first measurement on a machine; later calls read the cache
+# Square matmul sizes tried: (first, largest) per device type.
+PROBE_SIZES = {"cpu": (128, 2048)}
+PROBE_DEFAULT_SIZES = (1024, 8192)
+PROBE_REPS = 5  # timed repetitions per size (best of)
+# The fingerprint fields that name the hardware (and driver) a probe ran on.
+HARDWARE_KEYS = (
+    "device_name",
+    "cpu_model",
+    "usable_cpus",
+    "compute_capability",
+    "device_memory_mb",
+    "driver",
+    "hostname",
+)
+
+
+def cache_dir() -> Path:
+    """Where gpuopt caches measurements of the machine: $GPUOPT_CACHE_DIR, else
+    $XDG_CACHE_HOME/gpuopt, else ~/.cache/gpuopt."""
+    explicit = os.environ.get("GPUOPT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuopt"
+
+
+def probe_key(fp: dict[str, Any], mode: str, threads: int) -> str:
+    """The cache key of one probe: the hardware fingerprint, the precision mode, the compute
+    threads and the torch version (a new torch can bring new kernels)."""
+    hardware = {k: fp.get(k) for k in HARDWARE_KEYS}
+    return json.dumps(
+        {"hardware": hardware, "mode": mode, "threads": threads, "torch": fp.get("torch")},
+        sort_keys=True,
+    )
+
+
+def _time_matmul(device: torch.device, dtype: torch.dtype, n: int, deadline: float) -> float:
+    """The best seconds of one n x n matmul over PROBE_REPS repetitions (after one untimed)."""
+    import time
+
+    import torch
+
+    from gpuopt.measure import synchronize
+
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    synchronize(device)
+    best = float("inf")
+    for _ in range(PROBE_REPS):
+        started = time.perf_counter()
+        a @ b
+        synchronize(device)
+        best = min(best, time.perf_counter() - started)
+        if time.perf_counter() >= deadline:
+            break
+    return best
+
+
+def measure_peak_flops(device: torch.device, mode: str, budget_s: float = PROBE_BUDGET_S) -> float:
+    """Achievable dense matmul FLOP/s for a precision mode: square matmuls of growing size (2n^3
+    FLOPs each), best of a few repetitions, until a size would not fit the budget. A slow
+    (emulated) dtype stops at small sizes, so the probe stays short whatever the dtype."""
+    import time
+
+    import torch
+
+    dtype_name, matmul_precision = PROBE_MODES[mode]
+    dtype = getattr(torch, dtype_name)
+    n, max_n = PROBE_SIZES.get(device.type, PROBE_DEFAULT_SIZES)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(matmul_precision)
+    started = time.perf_counter()
+    deadline = started + budget_s
+    best = 0.0
+    try:
+        while True:
+            seconds = _time_matmul(device, dtype, n, deadline)
+            best = max(best, 2 * n**3 / seconds)
+            remaining = deadline - time.perf_counter()
+            # The next size costs ~8x per matmul, PROBE_REPS + 1 of them.
+            if n * 2 > max_n or 8 * seconds * (PROBE_REPS + 1) > remaining:
+                return best
+            n *= 2
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Atomically (trials in parallel processes may write at once: the last writer wins)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: the probe is re-run next time, nothing else breaks
+
+
+def probed_peak_flops(
+    device: torch.device,
+    mode: str,
+    fp: dict[str, Any] | None = None,
+    cache: Path | None = None,
+) -> float | None:
+    """The measured peak FLOP/s of `device` for a precision mode, from the cache file
+    (`cache_dir()/peak_flops.json`, keyed by `probe_key`) or probed now and cached.
+
+    On CPU the probe runs on one thread and the peak is that per-core rate times the usable cores
+    (as a datasheet peak is stated): a probe on every core of a shared machine times its slowest
+    thread (OpenMP's barriers wait for a descheduled one) and would cache a fraction of the
+    machine. The caller's thread count is restored. None for a mode the probe does not know."""
+    import torch
+
+    if mode not in PROBE_MODES:
+        return None
+    fp = fp if fp is not None else fingerprint(device)
+    threads = 1 if device.type == "cpu" else torch.get_num_threads()
+    scale = usable_cpus() if device.type == "cpu" else 1
+    path = cache if cache is not None else cache_dir() / "peak_flops.json"
+    key = probe_key(fp, mode, threads)
+    cached = _read_cache(path).get(key)
+    if isinstance(cached, dict) and isinstance(cached.get("flops"), (int, float)):
+        return float(cached["flops"]) * scale
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        flops = measure_peak_flops(device, mode)
+    finally:
+        torch.set_num_threads(previous)
+    data = _read_cache(path)
+    data[key] = {"flops": flops, "threads": threads}
+    _write_cache(path, data)
+    return flops * scale
+
+
+def supported_modes(device: torch.device) -> list[str]:
+    """The precision modes a device can run (tf32 needs compute capability >= 8.0)."""
+    import torch
+
+    if device.type == "cuda":
+        major = torch.cuda.get_device_capability(device)[0]
+        modes = ["fp32", "tf32", "fp16"] if major >= 8 else ["fp32", "fp16"]
+        return modes + (["bf16"] if torch.cuda.is_bf16_supported() else [])
+    return ["fp32", "bf16", "fp16"]
 
 
 def list_devices() -> list[dict[str, Any]]:
@@ -365,6 +520,11 @@ def _print_human(data: dict[str, Any]) -> None:
         fp.add_row(key, str(value))
     console.print(fp)
     console.print(f"[bold]Default device:[/bold] {data['device']} ({data['device_name']})")
+    if data.get("peak_flops"):
+        peaks = ", ".join(
+            f"{mode} {flops / 1e12:.3g} TFLOP/s" for mode, flops in data["peak_flops"].items()
+        )
+        console.print(f"[bold]Measured matmul peak:[/bold] {peaks} (cached in {cache_dir()})")
     if data.get("accelerator"):
         console.print(f"[yellow]No accelerator visible:[/yellow] {data['accelerator']['why']}")
         console.print(f"  What to do: {data['accelerator']['what_to_do']}")
@@ -386,10 +546,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | mps")
+    parser.add_argument(
+        "--no-probe", action="store_true", help="skip the measured matmul peak (cached per machine)"
+    )
     args = parser.parse_args(argv)
     device = resolve_device(args.device)
     data = detect_capabilities(device)
     data["fingerprint"] = fingerprint(device)
+    if not args.no_probe:
+        data["peak_flops"] = {
+            mode: probed_peak_flops(device, mode, data["fingerprint"])
+            for mode in supported_modes(device)
+        }
     data["devices"] = list_devices()
     data["accelerator"] = why_no_accelerator()
     if args.json:

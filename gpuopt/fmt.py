@@ -47,6 +47,16 @@ def metric(name: str, number: float | None, unit: bool = True) -> str:
     return f"{text} {suffix}".rstrip() if unit else text
 
 
+def fixed(number: Any, unit: str = "", digits: int = 2) -> str:
+    """A float to a fixed number of decimals with thousands separators (the single-run table);
+    other values as they are; - when unknown."""
+    if number is None:
+        return "-"
+    if isinstance(number, float):
+        return f"{number:,.{digits}f}{unit}"
+    return f"{number}{unit}"
+
+
 def duration(seconds: float | None) -> str:
     """h:mm:ss (m:ss under an hour); ? when unknown."""
     if seconds is None or not math.isfinite(seconds):

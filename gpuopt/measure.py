@@ -1,4 +1,5 @@
-"""The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling and MFU.
+"""The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling,
+model and hardware FLOPs (MFU/HFU), and the steady state (the epoch boundary's cost, amortized).
 
 Principles: warm-up and compilation happen before the window; on CUDA the host
 never synchronizes inside the window (that would serialize CPU and GPU): step boundaries are CUDA
@@ -308,16 +309,67 @@ def peak_flops(device_name: str | None, precision_mode: str) -> float | None:
     return None
 
 
-def count_step_flops(run_forward_backward: Callable[[], None]) -> float:
-    """FLOPs of one forward+backward, counted by torch.utils.flop_counter (matmuls, convolutions,
-    attention). Runs outside the timed window. With activation checkpointing the count includes
-    the recomputed forward (hardware FLOPs, not model FLOPs)."""
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one counted step: `hardware` is everything the device executed (an activation-
+    checkpointed forward recomputed in the backward included), `model` the model's own FLOPs
+    (forward + backward, no recompute): MFU counts model FLOPs, HFU hardware FLOPs."""
+
+    hardware: float
+    recompute: float = 0.0
+    attention: float = 0.0  # of `hardware`: scaled-dot-product attention (forward and backward)
+
+    @property
+    def model(self) -> float:
+        return self.hardware - self.recompute
+
+
+def step_flop_counter() -> Any:
+    """A `torch.utils.flop_counter.FlopCounterMode` that also tallies, in `recompute_flops`, the
+    FLOPs of activation-checkpoint recomputation: ops that run inside a backward pass
+    (`_current_graph_task_id() != -1`) with grad mode on. The backward itself runs with grad mode
+    off (no create_graph in a training step); torch.utils.checkpoint recomputes the forward under
+    `enable_grad()`. Engines that count inside a framework's hooks use it like FlopCounterMode."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
+    class StepFlopCounter(FlopCounterMode):
+        def __init__(self) -> None:
+            super().__init__(display=False)
+            self.recompute_flops = 0.0
+
+        # FlopCounterMode's per-op hook (private to torch; the override only adds a tally).
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            count = self.flop_registry.get(func_packet)
+            if (
+                count is not None
+                and torch._C._current_graph_task_id() != -1
+                and torch.is_grad_enabled()
+            ):
+                self.recompute_flops += float(count(*args, **kwargs, out_val=out))
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+        def step_flops(self) -> StepFlops:
+            counts = self.get_flop_counts().get("Global", {})
+            attention = sum(n for op, n in counts.items() if "attention" in str(op))
+            return StepFlops(float(self.get_total_flops()), self.recompute_flops, float(attention))
+
+    return StepFlopCounter()
+
+
+def measure_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
+    """FLOPs of one forward+backward, counted by torch.utils.flop_counter (matmuls, convolutions,
+    attention), with activation-checkpoint recompute apart (`StepFlops`). Runs outside the timed
+    window."""
+    counter = step_flop_counter()
     with counter:
         run_forward_backward()
-    return float(counter.get_total_flops())
+    return counter.step_flops()
+
+
+def count_step_flops(run_forward_backward: Callable[[], None]) -> float:
+    """Hardware FLOPs of one forward+backward (recompute included): `measure_step_flops`."""
+    return measure_step_flops(run_forward_backward).hardware
 
 
 def mfu_percent(
@@ -326,3 +378,24 @@ def mfu_percent(
     if not flops_per_sample or not throughput or not peak:
         return None
     return 100.0 * flops_per_sample * throughput / peak
+
+
+# -- steady state ---------------------------------------------------------------------------------
+def epoch_overhead(first_fetch_s: float, steady_fetch_s: float) -> float:
+    """What one epoch boundary costs beyond the steady state, in seconds: the host time blocked
+    fetching the first batch of a fresh epoch (worker start-up, the sampler's new order, the first
+    batch made from scratch while the prefetch queue is empty) minus what a steady-state fetch
+    blocks (the window's mean fetch wait per step). Never negative."""
+    return max(0.0, first_fetch_s - steady_fetch_s)
+
+
+def amortized_throughput(
+    throughput: float, step_s: float, epoch_steps: int | None, overhead_s: float | None
+) -> float:
+    """Throughput of a long run whose epochs are `epoch_steps` steady-state steps of `step_s` each
+    plus `overhead_s` at each boundary: throughput * E*step / (E*step + overhead). Without an
+    epoch length (an endless stream) or a measured overhead, the steady-state throughput."""
+    if not epoch_steps or overhead_s is None or step_s <= 0:
+        return throughput
+    epoch_s = epoch_steps * step_s
+    return throughput * epoch_s / (epoch_s + overhead_s)

@@ -28,14 +28,22 @@ class Status(str, Enum):
 # Which way is better for each metric. The sweeper derives Optuna directions from this table,
 # and an objective must be one of these names.
 METRIC_GOALS: dict[str, str] = {
-    "throughput": "maximize",  # samples/s over the timed window
+    "throughput": "maximize",  # samples/s over the timed window (steady state)
+    # samples/s of a long run: the steady state with each epoch boundary's cost amortized over the
+    # user's epoch length (data.epoch_steps, or the dataset's length / batch size)
+    "throughput_amortized": "maximize",
     "utilization": "maximize",  # % (NVML GPU utilization; on CPU 100 - data_wait)
-    "mfu": "maximize",  # % of the device's dense peak FLOP/s for the dtype
+    "mfu": "maximize",  # % of the device's dense peak FLOP/s for the dtype (model FLOPs)
+    "hfu": "maximize",  # the same with hardware FLOPs (activation-checkpoint recompute included)
+    "mfu_achievable": "maximize",  # model FLOP/s % of this machine's measured matmul peak
+    "limit_efficiency": "maximize",  # throughput / limit_throughput, %
     "input_efficiency": "maximize",  # throughput / ceiling_throughput, %
     "ceiling_throughput": "maximize",  # samples/s with the batch already on the device
     "step_time_ms": "minimize",  # median step time
-    "data_wait": "minimize",  # % of timed wall time blocked on the next batch
+    "data_wait": "minimize",  # % of timed wall time the device starved of input
+    "host_data_wait": "minimize",  # % of timed wall time the host spent in next(loader)
     "peak_memory_mb": "minimize",
+    "peak_reserved_mb": "minimize",
     "power_w": "minimize",
     "energy_per_sample_j": "minimize",
     "compile_time_s": "minimize",
@@ -47,23 +55,42 @@ class Metrics:
     """Measured numbers. `None` means "not measurable here", never zero."""
 
     throughput: float | None = None
+    throughput_amortized: float | None = None  # over the user's epoch (README, "Steady state")
+    epoch_overhead_s: float | None = None  # what one epoch boundary costs beyond steady state
+    epoch_steps: int | None = None  # the epoch length it is amortized over
     step_time_ms: float | None = None
     step_time_p10_ms: float | None = None
     step_time_p90_ms: float | None = None
     step_time_cv: float | None = None  # std/mean of step times in the timed window
     throughput_ci: float | None = None  # relative half-width of the 95% CI of throughput
+    # % of the window the device starved of input (CUDA: on the GPU timeline; else host wait)
     data_wait: float | None = None
+    host_data_wait: float | None = None  # % of the window the host spent in next(loader)
     utilization: float | None = None
     peak_memory_mb: float | None = None
-    mfu: float | None = None
-    flops_per_sample: float | None = None
+    peak_reserved_mb: float | None = None  # CUDA: the caching allocator's reserved peak
+    mfu: float | None = None  # model FLOPs vs the documented dense peak (null where unknown)
+    hfu: float | None = None  # hardware FLOPs (recompute included) vs the documented peak
+    mfu_achievable: float | None = None  # model FLOPs vs the measured matmul peak
+    flops_per_sample: float | None = None  # model FLOPs (forward + backward, no recompute)
+    hardware_flops_per_sample: float | None = None  # what the device ran, recompute included
+    peak_flops_measured: float | None = None  # the matmul probe's FLOP/s for the dtype
     ceiling_throughput: float | None = None
     input_efficiency: float | None = None
+    loader_cost_us: float | None = None  # core-microseconds of input pipeline per sample
+    compute_cost_us: float | None = None  # core-microseconds of compute per sample (CPU)
+    limit_throughput: float | None = None  # the most this machine can do for the workload
+    limit_bound: str | None = None  # what bounds it: cores (CPU) | loader | compute
+    limit_efficiency: float | None = None  # throughput / limit_throughput, %
     compile_time_s: float | None = None
     warmup_time_s: float | None = None
     startup_time_s: float | None = None  # process start -> first timed step
     power_w: float | None = None
     energy_per_sample_j: float | None = None
+    # How NVML's numbers were obtained (gpuopt.monitor): "device samples" | "polled", and
+    # "energy counter" | "polled mean"; None without NVML.
+    utilization_source: str | None = None
+    power_source: str | None = None
     timed_steps: int | None = None
     timed_seconds: float | None = None
     stop_reason: str | None = None  # stable | budget | max_steps
@@ -79,6 +106,9 @@ class TrialResult:
     config: dict[str, Any] = field(default_factory=dict)  # the resolved trial config
     env: dict[str, Any] = field(default_factory=dict)  # environment fingerprint (gpuopt.env)
     warnings: list[str] = field(default_factory=list)  # settings that could not apply, etc.
+    # The profiled window's summary (gpuopt.profile.ProfileSummary.to_dict()), when profiled:
+    # phases, top operators, GPU split, trace_path. None when the trial was not profiled.
+    profile: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -106,6 +136,7 @@ class TrialResult:
             config=data.get("config") or {},
             env=data.get("env") or {},
             warnings=list(data.get("warnings") or []),
+            profile=data.get("profile") if isinstance(data.get("profile"), dict) else None,
         )
 
     def save(self, path: str | Path) -> None:
@@ -126,6 +157,7 @@ ATTR_ENV = "env"
 ATTR_CONFIG = "config"  # the resolved trial config
 ATTR_WARNINGS = "warnings"
 ATTR_BASELINE = "baseline"  # True on the trial measuring the user's config as composed
+ATTR_PROFILE = "profile"  # the profiled window's summary (dict), on profiled trials only
 
 # Study user-attribute keys.
 STUDY_OBJECTIVES = "objectives"  # list[str] metric names, in Optuna's value order
@@ -142,4 +174,6 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
     attrs[ATTR_ENV] = result.env
     attrs[ATTR_CONFIG] = result.config
     attrs[ATTR_WARNINGS] = result.warnings
+    if result.profile is not None:
+        attrs[ATTR_PROFILE] = result.profile
     return json.loads(json.dumps(attrs, default=str))

@@ -35,6 +35,7 @@ from gpuopt.config import (
     register_schemas,
     validate,
 )
+from gpuopt.fmt import fixed
 from gpuopt.result import Status, TrialResult
 
 log = logging.getLogger(__name__)
@@ -121,14 +122,6 @@ def main(cfg: DictConfig) -> TrialResult:
     return run_config(cfg, output_dir, multirun)
 
 
-def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}{unit}"
-    return f"{value}{unit}"
-
-
 def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
     """A readable table of one trial's result (rich)."""
     from rich.console import Console
@@ -144,23 +137,24 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
     table.add_column("note")
     ci = f"± {m.throughput_ci * 100:.1f}% (95% CI)" if m.throughput_ci is not None else ""
     rows = [
-        ("throughput", _fmt(m.throughput, " samples/s", 1), ci),
-        ("step time (median)", _fmt(m.step_time_ms, " ms", 3),
-         (f"p10 {_fmt(m.step_time_p10_ms, ' ms', 3)}, p90 {_fmt(m.step_time_p90_ms, ' ms', 3)}, "
-          f"cv {_fmt(m.step_time_cv, '', 3)}")),
-        ("data wait", _fmt(m.data_wait, " %", 1), "time blocked on the next batch"),
-        ("utilization", _fmt(m.utilization, " %", 1), "NVML on NVIDIA; CPU: 100 - data wait"),
-        ("compute ceiling", _fmt(m.ceiling_throughput, " samples/s", 1), "one on-device batch, no loader"),
-        ("input efficiency", _fmt(m.input_efficiency, " %", 1), "throughput / ceiling"),
-        ("MFU", _fmt(m.mfu, " %", 2), "of the device's dense peak for the dtype"),
-        ("FLOPs / sample", _fmt(m.flops_per_sample, "", 0), "forward + backward"),
-        ("peak memory", _fmt(m.peak_memory_mb, " MB", 1), ""),
-        ("power", _fmt(m.power_w, " W", 1), ""),
-        ("energy / sample", _fmt(m.energy_per_sample_j, " J", 4), ""),
-        ("compile time", _fmt(m.compile_time_s, " s", 2), "first step through torch.compile"),
-        ("warm-up time", _fmt(m.warmup_time_s, " s", 2), ""),
-        ("startup time", _fmt(m.startup_time_s, " s", 2), "process start -> first timed step"),
-        ("timed window", f"{_fmt(m.timed_steps)} steps in {_fmt(m.timed_seconds, ' s', 2)}",
+        ("throughput", fixed(m.throughput, " samples/s", 1), ci),
+        ("step time (median)", fixed(m.step_time_ms, " ms", 3),
+         (f"p10 {fixed(m.step_time_p10_ms, ' ms', 3)}, p90 {fixed(m.step_time_p90_ms, ' ms', 3)}, "
+          f"cv {fixed(m.step_time_cv, '', 3)}")),
+        ("data wait", fixed(m.data_wait, " %", 1), "CUDA: GPU idle for input; CPU: host wait"),
+        ("host data wait", fixed(m.host_data_wait, " %", 1), "host time in next(loader)"),
+        ("utilization", fixed(m.utilization, " %", 1), "NVML on NVIDIA; CPU: 100 - data wait"),
+        ("compute ceiling", fixed(m.ceiling_throughput, " samples/s", 1), "one on-device batch, no loader"),
+        ("input efficiency", fixed(m.input_efficiency, " %", 1), "throughput / ceiling"),
+        ("MFU", fixed(m.mfu, " %", 2), "of the device's dense peak for the dtype"),
+        ("FLOPs / sample", fixed(m.flops_per_sample, "", 0), "forward + backward"),
+        ("peak memory", fixed(m.peak_memory_mb, " MB", 1), ""),
+        ("power", fixed(m.power_w, " W", 1), ""),
+        ("energy / sample", fixed(m.energy_per_sample_j, " J", 4), ""),
+        ("compile time", fixed(m.compile_time_s, " s", 2), "first step through torch.compile"),
+        ("warm-up time", fixed(m.warmup_time_s, " s", 2), ""),
+        ("startup time", fixed(m.startup_time_s, " s", 2), "process start -> first timed step"),
+        ("timed window", f"{fixed(m.timed_steps)} steps in {fixed(m.timed_seconds, ' s', 2)}",
          f"stopped: {m.stop_reason or '-'}"),
         ("device", str(result.env.get("device_name", "-")), str(result.env.get("device", ""))),
     ]  # fmt: skip

@@ -47,3 +47,18 @@ def _mask_node(node: Any) -> None:
             masked = mask_secrets(value)
             if masked != value:
                 node[key] = masked
+
+
+def masked_singleton_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Hydra's `Singleton.get_state()` (a deep copy) with the storage passwords masked in its
+    HydraConfig, which holds the sweep's `hydra` node (hydra.sweeper.storage and the command-line
+    overrides): the state is pickled into every job's `.submitit/*_submitted.pkl`. The trial never
+    opens the study, so it needs no password; the sweeping process keeps the real URL in memory.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    holder = state.get("instances", {}).get(HydraConfig)
+    cfg = getattr(holder, "cfg", None)
+    if cfg is not None:
+        mask_config_secrets(cfg)
+    return state

@@ -164,3 +164,16 @@ def test_local_executor_controller_and_job_process(tmp_path):
     assert process is not None and process.wait(timeout=30) == 0
     codes = json.loads((job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}").read_text())
     assert codes == [0]
+
+
+def test_constraints_key_is_what_optuna_reads_as_constraints():
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    trial = create_trial(
+        state=TrialState.COMPLETE,
+        values=[1.0],
+        system_attrs={_compat.constraints_key(): [1.0, 0.0]},
+    )
+    assert trial.constraints == {"0": 1.0, "1": 0.0}
+    assert optuna.study._constrained_optimization._get_feasible_trials([trial]) == []

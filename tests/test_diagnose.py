@@ -127,3 +127,46 @@ def test_failed_trials_are_not_diagnosed(status):
 
 def test_nan_metrics_count_as_missing():
     assert diagnose({"data_wait": float("nan")}, device_type="cpu").bottleneck is Bottleneck.UNKNOWN
+
+
+def test_gpu_input_bound_reads_starvation_not_the_hosts_loader_time():
+    # A GPU-bound step whose loader runs while the GPU computes: the host waited 40% of the window,
+    # the GPU starved 1%. Not input-bound (the rule reads data_wait, the GPU timeline's number).
+    overlapped = {**gpu(utilization=97.0, mfu=35.0, data_wait=1.0), "host_data_wait": 40.0}
+    assert diagnose(overlapped, device_type="cuda").bottleneck is Bottleneck.COMPUTE
+    starved = {**gpu(utilization=60.0, mfu=10.0, data_wait=30.0), "host_data_wait": 32.0}
+    d = diagnose(starved, device_type="cuda")
+    assert d.bottleneck is Bottleneck.INPUT
+    assert any("data_wait 30.0%" in e and "GPU starved" in e for e in d.evidence)
+
+
+def test_cpu_input_bound_reads_the_hosts_wait_which_is_the_same_thing_there():
+    assert diagnose({"host_data_wait": 40.0}, device_type="cpu").bottleneck is Bottleneck.INPUT
+    # On a GPU the host's wait alone says nothing about starvation.
+    assert diagnose({"host_data_wait": 40.0}, device_type="cuda").bottleneck is Bottleneck.UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("bound", "device", "says"),
+    [
+        ("cores", "cpu", "only cheaper data or more cores help"),
+        ("loader", "cuda", "only cheaper data or more cores help"),
+        ("compute", "cuda", "only less math per sample or a faster device help"),
+    ],
+)
+def test_at_the_machines_limit_comes_first_and_says_what_is_left(bound, device, says):
+    from gpuopt.diagnose import LIMIT_HIGH_PCT
+
+    metrics = {
+        "data_wait": 40.0,  # input-bound too: the limit says more workers cannot help
+        "input_efficiency": 50.0,
+        "limit_efficiency": 96.0,
+        "limit_throughput": 10_000.0,
+        "limit_bound": bound,
+    }
+    d = diagnose(metrics, device_type=device)
+    assert d.bottleneck is Bottleneck.AT_MACHINE_LIMIT
+    assert d.summary.startswith("at 96% of this machine's limit") and says in d.summary
+    assert any("limit_efficiency 96.0%" in line for line in d.evidence)
+    below = diagnose({**metrics, "limit_efficiency": LIMIT_HIGH_PCT - 1}, device_type=device)
+    assert below.bottleneck is Bottleneck.INPUT

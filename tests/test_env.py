@@ -106,3 +106,62 @@ def test_allocator_settings_after_torch_import_warn_instead_of_silently_failing(
     assert len(warnings) == 2 and all("did not apply" in w for w in warnings)
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ  # not pretending it applied
     assert apply_allocator_env(None, False) == []  # nothing asked, nothing to warn about
+
+
+# -- the measured peak: probe, cache per hardware fingerprint -------------------------------------
+def test_peak_probe_is_short_and_cached_per_fingerprint(tmp_path, monkeypatch):
+    import time
+
+    cache = tmp_path / "peak_flops.json"
+    cpu = torch.device("cpu")
+    fp = env.fingerprint(cpu)
+    probes = []
+    real_probe = env.measure_peak_flops
+    monkeypatch.setattr(
+        env, "measure_peak_flops", lambda *a, **k: probes.append(a) or real_probe(*a, **k)
+    )
+    started = time.perf_counter()
+    first = env.probed_peak_flops(cpu, "fp32", fp, cache=cache)
+    assert time.perf_counter() - started < 1.0 and len(probes) == 1
+    # Per-core rate x usable cores; a plausible CPU (> 0.1 GFLOP/s per core).
+    assert first is not None and first > 1e8 * env.usable_cpus()
+    # The second call reads the cache file: no probe, the same number.
+    assert env.probed_peak_flops(cpu, "fp32", fp, cache=cache) == first and len(probes) == 1
+    stored = json.loads(cache.read_text())
+    (key,) = stored
+    assert json.loads(key)["mode"] == "fp32" and json.loads(key)["torch"] == torch.__version__
+    # Another machine (fingerprint), dtype or torch version misses the cache and probes again.
+    env.probed_peak_flops(cpu, "fp32", {**fp, "cpu_model": "another CPU"}, cache=cache)
+    env.probed_peak_flops(cpu, "fp32", {**fp, "torch": "9.9"}, cache=cache)
+    env.probed_peak_flops(cpu, "fp16", fp, cache=cache)
+    assert len(probes) == 4 and len(json.loads(cache.read_text())) == 4
+    assert env.probed_peak_flops(cpu, "int8", fp, cache=cache) is None
+
+
+def test_probe_restores_threads_and_matmul_precision(tmp_path):
+    threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    env.probed_peak_flops(torch.device("cpu"), "bf16", cache=tmp_path / "c.json")
+    assert torch.get_num_threads() == threads
+    assert torch.get_float32_matmul_precision() == precision
+
+
+def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "mine"))
+    assert env.cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("GPUOPT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert env.cache_dir() == tmp_path / "xdg" / "gpuopt"
+
+
+@no_cuda
+def test_env_cli_shows_the_measured_peak_per_dtype(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuopt.env", "--json", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GPUOPT_CACHE_DIR": str(tmp_path)},
+    )
+    peaks = json.loads(out.stdout)["peak_flops"]
+    assert set(peaks) == {"fp32", "bf16", "fp16"} and all(v > 0 for v in peaks.values())
+    assert (tmp_path / "peak_flops.json").exists()

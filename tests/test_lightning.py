@@ -123,6 +123,8 @@ def test_builtin_family_runs_under_lightning_with_warmup_excluded(family_runs, f
     assert m.throughput == pytest.approx(meter.timed_samples / m.timed_seconds)
     assert m.step_time_ms > 0 and m.stop_reason in ("stable", "budget", "max_steps")
     assert 0.0 <= m.data_wait <= 100.0 and m.utilization == pytest.approx(100.0 - m.data_wait)
+    assert m.host_data_wait == m.data_wait  # CPU: the host's wait is the device's
+    assert m.peak_reserved_mb is None and m.utilization_source is m.power_source is None
     assert m.flops_per_sample and m.flops_per_sample > 0
     assert m.ceiling_throughput and m.ceiling_throughput > 0 and m.input_efficiency > 0
     assert m.mfu is None  # no documented peak for a CPU
@@ -294,7 +296,13 @@ def test_fetch_timer_times_only_the_fetch_while_active() -> None:
     timer.start("[LightningModule]BuiltinModule.training_step")
     timer.stop("[LightningModule]BuiltinModule.training_step")
     timer.stop("[_TrainingEpochLoop].train_dataloader_next")
-    assert timer.fetch_s > 0.0 and timer.wait_seconds() == timer.fetch_s
+    waited = timer.wait_seconds()  # on CPU the device's wait is the host's fetch time
+    assert timer.fetch_s > 0.0 and waited.device_s == waited.host_s == timer.fetch_s
+    timer.active = False
+    timer.start("[_TrainingEpochLoop].train_dataloader_next")
+    timer.active = True  # a span opened outside the window does not close inside it
+    timer.stop("[_TrainingEpochLoop].train_dataloader_next")
+    assert timer.wait_seconds() == waited
 
 
 @pytest.mark.slow
@@ -322,3 +330,77 @@ def test_spec_engine_is_in_the_recorded_config(compose_cfg) -> None:
     spec = validate(compose_cfg("engine=lightning", "engine.gradient_clip_val=1.0"))
     assert dataclasses.asdict(spec)["engine"]["name"] == "lightning"
     assert OmegaConf.to_container(compose_cfg("engine=lightning").engine)["strategy"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("mode", "override", "expected"),
+    [("fp32", None, "fp32"), ("tf32", None, "tf32"), ("bf16", None, "bf16"),
+     ("fp16", None, "fp16"),
+     # engine.precision wins: a bf16/fp16 precision.mode under "32-true" runs plain fp32 ...
+     ("bf16", "32-true", "fp32"), ("fp16", "32-true", "fp32"), ("tf32", "32-true", "tf32"),
+     # ... and a half-precision override of fp32 runs (and is measured against) that dtype.
+     ("fp32", "bf16-true", "bf16"), ("fp32", "16-mixed", "fp16"), ("fp32", "64-true", None)],
+)  # fmt: skip
+def test_peak_mode_is_the_precision_the_fit_runs(compose_cfg, mode, override, expected) -> None:
+    from gpuopt.engines.lightning import peak_mode
+
+    spec = validate(compose_cfg("engine=lightning", "device=cpu"))
+    spec = dataclasses.replace(
+        spec,
+        precision=dataclasses.replace(spec.precision, mode=mode),
+        engine=dataclasses.replace(spec.engine, precision=override),
+    )
+    assert peak_mode(spec) == expected
+
+
+def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(compose_cfg) -> None:
+    from lightning.pytorch.utilities.compile import from_compiled
+
+    from gpuopt.policies import CachePolicy
+
+    compiled_graphs = []
+
+    def backend(gm, example_inputs):  # would record any compilation the FLOP step triggered
+        compiled_graphs.append(gm)
+        return gm.forward
+
+    cpu = torch.device("cpu")
+    spec = validate(compose_cfg("engine=lightning", *TINY_TRIAL, "measure.warmup_steps=2"))
+    module = from_compiled(
+        torch.compile(BuiltinModule(torch.nn.Linear(16, 4), spec), backend=backend)
+    )
+    compiled_step = module.training_step
+    notes: list[str] = []
+    meter = MeasureCallback(spec, cpu, FetchTimer(cpu), CachePolicy(spec.cache, cpu), notes)
+    batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    meter.on_train_batch_start(None, module, batch, 0)  # type: ignore[arg-type]
+    assert module.training_step is not compiled_step  # the eager step runs under the counter
+    loss = module.training_step(batch, 0)
+    loss.backward()
+    meter.on_train_batch_end(None, module, loss, batch, 0)  # type: ignore[arg-type]
+    assert module.training_step is compiled_step and compiled_graphs == []
+    eager = count_step_flops(lambda: module.model(batch[0]).sum().backward()) / 8
+    assert meter.flops_per_sample == pytest.approx(eager) and eager > 0
+
+
+def test_lightning_peaks_count_from_after_the_flop_step_and_warm_up(compose_cfg, monkeypatch):
+    from gpuopt.engines._common import MemoryBaseline
+
+    seen = Seen()
+    order = []
+    monkeypatch.setattr(
+        MemoryBaseline, "release_cache", lambda self: order.append(("release", seen.meter().steps))
+    )
+    monkeypatch.setattr(
+        MemoryBaseline,
+        "window_starting",
+        lambda self: order.append(("window", seen.meter().steps)),
+    )
+    spec = validate(
+        compose_cfg("engine=lightning", *TINY_TRIAL, *TINY_MODELS["mlp"], "measure.warmup_steps=3")
+    )
+    result = run_trial(spec, inspect=seen)
+    assert result.status is Status.OK, result.reason
+    # After the eager FLOP step (the first warm-up step) the cache goes back; the peaks are reset
+    # once all warm-up steps ran, as the window starts.
+    assert order == [("release", 1), ("window", 3)]

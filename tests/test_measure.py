@@ -286,3 +286,44 @@ def test_cuda_device_is_made_current_and_initialized_when_resolved(monkeypatch):
     assert calls == [("set_device", torch.device("cuda", 0)), ("init",)]
     calls.clear()
     assert env.resolve_device("cpu") == torch.device("cpu") and calls == []
+
+
+# -- FLOPs with activation checkpointing, steady state ---------------------------------------------
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_step_flops_count_recompute_apart_from_the_model_flops(checkpointed):
+    import torch
+
+    from gpuopt.measure import measure_step_flops
+    from gpuopt.workload.models import MLP
+
+    model = MLP(12, 10, 16, 2, activation_checkpointing=checkpointed)
+    flops = measure_step_flops(lambda: model(torch.randn(4, 12)).sum().backward())
+    # Linear 12->16, two 16->16 blocks, 16->10; 4 samples. Forward 2*sum(in*out) per sample, the
+    # backward the same for weight gradients plus input gradients for all but the first layer.
+    layers = [(12, 16), (16, 16), (16, 16), (16, 10)]
+    forward = 4 * 2 * sum(i * o for i, o in layers)
+    model_flops = 3 * forward - 4 * 2 * 12 * 16
+    assert flops.model == model_flops
+    # Checkpointing recomputes each block's forward in the backward: hardware FLOPs only.
+    recompute = 4 * 2 * 2 * 16 * 16 if checkpointed else 0
+    assert flops.recompute == recompute and flops.hardware == model_flops + recompute
+
+
+def test_epoch_overhead_is_the_first_fetch_beyond_a_steady_one():
+    from gpuopt.measure import epoch_overhead
+
+    assert epoch_overhead(0.30, 0.02) == pytest.approx(0.28)
+    assert epoch_overhead(0.01, 0.02) == 0.0  # a boundary never makes a run faster
+
+
+def test_amortized_throughput_spreads_the_boundary_over_the_real_epoch():
+    from gpuopt.measure import amortized_throughput
+
+    # 100 steps of 10 ms (100 samples/s at batch 1... any batch: the ratio is what counts) plus a
+    # 1 s boundary: the epoch takes 2 s instead of 1 s.
+    assert amortized_throughput(1000.0, 0.01, 100, 1.0) == pytest.approx(500.0)
+    # A long epoch hides the same boundary.
+    assert amortized_throughput(1000.0, 0.01, 100_000, 1.0) == pytest.approx(999.0, rel=1e-4)
+    # No epochs (an endless stream) or no measured overhead: the steady state.
+    assert amortized_throughput(1000.0, 0.01, None, 1.0) == 1000.0
+    assert amortized_throughput(1000.0, 0.01, 100, None) == 1000.0

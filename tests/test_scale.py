@@ -412,20 +412,26 @@ def test_parallel_trials_each_get_their_own_gpu(tmp_path):
 
 @pytest.mark.slow
 @needs_pg
-def test_storage_password_is_never_written(tmp_path, pg_url):
+@pytest.mark.parametrize("launcher", ["basic", "fresh_process"])
+def test_storage_password_is_never_written(tmp_path, pg_url, launcher):
+    """Every file the sweep wrote, submitit's job pickles included (fresh_process), read as bytes:
+    no trace of a real role's real (random) password."""
+    import secrets
+
     import psycopg
 
-    password = "Sup3r-s3cret-pw"
+    password = f"pw-{secrets.token_hex(12)}"
+    role = f"sweeper_{launcher}"
     conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE sweeper LOGIN PASSWORD '{password}'")
-        conn.execute("CREATE DATABASE secretdb OWNER sweeper")
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        conn.execute(f"CREATE DATABASE {role} OWNER {role}")
     host = pg_url.split("@", 1)[1].rsplit("/", 1)[0]
-    url = f"postgresql+psycopg://sweeper:{password}@{host}/secretdb"
+    url = f"postgresql+psycopg://{role}:{password}@{host}/{role}"
     proc = _run(
         tmp_path,
         *FAKE,
-        "hydra/launcher=basic",
+        f"hydra/launcher={launcher}",
         f"hydra.sweeper.storage={url}",
         "hydra.sweeper.study_name=secret",
         "hydra.sweeper.n_trials=3",
@@ -441,11 +447,13 @@ def test_storage_password_is_never_written(tmp_path, pg_url):
         timeout=120,
     )
     assert report.returncode == 0, report.stderr[-2000:]
-    assert "sweeper:***@" in proc.stdout  # the summary names the storage, masked
+    assert f"{role}:***@" in proc.stdout  # the summary names the storage, masked
     for text in (proc.stdout, proc.stderr, report.stdout, report.stderr):
         assert password not in text
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "hydra.yaml" for p in files)
+    if launcher == "fresh_process":
+        assert any(p.name.endswith("_submitted.pkl") for p in files)
     for path in files:
         assert password.encode() not in path.read_bytes(), path
     study = optuna.load_study(study_name="secret", storage=url)

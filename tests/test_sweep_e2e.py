@@ -125,7 +125,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     assert not any(t.user_attrs.get(ATTR_BASELINE) for t in trials[1:])
     for t in trials:
         attrs = t.user_attrs
-        assert attrs["status"] == "ok" and t.constraints == {"oom": 0.0, "diverged": 0.0}
+        assert attrs["status"] == "ok" and t.system_attrs["constraints"] == [0.0, 0.0]
         assert set(vars(Metrics())) <= set(attrs)  # every metric, flat
         assert t.values == [attrs["throughput"], attrs["utilization"]] and attrs["throughput"] > 0
         # the resolved config the trial really ran is the one its params asked for
@@ -199,13 +199,13 @@ def test_out_of_memory_trials_are_infeasible_results_in_fresh_processes(tmp_path
     assert (
         baseline.user_attrs[ATTR_BASELINE] and baseline.params == {}
     )  # width 512 is outside the space
-    assert baseline.user_attrs["status"] == "ok" and baseline.constraints == {
-        "oom": 0.0,
-        "diverged": 0.0,
-    }
+    assert baseline.user_attrs["status"] == "ok" and baseline.system_attrs["constraints"] == [
+        0.0,
+        0.0,
+    ]
     assert oom.params == {"model.width": 1000000000}
     assert oom.user_attrs["status"] == "oom" and "allocate" in oom.user_attrs["reason"]
-    assert oom.constraints == {"oom": 1.0, "diverged": 0.0} and oom.values == [0.0, 0.0]
+    assert oom.system_attrs["constraints"] == [1.0, 0.0] and oom.values == [0.0, 0.0]
     assert Path(oom.user_attrs["run_dir"]).name == f"trial_{oom.number}"
 
 
@@ -321,7 +321,7 @@ def test_statuses_are_recorded_and_the_sweep_survives_a_dying_trial(tmp_path):
     assert set(by) == {"crash", "die", "diverge"}
     diverged = by["diverge"]
     assert diverged.state == TrialState.COMPLETE and diverged.user_attrs["status"] == "diverged"
-    assert diverged.constraints == {"oom": 0.0, "diverged": 1.0} and diverged.values == [0.0, 0.0]
+    assert diverged.system_attrs["constraints"] == [0.0, 1.0] and diverged.values == [0.0, 0.0]
     crash = by["crash"]
     assert (
         crash.state == TrialState.FAIL and crash.user_attrs["reason"] == "RuntimeError: fake crash"

@@ -35,9 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuopt.config import MODEL_META_KEYS, TrialSpec
+from gpuopt import limits
+from gpuopt.config import DATA_GPUOPT_KEYS, MODEL_META_KEYS, TrialSpec
 from gpuopt.measure import (
+    StepFlops,
     WindowResult,
+    amortized_throughput,
+    epoch_overhead,
     mfu_percent,
     peak_flops,
     relative_ci_halfwidth,
@@ -60,6 +64,10 @@ CEILING_WARMUP_STEPS = 1
 CEILING_BUDGET_SHARE = 0.25
 # ... but not before this many timed replay steps.
 CEILING_MIN_STEPS = 3
+# Batches beyond the trial's own needs in its one long epoch (a guard for off-by-one consumers).
+EPOCH_MARGIN_BATCHES = 2
+# The worker-like loop that prices the input pipeline runs this long (at least one batch).
+LOADER_COST_BUDGET_S = 0.2
 
 
 # -- the trial's lifecycle ------------------------------------------------------------------------
@@ -75,6 +83,7 @@ class Trial:
     # What the engine built and must let go of at the trial's end (closed first where it has a
     # close()), so the device cache can be given back even after a failure.
     resources: list[Any] = field(default_factory=list)
+    profile: dict[str, Any] | None = None  # the profiled window's summary (gpuopt.profile)
 
     def show(self, name: str, obj: Any) -> None:
         """Hand a built object to the `inspect` hook of run_trial (tests, debugging)."""
@@ -158,6 +167,7 @@ def run_measured(
         config=spec_to_dict(spec),
         env=fingerprint(device),
         warnings=trial.warnings,
+        profile=trial.profile,
     )
 
 
@@ -171,6 +181,8 @@ def release(trial: Trial, status: Status) -> None:
         if callable(close):
             close()
     trial.resources.clear()
+    if trial.spec.compile.mode != "off":
+        reset_compiler()
     gc.collect()
     CachePolicy(trial.spec.cache, trial.device).at_trial_end()
     if status is Status.OOM:
@@ -179,20 +191,41 @@ def release(trial: Trial, status: Status) -> None:
         empty_device_cache(trial.device)
 
 
+def reset_compiler() -> None:
+    """Forget what torch.compile built in this process, so the next in-process trial compiles
+    afresh (no cache hit, no recompile-limit carry-over from this trial's guards).
+    `torch.compiler.reset()` clears Dynamo's in-memory caches and, where CUDA is available, shuts
+    the CUDA-graph trees down (`reset_cudagraph_trees`), releasing their private memory pools to
+    the caching allocator (given back to the driver by the cache policy / after an OOM)."""
+    import torch
+
+    torch.compiler.reset()
+
+
 # -- failure classification -----------------------------------------------------------------------
 class Diverged(Exception):
     """The loss became NaN or inf."""
 
 
+# Out-of-memory as the CUDA libraries report it: a workspace or handle they could not allocate
+# (e.g. "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+# "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), raised as a RuntimeError / torch.AcceleratorError,
+# not as torch.OutOfMemoryError.
+LIBRARY_OOM_STATUSES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+
+
 def is_oom(exc: BaseException) -> bool:
-    """torch.OutOfMemoryError (CUDA), the CPU allocator's failure, MPS's out-of-memory error."""
+    """torch.OutOfMemoryError (CUDA), the CPU allocator's failure, MPS's out-of-memory error,
+    and cuBLAS/cuDNN allocation failures (LIBRARY_OOM_STATUSES)."""
     import torch
 
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and (
-        "can't allocate memory" in text or "out of memory" in text.lower()
+        "can't allocate memory" in text
+        or "out of memory" in text.lower()
+        or any(status in text for status in LIBRARY_OOM_STATUSES)
     )
 
 
@@ -262,8 +295,10 @@ def instantiate_model(spec: TrialSpec) -> Any:
 
 
 def instantiate_data(spec: TrialSpec, **kwargs: Any) -> Any:
-    """The data config's object (a Dataset, or under Lightning a LightningDataModule)."""
-    return instantiate_trusted(spec.data, spec.trusted_targets, **kwargs)
+    """The data config's object (a Dataset, or under Lightning a LightningDataModule), built
+    without gpuopt's own data keys (DATA_GPUOPT_KEYS)."""
+    data = {k: v for k, v in spec.data.items() if k not in DATA_GPUOPT_KEYS}
+    return instantiate_trusted(data, spec.trusted_targets, **kwargs)
 
 
 def compute_loss(loss_name: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -310,11 +345,12 @@ def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: 
         ]
         if ignored:
             warnings.append(f"loader.{' and loader.'.join(ignored)} ignored: loader.num_workers=0")
+    generator = torch.Generator().manual_seed(spec.seed)
     return DataLoader(
         dataset,
         batch_size=conf.batch_size,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(spec.seed),
+        sampler=steady_sampler(spec, dataset, generator),
+        generator=generator,
         num_workers=conf.num_workers,
         # Page-locked host buffers: needed for truly asynchronous H2D copies. Without an
         # accelerator PyTorch ignores it (with a warning).
@@ -322,6 +358,40 @@ def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: 
         drop_last=conf.drop_last,
         **kwargs,
     )
+
+
+def trial_samples(spec: TrialSpec) -> int:
+    """The most samples a trial draws from its loader before the window ends: the first batch,
+    the warm-up, the window's max_steps (and a small margin)."""
+    batches = 1 + spec.measure.warmup_steps + spec.measure.max_steps + EPOCH_MARGIN_BATCHES
+    return batches * spec.loader.batch_size
+
+
+def steady_sampler(spec: TrialSpec, dataset: Any, generator: torch.Generator) -> Any:
+    """A shuffling sampler whose one epoch lasts the whole trial: the dataset's own random order,
+    and where the dataset is shorter than the trial, further random passes over it inside the
+    same epoch (`RandomSampler(num_samples=...)`, one fresh permutation per pass, drawn lazily).
+    So the loader never restarts (no worker respawn, no refill) inside the timed window; what an
+    epoch boundary costs is measured apart (`measure_epoch_boundary`). None for a dataset without
+    a length (an IterableDataset: no sampler, no epochs)."""
+    from torch.utils.data import RandomSampler
+
+    length = dataset_length(dataset)
+    if length is None:
+        return None
+    return RandomSampler(dataset, num_samples=max(length, trial_samples(spec)), generator=generator)
+
+
+def dataset_length(dataset: Any) -> int | None:
+    """len(dataset) for a map-style dataset, None for an IterableDataset or one without len."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return None
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -333,22 +403,40 @@ def peak_rss_mb() -> float:
 
 @dataclass(frozen=True)
 class MemoryBaseline:
-    """Where `peak_memory_mb` counts from: the device's peak statistics are reset, and the host's
-    peak RSS noted, when this is taken (both engines: before the trial builds anything)."""
+    """Where the window's memory metrics count from.
+
+    CUDA: the allocator's peak statistics are reset by `window_starting` (after warm-up, just
+    before the timed window), so `peak_mb` / `peak_reserved_mb` are the steady state's peaks, not
+    the eager FLOP-count step's activations, compilation or cudnn.benchmark's trial workspaces.
+    After a reset a peak starts at what is in use then: `release_cache` (before the warm-up steps)
+    gives the blocks those one-off steps left cached back to the driver, so the reserved peak is
+    what the warm-up and the window re-reserve (expandable_segments and compile show there).
+    CPU: ru_maxrss is the process's high-water mark and cannot be reset: the peak RSS's growth
+    from `take` (before the trial builds anything)."""
 
     device: torch.device
     rss_before_mb: float
 
     @classmethod
     def take(cls, device: torch.device) -> MemoryBaseline:
-        import torch
-
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
         return cls(device, peak_rss_mb())
 
+    def release_cache(self) -> None:
+        """Give cached, unused device blocks back (outside the window: before the warm-up steps)."""
+        from gpuopt.policies import empty_device_cache
+
+        empty_device_cache(self.device)
+
+    def window_starting(self) -> None:
+        """Reset the device's peak statistics: the peaks read afterwards are the window's."""
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
     def peak_mb(self) -> float | None:
-        """The peak since the baseline: CUDA's allocator peak, the CPU's RSS growth, else None."""
+        """CUDA: the allocator's peak of allocated memory since `window_starting`; CPU: the peak
+        RSS's growth since `take`; else None."""
         import torch
 
         if self.device.type == "cuda":
@@ -356,6 +444,45 @@ class MemoryBaseline:
         if self.device.type == "cpu":
             return max(0.0, peak_rss_mb() - self.rss_before_mb)
         return None
+
+    def peak_reserved_mb(self) -> float | None:
+        """CUDA: the caching allocator's peak of reserved (allocated + cached) memory since
+        `window_starting`, what the device must hold; None elsewhere."""
+        import torch
+
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_reserved(self.device) / 2**20
+        return None
+
+
+# -- FLOP counts ----------------------------------------------------------------------------------
+def attention_tf32_note(
+    peak_mode: str | None, capability: tuple[int, int] | None, flops: StepFlops
+) -> str | None:
+    """A note for fp32 MFU of a model with attention on sm80+: PyTorch's memory-efficient attention
+    (the SDPA kernel fp32 gets; flash and cuDNN attention take fp16/bf16 only) runs its matmuls on
+    tensor cores for fp32 there, whatever allow_tf32 says, while mfu is against the non-tensor-core
+    fp32 peak."""
+    if peak_mode != "fp32" or capability is None or capability < (8, 0) or not flops.attention:
+        return None
+    share = 100.0 * flops.attention / flops.hardware if flops.hardware else 0.0
+    return (
+        f"precision fp32 with attention ({share:.0f}% of the counted FLOPs): PyTorch's "
+        "memory-efficient attention uses tensor cores for fp32 on sm80+ regardless of allow_tf32, "
+        "so mfu (against the fp32 non-tensor-core peak) overstates the fp32 math's share"
+    )
+
+
+def flop_notes(
+    spec: TrialSpec, device: torch.device, peak_mode: str | None, flops: StepFlops
+) -> list[str]:
+    """What a trial's MFU must be read with: tensor-core attention under fp32 (CUDA sm80+).
+    (Activation checkpointing needs no note: `mfu` counts model FLOPs, `hfu` hardware FLOPs.)"""
+    import torch
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    attention = attention_tf32_note(peak_mode, capability, flops)
+    return [attention] if attention else []
 
 
 # -- beside the timed window ----------------------------------------------------------------------
@@ -378,54 +505,98 @@ class WindowMonitors:
             sampler.start()
 
     def stop(self) -> Any:
-        """The window's NVML statistics (`gpuopt.monitor.NvmlStats`), or None without a sampler."""
+        """The window's NVML statistics (`gpuopt.monitor.NvmlStats`), or None without a sampler.
+        The statistics' `notes` (a number that fell back to NVML's coarser averages) join the
+        trial's notes."""
         sampler, self._sampler = self._sampler, None
-        return sampler.stop() if sampler is not None else None
+        stats = sampler.stop() if sampler is not None else None
+        for note in getattr(stats, "notes", ()) or ():
+            if note not in self.notes:
+                self.notes.append(note)
+        return stats
+
+
+@dataclass(frozen=True)
+class InputWaitSeconds:
+    """What the input pipeline cost the timed window, in seconds."""
+
+    device_s: float  # the device starved of input (CUDA: on the GPU timeline; else = host_s)
+    host_s: float  # the host blocked in next(loader)
+
+
+def _cuda_event_recorder(device: torch.device) -> Callable[[], Any]:
+    """A function recording a timing event on `device`'s current stream (asynchronous)."""
+    import torch
+
+    def record() -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    return record
 
 
 class InputWait:
-    """What the input pipeline costs the loop inside the timed window: the host time blocked
-    fetching the next batch, plus (when `time_copies`) the GPU time of the host-to-device copies,
-    timed with CUDA events on the stream (a copy's host time would include waiting for queued
-    compute). Each engine marks the fetch and copy spans of its own loop."""
+    """What the input pipeline costs the loop inside the timed window. Each engine marks the fetch
+    (`next(loader)`) and host-to-device copy spans of its own loop; `totals` gives
 
-    def __init__(self, time_copies: bool) -> None:
-        self.time_copies = time_copies
+    - `host_s`: host time blocked fetching (the loader's time, on every device);
+    - `device_s`: time the device sat starved of input. On CUDA it is read on the GPU timeline:
+      per step, an event recorded on the stream when the fetch starts (reached once the previous
+      step's queued work is done) to one after the copy (reached once the batch is on the device):
+      the stream's idle gap waiting for the host's fetch, plus the copy itself. Loader time that
+      overlaps queued compute costs nothing there, whatever syncs the step makes (fp16's
+      GradScaler) and however the engine copies (blocking or not). Without CUDA events (CPU,
+      MPS) it is the host's fetch time, the same thing on a synchronous device.
+
+    `record_event` (tests: a stand-in) records a timing event on the device's stream."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        record_event: Callable[[], Any] | None = None,
+        host_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if record_event is None and device.type == "cuda":
+            record_event = _cuda_event_recorder(device)
+        self._record_event = record_event
+        self._host_clock = host_clock
         self.fetch_s = 0.0
         self._fetch_t0: float | None = None
-        self._copy_events: list[tuple[Any, Any]] = []
-        self._copy_start: Any = None
+        self._spans: list[tuple[Any, Any]] = []  # (fetch started, copy ended) events
+        self._span_start: Any = None
 
     def reset(self) -> None:
-        self.fetch_s, self._copy_events = 0.0, []
+        self.fetch_s, self._fetch_t0, self._spans, self._span_start = 0.0, None, [], None
+
+    def _open_span(self) -> None:
+        if self._record_event is not None and self._span_start is None:
+            self._span_start = self._record_event()
 
     def fetch_started(self) -> None:
-        self._fetch_t0 = time.perf_counter()
+        self._fetch_t0 = self._host_clock()
+        self._open_span()
 
     def fetch_ended(self) -> None:
         if self._fetch_t0 is not None:
-            self.fetch_s += time.perf_counter() - self._fetch_t0
+            self.fetch_s += self._host_clock() - self._fetch_t0
             self._fetch_t0 = None
 
     def copy_started(self) -> None:
-        if self.time_copies:
-            import torch
-
-            self._copy_start = torch.cuda.Event(enable_timing=True)
-            self._copy_start.record()
+        self._open_span()  # a step whose batch was fetched earlier (prefetched) starts here
 
     def copy_ended(self) -> None:
-        if self._copy_start is not None:
-            import torch
+        if self._span_start is not None:
+            self._spans.append((self._span_start, self._record_event()))  # type: ignore[misc]
+            self._span_start = None
 
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._copy_events.append((self._copy_start, end))
-            self._copy_start = None
-
-    def seconds(self) -> float:
-        """Fetch + copy time since the reset (call after the window's closing synchronize)."""
-        return self.fetch_s + sum(a.elapsed_time(b) for a, b in self._copy_events) / 1e3
+    def totals(self) -> InputWaitSeconds:
+        """The window's totals since the reset (call after the window's closing synchronize: an
+        event's elapsed time is defined once both were reached)."""
+        if self._record_event is None:
+            return InputWaitSeconds(device_s=self.fetch_s, host_s=self.fetch_s)
+        device_ms = sum(start.elapsed_time(end) for start, end in self._spans)
+        return InputWaitSeconds(device_s=device_ms / 1e3, host_s=self.fetch_s)
 
 
 # -- the compute ceiling --------------------------------------------------------------------------
@@ -451,7 +622,10 @@ class CeilingReplay:
         self.warmup_steps, self.min_steps = warmup_steps, min_steps
         self.done = self.steps = self.samples = 0
         self.seconds: float | None = None
-        self._t0 = 0.0
+        # The process's CPU time over the timed replay (every compute thread): on CPU, what the
+        # compute costs in core-seconds (gpuopt.limits).
+        self.cpu_seconds: float | None = None
+        self._t0 = self._cpu_t0 = 0.0
 
     @classmethod
     def for_trial(cls, spec: TrialSpec, device: torch.device) -> CeilingReplay:
@@ -465,13 +639,13 @@ class CeilingReplay:
 
     def begin(self) -> None:
         self.done = self.steps = self.samples = 0
-        self.seconds = None
+        self.seconds = self.cpu_seconds = None
         if self.warmup_steps == 0:
             self._start_timing()
 
     def _start_timing(self) -> None:
         synchronize(self.device)
-        self._t0 = time.perf_counter()
+        self._t0, self._cpu_t0 = time.perf_counter(), time.process_time()
 
     def step_done(self, samples: int) -> bool:
         """Count one replayed step of `samples` samples; True once the replay should stop."""
@@ -489,6 +663,7 @@ class CeilingReplay:
             return False
         synchronize(self.device)
         self.seconds = time.perf_counter() - self._t0
+        self.cpu_seconds = time.process_time() - self._cpu_t0
         return True
 
     def run(self, step: Callable[[], int]) -> None:
@@ -504,21 +679,174 @@ class CeilingReplay:
         m.ceiling_throughput = self.samples / self.seconds
         m.input_efficiency = 100.0 * m.throughput / m.ceiling_throughput if m.throughput else None
 
+    @property
+    def compute_cost_s(self) -> float | None:
+        """Core-seconds of CPU per replayed sample (None before a replay ended)."""
+        if self.cpu_seconds is None:
+            return None
+        return limits.per_sample_cost(self.cpu_seconds, self.samples)
+
+
+# -- steady state: the epoch boundary, measured apart ---------------------------------------------
+@dataclass(frozen=True)
+class EpochBoundary:
+    """What an epoch boundary costs, measured after the window (`measure_epoch_boundary`):
+    `first_fetch_s` from a fresh epoch's iter() to its first batch, `steady_fetch_s` the window's
+    mean host fetch wait per step, `epoch_steps` the user's real steps per epoch (None: unknown,
+    an endless stream)."""
+
+    first_fetch_s: float | None
+    steady_fetch_s: float
+    epoch_steps: int | None
+
+
+def real_epoch_steps(spec: TrialSpec, dataset_len: int | None) -> int | None:
+    """The user's steps per epoch: `data.epoch_steps`, else the dataset's length / batch size."""
+    explicit = spec.data.get("epoch_steps")
+    if explicit:
+        return int(explicit)
+    if not dataset_len:
+        return None
+    batch = spec.loader.batch_size
+    steps = dataset_len // batch if spec.loader.drop_last else -(-dataset_len // batch)
+    return max(1, steps)
+
+
+def time_epoch_start(loader: Any) -> float:
+    """Host seconds from a fresh epoch's `iter(loader)` to its first batch: new worker processes
+    (or, with persistent_workers, the same ones resumed), the sampler's new order, the first batch
+    made from scratch. The epoch's workers are stopped after it unless they persist."""
+    persistent = bool(getattr(loader, "persistent_workers", False))
+    if persistent and getattr(loader, "_iterator", None) is None:
+        # Between real epochs persistent workers are alive (e.g. Lightning stopped them at the
+        # fit's end): start them, untimed, so the timed boundary resumes them.
+        next(iter(loader))
+    started = time.perf_counter()
+    iterator = iter(loader)
+    next(iterator)
+    seconds = time.perf_counter() - started
+    if not persistent:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    return seconds
+
+
+def measure_epoch_boundary(
+    spec: TrialSpec, loader: Any, fetch_wait_s: float, steps: int
+) -> EpochBoundary:
+    """The epoch boundary's cost for `loader` (the trial's DataLoader, its window over; the
+    caller stopped its non-persistent workers first). Outside any timed span."""
+    first_fetch = time_epoch_start(loader) if hasattr(loader, "__iter__") else None
+    length = dataset_length(getattr(loader, "dataset", None))
+    return EpochBoundary(first_fetch, fetch_wait_s / max(1, steps), real_epoch_steps(spec, length))
+
+
+def record_steady_state(m: Metrics, boundary: EpochBoundary) -> None:
+    """epoch_overhead_s, epoch_steps and throughput_amortized (over the user's epoch length)."""
+    if m.throughput is None or not m.timed_steps or not m.timed_seconds:
+        return
+    if boundary.first_fetch_s is not None:
+        m.epoch_overhead_s = epoch_overhead(boundary.first_fetch_s, boundary.steady_fetch_s)
+    m.epoch_steps = boundary.epoch_steps
+    m.throughput_amortized = amortized_throughput(
+        m.throughput, m.timed_seconds / m.timed_steps, boundary.epoch_steps, m.epoch_overhead_s
+    )
+
+
+# -- the machine's limit for this workload (gpuopt.limits) ----------------------------------------
+class _PricedLoop:
+    """A one-item map-style dataset whose item is a price: fetched inside one DataLoader worker
+    process, it does what a worker does per batch (`dataset[i]` for a batch of indices, then the
+    loader's collate_fn) for `budget_s`, timed on the worker's own CPU clock, and returns
+    (core-seconds, samples). Module-level and torch-free, so it pickles for spawned workers too."""
+
+    def __init__(
+        self, dataset: Any, length: int, collate: Any, batch_size: int, budget_s: float
+    ) -> None:
+        self.dataset, self.length, self.collate = dataset, length, collate
+        self.batch_size, self.budget_s = batch_size, budget_s
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> tuple[float, int]:
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        samples = 0
+        while samples == 0 or time.perf_counter() - started < self.budget_s:
+            indices = [(samples + i) % self.length for i in range(self.batch_size)]
+            self.collate([self.dataset[i] for i in indices])
+            samples += self.batch_size
+        return time.thread_time() - cpu_started, samples
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+def measure_loader_cost(loader: Any, budget_s: float = LOADER_COST_BUDGET_S) -> float | None:
+    """Core-seconds per sample of the input pipeline, in a worker-like loop outside the window:
+    one DataLoader worker process (one torch thread, the worker's seeding, `get_worker_info()`
+    set) prices a batch loop (`_PricedLoop`) on its thread's CPU clock, so other jobs on the cores
+    do not inflate the cost. None without a map-style dataset."""
+    from torch.utils.data import DataLoader
+
+    dataset = getattr(loader, "dataset", None)
+    length = dataset_length(dataset)
+    batch_size = getattr(loader, "batch_size", None)
+    collate = getattr(loader, "collate_fn", None)
+    if not length or not batch_size or collate is None:
+        return None
+    priced = _PricedLoop(dataset, length, collate, batch_size, budget_s)
+    worker = DataLoader(priced, batch_size=None, num_workers=1, collate_fn=_as_is)  # type: ignore[arg-type]
+    core_seconds, samples = next(iter(worker))
+    return limits.per_sample_cost(core_seconds, samples)
+
+
+def record_limit(
+    m: Metrics, device: torch.device, loader_cost_s: float | None, ceiling: CeilingReplay | None
+) -> None:
+    """loader/compute cost per sample, limit_throughput (what bounds it) and limit_efficiency."""
+    from gpuopt.env import usable_cpus
+
+    compute_cost = ceiling.compute_cost_s if ceiling is not None else None
+    m.loader_cost_us = None if loader_cost_s is None else loader_cost_s * 1e6
+    m.compute_cost_us = None if compute_cost is None else compute_cost * 1e6
+    limit = limits.machine_limit(
+        device.type, usable_cpus(), loader_cost_s, compute_cost, m.ceiling_throughput
+    )
+    if limit is None:
+        return
+    m.limit_throughput, m.limit_bound = limit.throughput, limit.bound
+    m.limit_efficiency = limits.limit_efficiency(m.throughput, limit.throughput)
+
+
+def record_achievable_mfu(m: Metrics, device: torch.device, precision_mode: str | None) -> None:
+    """mfu_achievable: model FLOP/s against this machine's measured matmul peak for the dtype
+    (gpuopt.env's probe, cached per hardware fingerprint; run here, after every timed span)."""
+    from gpuopt.env import probed_peak_flops
+
+    if not precision_mode or not m.flops_per_sample or not m.throughput:
+        return
+    m.peak_flops_measured = probed_peak_flops(device, precision_mode)
+    m.mfu_achievable = mfu_percent(m.flops_per_sample, m.throughput, m.peak_flops_measured)
+
 
 # -- the window's metrics -------------------------------------------------------------------------
 def record_window(
     m: Metrics,
     window: WindowResult,
     samples: int,
-    waited_s: float,
+    input_wait: InputWaitSeconds,
     device: torch.device,
     nvml: Any,
     memory: MemoryBaseline,
     precision_mode: str | None,
     process_t0: float,
 ) -> None:
-    """The timed window's metrics (every engine): throughput, step-time statistics, data wait,
-    peak memory, utilization/power/energy and MFU. Call after the window's closing synchronize."""
+    """The timed window's metrics (every engine): throughput, step-time statistics, data wait
+    (`input_wait.device_s`: starvation) and host data wait, peak memory, utilization/power/energy
+    and MFU. Call after the window's closing synchronize."""
     import torch
 
     m.timed_steps, m.timed_seconds, m.stop_reason = window.steps, window.wall_s, window.stop_reason
@@ -532,14 +860,18 @@ def record_window(
     )
     m.step_time_cv = stats.cv
     m.throughput_ci = relative_ci_halfwidth(window.step_times)
-    m.data_wait = min(100.0, 100.0 * waited_s / window.wall_s)
+    m.data_wait = min(100.0, 100.0 * input_wait.device_s / window.wall_s)
+    m.host_data_wait = min(100.0, 100.0 * input_wait.host_s / window.wall_s)
     peak_memory = memory.peak_mb()
     if peak_memory is not None:
         m.peak_memory_mb = peak_memory
+    m.peak_reserved_mb = memory.peak_reserved_mb()
     apply_device_monitor(m, device.type, nvml, samples)
     device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = peak_flops(device_label, precision_mode) if precision_mode else None
     m.mfu = mfu_percent(m.flops_per_sample, m.throughput, peak)
+    hardware_flops = m.hardware_flops_per_sample or m.flops_per_sample
+    m.hfu = mfu_percent(hardware_flops, m.throughput, peak)
 
 
 def apply_device_monitor(m: Metrics, device_type: str, nvml: Any, samples: int) -> None:
@@ -550,5 +882,7 @@ def apply_device_monitor(m: Metrics, device_type: str, nvml: Any, samples: int) 
         return
     m.utilization = nvml.utilization if nvml is not None else None
     m.power_w = nvml.power_w if nvml is not None else None
+    m.utilization_source = getattr(nvml, "utilization_source", None)
+    m.power_source = getattr(nvml, "power_source", None)
     energy = nvml.energy_j if nvml is not None else None
     m.energy_per_sample_j = energy / samples if energy is not None and samples else None

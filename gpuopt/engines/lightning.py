@@ -17,12 +17,14 @@ configure_optimizers, and its train_dataloader unless `data._target_` names a Da
 
 Measuring (`MeasureCallback`): batch ends are the step boundaries (`gpuopt.measure` clocks: CUDA
 events, no per-step host sync); the first step is timed apart as compile_time_s when compile is on;
-`measure.warmup_steps` more steps are excluded (the first of them runs under FlopCounterMode for MFU,
-so warmup_time_s includes that counting); then the timed window runs until `gpuopt.measure.StopRule`
-says stop and sets `trainer.should_stop`. Data wait is the time Lightning spends in
-`next(dataloader)` (its profiler's `train_dataloader_next` action, caught by `FetchTimer`) plus, on
-CUDA, the GPU time of its host-to-device copy. Lightning's own per-step work (hooks, progress
-tracking) is inside the step time: that overhead is part of what this engine costs.
+`measure.warmup_steps` more steps are excluded (the first of them runs the eager module under
+FlopCounterMode for MFU, so warmup_time_s includes that counting); then the timed window runs until
+`gpuopt.measure.StopRule` says stop and sets `trainer.should_stop`. Input wait is marked by
+`FetchTimer` around Lightning's `next(dataloader)` (its profiler's `train_dataloader_next` action)
+and its host-to-device copy (`batch_to_device`): `data_wait` is the device's starvation (on CUDA
+read on the GPU timeline), `host_data_wait` the host's fetch time (`gpuopt.engines._common.InputWait`).
+Lightning's own per-step work (hooks, progress tracking) is inside the step time: that overhead is
+part of what this engine costs.
 
 The compute ceiling replays the first batch of the fit (already on the device) through a second
 `Trainer.fit` on the same module, timed by `gpuopt.engines._common.CeilingReplay` like the native one.
@@ -48,13 +50,14 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
-from torch.utils.flop_counter import FlopCounterMode
 
 from gpuopt import policies
 from gpuopt.config import TrialSpec
 from gpuopt.engines._common import (
     CeilingReplay,
+    EpochBoundary,
     InputWait,
+    InputWaitSeconds,
     MemoryBaseline,
     NonFiniteLoss,
     Trial,
@@ -63,12 +66,18 @@ from gpuopt.engines._common import (
     build_loader,
     build_optimizer,
     compute_loss,
+    flop_notes,
     instantiate_data,
     instantiate_model,
+    measure_epoch_boundary,
+    measure_loader_cost,
+    record_achievable_mfu,
+    record_limit,
+    record_steady_state,
     record_window,
     run_measured,
 )
-from gpuopt.measure import StopRule, WindowResult, make_clock, synchronize
+from gpuopt.measure import StopRule, WindowResult, make_clock, step_flop_counter, synchronize
 from gpuopt.result import TrialResult
 
 log = logging.getLogger(__name__)
@@ -96,10 +105,13 @@ def lightning_precision(spec: TrialSpec) -> str:
 
 
 def peak_mode(spec: TrialSpec) -> str | None:
-    """The precision mode for the peak-FLOP/s lookup (MFU); None when there is no documented peak."""
+    """The precision mode for the peak-FLOP/s lookup (MFU) of the precision the fit actually runs
+    (`engine.precision` wins over `precision.mode`); None when there is no documented peak."""
     precision = lightning_precision(spec)
     if precision == "32-true":
-        return spec.precision.mode  # fp32 or tf32 (set through the matmul precision)
+        # float32 math: TF32 tensor cores only where precision.mode=tf32 set the matmul precision
+        # to "high" (a bf16/fp16 precision.mode overridden by "32-true" runs plain fp32).
+        return "tf32" if spec.precision.mode == "tf32" else "fp32"
     return _PEAK_MODE.get(precision)
 
 
@@ -136,10 +148,10 @@ class BuiltinModule(pl.LightningModule):
 
 
 class FetchTimer(Profiler):
-    """Lightning's profiler hook, used only to time what the input pipeline costs the loop: the host
-    time in `next(dataloader)` and, on CUDA, the GPU time of the host-to-device copy (CUDA events:
-    Lightning copies with non_blocking=True on the current stream, so the copy's host time would
-    include waiting for queued compute). Only while `active` (the timed window)."""
+    """Lightning's profiler hook, used only to mark what the input pipeline costs the loop: the
+    fetch (`next(dataloader)`) and host-to-device copy spans of each step, given to `InputWait`
+    (host fetch time; on CUDA the GPU's starvation, read with events on the stream Lightning
+    copies on). Only while `active` (the timed window)."""
 
     FETCH = "train_dataloader_next"
     COPY = "batch_to_device"
@@ -148,7 +160,7 @@ class FetchTimer(Profiler):
         super().__init__()
         self.device = device
         self.active = False
-        self.wait = InputWait(time_copies=device.type == "cuda")
+        self.wait = InputWait(device)
 
     @property
     def fetch_s(self) -> float:
@@ -166,14 +178,16 @@ class FetchTimer(Profiler):
             self.wait.copy_started()
 
     def stop(self, action_name: str) -> None:
+        if not self.active:  # no span may close after the window's closing synchronize
+            return
         if action_name.endswith(self.FETCH):
             self.wait.fetch_ended()
         elif action_name.endswith(self.COPY):
             self.wait.copy_ended()
 
-    def wait_seconds(self) -> float:
-        """Fetch + copy time of the window (call after the window's closing synchronize)."""
-        return self.wait.seconds()
+    def wait_seconds(self) -> InputWaitSeconds:
+        """The window's input wait (call after the window's closing synchronize)."""
+        return self.wait.totals()
 
 
 def _loss_of(outputs: Any) -> torch.Tensor | None:
@@ -182,10 +196,23 @@ def _loss_of(outputs: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) else None
 
 
+def use_eager_steps(module: pl.LightningModule) -> dict[str, Any] | None:
+    """Point a compiled LightningModule's forward and training_step back to its eager ones
+    (Lightning's `from_compiled` keeps them in `_compiler_ctx`, and its strategies look these
+    attributes up at each call); the compiled ones to restore, None when it is not compiled."""
+    ctx = getattr(module, "_compiler_ctx", None)
+    if not ctx:
+        return None
+    compiled = {"forward": module.forward, "training_step": module.training_step}
+    module.forward = ctx["original_forward"]  # type: ignore[method-assign]
+    module.training_step = ctx["original_training_step"]  # type: ignore[method-assign]
+    return compiled
+
+
 class MeasureCallback(pl.Callback):
-    """Compile step, warm-up (FLOP count on its first step), then the timed window until the stop
-    rule ends it. Results stay on the callback: `window`, `timed_samples`, `nvml`, `first_batch`
-    (the fit's first batch, on the device: the ceiling replays it), ..."""
+    """Compile step, warm-up (the FLOP count on its first step, run eagerly), then the timed
+    window until the stop rule ends it. Results stay on the callback: `window`, `timed_samples`,
+    `nvml`, `first_batch` (the fit's first batch, on the device: the ceiling replays it), ..."""
 
     def __init__(
         self,
@@ -194,9 +221,12 @@ class MeasureCallback(pl.Callback):
         fetch_timer: FetchTimer,
         cache_policy: policies.CachePolicy,
         notes: list[str],
+        memory: MemoryBaseline | None = None,
     ) -> None:
         measure = spec.measure
+        self.spec = spec
         self.device = device
+        self.memory = memory or MemoryBaseline.take(device)
         self.fetch_timer = fetch_timer
         self.cache_policy = cache_policy
         self.notes = notes
@@ -212,19 +242,23 @@ class MeasureCallback(pl.Callback):
             notes.append(
                 "flops_per_sample and mfu need measure.warmup_steps >= 1 under engine=lightning"
             )
+        # After the one-off steps (compile, eager FLOP count) their cached blocks go back.
+        self.release_cache_after = self.compile_steps + (self.flop_step is not None)
         self.nonfinite = NonFiniteLoss()
         self.steps = 0  # batches completed in this fit
         # Filled as the fit runs.
         self.compile_time_s: float | None = None
         self.warmup_time_s: float | None = None
-        self.flops_per_sample: float | None = None
+        self.flops_per_sample: float | None = None  # model FLOPs (recompute apart)
+        self.hardware_flops_per_sample: float | None = None
         self.window: WindowResult | None = None
         self.timed_steps = 0
         self.timed_samples = 0
         self.nvml: Any = None
         self.keep_first_batch = measure.ceiling
         self.first_batch: Any = None
-        self._flop_counter: FlopCounterMode | None = None
+        self._flop_counter: Any = None  # measure.step_flop_counter() during the FLOP step
+        self._compiled_steps: dict[str, Any] | None = None  # restored after the FLOP step
         self._first_step_t0 = self._warmup_t0 = self._window_t0 = self._first_step_at = 0.0
 
     # -- hooks -------------------------------------------------------------------------------
@@ -242,8 +276,10 @@ class MeasureCallback(pl.Callback):
                 self.first_batch = batch  # already moved to the device by Lightning
         if self.steps == self.flop_step:
             # Counts the matmul/conv/attention FLOPs of this whole step: forward and backward
-            # (the optimizer's elementwise ops are not counted), as the native engine does.
-            self._flop_counter = FlopCounterMode(display=False)
+            # (the optimizer's elementwise ops are not counted), on the eager module as the
+            # native engine does (through a compiled step the counter would miss kernels).
+            self._compiled_steps = use_eager_steps(pl_module)
+            self._flop_counter = step_flop_counter()
             self._flop_counter.__enter__()
 
     def on_train_batch_end(
@@ -256,14 +292,13 @@ class MeasureCallback(pl.Callback):
     ) -> None:
         self.nonfinite.update(_loss_of(outputs))
         if self._flop_counter is not None:
-            self._flop_counter.__exit__(None, None, None)
-            flops = float(self._flop_counter.get_total_flops())
-            self.flops_per_sample = flops / extract_batch_size(batch) if flops else None
-            self._flop_counter = None
+            self._end_flop_step(pl_module, batch)
         self.steps += 1
         if self._window_t0 and self.window is None:
             self._timed_step(trainer, batch)
             return
+        if self.steps == self.release_cache_after:
+            self.memory.release_cache()
         if self.compile_steps and self.steps == self.compile_steps:
             synchronize(self.device)
             now = time.perf_counter()
@@ -281,10 +316,28 @@ class MeasureCallback(pl.Callback):
         if self._flop_counter is not None:
             self._flop_counter.__exit__(None, None, None)
             self._flop_counter = None
+        self._restore_compiled_steps(pl_module)
         self.monitors.stop()
+
+    # -- the FLOP step -----------------------------------------------------------------------
+    def _end_flop_step(self, pl_module: pl.LightningModule, batch: Any) -> None:
+        counter, self._flop_counter = self._flop_counter, None
+        counter.__exit__(None, None, None)  # type: ignore[union-attr]
+        self._restore_compiled_steps(pl_module)
+        flops = counter.step_flops()  # type: ignore[union-attr]
+        samples = extract_batch_size(batch)
+        self.flops_per_sample = flops.model / samples if flops.hardware else None
+        self.hardware_flops_per_sample = flops.hardware / samples if flops.hardware else None
+        self.notes += flop_notes(self.spec, self.device, peak_mode(self.spec), flops)
+
+    def _restore_compiled_steps(self, pl_module: pl.LightningModule) -> None:
+        compiled, self._compiled_steps = self._compiled_steps, None
+        for name, step in (compiled or {}).items():
+            setattr(pl_module, name, step)
 
     # -- the window --------------------------------------------------------------------------
     def _start_window(self) -> None:
+        self.memory.window_starting()
         self.monitors.start()
         self.fetch_timer.reset()
         self.fetch_timer.active = True
@@ -507,16 +560,53 @@ def measure(trial: Trial, process_t0: float) -> None:
     # Lightning recognises the compiled wrapper and compiles forward and training_step.
     fit_module = policies.compile_function(module, spec.compile)
     fetch_timer = FetchTimer(device)
-    meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings)
+    meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings, memory)
     with _trainer_root() as root, _lightning_output(trial.warnings):
         trainer = make_trainer(spec, device, [meter], fetch_timer, root)
         trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
         _record_fit(trial, meter, fetch_timer, memory, process_t0)
+        loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.fetch_s, meter)
         batch, meter.first_batch = meter.first_batch, None
+        if spec.profile.enabled:  # a short extra fit under torch.profiler (gpuopt.profile)
+            from gpuopt.profile_lightning import profiled_fit
+
+            summary = profiled_fit(
+                spec,
+                device,
+                trainer.lightning_module,
+                fit_data,
+                lambda callbacks, spans: make_trainer(spec, device, callbacks, spans, root),
+            )
+            trial.profile = summary.to_dict()
+        ceiling = None
         if spec.measure.ceiling and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).
-            _compute_ceiling(trial, trainer.lightning_module, batch, root)
+            ceiling = _compute_ceiling(trial, trainer.lightning_module, batch, root)
+        record_limit(trial.metrics, device, loader_cost, ceiling)
+        if spec.measure.peak_probe:
+            record_achievable_mfu(trial.metrics, device, peak_mode(spec))
+
+
+def _beside_fit(
+    trial: Trial, loader: Any, fetch_wait_s: float, meter: MeasureCallback
+) -> float | None:
+    """After the fit, outside any timed span: the epoch boundary's cost (the fit stopped its
+    workers) and the input pipeline's cost per sample, for a torch DataLoader; (a CombinedLoader
+    or a user's own iterable is not priced: throughput_amortized is then the throughput)."""
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        trial.warnings.append(
+            "epoch_overhead_s and loader_cost_us not measured: the train dataloader is a "
+            f"{type(loader).__name__}, not one torch DataLoader"
+        )
+        record_steady_state(trial.metrics, EpochBoundary(None, 0.0, None))
+        return None
+    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, meter.timed_steps)
+    record_steady_state(trial.metrics, boundary)
+    shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
+    if shutdown is not None:  # persistent workers: stopped before the ceiling runs
+        shutdown()
+    return measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
 
 
 def _record_fit(
@@ -536,11 +626,12 @@ def _record_fit(
     m.compile_time_s = meter.compile_time_s if meter.compile_steps else 0.0
     m.warmup_time_s = meter.warmup_time_s
     m.flops_per_sample = meter.flops_per_sample
+    m.hardware_flops_per_sample = meter.hardware_flops_per_sample
     record_window(
         m,
         meter.window,
         samples=meter.timed_samples,
-        waited_s=fetch_timer.wait_seconds(),
+        input_wait=fetch_timer.wait_seconds(),
         device=trial.device,
         nvml=meter.nvml,
         memory=memory,
@@ -549,13 +640,16 @@ def _record_fit(
     )
 
 
-def _compute_ceiling(trial: Trial, module: pl.LightningModule, batch: Any, root: Path) -> None:
+def _compute_ceiling(
+    trial: Trial, module: pl.LightningModule, batch: Any, root: Path
+) -> CeilingReplay:
     """The fitted module trained on `batch` (on the device) by a second fit, no loader."""
     replay = CeilingReplay.for_trial(trial.spec, trial.device)
     ceiling = CeilingCallback(replay)
     trainer = make_trainer(trial.spec, trial.device, [ceiling], None, root)
     trainer.fit(module, train_dataloaders=_RepeatedBatch(batch, replay.max_batches))
     replay.record(trial.metrics)
+    return replay
 
 
 def run_lightning_trial(

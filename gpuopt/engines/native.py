@@ -5,8 +5,10 @@ The step is the standard one: forward (under autocast for fp16/bf16), loss, back
 GradScaler for fp16), optimizer step, zero_grad(set_to_none=True).
 
 Order of work, each part timed apart: build -> FLOP count (one step, outside the window) -> first
-step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on)
--> compute ceiling (the first batch replayed on the device, no loader).
+step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on;
+the loader's one epoch lasts the whole trial) -> an epoch boundary and the input pipeline's cost per
+sample, measured apart -> compute ceiling (the first batch replayed on the device, no loader) ->
+the machine's limit -> the measured matmul peak (cached).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from gpuopt import policies
 from gpuopt.engines._common import (
     CeilingReplay,
+    EpochBoundary,
     InputWait,
     MemoryBaseline,
     NonFiniteLoss,
@@ -31,11 +34,17 @@ from gpuopt.engines._common import (
     build_loader,
     build_optimizer,
     compute_loss,
+    flop_notes,
     instantiate_data,
     instantiate_model,
+    measure_epoch_boundary,
+    measure_loader_cost,
+    record_achievable_mfu,
+    record_limit,
+    record_steady_state,
     record_window,
 )
-from gpuopt.measure import StopRule, count_step_flops, make_clock, run_window, synchronize
+from gpuopt.measure import StopRule, make_clock, measure_step_flops, run_window, synchronize
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -96,11 +105,8 @@ class BatchFeed:
         self.workload = workload
         self.iterator: Any = None
         self.batches = 0
-        # A synchronous H2D copy on CUDA also waits for queued compute: time the copy itself on
-        # the stream with events instead of on the host.
-        self.wait = InputWait(
-            time_copies=workload.device.type == "cuda" and not workload.non_blocking
-        )
+        # On CUDA the starvation is read on the GPU timeline (events), whatever the copy mode.
+        self.wait = InputWait(workload.device)
 
     def reset_counters(self) -> None:
         self.batches = 0
@@ -166,22 +172,30 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
 
 
 def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
-    """flops_per_sample from one forward+backward of the eager module (outside the window)."""
+    """flops_per_sample from one forward+backward of the eager module (outside the window), and
+    the notes its MFU must be read with (HFU, fp32 attention on tensor cores)."""
     eager, workload.forward = workload.forward, workload.model
 
     def forward_backward() -> None:
         workload.forward_backward(*batch)
 
     try:
-        flops = count_step_flops(forward_backward)
+        flops = measure_step_flops(forward_backward)
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
-    trial.metrics.flops_per_sample = flops / trial.spec.loader.batch_size if flops else None
+    batch_size = trial.spec.loader.batch_size
+    if flops.hardware:
+        trial.metrics.flops_per_sample = flops.model / batch_size
+        trial.metrics.hardware_flops_per_sample = flops.hardware / batch_size
+    trial.warnings += flop_notes(trial.spec, trial.device, trial.spec.precision.mode, flops)
 
 
-def warm_up(trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batch) -> None:
-    """compile_time_s (the first step through torch.compile), then the warm-up steps."""
+def warm_up(
+    trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batch, memory: MemoryBaseline
+) -> None:
+    """compile_time_s (the first step through torch.compile), then the warm-up steps (after the
+    blocks the FLOP-count and compile steps left cached went back: `MemoryBaseline`)."""
     m, device = trial.metrics, trial.device
     # torch.compile compiles lazily on the first call: time that step apart (compile + one step).
     m.compile_time_s = 0.0
@@ -190,6 +204,7 @@ def warm_up(trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batc
         workload.train_step(*first_batch)
         synchronize(device)
         m.compile_time_s = time.perf_counter() - started
+    memory.release_cache()
 
     started = time.perf_counter()
     for _ in range(trial.spec.measure.warmup_steps):
@@ -217,6 +232,7 @@ def timed_window(
 
     rule = StopRule.from_measure(spec.measure)
     feed.reset_counters()
+    memory.window_starting()
     monitors.start()
     try:
         window = run_window(step, make_clock(device), rule)
@@ -227,7 +243,7 @@ def timed_window(
         trial.metrics,
         window,
         window.steps * spec.loader.batch_size,
-        feed.wait.seconds(),
+        feed.wait.totals(),
         device,
         nvml,
         memory,
@@ -237,7 +253,24 @@ def timed_window(
     workload.check_finite("the timed window")
 
 
-def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch) -> None:
+def beside_window(
+    trial: Trial, feed: BatchFeed, fetch_wait_s: float
+) -> tuple[EpochBoundary, float | None]:
+    """After the window, outside any timed span: what an epoch boundary costs (a fresh epoch's
+    first batch; the window's workers stopped first unless they persist, as between real epochs)
+    and the input pipeline's cost per sample. The loader's workers are stopped afterwards."""
+    loader, steps = feed.loader, trial.metrics.timed_steps or 0
+    if not trial.spec.loader.persistent_workers:
+        feed.close()
+    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, steps)
+    feed.close()
+    loader_cost = measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
+    return boundary, loader_cost
+
+
+def compute_ceiling(
+    trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch
+) -> CeilingReplay:
     """The same step on one batch already on the device, no loader: the most this step can do."""
     feed.close()
     batch_size = trial.spec.loader.batch_size
@@ -250,6 +283,26 @@ def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Ba
     ceiling.run(replay)
     ceiling.record(trial.metrics)
     workload.check_finite("the compute-ceiling replay")
+    return ceiling
+
+
+def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
+    """A few steps under torch.profiler, outside the timed window (gpuopt.profile): the callables
+    of the step annotated as its phases for these steps only."""
+    from gpuopt.profile import Annotation, run_profiled_window
+
+    phases = [
+        Annotation(feed, "next", "next_batch"),
+        Annotation(workload, "to_device", "h2d_copy"),
+        Annotation(workload, "forward_backward", "forward_backward"),
+        Annotation(workload, "forward", "forward"),
+        Annotation(workload.optimizer, "step", "optimizer"),
+    ]
+    summary = run_profiled_window(
+        lambda: workload.train_step(*feed.next()), phases, trial.device, trial.spec.profile
+    )
+    trial.profile = summary.to_dict()
+    workload.check_finite("the profiled window")
 
 
 def measure(trial: Trial, process_t0: float) -> None:
@@ -262,7 +315,16 @@ def measure(trial: Trial, process_t0: float) -> None:
     first_batch = feed.next()
     if trial.spec.measure.count_flops:
         count_flops(trial, workload, first_batch)
-    warm_up(trial, workload, feed, first_batch)
+    warm_up(trial, workload, feed, first_batch, memory)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
+    window_fetch_s = feed.wait.fetch_s  # the window's, before the profiled steps fetch more
+    if trial.spec.profile.enabled:  # before the epoch boundary and ceiling stop the loader
+        profiled_window(trial, workload, feed)
+    boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
+    record_steady_state(trial.metrics, boundary)
+    ceiling = None
     if trial.spec.measure.ceiling:
-        compute_ceiling(trial, workload, feed, first_batch)
+        ceiling = compute_ceiling(trial, workload, feed, first_batch)
+    record_limit(trial.metrics, trial.device, loader_cost, ceiling)
+    if trial.spec.measure.peak_probe:
+        record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)

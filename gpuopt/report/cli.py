@@ -61,6 +61,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also show trial N in detail: overrides, diagnosis with evidence, reason",
     )
     parser.add_argument("--list", action="store_true", help="only list the studies in the storage")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A", "B"),
+        help="two trials side by side (config diff, metrics, phase breakdowns): trial numbers "
+        "of the study, or paths to a run's result.json (or its run directory)",
+    )
 
     def one_line_error(message: str) -> None:  # argparse's usage block would be many lines
         print(
@@ -97,6 +104,24 @@ def check_arguments(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+
+
+def compare_trials(
+    references: list[str], url: str, study_name: str | None, console: Console
+) -> None:
+    """--compare A B: the study is read only when a side is a trial number."""
+    from gpuopt.report.compare import compare, is_trial_number, render_comparison, resolve_side
+
+    report = None
+    if any(is_trial_number(r) for r in references):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        from gpuopt.report.summary import build_report
+
+        report = build_report(load_study(open_storage(url), url, study_name), url)
+    a, b = (resolve_side(r, report) for r in references)
+    render_comparison(compare(a, b), console)
 
 
 def studies_table(studies: list[StudyEntry], current: str | None) -> Table:
@@ -177,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
     url = args.storage or default_storage_url()
     try:
+        if args.compare:
+            compare_trials(args.compare, url, args.study, console)
+            return 0
         storage = open_storage(url)
         studies = list_studies(storage)
         if args.list:

@@ -1,13 +1,13 @@
-"""The HTML report: the terminal text plus plots, in one self-contained file that opens offline.
+"""The HTML report's search charts and its writer: the page itself (answer, where the time goes,
+the search, the trials) is laid out by `gpuopt.report.page`.
 
-Plots come from optuna.visualization (plotly). plotly.js is embedded once, inline
-(`include_plotlyjs=True`), so the file has no external script. Without plotly the page holds the
-text report and a note saying how to get the plots.
+Plots come from optuna.visualization (plotly); the page inlines plotly.js once, so the file has
+no external script. Without plotly the page holds the numbers and tables and a note saying how to
+get the charts.
 """
 
 from __future__ import annotations
 
-import html
 import importlib.util
 import warnings
 from pathlib import Path
@@ -15,29 +15,10 @@ from typing import Any
 
 import optuna
 
+from gpuopt.report.page import PLOTLY_HINT, render_page
 from gpuopt.report.summary import StudyReport, importance_target
 
-PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>gpuopt report: {title}</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 1.5em; }}
-pre {{ font-family: Menlo, 'DejaVu Sans Mono', Consolas, monospace; font-size: 13px; }}
-.note {{ color: #8a6d3b; }}
-</style>
-</head>
-<body>
-<h1>gpuopt report: {title}</h1>
-{text}
-<h2>Plots</h2>
-{plots}
-</body>
-</html>
-"""
+__all__ = ["PLOTLY_HINT", "figures", "plotly_available", "write_html"]
 
 
 def plotly_available() -> bool:
@@ -120,28 +101,14 @@ def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:
 def write_html(
     path: str | Path, study: optuna.Study, report: StudyReport, text_html: str
 ) -> list[str]:
-    """Write the page; returns notes for the user (e.g. plots skipped)."""
+    """Write the report page (gpuopt.report.page); returns notes for the user (e.g. no plotly)."""
     notes: list[str] = []
-    parts: list[str] = []
-    if not plotly_available():
-        notes.append(PLOTLY_HINT)
-        parts.append(
-            f'<p class="note">{html.escape(PLOTLY_HINT)}; this page holds the text report only.</p>'
-        )
+    if plotly_available():
+        search_figures: list[tuple[str, Any]] | None = figures(study, report)
     else:
-        import plotly.io as pio
-
-        plots = figures(study, report)
-        if not plots:
-            parts.append('<p class="note">No completed ok trial: nothing to plot.</p>')
-        for index, (title, figure) in enumerate(plots):
-            # plotly.js (~4 MB) is inlined once, with the first figure; the others reuse it.
-            div = pio.to_html(figure, full_html=False, include_plotlyjs=index == 0)
-            parts.append(f"<h3>{html.escape(title)}</h3>\n{div}")
-    page = _PAGE.format(
-        title=html.escape(report.study_name), text=text_html, plots="\n".join(parts)
-    )
+        notes.append(PLOTLY_HINT)
+        search_figures = None
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(page, encoding="utf-8")
+    target.write_text(render_page(search_figures, report, text_html), encoding="utf-8")
     return notes

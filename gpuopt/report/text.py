@@ -25,6 +25,7 @@ BOTTLENECK_SHORT = {
     Bottleneck.HOST: "host/launch",
     Bottleneck.MEMORY_OR_SMALL_KERNELS: "memory/small kernels",
     Bottleneck.NEAR_LIMIT: "near limit",
+    Bottleneck.AT_MACHINE_LIMIT: "machine limit",
     Bottleneck.COMPUTE: "compute",
     Bottleneck.UNKNOWN: "unknown",
     Bottleneck.NOT_MEASURED: "-",

@@ -84,6 +84,20 @@ class StaleTrialsByPublicName:
         return self.stale_trial_ids(study_id)
 
 
+# ---- Optuna: constraints -------------------------------------------------------------------------
+
+
+def constraints_key() -> str:
+    """The trial system attr holding a trial's constraint values as a list
+    (`optuna.samplers._base._CONSTRAINTS_KEY`): what Optuna's samplers write for a
+    `constraints_func` and what optuna-dashboard (0.21) reads to tell feasible trials; Optuna 5's
+    public `Trial.set_constraint` writes per-key attrs ("constraints:<name>") that the dashboard
+    does not read. Not exported publicly."""
+    from optuna.samplers._base import _CONSTRAINTS_KEY
+
+    return str(_CONSTRAINTS_KEY)
+
+
 # ---- Optuna: RDB storage, many user attrs in one transaction --------------------------------------
 
 

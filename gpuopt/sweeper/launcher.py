@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +42,10 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
 
-from gpuopt.secrets import mask_secrets
+from gpuopt.secrets import mask_secrets, masked_singleton_state
 
 from . import gpus as gpus_mod
+from . import lifeline
 from ._compat import job_process, local_executor_class
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,15 @@ class TrialProcessError(RuntimeError):
     """A trial process that ended without a result: killed by a signal, exited, or timed out.
 
     Its message is the whole reason (no exception-type prefix in the trial's user attrs); `log_tail`
-    holds the end of the job's stderr log.
+    holds the head and the tail of the job's stderr log (a segfault's "Fatal Python error" and the
+    user's frame are near the start, the last frames at the end), `log_path` the whole log.
     """
 
-    def __init__(self, reason: str, log_tail: str = "") -> None:
+    def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.log_tail = log_tail
+        self.log_tail = log_tail  # head and tail of the log (_log_excerpt), secrets masked
+        self.log_path = log_path  # the whole log
 
 
 def describe_exit(code: int | None) -> str:
@@ -97,6 +100,28 @@ def describe_exit(code: int | None) -> str:
             text += " (the kernel's OOM killer sends it when host memory runs out)"
         return text
     return f"exited with code {code} without a result"
+
+
+# What a failed trial keeps of its stderr log: the head (the first error, "Fatal Python error: ...")
+# and the tail (the last frames), with a marker saying how much was cut in between.
+LOG_HEAD_CHARS = 2000
+LOG_TAIL_CHARS = 4000
+
+
+def _excerpt(text: str, head: int = LOG_HEAD_CHARS, tail: int = LOG_TAIL_CHARS) -> str:
+    """The first `head` and last `tail` characters of `text`, the cut marked; all of a short one."""
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n[... {len(text) - head - tail} chars cut ...]\n{text[-tail:]}"
+
+
+def _log_excerpt(path: Path) -> str:
+    """Head and tail of a log (`_excerpt`), secrets masked."""
+    try:
+        with open(path, "rb") as f:
+            return _excerpt(mask_secrets(f.read().decode(errors="replace")))
+    except OSError:
+        return ""
 
 
 def _log_tail(path: Path, chars: int = 2000) -> str:
@@ -147,13 +172,25 @@ class FreshProcessLauncher(LocalLauncher):
             raise ValueError(f"hydra.launcher.timeout_s={timeout_s!r}; allowed: seconds > 0")
         self.timeout_s = float(timeout_s)
         self.pin_gpus = bool(pin_gpus)
+        # The sweeping process, pickled with each job: the trial's watchdog ends it with the sweep.
+        self.sweep_process: lifeline.SweepProcess | None = None
+        # Set by the sweep loop around a batch: slot -> why to stop that job now (its trial was
+        # failed as stale by another worker), else None. Never pickled into a job.
+        self.stop_check: Callable[[int], str | None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["stop_check"] = None  # a closure over the study: stays in the sweeping process
+        return state
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        # Runs in the trial process: a segfault or abort leaves a Python traceback in the .err log.
+        # Runs in the trial process: a segfault or abort leaves a Python traceback in the .err log,
+        # and the trial ends with its sweep and by its own deadline (gpuopt.sweeper.lifeline).
         import faulthandler
 
         faulthandler.enable()
-        return super().__call__(*args, **kwargs)
+        lifeline.guard_trial(self.sweep_process, self.timeout_s)
+        return with_traceback(super().__call__(*args, **kwargs))
 
     def _device_plan(self, n_jobs: int) -> list[str | None]:
         """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process;
@@ -196,6 +233,7 @@ class FreshProcessLauncher(LocalLauncher):
         user_setup = list(params.pop("setup", None) or [])
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
         plan = self._device_plan(len(job_overrides))
+        self.sweep_process = lifeline.SweepProcess.this()
 
         started: list[tuple[Any, float, str | None]] = []
         try:
@@ -233,20 +271,43 @@ class FreshProcessLauncher(LocalLauncher):
                 "hydra.sweep.dir",
                 idx,
                 f"job_id_for_{idx}",
-                Singleton.get_state(),
+                masked_singleton_state(Singleton.get_state()),
             )
             started.append((job, time.monotonic(), None if device == "<submitit>" else device))
         returns = []
-        for (job, t0, device), overrides in zip(started, job_overrides, strict=False):
-            ret = self._collect(job, t0, list(overrides))
+        for slot, ((job, t0, device), overrides) in enumerate(
+            zip(started, job_overrides, strict=False)
+        ):
+            ret = self._collect(job, t0, list(overrides), slot)
             ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
+            attach_diagnostics(ret, job, self._run_dir_of(list(overrides), initial_job_idx + slot))
             returns.append(ret)
         return returns
 
-    def _collect(self, job: Any, t0: float, overrides: list[str]) -> JobReturn:
+    def _run_dir_of(self, overrides: list[str], job_num: int) -> str | None:
+        """The job's output dir as Hydra's run_job derives it (for a trial that died before it
+        could report it); None when it cannot be told here."""
+        try:
+            from omegaconf import OmegaConf, open_dict
+
+            assert self.hydra_context is not None and self.config is not None
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+            with open_dict(cfg.hydra.job):
+                cfg.hydra.job.num = job_num
+            sweep_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir"))
+            return str(Path(sweep_dir) / str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
+        except Exception:
+            return None
+
+    def _collect(self, job: Any, t0: float, overrides: list[str], slot: int = 0) -> JobReturn:
         """Wait for one job until its deadline; a JobReturn whatever happened to it."""
         deadline = t0 + self.timeout_s
         while not job.done():
+            stop = self.stop_check(slot) if self.stop_check is not None else None
+            if stop is not None:
+                self._kill(job)
+                log.warning("%s", stop)
+                return _failed(overrides, TrialProcessError(stop, "", str(job.paths.stderr)))
             if time.monotonic() > deadline:
                 self._kill(job)
                 return _failed(
@@ -254,7 +315,8 @@ class FreshProcessLauncher(LocalLauncher):
                     TrialProcessError(
                         f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s): "
                         "the trial process was killed",
-                        _log_tail(job.paths.stderr),
+                        _log_excerpt(job.paths.stderr),
+                        str(job.paths.stderr),
                     ),
                 )
             time.sleep(POLL_S)
@@ -268,9 +330,9 @@ class FreshProcessLauncher(LocalLauncher):
                 return _failed(overrides, exc)
         codes = _exit_codes(job)
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
-        return _failed(
-            overrides, TrialProcessError(describe_exit(code), _log_tail(job.paths.stderr))
-        )
+        excerpt = _log_excerpt(job.paths.stderr)
+        reason = lifeline.reason_from_log(_log_tail(job.paths.stderr)) or describe_exit(code)
+        return _failed(overrides, TrialProcessError(reason, excerpt, str(job.paths.stderr)))
 
     @staticmethod
     def _kill(job: Any) -> None:
@@ -288,8 +350,9 @@ class FreshProcessLauncher(LocalLauncher):
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """While trials run, SIGTERM (kill, a scheduler's stop) raises KeyboardInterrupt like Ctrl-C,
-    so the launcher can kill its trials before the sweep exits. Main thread only (Python's rule)."""
+    """While trials run, SIGTERM (kill, a scheduler's stop) and SIGHUP (a closed terminal) raise
+    KeyboardInterrupt like Ctrl-C, so the launcher can kill its trials before the sweep exits and
+    the sweep can mark them interrupted. Main thread only (Python's rule)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -297,11 +360,16 @@ def _terminate_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    signals = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+terminate_as_interrupt = _terminate_as_interrupt  # the sweep loop's name for it
 
 
 def _exit_codes(job: Any) -> list[int | None]:
@@ -314,7 +382,58 @@ def _exit_codes(job: Any) -> list[int | None]:
         return [poll]  # the controller itself died: its own status is all there is
 
 
+@dataclass(frozen=True)
+class TrialDiagnostics:
+    """Where to look when a trial failed, attached to its JobReturn (`gpuopt_diagnostics`) and
+    stored by gpuopt.sweeper.record: the job's full logs, its run dir, and its traceback (head and
+    tail): the one formatted in the trial process, else the last one in its logs (a gpuopt trial
+    that caught the error logs it), else the head and tail of the stderr log (a crash)."""
+
+    logs: list[str]
+    run_dir: str | None
+    traceback: str | None
+
+
+def with_traceback(ret: JobReturn) -> JobReturn:
+    """In the trial process: a failed job's traceback as text (pickling drops its frames)."""
+    import traceback
+
+    if ret.status is JobStatus.FAILED:
+        try:
+            ret.return_value  # noqa: B018  (raises the task's exception)
+        except BaseException as exc:
+            text = "".join(traceback.format_exception(exc))
+            ret.gpuopt_traceback = _excerpt(mask_secrets(text))  # type: ignore[attr-defined]
+    return ret
+
+
+def _last_traceback(path: Path) -> str | None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    index = text.rfind("Traceback (most recent call last)")
+    return _excerpt(mask_secrets(text[index:])) if index >= 0 else None
+
+
+def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
+    """Set `ret.gpuopt_diagnostics` from the job's logs (both launchers)."""
+    traceback = (
+        getattr(ret, "gpuopt_traceback", None)
+        or _last_traceback(job.paths.stdout)
+        or _last_traceback(job.paths.stderr)
+    )
+    ret_dir = getattr(getattr(getattr(ret, "hydra_cfg", None), "hydra", None), "runtime", None)
+    ret.gpuopt_diagnostics = TrialDiagnostics(  # type: ignore[attr-defined]
+        logs=[str(job.paths.stdout), str(job.paths.stderr)],
+        run_dir=str(ret_dir.output_dir) if ret_dir is not None else run_dir,
+        traceback=traceback,
+    )
+
+
 def _failed(overrides: list[str], exc: BaseException) -> JobReturn:
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
     ret.return_value = exc
+    if isinstance(exc, TrialProcessError) and exc.log_tail:
+        ret.gpuopt_traceback = exc.log_tail  # type: ignore[attr-defined]  (a crash: its log)
     return ret

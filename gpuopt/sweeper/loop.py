@@ -26,11 +26,12 @@ import optuna
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from optuna.trial import Trial
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import Trial, TrialState
 
 from gpuopt.secrets import mask_config_secrets, mask_secrets
 
-from . import baseline, confirm, hardware, outputs, resume
+from . import baseline, confirm, hardware, interference, outputs, resume
 from . import storage as storage_mod
 from . import study as study_mod
 from ._compat import (
@@ -40,11 +41,21 @@ from ._compat import (
     submitit_executor_kind,
     trial_id,
 )
+from .launcher import terminate_as_interrupt
 from .objectives import SweepConfigError, TrialOutcome, resolve_objectives
 from .options import SweeperOptions
 from .progress import Progress
 from .record import outcome_of, record_trial
-from .schema import ATTR_BASELINE, ATTR_REASON, ATTR_STATUS, plain_labels, plain_names
+from .schema import (
+    ATTR_BASELINE,
+    ATTR_REASON,
+    ATTR_STATUS,
+    ATTR_WARNINGS,
+    CONFIRM_CLAIM_ATTR,
+    STUDY_OBJECTIVES,
+    plain_labels,
+    plain_names,
+)
 from .search_space import (
     SearchSpace,
     build_search_space,
@@ -141,6 +152,36 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     # ---- sweep ---------------------------------------------------------------------------------
 
     def sweep(self, arguments: list[str]) -> None:
+        """The sweep; stopped by Ctrl-C, SIGTERM or SIGHUP, it marks its running trials interrupted
+        at once (re-queued, as a resume would) and exits with one line, no traceback."""
+        self._study: optuna.Study | None = None
+        try:
+            with terminate_as_interrupt():
+                self._sweep(arguments)
+        except KeyboardInterrupt as exc:
+            self._exit_interrupted(str(exc) or "Ctrl-C")
+
+    def _exit_interrupted(self, what: str) -> None:
+        numbers: list[int] = []
+        reason = (
+            f"interrupted: the sweep was stopped ({what}) while this trial ran; its params were "
+            "enqueued again"
+        )
+        try:
+            if self._study is not None:
+                numbers = resume.fail_own_running(self._study, reason)
+        except Exception as exc:  # the storage may be mid-transaction: the next resume recovers
+            log.debug("could not mark trials interrupted: %s", exc)
+        marked = f"trial(s) {numbers} marked interrupted, params re-queued; " if numbers else ""
+        print(
+            f"gpuopt: sweep stopped ({what}): {marked}run the same command to resume",
+            file=sys.stderr,
+            flush=True,
+        )
+        code = {"signal SIGTERM": 143, "signal SIGHUP": 129}.get(what, 130)
+        sys.exit(code)
+
+    def _sweep(self, arguments: list[str]) -> None:
         t_start = time.monotonic()
         names, directions = self._objectives()
         self._check_task_config()  # gpuopt's own task: its values, before anything exists
@@ -163,6 +204,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             directions,
             (self.options.heartbeat_interval, self.options.grace_period),
         )
+        self._study = study
         if created:
             study_mod.record_new_study(study, names, directions, hw_id, facts, probe, space.dropped)
         else:
@@ -202,7 +244,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             sweep_groups=self._sweep_groups(),
             metrics_named=bool(self.options.objectives) or self.options.gpuopt_task,
         )
-        text = outputs.write_outputs(study, identity, confirmation, time.monotonic() - t_start)
+        pending = self._confirmation_elsewhere(study, confirmation, directions)
+        text = outputs.write_outputs(
+            study, identity, confirmation, time.monotonic() - t_start, best_pending=pending
+        )
         print(text, flush=True)
 
     def _log_start(
@@ -279,6 +324,51 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         else:
             log.warning("device checks skipped: %s", probe.error)
         return probe
+
+    def _confirmation_elsewhere(
+        self, study: optuna.Study, confirmation: dict[str, Any] | None, directions: list[str]
+    ) -> str | None:
+        """Where the confirmation of this study's trials runs, when not in this worker and not yet
+        done (None: it ran here, is done, or will not run). A worker that does not confirm must
+        not publish a best of its own: the confirming worker may overturn it."""
+        trials = study.get_trials(deepcopy=False)
+        counted = sum(1 for t in trials if resume.counted(t))
+        if confirmation and confirmation.get("after_trials") == counted:
+            return None  # final for these trials
+        settings = self.options.confirm
+        labels = study.user_attrs.get(STUDY_OBJECTIVES)
+        _, ranked, _ = confirm.candidates(trials, directions)
+        if plain_names(labels) or not ranked:
+            return None
+        if (
+            confirm.plan(
+                settings.top_k, settings.rounds, settings.max_share, self.n_trials, len(ranked)
+            )
+            is None
+        ):
+            return None
+        me = resume.this_owner()
+        claim = storage_of(study).get_study_system_attrs(resume.study_id(study))
+        claim = claim.get(CONFIRM_CLAIM_ATTR)
+        if (
+            isinstance(claim, dict)
+            and claim.get("after_trials") == counted
+            and claim.get("owner") not in (None, me)
+            and resume.owner_alive(claim.get("owner")) is not False
+        ):
+            owner = claim["owner"]
+            return f"the confirmation runs in worker {owner.get('host')}:{owner.get('pid')}"
+        others = {
+            f"{o.get('host')}:{o.get('pid')}"
+            for t in resume.in_flight(trials)
+            if (o := t.system_attrs.get(resume.OWNER_ATTR) or {}) != me
+        }
+        if not others:
+            return None
+        return (
+            f"the confirmation runs in the last worker to finish ({', '.join(sorted(others))}); "
+            "its summary and best.yaml are the sweep's result"
+        )
 
     def _trials_to_go(self, study: optuna.Study, space: SearchSpace, created: bool) -> int:
         """Recover dead workers' trials, make sure a baseline will run, fit n_trials to a grid;
@@ -480,10 +570,22 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
         for beat in beats:
             beat.start()  # records a beat at once, then every heartbeat_interval seconds
+        elsewhere = resume.FinishedElsewhere(study, trials)
+        if storage_mod.heartbeat_on(storage_of(study)) and hasattr(self.launcher, "stop_check"):
+            self.launcher.stop_check = elsewhere.reason  # a paused worker's stale trial: stop it
         try:
             overrides = [self._configure(t, space) for t in trials]
             returns = self._launch(overrides, [t.number for t in trials])
-            for trial, trial_overrides, ret in zip(trials, overrides, returns, strict=False):
+            for slot, (trial, trial_overrides, ret) in enumerate(
+                zip(trials, overrides, returns, strict=False)
+            ):
+                if elsewhere.finished(slot) or not self._still_running(study, trial):
+                    log.warning(
+                        "trial #%d was failed as stale by another worker while this worker sent "
+                        "no heartbeat (paused?): its result is dropped, its re-run counts",
+                        trial.number,
+                    )
+                    continue
                 outcome = outcome_of(ret, progress.names, progress.directions)
                 if trial.user_attrs.get(ATTR_BASELINE) and outcome.failed:
                     baseline.skip(study, trial, trial_overrides, ret, outcome)
@@ -497,8 +599,14 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
             raise
         finally:
+            if hasattr(self.launcher, "stop_check"):
+                self.launcher.stop_check = None
             for beat in beats:
                 beat.join()
+
+    @staticmethod
+    def _still_running(study: optuna.Study, trial: Trial) -> bool:
+        return storage_of(study).get_trial(trial_id(trial)).state == TrialState.RUNNING
 
     def _configure(self, trial: Trial, space: SearchSpace) -> list[str]:
         """Suggest the trial's params; its overrides. The baseline suggests only the keys it was
@@ -544,6 +652,17 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             log.warning("launcher failed for a batch (%s); launching its jobs one by one", exc)
             return [self._launch([o], [n])[0] for o, n in zip(overrides, numbers, strict=False)]
 
+    def _flag_interference(self, study: optuna.Study, trial: Trial, outcome: TrialOutcome) -> None:
+        """Other workers' trials ran on this host at the same time: say so (interference.py)."""
+        frozen = storage_of(study).get_trial(trial_id(trial))
+        attr = interference.flag(frozen, study.get_trials(deepcopy=False))
+        if attr is None:
+            return
+        text = interference.warning_text(attr)
+        outcome.user_attrs[interference.ATTR_INTERFERENCE] = attr
+        outcome.user_attrs[ATTR_WARNINGS] = [*(outcome.user_attrs.get(ATTR_WARNINGS) or []), text]
+        log.warning("trial #%d %s", trial.number, text)
+
     def _measure(
         self, overrides: list[str], job: int, names: list[str], directions: list[str]
     ) -> TrialOutcome:
@@ -558,7 +677,12 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         ret: Any,
         outcome: TrialOutcome,
     ) -> None:
-        record_trial(study, trial, overrides, ret, outcome)
+        self._flag_interference(study, trial, outcome)
+        try:
+            record_trial(study, trial, overrides, ret, outcome)
+        except UpdateFinishedTrialError:  # failed as stale by another worker a moment ago
+            log.warning("trial #%d was finished by another worker: not recorded", trial.number)
+            return
         if outcome.plain and not outcome.failed and not self._labels_checked:
             self._labels_checked = True  # one study read per sweep, not per trial
             study_mod.relabel_plain_objectives(study, len(outcome.values or []))

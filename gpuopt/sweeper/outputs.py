@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 from omegaconf import OmegaConf
 
+from . import interference
 from .export import overrides_to_experiment, stock_results, write_experiment
 from .schema import (
     ATTR_OVERRIDES,
@@ -73,8 +74,13 @@ def write_outputs(
     sweep: SweepIdentity,
     confirmation: dict[str, Any] | None,
     elapsed_s: float,
+    best_pending: str | None = None,
 ) -> str:
-    """Write the three files; returns the summary text (the caller prints it)."""
+    """Write the three files; returns the summary text (the caller prints it).
+
+    `best_pending` (several workers: the confirmation runs in another one, which may overturn the
+    sweep's best): this worker publishes no best of its own, no best.yaml, and says where it comes.
+    """
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     all_trials = study.get_trials(deepcopy=False)
     labels = study.user_attrs.get(STUDY_OBJECTIVES)
@@ -86,12 +92,17 @@ def write_outputs(
     baseline = pick_baseline(all_trials)
     baseline = baseline if baseline in pool else None  # the summary shows a measured baseline
     best = pick_best(pool, pareto, sweep.directions, confirmation)
+    if best_pending:
+        best, pareto = None, []
     counts = status_counts(all_trials)
 
     write_results(sweep, [best] if best is not None and len(sweep.directions) < 2 else pareto, best)
     best_yaml = write_best_config(sweep, best) if best is not None else None
     log_stock_lines(best, pareto, sweep.directions)
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
+    interfered = interference.summary_note(all_trials)
+    if interfered:
+        notes.append(interfered)
     skipped = [t.user_attrs[BASELINE_SKIPPED_ATTR] for t in all_trials if _skipped(t)]
     text = render(
         study_name=sweep.study_name,
@@ -110,6 +121,7 @@ def write_outputs(
         reproduce=sweep.reproduce,
         baseline_skipped=skipped[-1] if skipped and baseline is None else None,
         speedups=sweep.metrics_named,
+        best_pending=best_pending,
     )
     (sweep.sweep_dir / "summary.txt").write_text(text + "\n")
     return text

@@ -18,10 +18,17 @@ from optuna.trial import Trial, TrialState
 
 from gpuopt.secrets import mask_secrets
 
-from ._compat import storage_of, trial_id
+from ._compat import constraints_key, storage_of, trial_id
 from .attrs import set_user_attrs
 from .objectives import TrialOutcome, error_outcome, outcome_from_return
-from .schema import ATTR_OVERRIDES, ATTR_RUN_DIR, ATTR_STATUS, ATTR_TRACEBACK, ATTR_VISIBLE_DEVICES
+from .schema import (
+    ATTR_LOGS,
+    ATTR_OVERRIDES,
+    ATTR_RUN_DIR,
+    ATTR_STATUS,
+    ATTR_TRACEBACK,
+    ATTR_VISIBLE_DEVICES,
+)
 
 TRACEBACK_CHARS = 4000
 
@@ -77,15 +84,24 @@ def record_trial(
     attrs = {k: mask_secrets(v) if isinstance(v, str) else v for k, v in outcome.user_attrs.items()}
     attrs[ATTR_OVERRIDES] = [mask_secrets(str(o)) for o in overrides]
     attrs[ATTR_RUN_DIR] = run_dir(ret)
+    diagnostics = getattr(ret, "gpuopt_diagnostics", None)  # gpuopt's launchers: logs, traceback
+    if diagnostics is not None:
+        attrs[ATTR_LOGS] = diagnostics.logs
+        attrs[ATTR_RUN_DIR] = attrs[ATTR_RUN_DIR] or diagnostics.run_dir
+        if outcome.failed and diagnostics.traceback:
+            attrs[ATTR_TRACEBACK] = mask_secrets(diagnostics.traceback)
     devices = getattr(ret, "gpuopt_visible_devices", None)
     if devices is not None:
         attrs[ATTR_VISIBLE_DEVICES] = devices
     # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
     attrs.setdefault(ATTR_STATUS, outcome.status)
     set_user_attrs(storage_of(study), trial_id(trial), attrs)
-    if not outcome.failed:
-        for key, value in outcome.constraints.items():
-            trial.set_constraint(key, value)
+    if not outcome.failed and outcome.constraints:
+        # The list under Optuna's `constraints` key, in CONSTRAINT_KEYS order (oom, diverged): what
+        # Optuna's constraints_func machinery writes, read by its samplers and optuna-dashboard.
+        storage_of(study).set_trial_system_attr(
+            trial_id(trial), constraints_key(), list(outcome.constraints.values())
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:

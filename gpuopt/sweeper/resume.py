@@ -23,7 +23,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from ._compat import (
@@ -34,6 +33,7 @@ from ._compat import (
     trial_id,
     unwrap_storage,
 )
+from .lifeline import start_ticks as _start_ticks
 from .schema import (
     ATTR_BASELINE,
     ATTR_REASON,
@@ -51,20 +51,6 @@ from .schema import (
 # The attribute keys (OWNER_ATTR, INTERRUPTED_ATTR, ...) live in schema.py; re-exported here, where
 # their rules are.
 __all__ = ["CONFIRM_CLAIM_ATTR", "INTERRUPTED_ATTR", "OWNER_ATTR", "RERUN_OF_ATTR", "VOID_ATTR"]
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    try:
-        return int(fields[19])  # field 22 overall: starttime
-    except (IndexError, ValueError):
-        return None
 
 
 def host_name() -> str:
@@ -324,3 +310,57 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
 def study_id(study: Any) -> int:
     """The storage's id of a study, by the public name lookup (Study keeps its id private)."""
     return storage_of(study).get_study_id_from_name(study.study_name)
+
+
+def fail_own_running(study: Any, reason: str) -> list[int]:
+    """Mark this worker's RUNNING trials interrupted (FAIL, reason) and re-queue their params: what
+    the next resume would do, done at once when the sweep is stopped (Ctrl-C, SIGTERM, SIGHUP)."""
+    from optuna.trial import TrialState
+
+    owner = this_owner()
+    return [
+        t.number
+        for t in study.get_trials(deepcopy=False)
+        if t.state == TrialState.RUNNING
+        and t.system_attrs.get(OWNER_ATTR) == owner
+        and fail_and_requeue(study, t, reason)
+    ]
+
+
+class FinishedElsewhere:
+    """Whether a trial this worker runs was finished by someone else meanwhile: another worker
+    failed it as stale because this one sent no heartbeat for grace_period (it was paused: Ctrl-Z,
+    SIGSTOP, a VM pause) and re-queued its params. The launcher asks while it waits for the trial
+    (`reason(slot)`); the storage is read at most every `interval_s` seconds."""
+
+    def __init__(
+        self,
+        study: Any,
+        trials: Sequence[Any],
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._storage, self._ids = storage_of(study), [trial_id(t) for t in trials]
+        self._numbers = [t.number for t in trials]
+        self._interval, self._clock = interval_s, clock
+        self._next = clock() + interval_s
+        self._done: set[int] = set()
+
+    def finished(self, slot: int) -> bool:
+        from optuna.trial import TrialState
+
+        if slot not in self._done and self._clock() >= self._next:
+            self._next = self._clock() + self._interval
+            for k, tid in enumerate(self._ids):
+                if self._storage.get_trial(tid).state != TrialState.RUNNING:
+                    self._done.add(k)
+        return slot in self._done
+
+    def reason(self, slot: int) -> str | None:
+        if not self.finished(slot):
+            return None
+        return (
+            f"trial #{self._numbers[slot]} was failed as stale by another worker while this one "
+            "sent no heartbeat (paused for over hydra.sweeper.grace_period?): its process was "
+            "stopped here; its params were re-queued"
+        )

@@ -38,7 +38,8 @@ from .gpus import ATTR_VISIBLE_DEVICES
 
 # ---- trial user attrs (besides gpuopt.result's: status, reason, overrides, run_dir, env, config,
 # warnings, baseline, and every metric flat under its own name) ----------------------------------
-ATTR_TRACEBACK = "traceback"  # the tail of an error trial's traceback or log
+ATTR_TRACEBACK = "traceback"  # head and tail of an error trial's traceback or log
+ATTR_LOGS = "logs"  # paths of the trial job's full stdout and stderr logs (gpuopt's launchers)
 INTERRUPTED_ATTR = "interrupted"  # True on a trial whose sweep died under it
 RERUN_OF_ATTR = "rerun_of"  # on the re-enqueued trial: number of the interrupted one
 VOID_ATTR = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
@@ -62,6 +63,7 @@ __all__ = [
     "ATTR_BASELINE",
     "ATTR_CONFIG",
     "ATTR_ENV",
+    "ATTR_LOGS",
     "ATTR_OVERRIDES",
     "ATTR_REASON",
     "ATTR_RUN_DIR",

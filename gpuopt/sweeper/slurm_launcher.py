@@ -42,12 +42,17 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQue
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf
 
+from gpuopt.secrets import masked_singleton_state
+
 from .launcher import (
     TrialProcessError,
     _failed,
+    _log_excerpt,
     _log_tail,
     _terminate_as_interrupt,
+    attach_diagnostics,
     describe_exit,
+    with_traceback,
 )
 
 log = logging.getLogger(__name__)
@@ -201,7 +206,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
 
         faulthandler.enable()
         signal.signal(signal.SIGUSR2, _warn_time_limit)
-        return super().__call__(*args, **kwargs)
+        return with_traceback(super().__call__(*args, **kwargs))
 
     def _executor(self) -> Any:
         """submitit's SlurmExecutor built from the launcher's params, as the stock launch does."""
@@ -238,7 +243,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
                     "hydra.sweep.dir",
                     idx,
                     f"job_id_for_{idx}",
-                    Singleton.get_state(),
+                    masked_singleton_state(Singleton.get_state()),
                 )
             )
         jobs: list[Any] = []
@@ -268,6 +273,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
                     continue
                 if job.paths.result_pickle.exists():
                     returns[k] = _result(job, overrides[k])
+                    attach_diagnostics(returns[k], job, None)
                     continue
                 if states is None:
                     continue
@@ -278,6 +284,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
                 grace = RESULT_GRACE_S if state.state in ("COMPLETED", "FAILED") else 0.0
                 if time.monotonic() - first >= grace:
                     returns[k] = self._resultless(job, state, overrides[k])
+                    attach_diagnostics(returns[k], job, None)
             if len(returns) < len(jobs):
                 time.sleep(min(1.0, self.poll_s))
         return [returns[k] for k in range(len(jobs))]
@@ -295,7 +302,10 @@ class GpuoptSlurmLauncher(SlurmLauncher):
         exit_code = query_exit_code(job.job_id) if state.state in ("FAILED", "COMPLETED") else None
         reason = end_reason(state, self.params, exit_code)
         log.warning("trial job %s: %s", job.job_id, reason)
-        return _failed(overrides, TrialProcessError(reason, _log_tail(job.paths.stderr)))
+        return _failed(
+            overrides,
+            TrialProcessError(reason, _log_excerpt(job.paths.stderr), str(job.paths.stderr)),
+        )
 
 
 def _result(job: Any, overrides: list[str]) -> JobReturn:

@@ -62,6 +62,7 @@ def render(
     reproduce: str | None = None,
     speedups: bool = True,
     baseline_skipped: str | None = None,
+    best_pending: str | None = None,
 ) -> str:
     """The end-of-sweep summary. `storage` None: an in-memory study (nothing to review later);
     `speedups` False: the values are an app's own (value, value_0, ...), not gpuopt's metrics."""
@@ -90,7 +91,9 @@ def render(
             f"best      #{best.number}: {values_text(names, best.values)}  [{param_text(best.params)}]"
         )
     else:
-        lines.append("best: no feasible trial")
+        lines.append(
+            f"best: pending: {best_pending}" if best_pending else "best: no feasible trial"
+        )
     lines.extend(_comparison_lines(confirmation, baseline, best, names, directions, speedups))
     lines.extend(_pareto_lines(names, pareto))
     lines.extend(notes)

@@ -52,7 +52,7 @@ class SyntheticDataset(Dataset):
         kind: str,
         shape: Sequence[int] | int,
         num_classes: int,
-        size: int = 4096,
+        size: int = 262144,
         sample_cost: float = 1.0,
         seed: int = 0,
     ) -> None:

@@ -6,6 +6,7 @@ No torch: each trial costs only Hydra's composition, so the sweeper's handling o
 - model.width >= 1_000_000 or +case=oom -> oom; optimizer.lr >= 10 or +case=diverge -> diverged
 - +case=crash -> the task raises (error); +case=die -> the process exits without a result
 - +case=segfault / abort / hang -> SIGSEGV, os.abort() (SIGABRT), sleeps for an hour
+- +case=valueerror -> an error result after logging the traceback (as gpuopt's engine does)
 - +pid_dir=D -> the trial process writes its pid as a file name in D (to find it from a test)
 - +sleep_s=S -> the trial takes S seconds (for concurrent workers); env records the
   CUDA_VISIBLE_DEVICES the trial process saw
@@ -13,6 +14,7 @@ No torch: each trial costs only Hydra's composition, so the sweeper's handling o
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -57,6 +59,12 @@ def fake_result(cfg: DictConfig) -> TrialResult:
         os.abort()
     if case == "hang":
         time.sleep(3600)
+    if case == "valueerror":  # as gpuopt's engine reports a trial that raised: logged, then error
+        try:
+            raise ValueError("fake: bad shape")
+        except ValueError as exc:
+            logging.getLogger("gpuopt.engines").warning("trial failed", exc_info=exc)
+            return TrialResult(status=Status.ERROR, reason=f"ValueError: {exc}", config=config)
     if cfg.get("sleep_s"):
         time.sleep(float(cfg.sleep_s))
     if cfg.model.width >= 1_000_000 or case == "oom":

@@ -1,0 +1,212 @@
+"""`python -m gpuopt.report --compare A B`: two trials side by side - what differs in their
+configs, their metrics with B's change against A, their diagnoses and (when profiled) their phase
+breakdowns.
+
+A and B are trial numbers of the study, or paths to a trial's `result.json` (a run outside a
+sweep), in any mix. Plain data first (`Comparison`), rendering apart, so tests assert on the data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from gpuopt.diagnose import Diagnosis, diagnose
+from gpuopt.report.storage import ReportError
+from gpuopt.report.summary import (
+    COMPARED_METRICS,
+    ConfigChange,
+    StudyReport,
+    config_diff,
+)
+from gpuopt.result import ATTR_PROFILE, TrialResult, result_user_attrs
+
+PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
+GPU_SHARES = ("kernel", "memcpy", "idle", "host_wait", "kernel_wait")
+
+
+@dataclass
+class TrialSide:
+    """One side of a comparison: whatever a trial is, from a study or from result.json."""
+
+    label: str  # "trial #5", or the result.json path
+    status: str
+    attrs: dict[str, Any]  # flat metrics and the other user attributes
+    config: dict[str, Any]
+    diagnosis: Diagnosis
+
+    @property
+    def profile(self) -> dict[str, Any] | None:
+        value = self.attrs.get(ATTR_PROFILE)
+        return value if isinstance(value, dict) else None
+
+    def metric(self, name: str) -> float | None:
+        value = self.attrs.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            return None
+        return float(value)
+
+
+@dataclass
+class PhaseRow:
+    phase: str
+    a_ms: float | None
+    a_pct: float | None
+    b_ms: float | None
+    b_pct: float | None
+
+
+@dataclass
+class Comparison:
+    a: TrialSide
+    b: TrialSide
+    config_changes: list[ConfigChange]
+    metrics: list[tuple[str, float | None, float | None]]  # name, A, B
+    phases: list[PhaseRow] = field(default_factory=list)  # empty unless one side was profiled
+    gpu: list[tuple[str, float | None, float | None]] = field(default_factory=list)
+
+
+def side_from_result(path: Path) -> TrialSide:
+    """A trial's result.json (as `python -m gpuopt.run` writes it)."""
+    try:
+        result = TrialResult.load(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ReportError(f"cannot read a trial result from {path}: {exc}") from None
+    attrs = result_user_attrs(result)
+    device = str(result.env.get("device") or "").split(":")[0] or None
+    return TrialSide(
+        label=str(path),
+        status=result.status.value,
+        attrs=attrs,
+        config=result.config,
+        diagnosis=diagnose(
+            attrs, status=result.status.value, device_type=device, config=result.config
+        ),
+    )
+
+
+def side_from_study(report: StudyReport, number: int) -> TrialSide:
+    trial = next((t for t in report.trials if t.number == number), None)
+    if trial is None:
+        raise ReportError(f"study {report.study_name!r} has no trial #{number}")
+    return TrialSide(f"trial #{number}", trial.status, trial.attrs, trial.config, trial.diagnosis)
+
+
+def is_trial_number(reference: str) -> bool:
+    return reference.isdigit()
+
+
+def resolve_side(reference: str, report: StudyReport | None) -> TrialSide:
+    """A trial number (needs the study's report) or a path to a result.json (or its run dir)."""
+    if is_trial_number(reference):
+        if report is None:
+            raise ReportError(f"trial #{reference} needs a study (--storage, --study)")
+        return side_from_study(report, int(reference))
+    path = Path(reference)
+    return side_from_result(path / "result.json" if path.is_dir() else path)
+
+
+def _phase_rows(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[PhaseRow]:
+    if a is None and b is None:
+        return []
+
+    def get(profile: dict[str, Any] | None, key: str, phase: str, scale: float) -> float | None:
+        value = ((profile or {}).get(key) or {}).get(phase)
+        return value * scale if isinstance(value, (int, float)) else None
+
+    return [
+        PhaseRow(
+            phase,
+            get(a, "phases_s", phase, 1e3),
+            get(a, "phases_pct", phase, 1.0),
+            get(b, "phases_s", phase, 1e3),
+            get(b, "phases_pct", phase, 1.0),
+        )
+        for phase in PHASE_ORDER
+    ]
+
+
+def _gpu_rows(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
+    gpu_a, gpu_b = (a or {}).get("gpu"), (b or {}).get("gpu")
+    if not isinstance(gpu_a, dict) and not isinstance(gpu_b, dict):
+        return []
+    return [(name, (gpu_a or {}).get(name), (gpu_b or {}).get(name)) for name in GPU_SHARES]
+
+
+def compare(a: TrialSide, b: TrialSide) -> Comparison:
+    """What differs between two trials: config keys, metrics, phases and GPU shares."""
+    return Comparison(
+        a=a,
+        b=b,
+        config_changes=config_diff(a.config, b.config) if a.config and b.config else [],
+        metrics=[
+            (name, a.metric(name), b.metric(name))
+            for name in COMPARED_METRICS
+            if a.metric(name) is not None or b.metric(name) is not None
+        ],
+        phases=_phase_rows(a.profile, b.profile),
+        gpu=_gpu_rows(a.profile, b.profile),
+    )
+
+
+# -- rendering ------------------------------------------------------------------------------------
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _tables(c: Comparison) -> list[Any]:
+    from gpuopt.report.text import change, fmt
+
+    a, b = c.a.label, c.b.label
+    config = Table(title="Config: what differs", title_justify="left")
+    for column in ("key", a, b):
+        config.add_column(column)
+    for item in c.config_changes:
+        config.add_row(item.key, repr(item.baseline), repr(item.best))
+    if not c.config_changes:
+        config.add_row("(no difference)" if c.a.config and c.b.config else "(no config)", "", "")
+    metrics = Table(title="Metrics", title_justify="left")
+    for column in ("metric", a, b, "B vs A"):
+        metrics.add_column(column, justify="left" if column == "metric" else "right")
+    metrics.add_row("status", c.a.status, c.b.status, "")
+    for name, va, vb in c.metrics:
+        metrics.add_row(name, fmt(name, va), fmt(name, vb), change(name, va, vb))
+    parts: list[Any] = [config, metrics]
+    if c.phases:
+        phases = Table(title="Where the step goes (profiled window)", title_justify="left")
+        for column in ("phase", f"{a} ms", f"{a} %", f"{b} ms", f"{b} %"):
+            phases.add_column(column, justify="left" if column == "phase" else "right")
+        for row in c.phases:
+            phases.add_row(
+                row.phase, _num(row.a_ms, 2), _num(row.a_pct), _num(row.b_ms, 2), _num(row.b_pct)
+            )
+        parts.append(phases)
+    if c.gpu:
+        gpu = Table(title="GPU time (% of the profiled window)", title_justify="left")
+        for column in ("share", a, b):
+            gpu.add_column(column, justify="left" if column == "share" else "right")
+        for name, va, vb in c.gpu:
+            gpu.add_row(name, _num(va), _num(vb))
+        parts.append(gpu)
+    return parts
+
+
+def render_comparison(c: Comparison, console: Console) -> None:
+    from rich.panel import Panel
+
+    console.print(Group(*_tables(c)))
+    for side in (c.a, c.b):
+        d = side.diagnosis
+        body = "\n".join([d.summary, *(f"  {e}" for e in d.evidence)])
+        if d.suggestions:
+            body += "\ntry: " + "; ".join(d.suggestions)
+        console.print(Panel(body, title=f"{side.label}: {d.bottleneck.value}", title_align="left"))
+    if not c.phases:
+        console.print(
+            "[dim]No phase breakdown: neither trial was profiled (run it with profile=on).[/]"
+        )

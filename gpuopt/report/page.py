@@ -1,0 +1,399 @@
+"""The report page (`python -m gpuopt.report --html PATH`): one self-contained file, read top down.
+
+1. The answer: baseline vs best throughput, the speedup drawn with its confidence interval (the
+   sweeper's confirmation round; without one, the single-measurement ratio and a note saying it
+   has no interval), the share of the machine's limit reached (metric `limit_efficiency`, once
+   trials record it), the change to apply, and each side's diagnosis in one line.
+2. Where the time goes: stacked bars of the profiled step phases (ms per step), baseline vs best
+   (trials profiled with `profile=on`; the sweeper profiles both by default).
+3. The search: optimization history, Pareto front, importances, parallel coordinates, throughput
+   vs batch size (`gpuopt.report.html.figures`, optuna.visualization and plotly).
+4. The trials: a table sortable by any column (a few lines of inline JavaScript).
+The full terminal report follows, folded.
+
+Offline: plotly.js is inlined once with the first chart; no external script, font or style. Laid
+out for a laptop screen (1366 px): a centred column of at most 1280 px, charts in a grid of two
+fixed columns (one below 1100 px; fixed, so a chart has its final width when plotly draws it:
+plotly re-lays out on window resizes only), a table that wraps its cells.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from gpuopt.diagnose import PHASE_LABELS
+from gpuopt.report.summary import StudyReport, TrialView
+from gpuopt.result import ATTR_PROFILE
+
+PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
+PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
+PHASE_COLOURS = {
+    "data_wait": "#d62728",
+    "h2d_copy": "#ff7f0e",
+    "forward": "#1f77b4",
+    "backward": "#17becf",
+    "optimizer": "#9467bd",
+    "other": "#bdbdbd",
+}
+CHART_HEIGHT = 360  # px: two charts side by side and a heading fit a laptop screen
+PLOT_CONFIG = {"responsive": True, "displaylogo": False}
+
+_STYLE = """
+* { box-sizing: border-box; }
+body { font-family: system-ui, sans-serif; margin: 0; color: #222; background: #fafafa; }
+main { max-width: 1280px; margin: 0 auto; padding: 1em 1.5em 3em; }
+h1 { font-size: 1.5em; margin: 0.3em 0; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.sub { color: #666; margin: 0 0 1em; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(220px, 1fr)); gap: 1em; }
+.card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 0.8em 1em; }
+.card .label { color: #666; font-size: 0.85em; } .card .value { font-size: 1.6em; font-weight: 600; }
+.card .note { color: #666; font-size: 0.85em; }
+.grid { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 1em; }
+@media (max-width: 1100px) { .grid { grid-template-columns: minmax(0, 1fr); } }
+.chart { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 0.5em; min-width: 0; }
+.chart h3 { font-size: 1em; margin: 0.2em 0.4em; }
+.note { color: #8a6d3b; }
+code { background: #eee; padding: 0 0.25em; border-radius: 3px; word-break: break-word; }
+table.trials { width: 100%; border-collapse: collapse; table-layout: fixed; background: #fff; font-size: 0.9em; }
+table.trials th, table.trials td { border-bottom: 1px solid #e5e5e5; padding: 0.3em 0.4em; text-align: left;
+  overflow-wrap: anywhere; vertical-align: top; }
+table.trials th { cursor: pointer; background: #f0f0f0; user-select: none; }
+table.trials th[aria-sort="ascending"]::after { content: " \\25B2"; }
+table.trials th[aria-sort="descending"]::after { content: " \\25BC"; }
+tr.best td { font-weight: 600; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+details pre { font-size: 12px; overflow-x: auto; }
+"""
+
+# Sorting the trials table: numbers by value (data-value), the rest as text; click again to flip.
+_SORT_SCRIPT = """
+document.querySelectorAll("table.trials").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (th, column) {
+    th.addEventListener("click", function () {
+      var ascending = th.getAttribute("aria-sort") !== "ascending";
+      table.querySelectorAll("th").forEach(function (h) { h.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      function key(row) {
+        var cell = row.cells[column], v = cell.getAttribute("data-value");
+        return v === null ? cell.textContent : parseFloat(v);
+      }
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b);
+        if (typeof x === "number" && isNaN(x)) return 1;
+        if (typeof y === "number" && isNaN(y)) return -1;
+        var order = typeof x === "number" ? x - y : String(x).localeCompare(String(y));
+        return ascending ? order : -order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def best_comparison(report: StudyReport) -> dict[str, Any] | None:
+    """The confirmation entry of the best trial vs the baseline (ratio, ci_low, ci_high), if any."""
+    confirmation = report.confirmation
+    if not isinstance(confirmation, dict) or report.best is None:
+        return None
+    for entry in confirmation.get("comparisons") or []:
+        if isinstance(entry, dict) and entry.get("trial_number") == report.best.number:
+            return entry if isinstance(entry.get("ratio"), (int, float)) else None
+    return None
+
+
+def profile_of(trial: TrialView | None) -> dict[str, Any] | None:
+    value = trial.attrs.get(ATTR_PROFILE) if trial is not None else None
+    return value if isinstance(value, dict) else None
+
+
+# -- charts ---------------------------------------------------------------------------------------
+def speedup_figure(report: StudyReport) -> Any:
+    """Each confirmed candidate's speedup over the baseline as a point with its 95% interval, the
+    line at 1.0 meaning "no change"; without a confirmation, the one-measurement ratio alone."""
+    import plotly.graph_objects as go
+
+    confirmation = report.confirmation if isinstance(report.confirmation, dict) else {}
+    rows = [
+        e
+        for e in confirmation.get("comparisons") or []
+        if isinstance(e, dict) and isinstance(e.get("ratio"), (int, float))
+    ]
+    figure = go.Figure()
+    if rows:
+        best = report.best.number if report.best is not None else None
+        labels = [f"trial #{e.get('trial_number')}" + (" (best)" if e.get("trial_number") == best else "") for e in rows]  # fmt: skip
+        ratios = [e["ratio"] for e in rows]
+        upper = [(e.get("ci_high") or e["ratio"]) - e["ratio"] for e in rows]
+        lower = [e["ratio"] - (e.get("ci_low") or e["ratio"]) for e in rows]
+        figure.add_trace(
+            go.Scatter(
+                x=ratios,
+                y=labels,
+                mode="markers",
+                marker={"size": 12, "color": "#1f77b4"},
+                error_x={"type": "data", "symmetric": False, "array": upper, "arrayminus": lower},
+                name="speedup, 95% CI",
+                hovertemplate="%{x:.2f}x<extra>%{y}</extra>",
+            )
+        )
+        title = "Speedup over the baseline (re-measured, 95% interval)"
+    elif report.speedup is not None and report.best is not None:
+        figure.add_trace(
+            go.Scatter(
+                x=[report.speedup],
+                y=[f"trial #{report.best.number} (best)"],
+                mode="markers",
+                marker={"size": 12, "color": "#7f7f7f", "symbol": "diamond"},
+                name="one measurement each: no interval",
+            )
+        )
+        title = "Speedup over the baseline (one measurement each: no interval)"
+    else:
+        return None
+    figure.add_vline(x=1.0, line_dash="dash", line_color="#888", annotation_text="no change")
+    figure.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        xaxis={"title": "throughput vs baseline (x)", "rangemode": "tozero"},
+        height=max(200, 110 + 45 * max(1, len(rows))),
+        margin={"l": 130, "r": 30, "t": 50, "b": 45},
+        showlegend=False,
+    )
+    return figure
+
+
+def phases_figure(report: StudyReport) -> Any:
+    """Stacked horizontal bars: the profiled step of the baseline and the best, ms per phase."""
+    import plotly.graph_objects as go
+
+    sides = [
+        (f"{name} #{trial.number}", profile_of(trial))
+        for name, trial in (("baseline", report.baseline), ("best", report.best))
+        if trial is not None
+    ]
+    if report.best is not None and report.best is report.baseline:
+        sides = sides[:1]
+    sides = [(label, profile) for label, profile in sides if profile is not None]
+    if not sides:
+        return None
+    figure = go.Figure()
+    for phase in PHASE_ORDER:
+        ms = [1e3 * float((p.get("phases_s") or {}).get(phase) or 0.0) for _, p in sides]
+        pct = [float((p.get("phases_pct") or {}).get(phase) or 0.0) for _, p in sides]
+        figure.add_trace(
+            go.Bar(
+                y=[label for label, _ in sides],
+                x=ms,
+                orientation="h",
+                name=PHASE_LABELS.get(phase, phase),
+                marker_color=PHASE_COLOURS[phase],
+                text=[f"{v:.0f}%" if v >= 4 else "" for v in pct],
+                textposition="inside",
+                customdata=pct,
+                hovertemplate="%{x:.2f} ms (%{customdata:.1f}%)<extra>%{fullData.name}</extra>",
+            )
+        )
+    figure.update_layout(
+        barmode="stack",
+        height=150 + 60 * len(sides),
+        xaxis={"title": "ms per step (profiled window)"},
+        yaxis={"autorange": "reversed"},
+        legend={"orientation": "h", "y": -0.35, "traceorder": "normal"},
+        margin={"l": 110, "r": 20, "t": 20, "b": 40},
+    )
+    return figure
+
+
+# -- sections -------------------------------------------------------------------------------------
+def _card(label: str, value: str, note: str = "") -> str:
+    note_html = f'<div class="note">{note}</div>' if note else ""
+    return (
+        f'<div class="card"><div class="label">{_e(label)}</div>'
+        f'<div class="value">{value}</div>{note_html}</div>'
+    )
+
+
+def _throughput(trial: TrialView | None) -> str:
+    value = trial.metric("throughput") if trial is not None else None
+    return "-" if value is None else f"{value:,.0f}<small> samples/s</small>"
+
+
+def answer_cards(report: StudyReport) -> str:
+    base, best = report.baseline, report.best
+    confirmed = best_comparison(report)
+    cards = [
+        _card("baseline" + (f" (trial #{base.number})" if base else ""), _throughput(base)),
+        _card("best" + (f" (trial #{best.number})" if best else ""), _throughput(best)),
+    ]
+    if confirmed is not None:
+        low, high = confirmed.get("ci_low"), confirmed.get("ci_high")
+        interval = f"95% CI {low:.2f}-{high:.2f}x" if low is not None and high is not None else ""
+        cards.append(_card("speedup (re-measured)", f"{confirmed['ratio']:.2f}x", _e(interval)))
+    elif report.speedup is not None:
+        cards.append(_card("speedup", f"{report.speedup:.2f}x", "one measurement each"))
+    limit = best.metric("limit_efficiency") if best is not None else None
+    if limit is not None:
+        cards.append(_card("of this machine's limit", f"{limit:.0f}%", "best trial"))
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def answer_text(report: StudyReport) -> str:
+    parts = []
+    if report.override_changes:
+        overrides = " ".join(report.override_changes)
+        parts.append(f"<p>Change to apply: <code>{_e(overrides)}</code></p>")
+    elif report.best is not None and report.best is report.baseline:
+        parts.append("<p>Nothing beat the baseline: keep it.</p>")
+    for name, trial in (("Baseline", report.baseline), ("Best", report.best)):
+        if trial is not None and (name == "Baseline" or trial is not report.baseline):
+            d = trial.diagnosis
+            parts.append(
+                f"<p><b>{name} #{trial.number}: {_e(d.bottleneck.value)}</b>: {_e(d.summary)}"
+                + (f"<br><small>try: {_e('; '.join(d.suggestions[:3]))}</small>" if d.suggestions else "")
+                + "</p>"
+            )  # fmt: skip
+    return "\n".join(parts)
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f'<td class="num" data-value="{value}">{value:,.{digits}f}</td>'
+    return '<td data-value="NaN">-</td>' if value is None else f"<td>{_e(value)}</td>"
+
+
+def trials_table(report: StudyReport) -> str:
+    """Every trial, one row each; click a header to sort."""
+    first = report.objectives[0] if report.objectives else "value"
+    # The first objective's column; throughput has its own whatever the objective.
+    objective = [] if first == "throughput" else [first]
+    head = ["#", "status", *objective, "throughput", "step ms", "data wait %", "bottleneck",
+            "parameters"]  # fmt: skip
+    rows = []
+    best = report.best.number if report.best is not None else None
+    for t in report.trials:
+        # Infeasible trials carry worst-case values: not a measurement, not shown.
+        value = t.values[0] if t.values and t.status == "ok" else None
+        mark = " (baseline)" if t.baseline else (" (best)" if t.number == best else "")
+        params = ", ".join(f"{k}={v}" for k, v in t.params.items())
+        cells = [
+            f'<td class="num" data-value="{t.number}">{t.number}{_e(mark)}</td>',
+            f"<td>{_e(t.status)}</td>",
+            *([_cell(value)] if objective else []),
+            _cell(t.metric("throughput"), 0),
+            _cell(t.metric("step_time_ms"), 2),
+            _cell(t.metric("data_wait")),
+            f"<td>{_e(t.diagnosis.bottleneck.value) if t.status == 'ok' else '-'}</td>",
+            f"<td>{_e(params)}</td>",
+        ]
+        css = ' class="best"' if t.number == best else ""
+        rows.append(f"<tr{css}>{''.join(cells)}</tr>")
+    widths = (9, 8, *([10] if objective else []), 10, 8, 8, 14, 35 - (10 if objective else 0))
+    cols = "".join(f'<col style="width:{w}%">' for w in widths)
+    header = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return (
+        f'<table class="trials"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+class _Charts:
+    """plotly figures to <div>s: plotly.js inlined with the first one only."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def div(self, title: str, figure: Any) -> str:
+        import plotly.io as pio
+
+        figure.update_layout(autosize=True, template="plotly_white")
+        if figure.layout.height is None:
+            figure.update_layout(height=CHART_HEIGHT)
+        body = pio.to_html(
+            figure,
+            full_html=False,
+            include_plotlyjs=self.count == 0,
+            config=PLOT_CONFIG,
+            default_width="100%",
+        )
+        self.count += 1
+        heading = f"<h3>{_e(title)}</h3>" if title else ""
+        return f'<div class="chart">{heading}{body}</div>'
+
+
+def render_page(
+    search_figures: list[tuple[str, Any]] | None, report: StudyReport, text_html: str
+) -> str:
+    """The whole page; `search_figures` None means plotly is missing (a note replaces the charts)."""
+    charts = _Charts()
+    plotly = search_figures is not None
+    speedup = speedup_figure(report) if plotly and report.ok_trials else None
+    phases = phases_figure(report) if plotly else None
+    no_plotly = f'<p class="note">{_e(PLOTLY_HINT)}: this page has no charts.</p>'
+    sections = [
+        f"<h1>gpuopt report: {_e(report.study_name)}</h1>",
+        f'<p class="sub">{_e(_subtitle(report))}</p>',
+        "<h2>The answer</h2>",
+        answer_cards(report),
+        charts.div("", speedup) if speedup is not None else ("" if plotly else no_plotly),
+        answer_text(report),
+        "<h2>Where the time goes</h2>",
+        charts.div("Profiled step, baseline vs best", phases)
+        if phases is not None
+        else '<p class="note">No profiled trial: run the baseline or the best with '
+        "<code>profile=on</code> (the sweeper profiles both by default).</p>",
+        "<h2>The search</h2>",
+    ]
+    if not plotly:
+        sections.append(no_plotly)
+    elif not search_figures:
+        sections.append('<p class="note">No completed ok trial: nothing to plot.</p>')
+    else:
+        divs = "".join(charts.div(title, figure) for title, figure in search_figures)
+        sections.append(f'<div class="grid">{divs}</div>')
+    sections += [
+        "<h2>Trials</h2>",
+        trials_table(report),
+        "<h2>Full text report</h2>",
+        f"<details><summary>the terminal report</summary>{text_html}</details>",
+    ]
+    return _DOCUMENT.format(
+        title=_e(report.study_name),
+        style=_STYLE,
+        body="\n".join(sections),
+        script=_SORT_SCRIPT,
+    )
+
+
+def _subtitle(report: StudyReport) -> str:
+    counts = ", ".join(f"{n} {s}" for s, n in report.counts.items() if n)
+    objectives = ", ".join(
+        f"{o} ({d})" for o, d in zip(report.objectives, report.directions, strict=False)
+    )
+    hardware = report.hardware or {}
+    machine = hardware.get("gpus") or hardware.get("cpu") or ""
+    machine = ", ".join(machine) if isinstance(machine, list) else str(machine)
+    return " · ".join(x for x in (objectives, counts, machine) if x)
+
+
+_DOCUMENT = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>gpuopt report: {title}</title>
+<style>{style}</style>
+</head>
+<body>
+<main>
+{body}
+</main>
+<script>{script}</script>
+</body>
+</html>
+"""

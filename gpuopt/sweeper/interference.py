@@ -1,0 +1,86 @@
+"""Several workers measuring on one host: their trials compete for the same cores, memory
+bandwidth and GPUs, and every throughput they report is wrong (a baseline read 87 samples/s under
+three workers against ~6,000 alone), so is every speedup computed from them.
+
+Each trial records its owner (host, pid of the sweeping process) in its system attrs and Optuna
+records when it started; a trial whose run overlapped in time with a trial of another worker on
+the same host is flagged: user attr `interference` (the host and the other trials' numbers), one
+line in the trial's `warnings` (the report shows it), a warning in the sweep's progress, and a note
+in the summary. Trials of one worker's own batch (hydra.sweeper.n_jobs > 1) are not flagged: those
+are pinned to separate GPUs by the launcher.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from optuna.trial import TrialState
+
+from .resume import owner_alive
+from .schema import OWNER_ATTR
+
+ATTR_INTERFERENCE = "interference"  # trial user attr: {"host", "trials": [numbers]}
+
+
+def _interval(trial: Any, now: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
+    if trial.datetime_start is None or trial.state == TrialState.WAITING:
+        return None
+    end = trial.datetime_complete or (now if trial.state == TrialState.RUNNING else None)
+    return (trial.datetime_start, end) if end is not None else None
+
+
+def overlapping(trial: Any, trials: Sequence[Any], now: dt.datetime) -> list[int]:
+    """Numbers of the trials of other workers on `trial`'s host whose run overlapped with it
+    (`trial` is still running: it ends `now`)."""
+    owner = trial.system_attrs.get(OWNER_ATTR) or {}
+    span = _interval(trial, now)
+    if not owner.get("host") or span is None:
+        return []
+    found = []
+    for other in trials:
+        other_owner = other.system_attrs.get(OWNER_ATTR) or {}
+        if (
+            other.number == trial.number
+            or other_owner.get("host") != owner["host"]
+            or other_owner.get("pid") == owner.get("pid")
+        ):
+            continue
+        if other.state == TrialState.RUNNING and owner_alive(other_owner) is False:
+            continue  # a dead sweep's trial, not yet recovered: it does not run now
+        other_span = _interval(other, now)
+        if other_span is not None and other_span[0] < span[1] and span[0] < other_span[1]:
+            found.append(other.number)
+    return found
+
+
+def flag(trial: Any, trials: Sequence[Any]) -> dict[str, Any] | None:
+    """The `interference` attr of a trial about to be recorded, or None when it ran alone."""
+    now = dt.datetime.now()  # Optuna's datetimes are naive local time of the worker's host
+    others = overlapping(trial, trials, now)
+    if not others:
+        return None
+    host = (trial.system_attrs.get(OWNER_ATTR) or {}).get("host")
+    return {"host": host, "trials": others}
+
+
+def warning_text(attr: dict[str, Any]) -> str:
+    return (
+        f"measured while other workers ran trials on host {attr['host']} (trials "
+        f"{', '.join(f'#{n}' for n in attr['trials'])}): they share its cores and devices, so "
+        "this measurement (and any speedup from it) is not comparable; run one worker per host"
+    )
+
+
+def summary_note(trials: Sequence[Any]) -> str | None:
+    """The summary's line when any trial of the study was flagged."""
+    flagged = [t for t in trials if t.user_attrs.get(ATTR_INTERFERENCE)]
+    if not flagged:
+        return None
+    hosts = sorted({str(t.user_attrs[ATTR_INTERFERENCE].get("host")) for t in flagged})
+    return (
+        f"INTERFERENCE: {len(flagged)} trial(s) ran at the same time as other workers' trials on "
+        f"host {', '.join(hosts)}: their measurements interfere, speedups are not reliable; run "
+        "one worker per host (or hydra.sweeper.n_jobs on one worker, one GPU per trial)"
+    )

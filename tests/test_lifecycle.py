@@ -1,0 +1,395 @@
+"""Killed, paused and interrupted sweeps; crash diagnostics; constraints as Optuna's tools read them.
+
+Rules on in-process studies first; then end-to-end sweeps of tests/sweep_helpers/fake_task.py (no
+torch) on the default fresh_process launcher, each bounded to a few seconds of trial time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import optuna
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from optuna.trial import TrialState, create_trial
+
+from gpuopt.result import Metrics, Status, TrialResult
+from gpuopt.sweeper import interference, lifeline, outputs, resume
+from gpuopt.sweeper import storage as storage_mod
+from gpuopt.sweeper.launcher import _excerpt, _log_excerpt, attach_diagnostics, with_traceback
+from gpuopt.sweeper.objectives import outcome_from_return
+from gpuopt.sweeper.record import record_trial
+
+HELPERS = Path(__file__).parent / "sweep_helpers"
+QUICK = ["~search", "measure=quick", "hydra.sweeper.device_aware=false"]
+
+
+# ---- the trial's lifeline -------------------------------------------------------------------------
+
+
+def test_watchdog_ends_a_trial_whose_sweep_is_gone_or_whose_deadline_passed():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = lifeline.SweepProcess(dead.pid, None, -1)
+    assert "ended" in lifeline.watchdog_verdict(gone, deadline=1e18, now=0.0)
+    me = lifeline.SweepProcess.this()
+    assert lifeline.watchdog_verdict(me, deadline=10.0, now=5.0) is None
+    assert "timed out" in lifeline.watchdog_verdict(me, deadline=10.0, now=11.0)
+    # A reused pid (another start time) is not the sweep.
+    assert not lifeline.process_alive(os.getpid(), (me.start or 0) + 1)
+    log = "...\n" + lifeline.MARKER + "timed out after 3 s (hydra.launcher.timeout_s)\n"
+    assert lifeline.reason_from_log(log).startswith("timed out after 3 s")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_parent_death_signal_kills_the_child_of_a_killed_parent(tmp_path):
+    """The trial's prctl(PR_SET_PDEATHSIG): its parent (submitit's controller) dies, it dies."""
+    pid_file = tmp_path / "child.pid"
+    child_code = (
+        "import os, time\n"
+        "from gpuopt.sweeper.lifeline import set_parent_death_signal\n"
+        "assert set_parent_death_signal()\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    code = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {child_code!r}])\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    assert _gone_within(child, 5), "the child outlived its SIGKILLed parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+# ---- diagnostics ----------------------------------------------------------------------------------
+
+
+def test_log_excerpt_keeps_head_and_tail_and_masks_secrets(tmp_path):
+    text = "Fatal Python error: Segmentation fault\n" + "x" * 10_000 + "\nlast frame\n"
+    (tmp_path / "err").write_text(text + "postgresql://u:pw@h/db\n")
+    out = _log_excerpt(tmp_path / "err")
+    assert out.startswith("Fatal Python error: Segmentation fault")
+    assert out.rstrip().endswith("postgresql://u:***@h/db") and "last frame" in out
+    assert "chars cut ...]" in out and len(out) < 6200
+    assert _excerpt("short") == "short"
+
+
+class _Paths:
+    def __init__(self, folder: Path) -> None:
+        self.stdout, self.stderr = folder / "0_log.out", folder / "0_log.err"
+        self.stdout.write_text("")
+        self.stderr.write_text("")
+
+
+class _Job:
+    def __init__(self, folder: Path) -> None:
+        self.paths = _Paths(folder)
+
+
+def test_a_raising_task_keeps_its_frames_and_an_error_result_its_logged_traceback(tmp_path):
+    def user_code():
+        raise ValueError("bad shape")
+
+    try:
+        user_code()
+    except ValueError as exc:
+        failed = JobReturn(overrides=[], status=JobStatus.FAILED)
+        failed.return_value = exc
+    ret = with_traceback(failed)  # in the trial process, before pickling drops the frames
+    job = _Job(tmp_path)
+    attach_diagnostics(ret, job, "/runs/7")
+    diag = ret.gpuopt_diagnostics
+    assert "user_code" in diag.traceback and "ValueError: bad shape" in diag.traceback
+    assert diag.run_dir == "/runs/7" and diag.logs == [str(job.paths.stdout), str(job.paths.stderr)]
+
+    # gpuopt's engine catches the error, logs it, returns an error TrialResult: no exception here.
+    job.paths.stdout.write_text(
+        "[INFO] start\n[WARNING] trial failed\nTraceback (most recent call last):\n"
+        '  File "model.py", line 3, in forward\nValueError: bad shape\n'
+    )
+    ok = JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=None)
+    attach_diagnostics(ok, job, None)
+    assert ok.gpuopt_diagnostics.traceback.startswith("Traceback")
+    assert "model.py" in ok.gpuopt_diagnostics.traceback
+
+
+def test_an_error_trial_records_traceback_logs_and_run_dir(tmp_path):
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    trial = study.ask()
+    result = TrialResult(status=Status.ERROR, reason="ValueError: bad shape")
+    ret = JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=result)
+    job = _Job(tmp_path)
+    job.paths.stdout.write_text("Traceback (most recent call last):\nValueError: bad shape\n")
+    attach_diagnostics(ret, job, str(tmp_path / "3"))
+    outcome = outcome_from_return(result, ["throughput", "utilization"], ["maximize"] * 2)
+    record_trial(study, trial, [], ret, outcome)
+    attrs = study.trials[0].user_attrs
+    assert "ValueError: bad shape" in attrs["traceback"]
+    assert attrs["logs"] == [str(job.paths.stdout), str(job.paths.stderr)]
+    assert attrs["run_dir"] == str(tmp_path / "3")
+
+
+# ---- constraints, as optuna-dashboard reads them --------------------------------------------------
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_optuna_dashboard_sees_oom_as_infeasible(tmp_path):
+    dashboard = pytest.importorskip("optuna_dashboard", reason="the `dashboard` extra")
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    names, directions = ["throughput"], ["maximize"]
+    study = optuna.create_study(study_name="d", storage=url, directions=directions)
+    ok = TrialResult(status=Status.OK, metrics=Metrics(throughput=100.0))
+    oom = TrialResult(status=Status.OOM, reason="out of memory")
+    for result in (ok, oom):
+        trial = study.ask()
+        ret = JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=result)
+        record_trial(study, trial, [], ret, outcome_from_return(result, names, directions))
+    # Optuna's own reading: the oom trial is infeasible, the best is the ok one.
+    assert [t.constraints for t in study.trials] == [{"0": 0.0, "1": 0.0}, {"0": 1.0, "1": 0.0}]
+    assert study.best_trial.number == 0
+
+    server = make_server("127.0.0.1", 0, dashboard.wsgi(url), handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        with urllib.request.urlopen(f"{base}/api/studies", timeout=30) as response:
+            (summary,) = json.load(response)["study_summaries"]
+        with urllib.request.urlopen(f"{base}/api/studies/{summary['study_id']}", timeout=30) as r:
+            detail = json.load(r)
+    finally:
+        server.shutdown()
+        server.server_close()
+    constraints = {t["number"]: t["constraints"] for t in detail["trials"]}
+    assert constraints == {0: [0.0, 0.0], 1: [1.0, 0.0]}  # the dashboard's "infeasible" input
+    assert [t["number"] for t in detail["best_trials"]] == [0]
+
+
+# ---- several workers ------------------------------------------------------------------------------
+
+
+def _owned(number, host, pid, start, end, state=TrialState.COMPLETE):
+    t = create_trial(
+        state=state,
+        values=[1.0] if state == TrialState.COMPLETE else None,
+        system_attrs={resume.OWNER_ATTR: {"host": host, "pid": pid}},
+    )
+    t.number, t.datetime_start = number, start
+    t.datetime_complete = end if state == TrialState.COMPLETE else None
+    return t
+
+
+def test_interference_is_overlap_with_another_worker_on_the_same_host():
+    t0 = dt.datetime(2026, 1, 1, 12, 0, 0)
+    s = dt.timedelta(seconds=1)
+    me = _owned(0, "a", 1, t0, None, TrialState.RUNNING)
+    others = [
+        _owned(1, "a", 2, t0 - 5 * s, t0 + s),  # other worker, same host, overlapping
+        _owned(2, "a", 2, t0 - 9 * s, t0 - 6 * s),  # other worker, before this trial
+        _owned(3, "b", 3, t0, t0 + 3 * s),  # other host
+        _owned(4, "a", 1, t0, t0 + 2 * s),  # this worker's own batch
+        _owned(5, "a", 4, t0 + s, None, TrialState.RUNNING),  # running now, same host
+    ]
+    assert interference.overlapping(me, [me, *others], now=t0 + 4 * s) == [1, 5]
+    attr = {"host": "a", "trials": [1, 5]}
+    flagged = create_trial(
+        state=TrialState.COMPLETE, values=[1.0], user_attrs={"interference": attr}
+    )
+    assert "host a" in interference.summary_note([flagged])
+    assert interference.summary_note(others) is None
+
+
+def test_a_worker_notices_its_trial_was_failed_as_stale_elsewhere(tmp_path):
+    store = storage_mod.open_storage(
+        f"sqlite:///{tmp_path / 's.db'}", heartbeat_interval=1, grace_period=2
+    )
+    study = optuna.create_study(study_name="p", storage=store)
+    mine, other = study.ask(), study.ask()
+    now = [0.0]
+    watch = resume.FinishedElsewhere(study, [mine, other], interval_s=1.0, clock=lambda: now[0])
+    assert watch.reason(0) is None
+    # Another worker, seeing no heartbeat for grace_period, fails it (and re-queues its params).
+    assert resume.fail_and_requeue(study, study.trials[mine.number], "interrupted: stale")
+    now[0] += 0.5
+    assert watch.reason(0) is None  # read at most once per interval
+    now[0] += 0.6
+    assert "failed as stale by another worker" in watch.reason(0)
+    assert watch.reason(1) is None
+
+
+def test_a_worker_that_does_not_confirm_publishes_no_best(tmp_path):
+    study = optuna.create_study(directions=["maximize"])
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[5.0]))
+    identity = outputs.SweepIdentity(
+        study_name="s",
+        storage="memory",
+        sweep_dir=tmp_path,
+        names=["throughput"],
+        directions=["maximize"],
+        app_command="python -m gpuopt.run",
+        groups=[],
+    )
+    where = "the confirmation runs in worker h:42"
+    text = outputs.write_outputs(study, identity, None, 1.0, best_pending=where)
+    assert f"best: pending: {where}" in text
+    assert not (tmp_path / "experiment" / "best.yaml").exists()
+    assert "best_trial: null" in (tmp_path / "optimization_results.yaml").read_text()
+    text = outputs.write_outputs(study, identity, None, 1.0)
+    assert "best      #0" in text and (tmp_path / "experiment" / "best.yaml").exists()
+
+
+# ---- end to end -----------------------------------------------------------------------------------
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    out = open(tmp_path / "sweep.log", "w")  # noqa: SIM115 - the sweep writes to it
+    return subprocess.Popen(
+        [sys.executable, str(HELPERS / "fake_task.py"), "-m", *QUICK, *args],
+        cwd=tmp_path,
+        env={**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path)},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _trial_pid(pid_dir: Path, sweep: subprocess.Popen, timeout: float = 90) -> int:
+    deadline = time.monotonic() + timeout
+    while not any(pid_dir.iterdir()):
+        if time.monotonic() > deadline or sweep.poll() is not None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+            pytest.fail("the trial never started")
+        time.sleep(0.1)
+    return int(next(pid_dir.iterdir()).name)
+
+
+def _trials(tmp_path: Path, name: str):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'gpuopt.db'}").trials
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_a_killed_sweep_takes_its_hanging_trial_down(tmp_path, sig):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    sweep = _start(
+        tmp_path,
+        f"hydra.sweeper.study_name=k{int(sig)}",
+        "hydra.sweeper.n_trials=1",
+        "hydra.launcher.timeout_s=40",
+        "+case=hang",
+        f"+pid_dir={pid_dir}",
+    )
+    trial = _trial_pid(pid_dir, sweep)
+    sweep.send_signal(sig)
+    sweep.wait(timeout=30)
+    assert _gone_within(trial, 5), f"the trial outlived a {sig.name}ed sweep"
+    if sig == signal.SIGHUP:  # a closed terminal: stopped like SIGTERM, trial marked at once
+        (t,) = _trials(tmp_path, f"k{int(sig)}")[:1]
+        assert t.state == TrialState.FAIL and t.user_attrs["interrupted"] is True
+
+
+@pytest.mark.slow
+def test_a_trial_ends_at_its_own_timeout_while_its_sweep_is_stopped(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    sweep = _start(
+        tmp_path,
+        "hydra.sweeper.study_name=stopped",
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.baseline=false",
+        "hydra.sweeper.max_failure_rate=1.0",
+        "hydra.launcher.timeout_s=3",
+        "+case=hang",
+        f"+pid_dir={pid_dir}",
+    )
+    trial = _trial_pid(pid_dir, sweep)
+    os.killpg(sweep.pid, signal.SIGSTOP)  # the sweep cannot enforce anything now
+    try:
+        assert _gone_within(trial, 10), "the trial outlived its own timeout_s"
+    finally:
+        os.killpg(sweep.pid, signal.SIGCONT)
+    assert sweep.wait(timeout=60) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    (t,) = _trials(tmp_path, "stopped")
+    assert t.user_attrs["status"] == "error" and "timed out after 3 s" in t.user_attrs["reason"]
+
+
+@pytest.mark.slow
+def test_sigterm_marks_the_running_trial_interrupted_at_once_in_one_line(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    sweep = _start(
+        tmp_path,
+        "hydra.sweeper.study_name=term",
+        "hydra.sweeper.n_trials=1",
+        "+case=hang",
+        f"+pid_dir={pid_dir}",
+    )
+    trial = _trial_pid(pid_dir, sweep)
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=30) == 143
+    assert _gone_within(trial, 5)
+    log = (tmp_path / "sweep.log").read_text()
+    assert "Traceback" not in log
+    (line,) = [x for x in log.splitlines() if x.startswith("gpuopt: sweep stopped")]
+    assert "signal SIGTERM" in line and "marked interrupted" in line
+    trials = _trials(tmp_path, "term")
+    assert trials[0].state == TrialState.FAIL and trials[0].user_attrs["interrupted"] is True
+    assert "sweep was stopped (signal SIGTERM)" in trials[0].user_attrs["reason"]
+    assert [t.user_attrs.get("rerun_of") for t in trials[1:]] == [0]  # re-queued
+    assert trials[1].state == TrialState.WAITING
+
+
+@pytest.mark.slow
+def test_crash_diagnostics_keep_the_fatal_error_the_logs_and_the_run_dir(tmp_path):
+    sweep = _start(
+        tmp_path,
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.study_name=diag",
+        "hydra.sweeper.baseline=false",
+        "hydra.sweeper.max_failure_rate=1.0",
+        "+case=choice(segfault,valueerror)",
+    )
+    assert sweep.wait(timeout=120) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    by = {t.params["+case"]: t.user_attrs for t in _trials(tmp_path, "diag")}
+    seg, val = by["segfault"], by["valueerror"]
+    assert seg["traceback"].startswith("Fatal Python error: Segmentation fault")
+    assert "in fake_result" in seg["traceback"]  # the user's frame
+    assert "ValueError: fake: bad shape" in val["traceback"] and "fake_result" in val["traceback"]
+    for attrs in (seg, val):
+        assert attrs["run_dir"] and Path(attrs["run_dir"]).is_dir()
+        assert all(Path(p).is_file() for p in attrs["logs"])
