@@ -3,7 +3,8 @@ and nothing created (no run dir, no database, no result.json) - for `python -m g
 `python -m gpuopt.report`. Rows are (argv, expected substring of the line); `{tmp}` in an argument
 is the test's empty working directory. A row's `torch` says the check needs torch (targets that
 must import, the device); every other row runs with torch made unimportable, which proves that it
-fails before torch is imported. Sweep rows (`gpuopt.run -m`) get their own column later.
+fails before torch is imported. Sweep rows (`gpuopt.run -m`, SWEEP) fail before any study or
+database exists.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.postgres import find_pg_bin, postgres_server
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN_YAML = "_target_: gpuopt.workload.models.MLP\ninput: vectors\n  width: [1, 2\n"
@@ -140,7 +143,44 @@ REPORT = [
     ]
 ]
 
-ROWS = RUN + REPORT
+# `python -m gpuopt.run -m`: the sweeper's settings (SweeperOptions), its storage, and the composed
+# config checked once (gpuopt.config.check_composed / check_device_facts) before any study exists.
+SWEEP = run_rows(
+    ("-m hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0; allowed: an integer >= 1"),
+    ("-m hydra.sweeper.n_trials=-1", "hydra.sweeper.n_trials=-1; allowed: an integer >= 1"),
+    ("-m hydra.sweeper.n_jobs=0", "hydra.sweeper.n_jobs=0; allowed: an integer >= 1"),
+    (
+        "-m hydra.sweeper.max_failure_rate=2",
+        "hydra.sweeper.max_failure_rate=2.0; allowed: a number in [0, 1]",
+    ),
+    (
+        "-m hydra.sweeper.confirm.rounds=-1",
+        "hydra.sweeper.confirm.rounds=-1; allowed: an integer >= 0",
+    ),
+    ("-m hydra.sweeper.confirm.top_k=0", "hydra.sweeper.confirm.top_k=0"),
+    ("-m hydra.sweeper.confirm.max_share=0", "hydra.sweeper.confirm.max_share=0"),
+    ("-m hydra.sweeper.heartbeat_interval=-5", "hydra.sweeper.heartbeat_interval=-5"),
+    ("-m hydra.sweeper.env_timeout_s=0", "hydra.sweeper.env_timeout_s=0"),
+    ("-m hydra.sweeper.direction=sideways", "hydra.sweeper.direction="),
+    ("-m hydra.sweeper.objectives=[bogus]", "hydra.sweeper.objectives='bogus'"),
+    ("-m hydra.sweeper.bogus=1", "hydra.sweeper.bogus=1"),
+    (
+        "-m hydra.sweeper.storage=bogus://x",
+        "hydra.sweeper.storage='bogus://x'; allowed: an Optuna storage URL",
+    ),
+    (
+        "-m hydra.sweeper.storage=sqlite:////nonexistent/dir/x.db",
+        "hydra.sweeper.storage='sqlite:////nonexistent/dir/x.db'; allowed: a SQLite file in an existing folder",
+    ),
+    (("-m", "--config-dir", "{tmp}/myconf", "model=broken"), "broken.yaml, line 3, column 8"),
+    ("-m +foo=1", "foo=1; allowed: a key of GpuoptConf"),
+    ("-m loader.batch_size=0", "loader.batch_size=0; allowed: an integer >= 1"),
+    ("-m model=transformer model.heads=3", "model.heads=3; allowed: a divisor of model.width"),
+    ("-m device.type=cuda", "device.type='cuda'; allowed: cpu | auto here"),
+    ("-m loader.num_workers=1000", "loader.num_workers=1000"),
+)
+
+ROWS = RUN + REPORT + SWEEP
 
 
 def _run(row: Row, tmp: Path) -> subprocess.CompletedProcess:
@@ -166,6 +206,25 @@ def _run(row: Row, tmp: Path) -> subprocess.CompletedProcess:
 
 def test_the_table_has_45_distinct_inputs():
     assert len({(row.module, row.argv) for row in ROWS}) == len(ROWS) >= 45
+    assert len({row.argv for row in SWEEP}) == len(SWEEP) >= 15
+
+
+@pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server binaries not installed")
+def test_a_refused_database_login_is_one_line_exit_2_and_nothing_created(tmp_path):
+    """A real PostgreSQL server (tests/helpers/postgres.py). It trusts loopback logins (initdb
+    --auth=trust), so a wrong password of an existing role would be accepted: the row logs in as a
+    role that does not exist, with a password, which the server refuses as it refuses a wrong
+    password. The password must not show."""
+    with postgres_server() as url:
+        bad = url.replace("postgresql+psycopg://postgres@", "postgresql+psycopg://nobody:s3cretpw@")
+        row = Row(("-m", f"hydra.sweeper.storage={bad}"), "hydra.sweeper.storage=")
+        before = set(tmp_path.rglob("*"))
+        proc = _run(row, tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "cannot open storage" in lines[0] and "nobody" in lines[0]
+    assert "s3cretpw" not in proc.stderr + proc.stdout
+    assert set(tmp_path.rglob("*")) == before
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])

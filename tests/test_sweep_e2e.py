@@ -107,7 +107,11 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     assert len(summaries) == 1
     name = summaries[0].study_name
     hw_id = hardware.hardware_id(hardware.hardware_facts())
-    assert name == f"mlp-{hw_id}"  # workload + hardware (no search preset: ~search)
+    # workload, a digest of the search space (no search preset: ~search), hardware
+    from gpuopt.sweeper.study import space_digest
+
+    assert name == f"mlp-{space_digest(load(tmp_path, name).trials[-1].distributions)}-{hw_id}"
+    assert "reproduce: python -m gpuopt.run --config-dir" in proc.stdout
     study = load(tmp_path, name)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
@@ -402,21 +406,30 @@ def test_device_aware_default_preset_drops_poor_choices(tmp_path):
     assert all("measure.time_budget_s=2.0" not in t.user_attrs["overrides"] for t in trials)
 
 
-# ---- hydra-optuna-sweeper compatibility -------------------------------------------------------------
+# ---- gpuopt's own app: its defaults come from its own config ---------------------------------------
 
 
-def test_stock_optuna_sweeper_config_runs_unchanged(tmp_path):
-    proc = ok(sweep(tmp_path, app=[str(HELPERS / "stock_app" / "sphere.py")], timeout=180))
-    study = load(tmp_path, "sphere")  # the doc's study_name; storage null -> gpuopt's SQLite file
-    trials = study.get_trials()
-    assert len(trials) == 20 and all(t.state == TrialState.COMPLETE for t in trials)
-    assert all(
-        t.value == pytest.approx(t.params.get("x", 1) ** 2 + t.params.get("y", 1) ** 2)
-        for t in trials
+def test_own_app_keeps_its_study_and_a_changed_space_is_a_new_study(tmp_path):
+    """conf/config.yaml (not the sweeper's code) gives gpuopt's app its SQLite file under
+    GPUOPT_OUTPUT_DIR and its baseline; the default study name carries a digest of the search
+    space: the same command resumes, a changed space starts a new study instead of crashing."""
+    common = [
+        "~search",
+        "hydra/launcher=basic",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.confirm.rounds=0",
+    ]
+    first = ok(fake(tmp_path, *common, "loader.batch_size=choice(8,16)"))
+    again = ok(fake(tmp_path, *common, "loader.batch_size=choice(8,16)"))
+    changed = ok(fake(tmp_path, *common, "loader.batch_size=choice(8,32)"))
+    names = sorted(
+        s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
     )
-    assert study.direction.name == "MINIMIZE"
-    results = OmegaConf.load(sweep_dir(tmp_path, "multirun/*/*") / "optimization_results.yaml")
-    assert results.name == "optuna"
-    assert results.best_value == min(t.value for t in trials)
-    assert set(results.best_params) <= {"x", "y"}
-    assert "gpuopt sweep summary" in proc.stdout
+    assert len(names) == 2 and names[0] != names[1]
+    assert "resuming" not in first.stdout + first.stderr
+    assert "3/3 counted trials: resuming" in again.stdout + again.stderr
+    assert "resuming" not in changed.stdout + changed.stderr
+    for name in names:
+        trials = load(tmp_path, name).trials
+        assert len(trials) == 3 and trials[0].user_attrs.get(ATTR_BASELINE) is True
+    assert f"reproduce: python {HELPERS / 'fake_task.py'} --config-dir" in first.stdout

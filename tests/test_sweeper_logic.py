@@ -657,7 +657,12 @@ def test_sweeper_options_have_one_default_each():
     defaults = SweeperOptions()
     assert defaults.confirm.max_share == 0.4
     assert composed.confirm == defaults.confirm
-    for key in ("n_trials", "n_jobs", "max_failure_rate", "device_aware", "baseline"):
+    for key in ("n_trials", "n_jobs", "max_failure_rate", "device_aware"):
         assert getattr(composed, key) == getattr(defaults, key), key
-    for key in ("env_timeout_s", "heartbeat_interval", "grace_period", "storage", "study_name"):
+    for key in ("env_timeout_s", "heartbeat_interval", "grace_period", "study_name"):
         assert getattr(composed, key) == getattr(defaults, key), key
+    # The sweeper's own defaults are the stock ones (an in-memory study, no baseline); gpuopt's
+    # conf/config.yaml sets exactly these three for its own app.
+    assert (defaults.storage, defaults.baseline, defaults.gpuopt_task) == (None, False, False)
+    assert composed.baseline is True and composed.gpuopt_task is True
+    assert composed.storage == "${gpuopt.sqlite:${output_dir}/gpuopt.db}"

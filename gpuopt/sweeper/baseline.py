@@ -22,10 +22,13 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from . import resume
 from .schema import (
     ATTR_BASELINE,
+    ATTR_REASON,
+    BASELINE_SKIPPED_ATTR,
     FIXED_PARAMS_ATTR,
     GRID_ID_ATTR,
     INTERRUPTED_ATTR,
     SEARCH_SPACE_ATTR,
+    VOID_ATTR,
 )
 from .search_space import SearchSpace, baseline_params, current_value
 
@@ -49,8 +52,8 @@ def prepare(
     existing study without one gets it from whoever resumes it.
     """
     trials = study.get_trials(deepcopy=False)
-    if resume.has_baseline(trials):
-        return None
+    if resume.has_baseline(trials) or any(t.user_attrs.get(BASELINE_SKIPPED_ATTR) for t in trials):
+        return None  # measured, on its way, or known not to run as composed
     point = grid_point(config, space) if space.is_grid else None
     if point is not None:
         # Every worker marks it when its grid trial comes up: at most one trial has it.
@@ -84,6 +87,20 @@ def enqueue(study: optuna.Study, config: Any, space: SearchSpace) -> None:
     )
 
 
+def skip(study: optuna.Study, trial: Trial, overrides: list[str], ret: Any, outcome: Any) -> None:
+    """A baseline that failed: the configuration as composed does not run on its own (e.g.
+    custom-search-space-objective.py reads `w`, which only its custom_search_space adds). It is
+    told FAIL with the reason, marked skipped and void: no failed trial for max_failure_rate, not
+    counted towards n_trials, never best, and not enqueued again on resume."""
+    from .record import record_trial
+
+    reason = str(outcome.user_attrs.get(ATTR_REASON) or outcome.status).strip().splitlines()[0]
+    outcome.user_attrs[BASELINE_SKIPPED_ATTR] = reason
+    outcome.user_attrs[VOID_ATTR] = f"baseline skipped: {reason}"
+    record_trial(study, trial, overrides, ret, outcome)
+    log.warning("baseline skipped: %s (trial #%d; not a failed trial)", reason, trial.number)
+
+
 def grid_trials(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
     """The trials a grid sweep runs: the grid's size, plus a baseline that is not one of its
     points."""
@@ -93,6 +110,7 @@ def grid_trials(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
         if t.user_attrs.get(ATTR_BASELINE)
         and t.system_attrs.get(GRID_ID_ATTR) == OUTSIDE_GRID
         and not t.user_attrs.get(INTERRUPTED_ATTR)
+        and not t.user_attrs.get(VOID_ATTR)
     )
 
 

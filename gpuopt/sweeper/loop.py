@@ -25,11 +25,11 @@ from typing import Any
 import optuna
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 
-from gpuopt.secrets import mask_config_secrets
+from gpuopt.secrets import mask_config_secrets, mask_secrets
 
 from . import baseline, confirm, hardware, interference, outputs, resume
 from . import storage as storage_mod
@@ -48,12 +48,15 @@ from .progress import Progress
 from .record import outcome_of, record_trial
 from .schema import (
     ATTR_BASELINE,
+    ATTR_REASON,
+    ATTR_STATUS,
     ATTR_WARNINGS,
     CONFIRM_CLAIM_ATTR,
     STUDY_OBJECTIVES,
+    plain_labels,
+    plain_names,
     same_training_params,
 )
-from .schema import plain_names as schema_plain_names
 from .search_space import (
     SearchSpace,
     build_search_space,
@@ -64,6 +67,46 @@ from .search_space import (
 )
 
 log = logging.getLogger("gpuopt.sweeper")
+
+
+def stock_directions(direction: Any) -> list[str]:
+    """The stock sweeper's `direction`: one or a list of minimize | maximize (default minimize)."""
+    if direction is None:
+        return ["minimize"]
+    items = list(direction) if isinstance(direction, (list, tuple, ListConfig)) else [direction]
+    names = [str(getattr(d, "name", d)).lower() for d in items]
+    if not names or any(n not in ("minimize", "maximize") for n in names):
+        raise SweepConfigError(
+            "hydra.sweeper.direction", direction, "minimize | maximize, or a list of them"
+        )
+    return names
+
+
+def fail_unfinished(study: optuna.Study, trials: list[Trial], reason: str) -> None:
+    """FAIL every trial of `trials` still RUNNING, with the reason (best effort: the sweep is
+    stopping on an error already)."""
+    for trial in trials:
+        try:
+            frozen = storage_of(study).get_trial(trial_id(trial))
+            if frozen.state != optuna.trial.TrialState.RUNNING:
+                continue
+            trial.set_user_attr(ATTR_STATUS, "error")
+            trial.set_user_attr(ATTR_REASON, mask_secrets(reason)[:2000])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except Exception as exc:  # the storage itself may be what failed
+            log.warning("could not mark trial #%d failed: %s", trial.number, exc)
+
+
+def _load_option(loader: Any, path: str) -> DictConfig | None:
+    """A group option's own config, through Hydra's public ConfigSource API (None if unreadable)."""
+    for source in loader.get_sources():
+        try:
+            if source.is_config(path):
+                node = source.load_config(path).config
+                return node if isinstance(node, DictConfig) else None
+        except Exception:
+            continue
+    return None
 
 
 class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
@@ -141,9 +184,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
 
     def _sweep(self, arguments: list[str]) -> None:
         t_start = time.monotonic()
-        names, directions = resolve_objectives(self.options.objectives, self.direction)
+        names, directions = self._objectives()
+        self._check_task_config()  # gpuopt's own task: its values, before anything exists
         facts = hardware.hardware_facts()
-        probe = self._probe_env()
+        probe = self._check_task_device(self._probe_env())
         device_type = hardware.detect_device_type(self._configured_device(), facts)
         if probe.device_type and self._configured_device() in (None, "auto"):
             device_type = probe.device_type
@@ -153,11 +197,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         hw_id = hardware.hardware_id(facts)
         url = study_mod.storage_url(self.options.storage, self.config)
         self.storage = url if url is not None else study_mod.MEMORY  # as logs show it
-        study_name = self.study_name or hardware.default_study_name(
-            self._choice("model") or str(self.config.hydra.job.name), self._choice("search"), hw_id
-        )
         study, created = study_mod.open_study(
-            study_name,
+            self._study_name(space, hw_id),
             url,
             self.sampler,
             names,
@@ -169,25 +210,13 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             study_mod.record_new_study(study, names, directions, hw_id, facts, probe, space.dropped)
         else:
             study_mod.warn_other_hardware(study, hw_id)
+            study_mod.check_search_space(study, space.distributions)
+        names = self._study_names(study, names)
         self._check_sampler(directions)
 
         to_go = self._trials_to_go(study, space, created)
-        done_before = self.n_trials - to_go
-        if done_before:
-            log.info(
-                "study %r has %d/%d counted trials: resuming",
-                study_name,
-                done_before,
-                self.n_trials,
-            )
-        log.info("Study name: %s", study_name)
-        log.info("Storage: %s", storage_mod.display(url))
-        log.info("Sampler: %s", type(self.sampler).__name__)
-        log.info(
-            "Objectives: %s",
-            ", ".join(f"{n} ({d})" for n, d in zip(names, directions, strict=False)),
-        )
-        progress = Progress(self.n_trials, names, directions, done_before, t_start)
+        self._log_start(study, url, names, directions, self.n_trials - to_go)
+        progress = Progress(self.n_trials, names, directions, self.n_trials - to_go, t_start)
         self._run_trials(study, to_go, space, progress)
 
         confirmation = confirm.confirm_if_last(
@@ -202,7 +231,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             measure=lambda overrides, job: self._measure(overrides, job, names, directions),
         )
         identity = outputs.SweepIdentity(
-            study_name=study_name,
+            study_name=study.study_name,
             storage=storage_mod.display(url),
             sweep_dir=Path(str(self.config.hydra.sweep.dir)),
             names=names,
@@ -211,12 +240,91 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             groups=[
                 k for k in self.config.hydra.runtime.choices if not str(k).startswith("hydra/")
             ],
+            persisted=url is not None,
+            experiment_added="experiment" not in (self.config.hydra.runtime.choices or {}),
+            sweep_groups=self._sweep_groups(),
+            metrics_named=bool(self.options.objectives) or self.options.gpuopt_task,
         )
         pending = self._confirmation_elsewhere(study, confirmation, directions)
         text = outputs.write_outputs(
             study, identity, confirmation, time.monotonic() - t_start, best_pending=pending
         )
         print(text, flush=True)
+
+    def _log_start(
+        self,
+        study: optuna.Study,
+        url: str | None,
+        names: list[str],
+        directions: list[str],
+        done_before: int,
+    ) -> None:
+        if done_before:
+            log.info(
+                "study %r has %d/%d counted trials: resuming",
+                study.study_name,
+                done_before,
+                self.n_trials,
+            )
+        log.info("Study name: %s", study.study_name)
+        log.info("Storage: %s", storage_mod.display(url))
+        log.info("Sampler: %s", type(self.sampler).__name__)
+        log.info("Directions: %s", directions)  # the stock sweeper's line
+        log.info(
+            "Objectives: %s",
+            ", ".join(f"{n} ({d})" for n, d in zip(names, directions, strict=False)),
+        )
+
+    # ---- whose task, which names ---------------------------------------------------------------
+
+    def _objectives(self) -> tuple[list[str], list[str]]:
+        """gpuopt's metrics for its own task (or when `objectives` names them); for another app
+        the stock sweeper's: its `direction` (default minimize), values labelled value/value_i."""
+        if self.options.objectives is not None or self.options.gpuopt_task:
+            return resolve_objectives(self.options.objectives, self.direction)
+        directions = stock_directions(self.direction)
+        return plain_labels(len(directions)), directions
+
+    def _study_names(self, study: optuna.Study, names: list[str]) -> list[str]:
+        """The study's own metric names (Study.set_metric_names) for an app's plain values."""
+        if not plain_names(names):
+            return names
+        stored = study.metric_names
+        return list(stored) if stored and len(stored) == len(names) else names
+
+    def _study_name(self, space: SearchSpace, hw_id: str) -> str | None:
+        """As given; else, for gpuopt's own task, the workload, the preset, a digest of the search
+        space and the hardware (a changed space is a new study); else Optuna's own (None)."""
+        if self.study_name or not self.options.gpuopt_task:
+            return self.study_name
+        search = "-".join(
+            p for p in (self._choice("search"), study_mod.space_digest(space.distributions)) if p
+        )
+        workload = self._choice("model") or str(self.config.hydra.job.name)
+        return hardware.default_study_name(workload, search or None, hw_id)
+
+    def _check_task_config(self) -> None:
+        """gpuopt's own task: every value of the composed config, once, before the study (the
+        trials would each fail on a bad fixed value); one line, exit 2 (plugin.py)."""
+        if self.options.gpuopt_task:
+            import gpuopt.config
+
+            gpuopt.config.check_composed(self.config)
+
+    def _check_task_device(self, probe: hardware.EnvProbe) -> hardware.EnvProbe:
+        """What the trials' device must offer (device.type=cuda on a CPU machine, tf32, workers
+        per core), against `python -m gpuopt.env --json` of that machine; the probe used."""
+        if not self.options.gpuopt_task:
+            return probe
+        if not probe.data:
+            probe = hardware.probe_env(self.options.env_timeout_s)
+        if probe.data:
+            import gpuopt.config
+
+            gpuopt.config.check_device_facts(self.config, probe.data)
+        else:
+            log.warning("device checks skipped: %s", probe.error)
+        return probe
 
     def _confirmation_elsewhere(
         self, study: optuna.Study, confirmation: dict[str, Any] | None, directions: list[str]
@@ -231,7 +339,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         settings = self.options.confirm
         labels = study.user_attrs.get(STUDY_OBJECTIVES)
         _, ranked, _ = confirm.candidates(trials, directions)
-        if schema_plain_names(labels) or not ranked:
+        if plain_names(labels) or not ranked:
             return None
         if (
             confirm.plan(
@@ -286,15 +394,33 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         value = choices.get(group) if choices is not None else None
         return str(value) if value is not None else None
 
+    def _sweep_groups(self) -> list[str]:
+        """Config groups whose chosen option configures the sweep itself (sets `hydra.sweeper` or
+        `hydra.mode`, like lightning-hydra-template's `hparams_search`): an exported best config
+        leaves them out, or reproducing it would start a sweep."""
+        found = []
+        for group, option in (self.config.hydra.runtime.choices or {}).items():
+            if option is None or str(group).startswith("hydra/"):
+                continue
+            node = _load_option(self.hydra_context.config_loader, f"{group}/{option}")
+            hydra_node = node.get("hydra") if node is not None else None
+            if isinstance(hydra_node, DictConfig) and (
+                "sweeper" in hydra_node or "mode" in hydra_node
+            ):
+                found.append(str(group))
+        return found
+
     def _configured_device(self) -> str | None:
         value = OmegaConf.select(self.config, "device.type", default=None)
         return str(value) if value is not None else None
 
     def _app_command(self) -> str:
-        """How the user starts this task: `python -m gpuopt.run` for gpuopt, the job name otherwise."""
-        if OmegaConf.select(self.config, "measure", default=None) is not None:
-            return "python -m gpuopt.run"
-        return f"python {self.config.hydra.job.name}.py"
+        """How the user started this app: `python -m pkg.mod` or `python script.py` as typed."""
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if spec is not None and spec.name and spec.name != "__main__":
+            return f"python -m {spec.name.removesuffix('.__main__')}"
+        script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None
+        return f"python {script or str(self.config.hydra.job.name) + '.py'}"
 
     def _probe_env(self) -> hardware.EnvProbe:
         if not self.options.device_aware or not (self.params or self.options.device_params):
@@ -463,9 +589,17 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
                     )
                     continue
                 outcome = outcome_of(ret, progress.names, progress.directions)
+                if trial.user_attrs.get(ATTR_BASELINE) and outcome.failed:
+                    baseline.skip(study, trial, trial_overrides, ret, outcome)
+                    continue
                 self._tell(study, trial, trial_overrides, ret, outcome)
                 baseline_trial = bool(trial.user_attrs.get(ATTR_BASELINE))
                 log.info(progress.record(trial.number, baseline_trial, outcome))
+        except Exception as exc:
+            # The sweep stops (a bad custom_search_space, a storage error): none of its trials
+            # may stay RUNNING, or every later run of the study would find them in flight.
+            fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
+            raise
         finally:
             if hasattr(self.launcher, "stop_check"):
                 self.launcher.stop_check = None

@@ -48,7 +48,12 @@ class SweeperOptions:
     objectives: tuple[str, ...] | None = None
     device_aware: bool = True
     device_params: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    baseline: bool = True
+    # Off for other apps (a stock config's sweep is the stock sweep); gpuopt's conf/config.yaml
+    # turns it on.
+    baseline: bool = False
+    # The config is gpuopt's own (conf/config.yaml sets it): a derived default study name, and the
+    # composed config checked once (gpuopt.config.check_composed) before the study is opened.
+    gpuopt_task: bool = False
     confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
     env_timeout_s: float = 120.0
     heartbeat_interval: int | None = 60

@@ -12,8 +12,10 @@ The best trial is schema.pick_best's, as in the report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +26,23 @@ from . import interference
 from .export import overrides_to_experiment, stock_results, write_experiment
 from .schema import (
     ATTR_OVERRIDES,
+    BASELINE_SKIPPED_ATTR,
+    STUDY_OBJECTIVES,
     feasible,
     feasible_trials,
     global_batch_of,
     pick_baseline,
     pick_best,
     pick_same_training,
+    plain_names,
     status_counts,
     training_change,
 )
+from .search_space import parser
 from .summary import answers_lines, render
+
+log = logging.getLogger("gpuopt.sweeper")
+EXPERIMENT_GROUP = "experiment"  # where best.yaml goes: <sweep_dir>/experiment/best.yaml
 
 INFEASIBLE_NOTE = (
     "infeasible trials (oom/diverged) are kept in the study with constraints > 0: samplers avoid "
@@ -50,8 +59,23 @@ class SweepIdentity:
     sweep_dir: Path
     names: list[str]
     directions: list[str]
-    app_command: str  # how the user starts this task (for the reproduce line)
+    app_command: str  # how the user starts this app (python -m gpuopt.run, python sphere.py)
     groups: list[str]  # config groups of the composed config (not hydra/...)
+    persisted: bool = True  # False: an in-memory study (storage null / memory), gone after the run
+    # The app's defaults have no `experiment` group (reproduce with +experiment=best); False for
+    # a layout like lightning-hydra-template's (`experiment: null`: experiment=best).
+    experiment_added: bool = True
+    sweep_groups: list[str] = field(default_factory=list)  # groups that configure the sweep
+    metrics_named: bool = True  # gpuopt metrics (speedups) rather than an app's plain values
+
+    @property
+    def reproduce(self) -> str:
+        return self.reproduce_experiment("best")
+
+    def reproduce_experiment(self, name: str) -> str:
+        """The command that runs experiment/<name>.yaml of this sweep in this app."""
+        plus = "+" if self.experiment_added else ""
+        return f"{self.app_command} --config-dir {self.sweep_dir} {plus}{EXPERIMENT_GROUP}={name}"
 
 
 def write_outputs(
@@ -68,6 +92,10 @@ def write_outputs(
     """
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     all_trials = study.get_trials(deepcopy=False)
+    labels = study.user_attrs.get(STUDY_OBJECTIVES)
+    if plain_names(labels) and len(labels) == len(sweep.names) and not plain_names(sweep.names):
+        # gpuopt's task returned plain values (study.relabel_plain_objectives)
+        sweep = dataclasses.replace(sweep, names=list(labels), metrics_named=False)
     pool = feasible_trials(all_trials)
     pareto = [t for t in study.best_trials if feasible(t)] if pool else []
     baseline = pick_baseline(all_trials)
@@ -91,14 +119,17 @@ def write_outputs(
     )
     if same is not None and baseline is not None and same.number != baseline.number:
         same_yaml = write_best_config(sweep, same, "best_same_training")
-        answers.append(f"same-training config: {same_yaml} (+experiment=best_same_training)")
+        answers.append(f"same-training config: {same_yaml}")
+        answers.append(f"  reproduce: {sweep.reproduce_experiment('best_same_training')}")
+    log_stock_lines(best, pareto, sweep.directions)
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
     interfered = interference.summary_note(all_trials)
     if interfered:
         notes.append(interfered)
+    skipped = [t.user_attrs[BASELINE_SKIPPED_ATTR] for t in all_trials if _skipped(t)]
     text = render(
         study_name=sweep.study_name,
-        storage=sweep.storage,
+        storage=sweep.storage if sweep.persisted else None,
         sweep_dir=str(sweep.sweep_dir),
         names=sweep.names,
         directions=sweep.directions,
@@ -110,11 +141,30 @@ def write_outputs(
         best_yaml=best_yaml,
         elapsed_s=elapsed_s,
         notes=notes,
+        reproduce=sweep.reproduce,
+        baseline_skipped=skipped[-1] if skipped and baseline is None else None,
+        speedups=sweep.metrics_named,
         best_pending=best_pending,
         answers=answers,
     )
     (sweep.sweep_dir / "summary.txt").write_text(text + "\n")
     return text
+
+
+def _skipped(trial: Any) -> bool:
+    return bool(trial.user_attrs.get(BASELINE_SKIPPED_ATTR))
+
+
+def log_stock_lines(best: Any | None, pareto: list[Any], directions: list[str]) -> None:
+    """hydra-optuna-sweeper's closing log lines, word for word (scripts parse them)."""
+    if len(directions) < 2:
+        if best is not None:
+            log.info(f"Best parameters: {best.params}")
+            log.info(f"Best value: {best.value}")
+        return
+    log.info(f"Number of Pareto solutions: {len(pareto)}")
+    for t in pareto:
+        log.info(f"    Values: {t.values}, Params: {t.params}")
 
 
 def write_results(sweep: SweepIdentity, ranked: list[Any], best: Any | None) -> None:
@@ -158,13 +208,36 @@ def training_notes(trial: Any) -> list[str]:
 
 def write_best_config(sweep: SweepIdentity, best: Any, name: str = "best") -> str:
     """experiment/<name>.yaml; returns its path."""
-    body, skipped = overrides_to_experiment(best.user_attrs.get(ATTR_OVERRIDES) or [], sweep.groups)
+    overrides, base = _experiment_overrides(best.user_attrs.get(ATTR_OVERRIDES) or [], sweep)
+    body, skipped = overrides_to_experiment(overrides, sweep.groups)
+    if base is not None:  # best.yaml is itself an `experiment`: it extends the one the sweep ran
+        body["defaults"] = [f"/{EXPERIMENT_GROUP}/{base}", *(body.get("defaults") or ["_self_"])]
+        body = {"defaults": body.pop("defaults"), **body}
     values = ", ".join(f"{n}={v:.4g}" for n, v in zip(sweep.names, best.values, strict=False))
     header = [
         f"Best configuration of study {sweep.study_name} (trial #{best.number}): {values}",
-        f"Reproduce: {sweep.app_command} --config-dir {sweep.sweep_dir} +experiment={name}",
+        f"Reproduce: {sweep.reproduce_experiment(name)}",
         *training_notes(best),
     ]
     if skipped:
         header.append(f"Not expressible here (apply by hand): {' '.join(skipped)}")
-    return str(write_experiment(sweep.sweep_dir / "experiment" / f"{name}.yaml", body, header))
+    return str(write_experiment(sweep.sweep_dir / EXPERIMENT_GROUP / f"{name}.yaml", body, header))
+
+
+def _experiment_overrides(overrides: list[str], sweep: SweepIdentity) -> tuple[list[str], Any]:
+    """The trial's overrides best.yaml can hold, and the `experiment` option the sweep ran with.
+
+    Left out: the groups that configure the sweep (they would start one, e.g. `hparams_search`).
+    An `experiment=X` override becomes best.yaml's first default, `/experiment/X`: best.yaml is
+    selected as `experiment=best`, so it cannot override its own group.
+    """
+    kept, base = [], None
+    for line in overrides:
+        key = parser().parse_override(line).key_or_group
+        if key in sweep.sweep_groups:
+            continue
+        if key == EXPERIMENT_GROUP and EXPERIMENT_GROUP in sweep.groups:
+            base = parser().parse_override(line).value()
+            continue
+        kept.append(line)
+    return kept, base

@@ -13,6 +13,7 @@ gpuopt's additions.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from hydra.utils import instantiate
 from hydra_plugins.hydra_optuna_sweeper import config as _stock_config  # noqa: F401  (sampler nodes)
 from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf, TPESamplerConfig
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+from omegaconf import OmegaConf
 
 from .objectives import SweepConfigError
 from .options import SweeperOptions
@@ -33,6 +35,21 @@ SAMPLER_WHITELIST = ("hydra_plugins.hydra_optuna_sweeper.*", "optuna.samplers.*"
 
 
 _DEFAULTS = SweeperOptions()  # the one default of each setting (gpuopt/sweeper/options.py)
+
+
+def sqlite_url(path: str) -> str:
+    """`${gpuopt.sqlite:outputs/gpuopt.db}` -> `sqlite:////abs/outputs/gpuopt.db`.
+
+    gpuopt's conf/config.yaml names its persistent study database with it: a relative path is made
+    absolute from the current directory, so every run dir of the sweep (and a later
+    `python -m gpuopt.report`) reads the same file. Nothing is created here: the folder is created
+    when the study is opened, if it is the configured output_dir (gpuopt/sweeper/study.py).
+    """
+    return f"sqlite:///{os.path.abspath(os.path.expanduser(str(path)))}"
+
+
+if not OmegaConf.has_resolver("gpuopt.sqlite"):
+    OmegaConf.register_resolver("gpuopt.sqlite", sqlite_url)
 
 
 @dataclass
@@ -67,9 +84,11 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     # null: derived from `objectives` (METRIC_GOALS). Given without `objectives` (a stock config):
     # the first len(direction) default objectives, or the task's plain float/list return values.
     direction: Any = _DEFAULTS.direction
-    # null: SQLite file <output_dir>/gpuopt.db (absolute). "memory": in-memory, nothing kept.
+    # null: in-memory, nothing kept (the stock meaning; "memory" says the same). gpuopt's own
+    # conf/config.yaml sets the SQLite file <output_dir>/gpuopt.db.
     storage: Any | None = _DEFAULTS.storage
-    # null: derived from the workload (model choice, search preset) and a hardware fingerprint.
+    # null: for gpuopt's own task (gpuopt_task) derived from the workload (model choice, search
+    # preset), a hash of the search space and a hardware fingerprint; else Optuna's own name.
     study_name: str | None = _DEFAULTS.study_name
     n_trials: int = (
         _DEFAULTS.n_trials
@@ -89,8 +108,12 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     device_aware: bool = _DEFAULTS.device_aware
     # Extra params searched only when trials run on that device type (cpu | cuda | mps).
     device_params: dict[str, dict[str, str]] = field(default_factory=dict)
-    # Run the user's config as composed first, marked baseline=True (once per study).
+    # Run the user's config as composed first, marked baseline=True (once per study). Off unless
+    # set: gpuopt's conf/config.yaml sets it for its own task.
     baseline: bool = _DEFAULTS.baseline
+    # True in gpuopt's conf/config.yaml: the task is gpuopt's (its config schema, a TrialResult):
+    # the study name is derived when not given and the composed config is checked before the study.
+    gpuopt_task: bool = _DEFAULTS.gpuopt_task
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
     env_timeout_s: float = _DEFAULTS.env_timeout_s
@@ -133,11 +156,13 @@ class GpuoptSweeper(OptunaSweeper):
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
     """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback."""
+    from gpuopt.config import ConfigError  # torch-free: the composed config's own checks
+
     from .progress import SweepAborted
 
     try:
         yield
-    except SweepConfigError as exc:
+    except (SweepConfigError, ConfigError) as exc:
         print(f"gpuopt: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except SweepAborted as exc:

@@ -48,6 +48,9 @@ ATTR_LOGS = "logs"  # paths of the trial job's full stdout and stderr logs (gpuo
 INTERRUPTED_ATTR = "interrupted"  # True on a trial whose sweep died under it
 RERUN_OF_ATTR = "rerun_of"  # on the re-enqueued trial: number of the interrupted one
 VOID_ATTR = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
+# On a baseline that could not run as composed (e.g. a key only custom_search_space adds): why.
+# Such a trial also has VOID_ATTR: it never counts towards n_trials, the failure rate or best.
+BASELINE_SKIPPED_ATTR = "baseline_skipped"
 
 # ---- trial system attrs -------------------------------------------------------------------------
 OWNER_ATTR = "gpuopt:owner"  # {"host", "pid", "start"} of the sweeping process running it
@@ -73,6 +76,7 @@ __all__ = [
     "ATTR_TRACEBACK",
     "ATTR_VISIBLE_DEVICES",
     "ATTR_WARNINGS",
+    "BASELINE_SKIPPED_ATTR",
     "CONFIRM_CLAIM_ATTR",
     "FIXED_PARAMS_ATTR",
     "GRID_ID_ATTR",
@@ -90,9 +94,11 @@ __all__ = [
     "feasible_trials",
     "global_batch_of",
     "leading_trial",
+    "outside_space",
     "pick_baseline",
     "pick_best",
     "pick_same_training",
+    "plain_labels",
     "plain_names",
     "same_training",
     "same_training_params",
@@ -107,8 +113,9 @@ __all__ = [
 def trial_status(trial: FrozenTrial) -> str:
     """How a trial ended: the sweeper's `status` attr for finished trials, else its state.
 
-    interrupted (its sweep died under it; the params were re-run) and void (asked, never run:
-    surplus or a duplicate baseline) come before FAIL = error: neither is a failed measurement.
+    interrupted (its sweep died under it; the params were re-run), skipped (a baseline that could
+    not run as composed) and void (asked, never run: surplus or a duplicate baseline) come before
+    FAIL = error: none is a failed measurement.
     """
     if trial.state == TrialState.RUNNING:
         return "running"
@@ -118,6 +125,8 @@ def trial_status(trial: FrozenTrial) -> str:
         return "pruned"
     if trial.user_attrs.get(INTERRUPTED_ATTR):
         return "interrupted"
+    if trial.user_attrs.get(BASELINE_SKIPPED_ATTR):
+        return "skipped"
     if trial.user_attrs.get(VOID_ATTR):
         return "void"
     if trial.state == TrialState.FAIL:
@@ -129,6 +138,11 @@ def plain_names(labels: Any) -> bool:
     """Whether a study's STUDY_OBJECTIVES are placeholder labels (value, value_0, ...): a stock-style
     task's plain float/list return values, not gpuopt metrics."""
     return isinstance(labels, list) and all(str(x).startswith("value") for x in labels)
+
+
+def plain_labels(n_values: int) -> list[str]:
+    """The stock labels of an app's plain return values: `value` for one, `value_0`, ... else."""
+    return ["value"] if n_values == 1 else [f"value_{i}" for i in range(n_values)]
 
 
 def status_counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
@@ -174,8 +188,15 @@ def pick_best(
         if match is not None:
             return match
     sign = 1 if directions[0] == "maximize" else -1
-    pool = pareto or feasible_pool
-    return max(pool, key=lambda t: sign * t.values[0])
+    pool = [t for t in (pareto or feasible_pool) if not outside_space(t)]
+    pool = pool or [t for t in feasible_pool if not outside_space(t)]
+    return max(pool, key=lambda t: sign * t.values[0]) if pool else None
+
+
+def outside_space(trial: FrozenTrial) -> bool:
+    """A baseline run outside a grid's points (grid_id -1, no params): a reference, never the
+    best of a search it was not part of (the confirmation may still say "keep it")."""
+    return bool(trial.user_attrs.get(ATTR_BASELINE)) and trial.system_attrs.get(GRID_ID_ATTR) == -1
 
 
 def leading_trial(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> FrozenTrial | None:

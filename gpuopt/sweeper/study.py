@@ -16,6 +16,8 @@ from typing import Any
 
 import optuna
 
+from gpuopt.secrets import mask_secrets
+
 from . import hardware
 from . import storage as storage_mod
 from .objectives import SweepConfigError
@@ -27,33 +29,66 @@ MEMORY = "memory"
 
 
 def storage_url(storage: Any, config: Any) -> str | None:
-    """`hydra.sweeper.storage` -> what storage.open_storage takes: null -> the SQLite file
-    <output_dir>/gpuopt.db (absolute), "memory" -> None (in-memory), anything else as given."""
+    """`hydra.sweeper.storage` -> what storage.open_storage takes: null or "memory" -> None
+    (in-memory: the stock sweeper's meaning of null), anything else as given.
+
+    gpuopt's own conf/config.yaml sets its persistent default (`${gpuopt.sqlite:...}`); the folder of
+    a SQLite file is created here only when it is the configured output_dir (as Hydra creates its
+    run dirs): any other missing folder is a mistyped path, reported before anything is created.
+    """
+    if storage is None or str(storage) == MEMORY:
+        return None
+    url = str(storage)
+    if url.startswith(SQLITE_PREFIX) and url != SQLITE_PREFIX + ":memory:":
+        _sqlite_folder(url[len(SQLITE_PREFIX) :], config)
+    return url
+
+
+SQLITE_PREFIX = "sqlite:///"
+
+
+def _sqlite_folder(path: str, config: Any) -> None:
     from omegaconf import OmegaConf
 
-    if storage is None:
-        output_dir = (
-            OmegaConf.select(config, "output_dir", default=None)
-            or os.environ.get("GPUOPT_OUTPUT_DIR")
-            or "outputs"
-        )
-        cwd = OmegaConf.select(config, "hydra.runtime.cwd", default=None)
-        return hardware.default_storage(str(output_dir), cwd)
-    if str(storage) == MEMORY:
-        return None
-    return storage
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(folder):
+        return
+    output_dir = OmegaConf.select(config, "output_dir", default=None)
+    if output_dir is not None and os.path.abspath(str(output_dir)) == folder:
+        os.makedirs(folder, exist_ok=True)
+        return
+    raise SweepConfigError(
+        "hydra.sweeper.storage",
+        SQLITE_PREFIX + path,
+        f"a SQLite file in an existing folder ({folder} does not exist)",
+    )
 
 
 def open_study(
-    name: str,
+    name: str | None,
     url: str | None,
     sampler: Any,
     names: list[str],
     directions: list[str],
     heartbeat: tuple[int | None, int | None],
 ) -> tuple[optuna.Study, bool]:
-    """(the study, whether this call created it); an existing one must have these objectives."""
-    opened = storage_mod.open_storage(url, *heartbeat)
+    """(the study, whether this call created it); an existing one must have these objectives.
+
+    `name` None: a new study under Optuna's own generated name (the stock sweeper's behaviour).
+    A storage that cannot be opened (bad URL, missing driver, wrong password) is a SweepConfigError.
+    """
+    try:
+        opened = storage_mod.open_storage(url, *heartbeat)
+    except (RuntimeError, ValueError, ImportError) as exc:
+        raise SweepConfigError(
+            "hydra.sweeper.storage",
+            storage_mod.display(url),
+            "an Optuna storage URL (sqlite:///path, postgresql+psycopg://user@host/db, "
+            f"journal:///path, null or memory: in-memory): {mask_secrets(_first_line(exc))}",
+        ) from None
+    if name is None:
+        study = optuna.create_study(storage=opened, sampler=sampler, directions=directions)
+        return study, True
     try:
         study = optuna.load_study(study_name=name, storage=opened, sampler=sampler)
         created = False
@@ -69,6 +104,59 @@ def open_study(
     if not created:
         check_objectives(study, names, directions)
     return study, created
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_search_space(study: optuna.Study, distributions: dict[str, Any]) -> None:
+    """An existing study's trials must have drawn each searched key from a compatible distribution.
+
+    Optuna refuses a param whose distribution changed kind or choices (`Cannot set different
+    distribution kind to the same parameter name`) in the middle of a trial; checked here, it is one
+    line before any trial runs. A widened or narrowed range of the same kind is allowed, as Optuna
+    allows it.
+    """
+    seen: dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        seen.update(trial.distributions)
+    for key, new in distributions.items():
+        old = seen.get(key)
+        if old is None:
+            continue
+        try:
+            optuna.distributions.check_distribution_compatibility(old, new)
+        except ValueError:
+            raise SweepConfigError(
+                key,
+                _dist_text(new),
+                f"the search space of existing study {study.study_name!r} ({_dist_text(old)}): "
+                "give a new hydra.sweeper.study_name, or delete the study "
+                f"(optuna delete-study --study-name {study.study_name} --storage URL)",
+            ) from None
+
+
+def space_digest(distributions: dict[str, Any]) -> str | None:
+    """Six hex digits of the searched keys and their distributions (None for an empty space):
+    part of gpuopt's default study name, so a changed preset or sweep argument is a new study."""
+    if not distributions:
+        return None
+    import hashlib
+
+    text = json.dumps(
+        {k: optuna.distributions.distribution_to_json(d) for k, d in sorted(distributions.items())},
+        sort_keys=True,
+    )
+    return hashlib.sha1(text.encode()).hexdigest()[:6]
+
+
+def _dist_text(dist: Any) -> str:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return f"choice({', '.join(map(str, dist.choices))})"
+    low, high = getattr(dist, "low", "?"), getattr(dist, "high", "?")
+    return f"{type(dist).__name__.replace('Distribution', '').lower()}({low}, {high})"
 
 
 def check_objectives(study: optuna.Study, names: list[str], directions: list[str]) -> None:

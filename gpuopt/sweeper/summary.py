@@ -47,7 +47,7 @@ def param_text(params: dict[str, Any]) -> str:
 def render(
     *,
     study_name: str,
-    storage: str,
+    storage: str | None,
     sweep_dir: str,
     names: Sequence[str],
     directions: Sequence[str],
@@ -59,9 +59,14 @@ def render(
     best_yaml: str | None,
     elapsed_s: float,
     notes: Sequence[str] = (),
+    reproduce: str | None = None,
+    speedups: bool = True,
+    baseline_skipped: str | None = None,
     best_pending: str | None = None,
     answers: Sequence[str] = (),
 ) -> str:
+    """The end-of-sweep summary. `storage` None: an in-memory study (nothing to review later);
+    `speedups` False: the values are an app's own (value, value_0, ...), not gpuopt's metrics."""
     lines = [
         "",
         "=" * 78,
@@ -78,6 +83,8 @@ def render(
         lines.append(
             f"baseline  #{baseline.number}: {values_text(names, baseline.values)}  [{param_text(baseline.params)}]"
         )
+    elif baseline_skipped:
+        lines.append(f"baseline skipped: {baseline_skipped[:300]}")
     else:
         lines.append("baseline: not measured in this study")
     if best is not None:
@@ -88,21 +95,45 @@ def render(
         lines.append(
             f"best: pending: {best_pending}" if best_pending else "best: no feasible trial"
         )
-    lines.extend(_comparison_lines(confirmation, baseline, best, names, directions))
+    lines.extend(_comparison_lines(confirmation, baseline, best, names, directions, speedups))
     lines.extend(answers)
-    if len(names) > 1 and pareto:
-        lines.append(f"Pareto front ({len(pareto)} trial(s)):")
-        for t in list(pareto)[:10]:
-            lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
+    lines.extend(_pareto_lines(names, pareto))
     lines.extend(notes)
     lines.append(f"sweep dir: {sweep_dir}")
     if best_yaml:
         lines.append(f"best config: {best_yaml}")
-        lines.append(f"  reproduce: python -m gpuopt.run --config-dir {sweep_dir} +experiment=best")
-    lines.append(f"review: python -m gpuopt.report --study {study_name} --storage {storage}")
-    lines.append(f"        optuna trials --study-name {study_name} --storage {storage}")
+        if reproduce:
+            lines.append(f"  reproduce: {reproduce}")
+    lines.extend(_review_lines(study_name, storage))
     lines.append("=" * 78)
     return "\n".join(lines)
+
+
+PARETO_SHOWN = 10
+
+
+def _pareto_lines(names: Sequence[str], pareto: Sequence[Any]) -> list[str]:
+    if len(names) < 2 or not pareto:
+        return []
+    shown = list(pareto)[:PARETO_SHOWN]
+    cut = f", {len(shown)} of {len(pareto)} shown" if len(shown) < len(pareto) else ""
+    lines = [f"Pareto front ({len(pareto)} trial(s){cut}):"]
+    for t in shown:
+        lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
+    return lines
+
+
+def _review_lines(study_name: str, storage: str | None) -> list[str]:
+    """Where to read the study again; an in-memory one is gone when the sweep ends."""
+    if storage is None:
+        return [
+            "review: the study was in memory and is not kept (storage: null); to review it "
+            "later, sweep with hydra.sweeper.storage=sqlite:///PATH.db"
+        ]
+    return [
+        f"review: python -m gpuopt.report --study {study_name} --storage {storage}",
+        f"        optuna trials --study-name {study_name} --storage {storage}",
+    ]
 
 
 def _comparison_lines(
@@ -111,8 +142,10 @@ def _comparison_lines(
     best: Any | None,
     names: Sequence[str],
     directions: Sequence[str],
+    speedups: bool = True,
 ) -> list[str]:
-    """The confirmation round's verdict, or without one the single-measurement speedup."""
+    """The confirmation round's verdict, or without one the single-measurement speedup (gpuopt's
+    metrics only: an app's own value is compared as two numbers, not a speedup)."""
     lines: list[str] = []
     if confirmation and confirmation.get("comparisons"):
         obj = confirmation.get("objective")
@@ -143,7 +176,12 @@ def _comparison_lines(
     ):
         first = 0
         b, c = baseline.values[first], best.values[first]
-        if b and c and b > 0 and c > 0:
+        if not speedups:
+            lines.append(
+                f"best vs baseline ({names[first]}, {directions[first]}): {fmt(c)} vs {fmt(b)} "
+                "(single measurements)"
+            )
+        elif b and c and b > 0 and c > 0:
             ratio = c / b if directions[first] == "maximize" else b / c
             lines.append(
                 f"speedup over baseline ({names[first]}): {ratio:.3f}x (single measurements, no confirmation round)"

@@ -22,10 +22,24 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+import gpuopt.config
 from gpuopt.config import register_schemas
 from gpuopt.result import Metrics, Status, TrialResult
 
 register_schemas()
+
+# The keys above (`+case`, `+pid_dir`, `+sleep_s`) are this stand-in's, not gpuopt's schema: the
+# sweeper's one check of the composed config (gpuopt.config.check_composed) sees the config
+# without them, and checks everything else as it does for `python -m gpuopt.run -m`.
+FAKE_KEYS = ("case", "pid_dir", "sleep_s")
+_check_composed = gpuopt.config.check_composed
+
+
+def _check_without_fake_keys(cfg: DictConfig, cpus: int | None = None) -> None:
+    _check_composed(OmegaConf.masked_copy(cfg, [k for k in cfg if k not in FAKE_KEYS]), cpus)
+
+
+gpuopt.config.check_composed = _check_without_fake_keys
 
 
 def fake_result(cfg: DictConfig) -> TrialResult:
