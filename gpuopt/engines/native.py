@@ -20,24 +20,29 @@ import torch
 
 from gpuopt import policies
 from gpuopt.engines._common import (
+    BatchFeed,
     CeilingReplay,
-    InputWait,
+    LossFunction,
     MemoryBaseline,
     NonFiniteLoss,
     Trial,
     TrialPolicies,
-    WindowMonitors,
     apply_policies,
+    batch_samples,
     build_loader,
+    build_loss,
     build_optimizer,
-    compute_loss,
     instantiate_data,
     instantiate_model,
-    record_window,
+    measure_timed_window,
+    model_loss,
+    move_batch,
 )
-from gpuopt.measure import StopRule, count_step_flops, make_clock, run_window, synchronize
+from gpuopt.measure import count_step_flops, synchronize
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
+# (Hugging Face style), nested containers (gpuopt.engines._common.model_loss).
+Batch = Any
 
 
 @dataclass
@@ -48,30 +53,27 @@ class Workload:
     forward: Callable[..., Any]  # the module, or its torch.compile wrapper
     optimizer: torch.optim.Optimizer
     precision: policies.PrecisionPolicy
-    loss_name: str
+    loss: str | LossFunction  # a built-in loss name, or the user's loss function
     device: torch.device
     channels_last: bool
     non_blocking: bool
     nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
 
-    def to_device(self, inputs: torch.Tensor, targets: torch.Tensor) -> Batch:
+    def to_device(self, batch: Batch) -> Batch:
         # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
-        # memory, or with non_blocking=False, the host waits (a sync on the current stream).
-        inputs = inputs.to(self.device, non_blocking=self.non_blocking)
-        targets = targets.to(self.device, non_blocking=self.non_blocking)
-        if self.channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return inputs, targets
+        # memory, or with non_blocking=False, the host waits (a sync on the current stream). The
+        # DataLoader pinned the batch already when loader.pin_memory is on.
+        return move_batch(batch, self.device, self.non_blocking, channels_last=self.channels_last)
 
-    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward_backward(self, batch: Batch) -> torch.Tensor:
         with self.precision.autocast():
-            loss = compute_loss(self.loss_name, self.forward(inputs), targets)
+            loss = model_loss(self.forward, batch, self.loss)
         scaler = self.precision.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()
         return loss
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        loss = self.forward_backward(inputs, targets)
+    def train_step(self, batch: Batch) -> None:
+        loss = self.forward_backward(batch)
         scaler = self.precision.scaler
         if scaler is not None:
             # GradScaler.step reads found_inf on the host: a CPU-GPU sync point per step, the
@@ -85,49 +87,6 @@ class Workload:
 
     def check_finite(self, phase: str) -> None:
         self.nonfinite.check(phase)
-
-
-class BatchFeed:
-    """Endless batches from the DataLoader (restarting it at each epoch end), already on the device,
-    with what waiting for them cost (`wait`, reset at the window's start)."""
-
-    def __init__(self, loader: Any, workload: Workload) -> None:
-        self.loader = loader
-        self.workload = workload
-        self.iterator: Any = None
-        self.batches = 0
-        # A synchronous H2D copy on CUDA also waits for queued compute: time the copy itself on
-        # the stream with events instead of on the host.
-        self.wait = InputWait(
-            time_copies=workload.device.type == "cuda" and not workload.non_blocking
-        )
-
-    def reset_counters(self) -> None:
-        self.batches = 0
-        self.wait.reset()
-
-    def next(self) -> Batch:
-        self.wait.fetch_started()
-        if self.iterator is None:
-            self.iterator = iter(self.loader)
-        try:
-            inputs, targets = next(self.iterator)
-        except StopIteration:  # epoch end: a new iterator (new workers unless persistent_workers)
-            self.iterator = iter(self.loader)
-            inputs, targets = next(self.iterator)
-        self.wait.fetch_ended()
-        self.batches += 1
-        self.wait.copy_started()
-        batch = self.workload.to_device(inputs, targets)
-        self.wait.copy_ended()
-        return batch
-
-    def close(self) -> None:
-        """Stop the worker processes (they would compete with the ceiling measurement)."""
-        iterator, self.iterator = self.iterator, None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
 
 
 def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchFeed]:
@@ -152,12 +111,14 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
         forward=policies.compile_function(model, spec.compile),
         optimizer=optimizer,
         precision=trial_policies.precision,
-        loss_name=spec.loss,
+        loss=build_loss(spec),
         device=device,
         channels_last=channels_last,
         non_blocking=spec.loader.non_blocking,
     )
-    feed = BatchFeed(loader, workload)
+    # A synchronous H2D copy on CUDA also waits for queued compute: the feed times it on the stream.
+    time_copies = device.type == "cuda" and not workload.non_blocking
+    feed = BatchFeed(loader, workload.to_device, time_copies)
     trial.resources += [workload, feed]
     trial.show("loader", loader)
     trial.show("model", model)
@@ -170,14 +131,14 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
     eager, workload.forward = workload.forward, workload.model
 
     def forward_backward() -> None:
-        workload.forward_backward(*batch)
+        workload.forward_backward(batch)
 
     try:
         flops = count_step_flops(forward_backward)
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
-    trial.metrics.flops_per_sample = flops / trial.spec.loader.batch_size if flops else None
+    trial.metrics.flops_per_sample = flops / batch_samples(batch) if flops else None
 
 
 def warm_up(trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batch) -> None:
@@ -187,13 +148,13 @@ def warm_up(trial: Trial, workload: Workload, feed: BatchFeed, first_batch: Batc
     m.compile_time_s = 0.0
     if trial.spec.compile.mode != "off":
         started = time.perf_counter()
-        workload.train_step(*first_batch)
+        workload.train_step(first_batch)
         synchronize(device)
         m.compile_time_s = time.perf_counter() - started
 
     started = time.perf_counter()
     for _ in range(trial.spec.measure.warmup_steps):
-        workload.train_step(*feed.next())
+        workload.train_step(feed.next())
     synchronize(device)
     m.warmup_time_s = time.perf_counter() - started
     workload.check_finite("warm-up")
@@ -208,31 +169,15 @@ def timed_window(
     process_t0: float,
 ) -> None:
     """The timed window until the stop rule ends it, with the monitors on; its metrics."""
-    spec, device = trial.spec, trial.device
-    monitors = WindowMonitors(device, spec.measure.nvml_interval_s, trial.warnings)
-
-    def step(index: int) -> None:
-        workload.train_step(*feed.next())
-        cache_policy.after_step(index)
-
-    rule = StopRule.from_measure(spec.measure)
-    feed.reset_counters()
-    monitors.start()
-    try:
-        window = run_window(step, make_clock(device), rule)
-    finally:
-        nvml = monitors.stop()
-    # clock.finish() synchronized: the window's work (and copies) has completed.
-    record_window(
-        trial.metrics,
-        window,
-        window.steps * spec.loader.batch_size,
-        feed.wait.seconds(),
-        device,
-        nvml,
+    precision_mode = trial.spec.precision.mode
+    measure_timed_window(
+        trial,
+        workload.train_step,
+        feed,
         memory,
-        spec.precision.mode,
+        precision_mode,
         process_t0,
+        cache_policy.after_step,
     )
     workload.check_finite("the timed window")
 
@@ -240,11 +185,11 @@ def timed_window(
 def compute_ceiling(trial: Trial, workload: Workload, feed: BatchFeed, batch: Batch) -> None:
     """The same step on one batch already on the device, no loader: the most this step can do."""
     feed.close()
-    batch_size = trial.spec.loader.batch_size
+    samples = batch_samples(batch)
 
     def replay() -> int:
-        workload.train_step(*batch)
-        return batch_size
+        workload.train_step(batch)
+        return samples
 
     ceiling = CeilingReplay.for_trial(trial.spec, trial.device)
     ceiling.run(replay)
