@@ -456,7 +456,9 @@ def validate(cfg: DictConfig) -> TrialSpec:
         measure=typed.measure,
         loss=typed.loss,
         seed=typed.seed,
-        trusted_targets=BUILTIN_TRUSTED_TARGETS + tuple(typed.trust),
+        trusted_targets=BUILTIN_TRUSTED_TARGETS
+        + _builder_results(checked.model)
+        + tuple(typed.trust),
         engine=typed.engine,
     )
 
@@ -629,6 +631,12 @@ def _check_workload_values(
                 "data.size", size, f"an integer >= loader.batch_size ({batch}) with drop_last=true"
             )
     return model, data
+
+
+def _builder_results(model: dict[str, Any]) -> tuple[str, ...]:
+    """What gpuopt's Hugging Face builder returns (Hydra 1.4 also checks a target's result against
+    the whitelist): the transformers model classes, trusted for that builder only."""
+    return ("transformers.models.*",) if str(model["_target_"]).startswith(HF_TARGET_PREFIX) else ()
 
 
 def _check_hf_extra(model: dict[str, Any]) -> None:
