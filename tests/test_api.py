@@ -120,3 +120,51 @@ def test_measure_settings_get_the_measure_groups_checks():
         gpuopt.measure_step(step, data, measure={"min_steps": 1})
     with pytest.raises(ConfigError, match="quick"):
         gpuopt.measure_step(step, data, measure="nope")
+
+
+# ---- Lightning users: gpuopt.MeasureCallback in their own Trainer --------------------------------
+def _user_trainer(meter):
+    import lightning as L
+
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=50,
+        callbacks=[meter],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+def test_the_callback_measures_a_user_trainer_fit():
+    pytest.importorskip("lightning")
+    from tests.helpers.lightning_models import TinyClassifier
+
+    meter = gpuopt.MeasureCallback(measure=QUICK)
+    model = TinyClassifier()
+    result = meter.fit(_user_trainer(meter), model)
+    m = result.metrics
+    assert result.status is Status.OK, result.reason
+    assert result is meter.result and result.config["engine"]["name"] == "lightning_callback"
+    assert 3 <= m.timed_steps <= 6 and m.stop_reason in ("stable", "budget", "max_steps")
+    # the stop rule ended the user's fit long before its 50 epochs (32 batches each)
+    assert model.training_steps_run == 1 + m.timed_steps
+    assert m.throughput == pytest.approx(m.timed_steps * 8 / m.timed_seconds)
+    assert m.flops_per_sample > 0 and 0 <= m.data_wait <= 100
+    assert m.ceiling_throughput is None  # needs a second fit: measure_step / engine=lightning
+
+
+def test_the_callback_after_a_plain_trainer_fit_and_its_failures_as_statuses():
+    pytest.importorskip("lightning")
+    from tests.helpers.lightning_models import NaNAfter, OOMAfter, TinyClassifier
+
+    meter = gpuopt.MeasureCallback(measure=QUICK)
+    _user_trainer(meter).fit(TinyClassifier())  # the user's own call
+    assert meter.result is not None and meter.result.ok
+    meter = gpuopt.MeasureCallback(measure=QUICK)
+    assert meter.fit(_user_trainer(meter), NaNAfter(after=1)).status is Status.DIVERGED
+    meter = gpuopt.MeasureCallback(measure=QUICK)
+    result = meter.fit(_user_trainer(meter), OOMAfter(after=2))
+    assert result.status is Status.OOM and "out of memory" in result.reason

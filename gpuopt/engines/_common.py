@@ -56,6 +56,7 @@ from gpuopt.result import Metrics, Status, TrialResult
 if TYPE_CHECKING:
     import torch
 
+    from gpuopt.config import EngineConf, LoaderConf, MeasureConf
     from gpuopt.policies import CachePolicy, PrecisionPolicy
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,36 @@ def _startup_reference() -> tuple[float, bool]:
     if earlier:
         return trial_t0, True
     return process_start_time() or _MODULE_LOADED_AT, False
+
+
+def measuring_spec(
+    device: torch.device,
+    measure: MeasureConf,
+    engine: EngineConf,
+    precision_mode: str = "fp32",
+    compile_mode: str = "off",
+    loader: LoaderConf | None = None,
+) -> TrialSpec:
+    """A TrialSpec for measuring what the user built (gpuopt.measure_step, gpuopt.MeasureCallback):
+    the measure settings and what the clocks need to know; the rest default, since gpuopt builds
+    nothing (the model, data, optimizer and loop are the user's)."""
+    from gpuopt import config
+
+    return TrialSpec(
+        model={},
+        data={},
+        loader=loader or config.LoaderConf(),
+        precision=config.PrecisionConf(mode=precision_mode),
+        compile=config.CompileConf(mode=compile_mode),
+        cache=config.CacheConf(),
+        optimizer=config.OptimizerConf(),
+        device=config.DeviceConf(type=str(device)),
+        measure=measure,
+        loss="model",
+        seed=0,
+        trusted_targets=(),
+        engine=engine,
+    )
 
 
 def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:

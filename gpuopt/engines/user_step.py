@@ -25,18 +25,7 @@ from typing import Any
 
 import torch
 
-from gpuopt.config import (
-    CacheConf,
-    CompileConf,
-    DeviceConf,
-    EngineConf,
-    LoaderConf,
-    MeasureConf,
-    OptimizerConf,
-    PrecisionConf,
-    TrialSpec,
-    measure_conf,
-)
+from gpuopt.config import EngineConf, LoaderConf, MeasureConf, TrialSpec, measure_conf
 from gpuopt.engines._common import (
     BatchFeed,
     CeilingReplay,
@@ -46,6 +35,7 @@ from gpuopt.engines._common import (
     Trial,
     batch_samples,
     measure_timed_window,
+    measuring_spec,
     move_batch,
     outputs_loss,
     run_measured,
@@ -138,23 +128,9 @@ def _resolve_device(
 
 
 def _spec(device: torch.device, measure: MeasureConf, user: UserStep, precision: str) -> TrialSpec:
-    """The TrialSpec the shared lifecycle runs on: the measure settings; everything else default
-    (gpuopt builds nothing: the user's loader, model and optimizer are theirs)."""
-    return TrialSpec(
-        model={},
-        data={},
-        loader=LoaderConf(pin_memory=user.pin_memory, non_blocking=user.non_blocking),
-        precision=PrecisionConf(mode=precision),
-        compile=CompileConf(),
-        cache=CacheConf(),
-        optimizer=OptimizerConf(),
-        device=DeviceConf(type=str(device)),
-        measure=measure,
-        loss="model",
-        seed=0,
-        trusted_targets=(),
-        engine=EngineConf(name=ENGINE_NAME),
-    )
+    loader = LoaderConf(pin_memory=user.pin_memory, non_blocking=user.non_blocking)
+    engine = EngineConf(name=ENGINE_NAME)
+    return measuring_spec(device, measure, engine, precision_mode=precision, loader=loader)
 
 
 def _describe(user: UserStep, device: torch.device, spec: TrialSpec) -> dict[str, Any]:
