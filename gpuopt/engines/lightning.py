@@ -61,12 +61,14 @@ from gpuopt.engines._common import (
     WindowMonitors,
     apply_policies,
     build_loader,
+    build_loss,
     build_optimizer,
     classify_failure,
-    compute_loss,
     instantiate_data,
     instantiate_model,
     measuring_spec,
+    model_loss,
+    move_batch,
     process_start_time,
     record_window,
     release,
@@ -123,17 +125,16 @@ class BuiltinModule(pl.LightningModule):
         self.model = model
         self.spec = spec
         self.channels_last = bool(spec.model.get("channels_last", False))
+        self.loss = build_loss(spec)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(inputs)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
 
-    def training_step(
-        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
-    ) -> torch.Tensor:
-        inputs, targets = batch
-        if self.channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return compute_loss(self.spec.loss, self(inputs), targets)
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        # Any batch structure, the native engine's model contract (gpuopt.engines._common).
+        if self.channels_last:
+            batch = move_batch(batch, self.device, channels_last=True)
+        return model_loss(self, batch, self.loss)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return build_optimizer(self.spec, self.model.parameters())
