@@ -1,3 +1,53 @@
-"""gpuopt: declarative, measured tuning of PyTorch training throughput."""
+"""gpuopt: declarative, measured tuning of PyTorch training throughput.
+
+The public Python API (README, "Tune your own training"):
+
+- `measure_step(step, batches, ...) -> TrialResult`: your own training step on your own batches,
+  measured like a built-in trial (gpuopt.engines.user_step).
+- `MeasureCallback`: the same measurement inside your own `lightning.Trainer`
+  (gpuopt.engines.lightning; needs the `[lightning]` extra).
+- `run_trial(spec)`: one configuration of gpuopt's own config tree (gpuopt.engines).
+- `TrialResult`, `Metrics`, `Status`: what they return (gpuopt.result).
+
+Attributes resolve lazily (PEP 562): `import gpuopt` imports neither torch nor Lightning, so the
+sweeping process, which imports gpuopt's subpackages, stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuopt.engines import run_trial
+    from gpuopt.engines.lightning import UserMeasureCallback as MeasureCallback
+    from gpuopt.engines.user_step import measure_step
+    from gpuopt.result import Metrics, Status, TrialResult
 
 __version__ = "0.1.0"
+
+# Public name -> (module, attribute): imported on first access.
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "measure_step": ("gpuopt.engines.user_step", "measure_step"),
+    "MeasureCallback": ("gpuopt.engines.lightning", "UserMeasureCallback"),
+    "run_trial": ("gpuopt.engines", "run_trial"),
+    "TrialResult": ("gpuopt.result", "TrialResult"),
+    "Metrics": ("gpuopt.result", "Metrics"),
+    "Status": ("gpuopt.result", "Status"),
+}
+
+__all__ = ["MeasureCallback", "Metrics", "Status", "TrialResult", "measure_step", "run_trial"]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'gpuopt' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # later accesses skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -24,8 +24,12 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 EMPTY_CACHE_POLICIES = ("never", "trial_end", "every_n_steps")
 OPTIMIZERS = ("sgd", "adamw")
-INPUT_KINDS = ("vectors", "images", "tokens", "any")
-LOSSES = ("cross_entropy", "mse")
+# hf_*: Hugging Face-format dict batches (gpuopt.workload.data.SyntheticDataset, conf/model/hf_*).
+HF_INPUT_KINDS = ("hf_causal_lm", "hf_masked_lm", "hf_images")
+INPUT_KINDS = ("vectors", "images", "tokens", *HF_INPUT_KINDS, "any")
+# Built-in losses; `model`: the model returns its own (outputs.loss, the Hugging Face convention).
+# A user loss function is `loss: {_target_: mypkg.fn}` (gpuopt.engines._common.model_loss).
+LOSSES = ("cross_entropy", "mse", "model")
 ENGINES = ("native", "lightning")
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 # Lightning 2.x `Trainer(precision=...)` strings (engine.precision overrides the precision group).
@@ -201,7 +205,8 @@ class GpuoptConf:
     profile: ProfileConf = field(default_factory=ProfileConf)
     train: TrainConf = field(default_factory=TrainConf)
     guard: GuardConf = field(default_factory=GuardConf)
-    loss: str = "cross_entropy"
+    # cross_entropy | mse | model, or {_target_: mypkg.fn} (a user loss function; Any: str or dict)
+    loss: Any = "cross_entropy"
     seed: int = 0
     trust: list[str] = field(default_factory=list)
     output_dir: str = "outputs"
@@ -263,7 +268,17 @@ BUILTIN_WORKLOAD_SCHEMAS: dict[str, type] = {
     "gpuopt.workload.data.SyntheticDataset": SyntheticDataConf,
 }
 # Dimensions of one sample per input kind (vectors (F,), images (C, H, W), tokens (T,)).
-INPUT_RANKS = {"vectors": 1, "images": 3, "tokens": 1}
+INPUT_RANKS = {
+    "vectors": 1,
+    "images": 3,
+    "tokens": 1,
+    "hf_causal_lm": 1,
+    "hf_masked_lm": 1,
+    "hf_images": 3,
+}
+# gpuopt's Hugging Face builder (gpuopt.workload.hf) needs the optional extra.
+HF_TARGET_PREFIX = "gpuopt.workload.hf."
+HF_INSTALL_HINT = 'pip install "gpuopt[hf]"'
 # loader.num_workers and device.num_threads: at most this many per usable CPU core (or the floor),
 # so a typo (1000) cannot start a thousand processes; PyTorch itself suggests <= the core count.
 PER_CPU_LIMIT = 4
@@ -287,7 +302,7 @@ class TrialSpec:
     optimizer: OptimizerConf
     device: DeviceConf
     measure: MeasureConf
-    loss: str
+    loss: str | dict[str, Any]  # a LOSSES name, or a user loss function's config (`_target_`)
     seed: int
     trusted_targets: tuple[str, ...]
     engine: EngineConf = field(default_factory=EngineConf)
@@ -490,9 +505,18 @@ def _check_values(cfg: DictConfig, cpus: int) -> _Checked:
     _check_engine(typed.engine)
     _check_train(typed)
     model, data = _check_workload_values(container, typed)
-    if isinstance(typed.loss, str) and not typed.loss.startswith("_"):
-        _check_choice("loss", typed.loss, LOSSES)
+    _check_loss(typed)
     return _Checked(typed, model, data)
+
+
+def _check_loss(typed: GpuoptConf) -> None:
+    """`loss`: a built-in name, or a trusted `_target_` (imported later, with the other targets)."""
+    if isinstance(typed.loss, dict):
+        trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
+        check_trusted("loss._target_", typed.loss.get("_target_"), trusted)
+        return
+    if typed.loss not in LOSSES:
+        raise ConfigError("loss", typed.loss, " | ".join(LOSSES) + " | {_target_: a loss function}")
 
 
 def validate(cfg: DictConfig) -> TrialSpec:
@@ -515,7 +539,9 @@ def validate(cfg: DictConfig) -> TrialSpec:
         measure=typed.measure,
         loss=typed.loss,
         seed=typed.seed,
-        trusted_targets=BUILTIN_TRUSTED_TARGETS + tuple(typed.trust),
+        trusted_targets=BUILTIN_TRUSTED_TARGETS
+        + _builder_results(checked.model)
+        + tuple(typed.trust),
         engine=typed.engine,
         profile=typed.profile,
         train=typed.train,
@@ -622,6 +648,33 @@ def _check_measure(measure: MeasureConf) -> None:
         raise ConfigError("measure.nvml_interval_s", measure.nvml_interval_s, "seconds > 0")
 
 
+def measure_conf(value: MeasureConf | dict[str, Any] | str | None = None) -> MeasureConf:
+    """A validated `MeasureConf` from a preset name of conf/measure/ (`"quick"`, `"default"`), a
+    mapping of its fields (a partial one keeps the other defaults), or a MeasureConf; raises
+    ConfigError (the measuring API's settings get the same checks as the `measure` group)."""
+    if isinstance(value, str):
+        from importlib.resources import files
+
+        presets = files("gpuopt.conf") / "measure"
+        names = sorted(p.name.removesuffix(".yaml") for p in presets.iterdir())
+        if value not in names:
+            raise ConfigError("measure", value, " | ".join(names) + " (conf/measure/), or a dict")
+        value = OmegaConf.to_container(OmegaConf.create((presets / f"{value}.yaml").read_text()))
+    if value is None:
+        conf = MeasureConf()
+    elif isinstance(value, MeasureConf):
+        conf = value
+    else:
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(MeasureConf), dict(value))
+        except OmegaConfBaseException as exc:
+            error = config_error_from_omegaconf(exc, dict(value))
+            raise ConfigError(f"measure.{error.key}", error.value, error.allowed) from None
+        conf = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    _check_measure(conf)
+    return conf
+
+
 def _check_engine(engine: EngineConf) -> None:
     """The engine name, its knobs, and (for lightning) that the optional extra is installed."""
     _check_choice("engine.name", engine.name, ENGINES)
@@ -672,6 +725,7 @@ def _check_workload_values(
     if not isinstance(model, dict) or "_target_" not in model:
         raise ConfigError("model", model, "a model config with _target_ (conf/model/ or your own)")
     check_trusted("model._target_", model["_target_"], trusted)
+    _check_hf_extra(model)
     if data is None and typed.engine.name == "lightning":
         return model, None  # `validate` asks the LightningModule whether it has its own data
     if not isinstance(data, dict) or "_target_" not in data:
@@ -693,7 +747,7 @@ def _check_workload_values(
             f"{model_input!r}: model {model['_target_']} takes {model_input} "
             f"(drop the data.kind override, or pick a model that takes {data_kind})",
         )
-    if model.get("channels_last") and model_input not in ("images", "any"):
+    if model.get("channels_last") and model_input not in ("images", "hf_images", "any"):
         raise ConfigError("model.channels_last", True, "false for models that do not take images")
     _check_builtin_workload("model", model)
     _check_builtin_workload("data", data)
@@ -704,6 +758,22 @@ def _check_workload_values(
                 "data.size", size, f"an integer >= loader.batch_size ({batch}) with drop_last=true"
             )
     return model, data
+
+
+def _builder_results(model: dict[str, Any]) -> tuple[str, ...]:
+    """What gpuopt's Hugging Face builder returns (Hydra 1.4 also checks a target's result against
+    the whitelist): the transformers model classes, trusted for that builder only."""
+    return ("transformers.models.*",) if str(model["_target_"]).startswith(HF_TARGET_PREFIX) else ()
+
+
+def _check_hf_extra(model: dict[str, Any]) -> None:
+    """A Hugging Face model (conf/model/hf_*) needs `transformers`: found without importing it."""
+    import importlib.util
+
+    target = str(model["_target_"])
+    if target.startswith(HF_TARGET_PREFIX) and importlib.util.find_spec("transformers") is None:
+        name = model.get("architecture", target)
+        raise ConfigError("model", name, f"install the Hugging Face extra first: {HF_INSTALL_HINT}")
 
 
 def _check_builtin_workload(group: str, node: dict[str, Any]) -> None:
@@ -748,6 +818,8 @@ def _check_workload_imports(
     """The `_target_`s import (this imports the user's module, hence torch); returns the data."""
     trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
     check_target("model._target_", model["_target_"], trusted)
+    if isinstance(typed.loss, dict):
+        check_target("loss._target_", typed.loss["_target_"], trusted)
     if data is not None:
         check_target("data._target_", data["_target_"], trusted)
         return data

@@ -153,7 +153,7 @@ def loss_trajectory(
     import torch
 
     from gpuopt import policies
-    from gpuopt.engines._common import build_optimizer, instantiate_model
+    from gpuopt.engines._common import build_loss, build_optimizer, instantiate_model
     from gpuopt.engines.native import Workload
 
     torch.manual_seed(spec.seed)
@@ -171,16 +171,19 @@ def loss_trajectory(
         forward=policies.compile_function(model, spec.compile),
         optimizer=build_optimizer(spec, model.parameters()),
         precision=precision,
-        loss_name=spec.loss,
+        loss=build_loss(spec),
         device=device,
         channels_last=channels_last,
         non_blocking=False,
         accumulation_steps=spec.accumulation_steps,
     )
+    if not all(isinstance(b, (tuple, list)) and len(b) == 2 for b in batches):
+        kind = type(batches[0]).__name__ if batches else "no"
+        raise NotGuarded(f"the guard splits (inputs, targets) batches into micro-batches: {kind}")
     losses, skipped = [], 0
     for inputs, targets in batches:
         micro = [
-            workload.to_device(x, y)
+            workload.to_device((x, y))
             for x, y in zip(
                 inputs.split(spec.micro_batch), targets.split(spec.micro_batch), strict=True
             )

@@ -101,7 +101,10 @@ RUN = run_rows(
     ("model._target_=os.system", "model._target_='os.system'; allowed: targets matching"),
     ("data._target_=os.system", "data._target_='os.system'"),
     # composition: unknown group options, override syntax, files, arguments
-    ("model=nope", "model='nope'; allowed: cnn | mlp | transformer"),
+    (
+        "model=nope",
+        "model='nope'; allowed: cnn | hf_bert | hf_gpt2 | hf_gpt2_tiny | hf_llama | hf_resnet | hf_vit | mlp | transformer",
+    ),
     ("precision=fp8", "precision='fp8'"),
     ("engine=nope", "engine='nope'"),
     ("model.width=[", "model.width='['; allowed: Hydra's override grammar"),

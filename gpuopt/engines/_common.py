@@ -7,15 +7,22 @@ engine registry (and config validation in the sweeping process) must stay light.
 
 Workload contract (what a user's own model and dataset must follow):
 
-- The dataset (`data._target_`, a `torch.utils.data.Dataset`) yields `(inputs, targets)` pairs of
-  tensors; the DataLoader's default collate stacks them into batches.
-- The model (`model._target_`, an `nn.Module`) is called as `model(inputs)` and returns `outputs`.
+- The dataset (`data._target_`, a `torch.utils.data.Dataset`) yields samples of any structure the
+  DataLoader's default collate stacks: `(inputs, targets)` pairs, longer tuples, dicts (Hugging
+  Face style: `input_ids`/`attention_mask`/`labels`, `pixel_values`/`labels`), nested containers.
+  Batches move to the device recursively (`move_batch`); a batch's sample count is the batch
+  dimension of its first tensor (`batch_samples`).
+- The model (`model._target_`, an `nn.Module`) is called by the batch's structure (`model_loss`):
+  `model(**batch)` for a dict, `model(*batch[:-1])` for a tuple (the last element: the targets).
   Keys of the model config listed in `gpuopt.config.MODEL_META_KEYS` (input, input_shape,
   num_classes, channels_last) describe the model to gpuopt and are not passed to the constructor;
   every other key is a constructor argument.
 - The loss (`loss`) is `cross_entropy(outputs.reshape(-1, C), targets.reshape(-1))` with C the last
-  dimension of `outputs` (classification or next-token prediction; targets are int64 class ids),
-  or `mse(outputs, targets)` (targets of the outputs' shape).
+  dimension of `outputs` (or of `outputs.logits`; classification or next-token prediction; targets
+  are int64 class ids), `mse(outputs, targets)` (targets of the outputs' shape), `model` (the
+  model gets the whole batch and returns its loss as `outputs.loss` / `outputs["loss"]`, the
+  Hugging Face convention, which a dict batch also follows by default), or the user's function by
+  `_target_` (`loss: {_target_: mypkg.losses.focal}`), called as `loss(outputs, targets)`.
 - User modules must be trusted: `trust=[mypkg.*]` (Hydra's execution whitelist).
 
 Failures become results: out-of-memory -> oom, NaN/inf loss -> diverged, anything else -> error with
@@ -31,7 +38,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +60,7 @@ from gpuopt.result import Metrics, Status, TrialResult
 if TYPE_CHECKING:
     import torch
 
+    from gpuopt.config import EngineConf, LoaderConf, MeasureConf
     from gpuopt.policies import CachePolicy, PrecisionPolicy
 
 log = logging.getLogger(__name__)
@@ -126,6 +134,36 @@ def _startup_reference() -> tuple[float, bool]:
     if earlier:
         return trial_t0, True
     return process_start_time() or _MODULE_LOADED_AT, False
+
+
+def measuring_spec(
+    device: torch.device,
+    measure: MeasureConf,
+    engine: EngineConf,
+    precision_mode: str = "fp32",
+    compile_mode: str = "off",
+    loader: LoaderConf | None = None,
+) -> TrialSpec:
+    """A TrialSpec for measuring what the user built (gpuopt.measure_step, gpuopt.MeasureCallback):
+    the measure settings and what the clocks need to know; the rest default, since gpuopt builds
+    nothing (the model, data, optimizer and loop are the user's)."""
+    from gpuopt import config
+
+    return TrialSpec(
+        model={},
+        data={},
+        loader=loader or config.LoaderConf(),
+        precision=config.PrecisionConf(mode=precision_mode),
+        compile=config.CompileConf(mode=compile_mode),
+        cache=config.CacheConf(),
+        optimizer=config.OptimizerConf(),
+        device=config.DeviceConf(type=str(device)),
+        measure=measure,
+        loss="model",
+        seed=0,
+        trusted_targets=(),
+        engine=engine,
+    )
 
 
 def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
@@ -401,6 +439,258 @@ def dataset_length(dataset: Any) -> int | None:
         return len(dataset)
     except TypeError:
         return None
+
+
+# -- batches of any structure ---------------------------------------------------------------------
+def move_batch(
+    batch: Any,
+    device: torch.device,
+    non_blocking: bool = False,
+    pin_memory: bool = False,
+    channels_last: bool = False,
+) -> Any:
+    """`batch` on `device`, its structure kept: tensors in (nested) tuples, lists, namedtuples,
+    dicts and Mappings (a Hugging Face BatchEncoding too) are copied; anything else (strings,
+    numbers) passes through. `pin_memory` page-locks host tensors first (what a DataLoader with
+    pin_memory=True already did), so that `non_blocking` copies are truly asynchronous; it is a no-op
+    off CUDA. `channels_last` formats 4-D float tensors (images) NHWC."""
+    import torch
+
+    pin = pin_memory and device.type == "cuda"
+
+    def move(item: Any) -> Any:
+        if isinstance(item, torch.Tensor):
+            if pin and item.device.type == "cpu" and not item.is_pinned():
+                item = item.pin_memory()
+            item = item.to(device, non_blocking=non_blocking)
+            if channels_last and item.dim() == 4 and item.is_floating_point():
+                item = item.contiguous(memory_format=torch.channels_last)
+            return item
+        if isinstance(item, Mapping):
+            moved = {key: move(value) for key, value in item.items()}
+            return moved if type(item) is dict else _rebuild_mapping(item, moved)
+        if isinstance(item, tuple) and hasattr(item, "_fields"):  # a namedtuple
+            return type(item)(*(move(value) for value in item))
+        if isinstance(item, (tuple, list)):
+            return type(item)(move(value) for value in item)
+        return item
+
+    return move(batch)
+
+
+def _rebuild_mapping(original: Mapping[str, Any], moved: dict[str, Any]) -> Mapping[str, Any]:
+    """A Mapping of the original's type holding `moved` (a plain dict when it cannot be rebuilt)."""
+    try:
+        return type(original)(moved)  # type: ignore[call-arg]
+    except Exception:
+        return moved
+
+
+def first_tensor(batch: Any) -> torch.Tensor | None:
+    """The first tensor of a (nested) batch, depth first in order, or None."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, (Mapping, tuple, list)):
+        for value in batch.values() if isinstance(batch, Mapping) else batch:
+            found = first_tensor(value)
+            if found is not None:
+                return found
+    return None
+
+
+SampleCount = int | Callable[[Any], int] | None
+
+
+def batch_samples(batch: Any, samples: SampleCount = None) -> int:
+    """How many samples `batch` holds: `samples` (a count, or a function of the batch) when given,
+    else the batch dimension (dim 0) of its first tensor. Raises TypeError without a tensor."""
+    if callable(samples):
+        return int(samples(batch))
+    if samples is not None:
+        return int(samples)
+    tensor = first_tensor(batch)
+    if tensor is None or tensor.dim() == 0:
+        raise TypeError(
+            f"cannot tell the sample count of a {type(batch).__name__} batch (no tensor with a "
+            "batch dimension): give samples_per_batch"
+        )
+    return int(tensor.shape[0])
+
+
+def outputs_loss(outputs: Any) -> torch.Tensor | None:
+    """The loss a model returned, the Hugging Face way: `outputs.loss` or `outputs["loss"]`."""
+    import torch
+
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+def outputs_logits(outputs: Any) -> Any:
+    """The tensor a loss compares with targets: the outputs, or their `logits` (HF)."""
+    import torch
+
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = outputs.get("logits") if isinstance(outputs, Mapping) else None
+    return logits if logits is not None else getattr(outputs, "logits", outputs)
+
+
+LossFunction = Callable[[Any, Any], "torch.Tensor"]
+
+
+def build_loss(spec: TrialSpec) -> str | LossFunction:
+    """The `loss` config: a built-in name (cross_entropy | mse | model), or the user's loss function
+    built from its `_target_` (a function, or a class such as torch.nn.CrossEntropyLoss, whose
+    instance is the function), called as `loss(outputs, targets)`."""
+    from hydra.utils import get_object
+
+    if isinstance(spec.loss, str):
+        return spec.loss
+    # A class is instantiated (its instance is the function); a function is bound, not called.
+    is_function = not isinstance(get_object(spec.loss["_target_"]), type)
+    built = instantiate_trusted(dict(spec.loss), spec.trusted_targets, _partial_=is_function)
+    if not callable(built):
+        raise TypeError(f"loss._target_={spec.loss['_target_']} built a non-callable")
+    return built
+
+
+def model_loss(forward: Callable[..., Any], batch: Any, loss: str | LossFunction) -> torch.Tensor:
+    """One forward pass and its loss under the model contract (gpuopt.engines._common docstring):
+
+    - a dict batch (Hugging Face style): `model(**batch)`; the loss is the outputs' own `loss`
+      unless `loss` is a user function (then `loss(outputs, batch)`);
+    - `loss: model` with a tuple/list batch: `model(*batch)`, the outputs' own `loss`;
+    - a tuple/list batch: `model(*batch[:-1])`, targets `batch[-1]`, then `loss(outputs, targets)`
+      or the built-in cross_entropy/mse on the outputs (or their `logits`);
+    - a single tensor: `model(batch)`, which must return its loss (or a user function of it).
+    """
+    if isinstance(batch, Mapping):
+        outputs, targets = forward(**batch), batch
+    elif isinstance(batch, (tuple, list)) and loss == "model":
+        outputs, targets = forward(*batch), None
+    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        outputs, targets = forward(*batch[:-1]), batch[-1]
+    else:
+        outputs, targets = forward(batch), None
+    if callable(loss):
+        return loss(outputs, targets)
+    own = outputs_loss(outputs)
+    if own is not None and (targets is None or targets is batch or loss == "model"):
+        return own
+    if targets is None or targets is batch:
+        raise TypeError(
+            f"the model returned no loss for a {type(batch).__name__} batch: return one as "
+            "outputs.loss / outputs['loss'] (the Hugging Face convention), or set loss._target_ "
+            "to a function loss(outputs, targets)"
+        )
+    return compute_loss(loss, outputs_logits(outputs), targets)
+
+
+class BatchFeed:
+    """Endless batches from `loader` (any re-iterable: a DataLoader, a list; restarted at each epoch
+    end), each moved by `move` (onto the device), with what waiting for them cost (`wait`) and how
+    many samples they held (`samples`), both reset at the window's start."""
+
+    def __init__(
+        self,
+        loader: Any,
+        move: Callable[[Any], Any],
+        device: torch.device,
+        samples: SampleCount = None,
+        accumulation_steps: int = 1,
+    ) -> None:
+        self.loader, self.move, self.sample_count = loader, move, samples
+        self.accumulation_steps = accumulation_steps
+        self.iterator: Any = None
+        self.batches = self.samples = 0
+        # On CUDA the starvation is read on the GPU timeline (events), whatever the copy mode.
+        self.wait = InputWait(device)
+
+    def reset_counters(self) -> None:
+        self.batches = self.samples = 0
+        self.wait.reset()
+
+    def _fetch(self) -> Any:
+        if self.iterator is None:
+            self.iterator = iter(self.loader)
+        try:
+            return next(self.iterator)
+        except StopIteration:  # epoch end: a new iterator (new workers unless persistent_workers)
+            self.iterator = iter(self.loader)
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            raise RuntimeError(
+                f"the batches ran out after {self.batches} in the window: give a re-iterable "
+                "(a DataLoader, a list), not a one-shot iterator, or more batches"
+            ) from None
+
+    def next(self) -> Any:
+        self.wait.fetch_started()
+        batch = self._fetch()
+        self.wait.fetch_ended()
+        self.batches += 1
+        self.samples += batch_samples(batch, self.sample_count)
+        self.wait.copy_started()
+        batch = self.move(batch)
+        self.wait.copy_ended()
+        return batch
+
+    def next_step(self) -> list[Any]:
+        """The micro-batches of one optimizer step (`accumulation_steps` of them)."""
+        return [self.next() for _ in range(self.accumulation_steps)]
+
+    def close(self) -> None:
+        """Stop the worker processes (they would compete with the ceiling measurement)."""
+        iterator, self.iterator = self.iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def measure_timed_window(
+    trial: Trial,
+    run_step: Callable[[], Any],
+    feed: BatchFeed,
+    memory: MemoryBaseline,
+    precision_mode: str | None,
+    process_t0: float,
+    after_step: Callable[[int], None] | None = None,
+) -> None:
+    """The timed window of a loop engine: `run_step()` (one optimizer step over batches it takes
+    from `feed`) until `gpuopt.measure.StopRule` says stop, with the monitors on and the memory
+    peaks reset, then the window's metrics (`record_window`, over the samples `feed` gave)."""
+    from gpuopt.measure import StopRule, make_clock, run_window
+
+    measure, device = trial.spec.measure, trial.device
+    monitors = WindowMonitors(device, measure.nvml_interval_s, trial.warnings)
+
+    def step(index: int) -> None:
+        run_step()
+        if after_step is not None:
+            after_step(index)
+
+    feed.reset_counters()
+    memory.window_starting()
+    monitors.start()
+    try:
+        window = run_window(step, make_clock(device), StopRule.from_measure(measure))
+    finally:
+        nvml = monitors.stop()
+    # clock.finish() synchronized: the window's work (and copies) has completed.
+    record_window(
+        trial.metrics,
+        window,
+        feed.samples,
+        feed.wait.totals(),
+        device,
+        nvml,
+        memory,
+        precision_mode,
+        process_t0,
+    )
 
 
 # -- memory ---------------------------------------------------------------------------------------

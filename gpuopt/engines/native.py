@@ -25,32 +25,37 @@ import torch
 
 from gpuopt import policies
 from gpuopt.engines._common import (
+    BatchFeed,
     CeilingReplay,
     EpochBoundary,
-    InputWait,
+    LossFunction,
     MemoryBaseline,
     NonFiniteLoss,
     Trial,
     TrialPolicies,
-    WindowMonitors,
     apply_policies,
+    batch_samples,
     build_loader,
+    build_loss,
     build_optimizer,
-    compute_loss,
     flop_notes,
     instantiate_data,
     instantiate_model,
     measure_epoch_boundary,
     measure_loader_cost,
+    measure_timed_window,
+    model_loss,
+    move_batch,
     record_achievable_mfu,
     record_batches,
     record_limit,
     record_steady_state,
-    record_window,
 )
-from gpuopt.measure import StopRule, make_clock, measure_step_flops, run_window, synchronize
+from gpuopt.measure import measure_step_flops, synchronize
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+# A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
+# (Hugging Face style), nested containers (gpuopt.engines._common.model_loss).
+Batch = Any
 
 
 @dataclass
@@ -61,28 +66,23 @@ class Workload:
     forward: Callable[..., Any]  # the module, or its torch.compile wrapper
     optimizer: torch.optim.Optimizer
     precision: policies.PrecisionPolicy
-    loss_name: str
+    loss: str | LossFunction  # a built-in loss name, or the user's loss function
     device: torch.device
     channels_last: bool
     non_blocking: bool
     accumulation_steps: int = 1  # micro-batches per optimizer step
     nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
 
-    def to_device(self, inputs: torch.Tensor, targets: torch.Tensor) -> Batch:
+    def to_device(self, batch: Batch) -> Batch:
         # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
-        # memory, or with non_blocking=False, the host waits (a sync on the current stream).
-        inputs = inputs.to(self.device, non_blocking=self.non_blocking)
-        targets = targets.to(self.device, non_blocking=self.non_blocking)
-        if self.channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return inputs, targets
+        # memory, or with non_blocking=False, the host waits (a sync on the current stream). The
+        # DataLoader pinned the batch already when loader.pin_memory is on.
+        return move_batch(batch, self.device, self.non_blocking, channels_last=self.channels_last)
 
-    def forward_backward(
-        self, inputs: torch.Tensor, targets: torch.Tensor, share: float = 1.0
-    ) -> torch.Tensor:
+    def forward_backward(self, batch: Batch, share: float = 1.0) -> torch.Tensor:
         """Forward and backward of one (micro-)batch; `share` scales the loss (1/accumulation)."""
         with self.precision.autocast():
-            loss = compute_loss(self.loss_name, self.forward(inputs), targets)
+            loss = model_loss(self.forward, batch, self.loss)
         scaled = loss * share if share != 1.0 else loss
         scaler = self.precision.scaler
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
@@ -92,7 +92,7 @@ class Workload:
         """One optimizer step over `micro_batches` (accumulation_steps of them); returns the step's
         loss (the mean of the micro-batch losses: the full batch's loss), on the device."""
         share = 1.0 / len(micro_batches)
-        losses = [self.forward_backward(x, y, share) for x, y in micro_batches]
+        losses = [self.forward_backward(batch, share) for batch in micro_batches]
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         scaler = self.precision.scaler
         if scaler is not None:
@@ -108,50 +108,6 @@ class Workload:
 
     def check_finite(self, phase: str) -> None:
         self.nonfinite.check(phase)
-
-
-class BatchFeed:
-    """Endless batches from the DataLoader (restarting it at each epoch end), already on the device,
-    with what waiting for them cost (`wait`, reset at the window's start)."""
-
-    def __init__(self, loader: Any, workload: Workload) -> None:
-        self.loader = loader
-        self.workload = workload
-        self.iterator: Any = None
-        self.batches = 0
-        # On CUDA the starvation is read on the GPU timeline (events), whatever the copy mode.
-        self.wait = InputWait(workload.device)
-
-    def reset_counters(self) -> None:
-        self.batches = 0
-        self.wait.reset()
-
-    def next(self) -> Batch:
-        self.wait.fetch_started()
-        if self.iterator is None:
-            self.iterator = iter(self.loader)
-        try:
-            inputs, targets = next(self.iterator)
-        except StopIteration:  # epoch end: a new iterator (new workers unless persistent_workers)
-            self.iterator = iter(self.loader)
-            inputs, targets = next(self.iterator)
-        self.wait.fetch_ended()
-        self.batches += 1
-        self.wait.copy_started()
-        batch = self.workload.to_device(inputs, targets)
-        self.wait.copy_ended()
-        return batch
-
-    def next_step(self) -> list[Batch]:
-        """The micro-batches of one optimizer step."""
-        return [self.next() for _ in range(self.workload.accumulation_steps)]
-
-    def close(self) -> None:
-        """Stop the worker processes (they would compete with the ceiling measurement)."""
-        iterator, self.iterator = self.iterator, None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
 
 
 def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchFeed]:
@@ -176,13 +132,13 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
         forward=policies.compile_function(model, spec.compile),
         optimizer=optimizer,
         precision=trial_policies.precision,
-        loss_name=spec.loss,
+        loss=build_loss(spec),
         device=device,
         channels_last=channels_last,
         non_blocking=spec.loader.non_blocking,
         accumulation_steps=spec.accumulation_steps,
     )
-    feed = BatchFeed(loader, workload)
+    feed = BatchFeed(loader, workload.to_device, device, accumulation_steps=spec.accumulation_steps)
     trial.resources += [workload, feed]
     trial.show("loader", loader)
     trial.show("model", model)
@@ -197,14 +153,14 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
     eager, workload.forward = workload.forward, workload.model
 
     def forward_backward() -> None:
-        workload.forward_backward(*batch)
+        workload.forward_backward(batch)
 
     try:
         flops = measure_step_flops(forward_backward)
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
-    batch_size = trial.spec.loader.batch_size
+    batch_size = batch_samples(batch)
     if flops.hardware:
         trial.metrics.flops_per_sample = flops.model / batch_size
         trial.metrics.hardware_flops_per_sample = flops.hardware / batch_size
@@ -247,32 +203,14 @@ def timed_window(
     process_t0: float,
 ) -> None:
     """The timed window until the stop rule ends it, with the monitors on; its metrics."""
-    spec, device = trial.spec, trial.device
-    monitors = WindowMonitors(device, spec.measure.nvml_interval_s, trial.warnings)
-
-    def step(index: int) -> None:
-        workload.train_step(feed.next_step())
-        cache_policy.after_step(index)
-
-    rule = StopRule.from_measure(spec.measure)
-    feed.reset_counters()
-    memory.window_starting()
-    monitors.start()
-    try:
-        window = run_window(step, make_clock(device), rule)
-    finally:
-        nvml = monitors.stop()
-    # clock.finish() synchronized: the window's work (and copies) has completed.
-    record_window(
-        trial.metrics,
-        window,
-        window.steps * spec.global_batch,
-        feed.wait.totals(),
-        device,
-        nvml,
+    measure_timed_window(
+        trial,
+        lambda: workload.train_step(feed.next_step()),
+        feed,
         memory,
-        spec.precision.mode,
+        trial.spec.precision.mode,
         process_t0,
+        cache_policy.after_step,
     )
     workload.check_finite("the timed window")
 
@@ -297,11 +235,11 @@ def compute_ceiling(
 ) -> CeilingReplay:
     """The same step on batches already on the device, no loader: the most this step can do."""
     feed.close()
-    batch_size = trial.spec.global_batch
+    samples = sum(batch_samples(batch) for batch in first_step)
 
     def replay() -> int:
         workload.train_step(first_step)
-        return batch_size
+        return samples
 
     ceiling = CeilingReplay.for_trial(trial.spec, trial.device)
     ceiling.run(replay)

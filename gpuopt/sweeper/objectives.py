@@ -8,12 +8,13 @@ used as hydra-optuna-sweeper uses it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.result import METRIC_GOALS, Status, TrialResult, result_user_attrs
+from gpuopt.result import METRIC_GOALS, Metrics, Status, TrialResult, result_user_attrs
 
 DEFAULT_OBJECTIVES = ("throughput", "utilization")
 DIRECTIONS = ("minimize", "maximize")
@@ -150,9 +151,31 @@ def outcome_from_return(
             value = TrialResult.from_dict(value)
         except Exception as exc:  # a malformed dict: an error trial, not a crash of the sweep
             return error_outcome(f"unreadable trial result: {type(exc).__name__}: {exc}")
+    if isinstance(value, dict) and not isinstance(value.get("metrics"), dict):
+        return _outcome_from_named(value, objectives, directions)
     if isinstance(value, TrialResult):
         return _outcome_from_result(value, objectives, directions)
     return _outcome_from_plain(value, directions)
+
+
+def _outcome_from_named(
+    named: dict[str, Any], objectives: Sequence[str], directions: Sequence[str]
+) -> TrialOutcome:
+    """A dict of named metrics (`{"throughput": ..., "val_loss": ...}`, optionally "status" and
+    "reason"): gpuopt's metric names fill a TrialResult; every other scalar is a user attribute."""
+    known = {f.name for f in dataclasses.fields(Metrics)}
+    try:
+        status = Status(named.get("status", Status.OK.value))
+    except ValueError:
+        return error_outcome(f"unknown status in the returned metrics: {named.get('status')!r}")
+    metrics = Metrics(**{k: v for k, v in named.items() if k in known})
+    result = TrialResult(status=status, metrics=metrics, reason=named.get("reason"))
+    outcome = _outcome_from_result(result, objectives, directions)
+    extras = {k: v for k, v in named.items() if k not in known and k not in ("status", "reason")}
+    outcome.user_attrs.update(
+        {k: v for k, v in extras.items() if isinstance(v, (int, float, str, bool))}
+    )
+    return outcome
 
 
 def _outcome_from_result(

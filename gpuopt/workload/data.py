@@ -24,7 +24,27 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-KINDS = ("vectors", "images", "tokens")
+# hf_*: dict samples in the Hugging Face format (gpuopt.workload.hf models): hf_causal_lm and
+# hf_masked_lm {input_ids, attention_mask, labels} of (T,), hf_images {pixel_values, labels}.
+HF_KINDS = ("hf_causal_lm", "hf_masked_lm", "hf_images")
+KINDS = ("vectors", "images", "tokens", *HF_KINDS)
+RANKS = {
+    "vectors": 1,
+    "images": 3,
+    "tokens": 1,
+    "hf_causal_lm": 1,
+    "hf_masked_lm": 1,
+    "hf_images": 3,
+}
+# Masked-LM batches: the share of positions masked (BERT's 15%), with this token id as [MASK].
+MASK_SHARE = 0.15
+# Learnable token sequences: each is an arithmetic progression mod the vocabulary, its step one
+# of these: the next token follows from the two before it (a loss that can fall, unlike noise).
+MAX_TOKEN_STEP = 8
+# Learnable HF images: a per-class template plus noise of this scale.
+IMAGE_NOISE = 0.5
+# The templates' random stream: (seed, TEMPLATE_STREAM, class), apart from the samples' (seed, index).
+TEMPLATE_STREAM = 2**32
 # float32 elements of "decode" work per unit of sample_cost: ~0.1 ms on one core of the dev machine.
 WORK_ELEMENTS_PER_COST = 16384
 # Padding around an image before the random crop (as in the classic CIFAR augmentation).
@@ -53,6 +73,9 @@ class SyntheticDataset(Dataset):
       horizontal flip, an int64 class target: the teacher's argmax on the image as cropped
     - tokens: int64 (T,) token ids in [0, num_classes) and the (T,) next-token targets; each token
       follows its predecessor through a fixed random map (a random token at TOKEN_NOISE of them)
+    - hf_causal_lm / hf_masked_lm: dicts of (T,) `input_ids`, `attention_mask`, `labels` (learnable
+      sequences; masked LM: 15% of positions masked, the others' labels -100)
+    - hf_images: dicts of (C, H, W) `pixel_values` (a class template plus noise) and a `labels` id
     """
 
     def __init__(
@@ -68,7 +91,7 @@ class SyntheticDataset(Dataset):
             raise ValueError(f"data.kind={kind!r}; allowed: {' | '.join(KINDS)}")
         self.kind = kind
         self.shape = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
-        expected_rank = {"vectors": 1, "images": 3, "tokens": 1}[kind]
+        expected_rank = RANKS[kind]
         if len(self.shape) != expected_rank:
             raise ValueError(
                 f"data.shape={list(self.shape)!r}: {kind} need {expected_rank} dimension(s)"
@@ -108,11 +131,15 @@ class SyntheticDataset(Dataset):
     def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(
+        self, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | dict[str, torch.Tensor]:
         if not 0 <= index < self.size:
             raise IndexError(index)
         rng = np.random.default_rng((self.seed, index))
         _cpu_work(rng, self.sample_cost)
+        if self.kind in HF_KINDS:
+            return self._hf_sample(rng)
         if self.kind == "tokens":
             (length,) = self.shape
             sequence = self._tokens(rng, length + 1)
@@ -130,3 +157,32 @@ class SyntheticDataset(Dataset):
             image = image[:, :, ::-1]
         image = np.ascontiguousarray(image)
         return torch.from_numpy(image), self._label(image)
+
+    def _hf_sample(self, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """A Hugging Face-format sample (the model computes its own loss from `labels`)."""
+        if self.kind == "hf_images":
+            label = int(rng.integers(0, self.num_classes))
+            template_rng = np.random.default_rng((self.seed, TEMPLATE_STREAM, label))
+            template = template_rng.standard_normal(self.shape)
+            noise = rng.standard_normal(self.shape)
+            pixels = (template + IMAGE_NOISE * noise).astype(np.float32)
+            return {
+                "pixel_values": torch.from_numpy(pixels),
+                "labels": torch.tensor(label, dtype=torch.int64),
+            }
+        (length,) = self.shape
+        start = int(rng.integers(0, self.num_classes))
+        step = int(rng.integers(1, MAX_TOKEN_STEP + 1))
+        ids = (start + step * np.arange(length, dtype=np.int64)) % self.num_classes
+        input_ids = torch.from_numpy(ids)
+        # Causal LM: labels are the inputs (the model shifts them); masked LM: the masked ones.
+        labels = input_ids.clone()
+        if self.kind == "hf_masked_lm":
+            masked = torch.from_numpy(rng.random(length) < MASK_SHARE)
+            labels[~masked] = -100  # ignored by the loss
+            input_ids = input_ids.masked_fill(masked, self.num_classes - 1)  # the [MASK] id
+        return {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones(length, dtype=torch.int64),
+            "labels": labels,
+        }

@@ -1,0 +1,197 @@
+"""The user-step engine (`gpuopt.measure_step`): the user's own training step over the user's own
+batches, measured like a built-in trial.
+
+gpuopt builds nothing here: the user hands over `step(batch)` (forward, backward, optimizer step:
+whatever one training step of theirs is) and an iterable of batches (their DataLoader). gpuopt
+owns the order of work and the clocks, all from `gpuopt.engines._common`: batches fetched through
+`BatchFeed` (data wait = the time blocked in the user's iterator, plus the host-to-device copy when
+gpuopt moves the batches), one step under `torch.utils.flop_counter` when a model is given (MFU),
+warm-up, the timed window until `gpuopt.measure.StopRule` stops it (monitors on), then the compute
+ceiling: the first batch, already on the device, replayed with no loader. Out-of-memory, a NaN/inf
+loss and any exception of the step come back as the result's status (`run_measured`).
+
+Not in the engine registry (`gpuopt.engines.ENGINES` names the engines a config can choose): a step
+function is Python, not config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gpuopt.config import EngineConf, LoaderConf, MeasureConf, TrialSpec, measure_conf
+from gpuopt.engines._common import (
+    BatchFeed,
+    CeilingReplay,
+    MemoryBaseline,
+    NonFiniteLoss,
+    SampleCount,
+    Trial,
+    batch_samples,
+    measure_timed_window,
+    measuring_spec,
+    move_batch,
+    outputs_loss,
+    run_measured,
+)
+from gpuopt.measure import measure_step_flops, synchronize
+from gpuopt.result import TrialResult
+
+ENGINE_NAME = "user_step"
+
+
+@dataclass
+class UserStep:
+    """What the user handed over, and how gpuopt should treat it."""
+
+    step: Callable[[Any], Any]  # one training step on a batch; may return its loss (NaN check)
+    batches: Iterable[Any]  # re-iterable (restarted at its end): a DataLoader, a list
+    model: torch.nn.Module | None = None  # for MFU: flops are counted on one step when given
+    move_to: torch.device | None = None  # where gpuopt moves each batch (None: left as it comes)
+    samples: SampleCount = None  # per batch: a count or a function of the batch (None: dim 0)
+    non_blocking: bool = False
+    pin_memory: bool = False
+    count_flops: bool = True
+    ceiling: bool = True
+    nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
+
+    def train(self, batch: Any) -> int:
+        """One step on `batch`; its sample count. The loss (a tensor, or an HF-style output with
+        `.loss`/`["loss"]`) feeds the NaN check without a host sync."""
+        returned = self.step(batch)
+        loss = returned if isinstance(returned, torch.Tensor) else outputs_loss(returned)
+        if loss is not None and loss.numel() == 1:
+            self.nonfinite.update(loss)
+        return batch_samples(batch, self.samples)
+
+    def move(self, batch: Any) -> Any:
+        if self.move_to is None:
+            return batch
+        return move_batch(batch, self.move_to, self.non_blocking, self.pin_memory)
+
+
+def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
+    """The engine: fill `trial.metrics`, raising on failure (`run_measured` classifies it)."""
+    device, m = trial.device, trial.metrics
+    memory = MemoryBaseline.take(device)
+    feed = BatchFeed(user.batches, user.move, device, user.samples)
+    trial.resources.append(feed)
+    trial.show("feed", feed)
+
+    first_batch = feed.next()
+    if user.count_flops and user.model is not None:
+        flops = measure_step_flops(lambda: user.train(first_batch))  # one (untimed) training step
+        samples = batch_samples(first_batch, user.samples)
+        if flops.hardware:
+            m.flops_per_sample = flops.model / samples
+            m.hardware_flops_per_sample = flops.hardware / samples
+    m.compile_time_s = None  # the user's step: gpuopt cannot tell a compile step apart
+    started = _now(device)
+    for _ in range(trial.spec.measure.warmup_steps):
+        user.train(feed.next())
+    m.warmup_time_s = _now(device) - started
+    user.nonfinite.check("warm-up")
+
+    mode = trial.spec.precision.mode
+    measure_timed_window(trial, lambda: user.train(feed.next()), feed, memory, mode, process_t0)
+    user.nonfinite.check("the timed window")
+    if user.ceiling:
+        feed.close()
+        ceiling = CeilingReplay.for_trial(trial.spec, device)
+        ceiling.run(lambda: user.train(first_batch))
+        ceiling.record(m)
+        user.nonfinite.check("the compute-ceiling replay")
+
+
+def _now(device: torch.device) -> float:
+    synchronize(device)
+    return time.perf_counter()
+
+
+def _resolve_device(
+    device: str | torch.device | None, model: torch.nn.Module | None
+) -> torch.device:
+    """The device the step runs on: given, else the model's, else gpuopt's `auto` choice."""
+    if device is not None:
+        return torch.device(device)
+    if model is not None:
+        parameter = next(model.parameters(), None)
+        if parameter is not None:
+            return parameter.device
+    from gpuopt.env import resolve_device
+
+    return resolve_device("auto")
+
+
+def _spec(device: torch.device, measure: MeasureConf, user: UserStep, precision: str) -> TrialSpec:
+    loader = LoaderConf(pin_memory=user.pin_memory, non_blocking=user.non_blocking)
+    engine = EngineConf(name=ENGINE_NAME)
+    return measuring_spec(device, measure, engine, precision_mode=precision, loader=loader)
+
+
+def _describe(user: UserStep, device: torch.device, spec: TrialSpec) -> dict[str, Any]:
+    """The result's `config`: what was measured (the step, the model, the settings)."""
+    step = getattr(user.step, "__qualname__", type(user.step).__name__)
+    return {
+        "engine": {"name": ENGINE_NAME},
+        "step": f"{getattr(user.step, '__module__', '?')}.{step}",
+        "model": type(user.model).__name__ if user.model is not None else None,
+        "device": {"type": str(device)},
+        "loader": {"pin_memory": user.pin_memory, "non_blocking": user.non_blocking},
+        "precision": {"mode": spec.precision.mode},
+        "measure": dataclasses.asdict(spec.measure),
+    }
+
+
+def measure_step(
+    step: Callable[[Any], Any],
+    batches: Iterable[Any],
+    *,
+    model: torch.nn.Module | None = None,
+    device: str | torch.device | None = None,
+    samples_per_batch: int | Callable[[Any], int] | None = None,
+    measure: MeasureConf | Mapping[str, Any] | str | None = None,
+    non_blocking: bool = False,
+    pin_memory: bool = False,
+    precision: str = "fp32",
+    ceiling: bool = True,
+) -> TrialResult:
+    """Measure your own training step on your own batches; never raises for a failing step.
+
+    `step(batch)` runs one training step (forward, backward, optimizer step) and may return the
+    loss (a tensor, or an output with `.loss`): a NaN/inf loss gives status `diverged`, running out
+    of memory `oom`, any other exception `error`, each with its reason. `batches` is re-iterable
+    (restarted at its end: a DataLoader, a list). `device`: where to move each batch (recursively:
+    tuples, dicts, nested containers; `pin_memory`/`non_blocking` as a DataLoader loop would) and
+    where the step runs; without it batches are passed as they come and the device is the model's
+    (else gpuopt's auto choice). `model` (optional) is only read: flops of one step (counted by
+    torch.utils.flop_counter, outside the window) give MFU against the device's documented peak for
+    `precision`. `samples_per_batch`: a count, or a function of the batch (default: the batch
+    dimension of its first tensor). `measure`: a conf/measure/ preset name ("quick", "default"), a
+    dict of MeasureConf fields, or a MeasureConf. `ceiling`: replay the first batch (on the device,
+    no loader) for `ceiling_throughput`; turn it off for a step that cannot see a batch twice.
+    """
+    conf = measure_conf(dict(measure) if isinstance(measure, Mapping) else measure)
+    conf = dataclasses.replace(conf, ceiling=ceiling)
+    resolved = _resolve_device(device, model)
+    user = UserStep(
+        step=step,
+        batches=batches,
+        model=model,
+        move_to=torch.device(device) if device is not None else None,
+        samples=samples_per_batch,
+        non_blocking=non_blocking,
+        pin_memory=pin_memory,
+        count_flops=conf.count_flops,
+        ceiling=ceiling,
+    )
+    spec = _spec(resolved, conf, user, precision)
+    result = run_measured(spec, lambda: functools.partial(run_user_step, user), device=resolved)
+    result.config = _describe(user, resolved, spec)
+    return result

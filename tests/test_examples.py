@@ -1,0 +1,105 @@
+"""examples/: a user's own lightning-hydra-template-style app, swept by gpuopt as a subprocess, with
+its metrics read back from the study; and the sweeper's reading of a dict of named metrics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from gpuopt.result import ATTR_BASELINE, STUDY_CONFIRMATION, STUDY_OBJECTIVES
+from gpuopt.sweeper.objectives import outcome_from_return
+
+APP = Path(__file__).resolve().parent.parent / "examples" / "lightning_hydra_app"
+# Tiny: 3 trials of a quick window, a small search space, one confirmation round.
+TINY_SWEEP = [
+    "hparams_search=throughput",
+    "measure=quick",
+    "measure.time_budget_s=0.5",
+    "measure.min_time_s=0.2",
+    "hydra.sweeper.n_trials=3",
+    "data.num_workers=0",  # the searched keys below: batch size only
+    "hydra.sweeper.params={data.batch_size: 'choice(32, 128)'}",
+    "hydra.sweeper.confirm.rounds=1",
+    "hydra.sweeper.confirm.top_k=1",
+    "hydra.sweeper.confirm.max_share=1.0",
+]
+
+
+def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(APP / "src" / "train.py"), "-m", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    storage = f"sqlite:///{tmp_path / 'gpuopt.db'}"
+    return optuna.load_study(study_name="lightning_hydra_app", storage=storage)
+
+
+@pytest.mark.slow
+def test_the_example_app_is_swept_with_named_objectives_baseline_and_confirmation(tmp_path):
+    pytest.importorskip("lightning")
+    proc = _sweep(tmp_path, *TINY_SWEEP)
+    study = _study(tmp_path)
+    trials = study.get_trials()
+    assert len(trials) == 3 and all(t.state is TrialState.COMPLETE for t in trials), trials
+    assert study.user_attrs[STUDY_OBJECTIVES] == ["throughput", "data_wait"]
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    baseline = [t for t in trials if t.user_attrs.get(ATTR_BASELINE)]
+    assert len(baseline) == 1  # the config as composed (batch size 64): no searched override
+    for trial in trials:
+        searched = any(o.startswith("data.batch_size=") for o in trial.user_attrs["overrides"])
+        assert searched is (trial is not baseline[0])
+    for trial in trials:  # every metric is a user attribute; the values are the named metrics
+        attrs = trial.user_attrs
+        assert attrs["status"] == "ok" and attrs["config"]["engine"]["name"] == "lightning_callback"
+        assert trial.values == [attrs["throughput"], attrs["data_wait"]]
+        assert attrs["timed_steps"] >= 2 and attrs["flops_per_sample"] > 0
+        assert attrs["step_time_ms"] > 0 and attrs["peak_memory_mb"] is not None
+    assert study.user_attrs[STUDY_CONFIRMATION]  # the end-of-sweep re-measurement ran
+    assert "gpuopt sweep summary" in proc.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "gpuopt.report", "--study", "lightning_hydra_app",
+         "--storage", f"sqlite:///{tmp_path / 'gpuopt.db'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "Baseline vs best" in report.stdout
+
+
+@pytest.mark.slow
+def test_the_example_app_returning_a_dict_of_named_metrics(tmp_path):
+    pytest.importorskip("lightning")
+    _sweep(tmp_path, *TINY_SWEEP[:-4], "hydra.sweeper.n_trials=2", "returns=metrics",
+           "hydra.sweeper.params={data.batch_size: 'choice(32, 128)'}",
+           "hydra.sweeper.confirm.rounds=0")  # fmt: skip
+    trials = _study(tmp_path).get_trials()
+    assert len(trials) == 2 and all(t.state is TrialState.COMPLETE for t in trials)
+    for trial in trials:
+        assert trial.values == [trial.user_attrs["throughput"], trial.user_attrs["data_wait"]]
+        assert trial.user_attrs["my_batch_size"] in (32, 64, 128)  # the user's own metric
+
+
+def test_a_dict_of_named_metrics_is_read_like_a_trial_result():
+    names, dirs = ["throughput", "data_wait"], ["maximize", "minimize"]
+    outcome = outcome_from_return(
+        {"throughput": 10.0, "data_wait": 2.0, "val_acc": 0.9}, names, dirs
+    )
+    assert outcome.status == "ok" and outcome.values == [10.0, 2.0]
+    assert outcome.user_attrs["val_acc"] == 0.9 and outcome.user_attrs["throughput"] == 10.0
+    assert outcome.constraints == {"oom": 0.0, "diverged": 0.0, "numerics": 0.0}
+    oom = outcome_from_return({"status": "oom", "reason": "CUDA out of memory"}, names, dirs)
+    assert oom.status == "oom" and oom.values == [0.0, float("inf")] and oom.constraints["oom"] == 1
+    missing = outcome_from_return({"val_acc": 0.9}, names, dirs)
+    assert missing.failed and "throughput" in missing.user_attrs["reason"]
+    assert outcome_from_return({"status": "weird"}, names, dirs).failed
