@@ -106,6 +106,11 @@ class BatchAxis:
     choices: list[int]
     dropped: list[tuple[int, str]] = field(default_factory=list)  # (choice, reason)
     added: list[int] = field(default_factory=list)
+    key: str = BATCH_KEY
+
+    def rewrite(self, params: Mapping[str, str]) -> dict[str, str]:
+        """The preset's params with this axis's choice list for its key."""
+        return rewrite_batch_axis(params, self, self.key)
 
 
 def powers_of_two(low: int, high: int) -> list[int]:
