@@ -45,6 +45,13 @@ EXTRA_METRICS = (
     "throughput_ci",
     "peak_memory_mb",
     "timed_steps",
+    # What the expert seeds reason from (gpuopt/sweeper/seeding.py; scripts/replay.py reads these
+    # when present, else derives the costs from data_wait). compute_cost_us and ceiling_throughput
+    # need the ceiling replay: `measure.ceiling=true` among the overrides.
+    "loader_cost_us",
+    "compute_cost_us",
+    "ceiling_throughput",
+    "limit_bound",
 )
 
 

@@ -380,6 +380,7 @@ class SweeperDefaults:
     baseline: bool
     device_aware: bool
     config: Any  # the composed config (DictConfig, with its hydra node), for the baseline's values
+    seeding: bool = False  # expert seeds after the baseline (gpuopt/sweeper/seeding.py)
 
     def factory(self) -> SamplerFactory:
         from hydra.utils import instantiate
@@ -408,11 +409,69 @@ class SweeperDefaults:
                 self.config, Grid(space=space, points=[]).distributions()
             )
             enqueue = (fitting,)
+            if self.seeding:
+                enqueue += tuple(s.params for s in grid_seeds(grid, space, fitting))
         objectives = self.objectives if self.objectives[0] == grid.objective else (grid.objective,)
         directions = self.directions if objectives == self.objectives else (grid.direction,)
         return SearchSetup(
             objectives, directions, self.n_jobs, enqueue, space if space != grid.space else None
         )
+
+
+def baseline_point(grid: Grid, baseline: Mapping[str, Any], cores: int) -> GridPoint | None:
+    """The grid point the baseline trial measures: its params, and for keys it leaves as
+    configured (e.g. device.num_threads=null) torch's default: threads = the cores."""
+    matching = [
+        p
+        for p in grid.points
+        if p.ok and all(_key(p.params.get(k)) == _key(v) for k, v in baseline.items())
+    ]
+    threads = [p for p in matching if p.params.get("device.num_threads") == cores]
+    return (threads or matching or [None])[0]
+
+
+def point_costs(point: GridPoint) -> tuple[float | None, float | None]:
+    """(loader, compute) core-microseconds per sample: the point's measured loader_cost_us /
+    compute_cost_us when the grid has them; else, for a point without workers (the loader runs in
+    the step's process), derived from its window: the data wait's share of the step is the
+    loader's, the rest the compute's on its threads."""
+    measured = point.extra.get("loader_cost_us"), point.extra.get("compute_cost_us")
+    if all(measured):
+        return measured
+    params, extra = point.params, point.extra
+    wait, step = extra.get("data_wait"), extra.get("step_time_ms")
+    if params.get("loader.num_workers") != 0 or wait is None or not step:
+        return None, None
+    batch = float(params["loader.batch_size"])
+    threads = int(params.get("device.num_threads") or 1)
+    loader_us = wait / 100 * step * 1e3
+    return loader_us / batch, (step * 1e3 - loader_us) * threads / batch
+
+
+def grid_seeds(grid: Grid, space: Mapping[str, str], baseline: Mapping[str, Any]) -> list[Any]:
+    """The expert seeds the sweeper would enqueue after this grid's baseline (seeding.py), from
+    the baseline point's costs, the grid machine's cores and the device-aware poor choices."""
+    from gpuopt.sweeper.seeding import SeedFacts, expert_seeds
+
+    cores = int((grid.meta.get("machine") or {}).get("cpus") or 1)
+    point = baseline_point(grid, baseline, cores)
+    loader, compute = point_costs(point) if point is not None else (None, None)
+    poor = (grid.meta.get("poor_choices") or {}).get("precision") or {}
+    facts = SeedFacts(
+        device_type=str(grid.meta.get("device_type", "cpu")),
+        cores=cores,
+        loader_cost_us=loader,
+        compute_cost_us=compute,
+        ceiling_throughput=point.extra.get("ceiling_throughput") if point else None,
+        limit_bound=point.extra.get("limit_bound") if point else None,
+        native_low_precision=bool(grid.meta.get("bf16_native")) and "bf16" not in poor,
+    )
+    choices = {
+        k: list(d.choices)
+        for k, d in Grid(space=dict(space), points=[]).distributions().items()
+        if hasattr(d, "choices")
+    }
+    return expert_seeds(facts, choices, baseline)
 
 
 def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:
@@ -436,6 +495,7 @@ def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:
         baseline=bool(sweeper.get("baseline", False)),
         device_aware=bool(sweeper.get("device_aware", False)),
         config=cfg,
+        seeding=bool(sweeper.get("seeding", False)),
     )
 
 

@@ -31,10 +31,12 @@ from .schema import (
     VOID_ATTR,
 )
 from .search_space import SearchSpace, baseline_params, current_value
+from .seeding import SeedFacts, describe_split, expert_seeds
 
 log = logging.getLogger("gpuopt.sweeper")
 
 OUTSIDE_GRID = -1  # the grid_id of a baseline that is not one of the grid's points
+STUDY_SEEDS = "seeds"  # study user attr: the expert seeds enqueued after the baseline (once)
 
 
 def grid_point(config: Any, space: SearchSpace) -> dict[str, Any] | None:
@@ -129,3 +131,47 @@ def mark_grid_point(trial: Trial, point: dict[str, Any]) -> bool:
     if not resume.has_baseline(trial.study.get_trials(deepcopy=False)):
         trial.set_user_attr(ATTR_BASELINE, True)
     return True
+
+
+# ---- expert seeds after the baseline (seeding.py) -------------------------------------------------
+
+
+def seed_facts(baseline_attrs: dict[str, Any], study_attrs: dict[str, Any]) -> SeedFacts:
+    """What the baseline trial measured (its user attrs) and what the env probe said (the study's
+    hardware attr), as seeding's facts."""
+    env = baseline_attrs.get("env") or {}
+    probe = (study_attrs.get("hardware") or {}).get("env") or {}
+    poor = ((study_attrs.get("hardware") or {}).get("poor_choices") or {}).get("precision") or {}
+    return SeedFacts(
+        device_type=str(env.get("device") or probe.get("device") or "cpu").split(":")[0],
+        cores=int(env.get("usable_cpus") or probe.get("cpus") or 1),
+        loader_cost_us=baseline_attrs.get("loader_cost_us"),
+        compute_cost_us=baseline_attrs.get("compute_cost_us"),
+        ceiling_throughput=baseline_attrs.get("ceiling_throughput"),
+        limit_bound=baseline_attrs.get("limit_bound"),
+        native_low_precision=bool(probe.get("bf16_native")) and "bf16" not in poor,
+    )
+
+
+def categorical_choices(space: SearchSpace) -> dict[str, list[Any]]:
+    from optuna.distributions import CategoricalDistribution
+
+    return {
+        k: list(d.choices)
+        for k, d in space.distributions.items()
+        if isinstance(d, CategoricalDistribution)
+    }
+
+
+def enqueue_seeds(study: optuna.Study, trial: Trial, outcome: Any, space: SearchSpace) -> None:
+    """After the baseline's result: enqueue the expert seeds, once per study (not on a grid, whose
+    points are handed out by number; not after a failed baseline: no costs to reason from)."""
+    if space.is_grid or not outcome.feasible or STUDY_SEEDS in study.user_attrs:
+        return
+    facts = seed_facts(outcome.user_attrs, study.user_attrs)
+    seeds = expert_seeds(facts, categorical_choices(space), dict(trial.params))
+    study.set_user_attr(STUDY_SEEDS, [{"params": s.params, "why": s.why} for s in seeds])
+    log.info("seeding: %s", describe_split(facts))
+    for seed in seeds:
+        study.enqueue_trial(seed.params, user_attrs={"seed": seed.why}, skip_if_exists=True)
+        log.info("seeding: enqueued %s (%s)", seed.params, seed.why)

@@ -31,7 +31,7 @@ from optuna.trial import Trial, TrialState
 
 from gpuopt.secrets import mask_config_secrets, mask_secrets
 
-from . import baseline, confirm, hardware, interference, outputs, resume
+from . import baseline, confirm, hardware, interference, memory_axis, outputs, resume
 from . import storage as storage_mod
 from . import study as study_mod
 from ._compat import (
@@ -443,7 +443,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             and self.sampler.func == optuna.samplers.GridSampler
         )
         poor = probe.poor_choices if self.options.device_aware else None
-        space = build_search_space(preset, arguments, poor, grid=is_grid)
+        axis = memory_axis.plan_for_sweep(self.config, self.options, preset, arguments, device_type)
+        space = build_search_space(preset, arguments, poor, grid=is_grid, batch_axis=axis)
         if space.grid is not None:
             self.sampler = self.sampler(space.grid)
         return space
@@ -595,6 +596,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
                 self._tell(study, trial, trial_overrides, ret, outcome)
                 baseline_trial = bool(trial.user_attrs.get(ATTR_BASELINE))
                 log.info(progress.record(trial.number, baseline_trial, outcome))
+                if baseline_trial and self.options.seeding:
+                    baseline.enqueue_seeds(study, trial, outcome, space)
         except Exception as exc:
             # The sweep stops (a bad custom_search_space, a storage error): none of its trials
             # may stay RUNNING, or every later run of the study would find them in flight.

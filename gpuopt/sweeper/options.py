@@ -56,6 +56,12 @@ class SweeperOptions:
     gpuopt_task: bool = False
     confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
     env_timeout_s: float = 120.0
+    # The batch axis from two measured peaks (gpuopt/sweeper/memory_axis.py): on accelerators, and
+    # on CPU when memory_cap_mb is set (MiB a trial may use; on an accelerator it caps the device).
+    memory_axis: bool = True
+    memory_cap_mb: float | None = None
+    # After the baseline, enqueue the configurations an expert would try first (seeding.py).
+    seeding: bool = True
     heartbeat_interval: int | None = 60
     grace_period: int | None = None
 
@@ -127,6 +133,13 @@ class SweeperOptions:
                 "seconds >= 1, or null (2 x heartbeat_interval)",
             ),
             (
+                "memory_cap_mb",
+                self.memory_cap_mb,
+                self.memory_cap_mb is None
+                or (_number_in(self.memory_cap_mb, 0.0, math.inf) and self.memory_cap_mb > 0),
+                "MiB > 0, or null (device memory; on CPU no cap: the preset's batch axis)",
+            ),
+            (
                 "env_timeout_s",
                 self.env_timeout_s,
                 _number_in(self.env_timeout_s, 0.0, math.inf) and self.env_timeout_s > 0,
@@ -140,7 +153,7 @@ class SweeperOptions:
 # Keys whose null means something (so a null given is kept, not replaced by the default).
 _NULLABLE = frozenset(
     {"direction", "storage", "study_name", "custom_search_space", "params", "objectives"}
-    | {"heartbeat_interval", "grace_period"}
+    | {"heartbeat_interval", "grace_period", "memory_cap_mb"}
 )
 
 

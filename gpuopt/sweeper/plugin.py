@@ -117,6 +117,10 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
     # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
     env_timeout_s: float = _DEFAULTS.env_timeout_s
+    # Memory-aware batch axis and expert seeding after the baseline (gpuopt/sweeper/options.py).
+    memory_axis: bool = _DEFAULTS.memory_axis
+    memory_cap_mb: float | None = _DEFAULTS.memory_cap_mb
+    seeding: bool = _DEFAULTS.seeding
     # Several workers on one study (README: "Several workers (hosts) on one study"): each running
     # trial's worker writes a heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING
     # trial without one for grace_period seconds (null: 2 x interval) is failed with the reason

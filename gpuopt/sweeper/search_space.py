@@ -273,14 +273,19 @@ def build_search_space(
     arguments: list[str],
     poor_choices: Mapping[str, Mapping[str, str]] | None,
     grid: bool,
+    batch_axis: Any = None,  # memory_axis.BatchAxis (not imported: it imports this module)
 ) -> SearchSpace:
-    """The preset's params (device-trimmed by `poor_choices` when given) plus the command line's
-    sweep arguments (which always win), as Optuna distributions; SweepConfigError when malformed."""
+    """The preset's params (the batch axis from the memory model when given, memory_axis.py;
+    device-trimmed by `poor_choices` when given) plus the command line's sweep arguments (which
+    always win), as Optuna distributions; SweepConfigError when malformed."""
     from ._compat import create_params_from_overrides, grid_choices
 
     for key, text in preset.items():
         parse_entry(key, text, "hydra.sweeper.params")
     dropped: list[tuple[str, str, str]] = []
+    if batch_axis is not None and batch_axis.key in preset:
+        preset = batch_axis.rewrite(preset)
+        dropped += [(batch_axis.key, str(c), why) for c, why in batch_axis.dropped]
     if poor_choices:
         filtered = drop_poor_choices(preset, poor_choices)
         for key, choice, reason in filtered.dropped:
@@ -290,7 +295,7 @@ def build_search_space(
                 "device-aware: %s not searched (every choice is poor here); the configured value stays",
                 key,
             )
-        preset, dropped = filtered.params, filtered.dropped
+        preset, dropped = filtered.params, dropped + filtered.dropped
     preset = preset_without_user_keys(preset, [_override_key(arg) for arg in arguments])
     params_conf = [f"{k}={v}" for k, v in preset.items()] + list(arguments)
     try:

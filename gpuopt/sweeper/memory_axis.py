@@ -1,0 +1,316 @@
+"""The memory-aware batch axis: which micro-batch sizes fit this device, from two measured peaks.
+
+A preset's fixed `choice(32,...,512)` is a ceiling of the search on a large accelerator and mostly
+out-of-memory trials on a small one. Peak memory grows about linearly in the micro-batch (weights,
+gradients and optimizer state are fixed; activations scale per sample), so two measured peaks
+(`python -m gpuopt.memory_probe`, run in subprocesses before the study: the sweeper never imports
+torch) give fixed + per-sample memory, and with the device's memory (or a configured cap) the
+largest micro-batch that fits with a margin. The batch axis becomes the powers of two up to it.
+The prediction is a prior, not a wall: the sampler still learns the true boundary, because an OOM
+trial is infeasible (a constraint), and the margin keeps the predicted maximum off the edge.
+
+Pure functions (fit, predict, choices) plus the subprocess runner; tests/test_memory_axis.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+BATCH_KEY = "loader.batch_size"
+# The share of the budget kept free: allocator fragmentation, cudnn workspaces, the loader's
+# pinned buffers, and the fit's error between the two measured sizes and the predicted one.
+DEFAULT_MARGIN = 0.15
+# The probe measures the preset's smallest micro-batch and this many times it (small enough to fit
+# wherever a trial could, far enough apart for the slope to stand out of the RSS's page noise).
+PROBE_SPREAD = 4
+# At most this many batch choices: the largest ones (throughput lives there; the baseline's own
+# batch is measured by the baseline whatever the axis holds).
+MAX_CHOICES = 8
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Peak memory in MiB at micro-batch b: fixed_mb + per_sample_mb * b."""
+
+    fixed_mb: float
+    per_sample_mb: float
+
+    def peak_mb(self, batch: int) -> float:
+        return self.fixed_mb + self.per_sample_mb * batch
+
+
+def fit(points: Sequence[tuple[int, float]]) -> MemoryModel | None:
+    """Least squares over (micro-batch, peak MiB) points at >= 2 distinct sizes; None when they
+    cannot tell a per-sample cost (one size, or the peak did not grow: nothing to extrapolate)."""
+    usable = [(float(b), float(mb)) for b, mb in points if b > 0 and mb is not None and mb >= 0]
+    if len({b for b, _ in usable}) < 2:
+        return None
+    n = len(usable)
+    mean_b = sum(b for b, _ in usable) / n
+    mean_m = sum(m for _, m in usable) / n
+    var = sum((b - mean_b) ** 2 for b, _ in usable)
+    slope = sum((b - mean_b) * (m - mean_m) for b, m in usable) / var
+    if slope <= 0:
+        return None
+    return MemoryModel(fixed_mb=max(0.0, mean_m - slope * mean_b), per_sample_mb=slope)
+
+
+def largest_batch(model: MemoryModel, budget_mb: float, margin: float = DEFAULT_MARGIN) -> int:
+    """The largest micro-batch whose predicted peak stays within (1 - margin) of the budget; 0
+    when not even the fixed part fits."""
+    usable = budget_mb * (1.0 - margin) - model.fixed_mb
+    if usable <= 0:
+        return 0
+    return int(usable // model.per_sample_mb)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """How much memory a trial may use, and where the number comes from (for the log)."""
+
+    mb: float
+    source: str  # "hydra.sweeper.memory_cap_mb", "device memory", "available RAM"
+
+
+def memory_budget(
+    device_type: str,
+    cap_mb: float | None,
+    device_memory_mb: float | None,
+    available_ram_mb: float | None,
+) -> MemoryBudget | None:
+    """A configured cap wins; else the accelerator's memory, or on CPU the available RAM. None:
+    no number to fit against (the preset's axis stays)."""
+    if cap_mb:
+        return MemoryBudget(float(cap_mb), "hydra.sweeper.memory_cap_mb")
+    if device_type != "cpu" and device_memory_mb:
+        return MemoryBudget(float(device_memory_mb), "device memory")
+    if device_type == "cpu" and available_ram_mb:
+        return MemoryBudget(float(available_ram_mb), "available RAM")
+    return None
+
+
+@dataclass
+class BatchAxis:
+    """The batch choices built from the memory model, and what changed from the preset's."""
+
+    choices: list[int]
+    dropped: list[tuple[int, str]] = field(default_factory=list)  # (choice, reason)
+    added: list[int] = field(default_factory=list)
+    key: str = BATCH_KEY
+
+    def rewrite(self, params: Mapping[str, str]) -> dict[str, str]:
+        """The preset's params with this axis's choice list for its key."""
+        return rewrite_batch_axis(params, self, self.key)
+
+
+def powers_of_two(low: int, high: int) -> list[int]:
+    """Powers of two in [low, high] (low rounded up to one)."""
+    if high < 1 or high < low:
+        return []
+    start = 1 << max(0, math.ceil(math.log2(max(1, low))))
+    return [1 << k for k in range(int(math.log2(start)), int(math.log2(high)) + 1)]
+
+
+def batch_choices(
+    preset: Sequence[int],
+    max_batch: int,
+    reason: str,
+    global_batch: int | None = None,
+    max_choices: int = MAX_CHOICES,
+) -> BatchAxis:
+    """Powers of two from the preset's smallest choice up to `max_batch` (and, in same-training
+    mode, up to the global batch: a micro-batch above it is not the same training), the largest
+    `max_choices` of them. Preset choices above the limit are dropped with `reason`."""
+    ceiling = max_batch if global_batch is None else min(max_batch, global_batch)
+    low = min(preset) if preset else 1
+    # Not even the smallest preset choice is predicted to fit: keep it (its OOM teaches the
+    # sampler the boundary) rather than search nothing.
+    grown = powers_of_two(low, ceiling)[-max_choices:] or [low]
+    dropped = []
+    for choice in preset:
+        if choice in grown:
+            continue
+        if global_batch is not None and choice > global_batch:
+            why = f"above train.global_batch={global_batch}: not the same training"
+        elif choice > max_batch:
+            why = reason
+        else:
+            why = "not a power of two, or below the largest choices kept"
+        dropped.append((choice, why))
+    return BatchAxis(grown, dropped, [c for c in grown if c not in preset])
+
+
+def rewrite_batch_axis(
+    params: Mapping[str, str], axis: BatchAxis, key: str = BATCH_KEY
+) -> dict[str, str]:
+    """The preset's params with `key`'s choice list replaced by the axis's choices."""
+    out = dict(params)
+    out[key] = "choice(" + ",".join(str(c) for c in axis.choices) + ")"
+    return out
+
+
+def preset_batches(params: Mapping[str, str], key: str = BATCH_KEY) -> list[int] | None:
+    """The preset's integer batch choices for `key`, or None (not a plain choice of integers)."""
+    from hydra.core.override_parser.types import ChoiceSweep, Transformer
+
+    from .search_space import parse_entry
+
+    text = params.get(key)
+    if text is None:
+        return None
+    override = parse_entry(key, str(text), "hydra.sweeper.params")
+    value = override.value()
+    if not (override.is_choice_sweep() and isinstance(value, ChoiceSweep)) or value.tags:
+        return None
+    choices = list(override.sweep_iterator(transformer=Transformer.identity))
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in choices):
+        return None
+    return [int(c) for c in choices]
+
+
+# ---- the probe, in subprocesses (torch stays out of the sweeping process) --------------------
+
+
+@dataclass
+class MemoryProbe:
+    """What `python -m gpuopt.memory_probe` measured: (micro-batch, peak MiB) points."""
+
+    points: list[tuple[int, float]] = field(default_factory=list)
+    device_memory_mb: float | None = None
+    available_ram_mb: float | None = None
+    error: str | None = None
+
+
+def run_probe(
+    config_path: Path,
+    batches: Sequence[int],
+    timeout_s: float = 120.0,
+    python: str | None = None,
+) -> MemoryProbe:
+    """One fresh process per micro-batch (a CPU's peak RSS cannot be reset); never raises."""
+    probe = MemoryProbe()
+    for batch in batches:
+        cmd = [python or sys.executable, "-m", "gpuopt.memory_probe", str(config_path), str(batch)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            data = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+            probe.error = f"{' '.join(cmd)}: {type(exc).__name__}: {exc}"
+            return probe
+        if proc.returncode != 0 or data.get("error") or data.get("peak_mb") is None:
+            tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+            probe.error = (
+                f"{' '.join(cmd)} exited {proc.returncode}: {data.get('error') or tail[0]}"
+            )
+            return probe
+        probe.points.append((batch, float(data["peak_mb"])))
+        probe.device_memory_mb = data.get("device_memory_mb")
+        probe.available_ram_mb = data.get("available_ram_mb")
+    return probe
+
+
+def write_probe_config(config: Any, directory: Path) -> Path:
+    """The composed task config (no hydra node), as the probe reads it."""
+    from omegaconf import OmegaConf
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "memory_probe.yaml"
+    task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    path.write_text(OmegaConf.to_yaml(task, resolve=True))
+    return path
+
+
+def log_axis(axis: BatchAxis, model: MemoryModel, budget: MemoryBudget, max_batch: int) -> None:
+    """Say what the axis became and why (as drop_poor_choices' log lines do)."""
+    log.info(
+        "memory-aware: peak ~ %.0f MiB + %.3f MiB/sample; budget %.0f MiB (%s), margin %.0f%%: "
+        "largest micro-batch that fits ~ %d",
+        model.fixed_mb,
+        model.per_sample_mb,
+        budget.mb,
+        budget.source,
+        100 * DEFAULT_MARGIN,
+        max_batch,
+    )
+    for choice, reason in axis.dropped:
+        log.info("memory-aware: dropped %s=%s from the search (%s)", BATCH_KEY, choice, reason)
+    if axis.added:
+        log.info("memory-aware: added %s=%s (predicted to fit)", BATCH_KEY, axis.added)
+
+
+@dataclass(frozen=True)
+class AxisSettings:
+    """The sweeper settings the axis reads (SweeperOptions' memory_axis, memory_cap_mb)."""
+
+    enabled: bool = True
+    cap_mb: float | None = None
+    timeout_s: float = 120.0
+
+
+def plan_batch_axis(
+    config: Any,
+    params: Mapping[str, str],
+    arguments: Sequence[str],
+    device_type: str,
+    settings: AxisSettings,
+    probe_dir: Path,
+) -> BatchAxis | None:
+    """The batch axis for this sweep, or None (the preset's stays): off, no plain batch choice in
+    the preset, the command line sweeps the batch itself, or on CPU without a cap (RAM is rarely
+    the limit there, and the probe costs two process starts)."""
+    preset = preset_batches(params)
+    if not settings.enabled or preset is None:
+        return None
+    if any(str(a).split("=", 1)[0].lstrip("+~") == BATCH_KEY for a in arguments):
+        return None
+    if device_type == "cpu" and not settings.cap_mb:
+        return None
+    low = min(preset)
+    probe = run_probe(
+        write_probe_config(config, probe_dir), (low, PROBE_SPREAD * low), settings.timeout_s
+    )
+    if probe.error:
+        log.warning("memory-aware batch axis off (the preset's stays): %s", probe.error)
+        return None
+    model = fit(probe.points)
+    budget = memory_budget(
+        device_type, settings.cap_mb, probe.device_memory_mb, probe.available_ram_mb
+    )
+    if model is None or budget is None:
+        log.info(
+            "memory-aware batch axis off: peaks %s do not grow with the batch, or no budget",
+            probe.points,
+        )
+        return None
+    most = largest_batch(model, budget.mb)
+    reason = (
+        f"predicted peak {model.peak_mb(most + 1):.0f}+ MiB above {100 * (1 - DEFAULT_MARGIN):.0f}% "
+        f"of {budget.mb:.0f} MiB ({budget.source}); largest that fits ~ {most}"
+    )
+    axis = batch_choices(preset, most, reason)
+    log_axis(axis, model, budget, most)
+    return axis
+
+
+def plan_for_sweep(
+    config: Any, options: Any, params: Mapping[str, str], arguments: Sequence[str], device: str
+) -> BatchAxis | None:
+    """`plan_batch_axis` with the sweep's options (SweeperOptions), the probe's files in the
+    sweep's directory."""
+    settings = AxisSettings(
+        enabled=bool(options.memory_axis),
+        cap_mb=options.memory_cap_mb,
+        timeout_s=float(options.env_timeout_s),
+    )
+    probe_dir = Path(str(config.hydra.sweep.dir)) / ".gpuopt"
+    return plan_batch_axis(config, params, arguments, device, settings, probe_dir)

@@ -1,0 +1,193 @@
+"""Expert seeds: the configurations a performance engineer would try right after the baseline.
+
+A sampler starts blind: TPE's first trials are random, and on a 144-point space ten random-ish
+trials rarely land on the one split of cores that works. The baseline trial already measured what
+an engineer would reason from: the input pipeline's and the compute's cost per sample (core-
+seconds, `loader_cost_us` / `compute_cost_us`), the usable cores, what bounds the machine
+(`limit_bound`), and the env probe said what the device does natively. From those, a few
+configurations are enqueued after the baseline (Optuna's `study.enqueue_trial`, snapped to the
+space's choices) and the sampler refines from there:
+
+- the cores split between loader and compute in proportion to their costs (CPU: they share the
+  cores, so the loader's share is cores * L / (L + C) and the compute threads get the rest,
+  the whole cores left; accelerator: the workers that load as fast as the device computes, one
+  core kept to drive it, all loading cores when the loader bounds), and one spare worker beside
+  it (a worker waiting on a full prefetch queue costs next to nothing; a starved step stalls the
+  compute), or for a loader that needs a sliver of a core, no workers and every core computing;
+- the largest micro-batch the space holds (after the memory-aware axis kept what fits) and the
+  one below it (per-step overheads amortize with the batch, caches may prefer the smaller);
+- native low precision (bf16) when the device has it, and pinned memory on an accelerator.
+
+Pure: facts in, a list of param dicts out (tests/test_seeding.py). baseline.py enqueues them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+WORKERS = "loader.num_workers"
+THREADS = "device.num_threads"
+BATCH = "loader.batch_size"
+PRECISION = "precision"
+PIN_MEMORY = "loader.pin_memory"
+LOW_PRECISION = "bf16"
+DRIVER_CORES = 1  # as gpuopt.limits: the core that drives an accelerator does not load
+MAX_SEEDS = 4  # of the default 10 trials: the baseline, 4 seeds, 5 for the sampler
+INLINE_SHARE = 0.25  # a loader needing less of a core than this is tried without workers too
+
+
+@dataclass(frozen=True)
+class SeedFacts:
+    """What the baseline trial and the env probe know about this workload on this machine."""
+
+    device_type: str  # cpu | cuda | mps
+    cores: int  # usable CPU cores
+    loader_cost_us: float | None = None  # core-microseconds per sample of the input pipeline
+    compute_cost_us: float | None = None  # CPU: core-microseconds per sample of the step
+    ceiling_throughput: float | None = None  # accelerator: the compute ceiling, samples/s
+    limit_bound: str | None = None  # cores | loader | compute (gpuopt.limits)
+    native_low_precision: bool = False  # bf16 runs natively here (the env probe's capability)
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One configuration to enqueue, and why an engineer would try it."""
+
+    params: dict[str, Any]
+    why: str
+
+
+def loader_share(facts: SeedFacts) -> float | None:
+    """Cores the input pipeline needs: CPU, its share of the cores by cost; accelerator, the cores
+    that load as fast as the device computes. None without a measured loader cost."""
+    loader = facts.loader_cost_us
+    if not loader or loader <= 0:
+        return None
+    if facts.device_type == "cpu":
+        compute = facts.compute_cost_us
+        if not compute or compute <= 0:
+            return None
+        return facts.cores * loader / (loader + compute)
+    loading = max(1, facts.cores - DRIVER_CORES)
+    if facts.limit_bound == "loader" or not facts.ceiling_throughput:
+        return float(loading)
+    return min(float(loading), facts.ceiling_throughput * loader / 1e6)
+
+
+def core_splits(facts: SeedFacts) -> list[tuple[int, int | None]]:
+    """(workers, compute threads) to seed, best guess first; threads None on an accelerator (the
+    device computes there). CPU: the threads get the cores the loader leaves whole (an OpenMP
+    thread that shares its core with a worker stalls the whole team at every barrier), the
+    workers the loader's share rounded up, and a spare worker beside it; a loader that needs
+    under INLINE_SHARE of a core is tried inline instead (no workers, every core computing)."""
+    share = loader_share(facts)
+    if share is None:
+        return []
+    workers = max(1, math.ceil(share - 1e-9))
+    if facts.device_type != "cpu":
+        return [(workers, None), (workers + 1, None)]
+    threads = max(1, math.floor(facts.cores - share + 1e-9))
+    other = (0, facts.cores) if share < INLINE_SHARE else (workers + 1, threads)
+    return [(workers, threads), other]
+
+
+def snap(value: Any, choices: Sequence[Any], down: bool = False) -> Any:
+    """The choice nearest `value` (log scale for positive numbers); `down`: the largest choice not
+    above it (the smallest choice when every one is above). Non-numbers must match exactly."""
+    numbers = [c for c in choices if isinstance(c, (int, float)) and not isinstance(c, bool)]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not numbers:
+        return value if value in choices else None
+    if down:
+        below = [c for c in numbers if c <= value]
+        return max(below) if below else min(numbers)
+
+    def distance(c: float) -> float:
+        if value > 0 and c > 0:
+            return abs(math.log(c / value))
+        return abs(c - value) + (0.0 if c > 0 else 1e-3)  # ties: prefer the positive choice
+
+    return min(numbers, key=distance)
+
+
+def _batches(choices: Sequence[Any]) -> list[Any]:
+    ordered = sorted(c for c in choices if isinstance(c, int) and not isinstance(c, bool))
+    return ordered[-2:][::-1]  # the largest, then the one below it
+
+
+def common_params(
+    facts: SeedFacts, space: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """What every seed shares: the baseline's values, with native low precision and (on an
+    accelerator) pinned memory where the space holds them; and the reasons."""
+    params = {k: v for k, v in baseline.items() if k in space}
+    why: list[str] = []
+    if facts.native_low_precision and LOW_PRECISION in space.get(PRECISION, ()):
+        params[PRECISION] = LOW_PRECISION
+        why.append("native bf16")
+    if facts.device_type != "cpu" and True in space.get(PIN_MEMORY, ()):
+        params[PIN_MEMORY] = True
+        why.append("pinned memory")
+    return params, why
+
+
+def expert_seeds(
+    facts: SeedFacts,
+    space: Mapping[str, Sequence[Any]],
+    baseline: Mapping[str, Any],
+    max_seeds: int = MAX_SEEDS,
+) -> list[Seed]:
+    """Up to `max_seeds` configurations (keys of `space` only, values among its choices), each
+    different from the baseline and from each other; [] when the costs were not measured and the
+    space has nothing else to seed."""
+    common, why_common = common_params(facts, space, baseline)
+    splits: list[tuple[Any, Any]] = [(None, None)]
+    if core_splits(facts) and (WORKERS in space or THREADS in space):
+        splits = list(
+            dict.fromkeys(
+                (
+                    snap(w, space[WORKERS]) if WORKERS in space else None,
+                    snap(t, space[THREADS], down=True) if t and THREADS in space else None,
+                )
+                for w, t in core_splits(facts)
+            )
+        )
+    batches = _batches(space.get(BATCH, ())) or [None]
+    seeds: list[Seed] = []
+    seen = [dict(baseline)]
+    for batch in batches:
+        for index, (workers, threads) in enumerate(splits):
+            params = dict(common)
+            why = list(why_common)
+            if batch is not None:
+                params[BATCH] = batch
+                why.append(f"batch {batch} (largest{'' if batch == batches[0] else ' but one'})")
+            if workers is not None:
+                params[WORKERS] = workers
+                why.append(f"{workers} workers" + (" (the alternative split)" if index else ""))
+            if threads is not None:
+                params[THREADS] = threads
+                why.append(f"{threads} threads")
+            if params in seen:
+                continue
+            seen.append(params)
+            seeds.append(Seed(params, ", ".join(why)))
+    return seeds[:max_seeds]
+
+
+def describe_split(facts: SeedFacts) -> str:
+    """The reasoning behind the split, for the log."""
+    share = loader_share(facts)
+    if share is None:
+        return "no measured loader/compute costs: seeds from the space only"
+    if facts.device_type == "cpu":
+        return (
+            f"loader {facts.loader_cost_us:.0f} us/sample, compute {facts.compute_cost_us:.0f} "
+            f"us/sample on {facts.cores} cores: the loader needs {share:.2f} of them"
+        )
+    return (
+        f"loader {facts.loader_cost_us:.0f} us/sample feeding {facts.ceiling_throughput or 0:.0f} "
+        f"samples/s ({facts.limit_bound or 'compute'}-bound): {share:.2f} loading cores"
+    )
