@@ -11,8 +11,9 @@ Each comparison's pairs are cut into blocks of `--block` consecutive pairs (5: w
 sweep's 10 confirmation runs give); every block is one confirmation, estimated as the sweeper does
 (gpuopt.sweeper.confirm.speedup, Stein's interval with a first stage of 4 pairs). Reported: the
 spread (sd) of the pairs' log-ratios, the pairs a +-10% interval needs at that spread, each block's
-ratio and interval, the bias (mean block log-ratio - truth) and the coverage (blocks whose interval
-holds the truth), and the load average before every run. Blocks are few (20 pairs: 4): coverage
+ratio and interval, the bias (mean block log-ratio - truth; meaningful for `same` only: for `batch`
+the truth is the blocks' own mean) and the coverage (blocks whose interval holds the truth), and the
+load average before every run. Blocks are few (20 pairs: 4): coverage
 here is a check that the intervals are not far too narrow; tests/test_confirm.py measures it over
 thousands of simulated confirmations.
 """
