@@ -68,14 +68,42 @@ def duration(seconds: float | None) -> str:
 
 
 def speedup_ci(entry: dict[str, Any]) -> str:
-    """A stored speedup (confirm.speedup as a dict): ratio, 95% CI, sample sizes, verdict."""
+    """A stored speedup (confirm.speedup as a dict): ratio, 95% CI, its half-width, the pairs,
+    the verdict; "too noisy here" with the spread and the load instead of an interval too wide to
+    act on. Older records (no pairs, no verdict) read as before."""
     if "ratio" not in entry:
         return entry.get("error", "n/a")
     ratio = entry["ratio"]
     if entry.get("ci_low") is None:
         return f"{ratio:.3f}x (no CI: needs >= 2 measurements each)"
+    if entry.get("verdict") == "too noisy":
+        return _too_noisy(entry)
+    pairs = entry.get("n_pairs")
+    sample = f"{pairs} pairs" if pairs else f"n={entry['n_candidate']}/{entry['n_reference']}"
+    width = "" if entry.get("halfwidth") is None else f", +-{_percent(entry['halfwidth'])}"
     verdict = "" if entry.get("distinguishable") else ", not distinguishable from 1.0x"
     return (
-        f"{ratio:.3f}x [95% CI {entry['ci_low']:.3f}-{entry['ci_high']:.3f}, "
-        f"n={entry['n_candidate']}/{entry['n_reference']}{verdict}]"
+        f"{ratio:.3f}x [95% CI {entry['ci_low']:.3f}-{entry['ci_high']:.3f}{width}, "
+        f"{sample}{verdict}]"
     )
+
+
+def _too_noisy(entry: dict[str, Any]) -> str:
+    """The "too noisy here" verdict: what was seen (spread of the pairs' log-ratios, the load),
+    and what a +-target interval would take."""
+    seen = f"{entry['n_pairs']} pairs' log-ratios spread {_percent(entry.get('log_sd') or 0.0)}"
+    load = entry.get("load_1m")
+    if load:
+        seen += f", load {load[0]:.1f}-{load[1]:.1f} on {entry.get('cpus', '?')} CPUs"
+    need = entry.get("pairs_needed")
+    target = entry.get("target_halfwidth")
+    goal = f" to +-{_percent(target)}" if target else ""
+    more = f"; ~{need} pairs would narrow it{goal} (confirm.max_share)" if need else ""
+    return (
+        f"too noisy here: {entry['ratio']:.2f}x +-{_percent(entry.get('halfwidth') or 0.0)} "
+        f"(95% CI) is no answer ({seen}){more}"
+    )
+
+
+def _percent(fraction: float) -> str:
+    return ">100%" if fraction > 1.0 else f"{100 * fraction:.1f}%"

@@ -75,3 +75,29 @@ def t_quantile(p: float, df: float) -> float:
         if hi - lo < 1e-12 * max(1.0, hi):
             break
     return 0.5 * (lo + hi)
+
+
+def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, half-width, sample sd) of the t-interval for the mean of `values`: the confirmation's
+    paired log-ratios. Needs >= 2 values; an sd of 0 gives a half-width of 0."""
+    n = len(values)
+    if n < 2:
+        raise ValueError(f"a t-interval needs >= 2 values, got {n}")
+    mean = math.fsum(values) / n
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n), sd
+
+
+def stein_pairs(sd: float, first: int, half: float, confidence: float = 0.95) -> int:
+    """Pairs Stein's two-stage procedure needs for a half-width `half` (log scale) from the spread
+    `sd` of its `first` pairs: max(first, ceil((t(first-1) * sd / half)^2)). Its interval, mean of
+    all pairs +- t(first-1) * sd / sqrt(n), then covers at the nominal rate whatever the noise: n
+    depends on the first stage's spread only, which (for normal noise) says nothing about the mean.
+    Stopping instead as soon as the running t-interval is narrow enough undercovers (92% at 95%
+    in simulation when the pairs' spread is near the target): it stops on a lucky small sd."""
+    if first < 2:
+        raise ValueError(f"the first stage needs >= 2 pairs, got {first}")
+    if sd <= 0.0:
+        return first
+    need = (t_quantile(0.5 + confidence / 2.0, first - 1) * sd / half) ** 2
+    return max(first, math.ceil(min(need, 1e9) - 1e-9))

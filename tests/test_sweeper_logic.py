@@ -311,9 +311,14 @@ def test_t_quantile_matches_scipy_for_fractional_df():
 
 
 def test_speedup_estimate_and_interval():
-    s = confirm.speedup([110.0, 121.0, 115.0], [100.0, 98.0, 103.0])
-    geo = math.exp(sum(map(math.log, [110, 121, 115])) / 3 - sum(map(math.log, [100, 98, 103])) / 3)
-    assert s.ratio == pytest.approx(geo)
+    """Paired: entry i of each side is round i; the interval comes from the rounds' ratios
+    (1.10, 1.12, 1.12 here; the unpaired data this test had, 1.10/1.23/1.12 by round, no longer
+    excludes 1.0x at df=2)."""
+    s = confirm.speedup([110.0, 121.0, 115.0], [100.0, 108.0, 103.0])
+    geo = math.exp(
+        sum(map(math.log, [110, 121, 115])) / 3 - sum(map(math.log, [100, 108, 103])) / 3
+    )
+    assert s.ratio == pytest.approx(geo) and s.n_pairs == 3 and s.verdict == "faster"
     assert s.ci_low < s.ratio < s.ci_high and s.distinguishable
     noisy = confirm.speedup([110.0, 90.0], [100.0, 105.0])
     assert noisy.ci_low < 1.0 < noisy.ci_high and noisy.distinguishable is False
@@ -366,22 +371,25 @@ def test_speedup_minimized_metric_is_inverted_and_single_points_have_no_ci():
 @pytest.mark.parametrize(
     ("top_k", "rounds", "share", "n_trials", "n_cand", "expected"),
     [
-        (2, 2, 0.25, 40, 5, confirm.ConfirmPlan(2, 2)),  # 6 runs <= 10
-        (2, 2, 0.25, 12, 5, confirm.ConfirmPlan(1, 1)),  # 3 runs: one candidate, one round
-        (2, 2, 0.4, 10, 5, confirm.ConfirmPlan(1, 2)),  # 4 runs: two rounds beat a second candidate
-        (2, 3, 0.6, 10, 5, confirm.ConfirmPlan(2, 2)),  # 6 runs: both candidates, two rounds
-        (2, 2, 0.25, 8, 5, confirm.ConfirmPlan(1, 1)),  # 2 runs allowed: fewer candidates first
-        (2, 2, 0.25, 4, 5, None),  # 1 run allowed: off
+        (2, 2, 0.25, 40, 5, confirm.ConfirmPlan(2, 2, 10)),  # first stage 6 runs <= 10
+        (2, 4, 1.0, 10, 5, confirm.ConfirmPlan(1, 4, 10)),  # the defaults: one candidate
+        (2, 2, 0.4, 10, 5, confirm.ConfirmPlan(1, 2, 4)),  # two rounds beat a second candidate
+        (2, 3, 0.6, 10, 5, confirm.ConfirmPlan(1, 3, 6)),  # the first stage before candidates
+        (2, 2, 0.25, 12, 5, None),  # 3 runs: no 2 pairs, no interval: off
+        (2, 2, 0.25, 8, 5, None),  # 2 runs allowed
         (2, 0, 0.25, 40, 5, None),  # confirm.rounds=0
         (2, 2, 0.25, 40, 0, None),  # nothing to confirm
-        (3, 2, 1.0, 4, 1, confirm.ConfirmPlan(1, 2)),
+        (3, 2, 1.0, 4, 1, confirm.ConfirmPlan(1, 2, 4)),
+        (1, 1, 1.0, 10, 1, confirm.ConfirmPlan(1, 2, 10)),  # an interval needs 2 rounds
     ],
 )
 def test_confirmation_plan_is_capped(top_k, rounds, share, n_trials, n_cand, expected):
+    """(Since the two-stage stop: a plan needs 2 rounds, the first stage comes before a second
+    candidate, and the plan carries the cap on all runs for the second stage.)"""
     plan = confirm.plan(top_k, rounds, share, n_trials, n_cand)
     assert plan == expected
     if plan:
-        assert plan.runs <= share * n_trials
+        assert plan.runs <= plan.max_runs <= share * n_trials
 
 
 def test_schedule_interleaves():
@@ -600,6 +608,7 @@ def test_default_sampler_is_multivariate_tpe_and_other_samplers_replace_it():
         ({"confirm": {"top_k": 0}}, "hydra.sweeper.confirm.top_k"),
         ({"confirm": {"max_share": 0.0}}, "hydra.sweeper.confirm.max_share"),
         ({"confirm": {"max_share": 1.2}}, "hydra.sweeper.confirm.max_share"),
+        ({"confirm": {"target_halfwidth": 0.0}}, "hydra.sweeper.confirm.target_halfwidth"),
         ({"confirm": {"shares": 0.5}}, "hydra.sweeper.confirm.shares"),
         ({"heartbeat_interval": -5}, "hydra.sweeper.heartbeat_interval"),
         ({"grace_period": 0}, "hydra.sweeper.grace_period"),
@@ -638,7 +647,7 @@ def test_good_sweeper_options_build(settings):
 
 def test_sweeper_options_have_one_default_each():
     """The composed hydra.sweeper node (plugin.py's ConfigStore) and SweeperOptions() agree on
-    every setting; the documented confirm.max_share is 0.4."""
+    every setting; the documented confirm.max_share is 1.0, target_halfwidth 0.10."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -655,7 +664,7 @@ def test_sweeper_options_have_one_default_each():
     }
     composed = SweeperOptions.build(**settings)
     defaults = SweeperOptions()
-    assert defaults.confirm.max_share == 0.4
+    assert defaults.confirm.max_share == 1.0 and defaults.confirm.target_halfwidth == 0.10
     assert composed.confirm == defaults.confirm
     for key in ("n_trials", "n_jobs", "max_failure_rate", "device_aware"):
         assert getattr(composed, key) == getattr(defaults, key), key

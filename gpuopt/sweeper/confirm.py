@@ -1,21 +1,31 @@
-"""The confirmation round: re-measure the baseline and the top candidates, interleaved.
+"""The confirmation round: re-measure the baseline and the top candidates, interleaved, in pairs.
 
 `confirm_if_last` runs it at the end of a sweep: which trials are candidates (`candidates`), how
-many runs the budget allows (`plan`), the interleaved rounds (`schedule`, `run_rounds`), and the
-verdict (`compare`; the winner rule, `winner`, is schema.py's: the best pick reads it).
+many runs the budget allows (`plan`), the interleaved rounds with their two-stage stop
+(`run_rounds`), and the verdict (`compare`; the winner rule, `winner`, is schema.py's: the best
+pick reads it).
 
 Throughput of one configuration drifts 4-14% between fresh processes on these machines, so the
 sweep's single measurement per configuration can crown a lucky one. At the end, the baseline (A)
-and the top-k candidates (B1, B2, ...) run again as A B1 B2 B2 B1 A ..., and the speedup of each
-candidate over the baseline is estimated from those re-measurements only, with a 95% confidence
-interval on the log-ratio of means (Welch's t: unequal variances, small samples). The sweep's own
-measurement of a candidate is left out: it was picked for being high. On a 2-core CPU that bias,
-with a fixed run order, let the sweeper recommend a candidate ~5% slower than the baseline
-(docs/benchmarks.md, "Speedup over PyTorch defaults").
+and the top-k candidates (B1, B2, ...) run again as A B1 B2, B2 B1 A, ..., each run a fresh
+process (the sweep's launcher: a long-lived process reads 10-35% faster, so in-process numbers must
+never meet fresh-process ones). The sweep's own measurement of a candidate is left out: it was
+picked for being high (on a 2-core CPU that bias let the sweeper recommend a candidate ~5% slower
+than the baseline, docs/benchmarks.md, "Speedup over PyTorch defaults").
 
-The winner (`winner`) is the candidate with the highest speedup among those measurably faster
-than the baseline (the CI above 1.0x, or no CI possible and a speedup > 1); when none is, the
-baseline wins: "keep your configuration" is the honest answer to a gain the noise can explain.
+The estimator is paired: each round gives one log-ratio log(B/A) of runs made next to each other,
+so the machine's slow drift (load from other work) cancels within the pair; the speedup is
+exp(mean log-ratio) with a t-interval on the log scale, back-transformed. How many rounds: Stein's
+two-stage procedure (`gpuopt.stats.stein_pairs`) - `confirm.rounds` first, then as many as the
+first rounds' spread says the interval needs to reach +-`confirm.target_halfwidth`, up to the
+`confirm.max_share` cap; a candidate leaves the rounds once it has its pairs. Runs are lean where
+the objective allows (`lean_overrides`): no compute-ceiling replay, FLOP count, loader pricing.
+
+Verdicts (`verdict`): faster / slower (the interval excludes 1.0x), same (it includes 1.0x and is
+within the target: no difference worth having), too noisy (it includes 1.0x and is wider than the
+target: this machine, at this load, cannot tell; the record keeps the spread and the load seen).
+The winner (`winner`) is the candidate with the highest speedup among those measurably faster than
+the baseline; when none is - "same" or "too noisy" - the baseline wins: "keep your configuration".
 """
 
 from __future__ import annotations
@@ -23,13 +33,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import statistics
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpuopt.stats import t_quantile
+from gpuopt.stats import mean_interval, stein_pairs, t_quantile
 
 from . import resume
 from .schema import (
@@ -45,20 +55,39 @@ from .schema import (
 
 log = logging.getLogger("gpuopt.sweeper")
 
-__all__ = ["KEEP_BASELINE", "compare", "plan", "round_order", "schedule", "speedup", "winner"]
+__all__ = [
+    "KEEP_BASELINE",
+    "compare",
+    "lean_overrides",
+    "plan",
+    "round_order",
+    "schedule",
+    "speedup",
+    "verdict",
+    "winner",
+]
 
-# ---- speedup with a confidence interval -------------------------------------------------------
+FASTER, SLOWER, SAME, TOO_NOISY = "faster", "slower", "same", "too noisy"
+DEFAULT_TARGET = 0.10  # ConfirmOptions.target_halfwidth's default
+
+# ---- the paired speedup with a confidence interval --------------------------------------------
 
 
 @dataclass
 class Speedup:
-    """How much better `candidate` is than `reference` on one metric (ratio > 1: better)."""
+    """How much better `candidate` is than `reference` on one metric (ratio > 1: better), from
+    per-round pairs."""
 
     ratio: float
-    ci_low: float | None  # None: fewer than 2 measurements on a side
+    ci_low: float | None  # None: fewer than 2 pairs
     ci_high: float | None
-    n_candidate: int
+    n_candidate: int  # measurements on each side (a side may have more than the pairs)
     n_reference: int
+    n_pairs: int = 0  # rounds with a measurement on both sides: the estimate's sample
+    log_sd: float | None = None  # spread (sd) of the per-round log-ratios
+    halfwidth: float | None = None  # relative: (ci_high - ci_low) / (2 * ratio)
+    verdict: str | None = None  # faster | slower | same | too noisy; None without an interval
+    pairs_needed: int | None = None  # pairs for +-target at this spread (Stein)
 
     @property
     def distinguishable(self) -> bool | None:
@@ -68,33 +97,77 @@ class Speedup:
         return self.ci_low > 1.0 or self.ci_high < 1.0
 
 
+def log_ratios(
+    candidate: Sequence[float | None], reference: Sequence[float | None], direction: str
+) -> list[float]:
+    """log(candidate / reference) per round (position), rounds missing either side left out; the
+    sign is flipped for a minimized metric, so > 0 always means "candidate is better"."""
+    sign = 1.0 if direction == "maximize" else -1.0
+    return [
+        sign * (math.log(c) - math.log(r))
+        for c, r in zip(candidate, reference, strict=False)
+        if _positive(c) and _positive(r)
+    ]
+
+
 def speedup(
-    candidate: Sequence[float],
-    reference: Sequence[float],
+    candidate: Sequence[float | None],
+    reference: Sequence[float | None],
     direction: str = "maximize",
     confidence: float = 0.95,
+    target: float = DEFAULT_TARGET,
+    first_stage: int | None = None,
 ) -> Speedup:
-    """Speedup of candidate over reference from all measurements of each.
+    """Paired speedup of candidate over reference; entry i of each is round i (None: no value).
 
-    Works on logs (throughput is a rate: its noise is multiplicative): the estimate is
-    exp(mean log c - mean log r), the CI uses Welch's standard error and Welch-Satterthwaite df.
-    For a minimized metric the ratio is inverted, so > 1 always means "candidate is better".
+    exp(mean log-ratio) with a t-interval on the log scale. With `first_stage` (the rounds run
+    before the number of rounds was chosen from their spread) the interval is Stein's: the first
+    stage's sd with its df, over all pairs - the one that keeps its coverage after that choice.
     """
-    c = [math.log(v) for v in candidate if v is not None and v > 0 and math.isfinite(v)]
-    r = [math.log(v) for v in reference if v is not None and v > 0 and math.isfinite(v)]
-    if not c or not r:
-        raise ValueError("speedup needs at least one positive measurement on each side")
-    sign = 1.0 if direction == "maximize" else -1.0
-    diff = sign * (statistics.fmean(c) - statistics.fmean(r))
-    if len(c) < 2 or len(r) < 2:
-        return Speedup(math.exp(diff), None, None, len(c), len(r))
-    vc, vr = statistics.variance(c) / len(c), statistics.variance(r) / len(r)
-    se = math.sqrt(vc + vr)
-    if se == 0.0:
-        return Speedup(math.exp(diff), math.exp(diff), math.exp(diff), len(c), len(r))
-    df = (vc + vr) ** 2 / ((vc * vc) / (len(c) - 1) + (vr * vr) / (len(r) - 1))
-    half = t_quantile(0.5 + confidence / 2.0, df) * se
-    return Speedup(math.exp(diff), math.exp(diff - half), math.exp(diff + half), len(c), len(r))
+    d = log_ratios(candidate, reference, direction)
+    n_c, n_r = sum(map(_positive, candidate)), sum(map(_positive, reference))
+    if not d:
+        raise ValueError("speedup needs at least one round with a positive measurement each")
+    mean = math.fsum(d) / len(d)
+    if len(d) < 2:
+        return Speedup(math.exp(mean), None, None, n_c, n_r, n_pairs=1)
+    _, half, sd = mean_interval(d, confidence)
+    first = len(d) if first_stage is None or not 2 <= first_stage < len(d) else first_stage
+    if first < len(d):
+        _, _, sd = mean_interval(d[:first], confidence)
+        half = t_quantile(0.5 + confidence / 2.0, first - 1) * sd / math.sqrt(len(d))
+    low, high = _exp(mean - half), _exp(mean + half)
+    halfwidth = math.sinh(min(half, 700.0))
+    return Speedup(
+        ratio=math.exp(mean),
+        ci_low=low,
+        ci_high=high,
+        n_candidate=n_c,
+        n_reference=n_r,
+        n_pairs=len(d),
+        log_sd=sd,
+        halfwidth=halfwidth,
+        verdict=verdict(low, high, halfwidth, target),
+        pairs_needed=stein_pairs(sd, first, math.asinh(target), confidence),
+    )
+
+
+def verdict(ci_low: float, ci_high: float, halfwidth: float, target: float) -> str:
+    """faster / slower when the interval excludes 1.0x (however wide: the sign is established);
+    else same when it is within +-target, too noisy when it is not."""
+    if ci_low > 1.0:
+        return FASTER
+    if ci_high < 1.0:
+        return SLOWER
+    return SAME if halfwidth <= target else TOO_NOISY
+
+
+def _positive(v: float | None) -> bool:
+    return v is not None and math.isfinite(v) and v > 0
+
+
+def _exp(x: float) -> float:
+    return math.exp(max(-700.0, min(700.0, x)))
 
 
 # ---- planning and recording ------------------------------------------------------------------
@@ -103,31 +176,34 @@ def speedup(
 @dataclass(frozen=True)
 class ConfirmPlan:
     top_k: int
-    rounds: int
+    rounds: int  # the first stage: rounds before the spread decides how many more
+    max_runs: int = 0  # the cap on all confirmation runs (0: the first stage only)
 
     @property
     def runs(self) -> int:
+        """Runs of the first stage."""
         return self.rounds * (self.top_k + 1)
 
 
 def plan(
     top_k: int, rounds: int, max_share: float, n_trials: int, n_candidates: int
 ) -> ConfirmPlan | None:
-    """Size the round to at most max_share * n_trials runs. A confidence interval needs repeats,
-    so candidates are dropped (the weakest first) until two rounds fit; then rounds grow.
+    """Size the round to at most max_share * n_trials runs. An interval needs 2 pairs, so
+    candidates are dropped (the weakest first) until the first stage (`rounds`, at least 2) fits;
+    the rest of the cap is for the second stage.
 
     None when it is off (rounds=0 or top_k=0), there is nothing to confirm, or the cap does not
-    allow even one baseline + one candidate run.
+    allow two rounds of the baseline and one candidate.
     """
     k = min(top_k, n_candidates)
     if rounds <= 0 or k <= 0:
         return None
     budget = math.floor(max_share * n_trials + 1e-9)
-    while k > 1 and (k + 1) * min(rounds, 2) > budget:
+    while k > 1 and (k + 1) * max(rounds, 2) > budget:
         k -= 1
-    if (k + 1) > budget:
+    if 2 * (k + 1) > budget:
         return None
-    return ConfirmPlan(top_k=k, rounds=max(1, min(rounds, budget // (k + 1))))
+    return ConfirmPlan(top_k=k, rounds=max(2, min(rounds, budget // (k + 1))), max_runs=budget)
 
 
 def round_order(labels: Sequence[str], round_index: int) -> list[str]:
@@ -143,6 +219,34 @@ def schedule(labels: Sequence[str], rounds: int) -> list[str]:
     return [label for r in range(rounds) for label in round_order(labels, r)]
 
 
+# Objectives read from the timed window (and the epoch boundary) alone: for these the confirmation
+# runs skip the extras measured beside the window. Any other objective keeps every measurement.
+WINDOW_OBJECTIVES = frozenset({"throughput", "throughput_amortized", "step_time_ms"})
+LEAN_MEASURE = (
+    "measure.ceiling=false",
+    "measure.count_flops=false",
+    "measure.peak_probe=false",
+    "measure.loader_cost=false",
+)
+
+
+def lean_overrides(objective: str, config: Any) -> list[str]:
+    """The measure.* overrides that shorten a confirmation run without changing its objective:
+    more pairs in the same time. Both sides of every pair get them, so the ratio stays fair. Only
+    where the trial's resolved `config` has those keys (a task of its own may not)."""
+    measure = config.get("measure") if isinstance(config, dict) else None
+    keys = [o.split("=", 1)[0].split(".", 1)[1] for o in LEAN_MEASURE]
+    if objective not in WINDOW_OBJECTIVES or not isinstance(measure, dict):
+        return []
+    return list(LEAN_MEASURE) if all(k in measure for k in keys) else []
+
+
+def with_overrides(overrides: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """`overrides` with `extra` added, an extra replacing an override of the same key."""
+    keys = {e.split("=", 1)[0] for e in extra}
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys] + list(extra)
+
+
 @dataclass
 class ConfirmedConfig:
     label: str  # "baseline", "candidate1", ...
@@ -152,37 +256,66 @@ class ConfirmedConfig:
     sweep_values: list[float]  # first-objective values of the study's trials with these params
     confirm_values: list[float] = field(default_factory=list)
     confirm_statuses: list[str] = field(default_factory=list)
+    # round of each confirm_values entry (empty: value i is round i); a failed run has no value
+    confirm_rounds: list[int] = field(default_factory=list)
     same_training: bool = False  # keeps the baseline's training math (schema.same_training)
+
+    def by_round(self) -> dict[int, float]:
+        rounds = self.confirm_rounds or range(len(self.confirm_values))
+        return dict(zip(rounds, self.confirm_values, strict=False))
 
 
 KEEP_BASELINE = "no candidate is measurably faster than the baseline: keep your configuration"
 
 
-def compare(configs: Sequence[ConfirmedConfig], direction: str) -> dict[str, Any]:
-    """Speedups over the baseline and whether the top two candidates can be told apart, from the
-    re-measurements (the module docstring says why not the sweep's)."""
+def paired(
+    cand: ConfirmedConfig, ref: ConfirmedConfig, direction: str, **kwargs: Any
+) -> dict[str, Any]:
+    """`speedup` of cand over ref from the rounds both ran, as a record entry."""
+    a, b = cand.by_round(), ref.by_round()
+    rounds = sorted(set(a) | set(b))
+    if kwargs.get("first_stage"):  # Stein's first stage: the pairs of the first rounds
+        kwargs["first_stage"] = sum(
+            1 for r in rounds if r < kwargs["first_stage"] and r in a and r in b
+        )
+    try:
+        s = speedup([a.get(r) for r in rounds], [b.get(r) for r in rounds], direction, **kwargs)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {**asdict(s), "distinguishable": s.distinguishable}
+
+
+def compare(
+    configs: Sequence[ConfirmedConfig],
+    direction: str,
+    target: float = DEFAULT_TARGET,
+    first_stage: int | None = None,
+    loads: Sequence[float] = (),
+) -> dict[str, Any]:
+    """Paired speedups over the baseline and whether the top two candidates can be told apart,
+    from the re-measurements (the module docstring says why not the sweep's). `loads`: the 1-min
+    load averages seen before the runs, kept on each entry for a "too noisy" verdict."""
     base = configs[0]
+    seen: dict[str, Any] = {"target_halfwidth": target}
+    if loads:
+        seen.update(load_1m=[min(loads), max(loads)], cpus=_cpus())
     out: dict[str, Any] = {"comparisons": [], "top_two": None}
     for cand in configs[1:]:
-        entry: dict[str, Any] = {"label": cand.label, "trial_number": cand.trial_number}
-        try:
-            entry.update(asdict(s := speedup(cand.confirm_values, base.confirm_values, direction)))
-            entry["distinguishable"] = s.distinguishable
-        except ValueError as exc:
-            entry["error"] = str(exc)
-        out["comparisons"].append(entry)
+        entry = {"label": cand.label, "trial_number": cand.trial_number}
+        entry.update(paired(cand, base, direction, target=target, first_stage=first_stage))
+        out["comparisons"].append({**entry, **seen})
     if len(configs) >= 3:
         a, b = configs[1], configs[2]
-        try:
-            s = speedup(a.confirm_values, b.confirm_values, direction)
-            out["top_two"] = {
-                "labels": [a.label, b.label],
-                **asdict(s),
-                "distinguishable": s.distinguishable,
-            }
-        except ValueError as exc:
-            out["top_two"] = {"labels": [a.label, b.label], "error": str(exc)}
+        # no first stage here: the rounds were not chosen from this pair's spread
+        out["top_two"] = {"labels": [a.label, b.label], **paired(a, b, direction, target=target)}
     return out
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 # ---- the round, at the end of a sweep ----------------------------------------------------------
@@ -251,6 +384,7 @@ def run(
     n_trials: int,
     sweep_dir: str,
     measure: Callable[[list[str], int], Any],
+    target_halfwidth: float = DEFAULT_TARGET,
 ) -> dict[str, Any] | None:
     """Plan, claim and run the round; store and return its record (None when it does not run).
 
@@ -271,7 +405,7 @@ def run(
     if confirm_plan is None:
         if rounds > 0 and ranked:
             log.info(
-                "confirmation round skipped: %.0f%% of n_trials=%d allows fewer than 2 runs "
+                "confirmation round skipped: %.0f%% of n_trials=%d allows fewer than 2 rounds "
                 "(hydra.sweeper.confirm.max_share)",
                 100 * max_share,
                 n_trials,
@@ -291,17 +425,26 @@ def run(
         )
         for i, t in enumerate([baseline, *ranked[: confirm_plan.top_k]])
     ]
-    run_rounds(configs, confirm_plan.rounds, names[0], measure)
+    lean = lean_overrides(names[0], baseline.user_attrs.get("config"))
+    rule = StopRule(directions[0], target_halfwidth)
+    done = run_rounds(configs, confirm_plan, names[0], measure, rule, lean)
     record = {
         "objective": names[0],
         "direction": directions[0],
-        "rounds": confirm_plan.rounds,
+        "rounds": done.rounds,
+        "first_stage": confirm_plan.rounds,
+        "max_runs": confirm_plan.max_runs,
+        "runs": done.runs,
+        "target_halfwidth": target_halfwidth,
+        "estimator": "paired log-ratio, Stein two-stage t-interval",
+        "lean_overrides": lean,
+        "loads": done.loads,
         "top_k": confirm_plan.top_k,
         "after_trials": counted,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "sweep_dir": sweep_dir,
         "configs": [vars(c) for c in configs],
-        **compare(configs, directions[0]),
+        **compare(configs, directions[0], target_halfwidth, confirm_plan.rounds, done.loads),
     }
     record = json.loads(json.dumps(record, default=str))
     study.set_user_attr(STUDY_CONFIRMATION, record)
@@ -312,36 +455,101 @@ def run(
 FIRST_CONFIRM_JOB = 10_000
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """When a candidate has its pairs: after the first stage, Stein's count for +-target."""
+
+    direction: str
+    target: float
+
+    def pairs(self, cand: ConfirmedConfig, base: ConfirmedConfig, first: int) -> int:
+        """Total pairs for cand, from the spread of its first-stage pairs (no more rounds when
+        fewer than 2 pairs were measured: the runs fail, more would not help)."""
+        a, b = cand.by_round(), base.by_round()
+        d = log_ratios(
+            [a.get(r) for r in range(first)], [b.get(r) for r in range(first)], self.direction
+        )
+        if len(d) < 2:
+            return first
+        n = stein_pairs(mean_interval(d)[2], len(d), math.asinh(self.target))
+        return first + (n - len(d)) + (n - len(d)) % 2  # whole A B / B A cycles: balanced order
+
+
+@dataclass
+class RoundsDone:
+    rounds: int
+    runs: int
+    loads: list[float]
+
+
 def run_rounds(
     configs: Sequence[ConfirmedConfig],
-    rounds: int,
+    confirm_plan: ConfirmPlan,
     objective: str,
     measure: Callable[[list[str], int], Any],
-) -> None:
-    """Measure every config once per round in `schedule` order; record values and statuses."""
+    rule: StopRule,
+    lean: Sequence[str] = (),
+    load: Callable[[], float] = lambda: os.getloadavg()[0],
+) -> RoundsDone:
+    """The first stage (every config, `confirm_plan.rounds` rounds), then each candidate for as
+    many rounds as `rule` gives it, with the baseline, while the run cap allows a whole round."""
+    base, cands = configs[0], list(configs[1:])
+    first = confirm_plan.rounds
+    wanted = {c.label: first for c in cands}
     by_label = {c.label: c for c in configs}
-    order = schedule([c.label for c in configs], rounds)
     log.info(
-        "confirmation: %d round(s) of %s (interleaved) on %s",
-        rounds,
+        "confirmation: %d round(s) of %s (interleaved, fresh processes) on %s, then up to %d "
+        "runs in all for +-%.0f%%",
+        first,
         ", ".join(c.label for c in configs),
         objective,
+        confirm_plan.max_runs,
+        100 * rule.target,
     )
-    for i, label in enumerate(order):
-        cfg = by_label[label]
-        overrides = [*cfg.overrides, f"hydra.sweep.subdir=confirm/{i:02d}_{label}"]
-        outcome = measure(overrides, FIRST_CONFIRM_JOB + i)
-        cfg.confirm_statuses.append(outcome.status)
-        measured = outcome.feasible and outcome.values
-        if measured:
-            cfg.confirm_values.append(outcome.values[0])
-        log.info(
-            "confirmation %d/%d %s: %s",
-            i + 1,
-            len(order),
-            label,
-            f"{objective}={outcome.values[0]:.4g}" if measured else outcome.status,
-        )
+    runs, r, loads = 0, 0, []
+    while active := [c for c in cands if r < wanted[c.label]]:
+        if runs + len(active) + 1 > max(confirm_plan.max_runs, confirm_plan.runs):
+            log.info("confirmation: the run cap (%d, confirm.max_share) is reached", runs)
+            break
+        for label in round_order([base.label, *(c.label for c in active)], r):
+            cfg = by_label[label]
+            loads.append(load())
+            _measure_one(cfg, r, runs, objective, measure, lean)
+            runs += 1
+        r += 1
+        if r == first:
+            wanted = {c.label: rule.pairs(c, base, first) for c in cands}
+            log.info(
+                "confirmation: rounds wanted for +-%.0f%%: %s",
+                100 * rule.target,
+                ", ".join(f"{k} {v}" for k, v in wanted.items()),
+            )
+    return RoundsDone(rounds=r, runs=runs, loads=loads)
+
+
+def _measure_one(
+    cfg: ConfirmedConfig,
+    round_index: int,
+    job: int,
+    objective: str,
+    measure: Callable[[list[str], int], Any],
+    lean: Sequence[str],
+) -> None:
+    """One fresh-process run of cfg; its value (or status) recorded under round_index."""
+    subdir = f"hydra.sweep.subdir=confirm/{job:02d}_{cfg.label}"
+    outcome = measure(with_overrides(cfg.overrides, [*lean, subdir]), FIRST_CONFIRM_JOB + job)
+    cfg.confirm_statuses.append(outcome.status)
+    measured = outcome.feasible and outcome.values
+    if measured:
+        cfg.confirm_values.append(outcome.values[0])
+        cfg.confirm_rounds.append(round_index)
+    log.info(
+        "confirmation run %d (round %d) %s: %s",
+        job + 1,
+        round_index + 1,
+        cfg.label,
+        f"{objective}={outcome.values[0]:.4g}" if measured else outcome.status,
+    )
 
 
 def _key(params: dict[str, Any]) -> tuple:

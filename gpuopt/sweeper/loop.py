@@ -226,6 +226,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             top_k=self.options.confirm.top_k,
             rounds=self.options.confirm.rounds,
             max_share=self.options.confirm.max_share,
+            target_halfwidth=self.options.confirm.target_halfwidth,
             n_trials=self.n_trials,
             sweep_dir=str(self.config.hydra.sweep.dir),
             measure=lambda overrides, job: self._measure(overrides, job, names, directions),

@@ -23,12 +23,17 @@ KEY = "hydra.sweeper"
 
 @dataclass(frozen=True)
 class ConfirmOptions:
-    """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved."""
+    """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved in pairs
+    (confirm.py: a paired log-ratio estimator, Stein's two-stage stop)."""
 
     top_k: int = 2  # candidates re-measured against the baseline
-    rounds: int = 2  # A B1 B2 repetitions; 0 turns the confirmation off
-    # cap: confirmation runs <= this share of n_trials (fewer k until 2 rounds fit)
-    max_share: float = 0.4
+    # first stage: A B1 B2 rounds before their spread decides how many more; 0 turns it off
+    rounds: int = 4
+    # cap: confirmation runs <= this share of n_trials (fewer k until the first stage fits); the
+    # default sweep's 10 runs = 5 pairs: +-10% when the pairs' log-ratios spread <= 7% (sd)
+    max_share: float = 1.0
+    # stop once the speedup's 95% CI is within +-this (relative); wider at the cap: "too noisy"
+    target_halfwidth: float = 0.10
 
 
 @dataclass(frozen=True)
@@ -75,15 +80,11 @@ class SweeperOptions:
         values = {k: _plain(k, v) for k, v in settings.items() if v is not None or k in _NULLABLE}
         confirm = values.pop("confirm", None) or {}
         if not isinstance(confirm, Mapping):
-            raise SweepConfigError(
-                f"{KEY}.confirm", confirm, "a mapping of top_k, rounds, max_share"
-            )
+            raise SweepConfigError(f"{KEY}.confirm", confirm, f"a mapping of {_CONFIRM_KEYS}")
         confirm_keys = {f.name for f in dataclasses.fields(ConfirmOptions)}
         if set(confirm) - confirm_keys:
             extra = sorted(set(confirm) - confirm_keys)[0]
-            raise SweepConfigError(
-                f"{KEY}.confirm.{extra}", confirm[extra], "top_k, rounds, max_share"
-            )
+            raise SweepConfigError(f"{KEY}.confirm.{extra}", confirm[extra], _CONFIRM_KEYS)
         if values.get("objectives") is not None:
             values["objectives"] = tuple(str(n) for n in values["objectives"])
         options = cls(**values, confirm=ConfirmOptions(**confirm))
@@ -119,6 +120,13 @@ class SweeperOptions:
                 "a number in (0, 1]",
             ),
             (
+                "confirm.target_halfwidth",
+                self.confirm.target_halfwidth,
+                _number_in(self.confirm.target_halfwidth, 0.0, 1.0)
+                and self.confirm.target_halfwidth > 0,
+                "a number in (0, 1]",
+            ),
+            (
                 "heartbeat_interval",
                 self.heartbeat_interval,
                 self.heartbeat_interval is None
@@ -149,6 +157,8 @@ class SweeperOptions:
             if not ok:
                 raise SweepConfigError(f"{KEY}.{key}", value, allowed)
 
+
+_CONFIRM_KEYS = ", ".join(f.name for f in dataclasses.fields(ConfirmOptions))
 
 # Keys whose null means something (so a null given is kept, not replaced by the default).
 _NULLABLE = frozenset(

@@ -57,9 +57,11 @@ class ConfirmConf:
     """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved."""
 
     top_k: int = _DEFAULTS.confirm.top_k  # candidates re-measured against the baseline
-    rounds: int = _DEFAULTS.confirm.rounds  # A B1 B2 repetitions; 0 turns the confirmation off
-    # cap: confirmation runs <= this share of n_trials (fewer k until 2 rounds fit)
+    rounds: int = _DEFAULTS.confirm.rounds  # first-stage rounds (A B1 B2); 0 turns it off
+    # cap: confirmation runs <= this share of n_trials (fewer k until the first stage fits)
     max_share: float = _DEFAULTS.confirm.max_share
+    # stop once the speedup's 95% CI is within +-this; still wider at the cap: "too noisy"
+    target_halfwidth: float = _DEFAULTS.confirm.target_halfwidth
 
 
 # gpuopt's default sampler: the stock TPE config with `multivariate: true` (Optuna's own TPE default
