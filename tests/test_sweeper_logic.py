@@ -517,13 +517,12 @@ def test_recover_interrupted_fails_and_reenqueues():
 
 
 def test_single_objective_samplers_are_refused_for_several_objectives():
-    from gpuopt.sweeper.loop import GpuoptSweeperImpl
-    from gpuopt.sweeper.options import SweeperOptions
+    from gpuopt.sweeper.app import check_sampler
 
-    impl = GpuoptSweeperImpl(optuna.samplers.CmaEsSampler(), SweeperOptions.build(n_trials=4))
-    impl._check_sampler(["maximize"])
+    sampler = optuna.samplers.CmaEsSampler()
+    check_sampler(sampler, ["maximize"])
     with pytest.raises(SweepConfigError, match="cmaes"):
-        impl._check_sampler(["maximize", "maximize"])
+        check_sampler(sampler, ["maximize", "maximize"])
 
 
 @pytest.mark.parametrize("storage", ["sqlite", "memory"])

@@ -42,9 +42,11 @@ from typing import Any
 from gpuopt.stats import mean_interval, stein_pairs, t_quantile
 
 from . import resume
+from ._compat import storage_of
 from .schema import (
     ATTR_BASELINE,
     ATTR_OVERRIDES,
+    CONFIRM_CLAIM_ATTR,
     STUDY_CONFIRMATION,
     STUDY_OBJECTIVES,
     feasible_trials,
@@ -554,3 +556,47 @@ def _measure_one(
 
 def _key(params: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
+def elsewhere(
+    study: Any,
+    confirmation: dict[str, Any] | None,
+    directions: list[str],
+    settings: Any,
+    n_trials: int,
+) -> str | None:
+    """Where the confirmation of this study's trials runs, when not in this worker and not yet
+    done (None: it ran here, is done, or will not run). A worker that does not confirm must
+    not publish a best of its own: the confirming worker may overturn it. `settings`: the
+    sweeper's ConfirmOptions."""
+    trials = study.get_trials(deepcopy=False)
+    counted = sum(1 for t in trials if resume.counted(t))
+    if confirmation and confirmation.get("after_trials") == counted:
+        return None  # final for these trials
+    _, ranked, _ = candidates(trials, directions)
+    if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)) or not ranked:
+        return None
+    if plan(settings.top_k, settings.rounds, settings.max_share, n_trials, len(ranked)) is None:
+        return None
+    me = resume.this_owner()
+    claim = storage_of(study).get_study_system_attrs(resume.study_id(study))
+    claim = claim.get(CONFIRM_CLAIM_ATTR)
+    if (
+        isinstance(claim, dict)
+        and claim.get("after_trials") == counted
+        and claim.get("owner") not in (None, me)
+        and resume.owner_alive(claim.get("owner")) is not False
+    ):
+        owner = claim["owner"]
+        return f"the confirmation runs in worker {owner.get('host')}:{owner.get('pid')}"
+    others = {
+        f"{o.get('host')}:{o.get('pid')}"
+        for t in resume.in_flight(trials)
+        if (o := t.system_attrs.get(resume.OWNER_ATTR) or {}) != me
+    }
+    if not others:
+        return None
+    return (
+        f"the confirmation runs in the last worker to finish ({', '.join(sorted(others))}); "
+        "its summary and best.yaml are the sweep's result"
+    )

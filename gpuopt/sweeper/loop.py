@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -25,13 +24,14 @@ from typing import Any
 import optuna
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 
-from gpuopt.secrets import mask_config_secrets, mask_secrets
+from gpuopt.secrets import mask_config_secrets
 
-from . import baseline, confirm, hardware, interference, memory_axis, outputs, resume
+from . import app, baseline, confirm, hardware, interference, memory_axis, outputs, resume
+from . import progress as progress_mod
 from . import storage as storage_mod
 from . import study as study_mod
 from ._compat import (
@@ -42,19 +42,13 @@ from ._compat import (
     trial_id,
 )
 from .launcher import terminate_as_interrupt
-from .objectives import SweepConfigError, TrialOutcome, resolve_objectives
+from .objectives import SweepConfigError, TrialOutcome
 from .options import SweeperOptions
 from .progress import Progress
 from .record import outcome_of, record_trial
 from .schema import (
     ATTR_BASELINE,
-    ATTR_REASON,
-    ATTR_STATUS,
     ATTR_WARNINGS,
-    CONFIRM_CLAIM_ATTR,
-    STUDY_OBJECTIVES,
-    plain_labels,
-    plain_names,
     same_training_params,
 )
 from .search_space import (
@@ -67,46 +61,6 @@ from .search_space import (
 )
 
 log = logging.getLogger("gpuopt.sweeper")
-
-
-def stock_directions(direction: Any) -> list[str]:
-    """The stock sweeper's `direction`: one or a list of minimize | maximize (default minimize)."""
-    if direction is None:
-        return ["minimize"]
-    items = list(direction) if isinstance(direction, (list, tuple, ListConfig)) else [direction]
-    names = [str(getattr(d, "name", d)).lower() for d in items]
-    if not names or any(n not in ("minimize", "maximize") for n in names):
-        raise SweepConfigError(
-            "hydra.sweeper.direction", direction, "minimize | maximize, or a list of them"
-        )
-    return names
-
-
-def fail_unfinished(study: optuna.Study, trials: list[Trial], reason: str) -> None:
-    """FAIL every trial of `trials` still RUNNING, with the reason (best effort: the sweep is
-    stopping on an error already)."""
-    for trial in trials:
-        try:
-            frozen = storage_of(study).get_trial(trial_id(trial))
-            if frozen.state != optuna.trial.TrialState.RUNNING:
-                continue
-            trial.set_user_attr(ATTR_STATUS, "error")
-            trial.set_user_attr(ATTR_REASON, mask_secrets(reason)[:2000])
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        except Exception as exc:  # the storage itself may be what failed
-            log.warning("could not mark trial #%d failed: %s", trial.number, exc)
-
-
-def _load_option(loader: Any, path: str) -> DictConfig | None:
-    """A group option's own config, through Hydra's public ConfigSource API (None if unreadable)."""
-    for source in loader.get_sources():
-        try:
-            if source.is_config(path):
-                node = source.load_config(path).config
-                return node if isinstance(node, DictConfig) else None
-        except Exception:
-            continue
-    return None
 
 
 class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
@@ -160,36 +114,20 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             with terminate_as_interrupt():
                 self._sweep(arguments)
         except KeyboardInterrupt as exc:
-            self._exit_interrupted(str(exc) or "Ctrl-C")
-
-    def _exit_interrupted(self, what: str) -> None:
-        numbers: list[int] = []
-        reason = (
-            f"interrupted: the sweep was stopped ({what}) while this trial ran; its params were "
-            "enqueued again"
-        )
-        try:
-            if self._study is not None:
-                numbers = resume.fail_own_running(self._study, reason)
-        except Exception as exc:  # the storage may be mid-transaction: the next resume recovers
-            log.debug("could not mark trials interrupted: %s", exc)
-        marked = f"trial(s) {numbers} marked interrupted, params re-queued; " if numbers else ""
-        print(
-            f"gpuopt: sweep stopped ({what}): {marked}run the same command to resume",
-            file=sys.stderr,
-            flush=True,
-        )
-        code = {"signal SIGTERM": 143, "signal SIGHUP": 129}.get(what, 130)
-        sys.exit(code)
+            resume.exit_interrupted(self._study, str(exc) or "Ctrl-C")
 
     def _sweep(self, arguments: list[str]) -> None:
         t_start = time.monotonic()
-        names, directions = self._objectives()
-        self._check_task_config()  # gpuopt's own task: its values, before anything exists
+        names, directions = app.objectives(self.options, self.direction)
+        app.check_task_config(
+            self.options, self.config
+        )  # gpuopt's own task: its values, before anything exists
         facts = hardware.hardware_facts()
-        probe = self._check_task_device(self._probe_env())
-        device_type = hardware.detect_device_type(self._configured_device(), facts)
-        if probe.device_type and self._configured_device() in (None, "auto"):
+        probe = app.check_task_device(
+            self.options, self.config, app.probe_env(self.options, bool(self.params))
+        )
+        device_type = hardware.detect_device_type(app.configured_device(self.config), facts)
+        if probe.device_type and app.configured_device(self.config) in (None, "auto"):
             device_type = probe.device_type
         space = self._search_space(arguments, probe, device_type)
         validate_overrides(self.hydra_context.config_loader, self.config, space)
@@ -198,7 +136,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         url = study_mod.storage_url(self.options.storage, self.config)
         self.storage = url if url is not None else study_mod.MEMORY  # as logs show it
         study, created = study_mod.open_study(
-            self._study_name(space, hw_id),
+            app.study_name(self.options, self.study_name, self.config, space, hw_id),
             url,
             self.sampler,
             names,
@@ -211,11 +149,13 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         else:
             study_mod.warn_other_hardware(study, hw_id)
             study_mod.check_search_space(study, space.distributions)
-        names = self._study_names(study, names)
-        self._check_sampler(directions)
+        names = app.study_metric_names(study, names)
+        app.check_sampler(self.sampler, directions)
 
         to_go = self._trials_to_go(study, space, created)
-        self._log_start(study, url, names, directions, self.n_trials - to_go)
+        progress_mod.log_start(
+            study, url, self.sampler, names, directions, self.n_trials - to_go, self.n_trials
+        )
         progress = Progress(self.n_trials, names, directions, self.n_trials - to_go, t_start)
         self._run_trials(study, to_go, space, progress)
 
@@ -237,145 +177,29 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             sweep_dir=Path(str(self.config.hydra.sweep.dir)),
             names=names,
             directions=directions,
-            app_command=self._app_command(),
+            app_command=app.command(self.config),
             groups=[
                 k for k in self.config.hydra.runtime.choices if not str(k).startswith("hydra/")
             ],
             persisted=url is not None,
             experiment_added="experiment" not in (self.config.hydra.runtime.choices or {}),
-            sweep_groups=self._sweep_groups(),
+            sweep_groups=app.sweep_groups(self.config, self.hydra_context.config_loader),
             metrics_named=bool(self.options.objectives) or self.options.gpuopt_task,
         )
-        pending = self._confirmation_elsewhere(study, confirmation, directions)
+        pending = confirm.elsewhere(
+            study, confirmation, directions, self.options.confirm, self.n_trials
+        )
         text = outputs.write_outputs(
             study, identity, confirmation, time.monotonic() - t_start, best_pending=pending
         )
         print(text, flush=True)
 
-    def _log_start(
-        self,
-        study: optuna.Study,
-        url: str | None,
-        names: list[str],
-        directions: list[str],
-        done_before: int,
-    ) -> None:
-        if done_before:
-            log.info(
-                "study %r has %d/%d counted trials: resuming",
-                study.study_name,
-                done_before,
-                self.n_trials,
-            )
-        log.info("Study name: %s", study.study_name)
-        log.info("Storage: %s", storage_mod.display(url))
-        log.info("Sampler: %s", type(self.sampler).__name__)
-        log.info("Directions: %s", directions)  # the stock sweeper's line
-        log.info(
-            "Objectives: %s",
-            ", ".join(f"{n} ({d})" for n, d in zip(names, directions, strict=False)),
-        )
-
     # ---- whose task, which names ---------------------------------------------------------------
-
-    def _objectives(self) -> tuple[list[str], list[str]]:
-        """gpuopt's metrics for its own task (or when `objectives` names them); for another app
-        the stock sweeper's: its `direction` (default minimize), values labelled value/value_i."""
-        if self.options.objectives is not None or self.options.gpuopt_task:
-            return resolve_objectives(self.options.objectives, self.direction)
-        directions = stock_directions(self.direction)
-        return plain_labels(len(directions)), directions
-
-    def _study_names(self, study: optuna.Study, names: list[str]) -> list[str]:
-        """The study's own metric names (Study.set_metric_names) for an app's plain values."""
-        if not plain_names(names):
-            return names
-        stored = study.metric_names
-        return list(stored) if stored and len(stored) == len(names) else names
-
-    def _study_name(self, space: SearchSpace, hw_id: str) -> str | None:
-        """As given; else, for gpuopt's own task, the workload, the preset, a digest of the search
-        space and the hardware (a changed space is a new study); else Optuna's own (None)."""
-        if self.study_name or not self.options.gpuopt_task:
-            return self.study_name
-        search = "-".join(
-            p for p in (self._choice("search"), study_mod.space_digest(space.distributions)) if p
-        )
-        workload = self._choice("model") or str(self.config.hydra.job.name)
-        return hardware.default_study_name(workload, search or None, hw_id)
-
-    def _check_task_config(self) -> None:
-        """gpuopt's own task: every value of the composed config, once, before the study (the
-        trials would each fail on a bad fixed value); one line, exit 2 (plugin.py)."""
-        if self.options.gpuopt_task:
-            import gpuopt.config
-
-            gpuopt.config.check_composed(self.config)
-
-    def _check_task_device(self, probe: hardware.EnvProbe) -> hardware.EnvProbe:
-        """What the trials' device must offer (device.type=cuda on a CPU machine, tf32, workers
-        per core), against `python -m gpuopt.env --json` of that machine; the probe used."""
-        if not self.options.gpuopt_task:
-            return probe
-        if not probe.data:
-            probe = hardware.probe_env(self.options.env_timeout_s)
-        if probe.data:
-            import gpuopt.config
-
-            gpuopt.config.check_device_facts(self.config, probe.data)
-        else:
-            log.warning("device checks skipped: %s", probe.error)
-        return probe
-
-    def _confirmation_elsewhere(
-        self, study: optuna.Study, confirmation: dict[str, Any] | None, directions: list[str]
-    ) -> str | None:
-        """Where the confirmation of this study's trials runs, when not in this worker and not yet
-        done (None: it ran here, is done, or will not run). A worker that does not confirm must
-        not publish a best of its own: the confirming worker may overturn it."""
-        trials = study.get_trials(deepcopy=False)
-        counted = sum(1 for t in trials if resume.counted(t))
-        if confirmation and confirmation.get("after_trials") == counted:
-            return None  # final for these trials
-        settings = self.options.confirm
-        labels = study.user_attrs.get(STUDY_OBJECTIVES)
-        _, ranked, _ = confirm.candidates(trials, directions)
-        if plain_names(labels) or not ranked:
-            return None
-        if (
-            confirm.plan(
-                settings.top_k, settings.rounds, settings.max_share, self.n_trials, len(ranked)
-            )
-            is None
-        ):
-            return None
-        me = resume.this_owner()
-        claim = storage_of(study).get_study_system_attrs(resume.study_id(study))
-        claim = claim.get(CONFIRM_CLAIM_ATTR)
-        if (
-            isinstance(claim, dict)
-            and claim.get("after_trials") == counted
-            and claim.get("owner") not in (None, me)
-            and resume.owner_alive(claim.get("owner")) is not False
-        ):
-            owner = claim["owner"]
-            return f"the confirmation runs in worker {owner.get('host')}:{owner.get('pid')}"
-        others = {
-            f"{o.get('host')}:{o.get('pid')}"
-            for t in resume.in_flight(trials)
-            if (o := t.system_attrs.get(resume.OWNER_ATTR) or {}) != me
-        }
-        if not others:
-            return None
-        return (
-            f"the confirmation runs in the last worker to finish ({', '.join(sorted(others))}); "
-            "its summary and best.yaml are the sweep's result"
-        )
 
     def _trials_to_go(self, study: optuna.Study, space: SearchSpace, created: bool) -> int:
         """Recover dead workers' trials, make sure a baseline will run, fit n_trials to a grid;
         how many trials the study still needs."""
-        self._recover(study)
+        resume.recover(study, self._ownerless)
         to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
         if to_go and self.options.baseline:
             self._baseline_point = baseline.prepare(study, self.config, space, created)
@@ -389,47 +213,6 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         return resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
 
     # ---- configuration -------------------------------------------------------------------------
-
-    def _choice(self, group: str) -> str | None:
-        choices = self.config.hydra.runtime.choices
-        value = choices.get(group) if choices is not None else None
-        return str(value) if value is not None else None
-
-    def _sweep_groups(self) -> list[str]:
-        """Config groups whose chosen option configures the sweep itself (sets `hydra.sweeper` or
-        `hydra.mode`, like lightning-hydra-template's `hparams_search`): an exported best config
-        leaves them out, or reproducing it would start a sweep."""
-        found = []
-        for group, option in (self.config.hydra.runtime.choices or {}).items():
-            if option is None or str(group).startswith("hydra/"):
-                continue
-            node = _load_option(self.hydra_context.config_loader, f"{group}/{option}")
-            hydra_node = node.get("hydra") if node is not None else None
-            if isinstance(hydra_node, DictConfig) and (
-                "sweeper" in hydra_node or "mode" in hydra_node
-            ):
-                found.append(str(group))
-        return found
-
-    def _configured_device(self) -> str | None:
-        value = OmegaConf.select(self.config, "device.type", default=None)
-        return str(value) if value is not None else None
-
-    def _app_command(self) -> str:
-        """How the user started this app: `python -m pkg.mod` or `python script.py` as typed."""
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        if spec is not None and spec.name and spec.name != "__main__":
-            return f"python -m {spec.name.removesuffix('.__main__')}"
-        script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else None
-        return f"python {script or str(self.config.hydra.job.name) + '.py'}"
-
-    def _probe_env(self) -> hardware.EnvProbe:
-        if not self.options.device_aware or not (self.params or self.options.device_params):
-            return hardware.EnvProbe()
-        probe = hardware.probe_env(self.options.env_timeout_s)
-        if probe.error:
-            log.warning("device-aware presets off: %s", probe.error)
-        return probe
 
     def _search_space(
         self, arguments: list[str], probe: hardware.EnvProbe, device_type: str
@@ -450,35 +233,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             self.sampler = self.sampler(space.grid)
         return space
 
-    def _check_sampler(self, directions: list[str]) -> None:
-        if len(directions) > 1 and isinstance(self.sampler, optuna.samplers.CmaEsSampler):
-            raise SweepConfigError(
-                "hydra/sweeper/sampler",
-                "cmaes",
-                f"a multi-objective sampler for {len(directions)} objectives (tpe, nsgaii, gp, random, qmc), "
-                "or one objective: hydra.sweeper.objectives=[throughput]",
-            )
-
     # ---- trials --------------------------------------------------------------------------------
-
-    def _recover(self, study: optuna.Study) -> None:
-        """Fail and re-queue trials whose worker died: on this host (pid gone) or anywhere
-        (heartbeat stale, or no owner, for grace_period)."""
-        heartbeats = storage_mod.heartbeat_on(storage_of(study))
-        for numbers, cause in (
-            (resume.recover_interrupted(study), "a killed sweep on this host"),
-            (resume.fail_stale(study), "a worker whose heartbeat stopped"),
-            (
-                self._ownerless.fail_dead(study) if heartbeats else [],
-                "a worker that died right after asking",
-            ),
-        ):
-            if numbers:
-                log.warning(
-                    "trials %s were interrupted by %s: marked FAIL, their params enqueued again",
-                    numbers,
-                    cause,
-                )
 
     def _run_trials(
         self,
@@ -497,7 +252,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         first, waiting_logged = True, False
         while True:
             if not first:
-                self._recover(study)
+                resume.recover(study, self._ownerless)
                 to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
             first = False
             if to_go <= 0:
@@ -602,7 +357,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         except Exception as exc:
             # The sweep stops (a bad custom_search_space, a storage error): none of its trials
             # may stay RUNNING, or every later run of the study would find them in flight.
-            fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
+            resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
             raise
         finally:
             if hasattr(self.launcher, "stop_check"):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import storage as storage_mod
 from .objectives import TrialOutcome
 from .schema import ATTR_REASON, leading_trial
 from .summary import progress_line
@@ -77,3 +79,28 @@ class Progress:
                 f"{max_failure_rate}); see their 'reason' user attrs: optuna trials --study-name "
                 f"{study_name} --storage {storage}"
             )
+
+
+def log_start(
+    study: Any,
+    url: str | None,
+    sampler: Any,
+    names: list[str],
+    directions: list[str],
+    done_before: int,
+    n_trials: int,
+) -> None:
+    """The sweep's opening lines (the stock sweeper's `Study name`, `Storage`, `Sampler`,
+    `Directions` among them: scripts parse them)."""
+    log = logging.getLogger("gpuopt.sweeper")
+    if done_before:
+        log.info(
+            "study %r has %d/%d counted trials: resuming", study.study_name, done_before, n_trials
+        )
+    log.info("Study name: %s", study.study_name)
+    log.info("Storage: %s", storage_mod.display(url))
+    log.info("Sampler: %s", type(sampler).__name__)
+    log.info("Directions: %s", directions)  # the stock sweeper's line
+    log.info(
+        "Objectives: %s", ", ".join(f"{n} ({d})" for n, d in zip(names, directions, strict=False))
+    )

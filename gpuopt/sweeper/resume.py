@@ -19,11 +19,14 @@ never counted, and its worker stops.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from gpuopt.secrets import mask_secrets
 
 from ._compat import (
     heartbeat_base,
@@ -51,6 +54,8 @@ from .schema import (
 # The attribute keys (OWNER_ATTR, INTERRUPTED_ATTR, ...) live in schema.py; re-exported here, where
 # their rules are.
 __all__ = ["CONFIRM_CLAIM_ATTR", "INTERRUPTED_ATTR", "OWNER_ATTR", "RERUN_OF_ATTR", "VOID_ATTR"]
+
+log = logging.getLogger("gpuopt.sweeper")
 
 
 def host_name() -> str:
@@ -364,3 +369,61 @@ class FinishedElsewhere:
             "sent no heartbeat (paused for over hydra.sweeper.grace_period?): its process was "
             "stopped here; its params were re-queued"
         )
+
+
+def fail_unfinished(study: Any, trials: Sequence[Any], reason: str) -> None:
+    """FAIL every trial of `trials` still RUNNING, with the reason (best effort: the sweep is
+    stopping on an error already)."""
+    import optuna
+
+    for trial in trials:
+        try:
+            frozen = storage_of(study).get_trial(trial_id(trial))
+            if frozen.state != optuna.trial.TrialState.RUNNING:
+                continue
+            trial.set_user_attr(ATTR_STATUS, "error")
+            trial.set_user_attr(ATTR_REASON, mask_secrets(reason)[:2000])
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        except Exception as exc:  # the storage itself may be what failed
+            log.warning("could not mark trial #%d failed: %s", trial.number, exc)
+
+
+def recover(study: Any, ownerless: OwnerlessWatch) -> None:
+    """Fail and re-queue trials whose worker died: on this host (pid gone) or anywhere
+    (heartbeat stale, or no owner, for grace_period)."""
+    heartbeats = heartbeat_enabled(storage_of(study))
+    for numbers, cause in (
+        (recover_interrupted(study), "a killed sweep on this host"),
+        (fail_stale(study), "a worker whose heartbeat stopped"),
+        (ownerless.fail_dead(study) if heartbeats else [], "a worker that died right after asking"),
+    ):
+        if numbers:
+            log.warning(
+                "trials %s were interrupted by %s: marked FAIL, their params enqueued again",
+                numbers,
+                cause,
+            )
+
+
+def exit_interrupted(study: Any, what: str) -> None:
+    """A sweep stopped by Ctrl-C, SIGTERM or SIGHUP: its running trials marked interrupted at
+    once (params re-queued, as a resume would), one line on stderr, the signal's exit status."""
+    import sys
+
+    numbers: list[int] = []
+    reason = (
+        f"interrupted: the sweep was stopped ({what}) while this trial ran; its params were "
+        "enqueued again"
+    )
+    try:
+        if study is not None:
+            numbers = fail_own_running(study, reason)
+    except Exception as exc:  # the storage may be mid-transaction: the next resume recovers
+        log.debug("could not mark trials interrupted: %s", exc)
+    marked = f"trial(s) {numbers} marked interrupted, params re-queued; " if numbers else ""
+    print(
+        f"gpuopt: sweep stopped ({what}): {marked}run the same command to resume",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.exit({"signal SIGTERM": 143, "signal SIGHUP": 129}.get(what, 130))
