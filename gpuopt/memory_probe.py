@@ -51,11 +51,11 @@ def measure_peak(config_path: str, batch: int) -> dict[str, Any]:
     trial = Trial(spec, device)
     policies = apply_policies(spec, device)
     workload, feed = native.build(trial, policies)
-    batch_on_device = feed.next()
+    step_on_device = feed.next_step()  # the micro-batches of one optimizer step
     feed.close()
     memory.window_starting()
     for _ in range(PROBE_STEPS):
-        workload.train_step(*batch_on_device)
+        workload.train_step(step_on_device)
     synchronize(device)
     out["peak_mb"] = memory.peak_mb()
     if device.type == "cuda":

@@ -16,16 +16,16 @@ from gpuopt.result import ATTR_BASELINE, STUDY_CONFIRMATION, STUDY_OBJECTIVES
 from gpuopt.sweeper.objectives import outcome_from_return
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "lightning_hydra_app"
-# Tiny: 3 trials of a quick window, a small search space, one confirmation round.
+# Tiny: 4 trials of a quick window, a small search space, one confirmation round.
 TINY_SWEEP = [
     "hparams_search=throughput",
     "measure=quick",
     "measure.time_budget_s=0.5",
     "measure.min_time_s=0.2",
-    "hydra.sweeper.n_trials=3",
+    "hydra.sweeper.n_trials=4",
     "data.num_workers=0",  # the searched keys below: batch size only
     "hydra.sweeper.params={data.batch_size: 'choice(32, 128)'}",
-    "hydra.sweeper.confirm.rounds=1",
+    "hydra.sweeper.confirm.rounds=2",  # the paired confirmation's minimum; 4 runs <= n_trials
     "hydra.sweeper.confirm.top_k=1",
     "hydra.sweeper.confirm.max_share=1.0",
 ]
@@ -52,7 +52,7 @@ def test_the_example_app_is_swept_with_named_objectives_baseline_and_confirmatio
     proc = _sweep(tmp_path, *TINY_SWEEP)
     study = _study(tmp_path)
     trials = study.get_trials()
-    assert len(trials) == 3 and all(t.state is TrialState.COMPLETE for t in trials), trials
+    assert len(trials) == 4 and all(t.state is TrialState.COMPLETE for t in trials), trials
     assert study.user_attrs[STUDY_OBJECTIVES] == ["throughput", "data_wait"]
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     baseline = [t for t in trials if t.user_attrs.get(ATTR_BASELINE)]
