@@ -167,6 +167,18 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     assert experiment["loader"] == best.user_attrs["config"]["loader"]
     assert experiment["measure"] == best.user_attrs["config"]["measure"]
 
+    # where the time goes, by default for the two trials a user compares (sweeper/profiling.py):
+    # the baseline trial ran its profiled window (its recorded overrides stay without it) ...
+    assert isinstance(baseline.user_attrs["profile"], dict) and baseline.user_attrs["profile"]
+    assert "profile=on" not in baseline.user_attrs["overrides"]
+    assert not any(isinstance(t.user_attrs.get("profile"), dict) for t in trials[1:])
+    # ... and the best, when it is another trial, got one profiled run after the sweep
+    if best.number != baseline.number:
+        assert study.user_attrs["best_profile"]["trial"] == best.number
+        assert study.user_attrs["best_profile"]["profile"]
+    else:
+        assert "best_profile" not in study.user_attrs
+
 
 def _compose(overrides: list[str]) -> dict:
     """The task config `python -m gpuopt.run <overrides>` would run (in-process composition)."""

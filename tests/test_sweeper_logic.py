@@ -674,3 +674,20 @@ def test_sweeper_options_have_one_default_each():
     assert (defaults.storage, defaults.baseline, defaults.gpuopt_task) == (None, False, False)
     assert composed.baseline is True and composed.gpuopt_task is True
     assert composed.storage == "${gpuopt.sqlite:${output_dir}/gpuopt.db}"
+
+
+def test_only_the_baseline_of_gpuopts_own_task_is_launched_profiled():
+    from types import SimpleNamespace
+
+    from gpuopt.sweeper import profiling
+    from gpuopt.sweeper.options import SweeperOptions
+
+    trials = [SimpleNamespace(user_attrs={"baseline": True}), SimpleNamespace(user_attrs={})]
+    overrides = [["a=1"], ["a=2"]]
+    own = SweeperOptions.build(n_trials=4, gpuopt_task=True)
+    assert profiling.launch_overrides(own, trials, overrides) == [["a=1", "profile=on"], ["a=2"]]
+    assert overrides == [["a=1"], ["a=2"]]  # what the trials record stays as it was
+    stock = SweeperOptions.build(n_trials=4)  # another app: it has no `profile` group
+    assert profiling.launch_overrides(stock, trials, overrides) == overrides
+    off = SweeperOptions.build(n_trials=4, gpuopt_task=True, profile=False)
+    assert profiling.launch_overrides(off, trials, overrides) == overrides

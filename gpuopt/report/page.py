@@ -173,8 +173,11 @@ def phases_figure(report: StudyReport) -> Any:
     import plotly.graph_objects as go
 
     sides = [
-        (f"{name} #{trial.number}", profile_of(trial))
-        for name, trial in (("baseline", report.baseline), ("best", report.best))
+        (f"{name} #{trial.number}", profile_of(trial) or (report.best_profile if own else None))
+        for name, trial, own in (
+            ("baseline", report.baseline, False),
+            ("best", report.best, True),
+        )
         if trial is not None
     ]
     if report.best is not None and report.best is report.baseline:

@@ -26,6 +26,7 @@ from gpuopt.result import (
 )
 from gpuopt.secrets import mask_secrets
 from gpuopt.sweeper.schema import (
+    BEST_PROFILE_ATTR,
     feasible,
     feasible_trials,
     global_batch_of,
@@ -143,6 +144,9 @@ class StudyReport:
     same_training: TrialView | None = None
     training_change: str | None = None
     global_batch: int | None = None  # the baseline's
+    # The best trial's profiled run (the sweeper profiles the best after the sweep:
+    # gpuopt.sweeper.profiling), when the best trial itself was not profiled.
+    best_profile: dict[str, Any] | None = None
 
     @property
     def multi_objective(self) -> bool:
@@ -376,4 +380,12 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         same_training=by_number[same.number] if same is not None else None,
         training_change=training_change(base_trial, picked),
         global_batch=global_batch_of(base_trial) if base_trial is not None else None,
+        best_profile=_best_profile(study, best),
     )
+
+
+def _best_profile(study: optuna.Study, best: TrialView | None) -> dict[str, Any] | None:
+    stored = study.user_attrs.get(BEST_PROFILE_ATTR)
+    if best is None or not isinstance(stored, dict) or stored.get("trial") != best.number:
+        return None
+    return stored.get("profile") if isinstance(stored.get("profile"), dict) else None

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import optuna
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from . import hardware
+from . import storage as storage_mod
 from . import study as study_mod
 from .objectives import SweepConfigError, resolve_objectives
 from .options import SweeperOptions
+from .outputs import SweepIdentity
 from .schema import plain_labels, plain_names
 from .search_space import SearchSpace
 
@@ -169,3 +172,29 @@ def check_sampler(sampler: Any, directions: list[str]) -> None:
             f"a multi-objective sampler for {len(directions)} objectives (tpe, nsgaii, gp, "
             "random, qmc), or one objective: hydra.sweeper.objectives=[throughput]",
         )
+
+
+def sweep_identity(
+    config: DictConfig,
+    config_loader: Any,
+    options: SweeperOptions,
+    study: optuna.Study,
+    url: str | None,
+    names: list[str],
+    directions: list[str],
+) -> SweepIdentity:
+    """What the outputs say about this sweep: where, which names, how to reproduce it in this app."""
+    choices = config.hydra.runtime.choices or {}
+    return SweepIdentity(
+        study_name=study.study_name,
+        storage=storage_mod.display(url),
+        sweep_dir=Path(str(config.hydra.sweep.dir)),
+        names=names,
+        directions=directions,
+        app_command=command(config),
+        groups=[k for k in choices if not str(k).startswith("hydra/")],
+        persisted=url is not None,
+        experiment_added="experiment" not in choices,
+        sweep_groups=sweep_groups(config, config_loader),
+        metrics_named=bool(options.objectives) or options.gpuopt_task,
+    )

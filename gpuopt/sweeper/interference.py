@@ -84,3 +84,20 @@ def summary_note(trials: Sequence[Any]) -> str | None:
         f"host {', '.join(hosts)}: their measurements interfere, speedups are not reliable; run "
         "one worker per host (or hydra.sweeper.n_jobs on one worker, one GPU per trial)"
     )
+
+
+def flag_outcome(study: Any, trial: Any, outcome: Any) -> None:
+    """Other workers' trials ran on this host at the same time as `trial`: say so in the
+    outcome's user attrs and warnings, and in the sweep's log."""
+    import logging
+
+    from ._compat import storage_of, trial_id
+    from .schema import ATTR_WARNINGS
+
+    attr = flag(storage_of(study).get_trial(trial_id(trial)), study.get_trials(deepcopy=False))
+    if attr is None:
+        return
+    text = warning_text(attr)
+    outcome.user_attrs[ATTR_INTERFERENCE] = attr
+    outcome.user_attrs[ATTR_WARNINGS] = [*(outcome.user_attrs.get(ATTR_WARNINGS) or []), text]
+    logging.getLogger("gpuopt.sweeper").warning("trial #%d %s", trial.number, text)

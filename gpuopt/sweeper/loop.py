@@ -18,7 +18,6 @@ import logging
 import os
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -30,7 +29,17 @@ from optuna.trial import Trial, TrialState
 
 from gpuopt.secrets import mask_config_secrets
 
-from . import app, baseline, confirm, hardware, interference, memory_axis, outputs, resume
+from . import (
+    app,
+    baseline,
+    confirm,
+    hardware,
+    interference,
+    memory_axis,
+    outputs,
+    profiling,
+    resume,
+)
 from . import progress as progress_mod
 from . import storage as storage_mod
 from . import study as study_mod
@@ -48,7 +57,6 @@ from .progress import Progress
 from .record import outcome_of, record_trial
 from .schema import (
     ATTR_BASELINE,
-    ATTR_WARNINGS,
     same_training_params,
 )
 from .search_space import (
@@ -159,6 +167,9 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         progress = Progress(self.n_trials, names, directions, self.n_trials - to_go, t_start)
         self._run_trials(study, to_go, space, progress)
 
+        def measure(overrides: list[str], job: int) -> TrialOutcome:  # a run, not a trial
+            return self._measure(overrides, job, names, directions)
+
         confirmation = confirm.confirm_if_last(
             study,
             names=names,
@@ -169,25 +180,16 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             target_halfwidth=self.options.confirm.target_halfwidth,
             n_trials=self.n_trials,
             sweep_dir=str(self.config.hydra.sweep.dir),
-            measure=lambda overrides, job: self._measure(overrides, job, names, directions),
-        )
-        identity = outputs.SweepIdentity(
-            study_name=study.study_name,
-            storage=storage_mod.display(url),
-            sweep_dir=Path(str(self.config.hydra.sweep.dir)),
-            names=names,
-            directions=directions,
-            app_command=app.command(self.config),
-            groups=[
-                k for k in self.config.hydra.runtime.choices if not str(k).startswith("hydra/")
-            ],
-            persisted=url is not None,
-            experiment_added="experiment" not in (self.config.hydra.runtime.choices or {}),
-            sweep_groups=app.sweep_groups(self.config, self.hydra_context.config_loader),
-            metrics_named=bool(self.options.objectives) or self.options.gpuopt_task,
+            measure=measure,
         )
         pending = confirm.elsewhere(
             study, confirmation, directions, self.options.confirm, self.n_trials
+        )
+        if not pending:  # the best is final here: where its time goes
+            profiling.profile_best(study, self.options, directions, confirmation, measure)
+        loader = self.hydra_context.config_loader
+        identity = app.sweep_identity(
+            self.config, loader, self.options, study, url, names, directions
         )
         text = outputs.write_outputs(
             study, identity, confirmation, time.monotonic() - t_start, best_pending=pending
@@ -334,7 +336,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             self.launcher.stop_check = elsewhere.reason  # a paused worker's stale trial: stop it
         try:
             overrides = [self._configure(t, space) for t in trials]
-            returns = self._launch(overrides, [t.number for t in trials])
+            launched = profiling.launch_overrides(self.options, trials, overrides)
+            returns = self._launch(launched, [t.number for t in trials])
             for slot, (trial, trial_overrides, ret) in enumerate(
                 zip(trials, overrides, returns, strict=False)
             ):
@@ -413,17 +416,6 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             log.warning("launcher failed for a batch (%s); launching its jobs one by one", exc)
             return [self._launch([o], [n])[0] for o, n in zip(overrides, numbers, strict=False)]
 
-    def _flag_interference(self, study: optuna.Study, trial: Trial, outcome: TrialOutcome) -> None:
-        """Other workers' trials ran on this host at the same time: say so (interference.py)."""
-        frozen = storage_of(study).get_trial(trial_id(trial))
-        attr = interference.flag(frozen, study.get_trials(deepcopy=False))
-        if attr is None:
-            return
-        text = interference.warning_text(attr)
-        outcome.user_attrs[interference.ATTR_INTERFERENCE] = attr
-        outcome.user_attrs[ATTR_WARNINGS] = [*(outcome.user_attrs.get(ATTR_WARNINGS) or []), text]
-        log.warning("trial #%d %s", trial.number, text)
-
     def _measure(
         self, overrides: list[str], job: int, names: list[str], directions: list[str]
     ) -> TrialOutcome:
@@ -438,7 +430,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         ret: Any,
         outcome: TrialOutcome,
     ) -> None:
-        self._flag_interference(study, trial, outcome)
+        interference.flag_outcome(study, trial, outcome)
         try:
             record_trial(study, trial, overrides, ret, outcome)
         except UpdateFinishedTrialError:  # failed as stale by another worker a moment ago

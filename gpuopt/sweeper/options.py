@@ -67,6 +67,8 @@ class SweeperOptions:
     memory_cap_mb: float | None = None
     # After the baseline, enqueue the configurations an expert would try first (seeding.py).
     seeding: bool = True
+    # gpuopt's own task: profile the baseline trial and (one extra run) the best (profiling.py).
+    profile: bool = True
     heartbeat_interval: int | None = 60
     grace_period: int | None = None
 

@@ -123,6 +123,7 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     memory_axis: bool = _DEFAULTS.memory_axis
     memory_cap_mb: float | None = _DEFAULTS.memory_cap_mb
     seeding: bool = _DEFAULTS.seeding
+    profile: bool = _DEFAULTS.profile  # profile the baseline and the best (gpuopt's own task)
     # Several workers on one study (README: "Several workers (hosts) on one study"): each running
     # trial's worker writes a heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING
     # trial without one for grace_period seconds (null: 2 x interval) is failed with the reason

@@ -29,6 +29,7 @@ from gpuopt.result import (
     ATTR_CONFIG,
     ATTR_ENV,
     ATTR_OVERRIDES,
+    ATTR_PROFILE,
     ATTR_REASON,
     ATTR_RUN_DIR,
     ATTR_STATUS,
@@ -45,6 +46,8 @@ from .gpus import ATTR_VISIBLE_DEVICES
 # warnings, baseline, and every metric flat under its own name) ----------------------------------
 ATTR_TRACEBACK = "traceback"  # head and tail of an error trial's traceback or log
 ATTR_LOGS = "logs"  # paths of the trial job's full stdout and stderr logs (gpuopt's launchers)
+# Study user attr: {"trial": n, "profile": {...}}, the best trial's profiled run (profiling.py).
+BEST_PROFILE_ATTR = "best_profile"
 INTERRUPTED_ATTR = "interrupted"  # True on a trial whose sweep died under it
 RERUN_OF_ATTR = "rerun_of"  # on the re-enqueued trial: number of the interrupted one
 VOID_ATTR = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
@@ -70,6 +73,7 @@ __all__ = [
     "ATTR_ENV",
     "ATTR_LOGS",
     "ATTR_OVERRIDES",
+    "ATTR_PROFILE",
     "ATTR_REASON",
     "ATTR_RUN_DIR",
     "ATTR_STATUS",
@@ -77,6 +81,7 @@ __all__ = [
     "ATTR_VISIBLE_DEVICES",
     "ATTR_WARNINGS",
     "BASELINE_SKIPPED_ATTR",
+    "BEST_PROFILE_ATTR",
     "CONFIRM_CLAIM_ATTR",
     "FIXED_PARAMS_ATTR",
     "GRID_ID_ATTR",

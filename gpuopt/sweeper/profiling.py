@@ -1,0 +1,80 @@
+"""Where the time goes, by default for the two trials a user compares: the baseline and the best.
+
+gpuopt's own task has a `profile` config group (conf/profile/: off | on). The baseline trial is
+launched with `profile=on` (the profiled window runs after its timed window, so its metrics are
+unchanged; the overrides it records, and so its re-measurements and exports, stay without it).
+The best is known only at the end: one extra run of its overrides with `profile=on` (not a trial
+of the study; like a confirmation run) stores its profile in the study user attr `best_profile`,
+which the report page shows beside the baseline's. Other apps have no such group: nothing runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .options import SweeperOptions
+from .schema import (
+    ATTR_BASELINE,
+    ATTR_OVERRIDES,
+    ATTR_PROFILE,
+    ATTR_REASON,
+    BEST_PROFILE_ATTR,
+    feasible,
+    feasible_trials,
+    pick_best,
+)
+
+log = logging.getLogger("gpuopt.sweeper")
+
+PROFILE_ON = "profile=on"  # gpuopt.profile.PROFILE_OVERRIDE (that module imports torch)
+BEST_PROFILE_JOB = 20_000  # job index of the best's profiled run (confirmation runs: 10_000+)
+
+
+def enabled(options: SweeperOptions) -> bool:
+    return options.profile and options.gpuopt_task
+
+
+def launch_overrides(
+    options: SweeperOptions, trials: list[Any], overrides: list[list[str]]
+) -> list[list[str]]:
+    """What each trial is launched with: the baseline profiled too (when enabled)."""
+    return [
+        [*o, PROFILE_ON] if enabled(options) and t.user_attrs.get(ATTR_BASELINE) else o
+        for t, o in zip(trials, overrides, strict=True)
+    ]
+
+
+def profile_best(
+    study: Any,
+    options: SweeperOptions,
+    directions: list[str],
+    confirmation: dict[str, Any] | None,
+    measure: Callable[[list[str], int], Any],
+) -> None:
+    """One profiled run of the sweep's best (unless it is profiled already: the baseline)."""
+    if not enabled(options):
+        return
+    trials = study.get_trials(deepcopy=False)
+    pool = feasible_trials(trials)
+    pareto = [t for t in study.best_trials if feasible(t)] if pool else []
+    best = pick_best(pool, pareto, directions, confirmation)
+    if best is None or isinstance(best.user_attrs.get(ATTR_PROFILE), dict):
+        return
+    overrides = [
+        *(best.user_attrs.get(ATTR_OVERRIDES) or []),
+        PROFILE_ON,
+        "hydra.sweep.subdir=profile/best",
+    ]
+    outcome = measure(overrides, BEST_PROFILE_JOB)
+    profile = outcome.user_attrs.get(ATTR_PROFILE) if not outcome.failed else None
+    if not isinstance(profile, dict):
+        reason = outcome.user_attrs.get(ATTR_REASON, outcome.status)
+        log.warning("the best trial #%d could not be profiled: %s", best.number, reason)
+        return
+    study.set_user_attr(BEST_PROFILE_ATTR, {"trial": best.number, "profile": profile})
+    log.info(
+        "profiled the best trial #%d (where the time goes: python -m gpuopt.report --html)",
+        best.number,
+    )
