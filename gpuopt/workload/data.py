@@ -24,18 +24,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from gpuopt.config import HF_INPUT_KINDS, INPUT_KINDS, INPUT_RANKS
+
 # hf_*: dict samples in the Hugging Face format (gpuopt.workload.hf models): hf_causal_lm and
 # hf_masked_lm {input_ids, attention_mask, labels} of (T,), hf_images {pixel_values, labels}.
-HF_KINDS = ("hf_causal_lm", "hf_masked_lm", "hf_images")
-KINDS = ("vectors", "images", "tokens", *HF_KINDS)
-RANKS = {
-    "vectors": 1,
-    "images": 3,
-    "tokens": 1,
-    "hf_causal_lm": 1,
-    "hf_masked_lm": 1,
-    "hf_images": 3,
-}
+# The kinds and their sample ranks are the config schema's (gpuopt.config, torch-free): one list.
+HF_KINDS = HF_INPUT_KINDS
+KINDS = tuple(kind for kind in INPUT_KINDS if kind != "any")
+RANKS = INPUT_RANKS
 # Masked-LM batches: the share of positions masked (BERT's 15%), with this token id as [MASK].
 MASK_SHARE = 0.15
 # Learnable token sequences: each is an arithmetic progression mod the vocabulary, its step one
