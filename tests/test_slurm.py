@@ -153,6 +153,7 @@ def test_sweep_runs_its_trials_as_slurm_jobs_to_completion(tmp_path, cluster):
         "model.depth=1",
         "data.size=256",
         "hydra.sweeper.confirm.rounds=0",
+        "hydra.sweeper.profile=false",  # the trials' jobs only (no profiled run of the best)
         "hydra.sweeper.study_name=s",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.n_jobs=2",
