@@ -321,13 +321,7 @@ class FreshProcessLauncher(LocalLauncher):
                 )
             time.sleep(POLL_S)
         if job.paths.result_pickle.exists():
-            try:
-                ret = job.results()[0]
-                if isinstance(ret, JobReturn):
-                    return ret
-                raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
-            except Exception as exc:
-                return _failed(overrides, exc)
+            return job_return(job, overrides)
         codes = _exit_codes(job)
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
         excerpt = _log_excerpt(job.paths.stderr)
@@ -429,6 +423,18 @@ def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
         run_dir=str(ret_dir.output_dir) if ret_dir is not None else run_dir,
         traceback=traceback,
     )
+
+
+def job_return(job: Any, overrides: list[str]) -> JobReturn:
+    """The job's JobReturn from its result pickle; a failed one if submitit itself failed (both
+    launchers: fresh_process and slurm)."""
+    try:
+        ret = job.results()[0]
+        if isinstance(ret, JobReturn):
+            return ret
+        raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
+    except Exception as exc:
+        return _failed(overrides, exc)
 
 
 def _failed(overrides: list[str], exc: BaseException) -> JobReturn:

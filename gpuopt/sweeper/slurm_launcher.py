@@ -52,6 +52,7 @@ from .launcher import (
     _terminate_as_interrupt,
     attach_diagnostics,
     describe_exit,
+    job_return,
     with_traceback,
 )
 
@@ -272,7 +273,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
                 if k in returns:
                     continue
                 if job.paths.result_pickle.exists():
-                    returns[k] = _result(job, overrides[k])
+                    returns[k] = job_return(job, overrides[k])
                     attach_diagnostics(returns[k], job, None)
                     continue
                 if states is None:
@@ -306,17 +307,6 @@ class GpuoptSlurmLauncher(SlurmLauncher):
             overrides,
             TrialProcessError(reason, _log_excerpt(job.paths.stderr), str(job.paths.stderr)),
         )
-
-
-def _result(job: Any, overrides: list[str]) -> JobReturn:
-    """The job's JobReturn from its result pickle; a failed one if submitit itself failed."""
-    try:
-        ret = job.results()[0]
-        if isinstance(ret, JobReturn):
-            return ret
-        raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
-    except Exception as exc:
-        return _failed(overrides, exc)
 
 
 def _warn_time_limit(signum: int, frame: Any) -> None:
