@@ -8,7 +8,6 @@ sweep), in any mix. Plain data first (`Comparison`), rendering apart, so tests a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from gpuopt.report.summary import (
     COMPARED_METRICS,
     ConfigChange,
     StudyReport,
+    attr_number,
     config_diff,
 )
 from gpuopt.result import ATTR_PROFILE, TrialResult, result_user_attrs
@@ -46,10 +46,7 @@ class TrialSide:
         return value if isinstance(value, dict) else None
 
     def metric(self, name: str) -> float | None:
-        value = self.attrs.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            return None
-        return float(value)
+        return attr_number(self.attrs, name)
 
 
 @dataclass

@@ -79,6 +79,14 @@ def device_type_of(attrs: dict[str, Any], hardware: dict[str, Any] | None) -> st
     return None
 
 
+def attr_number(attrs: dict[str, Any], name: str) -> float | None:
+    """A stored metric as a number; None when missing, NaN or not a number (bools excluded)."""
+    value = attrs.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
 @dataclass
 class TrialView:
     """One trial as the report sees it."""
@@ -105,10 +113,7 @@ class TrialView:
         return value if isinstance(value, dict) else {}
 
     def metric(self, name: str) -> float | None:
-        value = self.attrs.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            return None
-        return float(value)
+        return attr_number(self.attrs, name)
 
 
 @dataclass
