@@ -362,15 +362,7 @@ def _check_min(key: str, value: Any, minimum: float, allowed: str | None = None)
 
 def check_target(key: str, target: Any, trusted: tuple[str, ...]) -> None:
     """A `_target_` must be trusted and importable; checked without calling it."""
-    if not isinstance(target, str) or not target:
-        raise ConfigError(key, target, "a dotted path to a class or function")
-    if not any(fnmatch.fnmatchcase(target, pattern) for pattern in trusted):
-        raise ConfigError(
-            key,
-            target,
-            f"targets matching {', '.join(trusted)}; trust your own module with "
-            f"trust=[{target.rsplit('.', 1)[0]}.*]",
-        )
+    check_trusted(key, target, trusted)
     import logging
 
     from hydra.utils import get_object

@@ -107,3 +107,52 @@ def _too_noisy(entry: dict[str, Any]) -> str:
 
 def _percent(fraction: float) -> str:
     return ">100%" if fraction > 1.0 else f"{100 * fraction:.1f}%"
+
+
+def confirmed(confirmation: dict[str, Any] | None, number: int, baseline_number: int | None) -> str:
+    """How trial `number` was confirmed against the baseline (a stored confirmation record)."""
+    if number == baseline_number:
+        return "the baseline itself"
+    for entry in (confirmation or {}).get("comparisons") or []:
+        if entry.get("trial_number") == number:
+            return f"confirmed {speedup_ci(entry)}"
+    return "not confirmed (single measurement)"
+
+
+def two_answers(
+    held: str,
+    same: tuple[int, str] | None,
+    best: tuple[int, str],
+    confirmation: dict[str, Any] | None,
+    baseline_number: int | None,
+    change: str | None,
+) -> list[str]:
+    """The two answers, as the sweep summary and the report both say them: (a) the best trial
+    that keeps the baseline's training math, (b) the best overall and what it changes, each with
+    its own confirmation. `same` / `best`: (trial number, how to show it)."""
+    lines = [f"two answers (same training = {held}, same lr, numerics within tolerance):"]
+    if same is None:
+        lines.append("  (a) same training: no feasible trial keeps the baseline's training")
+    else:
+        said = confirmed(confirmation, same[0], baseline_number)
+        lines.append(f"  (a) same training: #{same[0]} {same[1]}: {said}")
+    if same is not None and best[0] == same[0]:
+        lines.append("  (b) best overall: the same trial (it keeps the training)")
+        return lines
+    said = confirmed(confirmation, best[0], baseline_number)
+    lines.append(f"  (b) best overall: #{best[0]} {best[1]}: {said}")
+    if change:
+        lines.append(f"      changes the training: {change}")
+    return lines
+
+
+def limit_share(attrs: dict[str, Any]) -> str | None:
+    """A trial's share of the machine's limit for its workload (gpuopt.limits), in words; None
+    when the limit was not measured (a user step, `measure.loader_cost=false`)."""
+    share, limit = attrs.get("limit_efficiency"), attrs.get("limit_throughput")
+    if not isinstance(share, (int, float)) or not isinstance(limit, (int, float)):
+        return None
+    bound = attrs.get("limit_bound")
+    by = f", bound by {bound}" if bound else ""
+    rate = f"{limit:,.0f}" if limit >= 100 else f"{limit:.3g}"  # GPT-2 on a CPU: 0.874
+    return f"{share:.0f}% of this machine's limit for this workload ({rate} samples/s{by})"

@@ -254,29 +254,6 @@ def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) ->
     return WindowResult(step_times, wall, steps, reason, first_step_at)
 
 
-def time_replay(
-    step: Callable[[int], None],
-    max_steps: int,
-    device: torch.device,
-    budget_s: float,
-    min_steps: int = 3,
-) -> tuple[int, float]:
-    """(steps, wall seconds) for up to `max_steps` calls of `step`, ending early once `budget_s`
-    passed (after at least `min_steps`): a slow step must not make the ceiling cost more than the
-    window itself. Synchronized at both ends; the budget is read on the host, so on CUDA the queue
-    may run a little past it, and the final synchronize counts that in."""
-    synchronize(device)
-    started = time.perf_counter()
-    steps = 0
-    while steps < max_steps:
-        step(steps)
-        steps += 1
-        if steps >= min_steps and time.perf_counter() - started >= budget_s:
-            break
-    synchronize(device)
-    return steps, time.perf_counter() - started
-
-
 # Dense (no sparsity) peak TFLOP/s per dtype from NVIDIA's datasheets. fp16/bf16/tf32 are tensor-core
 # numbers with fp32 accumulation; fp32 is the non-tensor-core number (gpuopt's fp32 mode disables
 # TF32). Matched against torch.cuda.get_device_name() in order, first match wins.
@@ -365,11 +342,6 @@ def measure_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
     with counter:
         run_forward_backward()
     return counter.step_flops()
-
-
-def count_step_flops(run_forward_backward: Callable[[], None]) -> float:
-    """Hardware FLOPs of one forward+backward (recompute included): `measure_step_flops`."""
-    return measure_step_flops(run_forward_backward).hardware
 
 
 def mfu_percent(

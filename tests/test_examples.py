@@ -103,3 +103,12 @@ def test_a_dict_of_named_metrics_is_read_like_a_trial_result():
     missing = outcome_from_return({"val_acc": 0.9}, names, dirs)
     assert missing.failed and "throughput" in missing.user_attrs["reason"]
     assert outcome_from_return({"status": "weird"}, names, dirs).failed
+
+
+def test_a_metric_of_the_tasks_own_can_be_an_objective():
+    names, dirs = ["throughput", "val_acc"], ["maximize", "maximize"]
+    outcome = outcome_from_return({"throughput": 10.0, "val_acc": 0.9}, names, dirs)
+    assert outcome.status == "ok" and outcome.values == [10.0, 0.9]
+    for bad in ({"throughput": 10.0}, {"throughput": 10.0, "val_acc": "high"}):
+        missing = outcome_from_return(bad, names, dirs)
+        assert missing.failed and "'val_acc' is not a number" in missing.user_attrs["reason"]

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from gpuopt.config import ConfigError, PrecisionConf, register_schemas, validate
-from gpuopt.measure import count_step_flops
+from gpuopt.measure import measure_step_flops
 from gpuopt.result import Status
 from tests.conftest import TINY_TRIAL
 
@@ -90,7 +90,8 @@ def _flops_per_sample(module: Any, batch_size: int) -> float:
     inputs = torch.randn(batch_size, module.hparams.in_features)
     targets = torch.randint(0, module.hparams.num_classes, (batch_size,))
     return (
-        count_step_flops(lambda: module.training_step((inputs, targets), 0).backward()) / batch_size
+        measure_step_flops(lambda: module.training_step((inputs, targets), 0).backward()).hardware
+        / batch_size
     )
 
 
@@ -379,7 +380,7 @@ def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(co
     loss.backward()
     meter.on_train_batch_end(None, module, loss, batch, 0)  # type: ignore[arg-type]
     assert module.training_step is compiled_step and compiled_graphs == []
-    eager = count_step_flops(lambda: module.model(batch[0]).sum().backward()) / 8
+    eager = measure_step_flops(lambda: module.model(batch[0]).sum().backward()).hardware / 8
     assert meter.flops_per_sample == pytest.approx(eager) and eager > 0
 
 

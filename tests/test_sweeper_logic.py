@@ -32,7 +32,7 @@ from gpuopt.sweeper.search_space import (
 @pytest.mark.parametrize(
     ("objectives", "direction", "names", "directions"),
     [
-        (None, None, ["throughput", "utilization"], ["maximize", "maximize"]),
+        (None, None, ["throughput_amortized", "utilization"], ["maximize", "maximize"]),
         (
             ["throughput", "energy_per_sample_j"],
             None,
@@ -44,16 +44,27 @@ from gpuopt.sweeper.search_space import (
         (
             None,
             "maximize",
-            ["throughput"],
+            ["throughput_amortized"],
             ["maximize"],
         ),  # stock config: first len(direction) defaults
-        (None, ["maximize", "maximize"], ["throughput", "utilization"], ["maximize", "maximize"]),
+        (
+            None,
+            ["maximize", "maximize"],
+            ["throughput_amortized", "utilization"],
+            ["maximize", "maximize"],
+        ),
         (
             None,
             "minimize",
-            ["throughput"],
+            ["throughput_amortized"],
             ["minimize"],
         ),  # a stock float task: its value, minimized
+        (
+            ["throughput", "val_acc"],
+            ["maximize", "maximize"],
+            ["throughput", "val_acc"],
+            ["maximize", "maximize"],
+        ),  # a metric of the task's own: its direction is given
     ],
 )
 def test_resolve_objectives(objectives, direction, names, directions):
@@ -64,6 +75,7 @@ def test_resolve_objectives(objectives, direction, names, directions):
     ("objectives", "direction", "key", "bad"),
     [
         (["throughput", "speed"], None, "hydra.sweeper.objectives", "speed"),
+        (["throughput", "speed"], "maximize", "hydra.sweeper.objectives", "speed"),
         (
             ["throughput"],
             ["maximize", "minimize"],
@@ -606,7 +618,7 @@ def test_default_sampler_is_multivariate_tpe_and_other_samplers_replace_it():
         ({"confirm": {"rounds": -1}}, "hydra.sweeper.confirm.rounds"),
         ({"confirm": {"top_k": 0}}, "hydra.sweeper.confirm.top_k"),
         ({"confirm": {"max_share": 0.0}}, "hydra.sweeper.confirm.max_share"),
-        ({"confirm": {"max_share": 1.2}}, "hydra.sweeper.confirm.max_share"),
+        ({"confirm": {"max_share": 4.5}}, "hydra.sweeper.confirm.max_share"),
         ({"confirm": {"target_halfwidth": 0.0}}, "hydra.sweeper.confirm.target_halfwidth"),
         ({"confirm": {"shares": 0.5}}, "hydra.sweeper.confirm.shares"),
         ({"heartbeat_interval": -5}, "hydra.sweeper.heartbeat_interval"),

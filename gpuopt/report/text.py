@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuopt.diagnose import Bottleneck, Diagnosis
-from gpuopt.fmt import METRIC_UNITS
+from gpuopt.fmt import METRIC_UNITS, limit_share, two_answers
 from gpuopt.fmt import metric as fmt
 from gpuopt.fmt import speedup_ci as ci_text
 from gpuopt.report.export import experiment_text
@@ -181,6 +181,10 @@ def speedup_lines(report: StudyReport) -> list[str]:
             f"[bold]Speedup over the baseline: {report.speedup:.2f}x throughput[/] "
             f"(trial #{report.best.number} vs #{report.baseline.number}, one measurement each)"  # type: ignore[union-attr]
         )
+    for label, trial in (("baseline", report.baseline), ("best", report.best)):
+        share = limit_share(trial.attrs) if trial is not None and trial.status == "ok" else None
+        if share and not (label == "best" and trial is report.baseline):
+            lines.append(f"The {label} (trial #{trial.number}) is at {escape(share)}.")  # type: ignore[union-attr]
     lines += confirmation_lines(report)
     return lines
 
@@ -230,16 +234,6 @@ def confirmation_lines(report: StudyReport) -> list[str]:
     return lines
 
 
-def _confirmed(report: StudyReport, trial: TrialView) -> str:
-    if report.baseline is not None and trial.number == report.baseline.number:
-        return "the baseline itself: nothing faster keeps the training"
-    confirmation = report.confirmation if isinstance(report.confirmation, dict) else {}
-    for entry in confirmation.get("comparisons") or []:
-        if entry.get("trial_number") == trial.number:
-            return f"confirmed {ci_text(entry)}"
-    return "not confirmed (one measurement)"
-
-
 def two_answers_lines(report: StudyReport) -> list[str]:
     """(a) the best that keeps the baseline's training math, (b) the best overall and what it
     changes in the training, each with its confirmation; the LR scaling the best applied."""
@@ -247,23 +241,24 @@ def two_answers_lines(report: StudyReport) -> list[str]:
     if best is None or report.baseline is None:
         return []
     held = f"global batch {report.global_batch}" if report.global_batch else "the same batch"
-    lines = [f"[bold]Two answers[/] (same training = {held}, same lr, numerics within tolerance):"]
-    if same is None:
-        lines.append("  (a) same training: no feasible trial keeps the baseline's training")
-    else:
-        lines.append(
-            f"  (a) same training: trial #{same.number} ({escape(_values_text(report, same))}): "
-            f"{escape(_confirmed(report, same))}"
-        )
-    if same is not None and same.number == best.number:
-        lines.append("  (b) best overall: the same trial (it keeps the training)")
-    else:
-        lines.append(
-            f"  (b) best overall: trial #{best.number} ({escape(_values_text(report, best))}): "
-            f"{escape(_confirmed(report, best))}"
-        )
-        if report.training_change:
-            lines.append(f"      [yellow]changes the training: {escape(report.training_change)}[/]")
+
+    def shown(trial: TrialView) -> tuple[int, str]:
+        return trial.number, f"({_values_text(report, trial)})"
+
+    confirmation = report.confirmation if isinstance(report.confirmation, dict) else None
+    said = two_answers(
+        held,
+        None if same is None else shown(same),
+        shown(best),
+        confirmation,
+        report.baseline.number,
+        report.training_change,
+    )
+    lines = [f"[bold]Two answers[/]{escape(said[0][len('two answers') :])}"]
+    lines += [
+        f"[yellow]{escape(line)}[/]" if line.lstrip().startswith("changes") else escape(line)
+        for line in said[1:]
+    ]
     optimizer = best.config.get("optimizer") or {}
     if optimizer.get("lr_scaling") not in (None, "none"):
         lines.append(

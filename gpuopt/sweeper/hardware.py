@@ -156,7 +156,3 @@ def gpu_setup_command(environ: dict[str, str]) -> str:
     after that, so they restore this process's setting (indices, UUIDs or unset alike).
     """
     return setup_line(environ.get("CUDA_VISIBLE_DEVICES"))
-
-
-def nvml_count() -> int:
-    return len(nvml_gpu_names())

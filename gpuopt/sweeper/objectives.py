@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuopt.result import METRIC_GOALS, Metrics, Status, TrialResult, result_user_attrs
 
-DEFAULT_OBJECTIVES = ("throughput", "utilization")
+DEFAULT_OBJECTIVES = ("throughput_amortized", "utilization")
 DIRECTIONS = ("minimize", "maximize")
 # Constraint keys set on every COMPLETE gpuopt trial: 1.0 when the trial hit it (infeasible), else 0.
 # `numerics`: an ok trial whose numerics guard found the loss drifting from the fp32 reference
@@ -48,10 +48,11 @@ def resolve_objectives(
 ) -> tuple[list[str], list[str]]:
     """(metric names, directions) from the sweeper config; raises SweepConfigError.
 
-    - objectives given: names must be METRIC_GOALS keys; directions come from METRIC_GOALS unless
-      `direction` is given too (then its length must match).
+    - objectives given: directions come from METRIC_GOALS unless `direction` is given too (then
+      its length must match); a name outside METRIC_GOALS (a metric of the task's own, returned in
+      its dict) needs `direction`.
     - only a stock `direction` given: the first len(direction) default objectives.
-    - neither: throughput and utilization, both maximized.
+    - neither: throughput_amortized and utilization, both maximized.
     """
     directions: list[str] | None = None
     if direction is not None:
@@ -84,9 +85,13 @@ def resolve_objectives(
             "hydra.sweeper.objectives", [], f"one or more of {', '.join(METRIC_GOALS)}"
         )
     unknown = [n for n in names if n not in METRIC_GOALS]
-    if unknown:
+    if unknown and (directions is None or len(directions) != len(names)):
+        # A metric of the task's own (a returned dict's `val_acc`) has no known goal: say it.
         raise SweepConfigError(
-            "hydra.sweeper.objectives", unknown[0], f"metric names: {', '.join(METRIC_GOALS)}"
+            "hydra.sweeper.objectives",
+            unknown[0],
+            f"gpuopt's metric names ({', '.join(METRIC_GOALS)}), or a metric your task returns "
+            f"with hydra.sweeper.direction giving one direction per objective ({len(names)})",
         )
     if len(set(names)) != len(names):
         raise SweepConfigError("hydra.sweeper.objectives", names, "each metric at most once")
@@ -170,17 +175,20 @@ def _outcome_from_named(
         return error_outcome(f"unknown status in the returned metrics: {named.get('status')!r}")
     metrics = Metrics(**{k: v for k, v in named.items() if k in known})
     result = TrialResult(status=status, metrics=metrics, reason=named.get("reason"))
-    outcome = _outcome_from_result(result, objectives, directions)
     extras = {k: v for k, v in named.items() if k not in known and k not in ("status", "reason")}
-    outcome.user_attrs.update(
-        {k: v for k, v in extras.items() if isinstance(v, (int, float, str, bool))}
-    )
+    scalars = {k: v for k, v in extras.items() if isinstance(v, (int, float, str, bool))}
+    outcome = _outcome_from_result(result, objectives, directions, own=scalars)
+    outcome.user_attrs.update(scalars)
     return outcome
 
 
 def _outcome_from_result(
-    result: TrialResult, objectives: Sequence[str], directions: Sequence[str]
+    result: TrialResult,
+    objectives: Sequence[str],
+    directions: Sequence[str],
+    own: dict[str, Any] | None = None,
 ) -> TrialOutcome:
+    """`own`: the task's own named metrics (a returned dict's `val_acc`), objectives too."""
     attrs = result_user_attrs(result)
     status = result.status.value
     if result.status is Status.ERROR:
@@ -188,12 +196,14 @@ def _outcome_from_result(
     if result.status is Status.OK:
         values: list[float] = []
         for name in objectives:
-            metric = result.metric(name)
+            metric = result.metric(name) if name in METRIC_GOALS else _own_metric(own, name)
             if metric is None:
                 attrs["status"] = Status.ERROR.value
                 attrs["reason"] = (
                     f"objective {name!r} was not measured in this trial (None): it is not measurable "
                     f"on this device; choose other hydra.sweeper.objectives"
+                    if name in METRIC_GOALS
+                    else f"objective {name!r} is not a number in the metrics the task returned"
                 )
                 return TrialOutcome(status=Status.ERROR.value, values=None, user_attrs=attrs)
             values.append(float(metric))
@@ -209,6 +219,14 @@ def _outcome_from_result(
         constraints=constraints,
         user_attrs=attrs,
     )
+
+
+def _own_metric(own: dict[str, Any] | None, name: str) -> float | None:
+    """A task's own metric as a number; None when it is missing, not a number, or NaN."""
+    value = (own or {}).get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
 
 
 def _outcome_from_plain(value: Any, directions: Sequence[str]) -> TrialOutcome:

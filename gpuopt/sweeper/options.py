@@ -21,6 +21,10 @@ from .objectives import SweepConfigError
 KEY = "hydra.sweeper"
 
 
+# The most confirmation runs a sweep may make, as a share of its n_trials (confirm.max_share).
+MAX_CONFIRM_SHARE = 4.0
+
+
 @dataclass(frozen=True)
 class ConfirmOptions:
     """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved in pairs
@@ -118,8 +122,9 @@ class SweeperOptions:
             (
                 "confirm.max_share",
                 self.confirm.max_share,
-                _number_in(self.confirm.max_share, 0.0, 1.0) and self.confirm.max_share > 0,
-                "a number in (0, 1]",
+                _number_in(self.confirm.max_share, 0.0, MAX_CONFIRM_SHARE)
+                and self.confirm.max_share > 0,
+                f"a number in (0, {MAX_CONFIRM_SHARE:g}]",
             ),
             (
                 "confirm.target_halfwidth",

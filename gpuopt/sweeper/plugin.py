@@ -103,7 +103,7 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     max_failure_rate: float = _DEFAULTS.max_failure_rate
 
     # gpuopt additions
-    # Metric names of gpuopt.result.METRIC_GOALS, in Optuna's value order. null: throughput, utilization.
+    # Metric names of gpuopt.result.METRIC_GOALS, in Optuna's value order. null: throughput_amortized, utilization.
     objectives: list[str] | None = None  # (SweeperOptions.objectives)
     # Drop choices that `python -m gpuopt.env --json` flags as poor on this machine from the
     # preset's params (command-line sweep arguments are always taken as written).

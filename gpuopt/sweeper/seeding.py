@@ -13,7 +13,7 @@ space's choices) and the sampler refines from there:
   the whole cores left; accelerator: the workers that load as fast as the device computes, one
   core kept to drive it, all loading cores when the loader bounds), and one spare worker beside
   it (a worker waiting on a full prefetch queue costs next to nothing; a starved step stalls the
-  compute), or for a loader that needs a sliver of a core, no workers and every core computing;
+  compute), or for a loader that needs under half a core, no workers and every core computing;
 - the largest micro-batch the space holds (after the memory-aware axis kept what fits) and the
   one below it (per-step overheads amortize with the batch, caches may prefer the smaller);
 - native low precision (bf16) when the device has it, and pinned memory on an accelerator.
@@ -36,7 +36,10 @@ PIN_MEMORY = "loader.pin_memory"
 LOW_PRECISION = "bf16"
 DRIVER_CORES = 1  # as gpuopt.limits: the core that drives an accelerator does not load
 MAX_SEEDS = 4  # of the default 10 trials: the baseline, 4 seeds, 5 for the sampler
-INLINE_SHARE = 0.25  # a loader needing less of a core than this is tried without workers too
+# A loader needing less of a core than this is also tried without workers: a worker process then
+# idles most of a core the compute could use (measured: benchmarks/grid_cpu_cnn.json, where the
+# optimum loads inline at a loader share of 0.36; docs/benchmarks.md, "Search efficiency").
+INLINE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,17 @@ def common_params(
     return params, why
 
 
+def as_run(
+    facts: SeedFacts, space: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The baseline as it ran: a CPU baseline that leaves the threads unset ran PyTorch's default
+    (one per core), so a seed that only spells that out is the baseline again."""
+    ran = dict(baseline)
+    if facts.device_type == "cpu" and THREADS in space and THREADS not in ran:
+        ran[THREADS] = snap(facts.cores, space[THREADS], down=True)
+    return ran
+
+
 def expert_seeds(
     facts: SeedFacts,
     space: Mapping[str, Sequence[Any]],
@@ -156,7 +170,7 @@ def expert_seeds(
         )
     batches = _batches(space.get(BATCH, ())) or [None]
     seeds: list[Seed] = []
-    seen = [dict(baseline)]
+    seen = [dict(baseline), as_run(facts, space, baseline)]
     for batch in batches:
         for index, (workers, threads) in enumerate(splits):
             params = dict(common)

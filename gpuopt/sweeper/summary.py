@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuopt.fmt import duration
+from gpuopt.fmt import duration, limit_share, two_answers
 from gpuopt.fmt import speedup_ci as ci_text
 from gpuopt.fmt import value as fmt
 
@@ -83,6 +83,7 @@ def render(
         lines.append(
             f"baseline  #{baseline.number}: {values_text(names, baseline.values)}  [{param_text(baseline.params)}]"
         )
+        lines.extend(_limit_lines(baseline))
     elif baseline_skipped:
         lines.append(f"baseline skipped: {baseline_skipped[:300]}")
     else:
@@ -91,6 +92,7 @@ def render(
         lines.append(
             f"best      #{best.number}: {values_text(names, best.values)}  [{param_text(best.params)}]"
         )
+        lines.extend(_limit_lines(best))
     else:
         lines.append(
             f"best: pending: {best_pending}" if best_pending else "best: no feasible trial"
@@ -107,6 +109,11 @@ def render(
     lines.extend(_review_lines(study_name, storage))
     lines.append("=" * 78)
     return "\n".join(lines)
+
+
+def _limit_lines(trial: Any) -> list[str]:
+    share = limit_share(getattr(trial, "user_attrs", None) or {})
+    return [f"          at {share}"] if share else []
 
 
 PARETO_SHOWN = 10
@@ -189,15 +196,6 @@ def _comparison_lines(
     return lines
 
 
-def _confirmed_text(confirmation: dict[str, Any] | None, trial: Any, baseline: Any) -> str:
-    if baseline is not None and trial.number == baseline.number:
-        return "the baseline itself"
-    for entry in (confirmation or {}).get("comparisons") or []:
-        if entry.get("trial_number") == trial.number:
-            return f"confirmed {ci_text(entry)}"
-    return "not confirmed (single measurement)"
-
-
 def answers_lines(
     names: Sequence[str],
     baseline: Any | None,
@@ -212,21 +210,15 @@ def answers_lines(
     if baseline is None or best is None:
         return []
     held = f"global batch {global_batch}" if global_batch else "the baseline's global batch"
-    lines = [f"two answers (same training = {held}, same lr, numerics within tolerance):"]
-    if same is None:
-        lines.append("  (a) same training: no feasible trial keeps the baseline's training")
-    else:
-        lines.append(
-            f"  (a) same training: #{same.number} {values_text(names, same.values)}  "
-            f"[{param_text(same.params)}]: {_confirmed_text(confirmation, same, baseline)}"
-        )
-    if same is not None and best.number == same.number:
-        lines.append("  (b) best overall: the same trial (it keeps the training)")
-    else:
-        lines.append(
-            f"  (b) best overall: #{best.number} {values_text(names, best.values)}  "
-            f"[{param_text(best.params)}]: {_confirmed_text(confirmation, best, baseline)}"
-        )
-        if change:
-            lines.append(f"      changes the training: {change}")
-    return lines
+
+    def shown(trial: Any) -> str:
+        return f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
+
+    return two_answers(
+        held,
+        None if same is None else (same.number, shown(same)),
+        (best.number, shown(best)),
+        confirmation,
+        baseline.number,
+        change,
+    )

@@ -2,7 +2,7 @@
 
 No torch: each trial costs only Hydra's composition, so the sweeper's handling of every status
 (ok / oom / diverged / error / a process that dies) is tested in seconds. What it returns:
-- throughput = loader.batch_size * (1 + loader.num_workers), utilization = 50 + 10 * num_workers
+- throughput (= throughput_amortized) = loader.batch_size * (1 + loader.num_workers), utilization = 50 + 10 * num_workers
 - model.width >= 1_000_000 or +case=oom -> oom; optimizer.lr >= 10 or +case=diverge -> diverged
 - +case=crash -> the task raises (error); +case=die -> the process exits without a result
 - +case=segfault / abort / hang -> SIGSEGV, os.abort() (SIGABRT), sleeps for an hour
@@ -72,8 +72,10 @@ def fake_result(cfg: DictConfig) -> TrialResult:
     if cfg.optimizer.lr >= 10 or case == "diverge":
         return TrialResult(status=Status.DIVERGED, reason="fake: loss is nan", config=config)
     workers = cfg.loader.num_workers
+    throughput = float(cfg.loader.batch_size * (1 + workers))
     metrics = Metrics(
-        throughput=float(cfg.loader.batch_size * (1 + workers)),
+        throughput=throughput,
+        throughput_amortized=throughput,  # no epoch boundary in a fake step
         utilization=50.0 + 10.0 * workers,
         step_time_ms=1000.0 / (1 + workers),
         peak_memory_mb=float(cfg.loader.batch_size),

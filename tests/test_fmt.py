@@ -1,0 +1,65 @@
+"""What the sweep summary and the report say in words: the machine's limit and the two answers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gpuopt.fmt import limit_share, two_answers
+from gpuopt.sweeper.summary import render
+
+LIMIT = {"limit_efficiency": 91.74, "limit_throughput": 8262.4, "limit_bound": "cores"}
+
+
+def test_limit_share_says_the_share_the_limit_and_its_bound():
+    assert limit_share(LIMIT) == (
+        "92% of this machine's limit for this workload (8,262 samples/s, bound by cores)"
+    )
+    slow = {"limit_efficiency": 100.9, "limit_throughput": 0.8741}
+    assert limit_share(slow) == "101% of this machine's limit for this workload (0.874 samples/s)"
+    assert limit_share({"limit_efficiency": 50.0}) is None  # no limit measured
+    assert limit_share({"limit_efficiency": None, "limit_throughput": 10.0}) is None
+
+
+def _trial(number: int, value: float, batch: int, **attrs: object) -> SimpleNamespace:
+    return SimpleNamespace(
+        number=number, values=[value], params={"loader.batch_size": batch}, user_attrs=attrs
+    )
+
+
+def test_sweep_summary_states_the_share_of_the_machines_limit():
+    baseline = _trial(0, 3211.0, 32, limit_efficiency=94.5, limit_throughput=3397.7)
+    best = _trial(2, 7551.0, 512, **LIMIT)
+    text = render(
+        study_name="s",
+        storage=None,
+        sweep_dir="/tmp/x",
+        names=["throughput_amortized"],
+        directions=["maximize"],
+        counts={"ok": 2},
+        baseline=baseline,
+        best=best,
+        pareto=[],
+        confirmation=None,
+        best_yaml=None,
+        elapsed_s=1.0,
+    )
+    lines = text.splitlines()
+    at_best = lines.index(next(line for line in lines if line.startswith("best ")))
+    assert "at 92% of this machine's limit" in lines[at_best + 1]
+    assert "(3,398 samples/s)" in text  # the baseline's own limit, no bound recorded
+
+
+def test_two_answers_name_each_confirmation_and_the_change():
+    confirmation = {
+        "comparisons": [
+            {"trial_number": 4, "ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6, "n_pairs": 6,
+             "halfwidth": 0.067, "distinguishable": True, "verdict": "confirmed"}
+        ]
+    }  # fmt: skip
+    lines = two_answers("global batch 32", (3, "A"), (4, "B"), confirmation, 0, "batch 32 -> 64")
+    assert lines[1] == "  (a) same training: #3 A: not confirmed (single measurement)"
+    assert lines[2].startswith("  (b) best overall: #4 B: confirmed 1.500x")
+    assert lines[3] == "      changes the training: batch 32 -> 64"
+    same = two_answers("global batch 32", (0, "A"), (0, "A"), confirmation, 0, None)
+    assert same[1].endswith(": the baseline itself") and "the same trial" in same[2]
+    assert "no feasible trial" in two_answers("g", None, (4, "B"), None, 0, None)[1]
