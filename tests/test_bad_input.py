@@ -166,6 +166,10 @@ SWEEP = run_rows(
     ("-m hydra.sweeper.env_timeout_s=0", "hydra.sweeper.env_timeout_s=0"),
     ("-m hydra.sweeper.direction=sideways", "hydra.sweeper.direction="),
     ("-m hydra.sweeper.objectives=[bogus]", "hydra.sweeper.objectives='bogus'"),
+    (  # a metric of a task's own: gpuopt's own task has none
+        "-m hydra.sweeper.objectives=[throughput,val_acc] hydra.sweeper.direction=[maximize,maximize]",
+        "hydra.sweeper.objectives='val_acc'; allowed: gpuopt's metric names",
+    ),
     ("-m hydra.sweeper.bogus=1", "hydra.sweeper.bogus=1"),
     (
         "-m hydra.sweeper.storage=bogus://x",

@@ -18,6 +18,8 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from gpuopt.result import METRIC_GOALS
+
 from . import hardware
 from . import storage as storage_mod
 from . import study as study_mod
@@ -47,7 +49,15 @@ def objectives(options: SweeperOptions, direction: Any) -> tuple[list[str], list
     """gpuopt's metrics for its own task (or when `objectives` names them); for another app
     the stock sweeper's: its `direction` (default minimize), values labelled value/value_i."""
     if options.objectives is not None or options.gpuopt_task:
-        return resolve_objectives(options.objectives, direction)
+        names, directions = resolve_objectives(options.objectives, direction)
+        own = [n for n in names if n not in METRIC_GOALS]
+        if own and options.gpuopt_task:  # gpuopt's own task returns only gpuopt's metrics
+            raise SweepConfigError(
+                "hydra.sweeper.objectives",
+                own[0],
+                f"gpuopt's metric names ({', '.join(METRIC_GOALS)})",
+            )
+        return names, directions
     directions = stock_directions(direction)
     return plain_labels(len(directions)), directions
 
