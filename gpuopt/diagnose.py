@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from gpuopt.limits import HighestLimit, higher_elsewhere
+
 # A step that spends this much of the timed window blocked on `next(loader)` is input-bound.
 DATA_WAIT_HIGH_PCT = 10.0
 # Throughput below this share of the compute-only ceiling (same step, batch already on the device)
@@ -152,6 +154,8 @@ class Facts:
     limit_efficiency: float | None = None
     limit_throughput: float | None = None
     limit_bound: str | None = None  # cores | loader | compute (gpuopt.limits.Limit.bound)
+    # The study's highest limit, where it is clearly above this trial's own (other settings)
+    higher_limit: HighestLimit | None = None
     # The profiled window, when the trial was profiled: % of the step by phase, the GPU's time
     # split (% of the window: idle, host_wait, ...) on CUDA.
     phases: Mapping[str, float] | None = None
@@ -164,6 +168,7 @@ class Facts:
         status: str,
         device_type: str | None,
         config: Mapping[str, Any],
+        highest: HighestLimit | None = None,
     ) -> Facts:
         def number(name: str) -> float | None:
             return _number(metrics, name)
@@ -186,6 +191,7 @@ class Facts:
             limit_bound=metrics.get("limit_bound")
             if isinstance(metrics.get("limit_bound"), str)
             else None,
+            higher_limit=highest if higher_elsewhere(metrics, highest) else None,
             **_profile_facts(metrics.get("profile")),
         )
 
@@ -404,6 +410,12 @@ def _at_limit(f: Facts) -> bool:
 
 def _limit_summary(f: Facts) -> str:
     share = f"at {f.limit_efficiency:.0f}% of this machine's limit for this workload"
+    if f.higher_limit is not None:
+        return (
+            f"{share} at its settings; other settings measured a higher limit "
+            f"({f.higher_limit.throughput:,.0f} samples/s, trial #{f.higher_limit.trial}): "
+            "change the settings first"
+        )
     if f.limit_bound == "compute":
         return f"{share} (the compute ceiling): only less math per sample or a faster device help"
     return f"{share}: only cheaper data or more cores help"
@@ -421,10 +433,20 @@ def _limit_evidence(f: Facts) -> list[str]:
         if f.limit_throughput
         else f"bound by {bound}",
     ]
+    if f.higher_limit is not None:
+        lines.append(
+            f"limit_throughput {f.higher_limit.throughput:,.0f} samples/s at trial "
+            f"#{f.higher_limit.trial}'s settings, the highest in this study"
+        )
     return [*lines, *_input_evidence(f)]
 
 
 def _limit_suggestions(f: Facts) -> list[str]:
+    if f.higher_limit is not None:
+        return [
+            f"the settings of trial #{f.higher_limit.trial} (batch, workers, threads, precision), "
+            "whose limit is higher; its own limit is one noisy measurement, so confirm it"
+        ]
     if f.limit_bound == "compute":
         return ["less math per sample: lower precision if not yet, a smaller model, or compile"]
     return [
@@ -578,13 +600,16 @@ def diagnose(
     status: str = "ok",
     device_type: str | None = None,
     config: Mapping[str, Any] | None = None,
+    highest: HighestLimit | None = None,
 ) -> Diagnosis:
     """Diagnose one trial from its metrics (flat user attributes), status and device type: the
     first rule of `RULES` that applies.
 
     `device_type` is "cuda", "cuda:N", "cpu", "mps" or None (unknown); `config` (the resolved trial
-    config) only tailors the suggestions.
+    config) only tailors the suggestions; `highest` (the study's highest measured limit,
+    gpuopt.limits.highest_limit) keeps a trial at its own settings' limit from reading as "only
+    cheaper data or more cores help" when other settings measured more.
     """
-    facts = Facts.of(metrics, status, device_type, config or {})
+    facts = Facts.of(metrics, status, device_type, config or {}, highest)
     rule = next(rule for rule in RULES if rule.applies(facts))
     return rule.diagnose(facts)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from gpuopt.limits import HighestLimit, higher_elsewhere
+
 # Display unit per metric; percentages are differences in points, the rest ratios.
 METRIC_UNITS = {
     "throughput": "samples/s",
@@ -95,6 +97,9 @@ def _too_noisy(entry: dict[str, Any]) -> str:
     load = entry.get("load_1m")
     if load:
         seen += f", load {load[0]:.1f}-{load[1]:.1f} on {entry.get('cpus', '?')} CPUs"
+    steal = entry.get("steal_pct")
+    if steal is not None and steal >= 0.5:
+        seen += f", {steal:.0f}% of the CPU time taken by the hypervisor"
     need = entry.get("pairs_needed")
     target = entry.get("target_halfwidth")
     goal = f" to +-{_percent(target)}" if target else ""
@@ -107,6 +112,14 @@ def _too_noisy(entry: dict[str, Any]) -> str:
 
 def _percent(fraction: float) -> str:
     return ">100%" if fraction > 1.0 else f"{100 * fraction:.1f}%"
+
+
+def confirm_mode(confirmation: dict[str, Any]) -> str:
+    """How the confirmation measured: "in alternating 1 s windows in one process" or "interleaved
+    fresh processes" (records from before the in-process mode have no "mode")."""
+    if confirmation.get("mode") == "in-process windows":
+        return f"in alternating {confirmation.get('window_s', 1.0):g} s windows in one process"
+    return "interleaved fresh processes"
 
 
 def confirmed(confirmation: dict[str, Any] | None, number: int, baseline_number: int | None) -> str:
@@ -146,13 +159,26 @@ def two_answers(
     return lines
 
 
-def limit_share(attrs: dict[str, Any]) -> str | None:
-    """A trial's share of the machine's limit for its workload (gpuopt.limits), in words; None
-    when the limit was not measured (a user step, `measure.loader_cost=false`)."""
+def limit_share(attrs: dict[str, Any], highest: HighestLimit | None = None) -> str | None:
+    """A trial's share of the machine's limit for its workload at its settings (gpuopt.limits), in
+    words; None when the limit was not measured (a user step, `measure.loader_cost=false`). With
+    `highest` (the study's highest limit) clearly above the trial's own, it says where: a baseline
+    at "100%" of its own limit may still be far from what other settings allow."""
     share, limit = attrs.get("limit_efficiency"), attrs.get("limit_throughput")
     if not isinstance(share, (int, float)) or not isinstance(limit, (int, float)):
         return None
     bound = attrs.get("limit_bound")
     by = f", bound by {bound}" if bound else ""
-    rate = f"{limit:,.0f}" if limit >= 100 else f"{limit:.3g}"  # GPT-2 on a CPU: 0.874
-    return f"{share:.0f}% of this machine's limit for this workload ({rate} samples/s{by})"
+    text = f"{share:.0f}% of this machine's limit for this workload ({_rate(limit)} samples/s{by})"
+    if higher_elsewhere(attrs, highest) and highest is not None:
+        text += (
+            f"; other settings measured a limit up to {_rate(highest.throughput)} samples/s "
+            f"(trial #{highest.trial})"
+        )
+    return text
+
+
+def _rate(samples_per_s: float) -> str:
+    return (
+        f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"
+    )  # GPT-2: 0.874

@@ -20,7 +20,9 @@ much of it the configuration's own loader/compute split reached.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Cores kept for driving an accelerator (the training loop's own process) when deriving how many may
 # load data.
@@ -79,3 +81,41 @@ def limit_efficiency(throughput: float | None, limit: float | None) -> float | N
     if not throughput or not limit:
         return None
     return 100.0 * throughput / limit
+
+
+# Another trial's limit this far above a trial's own is "a higher limit at other settings": the
+# measured costs vary a few % between trials of the same settings.
+OWN_LIMIT_SLACK = 1.05
+
+
+@dataclass(frozen=True)
+class HighestLimit:
+    """The highest `limit_throughput` a study's feasible trials measured, and which trial: each
+    trial's limit is at its own settings (its batch, threads and precision set the costs per
+    sample), so a baseline at 100% of its own can be far below what other settings allow. It is a
+    maximum over noisy single measurements, so it reads high: a pointer to settings worth trying,
+    not a share to divide by."""
+
+    throughput: float
+    bound: str
+    trial: int
+
+
+def highest_limit(trials: Iterable[tuple[int, Mapping[str, Any]]]) -> HighestLimit | None:
+    """From (trial number, user attrs) pairs; only feasible trials with a measured limit count."""
+    best: HighestLimit | None = None
+    for number, attrs in trials:
+        limit = attrs.get("limit_throughput")
+        if attrs.get("status") != "ok" or not isinstance(limit, (int, float)) or limit <= 0:
+            continue
+        if best is None or limit > best.throughput:
+            best = HighestLimit(float(limit), str(attrs.get("limit_bound") or ""), number)
+    return best
+
+
+def higher_elsewhere(attrs: Mapping[str, Any], highest: HighestLimit | None) -> bool:
+    """Whether the study measured a limit clearly above this trial's own (at other settings)."""
+    own = attrs.get("limit_throughput")
+    if highest is None or not isinstance(own, (int, float)) or own <= 0:
+        return False
+    return highest.throughput > own * OWN_LIMIT_SLACK

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from gpuopt.host import cpu_ticks, steal_percent
 from gpuopt.stats import t_quantile
 
 if TYPE_CHECKING:
@@ -225,6 +226,7 @@ class WindowResult:
     stop_reason: str
     first_step_at: float  # time.time() when the first timed step started
     extras: dict[str, Any] = field(default_factory=dict)
+    steal_pct: float | None = None  # the hypervisor's share of the machine's CPU time (host.py)
 
 
 def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) -> WindowResult:
@@ -234,6 +236,7 @@ def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) ->
     runs at min_steps and then each time the step count grew ~5%: its cost stays under ~1% of the
     window even for sub-millisecond steps. Budget and max_steps are checked every step.
     """
+    ticks = cpu_ticks()
     clock.start()
     first_step_at = time.time()
     started = time.perf_counter()
@@ -251,7 +254,8 @@ def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) ->
             if due:
                 next_check = steps + max(1, steps // 20)
     step_times, wall = clock.finish()
-    return WindowResult(step_times, wall, steps, reason, first_step_at)
+    steal = steal_percent(ticks, cpu_ticks())
+    return WindowResult(step_times, wall, steps, reason, first_step_at, steal_pct=steal)
 
 
 # Dense (no sparsity) peak TFLOP/s per dtype from NVIDIA's datasheets. fp16/bf16/tf32 are tensor-core

@@ -63,6 +63,8 @@ class Metrics:
     step_time_p90_ms: float | None = None
     step_time_cv: float | None = None  # std/mean of step times in the timed window
     throughput_ci: float | None = None  # relative half-width of the 95% CI of throughput
+    # % of the machine's CPU time the hypervisor gave other guests during the window (Linux)
+    cpu_steal_pct: float | None = None
     # % of the window the device starved of input (CUDA: on the GPU timeline; else host wait)
     data_wait: float | None = None
     host_data_wait: float | None = None  # % of the window the host spent in next(loader)

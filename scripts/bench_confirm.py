@@ -1,6 +1,13 @@
 """The confirmation's estimator on real fresh-process pairs: bias and coverage against ground truth.
 
     python scripts/bench_confirm.py --pairs 20 --block 5 --json benchmarks/confirm_cpu.json
+    python scripts/bench_confirm.py --pairs 20 --windows 80 --json benchmarks/confirm_inprocess_cpu.json
+
+With `--windows N` the same comparisons are also measured as the confirmation's in-process mode
+does (gpuopt.interleave: both arms built once in one process, N rounds of alternating windows of
+`--window-s`), cut into blocks of `--window-block` rounds (8: its first stage), each block one
+confirmation, against the truth of the fresh-process pairs (`batch`) or 1.0 (`same`): the bias of
+the in-process ratio against the fresh-process one, and the coverage of its intervals.
 
 Two comparisons of known relation, each as `--pairs` interleaved fresh-process pairs in the
 confirmation's order (A B, B A, ...; `python -m gpuopt.run`, the default sweep's window, the
@@ -33,6 +40,7 @@ import benchlib
 
 from gpuopt.stats import mean_interval, stein_pairs
 from gpuopt.sweeper.confirm import LEAN_MEASURE, speedup
+from gpuopt.sweeper.interleaved import FIRST_STAGE_ROUNDS
 
 # The default sweep's window (conf/search/default.yaml) on the CPU, one compute thread.
 WINDOW = [
@@ -67,8 +75,52 @@ def measure_pairs(reference: list[str], candidate: list[str], pairs: int) -> dic
     return {**values, "loads": loads}
 
 
-def evaluate(data: dict[str, Any], truth: float | None, block: int) -> dict[str, Any]:
-    """The all-pairs estimate, then each block as one confirmation against the truth."""
+def measure_windows(
+    reference: list[str], candidate: list[str], rounds: int, window_s: float
+) -> dict[str, Any]:
+    """`rounds` rounds of (reference, candidate) windows in one shared process, as the
+    confirmation's in-process mode measures them (its order, its windows)."""
+    import tempfile
+
+    from hydra import compose, initialize_config_module
+
+    import gpuopt.run  # noqa: F401 - registers the schemas
+    from gpuopt.sweeper.interleaved import SharedProcess
+    from gpuopt.sweeper.memory_axis import write_probe_config
+
+    arms = {"reference": [*WINDOW, *reference], "candidate": [*WINDOW, *candidate]}
+    directory = Path(tempfile.mkdtemp(prefix="bench_confirm_"))
+    paths = {}
+    for name, overrides in arms.items():
+        with initialize_config_module(config_module="gpuopt.conf"):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        paths[name] = write_probe_config(cfg, directory, f"{name}.yaml")
+    shared = SharedProcess.start(paths, {}, "throughput", window_s, directory)
+    if shared.error:
+        raise SystemExit(f"gpuopt.interleave: {shared.error}")
+    values: dict[str, list[float | None]] = {"reference": [], "candidate": []}
+    loads: list[float] = []
+    try:
+        for r in range(rounds):
+            for name in benchlib.round_order(list(arms), r):
+                loads.append(os.getloadavg()[0])
+                outcome = shared.window(name)
+                values[name].append(outcome.values[0] if outcome.feasible else None)
+            print(
+                f"  round {r + 1}/{rounds}: candidate/reference "
+                f"{benchlib.fmt(benchlib.ratio(values['candidate'][-1], values['reference'][-1]), 3)}",
+                flush=True,
+            )
+    finally:
+        shared.close()
+    return {**values, "loads": loads}
+
+
+def evaluate(
+    data: dict[str, Any], truth: float | None, block: int, first_stage: int = 4
+) -> dict[str, Any]:
+    """The all-pairs estimate, then each block as one confirmation against the truth (Stein's
+    interval with `first_stage` pairs: the fresh-process mode's 4, the in-process mode's 8)."""
     every = speedup(data["candidate"], data["reference"])
     truth = every.ratio if truth is None else truth
     d = [
@@ -83,7 +135,7 @@ def evaluate(data: dict[str, Any], truth: float | None, block: int) -> dict[str,
             data["candidate"][start : start + block],
             data["reference"][start : start + block],
         )
-        s = speedup(cand, ref, first_stage=min(4, block))
+        s = speedup(cand, ref, first_stage=min(first_stage, block))
         blocks.append(
             {
                 "ratio": s.ratio,
@@ -102,7 +154,7 @@ def evaluate(data: dict[str, Any], truth: float | None, block: int) -> dict[str,
             "n_pairs": every.n_pairs,
         },
         "log_ratio_sd": sd,
-        "pairs_for_10pct": stein_pairs(sd, 4, math.asinh(0.10)),
+        "pairs_for_10pct": stein_pairs(sd, first_stage, math.asinh(0.10)),
         "blocks": blocks,
         "bias_log": statistics.fmean(math.log(b["ratio"] / truth) for b in blocks)
         if blocks
@@ -118,6 +170,9 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=5, help="pairs per simulated confirmation")
     parser.add_argument("--only", choices=sorted(COMPARISONS), nargs="*")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--windows", type=int, default=0, help="in-process rounds (0: none)")
+    parser.add_argument("--window-s", type=float, default=1.0)
+    parser.add_argument("--window-block", type=int, default=FIRST_STAGE_ROUNDS)
     args = parser.parse_args()
     print(f"# {benchlib.command_line()}  ({benchlib.now()}, load {benchlib.load()})")
     print(f"# machine: {benchlib.machine()}")
@@ -133,18 +188,30 @@ def main() -> None:
         data = measure_pairs(reference, candidate, args.pairs)
         result = evaluate(data, truth, args.block)
         out[name] = {"data": data, **result}
-        a = result["all_pairs"]
-        print(
-            f"{name}: all {a['n_pairs']} pairs {a['ratio']:.3f}x [95% CI {a['ci'][0]:.3f}-"
-            f"{a['ci'][1]:.3f}, +-{100 * a['halfwidth']:.1f}%]; log-ratio sd "
-            f"{100 * result['log_ratio_sd']:.1f}%, +-10% needs {result['pairs_for_10pct']} pairs; "
-            f"blocks of {args.block}: bias {100 * (result['bias_log'] or 0):+.1f}% (log), "
-            f"coverage {result['coverage']} of truth {result['truth']:.3f}; load "
-            f"{result['load_1m'][0]:.2f}-{result['load_1m'][1]:.2f}",
-            flush=True,
-        )
+        report(name, result, args.block)
+        if args.windows:
+            print(
+                f"## {name}, in one process: {args.windows} rounds of {args.window_s:g} s windows"
+            )
+            windows = measure_windows(reference, candidate, args.windows, args.window_s)
+            in_process = evaluate(windows, result["truth"], args.window_block, FIRST_STAGE_ROUNDS)
+            out[f"{name}_in_process"] = {"data": windows, **in_process}
+            report(f"{name} in-process", in_process, args.window_block)
     if args.json:
         benchlib.write_json(args.json, out)
+
+
+def report(name: str, result: dict[str, Any], block: int) -> None:
+    a = result["all_pairs"]
+    print(
+        f"{name}: all {a['n_pairs']} pairs {a['ratio']:.3f}x [95% CI {a['ci'][0]:.3f}-"
+        f"{a['ci'][1]:.3f}, +-{100 * a['halfwidth']:.1f}%]; log-ratio sd "
+        f"{100 * result['log_ratio_sd']:.1f}%, +-10% needs {result['pairs_for_10pct']} pairs; "
+        f"blocks of {block}: bias {100 * (result['bias_log'] or 0):+.1f}% (log), "
+        f"coverage {result['coverage']} of truth {result['truth']:.3f}; load "
+        f"{result['load_1m'][0]:.2f}-{result['load_1m'][1]:.2f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

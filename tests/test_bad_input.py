@@ -162,6 +162,10 @@ SWEEP = run_rows(
     ),
     ("-m hydra.sweeper.confirm.top_k=0", "hydra.sweeper.confirm.top_k=0"),
     ("-m hydra.sweeper.confirm.max_share=0", "hydra.sweeper.confirm.max_share=0"),
+    (
+        "-m hydra.sweeper.confirm.window_s=0",
+        "hydra.sweeper.confirm.window_s=0.0; allowed: seconds in [0.1, 60]",
+    ),
     ("-m hydra.sweeper.heartbeat_interval=-5", "hydra.sweeper.heartbeat_interval=-5"),
     ("-m hydra.sweeper.env_timeout_s=0", "hydra.sweeper.env_timeout_s=0"),
     ("-m hydra.sweeper.direction=sideways", "hydra.sweeper.direction="),

@@ -170,3 +170,22 @@ def test_at_the_machines_limit_comes_first_and_says_what_is_left(bound, device, 
     assert any("limit_efficiency 96.0%" in line for line in d.evidence)
     below = diagnose({**metrics, "limit_efficiency": LIMIT_HIGH_PCT - 1}, device_type=device)
     assert below.bottleneck is Bottleneck.INPUT
+
+
+def test_at_its_own_settings_limit_points_at_settings_with_a_higher_one():
+    """A baseline at 100% of its own settings' limit, where another trial's settings measured 2.7x
+    that: not "only cheaper data or more cores help" - the settings first."""
+    from gpuopt.limits import HighestLimit
+
+    metrics = {"throughput": 2612.0, "data_wait": 48.0, "input_efficiency": 50.0,
+               "limit_efficiency": 99.7, "limit_throughput": 2621.0, "limit_bound": "cores"}  # fmt: skip
+    alone = diagnose(metrics, device_type="cpu")
+    assert "only cheaper data or more cores help" in alone.summary
+    in_study = diagnose(metrics, device_type="cpu", highest=HighestLimit(7173.0, "cores", 1))
+    assert in_study.bottleneck is Bottleneck.AT_MACHINE_LIMIT
+    assert "other settings measured a higher limit (7,173 samples/s, trial #1)" in in_study.summary
+    assert "only cheaper data" not in in_study.summary
+    assert any("trial #1's settings, the highest" in line for line in in_study.evidence)
+    assert in_study.suggestions[0].startswith("the settings of trial #1")
+    near = diagnose(metrics, device_type="cpu", highest=HighestLimit(2700.0, "cores", 1))
+    assert near.summary == alone.summary  # within 5%: the same limit, measured twice

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from gpuopt.fmt import limit_share, two_answers
+from gpuopt.limits import HighestLimit, higher_elsewhere, highest_limit
 from gpuopt.sweeper.summary import render
 
 LIMIT = {"limit_efficiency": 91.74, "limit_throughput": 8262.4, "limit_bound": "cores"}
@@ -26,27 +27,60 @@ def _trial(number: int, value: float, batch: int, **attrs: object) -> SimpleName
     )
 
 
+_RENDER = dict(
+    study_name="s",
+    storage=None,
+    sweep_dir="/tmp/x",
+    names=["throughput_amortized"],
+    directions=["maximize"],
+    counts={"ok": 2},
+    pareto=[],
+    confirmation=None,
+    best_yaml=None,
+    elapsed_s=1.0,
+)
+
+
 def test_sweep_summary_states_the_share_of_the_machines_limit():
     baseline = _trial(0, 3211.0, 32, limit_efficiency=94.5, limit_throughput=3397.7)
     best = _trial(2, 7551.0, 512, **LIMIT)
-    text = render(
-        study_name="s",
-        storage=None,
-        sweep_dir="/tmp/x",
-        names=["throughput_amortized"],
-        directions=["maximize"],
-        counts={"ok": 2},
-        baseline=baseline,
-        best=best,
-        pareto=[],
-        confirmation=None,
-        best_yaml=None,
-        elapsed_s=1.0,
-    )
+    text = render(**_RENDER, baseline=baseline, best=best)
     lines = text.splitlines()
     at_best = lines.index(next(line for line in lines if line.startswith("best ")))
     assert "at 92% of this machine's limit" in lines[at_best + 1]
     assert "(3,398 samples/s)" in text  # the baseline's own limit, no bound recorded
+
+    # with the study's highest limit (outputs.write_outputs passes it): where more was measured
+    text = render(
+        **_RENDER, baseline=baseline, best=best, highest_limit=HighestLimit(8262.4, "cores", 2)
+    )
+    lines = text.splitlines()
+    at_base = lines.index(next(line for line in lines if line.startswith("baseline ")))
+    assert lines[at_base + 1].strip() == (
+        "at 94% of this machine's limit for this workload (3,398 samples/s); other settings "
+        "measured a limit up to 8,262 samples/s (trial #2)"
+    )
+    at_best = lines.index(next(line for line in lines if line.startswith("best ")))
+    assert "other settings" not in lines[at_best + 1]  # its own limit is the highest
+
+
+def test_a_baseline_at_its_own_limit_points_at_the_settings_with_a_higher_one():
+    """The baseline's limit is at its settings (batch 32, 2 threads: 2,621 samples/s); other
+    settings measured 7,173. "100% of the limit" alone would read as "nothing to gain"."""
+    baseline = {"status": "ok", "throughput": 2612.0, "limit_efficiency": 99.7,
+                "limit_throughput": 2621.0, "limit_bound": "cores"}  # fmt: skip
+    best = {"status": "ok", "throughput": 6271.0, "limit_efficiency": 88.8,
+            "limit_throughput": 7061.0, "limit_bound": "cores"}  # fmt: skip
+    seed = {**best, "limit_throughput": 7173.0}
+    failed = {"status": "oom", "limit_throughput": 99_999.0}
+    highest = highest_limit([(0, baseline), (1, seed), (2, best), (3, failed)])
+    assert highest == HighestLimit(7173.0, "cores", 1)  # only feasible trials count
+    assert limit_share(baseline, highest) == (
+        "100% of this machine's limit for this workload (2,621 samples/s, bound by cores); other "
+        "settings measured a limit up to 7,173 samples/s (trial #1)"
+    )
+    assert limit_share(best, highest) == limit_share(best)  # within 5% of the highest: its own
+    assert not higher_elsewhere(best, highest) and higher_elsewhere(baseline, highest)
 
 
 def test_two_answers_name_each_confirmation_and_the_change():

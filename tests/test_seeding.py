@@ -145,6 +145,28 @@ def test_enqueue_seeds_once_after_the_baseline() -> None:
     assert asked.params["loader.batch_size"] == 512 and asked.params["loader.num_workers"] == 1
 
 
+def test_seeds_only_fill_the_room_the_study_has_left() -> None:
+    """A baseline re-run that finished late (its first worker died): the other workers already
+    hold n_trials but one, so one seed is enqueued, not four left waiting in the study forever."""
+    study, space = _study_and_space()
+    dist = dict(space.distributions)
+    for batch in (16, 32, 64):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={**BASE, "device.num_threads": 2, "loader.batch_size": batch},
+                distributions=dist,
+                values=[1.0, 1.0],
+            )
+        )
+    study.ask(dist)  # in flight in another worker (no owner recorded: counted as running)
+    trial = SimpleNamespace(params=dict(BASE))
+    baseline.enqueue_seeds(study, trial, _outcome(), space, n_trials=5)
+    waiting = study.get_trials(states=[optuna.trial.TrialState.WAITING])
+    assert len(waiting) == 1 and "seed" in waiting[0].user_attrs
+    assert len(study.user_attrs["seeds"]) == 1
+    assert baseline.seed_room(study.get_trials(), 5) == 0
+
+
 @pytest.mark.parametrize(("feasible", "grid"), [(False, False), (True, True)])
 def test_no_seeds_after_a_failed_baseline_or_on_a_grid(feasible, grid) -> None:
     study, space = _study_and_space(grid=grid)

@@ -572,3 +572,29 @@ def test_measurements_beside_the_window_can_be_turned_off(compose_cfg):
     assert m.mfu_achievable is None and m.peak_flops_measured is None
     assert m.loader_cost_us is None and m.limit_throughput is None
     assert m.throughput_amortized is not None  # the epoch boundary is always priced
+
+
+def test_a_window_the_hypervisor_stole_from_is_measured_and_flagged(compose_cfg, monkeypatch):
+    """cpu_steal_pct from /proc/stat's steal ticks over the window (here scripted: 20 of every
+    100 ticks stolen), and a warning once it passes 5%."""
+    from gpuopt import measure
+
+    ticks = iter(range(10**6))
+
+    def scripted() -> dict[str, int]:
+        n = next(ticks)
+        return {"user": 80 * n, "idle": 0, "steal": 20 * n}
+
+    monkeypatch.setattr(measure, "cpu_ticks", scripted)
+    result = _run(compose_cfg)
+    assert result.status is Status.OK
+    assert result.metrics.cpu_steal_pct == pytest.approx(20.0)
+    assert any("hypervisor gave 20%" in w for w in result.warnings)
+
+
+def test_the_real_steal_counter_warns_only_past_five_percent(compose_cfg):
+    result = _run(compose_cfg)
+    steal = result.metrics.cpu_steal_pct
+    assert steal is not None and 0.0 <= steal <= 100.0  # Linux: /proc/stat has the counter
+    flagged = any("hypervisor" in w for w in result.warnings)
+    assert flagged == (steal > 5.0)

@@ -172,6 +172,10 @@ def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
     return data
 
 
+# A window that lost more of the machine's CPU time than this to the hypervisor is flagged.
+STEAL_WARN_PCT = 5.0
+
+
 def run_measured(
     spec: TrialSpec,
     load_engine: Callable[[], Measure],
@@ -197,6 +201,11 @@ def run_measured(
         trial.warnings.append(
             "startup_time_s counts from the start of this trial (not process start): "
             "an earlier trial ran in this process"
+        )
+    if (steal := trial.metrics.cpu_steal_pct) is not None and steal > STEAL_WARN_PCT:
+        trial.warnings.append(
+            f"the hypervisor gave {steal:.0f}% of this machine's CPU time to other guests during "
+            "the timed window (cpu_steal_pct): this trial's numbers read low by up to that much"
         )
     return TrialResult(
         status=status,
@@ -1159,6 +1168,7 @@ def record_window(
     )
     m.step_time_cv = stats.cv
     m.throughput_ci = relative_ci_halfwidth(window.step_times)
+    m.cpu_steal_pct = window.steal_pct
     m.data_wait = min(100.0, 100.0 * input_wait.device_s / window.wall_s)
     m.host_data_wait = min(100.0, 100.0 * input_wait.host_s / window.wall_s)
     peak_memory = memory.peak_mb()

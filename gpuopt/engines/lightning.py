@@ -84,6 +84,7 @@ from gpuopt.engines._common import (
     release,
     run_measured,
 )
+from gpuopt.host import cpu_ticks, steal_percent
 from gpuopt.measure import StopRule, WindowResult, make_clock, step_flop_counter, synchronize
 from gpuopt.result import Status, TrialResult
 
@@ -271,6 +272,7 @@ class MeasureCallback(pl.Callback):
         self._flop_counter: Any = None  # measure.step_flop_counter() during the FLOP step
         self._compiled_steps: dict[str, Any] | None = None  # restored after the FLOP step
         self._first_step_t0 = self._warmup_t0 = self._window_t0 = self._first_step_at = 0.0
+        self._window_ticks: dict[str, int] | None = None
 
     # -- hooks -------------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -358,6 +360,7 @@ class MeasureCallback(pl.Callback):
         self.monitors.start()
         self.fetch_timer.reset()
         self.fetch_timer.active = True
+        self._window_ticks = cpu_ticks()
         self.clock.start()
         self._first_step_at = time.time()
         self._window_t0 = time.perf_counter()
@@ -380,7 +383,10 @@ class MeasureCallback(pl.Callback):
         step_times, wall = self.clock.finish()  # synchronizes on CUDA
         self.fetch_timer.active = False
         self.nvml = self.monitors.stop()
-        self.window = WindowResult(step_times, wall, self.timed_steps, reason, self._first_step_at)
+        steal = steal_percent(self._window_ticks, cpu_ticks())
+        self.window = WindowResult(
+            step_times, wall, self.timed_steps, reason, self._first_step_at, steal_pct=steal
+        )
         trainer.should_stop = True
         self.nonfinite.check("the timed window")
 

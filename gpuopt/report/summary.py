@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpuopt.diagnose import Diagnosis, diagnose
+from gpuopt.limits import HighestLimit, highest_limit
 from gpuopt.result import (
     ATTR_BASELINE,
     ATTR_CONFIG,
@@ -152,6 +153,8 @@ class StudyReport:
     # The best trial's profiled run (the sweeper profiles the best after the sweep:
     # gpuopt.sweeper.profiling), when the best trial itself was not profiled.
     best_profile: dict[str, Any] | None = None
+    # The machine's limit as far as the study measured it: the highest of its trials' limits.
+    highest_limit: HighestLimit | None = None
 
     @property
     def multi_objective(self) -> bool:
@@ -278,8 +281,11 @@ def param_importances(
     return result, None
 
 
-def trial_view(trial: FrozenTrial, hardware: dict[str, Any] | None) -> TrialView:
-    """One trial with its status and bottleneck diagnosis."""
+def trial_view(
+    trial: FrozenTrial, hardware: dict[str, Any] | None, highest: HighestLimit | None = None
+) -> TrialView:
+    """One trial with its status and bottleneck diagnosis (against the study's highest measured
+    limit, `machine`)."""
     status = trial_status(trial)
     attrs = dict(trial.user_attrs)
     return TrialView(
@@ -293,6 +299,7 @@ def trial_view(trial: FrozenTrial, hardware: dict[str, Any] | None) -> TrialView
             status=status,
             device_type=device_type_of(attrs, hardware),
             config=attrs.get(ATTR_CONFIG) or {},
+            highest=highest,
         ),
     )
 
@@ -323,7 +330,8 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     hardware = hardware if isinstance(hardware, dict) else None
     frozen = study.get_trials(deepcopy=False)
 
-    views = [trial_view(trial, hardware) for trial in frozen]
+    highest = highest_limit((t.number, t.user_attrs) for t in feasible_trials(frozen))
+    views = [trial_view(trial, hardware, highest) for trial in frozen]
     by_number = {v.number: v for v in views}
 
     counts = Counter(v.status for v in views)
@@ -386,6 +394,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         training_change=training_change(base_trial, picked),
         global_batch=global_batch_of(base_trial) if base_trial is not None else None,
         best_profile=_best_profile(study, best),
+        highest_limit=highest,
     )
 
 

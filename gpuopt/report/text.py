@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuopt.diagnose import Bottleneck, Diagnosis
-from gpuopt.fmt import METRIC_UNITS, limit_share, two_answers
+from gpuopt.fmt import METRIC_UNITS, confirm_mode, limit_share, two_answers
 from gpuopt.fmt import metric as fmt
 from gpuopt.fmt import speedup_ci as ci_text
 from gpuopt.report.export import experiment_text
@@ -182,7 +182,11 @@ def speedup_lines(report: StudyReport) -> list[str]:
             f"(trial #{report.best.number} vs #{report.baseline.number}, one measurement each)"  # type: ignore[union-attr]
         )
     for label, trial in (("baseline", report.baseline), ("best", report.best)):
-        share = limit_share(trial.attrs) if trial is not None and trial.status == "ok" else None
+        share = (
+            limit_share(trial.attrs, report.highest_limit)
+            if trial is not None and trial.status == "ok"
+            else None
+        )
         if share and not (label == "best" and trial is report.baseline):
             lines.append(f"The {label} (trial #{trial.number}) is at {escape(share)}.")  # type: ignore[union-attr]
     lines += confirmation_lines(report)
@@ -209,7 +213,8 @@ def confirmation_lines(report: StudyReport) -> list[str]:
     rounds, top_k = confirmation.get("rounds", "?"), confirmation.get("top_k", "?")
     objective = confirmation.get("objective", "?")
     lines = [
-        f"Confirmation: {rounds} interleaved round(s), baseline + top {top_k}, on {objective}:"
+        f"Confirmation: {rounds} round(s) {confirm_mode(confirmation)}, baseline + top {top_k}, "
+        f"on {objective}:"
     ]
     for entry in confirmation["comparisons"]:
         number = entry.get("trial_number")

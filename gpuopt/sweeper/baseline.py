@@ -163,15 +163,30 @@ def categorical_choices(space: SearchSpace) -> dict[str, list[Any]]:
     }
 
 
-def enqueue_seeds(study: optuna.Study, trial: Trial, outcome: Any, space: SearchSpace) -> None:
+def enqueue_seeds(
+    study: optuna.Study, trial: Trial, outcome: Any, space: SearchSpace, n_trials: int | None = None
+) -> None:
     """After the baseline's result: enqueue the expert seeds, once per study (not on a grid, whose
-    points are handed out by number; not after a failed baseline: no costs to reason from)."""
+    points are handed out by number; not after a failed baseline: no costs to reason from).
+
+    Only as many as the study still has room for (`seed_room`): a queued trial runs before any new
+    one (resume.is_surplus), but trials other workers already run count, and a seed past n_trials
+    would wait in the study forever (a baseline re-run after its worker died came back late)."""
     if space.is_grid or not outcome.feasible or STUDY_SEEDS in study.user_attrs:
         return
     facts = seed_facts(outcome.user_attrs, study.user_attrs)
     seeds = expert_seeds(facts, categorical_choices(space), dict(trial.params))
-    study.set_user_attr(STUDY_SEEDS, [{"params": s.params, "why": s.why} for s in seeds])
+    room = len(seeds) if n_trials is None else seed_room(study.get_trials(deepcopy=False), n_trials)
+    study.set_user_attr(STUDY_SEEDS, [{"params": s.params, "why": s.why} for s in seeds[:room]])
     log.info("seeding: %s", describe_split(facts))
-    for seed in seeds:
+    for seed in seeds[:room]:
         study.enqueue_trial(seed.params, user_attrs={"seed": seed.why}, skip_if_exists=True)
         log.info("seeding: enqueued %s (%s)", seed.params, seed.why)
+    for seed in seeds[room:]:
+        log.info("seeding: %s not enqueued: the study's n_trials are taken", seed.params)
+
+
+def seed_room(trials: Sequence[FrozenTrial], n_trials: int) -> int:
+    """Trials the study can still add: n_trials less those that count or are queued."""
+    taken = sum(1 for t in trials if resume.counted(t) or t.state == TrialState.WAITING)
+    return max(0, n_trials - taken)

@@ -37,11 +37,13 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from gpuopt.host import cpu_ticks, steal_percent
 from gpuopt.stats import mean_interval, stein_pairs, t_quantile
 
-from . import resume
+from . import interleaved, resume
 from ._compat import storage_of
 from .schema import (
     ATTR_BASELINE,
@@ -293,14 +295,18 @@ def compare(
     target: float = DEFAULT_TARGET,
     first_stage: int | None = None,
     loads: Sequence[float] = (),
+    steal_pct: float | None = None,
 ) -> dict[str, Any]:
     """Paired speedups over the baseline and whether the top two candidates can be told apart,
     from the re-measurements (the module docstring says why not the sweep's). `loads`: the 1-min
-    load averages seen before the runs, kept on each entry for a "too noisy" verdict."""
+    load averages seen before the runs and `steal_pct` the CPU time the hypervisor took over them,
+    kept on each entry for a "too noisy" verdict."""
     base = configs[0]
     seen: dict[str, Any] = {"target_halfwidth": target}
     if loads:
         seen.update(load_1m=[min(loads), max(loads)], cpus=_cpus())
+    if steal_pct is not None:
+        seen.update(steal_pct=steal_pct)
     out: dict[str, Any] = {"comparisons": [], "top_two": None}
     for cand in configs[1:]:
         entry = {"label": cand.label, "trial_number": cand.trial_number}
@@ -387,10 +393,16 @@ def run(
     sweep_dir: str,
     measure: Callable[[list[str], int], Any],
     target_halfwidth: float = DEFAULT_TARGET,
+    compose: Callable[[list[str]], Any] | None = None,
+    in_process: bool = False,
+    window_s: float = 1.0,
 ) -> dict[str, Any] | None:
     """Plan, claim and run the round; store and return its record (None when it does not run).
 
-    `measure(overrides, index)` runs one configuration and returns its TrialOutcome.
+    `measure(overrides, index)` runs one configuration in a fresh process and returns its
+    TrialOutcome. With `in_process` and `compose(overrides)` (the sweep's composition of a job's
+    config), configurations that can share a process are measured in alternating windows of one
+    process instead (gpuopt/sweeper/interleaved.py).
     """
     if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
         return None  # a stock-style task: its values are not noisy measurements to confirm
@@ -416,41 +428,130 @@ def run(
     if not resume.claim_confirmation(study, counted):
         log.info("another worker runs the confirmation round")
         return previous if isinstance(previous, dict) else None
-    configs = [
+    rule = StopRule(directions[0], target_halfwidth)
+    measured = None
+    if in_process and compose is not None and names[0] in WINDOW_OBJECTIVES:
+        # windows are cheap: the top_k asked for, not the fresh-process cap's
+        chosen = [baseline, *ranked[:top_k]]
+        measured = in_process_rounds(
+            chosen, feasible, confirm_plan, names[0], rule, compose, window_s, sweep_dir
+        )
+    if measured is None:
+        chosen = [baseline, *ranked[: confirm_plan.top_k]]
+        lean = lean_overrides(names[0], baseline.user_attrs.get("config"))
+        configs = confirmed_configs(chosen, feasible)
+        done = run_rounds(configs, confirm_plan, names[0], fresh_process_runs(measure, lean), rule)
+        mode = {"mode": "fresh processes"}
+        measured = Measured(names[0], configs, confirm_plan, done, mode, lean)
+    record = json.loads(json.dumps(measured.record(rule, counted, sweep_dir), default=str))
+    study.set_user_attr(STUDY_CONFIRMATION, record)
+    return record
+
+
+def labels(chosen: Sequence[Any]) -> list[str]:
+    """baseline, candidate1, candidate2, ... for the baseline and the chosen candidates."""
+    return ["baseline" if i == 0 else f"candidate{i}" for i in range(len(chosen))]
+
+
+def confirmed_configs(chosen: Sequence[Any], feasible: Sequence[Any]) -> list[ConfirmedConfig]:
+    """The record of each chosen trial (the baseline first), its sweep values beside it."""
+    return [
         ConfirmedConfig(
-            label="baseline" if i == 0 else f"candidate{i}",
+            label=label,
             trial_number=t.number,
             params=dict(t.params),
             overrides=list(t.user_attrs.get(ATTR_OVERRIDES) or []),
             sweep_values=[s.values[0] for s in feasible if _key(s.params) == _key(t.params)],
-            same_training=same_training(t, baseline),
+            same_training=same_training(t, chosen[0]),
         )
-        for i, t in enumerate([baseline, *ranked[: confirm_plan.top_k]])
+        for label, t in zip(labels(chosen), chosen, strict=True)
     ]
-    lean = lean_overrides(names[0], baseline.user_attrs.get("config"))
-    rule = StopRule(directions[0], target_halfwidth)
-    done = run_rounds(configs, confirm_plan, names[0], measure, rule, lean)
-    record = {
-        "objective": names[0],
-        "direction": directions[0],
-        "rounds": done.rounds,
-        "first_stage": confirm_plan.rounds,
-        "max_runs": confirm_plan.max_runs,
-        "runs": done.runs,
-        "target_halfwidth": target_halfwidth,
-        "estimator": "paired log-ratio, Stein two-stage t-interval",
-        "lean_overrides": lean,
-        "loads": done.loads,
-        "top_k": confirm_plan.top_k,
-        "after_trials": counted,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "sweep_dir": sweep_dir,
-        "configs": [vars(c) for c in configs],
-        **compare(configs, directions[0], target_halfwidth, confirm_plan.rounds, done.loads),
-    }
-    record = json.loads(json.dumps(record, default=str))
-    study.set_user_attr(STUDY_CONFIRMATION, record)
-    return record
+
+
+@dataclass
+class Measured:
+    """The rounds as run: the objective, the configs with their values, the plan they ran under,
+    the count, how they were measured (the record's "mode" keys) and fresh runs' lean overrides."""
+
+    objective: str
+    configs: list[ConfirmedConfig]
+    plan: ConfirmPlan
+    done: RoundsDone
+    mode: dict[str, Any]
+    lean: list[str] = field(default_factory=list)
+
+    def record(self, rule: StopRule, after_trials: int, sweep_dir: str) -> dict[str, Any]:
+        """The confirmation's record (the study's user attr): how it ran and its comparisons."""
+        done, configs, first = self.done, self.configs, self.plan.rounds
+        return {
+            "objective": self.objective,
+            "direction": rule.direction,
+            **self.mode,
+            "rounds": done.rounds,
+            "first_stage": first,
+            "max_runs": self.plan.max_runs,
+            "runs": done.runs,
+            "target_halfwidth": rule.target,
+            "estimator": "paired log-ratio, Stein two-stage t-interval",
+            "lean_overrides": self.lean,
+            "loads": done.loads,
+            "top_k": self.plan.top_k,
+            "after_trials": after_trials,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "sweep_dir": sweep_dir,
+            "configs": [vars(c) for c in configs],
+            "steal_pct": done.steal_pct,
+            **compare(configs, rule.direction, rule.target, first, done.loads, done.steal_pct),
+        }
+
+
+def in_process_rounds(
+    chosen: Sequence[Any],
+    feasible: Sequence[Any],
+    fresh_plan: ConfirmPlan,
+    objective: str,
+    rule: StopRule,
+    compose: Callable[[list[str]], Any],
+    window_s: float,
+    sweep_dir: str,
+) -> Measured | None:
+    """The rounds as alternating windows of one shared process (gpuopt/sweeper/interleaved.py),
+    within the fresh-process plan's time; None when the chosen trials cannot share one."""
+    shared = interleaved.open_shared(
+        chosen, labels(chosen), compose, objective, window_s, Path(sweep_dir) / "confirm"
+    )
+    if shared is None:
+        return None
+    first, cap = interleaved.window_plan(
+        fresh_plan.rounds,
+        fresh_plan.max_runs,
+        trial_seconds(feasible),
+        [interleaved.window_seconds(t, window_s) for t in chosen],
+    )
+    window_plan = ConfirmPlan(len(chosen) - 1, first, cap)
+    configs = confirmed_configs(chosen, feasible)
+    try:
+        done = run_rounds(
+            configs,
+            window_plan,
+            objective,
+            lambda cfg, job: shared.window(cfg.label),
+            rule,
+            how=f"alternating {window_s:g} s windows in one process",
+        )
+    finally:
+        shared.close()
+    mode = {"mode": "in-process windows", "window_s": window_s}
+    return Measured(objective, configs, window_plan, done, mode)
+
+
+def trial_seconds(trials: Sequence[Any]) -> list[float]:
+    """How long each finished trial took (its process, as the launcher ran it)."""
+    return [
+        (t.datetime_complete - t.datetime_start).total_seconds()
+        for t in trials
+        if t.datetime_start is not None and t.datetime_complete is not None
+    ]
 
 
 # Job numbers of the confirmation runs (the sweep's trials are numbered from 0).
@@ -482,33 +583,35 @@ class RoundsDone:
     rounds: int
     runs: int
     loads: list[float]
+    steal_pct: float | None = None  # the hypervisor's share of the CPU over the rounds (host.py)
 
 
 def run_rounds(
     configs: Sequence[ConfirmedConfig],
     confirm_plan: ConfirmPlan,
     objective: str,
-    measure: Callable[[list[str], int], Any],
+    measure_config: Callable[[ConfirmedConfig, int], Any],
     rule: StopRule,
-    lean: Sequence[str] = (),
     load: Callable[[], float] = lambda: os.getloadavg()[0],
+    how: str = "interleaved, fresh processes",
 ) -> RoundsDone:
     """The first stage (every config, `confirm_plan.rounds` rounds), then each candidate for as
-    many rounds as `rule` gives it, with the baseline, while the run cap allows a whole round."""
+    many rounds as `rule` gives it, with the baseline, while the run cap allows a whole round.
+    `measure_config(cfg, job)` measures cfg once (a fresh-process run, or an in-process window)."""
     base, cands = configs[0], list(configs[1:])
     first = confirm_plan.rounds
     wanted = {c.label: first for c in cands}
     by_label = {c.label: c for c in configs}
     log.info(
-        "confirmation: %d round(s) of %s (interleaved, fresh processes) on %s, then up to %d "
-        "runs in all for +-%.0f%%",
+        "confirmation: %d round(s) of %s (%s) on %s, then up to %d runs in all for +-%.0f%%",
         first,
         ", ".join(c.label for c in configs),
+        how,
         objective,
         confirm_plan.max_runs,
         100 * rule.target,
     )
-    runs, r, loads = 0, 0, []
+    runs, r, loads, ticks = 0, 0, [], cpu_ticks()
     while active := [c for c in cands if r < wanted[c.label]]:
         if runs + len(active) + 1 > max(confirm_plan.max_runs, confirm_plan.runs):
             log.info("confirmation: the run cap (%d, confirm.max_share) is reached", runs)
@@ -516,7 +619,7 @@ def run_rounds(
         for label in round_order([base.label, *(c.label for c in active)], r):
             cfg = by_label[label]
             loads.append(load())
-            _measure_one(cfg, r, runs, objective, measure, lean)
+            _measure_one(cfg, r, runs, objective, measure_config)
             runs += 1
         r += 1
         if r == first:
@@ -526,7 +629,21 @@ def run_rounds(
                 100 * rule.target,
                 ", ".join(f"{k} {v}" for k, v in wanted.items()),
             )
-    return RoundsDone(rounds=r, runs=runs, loads=loads)
+    steal = steal_percent(ticks, cpu_ticks())
+    return RoundsDone(rounds=r, runs=runs, loads=loads, steal_pct=steal)
+
+
+def fresh_process_runs(
+    measure: Callable[[list[str], int], Any], lean: Sequence[str]
+) -> Callable[[ConfirmedConfig, int], Any]:
+    """`measure_config(cfg, job)` for run_rounds: one fresh-process run of cfg through the sweep's
+    launcher (`measure(overrides, job)`), with the lean overrides, in its own subdirectory."""
+
+    def measure_config(cfg: ConfirmedConfig, job: int) -> Any:
+        subdir = f"hydra.sweep.subdir=confirm/{job:02d}_{cfg.label}"
+        return measure(with_overrides(cfg.overrides, [*lean, subdir]), FIRST_CONFIRM_JOB + job)
+
+    return measure_config
 
 
 def _measure_one(
@@ -534,12 +651,10 @@ def _measure_one(
     round_index: int,
     job: int,
     objective: str,
-    measure: Callable[[list[str], int], Any],
-    lean: Sequence[str],
+    measure_config: Callable[[ConfirmedConfig, int], Any],
 ) -> None:
-    """One fresh-process run of cfg; its value (or status) recorded under round_index."""
-    subdir = f"hydra.sweep.subdir=confirm/{job:02d}_{cfg.label}"
-    outcome = measure(with_overrides(cfg.overrides, [*lean, subdir]), FIRST_CONFIRM_JOB + job)
+    """One measurement of cfg; its value (or status) recorded under round_index."""
+    outcome = measure_config(cfg, job)
     cfg.confirm_statuses.append(outcome.status)
     measured = outcome.feasible and outcome.values
     if measured:

@@ -181,6 +181,9 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             n_trials=self.n_trials,
             sweep_dir=str(self.config.hydra.sweep.dir),
             measure=measure,
+            compose=self._compose if self.options.gpuopt_task else None,
+            in_process=self.options.confirm.in_process,
+            window_s=self.options.confirm.window_s,
         )
         pending = confirm.elsewhere(
             study, confirmation, directions, self.options.confirm, self.n_trials
@@ -356,7 +359,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
                 baseline_trial = bool(trial.user_attrs.get(ATTR_BASELINE))
                 log.info(progress.record(trial.number, baseline_trial, outcome))
                 if baseline_trial and self.options.seeding:
-                    baseline.enqueue_seeds(study, trial, outcome, space)
+                    baseline.enqueue_seeds(study, trial, outcome, space, self.n_trials)
         except Exception as exc:
             # The sweep stops (a bad custom_search_space, a storage error): none of its trials
             # may stay RUNNING, or every later run of the study would find them in flight.
@@ -415,6 +418,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
                 return [exc]
             log.warning("launcher failed for a batch (%s); launching its jobs one by one", exc)
             return [self._launch([o], [n])[0] for o, n in zip(overrides, numbers, strict=False)]
+
+    def _compose(self, overrides: list[str]) -> Any:
+        """A job's config as the launcher composes it (the confirmation's in-process mode)."""
+        return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
 
     def _measure(
         self, overrides: list[str], job: int, names: list[str], directions: list[str]

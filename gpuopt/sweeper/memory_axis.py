@@ -219,12 +219,13 @@ def run_probe(
     return probe
 
 
-def write_probe_config(config: Any, directory: Path) -> Path:
-    """The composed task config (no hydra node), as the probe reads it."""
+def write_probe_config(config: Any, directory: Path, name: str = "memory_probe.yaml") -> Path:
+    """The composed task config (no hydra node, resolved), as the probe and gpuopt.interleave
+    read it."""
     from omegaconf import OmegaConf
 
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "memory_probe.yaml"
+    path = directory / name
     task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
     path.write_text(OmegaConf.to_yaml(task, resolve=True))
     return path

@@ -38,6 +38,10 @@ class ConfirmOptions:
     max_share: float = 1.0
     # stop once the speedup's 95% CI is within +-this (relative); wider at the cap: "too noisy"
     target_halfwidth: float = 0.10
+    # configurations that can share a process (gpuopt's task, DataLoader / batch / threads /
+    # precision differences) are confirmed in alternating in-process windows of window_s seconds
+    in_process: bool = True
+    window_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,18 @@ class SweeperOptions:
                 _number_in(self.confirm.target_halfwidth, 0.0, 1.0)
                 and self.confirm.target_halfwidth > 0,
                 "a number in (0, 1]",
+            ),
+            (
+                "confirm.in_process",
+                self.confirm.in_process,
+                isinstance(self.confirm.in_process, bool),
+                "true or false",
+            ),
+            (
+                "confirm.window_s",
+                self.confirm.window_s,
+                _number_in(self.confirm.window_s, 0.1, 60.0),
+                "seconds in [0.1, 60]",
             ),
             (
                 "heartbeat_interval",

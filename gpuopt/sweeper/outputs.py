@@ -22,6 +22,8 @@ from typing import Any
 import optuna
 from omegaconf import OmegaConf
 
+from gpuopt.limits import highest_limit
+
 from . import interference
 from .export import overrides_to_experiment, stock_results, write_experiment
 from .schema import (
@@ -146,6 +148,7 @@ def write_outputs(
         speedups=sweep.metrics_named,
         best_pending=best_pending,
         answers=answers,
+        highest_limit=highest_limit((t.number, t.user_attrs) for t in pool),
     )
     (sweep.sweep_dir / "summary.txt").write_text(text + "\n")
     return text

@@ -62,6 +62,9 @@ class ConfirmConf:
     max_share: float = _DEFAULTS.confirm.max_share
     # stop once the speedup's 95% CI is within +-this; still wider at the cap: "too noisy"
     target_halfwidth: float = _DEFAULTS.confirm.target_halfwidth
+    # confirm configurations that can share a process in alternating in-process windows
+    in_process: bool = _DEFAULTS.confirm.in_process
+    window_s: float = _DEFAULTS.confirm.window_s  # one such window's length
 
 
 # gpuopt's default sampler: the stock TPE config with `multivariate: true` (Optuna's own TPE default

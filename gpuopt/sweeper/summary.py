@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuopt.fmt import duration, limit_share, two_answers
+from gpuopt.fmt import confirm_mode, duration, limit_share, two_answers
 from gpuopt.fmt import speedup_ci as ci_text
 from gpuopt.fmt import value as fmt
+from gpuopt.limits import HighestLimit
 
 from .confirm import KEEP_BASELINE
 
@@ -64,9 +65,11 @@ def render(
     baseline_skipped: str | None = None,
     best_pending: str | None = None,
     answers: Sequence[str] = (),
+    highest_limit: HighestLimit | None = None,
 ) -> str:
     """The end-of-sweep summary. `storage` None: an in-memory study (nothing to review later);
-    `speedups` False: the values are an app's own (value, value_0, ...), not gpuopt's metrics."""
+    `speedups` False: the values are an app's own (value, value_0, ...), not gpuopt's metrics;
+    `highest_limit` the study's highest measured limit (gpuopt.limits.highest_limit)."""
     lines = [
         "",
         "=" * 78,
@@ -83,7 +86,7 @@ def render(
         lines.append(
             f"baseline  #{baseline.number}: {values_text(names, baseline.values)}  [{param_text(baseline.params)}]"
         )
-        lines.extend(_limit_lines(baseline))
+        lines.extend(_limit_lines(baseline, highest_limit))
     elif baseline_skipped:
         lines.append(f"baseline skipped: {baseline_skipped[:300]}")
     else:
@@ -92,7 +95,7 @@ def render(
         lines.append(
             f"best      #{best.number}: {values_text(names, best.values)}  [{param_text(best.params)}]"
         )
-        lines.extend(_limit_lines(best))
+        lines.extend(_limit_lines(best, highest_limit))
     else:
         lines.append(
             f"best: pending: {best_pending}" if best_pending else "best: no feasible trial"
@@ -111,8 +114,8 @@ def render(
     return "\n".join(lines)
 
 
-def _limit_lines(trial: Any) -> list[str]:
-    share = limit_share(getattr(trial, "user_attrs", None) or {})
+def _limit_lines(trial: Any, highest: HighestLimit | None) -> list[str]:
+    share = limit_share(getattr(trial, "user_attrs", None) or {}, highest)
     return [f"          at {share}"] if share else []
 
 
@@ -157,8 +160,8 @@ def _comparison_lines(
     if confirmation and confirmation.get("comparisons"):
         obj = confirmation.get("objective")
         lines.append(
-            f"confirmation ({confirmation.get('rounds')} round(s), interleaved; {obj}, "
-            "re-measurements only):"
+            f"confirmation ({confirmation.get('rounds')} round(s), {confirm_mode(confirmation)}; "
+            f"{obj}, re-measurements only):"
         )
         for entry in confirmation["comparisons"]:
             lines.append(

@@ -23,6 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import gpuopt.config
+import gpuopt.sweeper.interleaved
 from gpuopt.config import register_schemas
 from gpuopt.result import Metrics, Status, TrialResult
 
@@ -40,6 +41,11 @@ def _check_without_fake_keys(cfg: DictConfig, cpus: int | None = None) -> None:
 
 
 gpuopt.config.check_composed = _check_without_fake_keys
+
+# The confirmation re-measures in fresh processes here: its in-process mode builds the real engine
+# (gpuopt.interleave), whose numbers are not this stand-in's. tests/test_interleave.py and the
+# real-engine sweep in tests/test_sweep_e2e.py test that mode.
+gpuopt.sweeper.interleaved.open_shared = lambda *args, **kwargs: None
 
 
 def fake_result(cfg: DictConfig) -> TrialResult:

@@ -1,0 +1,175 @@
+"""The confirmation's in-process mode: which configurations may share a process, the window budget,
+and the real `python -m gpuopt.interleave` process (gpuopt/interleave.py) driven by the sweeper's
+SharedProcess (gpuopt/sweeper/interleaved.py): windows, failures as statuses, nothing left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpuopt.sweeper import interleaved, memory_axis
+from gpuopt.sweeper.interleaved import SharedProcess, shareable, window_plan, window_seconds
+
+SPEC = {
+    "engine": {"name": "native"},
+    "compile": {"mode": "off"},
+    "cache": {"empty_cache": "never"},
+    "loader": {"batch_size": 32, "num_workers": 0},
+    "precision": {"mode": "fp32"},
+    "device": {"type": "cpu", "num_threads": None},
+    "model": {"_target_": "gpuopt.workload.models.MLP", "width": 512},
+    "measure": {"time_budget_s": 2.0},
+    "profile": {"enabled": False},
+}
+
+
+def _with(**changes: dict) -> dict:
+    return {**SPEC, **{k: {**SPEC[k], **v} for k, v in changes.items()}}
+
+
+@pytest.mark.parametrize(
+    ("candidate", "why"),
+    [
+        (_with(loader={"batch_size": 512, "num_workers": 2}), None),
+        (_with(precision={"mode": "bf16"}, device={"num_threads": 1}), None),
+        (_with(profile={"enabled": True}, measure={"time_budget_s": 9.0}), None),  # how, not what
+        (_with(compile={"mode": "default"}), "torch.compile"),
+        (_with(engine={"name": "lightning"}), "the Lightning engine builds its own loop"),
+        (_with(cache={"empty_cache": "trial_end"}), "cache.empty_cache differs"),
+        (_with(model={"width": 1024}), "model.width differs"),
+        ({}, "no resolved gpuopt trial config (a task of its own)"),
+    ],
+)
+def test_only_loader_batch_threads_and_precision_changes_share_a_process(candidate, why) -> None:
+    assert shareable(SPEC, candidate) == why
+
+
+def test_the_window_budget_is_the_fresh_process_caps_time() -> None:
+    # 10 runs of a 12 s trial = 120 s: 120 windows of 1 s; first stage 8 rounds of 3 arms
+    assert window_plan(4, 10, [11.0, 12.0, 30.0], [1.0, 1.0, 1.0]) == (8, 120)
+    # tiny trials: the cap still allows two rounds; the first stage fits the cap
+    assert window_plan(2, 4, [0.5, 0.5], [1.0, 1.0]) == (2, 4)
+    assert window_plan(4, 10, [12.0] * 3, [0.5, 0.5])[1] == 240
+    assert window_plan(4, 400, [60.0], [0.1, 0.1]) == (8, interleaved.MAX_WINDOWS)
+
+
+def test_a_window_of_slow_steps_lasts_its_minimum_steps() -> None:
+    slow = SimpleNamespace(user_attrs={"step_time_ms": 400.0})  # 5 steps + the drained one
+    assert window_seconds(slow, 1.0) == pytest.approx(5 * 0.4 + 0.4)
+    fast = SimpleNamespace(user_attrs={"step_time_ms": 10.0})
+    assert window_seconds(fast, 1.0) == pytest.approx(1.01)
+    assert window_seconds(SimpleNamespace(user_attrs={}), 1.0) == 1.0
+    # a slow arm takes the budget's time: fewer windows
+    assert window_plan(4, 10, [12.0], [2.4, 1.01])[1] == int(120 / 1.705)
+
+
+TINY = [
+    "device=cpu",
+    "model.width=16",
+    "model.depth=1",
+    "model.input_shape=[12]",
+    "measure.warmup_steps=2",
+    "data.sample_cost=0.1",
+]
+
+
+def _configs(tmp_path: Path, arms: dict[str, list[str]]) -> dict[str, Path]:
+    from hydra import compose, initialize_config_module
+
+    import gpuopt.run  # noqa: F401 - registers the schemas
+
+    paths = {}
+    for label, overrides in arms.items():
+        with initialize_config_module(config_module="gpuopt.conf"):
+            cfg = compose("config", overrides=[*TINY, *overrides], return_hydra_config=True)
+        paths[label] = memory_axis.write_probe_config(cfg, tmp_path, f"{label}.yaml")
+    return paths
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes in process group `pgid` (the shared process and its DataLoader workers)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_path) -> None:
+    arms = {
+        "baseline": [],
+        "candidate1": ["loader.batch_size=128", "loader.num_workers=1", "device.num_threads=1"],
+        "candidate2": ["optimizer=sgd", "optimizer.lr=1e30"],  # diverges in its warm-up
+    }
+    steady = {"candidate1": {"epoch_steps": 10, "epoch_overhead_s": 1.0}}
+    shared = SharedProcess.start(
+        _configs(tmp_path, arms), steady, "throughput_amortized", 0.2, tmp_path
+    )
+    assert shared.error is None, (tmp_path / "interleave.log").read_text()[-2000:]
+    try:
+        workers = _group_members(shared.process.pid)
+        assert len(workers) >= 2  # the process and candidate1's loader worker
+        for _ in range(2):
+            base, cand = shared.window("baseline"), shared.window("candidate1")
+            assert base.status == cand.status == "ok"
+            assert cand.user_attrs["steps"] >= 5 and cand.user_attrs["seconds"] >= 0.2
+            # the window's steady throughput, amortized over the measured epoch boundary
+            step_s = cand.user_attrs["step_time_ms"] / 1000
+            amortized = cand.user_attrs["throughput"] * 10 * step_s / (10 * step_s + 1.0)
+            assert cand.values[0] == pytest.approx(amortized)
+            assert base.values[0] == base.user_attrs["throughput"]  # no boundary given: steady
+        failed = shared.window("candidate2")
+        assert failed.status == "diverged" and "NaN" in failed.user_attrs["reason"]
+        assert shared.window("baseline").status == "ok"  # the others go on
+        assert shared.window("nobody").status == "error"
+    finally:
+        shared.close()
+    assert shared.process.returncode == 0
+    assert _group_members(shared.process.pid) == []  # no worker left behind
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_takes_its_shared_process_with_it(tmp_path) -> None:
+    """The sweep dies with SIGKILL mid-confirmation: the shared process (parent-death signal)
+    and its DataLoader workers end too."""
+    paths = _configs(tmp_path, {"baseline": ["loader.num_workers=1"]})
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from gpuopt.sweeper.interleaved import SharedProcess
+        shared = SharedProcess.start({{"baseline": Path({str(paths["baseline"])!r})}}, {{}},
+                                     "throughput", 0.2, Path({str(tmp_path)!r}))
+        assert shared.error is None, shared.error
+        print(shared.process.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    sweep = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(sweep.stdout.readline())
+        assert len(_group_members(child)) >= 2
+        os.kill(sweep.pid, signal.SIGKILL)
+        sweep.wait()
+        deadline = time.monotonic() + 20
+        while _group_members(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _group_members(child) == []
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
