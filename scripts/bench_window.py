@@ -52,8 +52,9 @@ def build_gpuopt(overrides: list[str], directory: Path) -> Any:
 
 
 def gpuopt_window(member: Any) -> float:
-    """One real timed window of gpuopt's (its stop rule ends it): throughput, samples/s."""
-    from gpuopt.engines._common import MemoryBaseline, apply_policies, measure_timed_window
+    """One real timed window of gpuopt's native engine (its stop rule ends it): samples/s."""
+    from gpuopt.engines._common import MemoryBaseline, apply_policies
+    from gpuopt.engines.native import timed_window
     from gpuopt.interleave import queued_batches
 
     trial, workload, feed = member.trial, member.workload, member.feed
@@ -61,15 +62,7 @@ def gpuopt_window(member: Any) -> float:
     for _ in range(queued_batches(member)):
         workload.train_step(feed.next_step())
     memory = MemoryBaseline.take(trial.device)
-    measure_timed_window(
-        trial,
-        lambda: workload.train_step(feed.next_step()),
-        feed,
-        memory,
-        trial.spec.precision.mode,
-        time.time(),
-        member.cache.after_step,
-    )
+    timed_window(trial, workload, feed, member.cache, memory, time.time())
     return float(trial.metrics.throughput)
 
 
