@@ -50,16 +50,6 @@ READY_TIMEOUT_S = 600.0  # building and warming every member (a GPT-2 124M on CP
 WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
 
 
-def flat(config: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested dict as {"a.b": value}."""
-    if not isinstance(config, Mapping):
-        return {prefix.rstrip("."): config}
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        out.update(flat(value, f"{prefix}{key}."))
-    return out
-
-
 def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
     """Why `candidate` cannot share a process with `baseline` (their stored spec dicts), or None."""
     if not baseline or not candidate:
@@ -69,7 +59,9 @@ def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str 
             return "the Lightning engine builds its own loop"
         if (config.get("compile") or {}).get("mode", "off") != "off":
             return "torch.compile"
-    a, b = flat(baseline), flat(candidate)
+    from gpuopt.report.summary import flatten  # the report's config diff reads them alike
+
+    a, b = flatten(dict(baseline)), flatten(dict(candidate))
     differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     apart = [k for k in differing if not k.startswith(SHAREABLE + NOT_COMPARED)]
     return f"{apart[0]} differs" if apart else None
