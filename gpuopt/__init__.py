@@ -5,9 +5,9 @@ The public Python API (README, "Tune your own training"):
 - `measure_step(step, batches, ...) -> TrialResult`: your own training step on your own batches,
   measured like a built-in trial (gpuopt.engines.user_step).
 - `MeasureCallback`: the same measurement inside your own `lightning.Trainer`
-  (gpuopt.engines.lightning; needs the `[lightning]` extra).
+  (gpuopt.engines.lightning.engine; needs the `[lightning]` extra).
 - `run_trial(spec)`: one configuration of gpuopt's own config tree (gpuopt.engines).
-- `TrialResult`, `Metrics`, `Status`: what they return (gpuopt.result).
+- `TrialResult`, `Metrics`, `Status`: what they return (gpuopt.core.result).
 
 Attributes resolve lazily (PEP 562): `import gpuopt` imports neither torch nor Lightning, so the
 sweeping process, which imports gpuopt's subpackages, stays light.
@@ -19,21 +19,21 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpuopt.engines import run_trial
-    from gpuopt.engines.lightning import UserMeasureCallback as MeasureCallback
+    from gpuopt.core.result import Metrics, Status, TrialResult
+    from gpuopt.engines.lightning.engine import UserMeasureCallback as MeasureCallback
+    from gpuopt.engines.registry import run_trial
     from gpuopt.engines.user_step import measure_step
-    from gpuopt.result import Metrics, Status, TrialResult
 
 __version__ = "0.1.0"
 
 # Public name -> (module, attribute): imported on first access.
 _EXPORTS: dict[str, tuple[str, str]] = {
     "measure_step": ("gpuopt.engines.user_step", "measure_step"),
-    "MeasureCallback": ("gpuopt.engines.lightning", "UserMeasureCallback"),
+    "MeasureCallback": ("gpuopt.engines.lightning.engine", "UserMeasureCallback"),
     "run_trial": ("gpuopt.engines", "run_trial"),
-    "TrialResult": ("gpuopt.result", "TrialResult"),
-    "Metrics": ("gpuopt.result", "Metrics"),
-    "Status": ("gpuopt.result", "Status"),
+    "TrialResult": ("gpuopt.core.result", "TrialResult"),
+    "Metrics": ("gpuopt.core.result", "Metrics"),
+    "Status": ("gpuopt.core.result", "Status"),
 }
 
 __all__ = ["MeasureCallback", "Metrics", "Status", "TrialResult", "measure_step", "run_trial"]

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gpuopt
-from gpuopt.config import ConfigError, TrialSpec
-from gpuopt.host import cpu_model
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.host import cpu_model
+from gpuopt.core.spec import TrialSpec
 
 if TYPE_CHECKING:
     import torch
@@ -170,7 +171,7 @@ def _time_matmul(device: torch.device, dtype: torch.dtype, n: int, deadline: flo
 
     import torch
 
-    from gpuopt.measure import synchronize
+    from gpuopt.trial.measure import synchronize
 
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)

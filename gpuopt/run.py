@@ -25,18 +25,17 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from gpuopt.config import (
-    ConfigError,
-    ConfigFileError,
+from gpuopt.core.checks import (
     check_composed,
     check_device_facts,
     check_writable_path,
     config_error_from_omegaconf,
-    register_schemas,
-    validate,
 )
-from gpuopt.fmt import fixed
-from gpuopt.result import Status, TrialResult
+from gpuopt.core.errors import ConfigError, ConfigFileError
+from gpuopt.core.fmt import fixed
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.spec import register_schemas
+from gpuopt.engines.registry import load_spec
 
 log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
@@ -74,13 +73,13 @@ def run_config(
     A ConfigError exits the process with a one-line message (single run), or becomes an `error`
     result (multirun: one bad trial must not end a sweep).
     """
-    from gpuopt.policies import apply_allocator_env
+    from gpuopt.trial.knobs import apply_allocator_env
 
-    # Allocator settings are read when torch is imported, so before validate() (which imports the
+    # Allocator settings are read when torch is imported, so before load_spec() (which imports the
     # model's module, hence torch).
     warnings = apply_allocator_env(cfg.cache.cuda_alloc_conf, bool(cfg.cache.cpu_thp))
     try:
-        spec = validate(cfg)
+        spec = load_spec(cfg)
         from gpuopt.env import check_device_support
 
         device, device_warnings = check_device_support(spec)
@@ -95,7 +94,7 @@ def run_config(
             result.save(output_dir / RESULT_FILE)
         return result
 
-    from gpuopt.engines import run_trial
+    from gpuopt.engines.registry import run_trial
 
     result = run_trial(spec, device=device)
     result.warnings = warnings + device_warnings + result.warnings
@@ -202,13 +201,13 @@ def _local_device_facts() -> dict[str, Any]:
 def check_before_run(config: DictConfig) -> None:
     """Everything a single run can get wrong, before Hydra creates its run directory: the values
     (torch-free, so the common mistakes fail fast), where the run writes, the targets, the device."""
-    from gpuopt.policies import apply_allocator_env
+    from gpuopt.trial.knobs import apply_allocator_env
 
     check_composed(config)
     check_writable_path("hydra.run.dir", str(config.hydra.run.dir), directory=True)
-    # validate() imports the targets, hence torch, which reads the allocator settings on import.
+    # load_spec() imports the targets, hence torch, which reads the allocator settings on import.
     apply_allocator_env(config.cache.cuda_alloc_conf, bool(config.cache.cpu_thp))
-    validate(config)
+    load_spec(config)
     check_device_facts(config, _local_device_facts())
 
 

@@ -4,7 +4,7 @@
     python scripts/bench_confirm.py --pairs 20 --windows 80 --json benchmarks/confirm_inprocess_cpu.json
 
 With `--windows N` the same comparisons are also measured as the confirmation's in-process mode
-does (gpuopt.interleave: both arms built once in one process, N rounds of alternating windows of
+does (gpuopt.trial.interleave: both arms built once in one process, N rounds of alternating windows of
 `--window-s`), cut into blocks of `--window-block` rounds (8: its first stage), each block one
 confirmation, against the truth of the fresh-process pairs (`batch`) or 1.0 (`same`): the bias of
 the in-process ratio against the fresh-process one, and the coverage of its intervals.
@@ -16,7 +16,7 @@ confirmation's lean overrides):
   - batch: batch 256 against batch 32 (true ratio: the estimate from all pairs).
 Each comparison's pairs are cut into blocks of `--block` consecutive pairs (5: what the default
 sweep's 10 confirmation runs give); every block is one confirmation, estimated as the sweeper does
-(gpuopt.sweeper.confirm.speedup, Stein's interval with a first stage of 4 pairs). Reported: the
+(gpuopt.sweeper.confirm.rounds.speedup, Stein's interval with a first stage of 4 pairs). Reported: the
 spread (sd) of the pairs' log-ratios, the pairs a +-10% interval needs at that spread, each block's
 ratio and interval, the bias (mean block log-ratio - truth; meaningful for `same` only: for `batch`
 the truth is the blocks' own mean) and the coverage (blocks whose interval holds the truth), and the
@@ -38,9 +38,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
-from gpuopt.stats import mean_interval, stein_pairs
-from gpuopt.sweeper.confirm import LEAN_MEASURE, speedup
-from gpuopt.sweeper.interleaved import FIRST_STAGE_ROUNDS
+from gpuopt.core.stats import mean_interval, stein_pairs
+from gpuopt.sweeper.confirm.in_process import FIRST_STAGE_ROUNDS
+from gpuopt.sweeper.confirm.rounds import LEAN_MEASURE, speedup
 
 # The default sweep's window (conf/search/default.yaml) on the CPU, one compute thread.
 WINDOW = [
@@ -85,7 +85,7 @@ def measure_windows(
     from hydra import compose, initialize_config_module
 
     import gpuopt.run  # noqa: F401 - registers the schemas
-    from gpuopt.sweeper.interleaved import SharedProcess
+    from gpuopt.sweeper.confirm.in_process import SharedProcess
     from gpuopt.sweeper.memory_axis import write_probe_config
 
     arms = {"reference": [*WINDOW, *reference], "candidate": [*WINDOW, *candidate]}
@@ -97,7 +97,7 @@ def measure_windows(
         paths[name] = write_probe_config(cfg, directory, f"{name}.yaml")
     shared = SharedProcess.start(paths, {}, "throughput", window_s, directory)
     if shared.error:
-        raise SystemExit(f"gpuopt.interleave: {shared.error}")
+        raise SystemExit(f"gpuopt.trial.interleave: {shared.error}")
     values: dict[str, list[float | None]] = {"reference": [], "candidate": []}
     loads: list[float] = []
     try:

@@ -78,7 +78,7 @@ def loop_overhead(steps: int = 300, repeats: int = 3) -> dict[str, list[float]]:
     logging.getLogger("lightning").setLevel(logging.ERROR)
     import lightning.pytorch as pl
 
-    from gpuopt.engines.lightning import _RepeatedBatch
+    from gpuopt.engines.lightning.engine import _RepeatedBatch
 
     torch.set_num_threads(1)
     batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))

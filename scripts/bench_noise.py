@@ -3,7 +3,7 @@
 For each of N rounds (interleaved, the order reversed every other round, each in a fresh process):
   1. `python -m gpuopt.run <config>`: gpuopt measures the configuration; we read result.json.
   2. `python scripts/bench_noise.py --independent <config>`: the same model, data, loader and
-     optimizer, timed by a plain loop written here (no gpuopt.measure / gpuopt.trial code): warm up,
+     optimizer, timed by a plain loop written here (no gpuopt.trial.measure / gpuopt.trial code): warm up,
      then run steps until a fixed wall-time budget, throughput = samples / elapsed.
 
 Reports both throughputs, their ratio, both coefficients of variation across processes, and the

@@ -39,8 +39,8 @@ ARGS = [
 def run(storage: str, workers: int, trials: int, trial_s: float, name: str) -> tuple[float, int]:
     import optuna
 
+    from gpuopt.study.storage import open_storage
     from gpuopt.sweeper import resume
-    from gpuopt.sweeper.storage import open_storage
 
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "GPUOPT_OUTPUT_DIR": out}

@@ -57,7 +57,7 @@ def default_sweep(
     import optuna
     from omegaconf import OmegaConf
 
-    from gpuopt.sweeper.search_space import override_text
+    from gpuopt.sweeper.space import override_text
 
     with tempfile.TemporaryDirectory(prefix="gpuopt_sweep_") as tmp:
         cmd = [
@@ -128,16 +128,17 @@ def find_batch_size(
     from torch.utils.data import DataLoader
 
     import gpuopt.run  # noqa: F401  (registers the config schema)
-    from gpuopt.config import MODEL_META_KEYS, validate
+    from gpuopt.core.spec import MODEL_META_KEYS
     from gpuopt.engines._common import instantiate_trusted as _instantiate
-    from gpuopt.engines.lightning import BuiltinModule
+    from gpuopt.engines.lightning.engine import BuiltinModule
+    from gpuopt.engines.registry import load_spec
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose(
             config_name="config",
             overrides=[f"model={model}", f"device={device}", *PYTORCH_DEFAULTS],
         )
-    spec = validate(cfg)
+    spec = load_spec(cfg)
     dataset = _instantiate(spec.data, spec.trusted_targets)
 
     class FinderModule(BuiltinModule):

@@ -8,12 +8,12 @@ process-to-process noise).
 scripts/bench_agreement.py compares the two in fresh processes, where one process's throughput
 spreads 6-14% on a 2-core VM and five rounds cannot resolve 3%. Here both are built once in one
 process - gpuopt's side as the confirmation's in-process mode builds a trial
-(gpuopt.interleave.build_member: the native engine's model, DataLoader and step), the plain loop's
+(gpuopt.trial.interleave.build_member: the native engine's model, DataLoader and step), the plain loop's
 side as bench_agreement.py builds it (hydra.utils.instantiate, its own DataLoader and step) - and
 measured in turns, A B B A: gpuopt's real timed window (`measure_timed_window`: its clock, its
 stability stop, its sample count) against `--steps` plain steps between two perf_counter reads.
 Before each turn the idle side's prefetched batches are drained untimed. The paired log-ratio
-estimator is the confirmation's (gpuopt.sweeper.confirm.speedup). What this cannot see is a
+estimator is the confirmation's (gpuopt.sweeper.confirm.rounds.speedup). What this cannot see is a
 fresh process's own start-up effects; bench_agreement.py and bench_noise.py measure those.
 """
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_agreement
 import benchlib
 
-from gpuopt.sweeper.confirm import speedup
+from gpuopt.sweeper.confirm.rounds import speedup
 
 BASE = ["device=cpu", "device.num_threads=1", "measure.warmup_steps=3"]
 
@@ -40,8 +40,8 @@ def build_gpuopt(overrides: list[str], directory: Path) -> Any:
     from hydra import compose, initialize_config_module
 
     import gpuopt.run  # noqa: F401 - registers the schemas
-    from gpuopt.interleave import build_member
     from gpuopt.sweeper.memory_axis import write_probe_config
+    from gpuopt.trial.interleave import build_member
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
@@ -55,7 +55,7 @@ def gpuopt_window(member: Any) -> float:
     """One real timed window of gpuopt's native engine (its stop rule ends it): samples/s."""
     from gpuopt.engines._common import MemoryBaseline, apply_policies
     from gpuopt.engines.native import timed_window
-    from gpuopt.interleave import queued_batches
+    from gpuopt.trial.interleave import queued_batches
 
     trial, workload, feed = member.trial, member.workload, member.feed
     apply_policies(trial.spec, trial.device)

@@ -144,7 +144,7 @@ step speedup 170 "$PY" scripts/bench_speedup.py --models cnn --device cuda --tri
 import json, sys
 from pathlib import Path
 
-from gpuopt.measure import peak_flops
+from gpuopt.trial.measure import peak_flops
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
 steps = [line.split("\t") for line in (work / "steps.tsv").read_text().splitlines() if line]

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 from replay import DEFAULT_GRID_PATH, Grid, GridPoint
 
-from gpuopt.sweeper.hardware import probe_env
+from gpuopt.sweeper.machine import probe_env
 
 # The reference space: the keys the default preset (conf/search/default.yaml) searches on a CPU
 # (batch size; loader workers and compute threads, which share the cores; precision), each with more
@@ -66,7 +66,7 @@ def grid_configs(space: dict[str, str]) -> list[dict[str, object]]:
 
 
 def override(key: str, value: object) -> str:
-    from gpuopt.sweeper.search_space import override_text
+    from gpuopt.sweeper.space import override_text
 
     return override_text(key, value)
 

@@ -74,7 +74,7 @@ class Grid:
     # -- the search space ------------------------------------------------------------------------
     def distributions(self) -> dict[str, BaseDistribution]:
         """The Optuna distributions the sweeper would build from `space` (same parser)."""
-        from gpuopt.sweeper._compat import create_params_from_overrides
+        from gpuopt.core._compat import create_params_from_overrides
 
         dists, fixed, _ = create_params_from_overrides([f"{k}={v}" for k, v in self.space.items()])
         if fixed:
@@ -398,12 +398,12 @@ class SweeperDefaults:
             return SearchSetup(n_jobs=self.n_jobs)
         space = dict(grid.space)
         if self.device_aware and grid.meta.get("poor_choices"):
-            from gpuopt.sweeper.search_space import drop_poor_choices
+            from gpuopt.sweeper.space import drop_poor_choices
 
             space = drop_poor_choices(space, grid.meta["poor_choices"]).params
         enqueue: tuple[dict[str, Any], ...] = ()
         if self.baseline:
-            from gpuopt.sweeper.search_space import baseline_params
+            from gpuopt.sweeper.space import baseline_params
 
             fitting, _outside = baseline_params(
                 self.config, Grid(space=space, points=[]).distributions()

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
-from gpuopt.config import register_schemas
+from gpuopt.core.spec import register_schemas
 
 # A trial small enough for unit tests: a few steps on a tiny model and cheap samples.
 TINY_TRIAL = [

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import gpuopt
-from gpuopt.config import ConfigError
-from gpuopt.result import Status, TrialResult
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.result import Status, TrialResult
 
 QUICK = {"warmup_steps": 1, "min_steps": 3, "max_steps": 6, "time_budget_s": 0.5, "min_time_s": 0.0}
 

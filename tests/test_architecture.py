@@ -1,11 +1,14 @@
-"""The package's shape, read from its source with `ast` (nothing is imported): no import cycle among
-gpuopt's modules, engines as peers, no torch in the sweeping process, short functions.
+"""The package's shape, read from its source with `ast` (nothing is imported): the folders and the
+rules between them (docs/architecture.md), no import cycle, engines as peers, short modules and
+functions.
 
 Imports counted: every `import` / `from ... import` statement, at module level and inside functions
 alike (an import inside a function is deferred, not absent: the dependency is real), except those
 under `if TYPE_CHECKING:` (never executed). `from gpuopt import x` counts as an import of the
 submodule `gpuopt.x` when x is one, else of the package `gpuopt`. Importing `a.b.c` runs `a` and
 `a.b` too; those implicit parent-package edges are not counted (as import-linter and pylint do).
+The sweeper reaches the torch side only through processes it starts (`python -m gpuopt.X`), which
+are strings, not imports.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "gpuopt"
 MAX_FUNCTION_LINES = 80
 
-# Edges allowed to close a cycle, each deferred (inside a function) and said why. The goal is none.
-DEFERRED_BACK_EDGES = {
-    # validate() asks the engine registry whether a LightningModule brings its own data; the
-    # registry's engines build from the validated TrialSpec (gpuopt.engines._common -> config).
-    ("gpuopt.config", "gpuopt.engines"): "config validation asks the engine registry",
-}
+MAX_MODULE_LINES = 500
+
+# The folders of gpuopt/ and which side of the torch line each is on.
+TORCH_FREE = ("core", "study", "sweeper", "report")
+TORCH_SIDE = ("trial", "engines", "workload")
+# Top-level modules of the torch side (entry points that build or probe a device).
+TORCH_SIDE_MODULES = ("gpuopt.run", "gpuopt.env")
 
 # Functions over MAX_FUNCTION_LINES, as "module:qualname". The goal is none.
 LONG_FUNCTIONS_ALLOWED: set[str] = set()  # empty is the goal, and it is reached
@@ -136,48 +140,115 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def folder(module: str) -> str | None:
+    """The folder of gpuopt/ a module lives in ("core", "sweeper", ...), None at the top level."""
+    parts = module.split(".")
+    return (
+        parts[1]
+        if len(parts) > 2 or (len(parts) == 2 and modules()[module].name == "__init__.py")
+        else None
+    )
+
+
+def gpuopt_imports(module: str) -> list[Import]:
+    return [i for i in imports_of(module) if i.target in modules() and i.target != module]
+
+
 def test_the_parser_sees_module_level_deferred_and_submodule_imports() -> None:
-    # engines/__init__: `from gpuopt.engines._common import run_measured` inside run_trial.
-    engine_imports = {(i.target, i.deferred) for i in imports_of("gpuopt.engines")}
-    assert ("gpuopt.engines._common", True) in engine_imports
+    # registry: `from gpuopt.engines._common import run_measured` inside run_trial.
+    registry = {(i.target, i.deferred) for i in imports_of("gpuopt.engines.registry")}
+    assert ("gpuopt.engines._common", True) in registry
     # ... but not its `if TYPE_CHECKING:` imports.
-    assert not any(i.target == "gpuopt.result" for i in imports_of("gpuopt.engines"))
-    # `from gpuopt import policies` (a submodule) and `from gpuopt.measure import StopRule` (names).
+    assert not any(i.target == "gpuopt.core.result" for i in imports_of("gpuopt.engines.registry"))
+    # `from gpuopt.trial import knobs` (a submodule) and `from gpuopt.trial.measure import X` (names).
     native = {i.target for i in imports_of("gpuopt.engines.native") if not i.deferred}
-    assert {"gpuopt.policies", "gpuopt.measure", "torch"} <= native
+    assert {"gpuopt.trial.knobs", "gpuopt.trial.measure", "torch"} <= native
+    assert folder("gpuopt.core.spec") == "core" and folder("gpuopt.run") is None
+    assert folder("gpuopt.sweeper.confirm.rounds") == "sweeper" and folder("gpuopt.core") == "core"
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
 def test_no_import_cycle_among_gpuopt_modules() -> None:
-    graph = import_graph()
-    for source, target in DEFERRED_BACK_EDGES:
-        graph[source].discard(target)
-    cycle = find_cycle(graph)
+    cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_allowed_back_edges_are_deferred_and_still_needed() -> None:
-    for source, target in DEFERRED_BACK_EDGES:
-        edges = [i for i in imports_of(source) if i.target == target]
-        assert edges, f"{source} no longer imports {target}: drop it from DEFERRED_BACK_EDGES"
-        assert all(i.deferred for i in edges), f"{source} imports {target} at module level"
+def test_core_imports_no_other_gpuopt_package() -> None:
+    for module in sorted(m for m in modules() if folder(m) == "core"):
+        others = sorted({i.target for i in gpuopt_imports(module) if folder(i.target) != "core"})
+        assert not others, f"{module} imports {others}"
 
 
-def test_engines_are_peers_that_share_only_common() -> None:
+def test_torch_free_folders_import_no_torch_side_module_not_even_deferred() -> None:
+    for module in sorted(m for m in modules() if folder(m) in TORCH_FREE):
+        bad = sorted(
+            {
+                f"{i.target}:{i.line}"
+                for i in imports_of(module)
+                if i.target == "torch"
+                or folder(i.target) in TORCH_SIDE
+                or i.target in TORCH_SIDE_MODULES
+            }
+        )
+        assert not bad, f"{module} (torch-free) imports {bad}"
+
+
+def test_the_study_format_is_read_by_sweeper_and_report_which_import_neither_each_other() -> None:
+    allowed = {"study": {"core", "study"}, "sweeper": {"core", "study", "sweeper"}}
+    allowed["report"] = {"core", "study", "report"}
+    for module in sorted(m for m in modules() if folder(m) in allowed):
+        used = {folder(i.target) for i in gpuopt_imports(module)} - {None}
+        assert used <= allowed[folder(module)], (
+            f"{module} imports {sorted(used - allowed[folder(module)])}"
+        )
+        top = {i.target for i in gpuopt_imports(module) if folder(i.target) is None}
+        assert top <= {"gpuopt"}, f"{module} imports top-level modules {sorted(top)}"
+
+
+def test_no_module_longer_than_the_limit() -> None:
+    long = {
+        m: n
+        for m, path in modules().items()
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_engines_are_peers_that_share_only_private_building_blocks() -> None:
+    """native, user_step and lightning/ never import each other: each may use the private `_x`
+    modules of engines/ (and lightning/ its own modules), and the registry imports none of them."""
     engine_modules = {m for m in modules() if m.startswith("gpuopt.engines.")}
-    assert {"gpuopt.engines._common", "gpuopt.engines.native", "gpuopt.engines.lightning"} <= (
-        engine_modules
-    )
+    assert {"gpuopt.engines.native", "gpuopt.engines.lightning.engine"} <= engine_modules
     for module in sorted(engine_modules):
-        allowed = set() if module == "gpuopt.engines._common" else {"gpuopt.engines._common"}
-        used = {i.target for i in imports_of(module) if i.target.startswith("gpuopt.engines")}
-        assert used <= allowed, f"{module} imports {sorted(used - allowed)}"
+        used = {i.target for i in imports_of(module) if i.target.startswith("gpuopt.engines.")}
+        own = "gpuopt.engines.lightning." if module.startswith("gpuopt.engines.lightning.") else "-"
+        peers = {
+            t for t in used if not t.rpartition(".")[2].startswith("_") and not t.startswith(own)
+        }
+        if module == "gpuopt.engines.registry":
+            peers -= {"gpuopt.engines.lightning.engine"}  # brings_own_data asks Lightning's engine
+        assert not peers, f"{module} imports {sorted(peers)}"
+
+
+def test_trial_steps_do_not_call_back_into_the_engines() -> None:
+    """The numerics guard, the profiled window, the interleaved and memory-probe processes are steps
+    an engine calls (or processes that build through the registry), never modules that reach into
+    an engine's own code."""
+    for module in sorted(m for m in modules() if folder(m) == "trial"):
+        bad = sorted(
+            {
+                i.target
+                for i in gpuopt_imports(module)
+                if folder(i.target) == "engines" and i.target != "gpuopt.engines.registry"
+            }
+        )
+        assert not bad, f"{module} reaches into {bad}"
 
 
 def test_registry_knows_exactly_the_engines_validation_accepts() -> None:
-    from gpuopt.config import ENGINES as VALID_NAMES
-    from gpuopt.engines import ENGINES
+    from gpuopt.core.spec import ENGINES as VALID_NAMES
+    from gpuopt.engines.registry import ENGINES
 
     assert tuple(ENGINES) == VALID_NAMES
     assert all(entry.module in modules() for entry in ENGINES.values())
@@ -196,12 +267,12 @@ def _module_level_torch_chain(module: str, graph: dict[str, set[str]]) -> list[s
     return None
 
 
-def test_sweeper_and_report_do_not_import_torch_at_module_level() -> None:
+def test_torch_free_folders_do_not_import_torch_at_module_level() -> None:
     """The sweeping process never imports torch (seconds, and a CUDA context near the GPUs): also
     not through the gpuopt modules they import at module level."""
     graph = import_graph(include_deferred=False)
     for module in sorted(modules()):
-        if module.startswith(("gpuopt.sweeper", "gpuopt.report")):
+        if folder(module) in TORCH_FREE:
             chain = _module_level_torch_chain(module, graph)
             assert chain is None, "torch at module level: " + " -> ".join([*(chain or []), "torch"])
 

@@ -147,7 +147,7 @@ REPORT = [
 ]
 
 # `python -m gpuopt.run -m`: the sweeper's settings (SweeperOptions), its storage, and the composed
-# config checked once (gpuopt.config.check_composed / check_device_facts) before any study exists.
+# config checked once (gpuopt.core.checks.check_composed / check_device_facts) before any study exists.
 SWEEP = run_rows(
     ("-m hydra.sweeper.n_trials=0", "hydra.sweeper.n_trials=0; allowed: an integer >= 1"),
     ("-m hydra.sweeper.n_trials=-1", "hydra.sweeper.n_trials=-1; allowed: an integer >= 1"),

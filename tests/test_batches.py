@@ -12,10 +12,10 @@ from omegaconf import open_dict
 from torch import nn
 from torch.utils.data import Dataset
 
-from gpuopt.config import ConfigError, validate
-from gpuopt.engines import run_trial
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.result import Status
 from gpuopt.engines._common import batch_samples, model_loss, move_batch
-from gpuopt.result import Status
+from gpuopt.engines.registry import load_spec, run_trial
 from tests.conftest import TINY_TRIAL
 
 Pair = namedtuple("Pair", ["left", "right"])
@@ -128,7 +128,7 @@ def _run(compose_cfg, model: str, data: str, loss=None):
         if loss is not None:
             cfg.loss = loss
     built = {}
-    return run_trial(validate(cfg), device=torch.device("cpu"), inspect=built.__setitem__), built
+    return run_trial(load_spec(cfg), device=torch.device("cpu"), inspect=built.__setitem__), built
 
 
 def test_dict_batches_train_an_hf_style_model(compose_cfg):
@@ -154,9 +154,9 @@ def test_tuple_batches_of_three_with_builtin_class_and_function_losses(compose_c
 def test_loss_config_is_checked_before_anything_runs(compose_cfg):
     cfg = compose_cfg(*TINY_TRIAL, "loss=hinge")
     with pytest.raises(ConfigError, match=r"cross_entropy \| mse \| model"):
-        validate(cfg)
+        load_spec(cfg)
     cfg = compose_cfg(*TINY_TRIAL)
     with open_dict(cfg):
         cfg.loss = {"_target_": "mypkg.losses.focal"}
     with pytest.raises(ConfigError, match=r"loss._target_.*trust=\[mypkg.losses"):
-        validate(cfg)
+        load_spec(cfg)

@@ -9,9 +9,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.report.cli import main
 from gpuopt.report.compare import compare, resolve_side
-from gpuopt.result import Metrics, Status, TrialResult
 from tests.helpers.profile_studies import (
     BASELINE_PHASES,
     BEST_PHASES,

@@ -1,4 +1,4 @@
-"""Every private Optuna / Hydra / submitit internal gpuopt uses (gpuopt/sweeper/_compat.py),
+"""Every private Optuna / Hydra / submitit internal gpuopt uses (gpuopt/core/_compat.py),
 exercised against the installed libraries: an upgrade that moves one fails here, by name."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from gpuopt.sweeper import _compat
-from gpuopt.sweeper.schema import HEARTBEAT_ATTR
+from gpuopt.core import _compat
+from gpuopt.study.rules import HEARTBEAT_ATTR
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -68,7 +68,7 @@ def test_heartbeat_interface_thread_and_stale_check(tmp_path):
 def test_journal_heartbeat_hook_is_called_by_optuna(tmp_path):
     """Optuna's own fail_stale_trials reaches HeartbeatJournalStorage.stale_trial_ids through the
     private `_get_stale_trial_ids` (StaleTrialsByPublicName)."""
-    from gpuopt.sweeper.storage import open_storage
+    from gpuopt.study.storage import open_storage
 
     storage = open_storage(f"journal://{tmp_path / 'j.log'}", 1, 1)
     study = optuna.create_study(storage=storage)
@@ -116,7 +116,7 @@ def test_stock_sweeper_impl_parser_and_grid_choices():
 def test_grid_size_and_public_suggest_match_grid_sampler():
     """SearchSpace.grid_size (instead of GridSampler's private _all_grids) and search_space.suggest
     (instead of trial._suggest) behave as the sampler does."""
-    from gpuopt.sweeper.search_space import build_search_space, suggest
+    from gpuopt.sweeper.space import build_search_space, suggest
 
     space = build_search_space({}, ["a=choice(1,2,3)", "b=range(0,2)"], None, grid=True)
     sampler = optuna.samplers.GridSampler(space.grid, seed=0)
@@ -150,10 +150,10 @@ def test_local_executor_controller_and_job_process(tmp_path):
     writes the exit codes; the job's Popen is reachable."""
     import json
 
-    from gpuopt.sweeper.launcher import EXIT_CODES_SUFFIX, _start_controller
+    from gpuopt.sweeper.launchers.fresh_process import EXIT_CODES_SUFFIX, _start_controller
 
     assert issubclass(
-        __import__("gpuopt.sweeper._controller", fromlist=["x"]).ExitCodeController,
+        __import__("gpuopt.sweeper.launchers._controller", fromlist=["x"]).ExitCodeController,
         _compat.local_controller_class(),
     )
     executor = _compat.local_executor_class(_start_controller)(folder=tmp_path)

@@ -1,4 +1,4 @@
-"""Config composition and validation: the real conf/ tree through Hydra's compose, then validate()."""
+"""Config composition and validation: the real conf/ tree through Hydra's compose, then load_spec()."""
 
 from __future__ import annotations
 
@@ -10,20 +10,20 @@ from pathlib import Path
 import pytest
 from omegaconf import open_dict
 
-from gpuopt.config import (
-    ConfigError,
+from gpuopt.core.checks import (
     check_composed,
     check_device_facts,
     check_writable_path,
     per_cpu_limit,
-    validate,
 )
+from gpuopt.core.errors import ConfigError
+from gpuopt.engines.registry import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_default_config_validates_and_shapes_follow_the_model(compose_cfg):
-    spec = validate(compose_cfg("model.input_shape=[64]", "model.num_classes=7"))
+    spec = load_spec(compose_cfg("model.input_shape=[64]", "model.num_classes=7"))
     assert spec.model["in_features"] == 64 and spec.model["out_features"] == 7
     assert spec.data["shape"] == [64] and spec.data["num_classes"] == 7
     assert spec.data["kind"] == spec.model["input"] == "vectors"
@@ -38,7 +38,7 @@ def test_default_config_validates_and_shapes_follow_the_model(compose_cfg):
 )
 def test_each_family_interpolates_its_constructor_arguments(compose_cfg, model, expected):
     shape = "[1,8,8]" if model == "cnn" else "[1]"
-    spec = validate(
+    spec = load_spec(
         compose_cfg(f"model={model}", f"model.input_shape={shape}", "model.num_classes=5")
     )
     assert {k: spec.model[k] for k in expected} == expected
@@ -66,7 +66,7 @@ def test_invalid_values_name_key_value_and_what_is_allowed(
     compose_cfg, overrides, key, value, allowed_part
 ):
     with pytest.raises(ConfigError) as info:
-        validate(compose_cfg(*overrides))
+        load_spec(compose_cfg(*overrides))
     error = info.value
     assert (error.key, error.value) == (key, value)
     assert allowed_part in error.allowed
@@ -77,21 +77,21 @@ def test_invalid_values_name_key_value_and_what_is_allowed(
 def test_untrusted_target_is_refused_with_how_to_trust_it(compose_cfg):
     cfg = compose_cfg("model._target_=tests.helpers.user_models.TinyNet")
     with pytest.raises(ConfigError) as info:
-        validate(cfg)
+        load_spec(cfg)
     assert info.value.key == "model._target_"
     assert "trust=[tests.helpers.user_models.*]" in info.value.allowed
 
 
 def test_dangerous_target_is_refused(compose_cfg):
     with pytest.raises(ConfigError) as info:
-        validate(compose_cfg("data._target_=os.system"))
+        load_spec(compose_cfg("data._target_=os.system"))
     assert (info.value.key, info.value.value) == ("data._target_", "os.system")
 
 
 def test_target_that_does_not_import_is_refused(compose_cfg):
     cfg = compose_cfg("model._target_=tests.helpers.no_such_module.Net", "trust=[tests.*]")
     with pytest.raises(ConfigError) as info:
-        validate(cfg)
+        load_spec(cfg)
     assert info.value.key == "model._target_"
     assert "importable" in info.value.allowed
 
@@ -101,7 +101,7 @@ def test_user_model_with_own_arguments_validates_when_trusted(compose_cfg):
     with open_dict(cfg):
         cfg.model = {"_target_": "tests.helpers.user_models.TinyNet", "input": "vectors",
                      "input_shape": [8], "num_classes": 3, "features": 8, "classes": 3}  # fmt: skip
-    spec = validate(cfg)
+    spec = load_spec(cfg)
     assert spec.model["features"] == 8 and "tests.*" in spec.trusted_targets
     assert spec.data["shape"] == [8]  # the synthetic data still follows the model
 
@@ -186,7 +186,7 @@ def test_check_composed_imports_no_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from hydra import compose, initialize_config_module\n"
-        "from gpuopt.config import ConfigError, check_composed, register_schemas\n"
+        "from gpuopt.core.checks import check_composed\nfrom gpuopt.core.errors import ConfigError\nfrom gpuopt.core.spec import register_schemas\n"
         "register_schemas()\n"
         "with initialize_config_module('gpuopt.conf'):\n"
         "    check_composed(compose('config'))\n"

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuopt.fmt import speedup_ci
-from gpuopt.stats import mean_interval, stein_pairs, t_quantile
-from gpuopt.sweeper import confirm
+from gpuopt.core.fmt import speedup_ci
+from gpuopt.core.stats import mean_interval, stein_pairs, t_quantile
+from gpuopt.sweeper.confirm import rounds as confirm
 
 
 class ScriptedMachine:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuopt.diagnose import (
+from gpuopt.report.diagnose import (
     DATA_WAIT_HIGH_PCT,
     INPUT_EFFICIENCY_LOW_PCT,
     MFU_HIGH_PCT,
@@ -155,7 +155,7 @@ def test_cpu_input_bound_reads_the_hosts_wait_which_is_the_same_thing_there():
     ],
 )
 def test_at_the_machines_limit_comes_first_and_says_what_is_left(bound, device, says):
-    from gpuopt.diagnose import LIMIT_HIGH_PCT
+    from gpuopt.report.diagnose import LIMIT_HIGH_PCT
 
     metrics = {
         "data_wait": 40.0,  # input-bound too: the limit says more workers cannot help
@@ -175,7 +175,7 @@ def test_at_the_machines_limit_comes_first_and_says_what_is_left(bound, device, 
 def test_at_its_own_settings_limit_points_at_settings_with_a_higher_one():
     """A baseline at 100% of its own settings' limit, where another trial's settings measured 2.7x
     that: not "only cheaper data or more cores help" - the settings first."""
-    from gpuopt.limits import HighestLimit
+    from gpuopt.core.limits import HighestLimit
 
     metrics = {"throughput": 2612.0, "data_wait": 48.0, "input_efficiency": 50.0,
                "limit_efficiency": 99.7, "limit_throughput": 2621.0, "limit_bound": "cores"}  # fmt: skip

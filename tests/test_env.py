@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from gpuopt import env
-from gpuopt.config import ConfigError, validate
-from gpuopt.policies import apply_allocator_env
+from gpuopt.core.errors import ConfigError
+from gpuopt.engines.registry import load_spec
+from gpuopt.trial.knobs import apply_allocator_env
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 
@@ -73,7 +74,7 @@ def test_colab_without_gpu_says_how_to_get_one(monkeypatch):
 
 @no_cuda
 def test_cuda_requested_without_a_gpu_is_a_config_error(compose_cfg):
-    spec = validate(compose_cfg("device=cuda"))
+    spec = load_spec(compose_cfg("device=cuda"))
     with pytest.raises(ConfigError) as info:
         env.check_device_support(spec)
     assert (info.value.key, info.value.value) == ("device.type", "cuda")
@@ -83,7 +84,7 @@ def test_cuda_requested_without_a_gpu_is_a_config_error(compose_cfg):
 def test_allocator_settings_apply_before_torch_is_imported():
     code = (
         "import os, sys\n"
-        "from gpuopt.policies import apply_allocator_env\n"
+        "from gpuopt.trial.knobs import apply_allocator_env\n"
         "assert 'torch' not in sys.modules\n"
         "assert apply_allocator_env('expandable_segments:True', True) == []\n"
         "print(os.environ['PYTORCH_CUDA_ALLOC_CONF'], os.environ['PYTORCH_ALLOC_CONF'], os.environ['THP_MEM_ALLOC_ENABLE'])\n"

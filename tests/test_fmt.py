@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpuopt.fmt import limit_share, two_answers
-from gpuopt.limits import HighestLimit, higher_elsewhere, highest_limit
+from gpuopt.core.fmt import limit_share, two_answers
+from gpuopt.core.limits import HighestLimit, higher_elsewhere, highest_limit
 from gpuopt.sweeper.summary import render
 
 LIMIT = {"limit_efficiency": 91.74, "limit_throughput": 8262.4, "limit_bound": "cores"}

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuopt.config import validate
+from gpuopt.core.result import Status
+from gpuopt.engines.registry import load_spec
 from gpuopt.env import check_device_support
-from gpuopt.result import Status
 
 pytestmark = [
     pytest.mark.gpu,
@@ -55,14 +55,14 @@ def run_trial_entry():
     """The public trial entry: gpuopt.engines.run_trial (the engine registry) where it exists,
     else gpuopt.trial.run_trial (before the engines restructure)."""
     try:
-        from gpuopt.engines import run_trial
+        from gpuopt.engines.registry import run_trial
     except ImportError:
         from gpuopt.trial import run_trial
     return run_trial
 
 
 def run_gpu_trial(compose_cfg, *overrides, inspect=None):
-    spec = validate(compose_cfg(*GPU_TRIAL, *overrides))
+    spec = load_spec(compose_cfg(*GPU_TRIAL, *overrides))
     device, warnings = check_device_support(spec)
     result = run_trial_entry()(spec, device=device, inspect=inspect)
     result.warnings[:0] = warnings
@@ -91,7 +91,7 @@ def sleep_cycles_per_second() -> float:
 
 
 def test_event_clock_times_a_calibrated_device_sleep():
-    from gpuopt.measure import CudaEventClock
+    from gpuopt.trial.measure import CudaEventClock
 
     device = torch.device("cuda", torch.cuda.current_device())
     rate = sleep_cycles_per_second()
@@ -111,7 +111,7 @@ def test_event_clock_times_a_calibrated_device_sleep():
 def test_event_clock_counts_gpu_idle_time_against_host_time():
     """Events are reached when the GPU gets there: a step in which the GPU waits for the host
     (here: the host sleeps, the GPU has nothing queued) lasts what the host took."""
-    from gpuopt.measure import CudaEventClock, HostClock
+    from gpuopt.trial.measure import CudaEventClock, HostClock
 
     device = torch.device("cuda", torch.cuda.current_device())
     events, host = CudaEventClock(device), HostClock(sync=torch.cuda.synchronize)
@@ -132,7 +132,7 @@ def test_event_clock_counts_gpu_idle_time_against_host_time():
 
 
 def test_nvml_sampler_against_the_real_library():
-    from gpuopt import monitor
+    from gpuopt.trial import monitor
 
     device = torch.device("cuda", torch.cuda.current_device())
     sampler, note = monitor.open_sampler(device, 0.05)
@@ -240,7 +240,7 @@ def test_peak_memory_comes_from_the_allocator_with_explicit_cuda(compose_cfg):
 
 
 def test_mfu_is_reported_on_a_gpu_with_a_documented_peak(compose_cfg):
-    from gpuopt.measure import peak_flops
+    from gpuopt.trial.measure import peak_flops
 
     name = torch.cuda.get_device_name()
     if peak_flops(name, "bf16") is None:

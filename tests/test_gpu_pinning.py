@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuopt.sweeper import gpus
-from gpuopt.sweeper.launcher import FreshProcessLauncher
+from gpuopt.sweeper.launchers import gpus
+from gpuopt.sweeper.launchers.fresh_process import FreshProcessLauncher
 
 FOUR = ["0", "1", "2", "3"]
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from gpuopt.config import ConfigError, validate
-from gpuopt.engines import run_trial
-from gpuopt.result import Status
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.result import Status
+from gpuopt.engines.registry import load_spec, run_trial
 from gpuopt.workload.data import SyntheticDataset
 from tests.conftest import TINY_TRIAL
 
@@ -39,7 +39,7 @@ FAST = ["measure.ceiling_steps=1", "loader.batch_size=4", "data.size=16", "data.
 def test_each_hf_family_runs_one_trial(compose_cfg, family):
     built = {}
     cfg = compose_cfg(*TINY_TRIAL, *FAST, f"model={family}", *TINY_HF[family])
-    result = run_trial(validate(cfg), device=torch.device("cpu"), inspect=built.__setitem__)
+    result = run_trial(load_spec(cfg), device=torch.device("cpu"), inspect=built.__setitem__)
     m = result.metrics
     assert result.status is Status.OK, result.reason
     assert type(built["model"]).__module__.startswith("transformers.models.")
@@ -61,7 +61,7 @@ def test_hf_batches_follow_the_hugging_face_format():
 
 def test_the_124m_gpt2_config_is_the_real_size(compose_cfg):
     cfg = compose_cfg("model=hf_gpt2")
-    spec = validate(cfg)
+    spec = load_spec(cfg)
     assert spec.model["n_layer"] == 12 and spec.model["n_embd"] == 768
     assert spec.model["vocab_size"] == 50257 and spec.model["n_positions"] == 1024
 
@@ -69,7 +69,7 @@ def test_the_124m_gpt2_config_is_the_real_size(compose_cfg):
 def test_without_the_extra_validation_says_how_to_install_it(compose_cfg, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # find_spec -> None: "not installed"
     with pytest.raises(ConfigError, match=r'pip install "gpuopt\[hf\]"'):
-        validate(compose_cfg("model=hf_gpt2_tiny"))
+        load_spec(compose_cfg("model=hf_gpt2_tiny"))
 
 
 def test_without_the_extra_gpuopt_run_exits_2_with_one_line(tmp_path):

@@ -1,4 +1,4 @@
-"""Host facts without torch (gpuopt/host.py): the hypervisor's steal share from /proc/stat."""
+"""Host facts without torch (gpuopt/core/host.py): the hypervisor's steal share from /proc/stat."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from gpuopt import host
+from gpuopt.core import host
 
 
 def test_steal_is_the_share_of_all_cpu_time_between_two_readings() -> None:

@@ -1,6 +1,6 @@
 """The confirmation's in-process mode: which configurations may share a process, the window budget,
-and the real `python -m gpuopt.interleave` process (gpuopt/interleave.py) driven by the sweeper's
-SharedProcess (gpuopt/sweeper/interleaved.py): windows, failures as statuses, nothing left behind.
+and the real `python -m gpuopt.trial.interleave` process (gpuopt/trial/interleave.py) driven by the sweeper's
+SharedProcess (gpuopt/sweeper/confirm/in_process.py): windows, failures as statuses, nothing left behind.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuopt.sweeper import interleaved, memory_axis
-from gpuopt.sweeper.interleaved import SharedProcess, shareable, window_plan, window_seconds
+from gpuopt.sweeper import memory_axis
+from gpuopt.sweeper.confirm import in_process as interleaved
+from gpuopt.sweeper.confirm.in_process import SharedProcess, shareable, window_plan, window_seconds
 
 SPEC = {
     "engine": {"name": "native"},

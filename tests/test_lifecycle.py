@@ -23,10 +23,16 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import TrialState, create_trial
 
-from gpuopt.result import Metrics, Status, TrialResult
-from gpuopt.sweeper import interference, lifeline, outputs, resume
-from gpuopt.sweeper import storage as storage_mod
-from gpuopt.sweeper.launcher import _excerpt, _log_excerpt, attach_diagnostics, with_traceback
+from gpuopt.core import lifeline
+from gpuopt.core.result import Metrics, Status, TrialResult
+from gpuopt.study import storage as storage_mod
+from gpuopt.sweeper import interference, outputs, resume
+from gpuopt.sweeper.launchers.fresh_process import (
+    _excerpt,
+    _log_excerpt,
+    attach_diagnostics,
+    with_traceback,
+)
 from gpuopt.sweeper.objectives import outcome_from_return
 from gpuopt.sweeper.record import record_trial
 
@@ -57,7 +63,7 @@ def test_parent_death_signal_kills_the_child_of_a_killed_parent(tmp_path):
     pid_file = tmp_path / "child.pid"
     child_code = (
         "import os, time\n"
-        "from gpuopt.sweeper.lifeline import set_parent_death_signal\n"
+        "from gpuopt.core.lifeline import set_parent_death_signal\n"
         "assert set_parent_death_signal()\n"
         f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
         "time.sleep(60)\n"

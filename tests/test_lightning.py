@@ -17,22 +17,24 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from gpuopt.config import ConfigError, PrecisionConf, register_schemas, validate
-from gpuopt.measure import measure_step_flops
-from gpuopt.result import Status
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.result import Status
+from gpuopt.core.spec import PrecisionConf, register_schemas
+from gpuopt.engines.registry import load_spec
+from gpuopt.trial.measure import measure_step_flops
 from tests.conftest import TINY_TRIAL
 
 pytest.importorskip("lightning")
 
-from gpuopt.engines import run_trial
 from gpuopt.engines._common import CEILING_WARMUP_STEPS
-from gpuopt.engines.lightning import (
+from gpuopt.engines.lightning.engine import (
     BuiltinModule,
     FetchTimer,
     MeasureCallback,
     lightning_precision,
     run_lightning_trial,
 )
+from gpuopt.engines.registry import run_trial
 
 HELPERS = "tests.helpers.lightning_models"
 TINY_MODELS = {
@@ -82,7 +84,7 @@ def _user_spec(
     cfg.model = model
     if data is not None:
         cfg.data = data
-    return validate(cfg)
+    return load_spec(cfg)
 
 
 def _flops_per_sample(module: Any, batch_size: int) -> float:
@@ -102,7 +104,7 @@ def family_runs() -> dict[str, tuple[Any, Any, Seen]]:
     runs = {}
     for family, overrides in TINY_MODELS.items():
         with initialize_config_module("gpuopt.conf"):
-            spec = validate(
+            spec = load_spec(
                 compose("config", overrides=["engine=lightning", *TINY_TRIAL, *overrides])
             )
         seen = Seen()
@@ -137,7 +139,7 @@ def test_builtin_family_runs_under_lightning_with_warmup_excluded(family_runs, f
 
 def test_flop_count_matches_the_native_engine(compose_cfg, family_runs) -> None:
     native = run_trial(
-        validate(compose_cfg(*TINY_TRIAL, *TINY_MODELS["transformer"], "measure.ceiling=false"))
+        load_spec(compose_cfg(*TINY_TRIAL, *TINY_MODELS["transformer"], "measure.ceiling=false"))
     )
     lightning = family_runs["transformer"][1]
     assert native.status is lightning.status is Status.OK
@@ -199,15 +201,15 @@ def test_slow_input_shows_as_data_wait(compose_cfg, restore_threads) -> None:
         "measure.ceiling=false",
         "device.num_threads=1",
     ]
-    fast = run_trial(validate(compose_cfg(*base, "data.sample_cost=0")))
-    slow = run_trial(validate(compose_cfg(*base, "data.sample_cost=100")))
+    fast = run_trial(load_spec(compose_cfg(*base, "data.sample_cost=0")))
+    slow = run_trial(load_spec(compose_cfg(*base, "data.sample_cost=100")))
     assert fast.ok and slow.ok
     assert slow.metrics.data_wait > 60.0
     assert fast.metrics.data_wait < slow.metrics.data_wait - 30.0
 
 
 def test_bf16_runs_as_lightning_bf16_mixed(compose_cfg) -> None:
-    spec = validate(
+    spec = load_spec(
         compose_cfg(
             "engine=lightning",
             "precision=bf16",
@@ -224,7 +226,7 @@ def test_bf16_runs_as_lightning_bf16_mixed(compose_cfg) -> None:
 
 
 def test_precision_table_and_override(compose_cfg) -> None:
-    spec = validate(compose_cfg("engine=lightning", "device=cpu"))
+    spec = load_spec(compose_cfg("engine=lightning", "device=cpu"))
 
     def mapped(mode: str, override: str | None = None) -> str:
         engine = dataclasses.replace(spec.engine, precision=override)
@@ -245,10 +247,10 @@ def test_missing_extra_fails_at_validation_with_install_hint(compose_cfg, monkey
     cfg = compose_cfg("engine=lightning")
     monkeypatch.setitem(sys.modules, "lightning", None)  # as if `pip install lightning` never ran
     with pytest.raises(ConfigError) as info:
-        validate(cfg)
+        load_spec(cfg)
     assert info.value.key == "engine.name"
     assert 'pip install "gpuopt[lightning]"' in str(info.value)
-    validate(compose_cfg("engine=native"))  # the native engine does not need it
+    load_spec(compose_cfg("engine=native"))  # the native engine does not need it
 
 
 @pytest.mark.parametrize(
@@ -258,14 +260,14 @@ def test_missing_extra_fails_at_validation_with_install_hint(compose_cfg, monkey
 )  # fmt: skip
 def test_bad_engine_settings_are_config_errors(compose_cfg, override: str, key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        validate(compose_cfg("engine=lightning", override))
+        load_spec(compose_cfg("engine=lightning", override))
     assert info.value.key == key
 
 
 def test_missing_data_needs_a_module_with_its_own_dataloader(compose_cfg) -> None:
     cfg = compose_cfg("engine=lightning", "~data", "model=mlp")
     with pytest.raises(ConfigError) as info:
-        validate(cfg)
+        load_spec(cfg)
     assert info.value.key == "data"
 
 
@@ -328,7 +330,7 @@ def test_gpuopt_run_with_engine_lightning_end_to_end(tmp_path: Path) -> None:
 
 
 def test_spec_engine_is_in_the_recorded_config(compose_cfg) -> None:
-    spec = validate(compose_cfg("engine=lightning", "engine.gradient_clip_val=1.0"))
+    spec = load_spec(compose_cfg("engine=lightning", "engine.gradient_clip_val=1.0"))
     assert dataclasses.asdict(spec)["engine"]["name"] == "lightning"
     assert OmegaConf.to_container(compose_cfg("engine=lightning").engine)["strategy"] == "auto"
 
@@ -343,9 +345,9 @@ def test_spec_engine_is_in_the_recorded_config(compose_cfg) -> None:
      ("fp32", "bf16-true", "bf16"), ("fp32", "16-mixed", "fp16"), ("fp32", "64-true", None)],
 )  # fmt: skip
 def test_peak_mode_is_the_precision_the_fit_runs(compose_cfg, mode, override, expected) -> None:
-    from gpuopt.engines.lightning import peak_mode
+    from gpuopt.engines.lightning.engine import peak_mode
 
-    spec = validate(compose_cfg("engine=lightning", "device=cpu"))
+    spec = load_spec(compose_cfg("engine=lightning", "device=cpu"))
     spec = dataclasses.replace(
         spec,
         precision=dataclasses.replace(spec.precision, mode=mode),
@@ -357,7 +359,7 @@ def test_peak_mode_is_the_precision_the_fit_runs(compose_cfg, mode, override, ex
 def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(compose_cfg) -> None:
     from lightning.pytorch.utilities.compile import from_compiled
 
-    from gpuopt.policies import CachePolicy
+    from gpuopt.trial.knobs import CachePolicy
 
     compiled_graphs = []
 
@@ -366,7 +368,7 @@ def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(co
         return gm.forward
 
     cpu = torch.device("cpu")
-    spec = validate(compose_cfg("engine=lightning", *TINY_TRIAL, "measure.warmup_steps=2"))
+    spec = load_spec(compose_cfg("engine=lightning", *TINY_TRIAL, "measure.warmup_steps=2"))
     module = from_compiled(
         torch.compile(BuiltinModule(torch.nn.Linear(16, 4), spec), backend=backend)
     )
@@ -397,7 +399,7 @@ def test_lightning_peaks_count_from_after_the_flop_step_and_warm_up(compose_cfg,
         "window_starting",
         lambda self: order.append(("window", seen.meter().steps)),
     )
-    spec = validate(
+    spec = load_spec(
         compose_cfg("engine=lightning", *TINY_TRIAL, *TINY_MODELS["mlp"], "measure.warmup_steps=3")
     )
     result = run_trial(spec, inspect=seen)

@@ -1,10 +1,10 @@
-"""The machine's limit for a workload, derived from measured per-sample costs (gpuopt.limits)."""
+"""The machine's limit for a workload, derived from measured per-sample costs (gpuopt.core.limits)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuopt import limits
+from gpuopt.core import limits
 
 
 def test_cpu_limit_shares_the_cores_between_loader_and_compute():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpuopt.engines._common import process_start_time
-from gpuopt.measure import (
+from gpuopt.trial.measure import (
     HostClock,
     StopRule,
     measure_step_flops,
@@ -221,7 +221,7 @@ class FakeEvent:
 
 
 def _fake_cuda_clock(monkeypatch, device, step_ms=10.0):
-    from gpuopt.measure import CudaEventClock
+    from gpuopt.trial.measure import CudaEventClock
 
     streams = FakeStreams()
     monkeypatch.setattr(torch.cuda, "current_stream", streams.current_stream)
@@ -284,7 +284,7 @@ def test_cuda_device_is_made_current_and_initialized_when_resolved(monkeypatch):
 def test_step_flops_count_recompute_apart_from_the_model_flops(checkpointed):
     import torch
 
-    from gpuopt.measure import measure_step_flops
+    from gpuopt.trial.measure import measure_step_flops
     from gpuopt.workload.models import MLP
 
     model = MLP(12, 10, 16, 2, activation_checkpointing=checkpointed)
@@ -301,14 +301,14 @@ def test_step_flops_count_recompute_apart_from_the_model_flops(checkpointed):
 
 
 def test_epoch_overhead_is_the_first_fetch_beyond_a_steady_one():
-    from gpuopt.measure import epoch_overhead
+    from gpuopt.trial.measure import epoch_overhead
 
     assert epoch_overhead(0.30, 0.02) == pytest.approx(0.28)
     assert epoch_overhead(0.01, 0.02) == 0.0  # a boundary never makes a run faster
 
 
 def test_amortized_throughput_spreads_the_boundary_over_the_real_epoch():
-    from gpuopt.measure import amortized_throughput
+    from gpuopt.trial.measure import amortized_throughput
 
     # 100 steps of 10 ms (100 samples/s at batch 1... any batch: the ratio is what counts) plus a
     # 1 s boundary: the epoch takes 2 s instead of 1 s.

@@ -22,7 +22,7 @@ from gpuopt.sweeper.memory_axis import (
     powers_of_two,
     preset_batches,
 )
-from gpuopt.sweeper.search_space import build_search_space
+from gpuopt.sweeper.space import build_search_space
 
 PRESET = {"loader.batch_size": "choice(32,64,128,256,512)", "loader.num_workers": "choice(0,1)"}
 

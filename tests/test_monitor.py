@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gpuopt import monitor
+from gpuopt.core.result import Metrics
 from gpuopt.engines._common import apply_device_monitor
-from gpuopt.monitor import NvmlSampler, Sample, integrate_power, summarize
-from gpuopt.result import Metrics
+from gpuopt.trial import monitor
+from gpuopt.trial.monitor import NvmlSampler, Sample, integrate_power, summarize
 
 
 class NotSupported(Exception):

@@ -1,4 +1,4 @@
-"""The numerics guard (gpuopt.numerics): fp32 vs fp32 is drift 0, accumulation splits ~0, a broken
+"""The numerics guard (gpuopt.trial.numerics): fp32 vs fp32 is drift 0, accumulation splits ~0, a broken
 low-precision path is caught and made infeasible, fp16 skipped steps are visible."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import math
 import pytest
 import torch
 
-from gpuopt import numerics
-from gpuopt.config import validate
-from gpuopt.engines import run_trial
-from gpuopt.result import Status
+from gpuopt.core.result import Status
+from gpuopt.engines.registry import load_spec, run_trial
 from gpuopt.sweeper.objectives import outcome_from_return
+from gpuopt.trial import numerics
 from gpuopt.workload.data import SyntheticDataset
 
 CPU = torch.device("cpu")
@@ -46,7 +45,7 @@ def _fresh_reference_cache(monkeypatch):
 
 
 def _spec(compose_cfg, *overrides):
-    return validate(compose_cfg(*SMALL, *overrides))
+    return load_spec(compose_cfg(*SMALL, *overrides))
 
 
 def test_fp32_against_itself_is_no_drift_and_the_loss_falls(compose_cfg):

@@ -1,4 +1,4 @@
-"""The profiled window (gpuopt.profile): a real CPU trial profiled end to end (phases cover the
+"""The profiled window (gpuopt.trial.profile): a real CPU trial profiled end to end (phases cover the
 measured wall time, the trace loads, the annotations are gone afterwards), and the trace readers on
 hand-made events where the arithmetic, not the machine, is under test (the GPU idle split)."""
 
@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from gpuopt.config import ConfigError, validate
-from gpuopt.engines import run_trial
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.result import ATTR_PROFILE, Status, TrialResult, result_user_attrs
+from gpuopt.engines.registry import load_spec, run_trial
 from gpuopt.env import check_device_support
-from gpuopt.profile import (
+from gpuopt.trial.profile import (
     PHASES,
     PROFILE_OVERRIDE,
     STEP_COVERAGE_TOLERANCE,
@@ -25,16 +26,15 @@ from gpuopt.profile import (
     load_trace,
     phase_breakdown,
 )
-from gpuopt.result import ATTR_PROFILE, Status, TrialResult, result_user_attrs
 from tests.conftest import TINY_TRIAL
 
 MLP = ["model=mlp", "model.width=16", "model.depth=1", "model.input_shape=[12]"]
 
 
 def _profiled(compose_cfg, tmp_path, monkeypatch, *overrides):
-    monkeypatch.setattr("gpuopt.profile.trial_run_dir", lambda: tmp_path)
+    monkeypatch.setattr("gpuopt.trial.profile.trial_run_dir", lambda: tmp_path)
     built = {}
-    spec = validate(compose_cfg(*TINY_TRIAL, *MLP, "measure.ceiling=false", *overrides))
+    spec = load_spec(compose_cfg(*TINY_TRIAL, *MLP, "measure.ceiling=false", *overrides))
     device, _ = check_device_support(spec)
     result = run_trial(spec, device=device, inspect=built.__setitem__)
     assert result.status is Status.OK, result.reason
@@ -56,11 +56,11 @@ def profiled(compose_cfg, tmp_path, monkeypatch):
 
 
 def test_profile_override_turns_the_window_on_and_off_is_the_default(compose_cfg):
-    assert validate(compose_cfg(*MLP)).profile.enabled is False
-    spec = validate(compose_cfg(*MLP, PROFILE_OVERRIDE, "profile.steps=3"))
+    assert load_spec(compose_cfg(*MLP)).profile.enabled is False
+    spec = load_spec(compose_cfg(*MLP, PROFILE_OVERRIDE, "profile.steps=3"))
     assert spec.profile.enabled is True and spec.profile.steps == 3
     with pytest.raises(ConfigError, match=r"profile\.steps=0"):
-        validate(compose_cfg(*MLP, "profile.steps=0"))
+        load_spec(compose_cfg(*MLP, "profile.steps=0"))
 
 
 def test_phases_sum_to_the_step_and_the_steps_cover_the_measured_window(profiled):
@@ -239,7 +239,7 @@ def _profile(phases, gpu=None):
 
 
 def test_input_bound_verdict_cites_the_share_of_the_step_in_next_loader():
-    from gpuopt.diagnose import Bottleneck, diagnose
+    from gpuopt.report.diagnose import Bottleneck, diagnose
 
     metrics = {"data_wait": 50.0, "input_efficiency": 60.0,
                "profile": _profile({"data_wait": 53.2, "forward": 20, "backward": 20, "other": 6.8})}  # fmt: skip
@@ -252,7 +252,7 @@ def test_input_bound_verdict_cites_the_share_of_the_step_in_next_loader():
 
 
 def test_heavy_optimizer_phase_suggests_the_fused_optimizer_first_unless_already_fused():
-    from gpuopt.diagnose import OPTIMIZER_HIGH_PCT, diagnose
+    from gpuopt.report.diagnose import OPTIMIZER_HIGH_PCT, diagnose
 
     metrics = {"data_wait": 1.0, "input_efficiency": 99.0,
                "profile": _profile({"forward": 40, "backward": 42, "optimizer": 18})}  # fmt: skip
@@ -266,7 +266,7 @@ def test_heavy_optimizer_phase_suggests_the_fused_optimizer_first_unless_already
 
 
 def test_profiled_gpu_idle_mostly_host_wait_is_launch_bound():
-    from gpuopt.diagnose import HOST_WAIT_HIGH_PCT, Bottleneck, diagnose
+    from gpuopt.report.diagnose import HOST_WAIT_HIGH_PCT, Bottleneck, diagnose
 
     gpu = {"kernel": 55.0, "memcpy": 5.0, "idle": 40.0, "host_wait": 35.0, "kernel_wait": 5.0}
     # NVML's utilization is not recorded here: the profile alone gives the verdict.
@@ -287,7 +287,7 @@ def test_profiled_gpu_idle_mostly_host_wait_is_launch_bound():
 
 
 def test_failed_trial_verdict_cites_no_profile():
-    from gpuopt.diagnose import Bottleneck, diagnose
+    from gpuopt.report.diagnose import Bottleneck, diagnose
 
     d = diagnose({"profile": _profile({"forward": 90})}, status="oom", device_type="cpu")
     assert d.bottleneck is Bottleneck.NOT_MEASURED and d.evidence == [] and d.suggestions == []

@@ -11,12 +11,7 @@ import optuna
 import pytest
 from rich.console import Console
 
-from gpuopt.diagnose import Bottleneck
-from gpuopt.report.cli import main
-from gpuopt.report.html import figures
-from gpuopt.report.summary import build_report
-from gpuopt.report.text import render
-from gpuopt.result import (
+from gpuopt.core.result import (
     ATTR_BASELINE,
     ATTR_CONFIG,
     STUDY_CONFIRMATION,
@@ -24,6 +19,11 @@ from gpuopt.result import (
     STUDY_OBJECTIVES,
     Status,
 )
+from gpuopt.report.cli import main
+from gpuopt.report.diagnose import Bottleneck
+from gpuopt.report.html import figures
+from gpuopt.report.summary import build_report
+from gpuopt.report.text import render
 from gpuopt.sweeper import resume
 from tests.helpers.report_studies import (
     CPU_STUDY,

@@ -151,7 +151,7 @@ def test_optuna_dashboard_shows_gpuopt_attributes(output_dir):
 
 def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(output_dir, tmp_path):
     """Studies shared through `hydra.sweeper.storage=journal:///...` are reviewed the same way."""
-    from gpuopt.sweeper.storage import open_storage
+    from gpuopt.study.storage import open_storage
 
     journal = tmp_path / "study.log"
     optuna.copy_study(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuopt.result import Status, TrialResult
+from gpuopt.core.result import Status, TrialResult
 from gpuopt.run import run_config
 from tests.conftest import TINY_TRIAL
 

@@ -11,11 +11,12 @@ import dataclasses
 import pytest
 import torch
 
-from gpuopt.config import ConfigError, check_composed, validate
-from gpuopt.engines import run_trial
+from gpuopt.core.checks import check_composed
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.result import Status
 from gpuopt.engines._common import Trial, apply_policies, build_optimizer
 from gpuopt.engines.native import build
-from gpuopt.result import Status
+from gpuopt.engines.registry import load_spec, run_trial
 from tests.conftest import TINY_TRIAL
 
 # A small MLP on the learnable synthetic vectors, SGD with momentum (its update is linear in the
@@ -34,7 +35,7 @@ SMALL = [
 
 
 def _spec(compose_cfg, *overrides):
-    return validate(compose_cfg(*SMALL, *overrides))
+    return load_spec(compose_cfg(*SMALL, *overrides))
 
 
 def _params_after_native_steps(spec, steps=2):
@@ -80,7 +81,7 @@ class _StopAfterOptimizerSteps:
 
 def _params_after_lightning_steps(spec, tmp_path, steps=2):
     pytest.importorskip("lightning")
-    from gpuopt.engines.lightning import build_lightning_workload, make_trainer
+    from gpuopt.engines.lightning.engine import build_lightning_workload, make_trainer
 
     device = torch.device("cpu")
     apply_policies(spec, device)
@@ -117,7 +118,7 @@ def test_results_carry_the_batches_and_a_timed_step_is_an_optimizer_step(compose
         "measure.ceiling=false",
         "guard.enabled=false",
     )
-    result = run_trial(validate(cfg), device=torch.device("cpu"))
+    result = run_trial(load_spec(cfg), device=torch.device("cpu"))
     assert result.status is Status.OK, result.reason
     m = result.metrics
     assert (m.global_batch, m.micro_batch, m.accumulation_steps) == (32, 8, 4)
@@ -183,7 +184,7 @@ def test_spec_defaults_keep_todays_training(compose_cfg):
 def test_same_training_preset_holds_the_baseline_batch_and_searches_its_divisors():
     from omegaconf import OmegaConf
 
-    from gpuopt.sweeper.schema import same_training_params
+    from gpuopt.study.rules import same_training_params
 
     config = OmegaConf.create(
         {
@@ -222,8 +223,8 @@ def _frozen(number, batch, value, numerics=0.0, baseline=False):
 
 
 def test_same_training_classification_and_the_change_advice():
-    from gpuopt.sweeper.confirm import with_same_training_pick
-    from gpuopt.sweeper.schema import pick_same_training, same_training, training_change
+    from gpuopt.study.rules import pick_same_training, same_training, training_change
+    from gpuopt.sweeper.confirm.rounds import with_same_training_pick
 
     trials = [
         _frozen(0, 32, 10.0, baseline=True),
@@ -278,11 +279,11 @@ def test_sweep_summary_and_report_give_both_answers_and_best_reproduces(tmp_path
     # the exported configs reproduce global batch, accumulation and LR scaling
     from omegaconf import OmegaConf
 
-    from gpuopt.config import validate
+    from gpuopt.engines.registry import load_spec
 
     for name, batch in (("best", 256), ("best_same_training", 32)):
         composed = _compose([f"+experiment={name}", f"hydra.searchpath=[file://{folder}]"])
-        spec = validate(OmegaConf.create(composed))
+        spec = load_spec(OmegaConf.create(composed))
         assert (spec.global_batch, spec.accumulation_steps) == (batch, 1)
         assert spec.optimizer.lr_scaling == "linear" and spec.optimizer.reference_batch == 32
         assert spec.lr_scale == pytest.approx(batch / 32)

@@ -18,10 +18,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from gpuopt.result import ATTR_BASELINE
-from gpuopt.sweeper import gpus, resume
-from gpuopt.sweeper import storage as storage_mod
-from gpuopt.sweeper.launcher import describe_exit
+from gpuopt.core.result import ATTR_BASELINE
+from gpuopt.study import storage as storage_mod
+from gpuopt.sweeper import resume
+from gpuopt.sweeper.launchers import gpus
+from gpuopt.sweeper.launchers.fresh_process import describe_exit
 from tests.helpers.postgres import find_pg_bin, postgres_server
 
 HELPERS = Path(__file__).parent / "sweep_helpers"
@@ -197,7 +198,7 @@ def test_slurm_preset_composes_the_submitit_slurm_launcher():
             return_hydra_config=True,
         )
     launcher = cfg.hydra.launcher
-    assert launcher._target_ == "gpuopt.sweeper.slurm_launcher.GpuoptSlurmLauncher"
+    assert launcher._target_ == "gpuopt.sweeper.launchers.slurm.GpuoptSlurmLauncher"
     assert launcher.partition == "gpu" and launcher.timeout_min == 30
     assert launcher.gpus_per_task == 1 and launcher.tasks_per_node == 1
     assert launcher.cpus_per_task == 8 and launcher.mem_gb == 32

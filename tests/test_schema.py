@@ -1,4 +1,4 @@
-"""The study schema (gpuopt/sweeper/schema.py): one status rule, one feasibility rule, one baseline
+"""The study schema (gpuopt/study/rules.py): one status rule, one feasibility rule, one baseline
 and one best pick, for the sweeper, its summary and the report alike."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from gpuopt.sweeper import schema
+from gpuopt.study import rules as schema
 
 
 def trial(number, state=TrialState.COMPLETE, value=1.0, constraints=None, **attrs):
@@ -106,8 +106,9 @@ def test_plain_names():
 
 def test_attribute_keys_are_the_stored_format():
     """The strings are what existing studies hold: renaming one orphans them."""
-    from gpuopt.result import ATTR_BASELINE
-    from gpuopt.sweeper import resume, storage
+    from gpuopt.core.result import ATTR_BASELINE
+    from gpuopt.study import storage
+    from gpuopt.sweeper import resume
 
     assert schema.ATTR_BASELINE is ATTR_BASELINE == "baseline"
     assert (schema.OWNER_ATTR, schema.INTERRUPTED_ATTR, schema.VOID_ATTR) == (
@@ -126,7 +127,7 @@ def test_attribute_keys_are_the_stored_format():
 
 def test_schema_and_sweeper_do_not_import_torch():
     code = (
-        "import sys; import gpuopt.sweeper.schema, gpuopt.sweeper.loop, gpuopt.fmt, gpuopt.host; "
+        "import sys; import gpuopt.study.rules, gpuopt.sweeper.loop, gpuopt.core.fmt, gpuopt.core.host; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,6 +1,6 @@
 import pytest
 
-from gpuopt.secrets import mask_secrets
+from gpuopt.core.secrets import mask_secrets
 
 
 @pytest.mark.parametrize(
@@ -23,7 +23,7 @@ def test_config_secrets_are_masked_in_place_and_interpolations_kept(monkeypatch)
     are masked; an interpolation (${oc.env:...}) is kept as written, never resolved into a secret."""
     from omegaconf import OmegaConf
 
-    from gpuopt.secrets import mask_config_secrets
+    from gpuopt.core.secrets import mask_config_secrets
 
     monkeypatch.setenv("GPUOPT_TEST_STORAGE", "postgresql://u:envpass@h/db")
     config = OmegaConf.create(

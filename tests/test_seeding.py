@@ -11,8 +11,8 @@ import optuna
 import pytest
 
 from gpuopt.sweeper import baseline
-from gpuopt.sweeper.search_space import build_search_space
 from gpuopt.sweeper.seeding import SeedFacts, core_splits, expert_seeds, loader_share, snap
+from gpuopt.sweeper.space import build_search_space
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from replay import Contender, Grid, compare_samplers, gpuopt_contenders, grid_seeds

@@ -1,7 +1,7 @@
 """hydra/launcher=slurm against a real single-node SLURM cluster (tests/helpers/slurm.py).
 
 Unit tests for how a job's end is read and worded; end-to-end sweeps submit their trials with
-sbatch (hydra-submitit-launcher's SLURM mode, gpuopt.sweeper.slurm_launcher) to slurmctld and
+sbatch (hydra-submitit-launcher's SLURM mode, gpuopt.sweeper.launchers.slurm) to slurmctld and
 slurmd running on this host, and check that they complete, and that a trial SLURM kills at its time
 limit is an `error` with SLURM's verdict while the sweep goes on.
 """
@@ -19,12 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from gpuopt.sweeper.slurm_launcher import (
-    SlurmJobState,
-    end_reason,
-    parse_squeue,
-    state_from_log,
-)
+from gpuopt.sweeper.launchers.slurm import SlurmJobState, end_reason, parse_squeue, state_from_log
 from tests.helpers import slurm as slurm_helper
 
 HELPERS = Path(__file__).parent / "sweep_helpers"

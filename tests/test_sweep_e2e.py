@@ -19,7 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from gpuopt.result import (
+from gpuopt.core.result import (
     ATTR_BASELINE,
     STUDY_CONFIRMATION,
     STUDY_DIRECTIONS,
@@ -102,7 +102,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
             "hydra.sweeper.confirm.window_s=0.2",
         )
     )
-    from gpuopt.sweeper import hardware
+    from gpuopt.sweeper import machine as hardware
 
     summaries = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'gpuopt.db'}")
     assert len(summaries) == 1
@@ -168,7 +168,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
 
     # the best is the confirmed winner (the baseline unless a candidate is measurably faster),
     # and best.yaml reproduces its configuration
-    from gpuopt.sweeper import confirm
+    from gpuopt.sweeper.confirm import rounds as confirm
 
     assert results.best_trial == confirm.winner(conf)
     best = trials[results.best_trial]

@@ -12,12 +12,14 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from gpuopt.result import ATTR_BASELINE, Metrics, Status, TrialResult
-from gpuopt.stats import t_quantile
-from gpuopt.sweeper import confirm, hardware, resume
+from gpuopt.core.result import ATTR_BASELINE, Metrics, Status, TrialResult
+from gpuopt.core.stats import t_quantile
+from gpuopt.sweeper import machine as hardware
+from gpuopt.sweeper import resume
+from gpuopt.sweeper.confirm import rounds as confirm
 from gpuopt.sweeper.export import overrides_to_experiment
 from gpuopt.sweeper.objectives import SweepConfigError, outcome_from_return, resolve_objectives
-from gpuopt.sweeper.search_space import (
+from gpuopt.sweeper.space import (
     baseline_params,
     choice_text,
     drop_poor_choices,
@@ -529,7 +531,7 @@ def test_recover_interrupted_fails_and_reenqueues():
 
 
 def test_single_objective_samplers_are_refused_for_several_objectives():
-    from gpuopt.sweeper.app import check_sampler
+    from gpuopt.sweeper.task import check_sampler
 
     sampler = optuna.samplers.CmaEsSampler()
     check_sampler(sampler, ["maximize"])
@@ -539,7 +541,7 @@ def test_single_objective_samplers_are_refused_for_several_objectives():
 
 @pytest.mark.parametrize("storage", ["sqlite", "memory"])
 def test_user_attrs_written_in_one_go(tmp_path, storage):
-    from gpuopt.sweeper.attrs import set_user_attrs
+    from gpuopt.study.attrs import set_user_attrs
 
     url = f"sqlite:///{tmp_path / 'a.db'}" if storage == "sqlite" else None
     study = optuna.create_study(storage=url)
@@ -557,7 +559,7 @@ def test_every_search_preset_composes_and_names_real_keys(preset):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from gpuopt.config import register_schemas
+    from gpuopt.core.spec import register_schemas
 
     register_schemas()
     GlobalHydra.instance().clear()
@@ -585,7 +587,7 @@ def test_default_sampler_is_multivariate_tpe_and_other_samplers_replace_it():
     from hydra.core.global_hydra import GlobalHydra
     from hydra.utils import instantiate
 
-    from gpuopt.config import register_schemas
+    from gpuopt.core.spec import register_schemas
     from gpuopt.sweeper.plugin import SAMPLER_WHITELIST
 
     register_schemas()
@@ -663,7 +665,7 @@ def test_sweeper_options_have_one_default_each():
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from gpuopt.config import register_schemas
+    from gpuopt.core.spec import register_schemas
     from gpuopt.sweeper.options import SweeperOptions
 
     register_schemas()

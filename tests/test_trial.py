@@ -12,11 +12,11 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from gpuopt.config import ConfigError, validate
-from gpuopt.engines import run_trial
+from gpuopt.core.errors import ConfigError
+from gpuopt.core.result import Metrics, Status
 from gpuopt.engines._common import CeilingReplay
+from gpuopt.engines.registry import load_spec, run_trial
 from gpuopt.env import check_device_support
-from gpuopt.result import Metrics, Status
 from tests.conftest import TINY_TRIAL
 
 FAMILIES = {
@@ -32,7 +32,7 @@ def _run(compose_cfg, *overrides, inspect=None, edit=None):
     if edit is not None:
         with open_dict(cfg):
             edit(cfg)
-    spec = validate(cfg)
+    spec = load_spec(cfg)
     device, warnings = check_device_support(spec)
     result = run_trial(spec, device=device, inspect=inspect)
     result.warnings[:0] = warnings
@@ -94,7 +94,7 @@ def test_each_cpu_precision_runs_with_its_autocast_and_scaler(compose_cfg, mode,
 
 
 def test_tf32_on_cpu_is_a_config_error_naming_precision_mode(compose_cfg):
-    spec = validate(compose_cfg(*TINY_TRIAL, "precision=tf32"))
+    spec = load_spec(compose_cfg(*TINY_TRIAL, "precision=tf32"))
     with pytest.raises(ConfigError) as info:
         check_device_support(spec)
     assert (info.value.key, info.value.value) == ("precision.mode", "tf32")
@@ -182,7 +182,7 @@ def test_real_cpu_out_of_memory_is_an_oom_result_and_the_next_trial_runs(compose
 
 
 def test_num_threads_applies_and_null_restores_the_default():
-    from gpuopt.policies import set_num_threads
+    from gpuopt.trial.knobs import set_num_threads
 
     set_num_threads(None)
     default = torch.get_num_threads()
@@ -219,7 +219,7 @@ def test_engine_without_its_extra_is_an_error_result_before_anything_is_built(
 ):
     if importlib.util.find_spec("lightning") is None:
         pytest.skip("validating engine=lightning needs the extra installed")
-    spec = validate(compose_cfg(*TINY_TRIAL, "engine=lightning"))  # validated while installed
+    spec = load_spec(compose_cfg(*TINY_TRIAL, "engine=lightning"))  # validated while installed
     monkeypatch.setitem(sys.modules, "lightning", None)  # then as if it never was
     built = {}
     result = run_trial(spec, inspect=built.__setitem__)
@@ -335,7 +335,7 @@ def test_without_cuda_events_the_device_wait_is_the_host_fetch_time():
 
 def test_record_window_reads_data_wait_from_the_device_and_host_wait_from_the_host():
     from gpuopt.engines._common import InputWaitSeconds, MemoryBaseline, record_window
-    from gpuopt.measure import WindowResult
+    from gpuopt.trial.measure import WindowResult
 
     m = Metrics()
     window = WindowResult([0.1] * 10, 1.0, 10, "max_steps", time.time())
@@ -413,7 +413,7 @@ def test_release_resets_the_compiler_after_a_compiled_trial(compose_cfg, monkeyp
 
     from gpuopt.engines._common import Trial, release
 
-    spec = validate(compose_cfg(*TINY_TRIAL, *FAMILIES["mlp"]))
+    spec = load_spec(compose_cfg(*TINY_TRIAL, *FAMILIES["mlp"]))
     spec = dataclasses.replace(spec, compile=dataclasses.replace(spec.compile, mode=mode))
     calls = []
     monkeypatch.setattr(torch.compiler, "reset", lambda: calls.append(1))
@@ -423,8 +423,8 @@ def test_release_resets_the_compiler_after_a_compiled_trial(compose_cfg, monkeyp
 
 # -- NVML notes and sources (monitor.NvmlStats) ---------------------------------------------------
 def test_nvml_fallback_notes_become_trial_warnings_and_sources_are_recorded(monkeypatch):
-    from gpuopt import monitor
     from gpuopt.engines._common import WindowMonitors, apply_device_monitor
+    from gpuopt.trial import monitor
 
     stats = monitor.NvmlStats(
         samples=4, utilization=70.0, memory_used_mb=10.0, power_w=300.0, energy_j=30.0,
@@ -454,7 +454,7 @@ def test_nvml_fallback_notes_become_trial_warnings_and_sources_are_recorded(monk
 # -- MFU notes (item 7) ---------------------------------------------------------------------------
 def test_attention_flops_are_counted_apart_and_fp32_mfu_on_sm80_says_tensor_cores():
     from gpuopt.engines._common import attention_tf32_note
-    from gpuopt.measure import StepFlops, measure_step_flops
+    from gpuopt.trial.measure import StepFlops, measure_step_flops
 
     q = torch.randn(2, 2, 8, 16, device="meta", requires_grad=True)
     attention = torch.ops.aten._scaled_dot_product_efficient_attention
@@ -532,7 +532,7 @@ def test_data_epoch_steps_sets_the_epoch_amortized_over_and_is_not_a_dataset_arg
     assert result.status is Status.OK, result.reason
     assert result.metrics.epoch_steps == 1000
     with pytest.raises(ConfigError, match=r"data\.epoch_steps"):
-        validate(compose_cfg(*TINY_TRIAL, "data.epoch_steps=0"))
+        load_spec(compose_cfg(*TINY_TRIAL, "data.epoch_steps=0"))
 
 
 def test_cpu_trial_reports_mfu_against_the_probe_and_its_limit(compose_cfg, monkeypatch, tmp_path):
@@ -577,7 +577,7 @@ def test_measurements_beside_the_window_can_be_turned_off(compose_cfg):
 def test_a_window_the_hypervisor_stole_from_is_measured_and_flagged(compose_cfg, monkeypatch):
     """cpu_steal_pct from /proc/stat's steal ticks over the window (here scripted: 20 of every
     100 ticks stolen), and a warning once it passes 5%."""
-    from gpuopt import measure
+    from gpuopt.trial import measure
 
     ticks = iter(range(10**6))
 

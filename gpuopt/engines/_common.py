@@ -1,7 +1,7 @@
 """What every training engine shares: building the workload, the trial's lifecycle and failure
 classification, the monitors beside the timed window, the compute ceiling, and the window's metrics.
 
-Engines (`gpuopt.engines.native`, `gpuopt.engines.lightning`) import from here and never from each
+Engines (`gpuopt.engines.native`, `gpuopt.engines.lightning.engine`) import from here and never from each
 other; `gpuopt.engines.run_trial` finds them by name. torch is imported inside functions only: the
 engine registry (and config validation in the sweeping process) must stay light.
 
@@ -14,7 +14,7 @@ Workload contract (what a user's own model and dataset must follow):
   dimension of its first tensor (`batch_samples`).
 - The model (`model._target_`, an `nn.Module`) is called by the batch's structure (`model_loss`):
   `model(**batch)` for a dict, `model(*batch[:-1])` for a tuple (the last element: the targets).
-  Keys of the model config listed in `gpuopt.config.MODEL_META_KEYS` (input, input_shape,
+  Keys of the model config listed in `gpuopt.core.spec.MODEL_META_KEYS` (input, input_shape,
   num_classes, channels_last) describe the model to gpuopt and are not passed to the constructor;
   every other key is a constructor argument.
 - The loss (`loss`) is `cross_entropy(outputs.reshape(-1, C), targets.reshape(-1))` with C the last
@@ -42,9 +42,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuopt import limits
-from gpuopt.config import DATA_GPUOPT_KEYS, MODEL_META_KEYS, TrialSpec
-from gpuopt.measure import (
+from gpuopt.core import limits
+from gpuopt.core.result import Metrics, Status, TrialResult
+from gpuopt.core.spec import DATA_GPUOPT_KEYS, MODEL_META_KEYS, TrialSpec
+from gpuopt.trial.measure import (
     StepFlops,
     WindowResult,
     amortized_throughput,
@@ -55,13 +56,12 @@ from gpuopt.measure import (
     step_stats,
     synchronize,
 )
-from gpuopt.result import Metrics, Status, TrialResult
 
 if TYPE_CHECKING:
     import torch
 
-    from gpuopt.config import EngineConf, LoaderConf, MeasureConf
-    from gpuopt.policies import CachePolicy, PrecisionPolicy
+    from gpuopt.core.spec import EngineConf, LoaderConf, MeasureConf
+    from gpuopt.trial.knobs import CachePolicy, PrecisionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class Trial:
     # What the engine built and must let go of at the trial's end (closed first where it has a
     # close()), so the device cache can be given back even after a failure.
     resources: list[Any] = field(default_factory=list)
-    profile: dict[str, Any] | None = None  # the profiled window's summary (gpuopt.profile)
+    profile: dict[str, Any] | None = None  # the profiled window's summary (gpuopt.trial.profile)
 
     def show(self, name: str, obj: Any) -> None:
         """Hand a built object to the `inspect` hook of run_trial (tests, debugging)."""
@@ -147,17 +147,17 @@ def measuring_spec(
     """A TrialSpec for measuring what the user built (gpuopt.measure_step, gpuopt.MeasureCallback):
     the measure settings and what the clocks need to know; the rest default, since gpuopt builds
     nothing (the model, data, optimizer and loop are the user's)."""
-    from gpuopt import config
+    from gpuopt.core import spec as schemas
 
     return TrialSpec(
         model={},
         data={},
-        loader=loader or config.LoaderConf(),
-        precision=config.PrecisionConf(mode=precision_mode),
-        compile=config.CompileConf(mode=compile_mode),
-        cache=config.CacheConf(),
-        optimizer=config.OptimizerConf(),
-        device=config.DeviceConf(type=str(device)),
+        loader=loader or schemas.LoaderConf(),
+        precision=schemas.PrecisionConf(mode=precision_mode),
+        compile=schemas.CompileConf(mode=compile_mode),
+        cache=schemas.CacheConf(),
+        optimizer=schemas.OptimizerConf(),
+        device=schemas.DeviceConf(type=str(device)),
         measure=measure,
         loss="model",
         seed=0,
@@ -221,7 +221,7 @@ def run_measured(
 def release(trial: Trial, status: Status) -> None:
     """Let go of what the trial built and give the allocator's cache back as the cache policy
     says (always after an OOM). In-process clean-up between trials belongs here."""
-    from gpuopt.policies import CachePolicy, empty_device_cache
+    from gpuopt.trial.knobs import CachePolicy, empty_device_cache
 
     for resource_ in trial.resources:
         close = getattr(resource_, "close", None)
@@ -319,11 +319,11 @@ class TrialPolicies:
 def apply_policies(spec: TrialSpec, device: torch.device) -> TrialPolicies:
     """The process-wide settings (threads, float32 matmul precision / TF32, cuDNN autotuning),
     applied before anything is built."""
-    from gpuopt import policies
+    from gpuopt.trial import knobs
 
-    policies.set_num_threads(spec.device.num_threads)
-    precision = policies.precision_policy(spec.precision, device)
-    cache = policies.CachePolicy(spec.cache, device)
+    knobs.set_num_threads(spec.device.num_threads)
+    precision = knobs.precision_policy(spec.precision, device)
+    cache = knobs.CachePolicy(spec.cache, device)
     cache.apply()
     return TrialPolicies(precision, cache)
 
@@ -669,9 +669,9 @@ def measure_timed_window(
     after_step: Callable[[int], None] | None = None,
 ) -> None:
     """The timed window of a loop engine: `run_step()` (one optimizer step over batches it takes
-    from `feed`) until `gpuopt.measure.StopRule` says stop, with the monitors on and the memory
+    from `feed`) until `gpuopt.trial.measure.StopRule` says stop, with the monitors on and the memory
     peaks reset, then the window's metrics (`record_window`, over the samples `feed` gave)."""
-    from gpuopt.measure import StopRule, make_clock, run_window
+    from gpuopt.trial.measure import StopRule, make_clock, run_window
 
     measure, device = trial.spec.measure, trial.device
     monitors = WindowMonitors(device, measure.nvml_interval_s, trial.warnings)
@@ -731,7 +731,7 @@ class MemoryBaseline:
 
     def release_cache(self) -> None:
         """Give cached, unused device blocks back (outside the window: before the warm-up steps)."""
-        from gpuopt.policies import empty_device_cache
+        from gpuopt.trial.knobs import empty_device_cache
 
         empty_device_cache(self.device)
 
@@ -803,7 +803,7 @@ class WindowMonitors:
         self._sampler: Any = None
 
     def start(self) -> None:
-        from gpuopt import monitor
+        from gpuopt.trial import monitor
 
         sampler, note = monitor.open_sampler(self.device, self.interval_s)
         if note:
@@ -813,7 +813,7 @@ class WindowMonitors:
             sampler.start()
 
     def stop(self) -> Any:
-        """The window's NVML statistics (`gpuopt.monitor.NvmlStats`), or None without a sampler.
+        """The window's NVML statistics (`gpuopt.trial.monitor.NvmlStats`), or None without a sampler.
         The statistics' `notes` (a number that fell back to NVML's coarser averages) join the
         trial's notes."""
         sampler, self._sampler = self._sampler, None
@@ -931,7 +931,7 @@ class CeilingReplay:
         self.done = self.steps = self.samples = 0
         self.seconds: float | None = None
         # The process's CPU time over the timed replay (every compute thread): on CPU, what the
-        # compute costs in core-seconds (gpuopt.limits).
+        # compute costs in core-seconds (gpuopt.core.limits).
         self.cpu_seconds: float | None = None
         self._t0 = self._cpu_t0 = 0.0
 
@@ -1062,7 +1062,7 @@ def record_steady_state(m: Metrics, boundary: EpochBoundary) -> None:
     )
 
 
-# -- the machine's limit for this workload (gpuopt.limits) ----------------------------------------
+# -- the machine's limit for this workload (gpuopt.core.limits) ----------------------------------------
 class _PricedLoop:
     """A one-item map-style dataset whose item is a price: fetched inside one DataLoader worker
     process, it does what a worker does per batch (`dataset[i]` for a batch of indices, then the

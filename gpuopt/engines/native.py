@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from gpuopt import policies
 from gpuopt.engines._common import (
     BatchFeed,
     CeilingReplay,
@@ -51,7 +50,8 @@ from gpuopt.engines._common import (
     record_limit,
     record_steady_state,
 )
-from gpuopt.measure import measure_step_flops, synchronize
+from gpuopt.trial import knobs
+from gpuopt.trial.measure import measure_step_flops, synchronize
 
 # A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
 # (Hugging Face style), nested containers (gpuopt.engines._common.model_loss).
@@ -65,7 +65,7 @@ class Workload:
     model: torch.nn.Module  # eager module (FLOP counting, checkpointing)
     forward: Callable[..., Any]  # the module, or its torch.compile wrapper
     optimizer: torch.optim.Optimizer
-    precision: policies.PrecisionPolicy
+    precision: knobs.PrecisionPolicy
     loss: str | LossFunction  # a built-in loss name, or the user's loss function
     device: torch.device
     channels_last: bool
@@ -129,7 +129,7 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
     loader = build_loader(spec, dataset, device, trial.warnings)
     workload = Workload(
         model=model,
-        forward=policies.compile_function(model, spec.compile),
+        forward=knobs.compile_function(model, spec.compile),
         optimizer=optimizer,
         precision=trial_policies.precision,
         loss=build_loss(spec),
@@ -198,7 +198,7 @@ def timed_window(
     trial: Trial,
     workload: Workload,
     feed: BatchFeed,
-    cache_policy: policies.CachePolicy,
+    cache_policy: knobs.CachePolicy,
     memory: MemoryBaseline,
     process_t0: float,
 ) -> None:
@@ -249,9 +249,9 @@ def compute_ceiling(
 
 
 def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
-    """A few steps under torch.profiler, outside the timed window (gpuopt.profile): the callables
+    """A few steps under torch.profiler, outside the timed window (gpuopt.trial.profile): the callables
     of the step annotated as its phases for these steps only."""
-    from gpuopt.profile import Annotation, run_profiled_window
+    from gpuopt.trial.profile import Annotation, run_profiled_window
 
     phases = [
         Annotation(feed, "next", "next_batch"),

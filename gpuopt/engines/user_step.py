@@ -6,7 +6,7 @@ whatever one training step of theirs is) and an iterable of batches (their DataL
 owns the order of work and the clocks, all from `gpuopt.engines._common`: batches fetched through
 `BatchFeed` (data wait = the time blocked in the user's iterator, plus the host-to-device copy when
 gpuopt moves the batches), one step under `torch.utils.flop_counter` when a model is given (MFU),
-warm-up, the timed window until `gpuopt.measure.StopRule` stops it (monitors on), then the compute
+warm-up, the timed window until `gpuopt.trial.measure.StopRule` stops it (monitors on), then the compute
 ceiling: the first batch, already on the device, replayed with no loader. Out-of-memory, a NaN/inf
 loss and any exception of the step come back as the result's status (`run_measured`).
 
@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-from gpuopt.config import EngineConf, LoaderConf, MeasureConf, TrialSpec, measure_conf
+from gpuopt.core.checks import measure_conf
+from gpuopt.core.result import TrialResult
+from gpuopt.core.spec import EngineConf, LoaderConf, MeasureConf, TrialSpec
 from gpuopt.engines._common import (
     BatchFeed,
     CeilingReplay,
@@ -40,8 +42,7 @@ from gpuopt.engines._common import (
     outputs_loss,
     run_measured,
 )
-from gpuopt.measure import measure_step_flops, synchronize
-from gpuopt.result import TrialResult
+from gpuopt.trial.measure import measure_step_flops, synchronize
 
 ENGINE_NAME = "user_step"
 

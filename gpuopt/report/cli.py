@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gpuopt.fmt import metric as fmt
+from gpuopt.core.fmt import metric as fmt
 from gpuopt.report.export import compose_experiment, export_experiment
 from gpuopt.report.html import PLOTLY_HINT, plotly_available, write_html
 from gpuopt.report.storage import (
@@ -83,7 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Values and output paths, before any storage is opened or report built: one line, exit 2."""
-    from gpuopt.config import ConfigError, check_writable_path
+    from gpuopt.core.checks import check_writable_path
+    from gpuopt.core.errors import ConfigError
 
     try:
         if args.top < 1:

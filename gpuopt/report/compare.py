@@ -15,7 +15,8 @@ from typing import Any
 from rich.console import Console, Group
 from rich.table import Table
 
-from gpuopt.diagnose import Diagnosis, diagnose
+from gpuopt.core.result import ATTR_PROFILE, TrialResult, result_user_attrs
+from gpuopt.report.diagnose import Diagnosis, diagnose
 from gpuopt.report.storage import ReportError
 from gpuopt.report.summary import (
     COMPARED_METRICS,
@@ -24,7 +25,6 @@ from gpuopt.report.summary import (
     attr_number,
     config_diff,
 )
-from gpuopt.result import ATTR_PROFILE, TrialResult, result_user_attrs
 
 PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
 GPU_SHARES = ("kernel", "memcpy", "idle", "host_wait", "kernel_wait")

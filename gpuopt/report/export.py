@@ -58,7 +58,7 @@ def compose_experiment(yaml_text: str, name: str = "exported") -> dict[str, Any]
     """
     from hydra import compose, initialize_config_search_path
 
-    from gpuopt.config import register_schemas
+    from gpuopt.core.spec import register_schemas
 
     register_schemas()  # conf/config.yaml starts from the `gpuopt_schema` structured config
     with tempfile.TemporaryDirectory(prefix="gpuopt-export-") as tmp:

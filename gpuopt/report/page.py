@@ -22,9 +22,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from gpuopt.diagnose import PHASE_LABELS
+from gpuopt.core.result import ATTR_PROFILE
+from gpuopt.report.diagnose import PHASE_LABELS
 from gpuopt.report.summary import StudyReport, TrialView
-from gpuopt.result import ATTR_PROFILE
 
 PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
 PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import optuna
 
-from gpuopt.secrets import mask_secrets
+from gpuopt.core.secrets import mask_secrets
 
 OUTPUT_DIR_ENV = "GPUOPT_OUTPUT_DIR"
 DEFAULT_DB_NAME = "gpuopt.db"
@@ -48,7 +48,7 @@ def sqlite_path(url: str) -> Path | None:
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """Open an existing storage; a missing SQLite or journal file is a `ReportError`, never a new
     one. Any `hydra.sweeper.storage` value works: SQLAlchemy URLs and `journal://` files."""
-    from gpuopt.sweeper.storage import JOURNAL_SCHEME, journal_path
+    from gpuopt.study.storage import JOURNAL_SCHEME, journal_path
 
     path = journal_path(url) if url.startswith(JOURNAL_SCHEME) else sqlite_path(url)
     if path is not None and not path.is_file():
@@ -63,7 +63,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         )
     try:
         if url.startswith(JOURNAL_SCHEME):
-            from gpuopt.sweeper.storage import open_storage as open_sweep_storage
+            from gpuopt.study.storage import open_storage as open_sweep_storage
 
             return open_sweep_storage(url, heartbeat_interval=None, grace_period=None)
         return optuna.storages.get_storage(url)

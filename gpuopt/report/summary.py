@@ -14,9 +14,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from gpuopt.diagnose import Diagnosis, diagnose
-from gpuopt.limits import HighestLimit, highest_limit
-from gpuopt.result import (
+from gpuopt.core.limits import HighestLimit, highest_limit
+from gpuopt.core.result import (
     ATTR_BASELINE,
     ATTR_CONFIG,
     ATTR_ENV,
@@ -25,8 +24,9 @@ from gpuopt.result import (
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
 )
-from gpuopt.secrets import mask_secrets
-from gpuopt.sweeper.schema import (
+from gpuopt.core.secrets import mask_secrets
+from gpuopt.report.diagnose import Diagnosis, diagnose
+from gpuopt.study.rules import (
     BEST_PROFILE_ATTR,
     feasible,
     feasible_trials,
@@ -39,7 +39,7 @@ from gpuopt.sweeper.schema import (
 )
 
 # Status columns, in display order; other statuses (void, interrupted, pruned, waiting: see
-# gpuopt.sweeper.schema.trial_status) are shown only when present.
+# gpuopt.study.rules.trial_status) are shown only when present.
 STATUS_ORDER = ("ok", "oom", "diverged", "error", "running")
 
 # Parameter importances need enough finished trials to mean anything (PED-ANOVA compares the top
@@ -145,7 +145,7 @@ class StudyReport:
         default_factory=dict
     )  # objective -> param -> share
     importance_note: str | None = None
-    # The two answers (gpuopt.sweeper.schema): the best that keeps the baseline's training math,
+    # The two answers (gpuopt.study.rules): the best that keeps the baseline's training math,
     # and what the best overall changes in the training (None: it keeps it).
     same_training: TrialView | None = None
     training_change: str | None = None
@@ -338,7 +338,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     ordered = {s: counts.get(s, 0) for s in STATUS_ORDER}
     ordered.update({s: n for s, n in counts.items() if s not in ordered})
 
-    # Best and baseline = the sweeper's own picks (gpuopt.sweeper.schema), so the report and the
+    # Best and baseline = the sweeper's own picks (gpuopt.study.rules), so the report and the
     # sweep's best.yaml agree: the confirmed winner when a confirmation ran, else the best first
     # objective (on the Pareto front when there are several objectives).
     pool = feasible_trials(frozen)

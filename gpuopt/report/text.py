@@ -11,13 +11,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpuopt.diagnose import Bottleneck, Diagnosis
-from gpuopt.fmt import METRIC_UNITS, confirm_mode, limit_share, two_answers
-from gpuopt.fmt import metric as fmt
-from gpuopt.fmt import speedup_ci as ci_text
+from gpuopt.core.fmt import METRIC_UNITS, confirm_mode, limit_share, two_answers
+from gpuopt.core.fmt import metric as fmt
+from gpuopt.core.fmt import speedup_ci as ci_text
+from gpuopt.core.result import METRIC_GOALS
+from gpuopt.report.diagnose import Bottleneck, Diagnosis
 from gpuopt.report.export import experiment_text
 from gpuopt.report.summary import COMPARED_METRICS, StudyReport, TrialView, flatten
-from gpuopt.result import METRIC_GOALS
 
 # Bottleneck labels short enough for a table column.
 BOTTLENECK_SHORT = {
@@ -194,9 +194,9 @@ def speedup_lines(report: StudyReport) -> list[str]:
 
 
 def confirmation_lines(report: StudyReport) -> list[str]:
-    """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm.py): baseline vs top-k,
+    """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm/rounds.py): baseline vs top-k,
     interleaved, each speedup with a 95% CI."""
-    from gpuopt.sweeper.confirm import KEEP_BASELINE
+    from gpuopt.sweeper.confirm.rounds import KEEP_BASELINE
 
     confirmation = report.confirmation
     if confirmation is None:

@@ -19,8 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from . import resume
-from .schema import (
+from gpuopt.study.rules import (
     ATTR_BASELINE,
     ATTR_REASON,
     BASELINE_SKIPPED_ATTR,
@@ -30,8 +29,9 @@ from .schema import (
     SEARCH_SPACE_ATTR,
     VOID_ATTR,
 )
-from .search_space import SearchSpace, baseline_params, current_value
-from .seeding import SeedFacts, describe_split, expert_seeds
+from gpuopt.sweeper import resume
+from gpuopt.sweeper.seeding import SeedFacts, describe_split, expert_seeds
+from gpuopt.sweeper.space import SearchSpace, baseline_params, current_value
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -94,7 +94,7 @@ def skip(study: optuna.Study, trial: Trial, overrides: list[str], ret: Any, outc
     custom-search-space-objective.py reads `w`, which only its custom_search_space adds). It is
     told FAIL with the reason, marked skipped and void: no failed trial for max_failure_rate, not
     counted towards n_trials, never best, and not enqueued again on resume."""
-    from .record import record_trial
+    from gpuopt.sweeper.record import record_trial
 
     reason = str(outcome.user_attrs.get(ATTR_REASON) or outcome.status).strip().splitlines()[0]
     outcome.user_attrs[BASELINE_SKIPPED_ATTR] = reason
@@ -118,7 +118,7 @@ def grid_trials(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
 
 def pinned_params(trial: Trial) -> dict[str, Any]:
     """The params a baseline trial was enqueued with (the searched keys it fits)."""
-    from ._compat import trial_id
+    from gpuopt.core._compat import trial_id
 
     return trial.storage.get_trial_system_attrs(trial_id(trial)).get(FIXED_PARAMS_ATTR) or {}
 

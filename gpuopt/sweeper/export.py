@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .search_space import parser
+from gpuopt.sweeper.space import parser
 
 
 def overrides_to_experiment(

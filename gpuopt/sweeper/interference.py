@@ -18,8 +18,8 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from .resume import owner_alive
-from .schema import OWNER_ATTR
+from gpuopt.study.rules import OWNER_ATTR
+from gpuopt.sweeper.resume import owner_alive
 
 ATTR_INTERFERENCE = "interference"  # trial user attr: {"host", "trials": [numbers]}
 
@@ -91,8 +91,8 @@ def flag_outcome(study: Any, trial: Any, outcome: Any) -> None:
     outcome's user attrs and warnings, and in the sweep's log."""
     import logging
 
-    from ._compat import storage_of, trial_id
-    from .schema import ATTR_WARNINGS
+    from gpuopt.core._compat import storage_of, trial_id
+    from gpuopt.study.rules import ATTR_WARNINGS
 
     attr = flag(storage_of(study).get_trial(trial_id(trial)), study.get_trials(deepcopy=False))
     if attr is None:

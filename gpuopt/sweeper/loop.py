@@ -27,39 +27,35 @@ from omegaconf import DictConfig
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 
-from gpuopt.secrets import mask_config_secrets
-
-from . import (
-    app,
-    baseline,
-    confirm,
-    hardware,
-    interference,
-    memory_axis,
-    outputs,
-    profiling,
-    resume,
-)
-from . import progress as progress_mod
-from . import storage as storage_mod
-from . import study as study_mod
-from ._compat import (
+from gpuopt.core._compat import (
     heartbeat_thread,
     stock_sweeper_impl,
     storage_of,
     submitit_executor_kind,
     trial_id,
 )
-from .launcher import terminate_as_interrupt
-from .objectives import SweepConfigError, TrialOutcome
-from .options import SweeperOptions
-from .progress import Progress
-from .record import outcome_of, record_trial
-from .schema import (
-    ATTR_BASELINE,
-    same_training_params,
+from gpuopt.core.secrets import mask_config_secrets
+from gpuopt.study import storage as storage_mod
+from gpuopt.study.rules import ATTR_BASELINE, same_training_params
+from gpuopt.sweeper import (
+    baseline,
+    interference,
+    machine,
+    memory_axis,
+    outputs,
+    profiling,
+    resume,
+    task,
 )
-from .search_space import (
+from gpuopt.sweeper import progress as progress_mod
+from gpuopt.sweeper import study as study_mod
+from gpuopt.sweeper.confirm import rounds
+from gpuopt.sweeper.launchers.fresh_process import terminate_as_interrupt
+from gpuopt.sweeper.objectives import SweepConfigError, TrialOutcome
+from gpuopt.sweeper.options import SweeperOptions
+from gpuopt.sweeper.progress import Progress
+from gpuopt.sweeper.record import outcome_of, record_trial
+from gpuopt.sweeper.space import (
     SearchSpace,
     build_search_space,
     override_text,
@@ -110,7 +106,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             return  # gpuopt's fresh_process launcher sets each job's GPUs itself
         if params.get("gpus_per_node") is not None or params.get("setup"):
             return  # the user chose
-        params["setup"] = [hardware.gpu_setup_command(dict(os.environ))]
+        params["setup"] = [machine.gpu_setup_command(dict(os.environ))]
 
     # ---- sweep ---------------------------------------------------------------------------------
 
@@ -126,25 +122,25 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
 
     def _sweep(self, arguments: list[str]) -> None:
         t_start = time.monotonic()
-        names, directions = app.objectives(self.options, self.direction)
-        app.check_task_config(
+        names, directions = task.objectives(self.options, self.direction)
+        task.check_task_config(
             self.options, self.config
         )  # gpuopt's own task: its values, before anything exists
-        facts = hardware.hardware_facts()
-        probe = app.check_task_device(
-            self.options, self.config, app.probe_env(self.options, bool(self.params))
+        facts = machine.hardware_facts()
+        probe = task.check_task_device(
+            self.options, self.config, task.probe_env(self.options, bool(self.params))
         )
-        device_type = hardware.detect_device_type(app.configured_device(self.config), facts)
-        if probe.device_type and app.configured_device(self.config) in (None, "auto"):
+        device_type = machine.detect_device_type(task.configured_device(self.config), facts)
+        if probe.device_type and task.configured_device(self.config) in (None, "auto"):
             device_type = probe.device_type
         space = self._search_space(arguments, probe, device_type)
         validate_overrides(self.hydra_context.config_loader, self.config, space)
 
-        hw_id = hardware.hardware_id(facts)
+        hw_id = machine.hardware_id(facts)
         url = study_mod.storage_url(self.options.storage, self.config)
         self.storage = url if url is not None else study_mod.MEMORY  # as logs show it
         study, created = study_mod.open_study(
-            app.study_name(self.options, self.study_name, self.config, space, hw_id),
+            task.study_name(self.options, self.study_name, self.config, space, hw_id),
             url,
             self.sampler,
             names,
@@ -157,8 +153,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         else:
             study_mod.warn_other_hardware(study, hw_id)
             study_mod.check_search_space(study, space.distributions)
-        names = app.study_metric_names(study, names)
-        app.check_sampler(self.sampler, directions)
+        names = task.study_metric_names(study, names)
+        task.check_sampler(self.sampler, directions)
 
         to_go = self._trials_to_go(study, space, created)
         progress_mod.log_start(
@@ -170,7 +166,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         def measure(overrides: list[str], job: int) -> TrialOutcome:  # a run, not a trial
             return self._measure(overrides, job, names, directions)
 
-        confirmation = confirm.confirm_if_last(
+        confirmation = rounds.confirm_if_last(
             study,
             names=names,
             directions=directions,
@@ -185,13 +181,13 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             in_process=self.options.confirm.in_process,
             window_s=self.options.confirm.window_s,
         )
-        pending = confirm.elsewhere(
+        pending = rounds.elsewhere(
             study, confirmation, directions, self.options.confirm, self.n_trials
         )
         if not pending:  # the best is final here: where its time goes
             profiling.profile_best(study, self.options, directions, confirmation, measure)
         loader = self.hydra_context.config_loader
-        identity = app.sweep_identity(
+        identity = task.sweep_identity(
             self.config, loader, self.options, study, url, names, directions
         )
         text = outputs.write_outputs(
@@ -220,7 +216,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     # ---- configuration -------------------------------------------------------------------------
 
     def _search_space(
-        self, arguments: list[str], probe: hardware.EnvProbe, device_type: str
+        self, arguments: list[str], probe: machine.EnvProbe, device_type: str
     ) -> SearchSpace:
         preset = {str(k): str(v) for k, v in (self.params or {}).items()}
         preset = same_training_params(preset, self.config)  # the baseline's batch (issue 13)

@@ -3,7 +3,7 @@
 A preset's fixed `choice(32,...,512)` is a ceiling of the search on a large accelerator and mostly
 out-of-memory trials on a small one. Peak memory grows about linearly in the micro-batch (weights,
 gradients and optimizer state are fixed; activations scale per sample), so two measured peaks
-(`python -m gpuopt.memory_probe`, run in subprocesses before the study: the sweeper never imports
+(`python -m gpuopt.trial.memory_probe`, run in subprocesses before the study: the sweeper never imports
 torch) give fixed + per-sample memory, and with the device's memory (or a configured cap) the
 largest micro-batch that fits with a margin. The batch axis becomes the powers of two up to it.
 The prediction is a prior, not a wall: the sampler still learns the true boundary, because an OOM
@@ -163,7 +163,7 @@ def preset_batches(params: Mapping[str, str], key: str = BATCH_KEY) -> list[int]
     """The preset's integer batch choices for `key`, or None (not a plain choice of integers)."""
     from hydra.core.override_parser.types import ChoiceSweep, Transformer
 
-    from .search_space import parse_entry
+    from gpuopt.sweeper.space import parse_entry
 
     text = params.get(key)
     if text is None:
@@ -183,7 +183,7 @@ def preset_batches(params: Mapping[str, str], key: str = BATCH_KEY) -> list[int]
 
 @dataclass
 class MemoryProbe:
-    """What `python -m gpuopt.memory_probe` measured: (micro-batch, peak MiB) points."""
+    """What `python -m gpuopt.trial.memory_probe` measured: (micro-batch, peak MiB) points."""
 
     points: list[tuple[int, float]] = field(default_factory=list)
     device_memory_mb: float | None = None
@@ -200,7 +200,13 @@ def run_probe(
     """One fresh process per micro-batch (a CPU's peak RSS cannot be reset); never raises."""
     probe = MemoryProbe()
     for batch in batches:
-        cmd = [python or sys.executable, "-m", "gpuopt.memory_probe", str(config_path), str(batch)]
+        cmd = [
+            python or sys.executable,
+            "-m",
+            "gpuopt.trial.memory_probe",
+            str(config_path),
+            str(batch),
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             data = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
@@ -220,7 +226,7 @@ def run_probe(
 
 
 def write_probe_config(config: Any, directory: Path, name: str = "memory_probe.yaml") -> Path:
-    """The composed task config (no hydra node, resolved), as the probe and gpuopt.interleave
+    """The composed task config (no hydra node, resolved), as the probe and gpuopt.trial.interleave
     read it."""
     from omegaconf import OmegaConf
 

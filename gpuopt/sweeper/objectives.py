@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.result import METRIC_GOALS, Metrics, Status, TrialResult, result_user_attrs
+from gpuopt.core.result import METRIC_GOALS, Metrics, Status, TrialResult, result_user_attrs
 
 DEFAULT_OBJECTIVES = ("throughput_amortized", "utilization")
 DIRECTIONS = ("minimize", "maximize")
 # Constraint keys set on every COMPLETE gpuopt trial: 1.0 when the trial hit it (infeasible), else 0.
 # `numerics`: an ok trial whose numerics guard found the loss drifting from the fp32 reference
-# (gpuopt.numerics; the evidence is the trial's `numerics` user attr).
+# (gpuopt.trial.numerics; the evidence is the trial's `numerics` user attr).
 NUMERICS_CONSTRAINT = "numerics"
 CONSTRAINT_KEYS = (Status.OOM.value, Status.DIVERGED.value, NUMERICS_CONSTRAINT)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .objectives import SweepConfigError
+from gpuopt.sweeper.objectives import SweepConfigError
 
 KEY = "hydra.sweeper"
 
@@ -65,7 +65,7 @@ class SweeperOptions:
     # turns it on.
     baseline: bool = False
     # The config is gpuopt's own (conf/config.yaml sets it): a derived default study name, and the
-    # composed config checked once (gpuopt.config.check_composed) before the study is opened.
+    # composed config checked once (gpuopt.core.checks.check_composed) before the study is opened.
     gpuopt_task: bool = False
     confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
     env_timeout_s: float = 120.0

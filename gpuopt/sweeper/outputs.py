@@ -22,11 +22,8 @@ from typing import Any
 import optuna
 from omegaconf import OmegaConf
 
-from gpuopt.limits import highest_limit
-
-from . import interference
-from .export import overrides_to_experiment, stock_results, write_experiment
-from .schema import (
+from gpuopt.core.limits import highest_limit
+from gpuopt.study.rules import (
     ATTR_OVERRIDES,
     BASELINE_SKIPPED_ATTR,
     STUDY_OBJECTIVES,
@@ -40,8 +37,10 @@ from .schema import (
     status_counts,
     training_change,
 )
-from .search_space import parser
-from .summary import answers_lines, render
+from gpuopt.sweeper import interference
+from gpuopt.sweeper.export import overrides_to_experiment, stock_results, write_experiment
+from gpuopt.sweeper.space import parser
+from gpuopt.sweeper.summary import answers_lines, render
 
 log = logging.getLogger("gpuopt.sweeper")
 EXPERIMENT_GROUP = "experiment"  # where best.yaml goes: <sweep_dir>/experiment/best.yaml

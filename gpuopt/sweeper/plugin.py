@@ -26,8 +26,8 @@ from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf, TPESamp
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
-from .objectives import SweepConfigError
-from .options import SweeperOptions
+from gpuopt.sweeper.objectives import SweepConfigError
+from gpuopt.sweeper.options import SweeperOptions
 
 # The sampler configs (tpe, random, grid, nsgaii, gp, cmaes, qmc, ...) are the stock plugin's,
 # stored under hydra/sweeper/sampler by the import above.
@@ -106,7 +106,7 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     max_failure_rate: float = _DEFAULTS.max_failure_rate
 
     # gpuopt additions
-    # Metric names of gpuopt.result.METRIC_GOALS, in Optuna's value order. null: throughput_amortized, utilization.
+    # Metric names of gpuopt.core.result.METRIC_GOALS, in Optuna's value order. null: throughput_amortized, utilization.
     objectives: list[str] | None = None  # (SweeperOptions.objectives)
     # Drop choices that `python -m gpuopt.env --json` flags as poor on this machine from the
     # preset's params (command-line sweep arguments are always taken as written).
@@ -150,7 +150,7 @@ class GpuoptSweeper(OptunaSweeper):
     """
 
     def __init__(self, sampler: Any, **settings: Any) -> None:
-        from .loop import GpuoptSweeperImpl  # lazy: optuna is imported only when sweeping
+        from gpuopt.sweeper.loop import GpuoptSweeperImpl
 
         with _one_line_errors():
             options = SweeperOptions.build(**settings)
@@ -166,9 +166,8 @@ class GpuoptSweeper(OptunaSweeper):
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
     """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback."""
-    from gpuopt.config import ConfigError  # torch-free: the composed config's own checks
-
-    from .progress import SweepAborted
+    from gpuopt.core.errors import ConfigError
+    from gpuopt.sweeper.progress import SweepAborted
 
     try:
         yield

@@ -14,8 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .options import SweeperOptions
-from .schema import (
+from gpuopt.study.rules import (
     ATTR_BASELINE,
     ATTR_OVERRIDES,
     ATTR_PROFILE,
@@ -25,10 +24,11 @@ from .schema import (
     feasible_trials,
     pick_best,
 )
+from gpuopt.sweeper.options import SweeperOptions
 
 log = logging.getLogger("gpuopt.sweeper")
 
-PROFILE_ON = "profile=on"  # gpuopt.profile.PROFILE_OVERRIDE (that module imports torch)
+PROFILE_ON = "profile=on"  # gpuopt.trial.profile.PROFILE_OVERRIDE (that module imports torch)
 BEST_PROFILE_JOB = 20_000  # job index of the best's profiled run (confirmation runs: 10_000+)
 
 

@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import storage as storage_mod
-from .objectives import TrialOutcome
-from .schema import ATTR_REASON, leading_trial
-from .summary import progress_line
+from gpuopt.study import storage as storage_mod
+from gpuopt.study.rules import ATTR_REASON, leading_trial
+from gpuopt.sweeper.objectives import TrialOutcome
+from gpuopt.sweeper.summary import progress_line
 
 MIN_TRIALS_FOR_FAILURE_RATE = 3
 

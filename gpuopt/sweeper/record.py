@@ -16,12 +16,10 @@ import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import Trial, TrialState
 
-from gpuopt.secrets import mask_secrets
-
-from ._compat import constraints_key, storage_of, trial_id
-from .attrs import set_user_attrs
-from .objectives import TrialOutcome, error_outcome, outcome_from_return
-from .schema import (
+from gpuopt.core._compat import constraints_key, storage_of, trial_id
+from gpuopt.core.secrets import mask_secrets
+from gpuopt.study.attrs import set_user_attrs
+from gpuopt.study.rules import (
     ATTR_LOGS,
     ATTR_OVERRIDES,
     ATTR_RUN_DIR,
@@ -29,6 +27,7 @@ from .schema import (
     ATTR_TRACEBACK,
     ATTR_VISIBLE_DEVICES,
 )
+from gpuopt.sweeper.objectives import TrialOutcome, error_outcome, outcome_from_return
 
 TRACEBACK_CHARS = 4000
 
@@ -36,7 +35,9 @@ TRACEBACK_CHARS = 4000
 def _error(exc: BaseException, prefix: str = "") -> TrialOutcome:
     """An error outcome for an exception; a gpuopt launcher's TrialProcessError is its own reason."""
     log_tail = getattr(exc, "log_tail", None)
-    if log_tail is not None:  # gpuopt.sweeper.launcher.TrialProcessError (not imported: light)
+    if (
+        log_tail is not None
+    ):  # gpuopt.sweeper.launchers.fresh_process.TrialProcessError (not imported: light)
         outcome = error_outcome(str(exc))
         outcome.user_attrs[ATTR_TRACEBACK] = log_tail[-TRACEBACK_CHARS:]
         return outcome

@@ -26,9 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuopt.secrets import mask_secrets
-
-from ._compat import (
+from gpuopt.core._compat import (
     heartbeat_base,
     heartbeat_enabled,
     stale_trial_ids,
@@ -36,8 +34,9 @@ from ._compat import (
     trial_id,
     unwrap_storage,
 )
-from .lifeline import start_ticks as _start_ticks
-from .schema import (
+from gpuopt.core.lifeline import start_ticks as _start_ticks
+from gpuopt.core.secrets import mask_secrets
+from gpuopt.study.rules import (
     ATTR_BASELINE,
     ATTR_REASON,
     ATTR_STATUS,

@@ -34,7 +34,7 @@ BATCH = "loader.batch_size"
 PRECISION = "precision"
 PIN_MEMORY = "loader.pin_memory"
 LOW_PRECISION = "bf16"
-DRIVER_CORES = 1  # as gpuopt.limits: the core that drives an accelerator does not load
+DRIVER_CORES = 1  # as gpuopt.core.limits: the core that drives an accelerator does not load
 MAX_SEEDS = 4  # of the default 10 trials: the baseline, 4 seeds, 5 for the sampler
 # A loader needing less of a core than this is also tried without workers: a worker process then
 # idles most of a core the compute could use (measured: benchmarks/grid_cpu_cnn.json, where the
@@ -51,7 +51,7 @@ class SeedFacts:
     loader_cost_us: float | None = None  # core-microseconds per sample of the input pipeline
     compute_cost_us: float | None = None  # CPU: core-microseconds per sample of the step
     ceiling_throughput: float | None = None  # accelerator: the compute ceiling, samples/s
-    limit_bound: str | None = None  # cores | loader | compute (gpuopt.limits)
+    limit_bound: str | None = None  # cores | loader | compute (gpuopt.core.limits)
     native_low_precision: bool = False  # bf16 runs natively here (the env probe's capability)
 
 

@@ -16,12 +16,11 @@ from typing import Any
 
 import optuna
 
-from gpuopt.secrets import mask_secrets
-
-from . import hardware
-from . import storage as storage_mod
-from .objectives import SweepConfigError
-from .schema import STUDY_DIRECTIONS, STUDY_HARDWARE, STUDY_OBJECTIVES, plain_names
+from gpuopt.core.secrets import mask_secrets
+from gpuopt.study import storage as storage_mod
+from gpuopt.study.rules import STUDY_DIRECTIONS, STUDY_HARDWARE, STUDY_OBJECTIVES, plain_names
+from gpuopt.sweeper import machine
+from gpuopt.sweeper.objectives import SweepConfigError
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -191,7 +190,7 @@ def record_new_study(
     directions: list[str],
     hardware_id: str,
     facts: dict[str, Any],
-    probe: hardware.EnvProbe,
+    probe: machine.EnvProbe,
     dropped: list[tuple[str, str, str]],
 ) -> None:
     """What a new study records: its objectives and the machine it measures."""

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuopt.fmt import confirm_mode, duration, limit_share, two_answers
-from gpuopt.fmt import speedup_ci as ci_text
-from gpuopt.fmt import value as fmt
-from gpuopt.limits import HighestLimit
-
-from .confirm import KEEP_BASELINE
+from gpuopt.core.fmt import confirm_mode, duration, limit_share, two_answers
+from gpuopt.core.fmt import speedup_ci as ci_text
+from gpuopt.core.fmt import value as fmt
+from gpuopt.core.limits import HighestLimit
+from gpuopt.sweeper.confirm.rounds import KEEP_BASELINE
 
 
 def values_text(names: Sequence[str], values: Sequence[float] | None) -> str:
@@ -69,7 +68,7 @@ def render(
 ) -> str:
     """The end-of-sweep summary. `storage` None: an in-memory study (nothing to review later);
     `speedups` False: the values are an app's own (value, value_0, ...), not gpuopt's metrics;
-    `highest_limit` the study's highest measured limit (gpuopt.limits.highest_limit)."""
+    `highest_limit` the study's highest measured limit (gpuopt.core.limits.highest_limit)."""
     lines = [
         "",
         "=" * 78,

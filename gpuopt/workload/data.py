@@ -6,7 +6,7 @@ and every machine sees the same data. `__getitem__` also does real numpy work pr
 nothing and DataLoader workers could not matter.
 
 The targets are learnable: a fixed random teacher (drawn once from `seed`) labels the inputs, so the
-loss really falls as a model trains (the numerics guard, gpuopt.numerics, compares loss trajectories;
+loss really falls as a model trains (the numerics guard, gpuopt.trial.numerics, compares loss trajectories;
 random labels would leave nothing to learn but their marginal).
 
 Calibration (2-core AMD EPYC VM, numpy 2.4, one core, 2026-11-30): the work processes
@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpuopt.config import HF_INPUT_KINDS, INPUT_KINDS, INPUT_RANKS
+from gpuopt.core.spec import HF_INPUT_KINDS, INPUT_KINDS, INPUT_RANKS
 
 # hf_*: dict samples in the Hugging Face format (gpuopt.workload.hf models): hf_causal_lm and
 # hf_masked_lm {input_ids, attention_mask, labels} of (T,), hf_images {pixel_values, labels}.
-# The kinds and their sample ranks are the config schema's (gpuopt.config, torch-free): one list.
+# The kinds and their sample ranks are the config schema's (gpuopt.core.spec, torch-free): one list.
 HF_KINDS = HF_INPUT_KINDS
 KINDS = tuple(kind for kind in INPUT_KINDS if kind != "any")
 RANKS = INPUT_RANKS

@@ -1,5 +1,5 @@
 """Profiled trials for the report tests: the CPU loader study of `report_studies` with a profiled
-window's summary (`gpuopt.profile.ProfileSummary`, as a dict) on the baseline and the best, set
+window's summary (`gpuopt.trial.profile.ProfileSummary`, as a dict) on the baseline and the best, set
 as the `profile` user attribute the sweeper records from `TrialResult.profile`."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import optuna
 
-from gpuopt.profile import PHASES
-from gpuopt.result import ATTR_PROFILE
+from gpuopt.core.result import ATTR_PROFILE
+from gpuopt.trial.profile import PHASES
 from tests.helpers.report_studies import CPU_STUDY, build_cpu_study
 
 # Baseline (#0): input-bound; best (#5): the loader hidden by workers, the optimizer now stands out.

@@ -25,7 +25,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution
 
-from gpuopt.result import (
+from gpuopt.core.result import (
     ATTR_BASELINE,
     ATTR_OVERRIDES,
     STUDY_DIRECTIONS,
@@ -54,7 +54,7 @@ def _compose(overrides: tuple[str, ...]) -> str:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from gpuopt.config import register_schemas
+    from gpuopt.core.spec import register_schemas
 
     register_schemas()
     with initialize_config_module(config_module="gpuopt.conf"):
@@ -244,10 +244,10 @@ def build_gpu_study(storage: str | optuna.storages.BaseStorage, name: str = GPU_
 
 def confirmation_record(tie: bool = False) -> dict[str, Any]:
     """The sweeper's confirmation attribute for CPU_TRIALS, built with its own code
-    (gpuopt/sweeper/confirm.py, as `_confirm` records it): trial #5's first measurement was lucky,
+    (gpuopt/sweeper/confirm/rounds.py, as `_confirm` records it): trial #5's first measurement was lucky,
     re-measured #1 is faster, so the confirmed winner is #1. `tie`: both candidates re-measure
     like the baseline, so the baseline stays the best."""
-    from gpuopt.sweeper import confirm
+    from gpuopt.sweeper.confirm import rounds as confirm
 
     def config(
         label: str, number: int, sweep: float, again: list[float]

@@ -22,30 +22,30 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-import gpuopt.config
-import gpuopt.sweeper.interleaved
-from gpuopt.config import register_schemas
-from gpuopt.result import Metrics, Status, TrialResult
+import gpuopt.core.checks
+import gpuopt.sweeper.confirm.in_process
+from gpuopt.core.result import Metrics, Status, TrialResult
+from gpuopt.core.spec import register_schemas
 
 register_schemas()
 
 # The keys above (`+case`, `+pid_dir`, `+sleep_s`) are this stand-in's, not gpuopt's schema: the
-# sweeper's one check of the composed config (gpuopt.config.check_composed) sees the config
+# sweeper's one check of the composed config (gpuopt.core.checks.check_composed) sees the config
 # without them, and checks everything else as it does for `python -m gpuopt.run -m`.
 FAKE_KEYS = ("case", "pid_dir", "sleep_s")
-_check_composed = gpuopt.config.check_composed
+_check_composed = gpuopt.core.checks.check_composed
 
 
 def _check_without_fake_keys(cfg: DictConfig, cpus: int | None = None) -> None:
     _check_composed(OmegaConf.masked_copy(cfg, [k for k in cfg if k not in FAKE_KEYS]), cpus)
 
 
-gpuopt.config.check_composed = _check_without_fake_keys
+gpuopt.core.checks.check_composed = _check_without_fake_keys
 
 # The confirmation re-measures in fresh processes here: its in-process mode builds the real engine
-# (gpuopt.interleave), whose numbers are not this stand-in's. tests/test_interleave.py and the
+# (gpuopt.trial.interleave), whose numbers are not this stand-in's. tests/test_interleave.py and the
 # real-engine sweep in tests/test_sweep_e2e.py test that mode.
-gpuopt.sweeper.interleaved.open_shared = lambda *args, **kwargs: None
+gpuopt.sweeper.confirm.in_process.open_shared = lambda *args, **kwargs: None
 
 
 def fake_result(cfg: DictConfig) -> TrialResult:

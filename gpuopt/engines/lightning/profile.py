@@ -1,0 +1,129 @@
+"""The profiled window under `engine=lightning` (gpuopt.trial.profile): a short extra fit of the fitted
+module, after the timed window, with Lightning's own profiler hook naming the phases.
+
+Lightning calls `trainer.profiler.profile(action)` around each part of its loop; `PhaseSpans`
+(a Lightning `Profiler`) enters `record_function(gpuopt:<span>)` for the actions that are phases,
+only while the window records:
+
+- `..train_dataloader_next`             next_batch  (data_wait)
+- `[Strategy]*.batch_to_device`         h2d_copy
+- `[Strategy]*.training_step`           forward     (the module's training_step: forward + loss)
+- `[Strategy]*.backward`                backward
+- `[LightningModule]*.optimizer_step`   optimizer   (its self time: the closure's training_step and
+                                                     backward are spans of their own inside it)
+
+Lightning fetches the next batch before `on_train_batch_start`, so a step's span runs from the
+previous batch's end (or the fit's start) to this batch's end: Lightning's per-step work (hooks,
+callbacks) is in `other`. The fit restarts the loader (its workers too): `profile.warmup_steps`
+absorb the first batches. Imported by gpuopt.engines.lightning.engine only (lightning is an extra).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.profilers import Profiler
+
+from gpuopt.core.spec import TrialSpec
+from gpuopt.trial.profile import SPAN_PREFIX, ProfiledSteps, ProfileSummary, summarize, trace_file
+
+
+def span_of(action: str) -> str | None:
+    """gpuopt's span for one of Lightning's profiler actions, or None when it is no phase."""
+    if action.endswith("train_dataloader_next"):
+        return "next_batch"
+    if action.startswith("[Strategy]"):
+        for suffix, span in (
+            (".batch_to_device", "h2d_copy"),
+            (".training_step", "forward"),
+            (".backward", "backward"),
+        ):
+            if action.endswith(suffix):
+                return span
+    if action.startswith("[LightningModule]") and action.endswith(".optimizer_step"):
+        return "optimizer"
+    return None
+
+
+class PhaseSpans(Profiler):
+    """Lightning's profiler hook: the phase actions as record_function spans while `active`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = False
+        self._open: dict[str, list[Any]] = {}
+
+    def start(self, action_name: str) -> None:
+        from torch.profiler import record_function
+
+        span = span_of(action_name)
+        if self.active and span is not None:
+            context = record_function(SPAN_PREFIX + span)
+            context.__enter__()
+            self._open.setdefault(action_name, []).append(context)
+
+    def stop(self, action_name: str) -> None:
+        stack = self._open.get(action_name)
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    def summary(self) -> str:
+        return ""
+
+
+class ProfileWindow(pl.Callback):
+    """Drives `ProfiledSteps` from the fit's hooks and ends the fit after its last step."""
+
+    def __init__(self, steps: ProfiledSteps, spans: PhaseSpans) -> None:
+        self.steps, self.spans = steps, spans
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.steps.begin()
+        self.spans.active = True
+        self.steps.step_started()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if self.steps.finished:
+            return
+        if self.steps.step_ended():
+            self.spans.active = False
+            trainer.should_stop = True
+        else:
+            self.steps.step_started()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exc: Any) -> None:
+        self.spans.active = False
+        self.steps.close()
+
+
+def profiled_fit(
+    spec: TrialSpec,
+    device: torch.device,
+    module: pl.LightningModule,
+    fit_data: dict[str, Any],
+    trainer_for: Callable[[list[pl.Callback], Profiler], pl.Trainer],
+    run_dir: Path | None = None,
+) -> ProfileSummary:
+    """Fit `module` for profile.warmup_steps + profile.steps more batches under torch.profiler;
+    `trainer_for(callbacks, profiler)` builds the trainer as the engine does."""
+    began = time.perf_counter()
+    steps = ProfiledSteps(device, spec.profile, trace_file(run_dir))
+    spans = PhaseSpans()
+    trainer = trainer_for([ProfileWindow(steps, spans)], spans)
+    try:
+        trainer.fit(module, **fit_data)
+    finally:
+        steps.close()
+    if not steps.finished:
+        raise RuntimeError(
+            f"the profiling fit ended after {steps.index} of {steps.total} steps "
+            "(did the train_dataloader run out of batches?)"
+        )
+    return summarize(steps, began)

@@ -1,0 +1,360 @@
+"""What a gpuopt study holds, and the rules that read it: one place for the sweeper, its summary
+and the report.
+
+- Attribute keys: every trial/study user and system attribute gpuopt writes (the string values are
+  the stored format: never change one).
+- `trial_status`: how a trial ended (ok | oom | diverged | error | void | interrupted | running |
+  waiting | pruned).
+- `feasible` / `feasible_trials`: COMPLETE, with values, and no constraint violated (oom/diverged
+  trials are COMPLETE with constraint 1.0, so samplers learn the region; they are never "best").
+- `pick_baseline` / `pick_best`: which trial is the baseline and which the best.
+- `same_training` / `pick_same_training` / `training_change`: the two answers of every sweep, the
+  best that keeps the baseline's training math (same global batch and learning rate, numerics
+  within tolerance) and the best overall with what it changes (issue 13); `same_training_params`:
+  the preset markers of `search=same_training` and the baseline's batch as the LR reference.
+
+Torch-free and light (optuna only): the sweeping process and the report both import it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from gpuopt.core.result import (
+    ATTR_BASELINE,
+    ATTR_CONFIG,
+    ATTR_ENV,
+    ATTR_OVERRIDES,
+    ATTR_PROFILE,
+    ATTR_REASON,
+    ATTR_RUN_DIR,
+    ATTR_STATUS,
+    ATTR_WARNINGS,
+    STUDY_CONFIRMATION,
+    STUDY_DIRECTIONS,
+    STUDY_HARDWARE,
+    STUDY_OBJECTIVES,
+)
+from gpuopt.sweeper.launchers.gpus import ATTR_VISIBLE_DEVICES
+
+# ---- trial user attrs (besides gpuopt.core.result's: status, reason, overrides, run_dir, env, config,
+# warnings, baseline, and every metric flat under its own name) ----------------------------------
+ATTR_TRACEBACK = "traceback"  # head and tail of an error trial's traceback or log
+ATTR_LOGS = "logs"  # paths of the trial job's full stdout and stderr logs (gpuopt's launchers)
+# Study user attr: {"trial": n, "profile": {...}}, the best trial's profiled run (profiling.py).
+BEST_PROFILE_ATTR = "best_profile"
+INTERRUPTED_ATTR = "interrupted"  # True on a trial whose sweep died under it
+RERUN_OF_ATTR = "rerun_of"  # on the re-enqueued trial: number of the interrupted one
+VOID_ATTR = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
+# On a baseline that could not run as composed (e.g. a key only custom_search_space adds): why.
+# Such a trial also has VOID_ATTR: it never counts towards n_trials, the failure rate or best.
+BASELINE_SKIPPED_ATTR = "baseline_skipped"
+
+# ---- trial system attrs -------------------------------------------------------------------------
+OWNER_ATTR = "gpuopt:owner"  # {"host", "pid", "start"} of the sweeping process running it
+HEARTBEAT_ATTR = "gpuopt:heartbeat"  # journal storage: unix time of the trial's last beat
+# Optuna's own, written when gpuopt enqueues a trial by hand (what study.enqueue_trial writes) and
+# read by GridSampler: the params a WAITING trial starts with, its grid point and grid.
+FIXED_PARAMS_ATTR = "fixed_params"
+GRID_ID_ATTR = "grid_id"
+SEARCH_SPACE_ATTR = "search_space"
+
+# ---- study system attrs -------------------------------------------------------------------------
+CONFIRM_CLAIM_ATTR = "gpuopt:confirm_claim"  # the worker running the confirmation round
+
+__all__ = [
+    "ATTR_BASELINE",
+    "ATTR_CONFIG",
+    "ATTR_ENV",
+    "ATTR_LOGS",
+    "ATTR_OVERRIDES",
+    "ATTR_PROFILE",
+    "ATTR_REASON",
+    "ATTR_RUN_DIR",
+    "ATTR_STATUS",
+    "ATTR_TRACEBACK",
+    "ATTR_VISIBLE_DEVICES",
+    "ATTR_WARNINGS",
+    "BASELINE_SKIPPED_ATTR",
+    "BEST_PROFILE_ATTR",
+    "CONFIRM_CLAIM_ATTR",
+    "FIXED_PARAMS_ATTR",
+    "GRID_ID_ATTR",
+    "HEARTBEAT_ATTR",
+    "INTERRUPTED_ATTR",
+    "OWNER_ATTR",
+    "RERUN_OF_ATTR",
+    "SEARCH_SPACE_ATTR",
+    "STUDY_CONFIRMATION",
+    "STUDY_DIRECTIONS",
+    "STUDY_HARDWARE",
+    "STUDY_OBJECTIVES",
+    "VOID_ATTR",
+    "feasible",
+    "feasible_trials",
+    "global_batch_of",
+    "leading_trial",
+    "outside_space",
+    "pick_baseline",
+    "pick_best",
+    "pick_same_training",
+    "plain_labels",
+    "plain_names",
+    "same_training",
+    "same_training_params",
+    "same_training_winner",
+    "status_counts",
+    "training_change",
+    "trial_status",
+    "winner",
+]
+
+
+def trial_status(trial: FrozenTrial) -> str:
+    """How a trial ended: the sweeper's `status` attr for finished trials, else its state.
+
+    interrupted (its sweep died under it; the params were re-run), skipped (a baseline that could
+    not run as composed) and void (asked, never run: surplus or a duplicate baseline) come before
+    FAIL = error: none is a failed measurement.
+    """
+    if trial.state == TrialState.RUNNING:
+        return "running"
+    if trial.state == TrialState.WAITING:
+        return "waiting"
+    if trial.state == TrialState.PRUNED:
+        return "pruned"
+    if trial.user_attrs.get(INTERRUPTED_ATTR):
+        return "interrupted"
+    if trial.user_attrs.get(BASELINE_SKIPPED_ATTR):
+        return "skipped"
+    if trial.user_attrs.get(VOID_ATTR):
+        return "void"
+    if trial.state == TrialState.FAIL:
+        return "error"
+    return str(trial.user_attrs.get(ATTR_STATUS, "ok"))
+
+
+def plain_names(labels: Any) -> bool:
+    """Whether a study's STUDY_OBJECTIVES are placeholder labels (value, value_0, ...): a stock-style
+    task's plain float/list return values, not gpuopt metrics."""
+    return isinstance(labels, list) and all(str(x).startswith("value") for x in labels)
+
+
+def plain_labels(n_values: int) -> list[str]:
+    """The stock labels of an app's plain return values: `value` for one, `value_0`, ... else."""
+    return ["value"] if n_values == 1 else [f"value_{i}" for i in range(n_values)]
+
+
+def status_counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
+    """Trials per `trial_status`, in the order the statuses first appear."""
+    counts: dict[str, int] = {}
+    for trial in trials:
+        status = trial_status(trial)
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    """No constraint violated (a trial without constraints, a stock task's, is feasible)."""
+    return all(v <= 0 for v in trial.constraints.values())
+
+
+def feasible_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials that may be best: COMPLETE, with values, feasible."""
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.values and feasible(t)]
+
+
+def pick_baseline(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
+    """The study's baseline trial: the one that ran ok, else the last one flagged (an interrupted
+    baseline is re-run under the same flag, so several can be flagged)."""
+    flagged = [t for t in trials if t.user_attrs.get(ATTR_BASELINE)]
+    return next((t for t in flagged if trial_status(t) == "ok"), flagged[-1] if flagged else None)
+
+
+def pick_best(
+    feasible_pool: Sequence[FrozenTrial],
+    pareto: Sequence[FrozenTrial],
+    directions: Sequence[str],
+    confirmation: dict[str, Any] | None,
+) -> FrozenTrial | None:
+    """The confirmed winner when a confirmation ran (the baseline unless a candidate is measurably
+    faster: confirm.winner), else the best on the first objective (among the Pareto front when
+    there are several objectives)."""
+    if not feasible_pool:
+        return None
+    if confirmation:
+        number = winner(confirmation)
+        match = next((t for t in feasible_pool if t.number == number), None)
+        if match is not None:
+            return match
+    sign = 1 if directions[0] == "maximize" else -1
+    pool = [t for t in (pareto or feasible_pool) if not outside_space(t)]
+    pool = pool or [t for t in feasible_pool if not outside_space(t)]
+    return max(pool, key=lambda t: sign * t.values[0]) if pool else None
+
+
+def outside_space(trial: FrozenTrial) -> bool:
+    """A baseline run outside a grid's points (grid_id -1, no params): a reference, never the
+    best of a search it was not part of (the confirmation may still say "keep it")."""
+    return bool(trial.user_attrs.get(ATTR_BASELINE)) and trial.system_attrs.get(GRID_ID_ATTR) == -1
+
+
+def leading_trial(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> FrozenTrial | None:
+    """The best feasible trial so far on the first objective (the sweep's progress line)."""
+    sign = 1 if directions[0] == "maximize" else -1
+    best = None
+    for t in feasible_trials(trials):
+        if best is None or sign * t.values[0] > sign * best.values[0]:
+            best = t
+    return best
+
+
+def winner(record: dict[str, Any]) -> int | None:
+    """Trial number of the confirmed winner of a stored confirmation record (the baseline's when
+    no candidate is measurably faster); None for a record without configs."""
+    configs = record.get("configs") or []
+    if not configs:
+        return None
+    faster = [
+        entry
+        for entry in record.get("comparisons") or []
+        if (entry.get("ratio") or 0.0) > 1.0 and entry.get("distinguishable") is not False
+    ]
+    if not faster:
+        return configs[0].get("trial_number")
+    return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")
+
+
+# ---- same training: the baseline's training math (issue 13) -------------------------------------
+NUMERICS_CONSTRAINT = "numerics"  # gpuopt.sweeper.objectives: the numerics guard's verdict
+# search=same_training's params: held at the composed config's global batch, and its divisors.
+HOLD_BASELINE = "baseline"
+DIVISORS = "divisors"
+MAX_DIVISORS = 8  # the largest divisors only: tiny micro-batches are never the fast choice
+
+
+def _config_of(trial: FrozenTrial) -> dict[str, Any]:
+    config = trial.user_attrs.get(ATTR_CONFIG)
+    return config if isinstance(config, dict) else {}
+
+
+def global_batch_of(trial: FrozenTrial) -> int | None:
+    """Samples per optimizer step: the trial's metric, else from its resolved config."""
+    value = trial.user_attrs.get("global_batch")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    config = _config_of(trial)
+    declared = (config.get("train") or {}).get("global_batch")
+    batch = declared or (config.get("loader") or {}).get("batch_size")
+    return int(batch) if isinstance(batch, int | float) else None
+
+
+def _effective_lr(trial: FrozenTrial) -> float | None:
+    lr = (_config_of(trial).get("optimizer") or {}).get("lr")
+    scale = trial.user_attrs.get("lr_scale")
+    if not isinstance(lr, int | float):
+        return None
+    return float(lr) * (float(scale) if isinstance(scale, int | float) else 1.0)
+
+
+def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
+    """Whether `trial` trains what the baseline trains: the same global batch and effective
+    learning rate, and no numerics violation (the guard's drift within tolerance)."""
+    if baseline is None:
+        return False
+    if trial.number == baseline.number:
+        return True
+    if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
+        return False
+    return global_batch_of(trial) == global_batch_of(baseline) and math.isclose(
+        _effective_lr(trial) or 0.0, _effective_lr(baseline) or 0.0
+    )
+
+
+def same_training_winner(record: dict[str, Any]) -> int | None:
+    """The confirmed same-training pick of a confirmation record: the fastest measurably faster
+    candidate flagged same_training, else the baseline; None for a record without the flags."""
+    configs = record.get("configs") or []
+    if not configs or "same_training" not in configs[0]:
+        return None
+    same = {c.get("trial_number") for c in configs[1:] if c.get("same_training")}
+    faster = [
+        entry
+        for entry in record.get("comparisons") or []
+        if entry.get("trial_number") in same
+        and (entry.get("ratio") or 0.0) > 1.0
+        and entry.get("distinguishable") is not False
+    ]
+    if not faster:
+        return configs[0].get("trial_number")
+    return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")
+
+
+def pick_same_training(
+    feasible_pool: Sequence[FrozenTrial],
+    baseline: FrozenTrial | None,
+    directions: Sequence[str],
+    confirmation: dict[str, Any] | None,
+) -> FrozenTrial | None:
+    """The best trial that keeps the baseline's training math: the confirmed one when the
+    confirmation round flagged same-training candidates, else the best first objective."""
+    pool = [t for t in feasible_pool if same_training(t, baseline)]
+    if not pool:
+        return None
+    number = same_training_winner(confirmation) if confirmation else None
+    match = next((t for t in pool if t.number == number), None)
+    if match is not None:
+        return match
+    sign = 1 if directions[0] == "maximize" else -1
+    return max(pool, key=lambda t: sign * t.values[0])
+
+
+def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> str | None:
+    """What `trial` changes in the training relative to the baseline, as advice; None when it
+    keeps the training (or either is missing)."""
+    if baseline is None or trial is None or same_training(trial, baseline):
+        return None
+    if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
+        return "numerics drift from the fp32 reference over the tolerance: not the same training"
+    before, after = global_batch_of(baseline), global_batch_of(trial)
+    if not before or not after or before == after:
+        return "learning rate differs from the baseline's: re-validate"
+    ratio = after / before
+    scale = trial.user_attrs.get("lr_scale")
+    if isinstance(scale, int | float) and not math.isclose(scale, 1.0):
+        return (
+            f"global batch {before} -> {after} (x{ratio:.3g}), learning rate scaled x{scale:.3g} "
+            "(optimizer.lr_scaling): re-validate"
+        )
+    return (
+        f"global batch {before} -> {after} (x{ratio:.3g}): scale the learning rate and "
+        f"re-validate; linear rule: lr x{ratio:.3g}, square-root rule: x{math.sqrt(ratio):.3g}"
+    )
+
+
+def same_training_params(preset: dict[str, str], config: Any) -> dict[str, str]:
+    """The preset with its same-training markers resolved against the composed config (the
+    baseline): `train.global_batch: baseline` -> its global batch, `loader.batch_size: divisors`
+    -> a choice of that batch's divisors; and, with optimizer.lr_scaling on and no
+    optimizer.reference_batch, the baseline's global batch as every trial's reference."""
+    from omegaconf import OmegaConf
+
+    micro = OmegaConf.select(config, "loader.batch_size", default=None)
+    held = OmegaConf.select(config, "train.global_batch", default=None) or micro
+    out = dict(preset)
+    if held is None:
+        return out
+    if out.get("train.global_batch") == HOLD_BASELINE:
+        out["train.global_batch"] = str(held)
+    if out.get("loader.batch_size") == DIVISORS:
+        divisors = [d for d in range(1, int(held) + 1) if int(held) % d == 0][-MAX_DIVISORS:]
+        out["loader.batch_size"] = f"choice({','.join(map(str, divisors))})"
+    rule = OmegaConf.select(config, "optimizer.lr_scaling", default="none")
+    reference = OmegaConf.select(config, "optimizer.reference_batch", default=None)
+    if rule not in (None, "none") and reference is None:
+        out.setdefault("optimizer.reference_batch", str(held))
+    return out

@@ -1,0 +1,215 @@
+"""The confirmation's in-process mode, sweeper side (torch-free): which candidates may share one
+process with the baseline (`shareable`), how many windows the budget buys (`window_plan`), and the
+process of `python -m gpuopt.trial.interleave` driven one window at a time (`SharedProcess`), each
+window's answer a TrialOutcome like a fresh-process run's.
+
+Fresh-process pairs stay the mode for everything else: a task of its own (gpuopt cannot build it),
+the Lightning engine, torch.compile, allocator and cache settings, another model or dataset.
+In-process windows read a long-lived process, faster than a fresh one; both sides of every pair are
+in that process, so the ratio is fair, and the mode is recorded with the confirmation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from gpuopt.study.rules import ATTR_CONFIG, ATTR_OVERRIDES
+from gpuopt.sweeper.objectives import TrialOutcome, error_outcome
+
+log = logging.getLogger("gpuopt.sweeper")
+
+# Spec keys (gpuopt.engines._common.spec_to_dict) in which two configurations may differ and still
+# share a process: each member builds its own loader and model, and the process-wide settings
+# (threads, float32 matmul precision) are re-applied before each window.
+SHAREABLE = (
+    "loader.",
+    "precision.",
+    "train.",
+    "device.num_threads",
+    "optimizer.lr",
+    "model.activation_checkpointing",
+)
+# How a trial is measured, not what it trains: the shared process has its own windows.
+NOT_COMPARED = ("measure.", "profile.")
+FIRST_STAGE_ROUNDS = 8  # windows are cheap: a first stage with more df narrows Stein's interval
+MIN_STEPS = 5  # a window is at least this many optimizer steps, however long they take
+MAX_WINDOWS = 400
+READY_TIMEOUT_S = 600.0  # building and warming every member (a GPT-2 124M on CPU: ~2 min)
+WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
+
+
+def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+    """Why `candidate` cannot share a process with `baseline` (their stored spec dicts), or None."""
+    if not baseline or not candidate:
+        return "no resolved gpuopt trial config (a task of its own)"
+    for config in (baseline, candidate):
+        if (config.get("engine") or {}).get("name", "native") != "native":
+            return "the Lightning engine builds its own loop"
+        if (config.get("compile") or {}).get("mode", "off") != "off":
+            return "torch.compile"
+    from gpuopt.report.summary import flatten
+
+    a, b = flatten(dict(baseline)), flatten(dict(candidate))
+    differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    apart = [k for k in differing if not k.startswith(SHAREABLE + NOT_COMPARED)]
+    return f"{apart[0]} differs" if apart else None
+
+
+def window_seconds(trial: Any, window_s: float) -> float:
+    """What one window of `trial`'s configuration takes: `window_s`, or MIN_STEPS of its measured
+    steps when those are longer, plus the drained step."""
+    step_ms = trial.user_attrs.get("step_time_ms")
+    step_s = step_ms / 1000.0 if isinstance(step_ms, (int, float)) and step_ms > 0 else 0.0
+    return max(window_s, MIN_STEPS * step_s) + step_s
+
+
+def window_plan(
+    rounds: int, max_runs: int, trial_seconds: Sequence[float], windows_s: Sequence[float]
+) -> tuple[int, int]:
+    """(first-stage rounds, cap on windows) for arms whose windows take `windows_s`: the
+    fresh-process cap's time (max_runs runs of the sweep's median trial) spent on windows."""
+    median = sorted(trial_seconds)[len(trial_seconds) // 2] if trial_seconds else 10.0
+    arms = len(windows_s)
+    windows = int(max_runs * median / (sum(windows_s) / arms))
+    cap = max(2 * arms, min(MAX_WINDOWS, windows))
+    first = max(2, min(max(rounds, FIRST_STAGE_ROUNDS), cap // arms))
+    return first, cap
+
+
+class SharedProcess:
+    """`python -m gpuopt.trial.interleave` with every configuration built once, asked for one window
+    at a time; it dies with the sweep (parent-death signal) and is killed, with its DataLoader
+    workers (its own process group), on close or a timeout."""
+
+    def __init__(self, process: subprocess.Popen, objective: str) -> None:
+        self.process, self.objective = process, objective
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(process.stdout, selectors.EVENT_READ)
+        self.error: str | None = None
+
+    @classmethod
+    def start(
+        cls,
+        configs: Mapping[str, Path],
+        steady: Mapping[str, Mapping[str, Any]],
+        objective: str,
+        window_s: float,
+        directory: Path,
+        python: str | None = None,
+    ) -> SharedProcess:
+        spec: dict[str, Any] = {"configs": {k: str(v) for k, v in configs.items()}}
+        spec.update(window_s=window_s, min_steps=MIN_STEPS)
+        spec["steady"] = {k: dict(v) for k, v in steady.items()}
+        path = directory / "interleave.json"
+        path.write_text(json.dumps(spec, indent=1))
+        stderr = open(directory / "interleave.log", "w")  # noqa: SIM115 - the child writes to it
+        process = subprocess.Popen(
+            [python or sys.executable, "-m", "gpuopt.trial.interleave", str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        stderr.close()
+        shared = cls(process, objective)
+        ready = shared._read(READY_TIMEOUT_S)
+        if ready is not None and "ready" not in ready:
+            shared._fail(f"unexpected first line {ready}")
+        return shared
+
+    def _read(self, timeout_s: float) -> dict[str, Any] | None:
+        """The child's next JSON line, or None (and `error` set) when it ended or timed out."""
+        if self.error:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._selector.select(timeout=left):
+                continue
+            line = self.process.stdout.readline()
+            if not line:
+                self._fail(f"gpuopt.trial.interleave exited {self.process.wait()}")
+                return None
+            with suppress(json.JSONDecodeError):
+                return json.loads(line)
+        self._fail(f"gpuopt.trial.interleave gave no answer within {timeout_s:g} s")
+        return None
+
+    def _fail(self, why: str) -> None:
+        self.error = why
+        self.close()
+
+    def window(self, label: str) -> TrialOutcome:
+        """One window of `label`, as the TrialOutcome of its objective."""
+        if not self.error:
+            try:
+                self.process.stdin.write(label + "\n")
+                self.process.stdin.flush()
+            except OSError as exc:
+                self._fail(f"gpuopt.trial.interleave: {exc}")
+        answer = self._read(WINDOW_TIMEOUT_S)
+        if answer is None:
+            return error_outcome(self.error or "no answer")
+        if answer.get("status") != "ok":
+            reason = answer.get("reason") or "failed"
+            return TrialOutcome(answer.get("status", "error"), None, user_attrs={"reason": reason})
+        value = answer.get(self.objective)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return error_outcome(f"no {self.objective} in {answer}")
+        return TrialOutcome("ok", [float(value)], user_attrs=answer)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with suppress(OSError):
+                self.process.stdin.close()
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+        if self.process.poll() is None:
+            with suppress(OSError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        with suppress(OSError, ValueError):
+            self._selector.close()
+
+
+def open_shared(
+    trials: Sequence[Any],
+    labels: Sequence[str],
+    compose: Callable[[list[str]], Any],
+    objective: str,
+    window_s: float,
+    directory: Path,
+) -> SharedProcess | None:
+    """The shared process for these trials (baseline first), or None with the reason logged:
+    a member that cannot share, or the process failed to build them."""
+    from gpuopt.sweeper.memory_axis import write_probe_config
+
+    configs = [t.user_attrs.get(ATTR_CONFIG) or {} for t in trials]
+    for label, config in zip(labels[1:], configs[1:], strict=True):
+        why = shareable(configs[0], config)
+        if why:
+            log.info("confirmation in fresh processes: %s cannot share a process (%s)", label, why)
+            return None
+    directory.mkdir(parents=True, exist_ok=True)
+    paths, steady = {}, {}
+    for label, trial in zip(labels, trials, strict=True):
+        overrides = list(trial.user_attrs.get(ATTR_OVERRIDES) or [])
+        paths[label] = write_probe_config(compose(overrides), directory, f"{label}.yaml")
+        steady[label] = {k: trial.user_attrs.get(k) for k in ("epoch_steps", "epoch_overhead_s")}
+    shared = SharedProcess.start(paths, steady, objective, window_s, directory)
+    if shared.error:
+        log.warning("confirmation in fresh processes: %s", shared.error)
+        return None
+    return shared

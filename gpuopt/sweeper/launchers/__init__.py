@@ -1,0 +1,1 @@
+"""Hydra launchers that run each trial in a fresh process (locally or under SLURM)."""

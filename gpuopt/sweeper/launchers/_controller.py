@@ -1,0 +1,35 @@
+"""submitit's local job controller, also writing its tasks' exit codes for the launcher.
+
+A trial process killed by a signal leaves no result pickle; submitit's controller knows the exit
+status (negative = signal) but keeps it to itself. This one writes `<job_id>_exit_codes.json` next
+to the job's logs so gpuopt.sweeper.launchers.fresh_process can say "killed by signal SIGSEGV".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from submitit.core.utils import JobPaths
+
+from gpuopt.core._compat import local_controller_class
+from gpuopt.sweeper.launchers.fresh_process import EXIT_CODES_SUFFIX
+
+
+class ExitCodeController(local_controller_class()):  # type: ignore[misc]
+    def wait(self, freq: int = 24) -> Any:
+        codes = super().wait(freq)
+        folder = JobPaths(self.folder, self.pid, 0).folder
+        with contextlib.suppress(OSError):
+            (folder / f"{self.pid}{EXIT_CODES_SUFFIX}").write_text(json.dumps(list(codes)))
+        return codes
+
+
+if __name__ == "__main__":
+    assert len(sys.argv) == 2, (
+        "Usage: python -m gpuopt.sweeper.launchers._controller <submitit_folder>"
+    )
+    ExitCodeController(Path(sys.argv[1])).run()

@@ -1,0 +1,446 @@
+"""hydra/launcher=fresh_process: hydra-submitit-launcher's local mode, one result per trial.
+
+The stock local launcher waits for a whole batch and raises when any job of it produced no result,
+and its only time limit is whole minutes. This subclass keeps submitit (its pickled job, its
+controller, its logs under `.submitit/`) and changes what happens around each job:
+
+- every job has its own deadline, `timeout_s` seconds after it started: a job still running then is
+  killed with its whole process group (trial, DataLoader workers) and recorded as
+  "timed out after N s";
+- a job that ends without a result (a segfault, os.abort(), the kernel's OOM killer) is recorded
+  from its exit status ("killed by signal SIGSEGV") with the tail of its stderr log;
+- with several jobs in a batch (hydra.sweeper.n_jobs > 1) each one gets its own GPU(s) through
+  CUDA_VISIBLE_DEVICES (gpuopt.sweeper.launchers.gpus.assign), recorded on the trial.
+
+A failed job is a `JobReturn` with status FAILED holding a `TrialProcessError`, so the sweeper
+records it like any failing task and the other jobs of the batch keep their results.
+
+Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
+
+from gpuopt.core import lifeline
+from gpuopt.core._compat import job_process, local_executor_class
+from gpuopt.core.secrets import mask_secrets, masked_singleton_state
+from gpuopt.sweeper.launchers import gpus as gpus_mod
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES_SUFFIX = (
+    "_exit_codes.json"  # written by gpuopt.sweeper.launchers._controller next to the logs
+)
+POLL_S = 0.05
+
+
+@dataclass
+class FreshProcessConf(LocalQueueConf):
+    _target_: str = "gpuopt.sweeper.launchers.fresh_process.FreshProcessLauncher"
+    # A trial still running this many seconds after its process started is killed (with its
+    # DataLoader workers) and recorded as an error "timed out after N s".
+    timeout_s: float = 1200.0
+    # n_jobs > 1: give each parallel trial its own GPU(s) through CUDA_VISIBLE_DEVICES.
+    pin_gpus: bool = True
+    # Shell lines run before each trial process (module loads, env vars).
+    setup: list[str] | None = None
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="gpuopt_local", node=FreshProcessConf, provider="gpuopt"
+)
+
+
+class TrialProcessError(RuntimeError):
+    """A trial process that ended without a result: killed by a signal, exited, or timed out.
+
+    Its message is the whole reason (no exception-type prefix in the trial's user attrs); `log_tail`
+    holds the head and the tail of the job's stderr log (a segfault's "Fatal Python error" and the
+    user's frame are near the start, the last frames at the end), `log_path` the whole log.
+    """
+
+    def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.log_tail = log_tail  # head and tail of the log (_log_excerpt), secrets masked
+        self.log_path = log_path  # the whole log
+
+
+def describe_exit(code: int | None) -> str:
+    """A trial process's exit status in words."""
+    if code is None:
+        return "ended without an exit status"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        text = f"killed by signal {name}"
+        if name == "SIGKILL":
+            text += " (the kernel's OOM killer sends it when host memory runs out)"
+        return text
+    return f"exited with code {code} without a result"
+
+
+# What a failed trial keeps of its stderr log: the head (the first error, "Fatal Python error: ...")
+# and the tail (the last frames), with a marker saying how much was cut in between.
+LOG_HEAD_CHARS = 2000
+LOG_TAIL_CHARS = 4000
+
+
+def _excerpt(text: str, head: int = LOG_HEAD_CHARS, tail: int = LOG_TAIL_CHARS) -> str:
+    """The first `head` and last `tail` characters of `text`, the cut marked; all of a short one."""
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n[... {len(text) - head - tail} chars cut ...]\n{text[-tail:]}"
+
+
+def _log_excerpt(path: Path) -> str:
+    """Head and tail of a log (`_excerpt`), secrets masked."""
+    try:
+        with open(path, "rb") as f:
+            return _excerpt(mask_secrets(f.read().decode(errors="replace")))
+    except OSError:
+        return ""
+
+
+def _log_tail(path: Path, chars: int = 2000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return mask_secrets(f.read().decode(errors="replace"))
+    except OSError:
+        return ""
+
+
+def _start_controller(
+    folder: Path, command: str, params: dict[str, Any]
+) -> subprocess.Popen[bytes]:
+    """submitit.local.local.start_controller, in a new session (so a timeout kills the whole
+    tree) and with gpuopt's controller, which writes the tasks' exit codes."""
+    setup = list(params.get("setup") or ())
+    env = dict(os.environ)
+    env.update(
+        SUBMITIT_LOCAL_NTASKS=str(params.get("tasks_per_node", 1)),
+        SUBMITIT_LOCAL_COMMAND=command,
+        SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * params.get("timeout_min", 2.0))),
+        SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(params.get("signal_delay_s", 30))),
+        SUBMITIT_LOCAL_NODEID="0",
+        SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+        SUBMITIT_STDERR_TO_STDOUT="1" if params.get("stderr_to_stdout") else "",
+        SUBMITIT_EXECUTOR="local",
+        CUDA_VISIBLE_DEVICES=",".join(str(k) for k in range(params.get("gpus_per_node") or 0)),
+        SUBMITIT_LOCAL_WITH_SHELL="1" if setup else "",
+    )
+    cmd: Any = [sys.executable, "-m", "gpuopt.sweeper.launchers._controller", str(folder)]
+    if setup:
+        cmd = " && ".join([*setup, shlex.join(cmd)])
+    return subprocess.Popen(cmd, shell=bool(setup), env=env, start_new_session=True)
+
+
+def _executor_class() -> type:
+    return local_executor_class(_start_controller)
+
+
+class FreshProcessLauncher(LocalLauncher):
+    """submitit local mode with a per-trial deadline and per-trial failure records."""
+
+    def __init__(self, timeout_s: float = 1200.0, pin_gpus: bool = True, **params: Any) -> None:
+        super().__init__(**params)
+        if not timeout_s or float(timeout_s) <= 0:
+            raise ValueError(f"hydra.launcher.timeout_s={timeout_s!r}; allowed: seconds > 0")
+        self.timeout_s = float(timeout_s)
+        self.pin_gpus = bool(pin_gpus)
+        # The sweeping process, pickled with each job: the trial's watchdog ends it with the sweep.
+        self.sweep_process: lifeline.SweepProcess | None = None
+        # Set by the sweep loop around a batch: slot -> why to stop that job now (its trial was
+        # failed as stale by another worker), else None. Never pickled into a job.
+        self.stop_check: Callable[[int], str | None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["stop_check"] = None  # a closure over the study: stays in the sweeping process
+        return state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        # Runs in the trial process: a segfault or abort leaves a Python traceback in the .err log,
+        # and the trial ends with its sweep and by its own deadline (gpuopt.core.lifeline).
+        import faulthandler
+
+        faulthandler.enable()
+        lifeline.guard_trial(self.sweep_process, self.timeout_s)
+        return with_traceback(super().__call__(*args, **kwargs))
+
+    def _device_plan(self, n_jobs: int) -> list[str | None]:
+        """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process;
+        "<submitit>": submitit's own 0..gpus_per_node-1).
+
+        Parallel jobs get disjoint GPUs: `gpus_per_node` each when set, else an even share of the
+        GPUs this process sees (gpus.assign); a warning when they must share. Ids are this
+        process's CUDA_VISIBLE_DEVICES entries, or NVML's UUIDs when it is unset (NVML's indices
+        are PCI order, CUDA's default is fastest first: an index could name another GPU).
+        """
+        current = os.environ.get("CUDA_VISIBLE_DEVICES")
+        per_job = self.params.get("gpus_per_node")
+        unpinned = "<submitit>" if per_job is not None else current
+        if not self.pin_gpus or (n_jobs == 1 and per_job is None):
+            return [unpinned] * n_jobs
+        gpus = gpus_mod.pinnable_gpus(os.environ)
+        if not gpus:
+            return [unpinned] * n_jobs
+        warning = gpus_mod.sharing_warning(len(gpus), n_jobs, per_job)
+        if warning:
+            log.warning(warning)
+        return [gpus_mod.assign(gpus, n_jobs, slot, per_job) for slot in range(n_jobs)]
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        assert self.config is not None and len(job_overrides) > 0
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        params = dict(self.params)
+        # submitit's own limit (whole minutes) stays above the per-trial deadline.
+        params["timeout_min"] = max(
+            int(params.get("timeout_min") or 0), math.ceil(self.timeout_s / 60) + 1
+        )
+        executor = _executor_class()(
+            folder=params.pop("submitit_folder"), python=params.pop("python", None)
+        )
+        for key in ("max_num_timeout", "name", "mem_gb", "cpus_per_task", "nodes"):
+            params.pop(key, None)  # cluster-only keys: meaningless for a local process
+        user_setup = list(params.pop("setup", None) or [])
+        executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        plan = self._device_plan(len(job_overrides))
+        self.sweep_process = lifeline.SweepProcess.this()
+
+        started: list[tuple[Any, float, str | None]] = []
+        try:
+            with _terminate_as_interrupt():
+                return self._run_batch(
+                    executor, job_overrides, initial_job_idx, user_setup, plan, started
+                )
+        except BaseException:
+            # Ctrl-C or SIGTERM: the trials run in sessions of their own, so no signal reaches
+            # them; without this they would go on (and hold the GPU) after the sweep is gone.
+            for job, _, _ in started:
+                self._kill(job)
+            raise
+
+    def _run_batch(
+        self,
+        executor: Any,
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+        user_setup: list[str],
+        plan: list[str | None],
+        started: list[tuple[Any, float, str | None]],
+    ) -> list[JobReturn]:
+        for slot, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + slot
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            device = plan[slot]
+            setup = (
+                user_setup if device == "<submitit>" else [*user_setup, gpus_mod.setup_line(device)]
+            )
+            executor.update_parameters(setup=setup)
+            job = executor.submit(
+                self,
+                list(overrides),
+                "hydra.sweep.dir",
+                idx,
+                f"job_id_for_{idx}",
+                masked_singleton_state(Singleton.get_state()),
+            )
+            started.append((job, time.monotonic(), None if device == "<submitit>" else device))
+        returns = []
+        for slot, ((job, t0, device), overrides) in enumerate(
+            zip(started, job_overrides, strict=False)
+        ):
+            ret = self._collect(job, t0, list(overrides), slot)
+            ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
+            attach_diagnostics(ret, job, self._run_dir_of(list(overrides), initial_job_idx + slot))
+            returns.append(ret)
+        return returns
+
+    def _run_dir_of(self, overrides: list[str], job_num: int) -> str | None:
+        """The job's output dir as Hydra's run_job derives it (for a trial that died before it
+        could report it); None when it cannot be told here."""
+        try:
+            from omegaconf import OmegaConf, open_dict
+
+            assert self.hydra_context is not None and self.config is not None
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+            with open_dict(cfg.hydra.job):
+                cfg.hydra.job.num = job_num
+            sweep_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir"))
+            return str(Path(sweep_dir) / str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
+        except Exception:
+            return None
+
+    def _collect(self, job: Any, t0: float, overrides: list[str], slot: int = 0) -> JobReturn:
+        """Wait for one job until its deadline; a JobReturn whatever happened to it."""
+        deadline = t0 + self.timeout_s
+        while not job.done():
+            stop = self.stop_check(slot) if self.stop_check is not None else None
+            if stop is not None:
+                self._kill(job)
+                log.warning("%s", stop)
+                return _failed(overrides, TrialProcessError(stop, "", str(job.paths.stderr)))
+            if time.monotonic() > deadline:
+                self._kill(job)
+                return _failed(
+                    overrides,
+                    TrialProcessError(
+                        f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s): "
+                        "the trial process was killed",
+                        _log_excerpt(job.paths.stderr),
+                        str(job.paths.stderr),
+                    ),
+                )
+            time.sleep(POLL_S)
+        if job.paths.result_pickle.exists():
+            return job_return(job, overrides)
+        codes = _exit_codes(job)
+        code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
+        excerpt = _log_excerpt(job.paths.stderr)
+        reason = lifeline.reason_from_log(_log_tail(job.paths.stderr)) or describe_exit(code)
+        return _failed(overrides, TrialProcessError(reason, excerpt, str(job.paths.stderr)))
+
+    @staticmethod
+    def _kill(job: Any) -> None:
+        """SIGKILL the job's process group: shell, controller, trial and its DataLoader workers."""
+        process = job_process(job)
+        if process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("job %s did not end after SIGKILL", job.job_id)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While trials run, SIGTERM (kill, a scheduler's stop) and SIGHUP (a closed terminal) raise
+    KeyboardInterrupt like Ctrl-C, so the launcher can kill its trials before the sweep exits and
+    the sweep can mark them interrupted. Main thread only (Python's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signals = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+terminate_as_interrupt = _terminate_as_interrupt  # the sweep loop's name for it
+
+
+def _exit_codes(job: Any) -> list[int | None]:
+    path = job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}"
+    try:
+        return list(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        process = job_process(job)
+        poll = process.poll() if process is not None else None
+        return [poll]  # the controller itself died: its own status is all there is
+
+
+@dataclass(frozen=True)
+class TrialDiagnostics:
+    """Where to look when a trial failed, attached to its JobReturn (`gpuopt_diagnostics`) and
+    stored by gpuopt.sweeper.record: the job's full logs, its run dir, and its traceback (head and
+    tail): the one formatted in the trial process, else the last one in its logs (a gpuopt trial
+    that caught the error logs it), else the head and tail of the stderr log (a crash)."""
+
+    logs: list[str]
+    run_dir: str | None
+    traceback: str | None
+
+
+def with_traceback(ret: JobReturn) -> JobReturn:
+    """In the trial process: a failed job's traceback as text (pickling drops its frames)."""
+    import traceback
+
+    if ret.status is JobStatus.FAILED:
+        try:
+            ret.return_value  # noqa: B018  (raises the task's exception)
+        except BaseException as exc:
+            text = "".join(traceback.format_exception(exc))
+            ret.gpuopt_traceback = _excerpt(mask_secrets(text))  # type: ignore[attr-defined]
+    return ret
+
+
+def _last_traceback(path: Path) -> str | None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    index = text.rfind("Traceback (most recent call last)")
+    return _excerpt(mask_secrets(text[index:])) if index >= 0 else None
+
+
+def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
+    """Set `ret.gpuopt_diagnostics` from the job's logs (both launchers)."""
+    traceback = (
+        getattr(ret, "gpuopt_traceback", None)
+        or _last_traceback(job.paths.stdout)
+        or _last_traceback(job.paths.stderr)
+    )
+    ret_dir = getattr(getattr(getattr(ret, "hydra_cfg", None), "hydra", None), "runtime", None)
+    ret.gpuopt_diagnostics = TrialDiagnostics(  # type: ignore[attr-defined]
+        logs=[str(job.paths.stdout), str(job.paths.stderr)],
+        run_dir=str(ret_dir.output_dir) if ret_dir is not None else run_dir,
+        traceback=traceback,
+    )
+
+
+def job_return(job: Any, overrides: list[str]) -> JobReturn:
+    """The job's JobReturn from its result pickle; a failed one if submitit itself failed (both
+    launchers: fresh_process and slurm)."""
+    try:
+        ret = job.results()[0]
+        if isinstance(ret, JobReturn):
+            return ret
+        raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
+    except Exception as exc:
+        return _failed(overrides, exc)
+
+
+def _failed(overrides: list[str], exc: BaseException) -> JobReturn:
+    ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
+    ret.return_value = exc
+    if isinstance(exc, TrialProcessError) and exc.log_tail:
+        ret.gpuopt_traceback = exc.log_tail  # type: ignore[attr-defined]  (a crash: its log)
+    return ret

@@ -1,0 +1,327 @@
+"""hydra/launcher=slurm: hydra-submitit-launcher's SLURM mode, one result per trial.
+
+The stock SlurmLauncher submits a batch as a job array and calls `job.results()` on each job. A
+job that SLURM ends without a result (its time limit, scancel, the node's OOM handling, a node
+failure) then either raises, which ends the batch, or, on a cluster without accounting storage
+(no slurmdbd, so `sacct` has no data), waits forever: submitit reads job states from `sacct` only
+and treats "UNKNOWN" as still running. This subclass keeps submitit (its sbatch script, pickles
+and logs under `.submitit/`) and changes what happens around each job:
+
+- the launcher reads the jobs' states from `squeue --states=all` (slurmctld's memory, which keeps
+  a finished job for MinJobAge seconds, 300 by default), then `sacct` where accounting exists, then
+  the line slurmstepd writes into the job's stderr ("CANCELLED ... DUE TO TIME LIMIT");
+- a job that ended without a result is a `JobReturn` with status FAILED holding a
+  `TrialProcessError` whose reason names SLURM's verdict ("cancelled by SLURM: TIME LIMIT
+  (hydra.launcher.timeout_min=60)"), so the sweeper records the trial as `error` and goes on;
+- in the trial job, submitit's time-limit signal (USR2, `signal_delay_s` before the limit) no
+  longer checkpoints and requeues the trial: a half-measured trial cannot be resumed, and with a
+  limit shorter than `signal_delay_s` the signal arrives at once. The trial runs until it ends or
+  SLURM ends it at its limit;
+- Ctrl-C or SIGTERM of the sweep cancels the batch's jobs (scancel) before the sweep exits.
+
+Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import OmegaConf
+
+from gpuopt.core.secrets import masked_singleton_state
+from gpuopt.sweeper.launchers.fresh_process import (
+    TrialProcessError,
+    _failed,
+    _log_excerpt,
+    _log_tail,
+    _terminate_as_interrupt,
+    attach_diagnostics,
+    describe_exit,
+    job_return,
+    with_traceback,
+)
+
+log = logging.getLogger(__name__)
+
+# squeue's long state names for a job that will not run any more (`man squeue`, JOB STATE CODES).
+ENDED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+# After SLURM says COMPLETED or FAILED, the job's result pickle may still be on its way through a
+# shared file system: wait this long for it before calling the job resultless.
+RESULT_GRACE_S = 15.0
+# slurmstepd's line in the job's stderr when SLURM ends it: "*** JOB 7 ON node CANCELLED AT
+# 2026-12-01T08:39:03 DUE TO TIME LIMIT ***" (or "... CANCELLED AT ... ***" for scancel).
+_STEPD_LINE = re.compile(
+    r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*"
+)
+
+
+@dataclass
+class GpuoptSlurmConf(SlurmQueueConf):
+    _target_: str = "gpuopt.sweeper.launchers.slurm.GpuoptSlurmLauncher"
+    # Seconds between two `squeue` calls while the batch's jobs run (one call for the batch).
+    poll_s: float = 5.0
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="gpuopt_slurm", node=GpuoptSlurmConf, provider="gpuopt"
+)
+
+
+@dataclass(frozen=True)
+class SlurmJobState:
+    """What SLURM says about one job (or job-array task): squeue's %T and %r."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state.split()[0] in ENDED_STATES  # "CANCELLED by 0" in sacct
+
+
+def parse_squeue(text: str) -> dict[str, SlurmJobState]:
+    """`squeue -h -r -o %i|%T|%r` lines -> job id ("123" or "123_4") -> state."""
+    states = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0]:
+            states[parts[0]] = SlurmJobState(parts[0], parts[1], parts[2] if len(parts) > 2 else "")
+    return states
+
+
+def query_squeue(job_ids: Sequence[str]) -> dict[str, SlurmJobState] | None:
+    """The states slurmctld still holds for these jobs (None: squeue failed). A job it no longer
+    knows (purged MinJobAge seconds after it ended) is absent."""
+    cmd = ["squeue", "--states=all", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(job_ids)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("squeue failed (%s); retrying", exc)
+        return None
+    return parse_squeue(out.stdout)
+
+
+def query_sacct(job_id: str) -> SlurmJobState | None:
+    """The job's final state from accounting storage; None where there is none (no slurmdbd)."""
+    cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", job_id]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.stdout.splitlines():
+        jid, _, state = line.partition("|")
+        if jid == job_id and state:
+            return SlurmJobState(job_id, state)
+    return None
+
+
+def query_exit_code(job_id: str) -> int | None:
+    """`scontrol show job`'s ExitCode=code:signal as describe_exit's number (-signal if killed)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"\bExitCode=(\d+):(\d+)", out)
+    if match is None:
+        return None
+    code, sig = int(match.group(1)), int(match.group(2))
+    return -sig if sig else code
+
+
+def state_from_log(job_id: str, stderr_text: str) -> SlurmJobState | None:
+    """slurmstepd's "CANCELLED ... DUE TO TIME LIMIT" line in the job's stderr, as a state."""
+    match = _STEPD_LINE.search(stderr_text)
+    if match is None:
+        return None
+    cause = (match.group(1) or "").strip()
+    state = {"TIME LIMIT": "TIMEOUT", "PREEMPTION": "PREEMPTED", "NODE FAILURE": "NODE_FAIL"}
+    return SlurmJobState(job_id, state.get(cause, "CANCELLED"), cause)
+
+
+def end_reason(state: SlurmJobState, params: dict[str, Any], exit_code: int | None = None) -> str:
+    """The trial's reason for a job SLURM ended without a result, naming the knob to turn."""
+    name = state.state.split()[0]
+    job = f"job {state.job_id}"
+    if name == "TIMEOUT":
+        limit = params.get("timeout_min")
+        return f"cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min={limit}), {job}"
+    if name == "OUT_OF_MEMORY":
+        return (
+            f"killed by SLURM: OUT OF MEMORY (hydra.launcher.mem_gb={params.get('mem_gb')}), {job}"
+        )
+    if name == "CANCELLED":
+        return f"cancelled by SLURM (scancel or an administrator), {job}"
+    if name == "PREEMPTED":
+        return f"preempted by SLURM, {job}"
+    if name in ("NODE_FAIL", "BOOT_FAIL"):
+        return f"SLURM: {name.replace('_', ' ')} ({state.reason or 'the node failed'}), {job}"
+    if name == "DEADLINE":
+        return f"cancelled by SLURM: DEADLINE, {job}"
+    detail = f" ({state.reason})" if state.reason not in ("", "None") else ""
+    return f"SLURM {job} ended {name}{detail}: {describe_exit(exit_code)}"
+
+
+class GpuoptSlurmLauncher(SlurmLauncher):
+    """submitit's SLURM mode, where a job that ends without a result is a failed trial."""
+
+    def __init__(self, poll_s: float = 5.0, **params: Any) -> None:
+        super().__init__(**params)
+        if not poll_s or float(poll_s) <= 0:
+            raise ValueError(f"hydra.launcher.poll_s={poll_s!r}; allowed: seconds > 0")
+        self.poll_s = float(poll_s)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        # Runs in the trial job: a segfault leaves a Python traceback in the job's stderr, and
+        # submitit's USR2 handler (checkpoint + requeue, or raise) is replaced by a log line.
+        import faulthandler
+
+        faulthandler.enable()
+        signal.signal(signal.SIGUSR2, _warn_time_limit)
+        return with_traceback(super().__call__(*args, **kwargs))
+
+    def _executor(self) -> Any:
+        """submitit's SlurmExecutor built from the launcher's params, as the stock launch does."""
+        import submitit
+
+        params = dict(self.params)
+        init_keys = {"max_num_timeout", "python"}
+        executor = submitit.AutoExecutor(
+            cluster="slurm",
+            folder=params.pop("submitit_folder"),
+            **{f"slurm_{k}": params.pop(k) for k in init_keys if k in params},
+        )
+        base = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(
+            **{k if k in base else f"slurm_{k}": v for k, v in params.items()}
+        )
+        return executor
+
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        assert self.config is not None and len(job_overrides) > 0
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in self.config.hydra.sweep:
+            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
+        job_params = []
+        for slot, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + slot
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            job_params.append(
+                (
+                    list(overrides),
+                    "hydra.sweep.dir",
+                    idx,
+                    f"job_id_for_{idx}",
+                    masked_singleton_state(Singleton.get_state()),
+                )
+            )
+        jobs: list[Any] = []
+        try:
+            with _terminate_as_interrupt():
+                jobs = list(self._executor().map_array(self, *zip(*job_params, strict=True)))
+                log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in jobs))
+                return self._collect(jobs, [list(o) for o in job_overrides])
+        except BaseException:
+            # Ctrl-C or SIGTERM: without this the trials would run on (and hold GPUs) after the
+            # sweep is gone.
+            _scancel([job.job_id for job in jobs if not job.paths.result_pickle.exists()])
+            raise
+
+    def _collect(self, jobs: list[Any], overrides: list[list[str]]) -> list[JobReturn]:
+        """Wait until every job has a result or an end; a JobReturn for each, in order."""
+        returns: dict[int, JobReturn] = {}
+        ended_at: dict[int, float] = {}
+        last_query = float("-inf")
+        while len(returns) < len(jobs):
+            states = None
+            if time.monotonic() - last_query >= self.poll_s:
+                states = query_squeue([j.job_id for k, j in enumerate(jobs) if k not in returns])
+                last_query = time.monotonic()
+            for k, job in enumerate(jobs):
+                if k in returns:
+                    continue
+                if job.paths.result_pickle.exists():
+                    returns[k] = job_return(job, overrides[k])
+                    attach_diagnostics(returns[k], job, None)
+                    continue
+                if states is None:
+                    continue
+                state = states.get(job.job_id) or self._final_state(job)
+                if state is None or not state.ended:
+                    continue
+                first = ended_at.setdefault(k, time.monotonic())
+                grace = RESULT_GRACE_S if state.state in ("COMPLETED", "FAILED") else 0.0
+                if time.monotonic() - first >= grace:
+                    returns[k] = self._resultless(job, state, overrides[k])
+                    attach_diagnostics(returns[k], job, None)
+            if len(returns) < len(jobs):
+                time.sleep(min(1.0, self.poll_s))
+        return [returns[k] for k in range(len(jobs))]
+
+    @staticmethod
+    def _final_state(job: Any) -> SlurmJobState:
+        """The state of a job slurmctld no longer knows: accounting, else its stderr, else unknown."""
+        return (
+            query_sacct(job.job_id)
+            or state_from_log(job.job_id, _log_tail(job.paths.stderr, chars=20000))
+            or SlurmJobState(job.job_id, "FAILED", "purged from slurmctld, no accounting")
+        )
+
+    def _resultless(self, job: Any, state: SlurmJobState, overrides: list[str]) -> JobReturn:
+        exit_code = query_exit_code(job.job_id) if state.state in ("FAILED", "COMPLETED") else None
+        reason = end_reason(state, self.params, exit_code)
+        log.warning("trial job %s: %s", job.job_id, reason)
+        return _failed(
+            overrides,
+            TrialProcessError(reason, _log_excerpt(job.paths.stderr), str(job.paths.stderr)),
+        )
+
+
+def _warn_time_limit(signum: int, frame: Any) -> None:
+    """In the trial job: note submitit's USR2 in the job's stderr (os.write: signal-safe)."""
+    os.write(
+        2,
+        f"gpuopt: SLURM sent {signal.Signals(signum).name}: its time limit (or a preemption) is "
+        "near; the trial goes on until it ends or SLURM ends it\n".encode(),
+    )
+
+
+def _scancel(job_ids: list[str]) -> None:
+    if not job_ids:
+        return
+    log.warning("cancelling SLURM job(s) %s", " ".join(job_ids))
+    try:
+        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("scancel failed: %s", exc)

@@ -1,0 +1,157 @@
+"""What machine the study measures, without importing torch in the sweeping process.
+
+- `probe_env`: `python -m gpuopt.env --json` once, in a subprocess (its `poor_choices` drive the
+  device-aware presets; torch is imported there, not here).
+- `hardware_id`: a stable short id of the hardware (CPU model, core count, GPU names through NVML),
+  part of the default study name, so one study never mixes machines.
+- `default_storage` / `default_study_name`: where the study lives when the user does not say.
+- `gpu_setup_command`: the GPUs a fresh trial process must see (submitit's local launcher would
+  otherwise set CUDA_VISIBLE_DEVICES="" and hide every GPU from the trial).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuopt.core.host import cpu_model
+from gpuopt.sweeper.launchers.gpus import setup_line
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EnvProbe:
+    """What `python -m gpuopt.env --json` said (empty when it could not run)."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def poor_choices(self) -> dict[str, dict[str, str]]:
+        value = self.data.get("poor_choices") or {}
+        return {str(k): dict(v) for k, v in value.items() if isinstance(v, dict)}
+
+    @property
+    def device_type(self) -> str | None:
+        for key in ("device_type", "device"):
+            value = self.data.get(key)
+            if isinstance(value, dict):
+                value = value.get("type")
+            if isinstance(value, str) and value:
+                return value.split(":")[0]
+        return None
+
+
+def probe_env(timeout_s: float = 120.0, python: str | None = None) -> EnvProbe:
+    """Run `python -m gpuopt.env --json` in a subprocess; never raises."""
+    cmd = [python or sys.executable, "-m", "gpuopt.env", "--json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return EnvProbe(error=f"{' '.join(cmd)}: {type(exc).__name__}: {exc}")
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return EnvProbe(error=f"{' '.join(cmd)} exited {proc.returncode}: {tail[0]}")
+    text = proc.stdout.strip()
+    start = text.find("{")
+    try:
+        data = json.loads(text[start:]) if start >= 0 else None
+    except json.JSONDecodeError as exc:
+        return EnvProbe(error=f"{' '.join(cmd)} printed no JSON object ({exc})")
+    if not isinstance(data, dict):
+        return EnvProbe(error=f"{' '.join(cmd)} printed no JSON object")
+    return EnvProbe(data=data)
+
+
+def nvml_gpu_names() -> list[str]:
+    """GPU names through NVML (no torch); [] without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        names = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return names
+    except Exception:
+        return []
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def hardware_facts(gpu_names: list[str] | None = None) -> dict[str, Any]:
+    gpus = nvml_gpu_names() if gpu_names is None else gpu_names
+    return {
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpus,
+    }
+
+
+def hardware_id(facts: dict[str, Any]) -> str:
+    """The hardware's short readable id (a string; gpuopt.env.fingerprint is the dict of facts): the accelerator (or CPU core count) plus a hash of all the facts."""
+    digest = hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:6]
+    gpus = facts.get("gpus") or []
+    if gpus:
+        head = re.sub(r"[^a-z0-9]+", "", str(gpus[0]).lower().replace("nvidia", ""))[:12] or "gpu"
+        head = f"{len(gpus)}x{head}" if len(gpus) > 1 else head
+    else:
+        head = f"cpu{facts.get('cpu_count') or ''}"
+    return f"{head}-{digest}"
+
+
+def detect_device_type(config_device: str | None, facts: dict[str, Any]) -> str:
+    """The device trials run on: the config's device.type, or what `auto` picks (cuda, mps, cpu)."""
+    if config_device and config_device != "auto":
+        return str(config_device).split(":")[0]
+    if facts.get("gpus"):
+        return "cuda"
+    if facts.get("system") == "Darwin" and facts.get("machine") == "arm64":
+        return "mps"
+    return "cpu"
+
+
+def default_storage(
+    output_dir: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None
+) -> str:
+    """`sqlite:////abs/<output_dir>/gpuopt.db`: one file per output_dir, whatever the run dir."""
+    base = Path(output_dir).expanduser()
+    if not base.is_absolute():
+        base = Path(cwd or os.getcwd()) / base
+    base = base.resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{base / 'gpuopt.db'}"
+
+
+def default_study_name(workload: str | None, search: str | None, hardware_id: str) -> str:
+    parts = [p for p in (workload, search) if p]
+    safe = [re.sub(r"[^A-Za-z0-9_.-]+", "_", str(p)) for p in parts]
+    return "-".join([*safe, hardware_id]) if safe else f"gpuopt-{hardware_id}"
+
+
+def gpu_setup_command(environ: dict[str, str]) -> str:
+    """A shell line that gives a fresh trial process the GPUs this process sees.
+
+    submitit's local launcher sets CUDA_VISIBLE_DEVICES to the first `gpus_per_node` GPU indices
+    (none by default), which hides every GPU from a trial. Its `setup` lines run in the job's shell
+    after that, so they restore this process's setting (indices, UUIDs or unset alike).
+    """
+    return setup_line(environ.get("CUDA_VISIBLE_DEVICES"))

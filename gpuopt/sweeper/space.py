@@ -1,0 +1,387 @@
+"""The search space: sweeper params as Hydra overrides, device-aware trimming, override text.
+
+Pure functions over Hydra's override grammar, so they are tested by tables without running a sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Override, Transformer
+
+from gpuopt.sweeper.objectives import SweepConfigError
+
+log = logging.getLogger(__name__)
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_\-./:+@]+$")
+_parser: OverridesParser | None = None
+
+
+def parser() -> OverridesParser:
+    global _parser
+    if _parser is None:
+        _parser = OverridesParser.create()
+    return _parser
+
+
+def parse_entry(key: str, text: str, source: str) -> Override:
+    """Parse one `key=value` sweep entry; a clear SweepConfigError when it is malformed."""
+    line = f"{key}={text}" if text is not None else str(key)
+    try:
+        return parser().parse_override(line)
+    except Exception as exc:
+        raise SweepConfigError(
+            f"{source}: {key}",
+            text,
+            "a Hydra sweep such as choice(32,64,128), range(1,9), interval(1e-4,1e-2), "
+            f"tag(log,interval(...)) or a fixed value ({str(exc).splitlines()[0]})",
+        ) from None
+
+
+def choice_text(value: Any) -> str:
+    """A value written so Hydra's override grammar reads it back as the same value and type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if _PLAIN.match(text):
+        try:
+            if parser().parse_override(f"k={text}").value() == text:
+                return text
+        except Exception:
+            pass
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def override_text(key: str, value: Any) -> str:
+    return f"{key}={choice_text(value)}"
+
+
+def canonical(value: Any) -> str:
+    """How a choice is named in `gpuopt.env`'s poor_choices: true, null, 4, bf16."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).lower()
+
+
+@dataclass
+class Filtered:
+    """The result of device-aware trimming of the preset's params."""
+
+    params: dict[str, str]
+    dropped: list[tuple[str, str, str]] = field(default_factory=list)  # (key, choice, reason)
+    removed_keys: list[str] = field(default_factory=list)  # every choice was poor: not searched
+
+
+def drop_poor_choices(
+    params: Mapping[str, Any], poor_choices: Mapping[str, Mapping[str, str]]
+) -> Filtered:
+    """Remove the choices `gpuopt.env` flags as poor on this machine from choice() lists.
+
+    A key whose every choice is poor is not searched at all (the configured value stays). Ranges,
+    intervals and fixed values are left as written.
+    """
+    out: dict[str, str] = {}
+    result = Filtered(params=out)
+    poor_lower = {
+        str(k): {str(c).lower(): str(r) for c, r in v.items()} for k, v in poor_choices.items() if v
+    }
+    for key, text in params.items():
+        key, text = str(key), str(text)
+        poor = poor_lower.get(key.lstrip("+~"))
+        if not poor:
+            out[key] = text
+            continue
+        override = parse_entry(key, text, "hydra.sweeper.params")
+        value = override.value()
+        if (
+            not (override.is_choice_sweep() and isinstance(value, ChoiceSweep))
+            or value.shuffle
+            or value.tags
+        ):
+            out[key] = text
+            continue
+        kept = []
+        for choice in override.sweep_iterator(transformer=Transformer.identity):
+            reason = poor.get(canonical(choice))
+            if reason is None:
+                kept.append(choice)
+            else:
+                result.dropped.append((key, canonical(choice), reason))
+        if not kept:
+            result.removed_keys.append(key)
+            continue
+        out[key] = (
+            text
+            if len(kept) == len(value.list)
+            else "choice(" + ",".join(choice_text(c) for c in kept) + ")"
+        )
+    return result
+
+
+def preset_without_user_keys(params: Mapping[str, str], user_keys: list[str]) -> dict[str, str]:
+    """Drop the preset's fixed (non-sweep) values for keys the user set on the command line.
+
+    A preset may fix e.g. `measure.time_budget_s` for its trials; a user who wrote `measure=quick`
+    or `measure.time_budget_s=5` on the command line meant theirs. Sweeps stay: a command-line
+    sweep of the same key replaces the preset's anyway (it comes later).
+    """
+    keys = [k.lstrip("+~") for k in user_keys]
+    out = {}
+    for key, text in params.items():
+        bare = key.lstrip("+~")
+        covered = any(
+            bare == k or bare.startswith(k + ".") or bare.startswith(k + "/") for k in keys
+        )
+        if covered and not parse_entry(key, text, "hydra.sweeper.params").is_sweep_override():
+            continue
+        out[key] = text
+    return out
+
+
+def select_device_params(
+    device_params: Mapping[str, Mapping[str, Any]] | None, device_type: str
+) -> dict[str, str]:
+    """The extra params a preset searches only on this device type (cpu | cuda | mps)."""
+    if not device_params:
+        return {}
+    extra = device_params.get(device_type.split(":")[0]) or {}
+    return {str(k): str(v) for k, v in extra.items()}
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<not set>"
+
+
+_MISSING = _Missing()
+
+
+def current_value(config: Any, key: str) -> Any:
+    """The value of a searched key in the composed config: group choice or config value."""
+    from omegaconf import OmegaConf
+
+    if key.startswith(("+", "~")):
+        return _MISSING
+    choices = config.hydra.runtime.choices if "hydra" in config else {}
+    if key in choices:
+        return choices[key]
+    try:
+        return OmegaConf.select(config, key, default=_MISSING, throw_on_missing=False)
+    except Exception:
+        return _MISSING
+
+
+def fits(value: Any, distribution: Any) -> bool:
+    """Whether a configured value is a point of an Optuna distribution (so it can be enqueued)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if value is _MISSING:
+        return False
+    if isinstance(distribution, CategoricalDistribution):
+        return any(_same(value, c) for c in distribution.choices)
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(distribution, IntDistribution):
+        if not (
+            isinstance(value, int) and is_number and distribution.low <= value <= distribution.high
+        ):
+            return False
+        return (value - distribution.low) % (distribution.step or 1) == 0
+    if isinstance(distribution, FloatDistribution):
+        if not (is_number and distribution.low <= float(value) <= distribution.high):
+            return False
+        if distribution.step:
+            steps = (float(value) - distribution.low) / distribution.step
+            return math.isclose(steps, round(steps), abs_tol=1e-8)
+        return True
+    return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def baseline_params(
+    config: Any, distributions: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The baseline's values of the searched keys that fit the space, and the keys that do not.
+
+    The baseline suggests only the fitting keys (so its trial params equal the configured values)
+    and leaves the others as composed: either way it measures the user's configuration.
+    """
+    fitting: dict[str, Any] = {}
+    outside: list[str] = []
+    for key, distribution in distributions.items():
+        value = current_value(config, key)
+        if fits(value, distribution):
+            from optuna.distributions import CategoricalDistribution
+
+            if isinstance(distribution, CategoricalDistribution):
+                value = next(c for c in distribution.choices if _same(value, c))
+            fitting[key] = value
+        else:
+            outside.append(key)
+    return fitting, outside
+
+
+# ---- the sweep's space, built once per sweep ------------------------------------------------------
+
+
+@dataclass
+class SearchSpace:
+    """What the sweep searches: Optuna distributions, the fixed params and overrides every trial
+    gets, and the grid (GridSampler's values per key) when the sampler is a grid."""
+
+    distributions: dict[str, Any]
+    fixed_params: dict[str, Any]
+    fixed_overrides: list[str]
+    grid: dict[str, list[Any]] | None = None
+    dropped: list[tuple[str, str, str]] = field(default_factory=list)  # device-aware trimming
+
+    @property
+    def is_grid(self) -> bool:
+        return self.grid is not None
+
+    @property
+    def grid_size(self) -> int:
+        """How many points GridSampler hands out: the product of the value counts per key."""
+        return math.prod(len(v) for v in (self.grid or {}).values())
+
+
+def build_search_space(
+    preset: dict[str, str],
+    arguments: list[str],
+    poor_choices: Mapping[str, Mapping[str, str]] | None,
+    grid: bool,
+    batch_axis: Any = None,  # memory_axis.BatchAxis (not imported: it imports this module)
+) -> SearchSpace:
+    """The preset's params (the batch axis from the memory model when given, memory_axis.py;
+    device-trimmed by `poor_choices` when given) plus the command line's sweep arguments (which
+    always win), as Optuna distributions; SweepConfigError when malformed."""
+    from gpuopt.core._compat import create_params_from_overrides, grid_choices
+
+    for key, text in preset.items():
+        parse_entry(key, text, "hydra.sweeper.params")
+    dropped: list[tuple[str, str, str]] = []
+    if batch_axis is not None and batch_axis.key in preset:
+        preset = batch_axis.rewrite(preset)
+        dropped += [(batch_axis.key, str(c), why) for c, why in batch_axis.dropped]
+    if poor_choices:
+        filtered = drop_poor_choices(preset, poor_choices)
+        for key, choice, reason in filtered.dropped:
+            log.info("device-aware: dropped %s=%s from the search (%s)", key, choice, reason)
+        for key in filtered.removed_keys:
+            log.info(
+                "device-aware: %s not searched (every choice is poor here); the configured value stays",
+                key,
+            )
+        preset, dropped = filtered.params, dropped + filtered.dropped
+    preset = preset_without_user_keys(preset, [_override_key(arg) for arg in arguments])
+    params_conf = [f"{k}={v}" for k, v in preset.items()] + list(arguments)
+    try:
+        distributions, fixed_params, fixed_overrides = create_params_from_overrides(params_conf)
+    except (ValueError, AssertionError, NotImplementedError) as exc:
+        raise SweepConfigError(
+            "hydra.sweeper.params", params_conf, f"sweeps Optuna can sample ({exc})"
+        ) from None
+    for name in fixed_params:
+        distributions.pop(name, None)
+    space = SearchSpace(distributions, fixed_params, fixed_overrides, dropped=dropped)
+    if grid:
+        try:
+            space.grid = {n: grid_choices(d) for n, d in distributions.items()}
+        except (ValueError, AssertionError) as exc:
+            raise SweepConfigError(
+                "hydra.sweeper.sampler", "grid", f"discrete params only ({exc})"
+            ) from None
+    return space
+
+
+def _override_key(arg: str) -> str:
+    try:
+        return parser().parse_override(arg).key_or_group
+    except Exception as exc:
+        raise SweepConfigError(
+            "command line", arg, f"a Hydra override ({str(exc).splitlines()[0]})"
+        ) from None
+
+
+def validate_overrides(loader: Any, config: Any, space: SearchSpace) -> None:
+    """Compose the trial config for every choice before any trial: unknown keys, bad group
+    options and wrong types fail here with the override that caused them."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    columns: dict[str, list[Any]] = {}
+    for name, dist in space.distributions.items():
+        if isinstance(dist, CategoricalDistribution):
+            columns[name] = list(dist.choices)
+        elif isinstance(dist, (IntDistribution, FloatDistribution)):
+            columns[name] = [dist.low, dist.high]
+    fixed = [f"{k}={v}" for k, v in space.fixed_params.items()] + list(space.fixed_overrides)
+    rows = max((len(v) for v in columns.values()), default=1)
+    for i in range(rows):
+        overrides = [override_text(k, v[i % len(v)]) for k, v in columns.items()]
+        error = _compose_error(loader, config, overrides + fixed)
+        if error is None:
+            continue
+        # Name the override at fault: each one alone (with the fixed ones) until one fails.
+        culprit = next(
+            ((o, e) for o in overrides if (e := _compose_error(loader, config, [o, *fixed]))),
+            None,
+        )
+        if culprit is None:
+            culprit = next(
+                ((o, e) for o in fixed if (e := _compose_error(loader, config, [o]))),
+                (" ".join(overrides + fixed), error),
+            )
+        raise SweepConfigError(
+            "sweep override", culprit[0], f"keys and options of this config ({culprit[1]})"
+        )
+
+
+def _compose_error(loader: Any, config: Any, overrides: list[str]) -> str | None:
+    """None if the trial config composes with these overrides, else the first lines of the error."""
+    try:
+        loader.load_sweep_config(config, overrides)
+    except Exception as exc:
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        return " ".join(lines[:3]) or type(exc).__name__
+    return None
+
+
+def suggest(trial: Any, name: str, distribution: Any) -> Any:
+    """`trial.suggest_*` for a distribution object, through Optuna's public API (what the stock
+    sweeper does with the private `trial._suggest`); a fixed param (enqueued) is returned as is."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(distribution, CategoricalDistribution):
+        return trial.suggest_categorical(name, distribution.choices)
+    if isinstance(distribution, IntDistribution):
+        return trial.suggest_int(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
+    if isinstance(distribution, FloatDistribution):
+        return trial.suggest_float(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
+    raise TypeError(f"unsupported distribution for {name}: {distribution!r}")

@@ -1,0 +1,377 @@
+"""The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling,
+model and hardware FLOPs (MFU/HFU), and the steady state (the epoch boundary's cost, amortized).
+
+Principles: warm-up and compilation happen before the window; on CUDA the host
+never synchronizes inside the window (that would serialize CPU and GPU): step boundaries are CUDA
+events, and the host synchronizes only at the window's ends. Throughput is samples / wall seconds of
+the whole window; step-time statistics come from the per-step boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from gpuopt.core.host import cpu_ticks, steal_percent
+from gpuopt.core.stats import t_quantile
+
+if TYPE_CHECKING:
+    import torch
+
+# The CI uses up to this many batch means: consecutive step times are autocorrelated (allocator,
+# thermal and frequency drift, loader bursts), so raw steps would understate the uncertainty.
+CI_BATCHES = 10
+MIN_CI_BATCHES = 5
+MIN_BATCH_STEPS = 3  # a batch mean averages at least this many steps: no CI before 15 steps
+
+
+def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES) -> float | None:
+    """Relative half-width of the 95% CI of the mean step time (= of throughput, to first order),
+    from batch means: the steps are cut into up to `batches` equal consecutive batches of at least
+    MIN_BATCH_STEPS steps (the earliest steps left over are dropped); None below MIN_CI_BATCHES."""
+    n = len(step_times)
+    count = min(batches, n // MIN_BATCH_STEPS)
+    if count < MIN_CI_BATCHES:
+        return None
+    size = n // count
+    means = (
+        np.asarray(step_times[n - count * size :], dtype=float).reshape(count, size).mean(axis=1)
+    )
+    mean = float(means.mean())
+    if mean <= 0:
+        return None
+    half_width = t_quantile(0.975, count - 1) * float(means.std(ddof=1)) / math.sqrt(count)
+    return half_width / mean
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When the timed window ends: stable (CI under target, after min_steps and min_time_s),
+    budget, or max_steps. The CI only sees fluctuations shorter than the window, so a window of a
+    few fast steps can look stable while missing slower ones (epoch restarts, allocator, GC):
+    min_time_s keeps the window long enough to contain them."""
+
+    min_steps: int
+    max_steps: int
+    time_budget_s: float
+    stability_target: float
+    min_time_s: float = 0.0
+
+    @classmethod
+    def from_measure(cls, measure: Any) -> StopRule:
+        """The rule a `MeasureConf` describes."""
+        return cls(
+            measure.min_steps,
+            measure.max_steps,
+            measure.time_budget_s,
+            measure.stability_target,
+            min(measure.min_time_s, measure.time_budget_s),
+        )
+
+    def check(
+        self, step_times: Sequence[float], elapsed_s: float, steps: int | None = None
+    ) -> str | None:
+        """`step_times`: the completed steps' times; `steps`: steps run (on CUDA some may still be
+        queued on the device); `elapsed_s`: wall seconds since the window started."""
+        n = len(step_times) if steps is None else steps
+        if n >= self.max_steps:
+            return "max_steps"
+        if n >= self.min_steps and elapsed_s >= self.min_time_s:
+            ci = relative_ci_halfwidth(step_times)
+            if ci is not None and ci < self.stability_target:
+                return "stable"
+        if elapsed_s >= self.time_budget_s and n >= 2:
+            return "budget"
+        return None
+
+
+@dataclass(frozen=True)
+class StepStats:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    cv: float
+
+
+def step_stats(step_times_s: Sequence[float]) -> StepStats:
+    times = np.asarray(step_times_s, dtype=float)
+    mean = float(times.mean())
+    cv = float(times.std(ddof=1) / mean) if len(times) > 1 and mean > 0 else 0.0
+    p10, p50, p90 = np.percentile(times, [10, 50, 90]) * 1e3
+    return StepStats(float(p50), float(p10), float(p90), cv)
+
+
+class StepClock(Protocol):
+    """Marks step boundaries; `completed_step_times` must not block (no device sync)."""
+
+    def start(self) -> None: ...
+    def mark(self) -> None: ...
+    def completed_step_times(self) -> list[float]: ...
+    def finish(self) -> tuple[list[float], float]: ...  # (step times, window wall seconds)
+
+
+class HostClock:
+    """CPU: the host's clock is the device's clock. On an asynchronous device without timing
+    events (MPS), `sync` makes the window's ends exact; per-step times are then host-side."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.boundaries: list[float] = []
+        self.sync = sync
+
+    def start(self) -> None:
+        if self.sync is not None:
+            self.sync()
+        self.boundaries = [time.perf_counter()]
+
+    def mark(self) -> None:
+        self.boundaries.append(time.perf_counter())
+
+    def completed_step_times(self) -> list[float]:
+        b = self.boundaries
+        return [b[i + 1] - b[i] for i in range(len(b) - 1)]
+
+    def finish(self) -> tuple[list[float], float]:
+        if self.sync is not None:
+            self.sync()
+            self.boundaries[-1] = time.perf_counter()  # the last step ends when the device is done
+        return self.completed_step_times(), self.boundaries[-1] - self.boundaries[0]
+
+
+class CudaEventClock:
+    """CUDA: one event per step boundary, recorded on the device's current stream (asynchronous).
+    An event is reached when the GPU gets there, so event-to-event times include GPU idle time
+    waiting for the host (e.g. for data) - what a training step costs, not just its kernels.
+
+    The events go on `device`'s own current stream (not the current device's: for cuda:N, N > 0,
+    recorded on cuda:0 they would time an idle GPU). Completed intervals are cached: each
+    `completed_step_times` call queries only the events not yet seen complete, so the stop rule's
+    repeated checks cost O(new steps), not O(all steps), and resolved events are released.
+    """
+
+    def __init__(
+        self, device: torch.device, event_factory: Callable[[], Any] | None = None
+    ) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self._new_event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        self._last_done: Any = None  # the latest event known to be reached
+        self._pending: deque[Any] = deque()  # recorded after it, not yet seen reached
+        self._step_times: list[float] = []
+        self._host_start = 0.0
+
+    def _record(self) -> None:
+        event = self._new_event()
+        event.record(self._torch.cuda.current_stream(self.device))
+        self._pending.append(event)
+
+    def start(self) -> None:
+        # Window boundary: a sync point, so queued warm-up work does not leak into the window.
+        self._torch.cuda.synchronize(self.device)
+        self._host_start = time.perf_counter()
+        self._step_times, self._pending = [], deque()
+        self._record()
+        self._last_done = self._pending.popleft()  # the window's first boundary
+
+    def mark(self) -> None:
+        self._record()
+
+    def completed_step_times(self) -> list[float]:
+        # Events on one stream complete in order: stop at the first one not reached yet.
+        # event.query() does not block; elapsed_time between two reached events does not either.
+        while self._pending and self._pending[0].query():
+            event = self._pending.popleft()
+            self._step_times.append(self._last_done.elapsed_time(event) / 1e3)
+            self._last_done = event
+        return list(self._step_times)
+
+    def finish(self) -> tuple[list[float], float]:
+        # Window boundary: a sync point; everything the window queued has now run.
+        self._torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - self._host_start
+        return self.completed_step_times(), wall
+
+
+def make_clock(device: torch.device) -> StepClock:
+    if device.type == "cuda":
+        return CudaEventClock(device)
+    if device.type == "mps":
+        return HostClock(sync=lambda: synchronize(device))
+    return HostClock()
+
+
+def synchronize(device: torch.device) -> None:
+    """A CPU-GPU sync point: wait until the device finished everything queued so far."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass
+class WindowResult:
+    step_times: list[float]
+    wall_s: float
+    steps: int
+    stop_reason: str
+    first_step_at: float  # time.time() when the first timed step started
+    extras: dict[str, Any] = field(default_factory=dict)
+    steal_pct: float | None = None  # the hypervisor's share of the machine's CPU time (host.py)
+
+
+def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) -> WindowResult:
+    """Run `step(i)` (fetch a batch, train on it) until the rule says stop.
+
+    The stability check costs tens of microseconds (more on CUDA, where it queries events), so it
+    runs at min_steps and then each time the step count grew ~5%: its cost stays under ~1% of the
+    window even for sub-millisecond steps. Budget and max_steps are checked every step.
+    """
+    ticks = cpu_ticks()
+    clock.start()
+    first_step_at = time.time()
+    started = time.perf_counter()
+    steps = 0
+    next_check = rule.min_steps
+    reason = None
+    while reason is None:
+        step(steps)
+        clock.mark()
+        steps += 1
+        elapsed = time.perf_counter() - started
+        due = steps >= next_check
+        if due or elapsed >= rule.time_budget_s or steps >= rule.max_steps:
+            reason = rule.check(clock.completed_step_times(), elapsed, steps)
+            if due:
+                next_check = steps + max(1, steps // 20)
+    step_times, wall = clock.finish()
+    steal = steal_percent(ticks, cpu_ticks())
+    return WindowResult(step_times, wall, steps, reason, first_step_at, steal_pct=steal)
+
+
+# Dense (no sparsity) peak TFLOP/s per dtype from NVIDIA's datasheets. fp16/bf16/tf32 are tensor-core
+# numbers with fp32 accumulation; fp32 is the non-tensor-core number (gpuopt's fp32 mode disables
+# TF32). Matched against torch.cuda.get_device_name() in order, first match wins.
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H200", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),  # SXM
+    (r"H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
+    (r"H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    (r"H100", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),  # SXM
+    (r"A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    (r"L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    (r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
+    (r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    (r"V100.*PCIe", {"fp32": 14.0, "fp16": 112.0}),
+    (r"V100", {"fp32": 15.7, "fp16": 125.0}),  # SXM2
+    (r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
+    (r"RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
+    (r"RTX 3090", {"fp32": 35.6, "tf32": 35.6, "bf16": 71.0, "fp16": 71.0}),
+)
+
+
+def peak_flops(device_name: str | None, precision_mode: str) -> float | None:
+    """Documented dense peak FLOP/s of a device for a precision mode, or None when unknown (CPUs)."""
+    if not device_name:
+        return None
+    for pattern, table in PEAK_TFLOPS:
+        if re.search(pattern, device_name):
+            tflops = table.get(precision_mode)
+            return tflops * 1e12 if tflops else None
+    return None
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one counted step: `hardware` is everything the device executed (an activation-
+    checkpointed forward recomputed in the backward included), `model` the model's own FLOPs
+    (forward + backward, no recompute): MFU counts model FLOPs, HFU hardware FLOPs."""
+
+    hardware: float
+    recompute: float = 0.0
+    attention: float = 0.0  # of `hardware`: scaled-dot-product attention (forward and backward)
+
+    @property
+    def model(self) -> float:
+        return self.hardware - self.recompute
+
+
+def step_flop_counter() -> Any:
+    """A `torch.utils.flop_counter.FlopCounterMode` that also tallies, in `recompute_flops`, the
+    FLOPs of activation-checkpoint recomputation: ops that run inside a backward pass
+    (`_current_graph_task_id() != -1`) with grad mode on. The backward itself runs with grad mode
+    off (no create_graph in a training step); torch.utils.checkpoint recomputes the forward under
+    `enable_grad()`. Engines that count inside a framework's hooks use it like FlopCounterMode."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class StepFlopCounter(FlopCounterMode):
+        def __init__(self) -> None:
+            super().__init__(display=False)
+            self.recompute_flops = 0.0
+
+        # FlopCounterMode's per-op hook (private to torch; the override only adds a tally).
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            count = self.flop_registry.get(func_packet)
+            if (
+                count is not None
+                and torch._C._current_graph_task_id() != -1
+                and torch.is_grad_enabled()
+            ):
+                self.recompute_flops += float(count(*args, **kwargs, out_val=out))
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+        def step_flops(self) -> StepFlops:
+            counts = self.get_flop_counts().get("Global", {})
+            attention = sum(n for op, n in counts.items() if "attention" in str(op))
+            return StepFlops(float(self.get_total_flops()), self.recompute_flops, float(attention))
+
+    return StepFlopCounter()
+
+
+def measure_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
+    """FLOPs of one forward+backward, counted by torch.utils.flop_counter (matmuls, convolutions,
+    attention), with activation-checkpoint recompute apart (`StepFlops`). Runs outside the timed
+    window."""
+    counter = step_flop_counter()
+    with counter:
+        run_forward_backward()
+    return counter.step_flops()
+
+
+def mfu_percent(
+    flops_per_sample: float | None, throughput: float | None, peak: float | None
+) -> float | None:
+    if not flops_per_sample or not throughput or not peak:
+        return None
+    return 100.0 * flops_per_sample * throughput / peak
+
+
+# -- steady state ---------------------------------------------------------------------------------
+def epoch_overhead(first_fetch_s: float, steady_fetch_s: float) -> float:
+    """What one epoch boundary costs beyond the steady state, in seconds: the host time blocked
+    fetching the first batch of a fresh epoch (worker start-up, the sampler's new order, the first
+    batch made from scratch while the prefetch queue is empty) minus what a steady-state fetch
+    blocks (the window's mean fetch wait per step). Never negative."""
+    return max(0.0, first_fetch_s - steady_fetch_s)
+
+
+def amortized_throughput(
+    throughput: float, step_s: float, epoch_steps: int | None, overhead_s: float | None
+) -> float:
+    """Throughput of a long run whose epochs are `epoch_steps` steady-state steps of `step_s` each
+    plus `overhead_s` at each boundary: throughput * E*step / (E*step + overhead). Without an
+    epoch length (an endless stream) or a measured overhead, the steady-state throughput."""
+    if not epoch_steps or overhead_s is None or step_s <= 0:
+        return throughput
+    epoch_s = epoch_steps * step_s
+    return throughput * epoch_s / (epoch_s + overhead_s)
