@@ -5,8 +5,8 @@ The public Python API (README, "Tune your own training"):
 - `measure_step(step, batches, ...) -> TrialResult`: your own training step on your own batches,
   measured like a built-in trial (gpuopt.engines.user_step).
 - `MeasureCallback`: the same measurement inside your own `lightning.Trainer`
-  (gpuopt.engines.lightning.engine; needs the `[lightning]` extra).
-- `run_trial(spec)`: one configuration of gpuopt's own config tree (gpuopt.engines).
+  (gpuopt.engines.lightning.callback; needs the `[lightning]` extra).
+- `run_trial(spec)`: one configuration of gpuopt's own config tree (gpuopt.engines.registry).
 - `TrialResult`, `Metrics`, `Status`: what they return (gpuopt.core.result).
 
 Attributes resolve lazily (PEP 562): `import gpuopt` imports neither torch nor Lightning, so the
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuopt.core.result import Metrics, Status, TrialResult
-    from gpuopt.engines.lightning.engine import UserMeasureCallback as MeasureCallback
+    from gpuopt.engines.lightning.callback import UserMeasureCallback as MeasureCallback
     from gpuopt.engines.registry import run_trial
     from gpuopt.engines.user_step import measure_step
 
@@ -29,8 +29,8 @@ __version__ = "0.1.0"
 # Public name -> (module, attribute): imported on first access.
 _EXPORTS: dict[str, tuple[str, str]] = {
     "measure_step": ("gpuopt.engines.user_step", "measure_step"),
-    "MeasureCallback": ("gpuopt.engines.lightning.engine", "UserMeasureCallback"),
-    "run_trial": ("gpuopt.engines", "run_trial"),
+    "MeasureCallback": ("gpuopt.engines.lightning.callback", "UserMeasureCallback"),
+    "run_trial": ("gpuopt.engines.registry", "run_trial"),
     "TrialResult": ("gpuopt.core.result", "TrialResult"),
     "Metrics": ("gpuopt.core.result", "Metrics"),
     "Status": ("gpuopt.core.result", "Status"),

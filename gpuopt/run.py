@@ -1,16 +1,19 @@
 """`python -m gpuopt.run [overrides]`: measure one training configuration (or, with -m, a sweep).
 
-The task function is thin: allocator environment (before torch is imported), validation, device
-checks, `run_trial`, a result table, result.json in the run directory. It returns the `TrialResult`
-for the sweeper. torch is imported only inside functions: the sweeper process imports this module
-too and must stay light.
+One route per trial: the composed config -> the allocator environment (torch reads it when it is
+imported) -> `prepare_trial`: `load_spec` (the values checked, the targets imported: the one
+TrialSpec) and `trial_device` (the device checked and resolved, once) ->
+`gpuopt.engines.registry.run_trial(spec, device)` -> the one `TrialResult`: a table, and
+result.json in the run directory. It is returned for the sweeper. torch is imported only inside
+functions: the sweeper process imports this module too and must stay light.
 
 Bad input ends the command with one line on stderr and exit status 2, before anything is created:
 `cli()` parses the arguments itself (argparse's usage block would be many lines), turns Hydra's
 composition errors into `ConfigError`s (Hydra raises them to us under HYDRA_FULL_ERROR, which
 `cli()` sets only until the job starts), and the `ValidateBeforeRun` callback (conf/config.yaml,
-`hydra.callbacks`) checks the composed values, the targets and the device in `on_run_start`, which
-Hydra calls before it creates the run directory.
+`hydra.callbacks`) prepares the trial in `on_run_start`, which Hydra calls before it creates the
+run directory. The task then measures what the callback prepared; a trial of a sweep (and
+`run_config` called directly) prepares its own.
 """
 
 from __future__ import annotations
@@ -18,24 +21,26 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from gpuopt.core.checks import (
-    check_composed,
-    check_device_facts,
-    check_writable_path,
-    config_error_from_omegaconf,
-)
-from gpuopt.core.errors import ConfigError, ConfigFileError
+from gpuopt.core._compat import hydra_args_parser, report_as_hydra
+from gpuopt.core.checks import check_composed, check_writable_path
+from gpuopt.core.errors import ConfigError, ConfigFileError, config_error_from_omegaconf
 from gpuopt.core.fmt import fixed
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import register_schemas
-from gpuopt.engines.registry import load_spec
+from gpuopt.engines.registry import load_spec, run_trial
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpuopt.core.spec import TrialSpec
 
 log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
@@ -65,44 +70,91 @@ def _resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
+@dataclass(frozen=True)
+class PreparedTrial:
+    """A composed config validated and on its device: what the route hands the engine."""
+
+    composed: dict[str, Any]  # the config as written (no `hydra` node): which config this is
+    spec: TrialSpec
+    device: torch.device
+    warnings: list[str]  # the allocator's and the device's
+
+
+def _as_written(cfg: DictConfig) -> dict[str, Any]:
+    """The trial's settings as composed, unresolved, without Hydra's own node (the callback sees
+    it, the task does not)."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(container, dict)
+    return {key: value for key, value in container.items() if key != "hydra"}
+
+
+def apply_allocator_settings(cfg: DictConfig) -> list[str]:
+    """`cache.cuda_alloc_conf` and `cache.cpu_thp` into the environment, which torch reads when it
+    is imported: before `load_spec`, which imports the model's module, hence torch."""
+    from gpuopt.trial.knobs import apply_allocator_env
+
+    return apply_allocator_env(cfg.cache.cuda_alloc_conf, bool(cfg.cache.cpu_thp))
+
+
+def prepare_trial(cfg: DictConfig, warnings: list[str]) -> PreparedTrial:
+    """The trial's one validation (`load_spec`: the values, then the targets) and its device,
+    resolved once (`trial_device`); `warnings` (the allocator's) travel with them. Raises
+    ConfigError. The allocator settings must already be applied (`apply_allocator_settings`)."""
+    from gpuopt.trial.devices import trial_device
+
+    spec = load_spec(cfg)
+    device, device_warnings = trial_device(spec)
+    return PreparedTrial(_as_written(cfg), spec, device, [*warnings, *device_warnings])
+
+
+# What the callback prepared for the task it runs before (a single run: the same process).
+_prepared: PreparedTrial | None = None
+
+
+def _take_prepared(cfg: DictConfig) -> PreparedTrial | None:
+    """The callback's prepared trial if it is this config's (once), else None."""
+    global _prepared
+    prepared, _prepared = _prepared, None
+    return prepared if prepared is not None and prepared.composed == _as_written(cfg) else None
+
+
 def run_config(
     cfg: DictConfig, output_dir: Path | None = None, multirun: bool = False
 ) -> TrialResult:
-    """Validate and measure one composed config; save result.json into `output_dir` if given.
+    """Measure one composed config; save result.json into `output_dir` if given.
 
     A ConfigError exits the process with a one-line message (single run), or becomes an `error`
     result (multirun: one bad trial must not end a sweep).
     """
-    from gpuopt.trial.knobs import apply_allocator_env
+    prepared = _take_prepared(cfg)
+    if prepared is None:
+        warnings = apply_allocator_settings(cfg)
+        try:
+            prepared = prepare_trial(cfg, warnings)
+        except ConfigError as exc:
+            if not multirun:
+                fail(exc)
+            return _error_result(exc, cfg, warnings, output_dir)
 
-    # Allocator settings are read when torch is imported, so before load_spec() (which imports the
-    # model's module, hence torch).
-    warnings = apply_allocator_env(cfg.cache.cuda_alloc_conf, bool(cfg.cache.cpu_thp))
-    try:
-        spec = load_spec(cfg)
-        from gpuopt.env import check_device_support
-
-        device, device_warnings = check_device_support(spec)
-    except ConfigError as exc:
-        if not multirun:
-            print(f"gpuopt: {exc}", file=sys.stderr)
-            sys.exit(2)
-        result = TrialResult(
-            status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg), warnings=warnings
-        )
-        if output_dir is not None:
-            result.save(output_dir / RESULT_FILE)
-        return result
-
-    from gpuopt.engines.registry import run_trial
-
-    result = run_trial(spec, device=device)
-    result.warnings = warnings + device_warnings + result.warnings
+    result = run_trial(prepared.spec, device=prepared.device)
+    result.warnings = prepared.warnings + result.warnings
     result.config = _resolved_config(cfg)
     if output_dir is not None:
         result.save(output_dir / RESULT_FILE)
     if not multirun:
         print_result(result, output_dir / RESULT_FILE if output_dir is not None else None)
+    return result
+
+
+def _error_result(
+    exc: ConfigError, cfg: DictConfig, warnings: list[str], output_dir: Path | None
+) -> TrialResult:
+    """A sweep's trial with a bad config: an `error` result (saved like any other)."""
+    result = TrialResult(
+        status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg), warnings=warnings
+    )
+    if output_dir is not None:
+        result.save(output_dir / RESULT_FILE)
     return result
 
 
@@ -191,24 +243,14 @@ def _restore_full_error() -> None:
         os.environ[FULL_ERROR_ENV] = _user_full_error
 
 
-def _local_device_facts() -> dict[str, Any]:
-    """This machine's facts in `python -m gpuopt.env --json`'s keys (imports torch)."""
-    from gpuopt.env import list_devices, usable_cpus, why_no_accelerator
-
-    return {"devices": list_devices(), "accelerator": why_no_accelerator(), "cpus": usable_cpus()}
-
-
 def check_before_run(config: DictConfig) -> None:
     """Everything a single run can get wrong, before Hydra creates its run directory: the values
-    (torch-free, so the common mistakes fail fast), where the run writes, the targets, the device."""
-    from gpuopt.trial.knobs import apply_allocator_env
-
+    (torch-free, so the common mistakes fail fast), where the run writes, then the trial prepared
+    (the targets import, the device is here and runs the settings), for the task to measure."""
+    global _prepared
     check_composed(config)
     check_writable_path("hydra.run.dir", str(config.hydra.run.dir), directory=True)
-    # load_spec() imports the targets, hence torch, which reads the allocator settings on import.
-    apply_allocator_env(config.cache.cuda_alloc_conf, bool(config.cache.cpu_thp))
-    load_spec(config)
-    check_device_facts(config, _local_device_facts())
+    _prepared = prepare_trial(config, apply_allocator_settings(config))
 
 
 class ValidateBeforeRun(Callback):
@@ -317,9 +359,7 @@ def config_error_from_hydra(
 
 def _check_arguments(argv: list[str]) -> Any:
     """Hydra's own argument parser, failing with one line instead of its usage block."""
-    from hydra._internal.utils import get_args_parser
-
-    parser = get_args_parser()
+    parser = hydra_args_parser()
 
     def one_line_error(message: str) -> None:
         fail(f"invalid argument: {message}; allowed: see python -m gpuopt.run --help")
@@ -344,14 +384,7 @@ def cli() -> None:
             else config_error_from_hydra(exc, list(args.overrides), bool(args.multirun))
         )
         if error is None:
-            from hydra._internal.utils import run_and_report
-
-            failure = exc
-
-            def reraise() -> None:
-                raise failure
-
-            run_and_report(reraise)  # as Hydra reports it (HYDRA_FULL_ERROR as the user set it)
+            report_as_hydra(exc)  # as Hydra reports it (HYDRA_FULL_ERROR as the user set it)
             raise
         fail(error)
     finally:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
-from gpuopt.engines._common import CEILING_BUDGET_SHARE
+from gpuopt.engines._ceiling import CEILING_BUDGET_SHARE
 
 # The configurations compared: an input-bound one (loader work matters) and a compute-bound one.
 # One compute thread: with two on a shared 2-core machine OpenMP's barriers make every number

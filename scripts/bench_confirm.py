@@ -16,7 +16,7 @@ confirmation's lean overrides):
   - batch: batch 256 against batch 32 (true ratio: the estimate from all pairs).
 Each comparison's pairs are cut into blocks of `--block` consecutive pairs (5: what the default
 sweep's 10 confirmation runs give); every block is one confirmation, estimated as the sweeper does
-(gpuopt.sweeper.confirm.rounds.speedup, Stein's interval with a first stage of 4 pairs). Reported: the
+(gpuopt.core.stats.speedup, Stein's interval with a first stage of 4 pairs). Reported: the
 spread (sd) of the pairs' log-ratios, the pairs a +-10% interval needs at that spread, each block's
 ratio and interval, the bias (mean block log-ratio - truth; meaningful for `same` only: for `batch`
 the truth is the blocks' own mean) and the coverage (blocks whose interval holds the truth), and the
@@ -38,9 +38,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
-from gpuopt.core.stats import mean_interval, stein_pairs
+from gpuopt.core.stats import mean_interval, speedup, stein_pairs
 from gpuopt.sweeper.confirm.in_process import FIRST_STAGE_ROUNDS
-from gpuopt.sweeper.confirm.rounds import LEAN_MEASURE, speedup
+from gpuopt.sweeper.confirm.plan import LEAN_MEASURE
 
 # The default sweep's window (conf/search/default.yaml) on the CPU, one compute thread.
 WINDOW = [

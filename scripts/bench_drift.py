@@ -3,7 +3,7 @@
     python scripts/bench_drift.py                              # mlp, cnn, transformer on the CPU
     python scripts/bench_drift.py --models mlp --global-batch 256 --json drift.json
 
-For every built-in workload, at one global batch (default 256): the guard (gpuopt.trial.numerics.check,
+For every built-in workload, at one global batch (default 256): the guard (gpuopt.engines._guard.check,
 exactly what a trial runs outside its timed window: K optimizer steps from the seeded weights on the
 dataset's first K global batches, against the fp32 reference of the same global batch in one pass)
 for
@@ -63,14 +63,14 @@ def check(overrides: list[str]) -> dict[str, Any]:
     from hydra import compose, initialize_config_module
 
     import gpuopt.run  # noqa: F401  (registers the config schema)
+    from gpuopt.engines import _guard
     from gpuopt.engines.registry import load_spec
-    from gpuopt.env import resolve_device
-    from gpuopt.trial import numerics
+    from gpuopt.trial.devices import resolve_device
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose(config_name="config", overrides=overrides)
     spec = load_spec(cfg)
-    evidence = numerics.check(spec, resolve_device(spec.device.type))
+    evidence = _guard.check(spec, resolve_device(spec.device.type))
     return {
         "loss_drift": evidence.loss_drift,
         "passed": evidence.passed,

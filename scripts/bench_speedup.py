@@ -129,7 +129,7 @@ def find_batch_size(
 
     import gpuopt.run  # noqa: F401  (registers the config schema)
     from gpuopt.core.spec import MODEL_META_KEYS
-    from gpuopt.engines._common import instantiate_trusted as _instantiate
+    from gpuopt.engines._build import instantiate_trusted as _instantiate
     from gpuopt.engines.lightning.engine import BuiltinModule
     from gpuopt.engines.registry import load_spec
 

@@ -13,7 +13,7 @@ side as bench_agreement.py builds it (hydra.utils.instantiate, its own DataLoade
 measured in turns, A B B A: gpuopt's real timed window (`measure_timed_window`: its clock, its
 stability stop, its sample count) against `--steps` plain steps between two perf_counter reads.
 Before each turn the idle side's prefetched batches are drained untimed. The paired log-ratio
-estimator is the confirmation's (gpuopt.sweeper.confirm.rounds.speedup). What this cannot see is a
+estimator is the confirmation's (gpuopt.core.stats.speedup). What this cannot see is a
 fresh process's own start-up effects; bench_agreement.py and bench_noise.py measure those.
 """
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_agreement
 import benchlib
 
-from gpuopt.sweeper.confirm.rounds import speedup
+from gpuopt.core.stats import speedup
 
 BASE = ["device=cpu", "device.num_threads=1", "measure.warmup_steps=3"]
 
@@ -53,16 +53,16 @@ def build_gpuopt(overrides: list[str], directory: Path) -> Any:
 
 def gpuopt_window(member: Any) -> float:
     """One real timed window of gpuopt's native engine (its stop rule ends it): samples/s."""
-    from gpuopt.engines._common import MemoryBaseline, apply_policies
+    from gpuopt.engines._build import apply_policies
     from gpuopt.engines.native import timed_window
-    from gpuopt.trial.interleave import queued_batches
+    from gpuopt.trial.memory import MemoryBaseline
 
-    trial, workload, feed = member.trial, member.workload, member.feed
+    trial, workload, feed = member.built.trial, member.built.workload, member.built.feed
     apply_policies(trial.spec, trial.device)
-    for _ in range(queued_batches(member)):
+    for _ in range(member.built.queued_steps()):
         workload.train_step(feed.next_step())
     memory = MemoryBaseline.take(trial.device)
-    timed_window(trial, workload, feed, member.cache, memory, time.time())
+    timed_window(trial, workload, feed, member.built.cache, memory, time.time())
     return float(trial.metrics.throughput)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # Arms alternate their order every other round, as the sweeper's confirmation round does.
-from gpuopt.sweeper.confirm.rounds import round_order
+from gpuopt.sweeper.confirm.plan import round_order
 
 REPO = Path(__file__).resolve().parent.parent
 # Benchmarks time the training step, not the extras: no ceiling replay, no FLOP counting.
@@ -37,7 +37,7 @@ def load() -> str:
 
 
 def machine() -> dict[str, Any]:
-    from gpuopt.env import cpu_model, usable_cpus
+    from gpuopt.core.host import cpu_model, usable_cpus
 
     info: dict[str, Any] = {
         "cpu": cpu_model(),

@@ -155,9 +155,9 @@ def gpuopt_imports(module: str) -> list[Import]:
 
 
 def test_the_parser_sees_module_level_deferred_and_submodule_imports() -> None:
-    # registry: `from gpuopt.engines._common import run_measured` inside run_trial.
+    # registry: `from gpuopt.engines._lifecycle import run_measured` inside run_trial.
     registry = {(i.target, i.deferred) for i in imports_of("gpuopt.engines.registry")}
-    assert ("gpuopt.engines._common", True) in registry
+    assert ("gpuopt.engines._lifecycle", True) in registry
     # ... but not its `if TYPE_CHECKING:` imports.
     assert not any(i.target == "gpuopt.core.result" for i in imports_of("gpuopt.engines.registry"))
     # `from gpuopt.trial import knobs` (a submodule) and `from gpuopt.trial.measure import X` (names).

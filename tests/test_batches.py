@@ -14,7 +14,8 @@ from torch.utils.data import Dataset
 
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
-from gpuopt.engines._common import batch_samples, model_loss, move_batch
+from gpuopt.engines._batches import batch_samples, move_batch
+from gpuopt.engines._loss import model_loss
 from gpuopt.engines.registry import load_spec, run_trial
 from tests.conftest import TINY_TRIAL
 

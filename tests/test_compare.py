@@ -56,10 +56,10 @@ def test_two_study_trials_side_by_side(storage_url, capsys):
 
 
 def test_comparison_data(storage_url):
-    from gpuopt.report.storage import load_study, open_storage
-    from gpuopt.report.summary import build_report
+    from gpuopt.report.build import build_report
+    from gpuopt.study.storage import load_study, open_existing
 
-    report = build_report(load_study(open_storage(storage_url), storage_url, None), storage_url)
+    report = build_report(load_study(open_existing(storage_url), storage_url, None), storage_url)
     c = compare(resolve_side("0", report), resolve_side("5", report))
     keys = {item.key: (item.baseline, item.best) for item in c.config_changes}
     assert keys["loader.batch_size"] == (32, 128) and keys["loader.num_workers"] == (0, 2)

@@ -12,7 +12,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from gpuopt.core import _compat
-from gpuopt.study.rules import HEARTBEAT_ATTR
+from gpuopt.study.keys import ATTR_HEARTBEAT
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -74,7 +74,7 @@ def test_journal_heartbeat_hook_is_called_by_optuna(tmp_path):
     study = optuna.create_study(storage=storage)
     with pytest.warns(UserWarning, match="Heartbeat"):
         trial = study.ask()
-    storage.set_trial_system_attr(_compat.trial_id(trial), HEARTBEAT_ATTR, time.time() - 100)
+    storage.set_trial_system_attr(_compat.trial_id(trial), ATTR_HEARTBEAT, time.time() - 100)
     with pytest.warns(optuna.exceptions.ExperimentalWarning):
         optuna.storages.fail_stale_trials(study)
     assert study.trials[0].state == TrialState.FAIL

@@ -11,9 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuopt.core.fmt import speedup_ci
-from gpuopt.core.stats import mean_interval, stein_pairs, t_quantile
-from gpuopt.sweeper.confirm import rounds as confirm
+from gpuopt.core.stats import mean_interval, speedup, stein_pairs, t_quantile
+from gpuopt.study.answers import speedup_text
+from gpuopt.study.records import Comparison, Confirmation, ConfirmedConfig
+from gpuopt.sweeper.confirm.plan import ConfirmPlan, lean_overrides, with_overrides
+from gpuopt.sweeper.confirm.rounds import PairStop, run_rounds
+from gpuopt.sweeper.confirm.verdicts import compare
 
 
 class ScriptedMachine:
@@ -25,7 +28,7 @@ class ScriptedMachine:
         self.truth, self.sigma, self.rng, self.drift = truth, sigma, rng, drift
         self.runs: list[str] = []
 
-    def measure(self, cfg: confirm.ConfirmedConfig, job: int) -> SimpleNamespace:
+    def measure(self, cfg: ConfirmedConfig, job: int) -> SimpleNamespace:
         name = next(o.split("=", 1)[1] for o in cfg.overrides if o.startswith("arm="))
         self.runs.append(name)
         level = math.exp(self.drift * math.sin(len(self.runs) / 3.0))  # slow load swings
@@ -34,10 +37,10 @@ class ScriptedMachine:
         return SimpleNamespace(status="ok", feasible=True, values=[value])
 
 
-def configs(*arms: str) -> list[confirm.ConfirmedConfig]:
+def configs(*arms: str) -> list[ConfirmedConfig]:
     labels = ["baseline", *(f"candidate{i}" for i in range(1, len(arms)))]
     return [
-        confirm.ConfirmedConfig(label, i, {}, [f"arm={arm}"], [1.0])
+        ConfirmedConfig(label, i, {}, [f"arm={arm}"], [1.0])
         for i, (label, arm) in enumerate(zip(labels, arms, strict=True))
     ]
 
@@ -45,10 +48,10 @@ def configs(*arms: str) -> list[confirm.ConfirmedConfig]:
 def sweep(machine, arms, max_runs, rounds=4, target=0.10, direction="maximize"):
     """One confirmation as the sweeper runs it; (its record, the configs)."""
     cfgs = configs(*arms)
-    plan = confirm.ConfirmPlan(top_k=len(arms) - 1, rounds=rounds, max_runs=max_runs)
-    rule = confirm.StopRule(direction, target)
-    done = confirm.run_rounds(cfgs, plan, "throughput", machine.measure, rule, load=lambda: 0.5)
-    record = confirm.compare(cfgs, direction, target, rounds, done.loads)
+    plan = ConfirmPlan(top_k=len(arms) - 1, rounds=rounds, max_runs=max_runs)
+    rule = PairStop(direction, target)
+    done = run_rounds(cfgs, plan, "throughput", machine.measure, rule, load=lambda: 0.5)
+    record = compare(cfgs, direction, target, rounds, done.loads)
     return {"configs": [vars(c) for c in cfgs], "rounds": done.rounds, **record}, cfgs
 
 
@@ -88,7 +91,7 @@ def test_quiet_machine_stops_after_the_first_stage_within_the_target():
     assert machine.runs == ["A", "B", "B", "A", "A", "B", "B", "A"]  # adjacent, alternating
     assert entry["verdict"] == "faster" and entry["halfwidth"] <= 0.10
     assert entry["ratio"] == pytest.approx(1.2, rel=0.03)
-    assert confirm.winner(record) == 1
+    assert Confirmation.from_attr(record).winner == 1
 
 
 def test_noisier_pairs_get_more_rounds_until_the_interval_is_narrow_enough():
@@ -98,7 +101,7 @@ def test_noisier_pairs_get_more_rounds_until_the_interval_is_narrow_enough():
     assert record["rounds"] > 4 and record["rounds"] % 2 == 0  # whole A B / B A cycles
     assert entry["halfwidth"] <= 0.10 and entry["verdict"] == "same"
     assert entry["n_pairs"] == record["rounds"] == len(cfgs[1].confirm_values)
-    assert confirm.winner(record) == 0  # no difference: keep the baseline
+    assert Confirmation.from_attr(record).winner == 0  # no difference: keep the baseline
 
 
 def test_a_candidate_with_its_pairs_leaves_the_rounds():
@@ -118,26 +121,26 @@ def test_too_noisy_here_keeps_the_baseline_and_says_why():
     so with the spread and the load instead of printing 0.000-187959782."""
     machine = ScriptedMachine({"A": 1000.0, "B": 1000.0}, 0.40, random.Random(7))
     cfgs = configs("A", "B")
-    plan = confirm.ConfirmPlan(1, 4, 10)
+    plan = ConfirmPlan(1, 4, 10)
     loads = iter([3.1, 3.4, 4.2, 3.9, 3.5, 3.0, 3.3, 3.6, 3.8, 4.0])
-    done = confirm.run_rounds(
+    done = run_rounds(
         cfgs,
         plan,
         "throughput",
         machine.measure,
-        confirm.StopRule("maximize", 0.1),
+        PairStop("maximize", 0.1),
         load=lambda: next(loads),
     )
     record = {
         "configs": [vars(c) for c in cfgs],
-        **confirm.compare(cfgs, "maximize", 0.1, 4, done.loads, steal_pct=12.4),
+        **compare(cfgs, "maximize", 0.1, 4, done.loads, steal_pct=12.4),
     }
     (entry,) = record["comparisons"]
     assert done.runs == 10 and entry["n_pairs"] == 5  # the cap, not the target, ended it
     assert entry["verdict"] == "too noisy" and entry["halfwidth"] > 0.10
     assert entry["ci_low"] < 1.0 < entry["ci_high"]
-    assert confirm.winner(record) == 0
-    text = speedup_ci(entry)
+    assert Confirmation.from_attr(record).winner == 0
+    text = speedup_text(Comparison.from_attr(entry))
     assert text.startswith("too noisy here:")
     assert "load 3.0-4.2 on" in text and f"spread {100 * entry['log_sd']:.1f}%" in text
     assert "12% of the CPU time taken by the hypervisor" in text
@@ -147,22 +150,22 @@ def test_too_noisy_here_keeps_the_baseline_and_says_why():
 
 def test_absurd_intervals_read_as_too_noisy_not_as_numbers():
     """Two pairs that disagree wildly (the 0.274x [0.000-187959782] report under contention)."""
-    s = confirm.speedup([30.0, 400.0], [1000.0, 300.0])
+    s = speedup([30.0, 400.0], [1000.0, 300.0])
     assert s.verdict == "too noisy" and s.distinguishable is False
-    text = speedup_ci({**vars(s), "distinguishable": s.distinguishable})
+    text = speedup_text(Comparison.from_attr({**vars(s), "distinguishable": s.distinguishable}))
     assert "+->100%" in text and "187959782" not in text
 
 
 def test_stein_interval_uses_the_first_stage_spread():
     d = [0.05, -0.02, 0.08, 0.01, 0.03, 0.04, 0.02, 0.03]
     cand = [100.0 * math.exp(x) for x in d]
-    s = confirm.speedup(cand, [100.0] * 8, first_stage=4)
+    s = speedup(cand, [100.0] * 8, first_stage=4)
     _, _, sd0 = mean_interval(d[:4])
     half = t_quantile(0.975, 3) * sd0 / math.sqrt(8)
     assert s.ratio == pytest.approx(math.exp(statistics.fmean(d)))
     assert math.log(s.ci_high / s.ratio) == pytest.approx(half)
     assert s.log_sd == pytest.approx(sd0)
-    plain = confirm.speedup(cand, [100.0] * 8)  # a fixed number of rounds: the usual t-interval
+    plain = speedup(cand, [100.0] * 8)  # a fixed number of rounds: the usual t-interval
     assert math.log(plain.ci_high / plain.ratio) == pytest.approx(mean_interval(d)[1])
 
 
@@ -175,16 +178,14 @@ def test_stein_pairs():
 
 
 def test_minimized_metric_pairs_invert():
-    s = confirm.speedup([50.0, 51.0, 49.0], [100.0, 101.0, 99.0], direction="minimize")
+    s = speedup([50.0, 51.0, 49.0], [100.0, 101.0, 99.0], direction="minimize")
     assert s.ratio == pytest.approx(2.0, rel=0.01) and s.verdict == "faster"
 
 
 def test_failed_runs_leave_their_round_out_of_the_pairs():
-    base = confirm.ConfirmedConfig(
-        "baseline", 0, {}, [], [1.0], [100.0, 200.0, 100.0], [], [0, 1, 2]
-    )
-    cand = confirm.ConfirmedConfig("candidate1", 1, {}, [], [1.0], [110.0, 111.0], [], [0, 2])
-    (entry,) = confirm.compare([base, cand], "maximize")["comparisons"]
+    base = ConfirmedConfig("baseline", 0, {}, [], [1.0], [100.0, 200.0, 100.0], [], [0, 1, 2])
+    cand = ConfirmedConfig("candidate1", 1, {}, [], [1.0], [110.0, 111.0], [], [0, 2])
+    (entry,) = compare([base, cand], "maximize")["comparisons"]
     assert entry["n_pairs"] == 2 and entry["ratio"] == pytest.approx(math.sqrt(1.1 * 1.11))
 
 
@@ -206,11 +207,11 @@ def test_failed_runs_leave_their_round_out_of_the_pairs():
     ],
 )
 def test_lean_runs_only_where_the_objective_does_not_need_the_extras(objective, config, lean):
-    assert bool(confirm.lean_overrides(objective, config)) is lean
+    assert bool(lean_overrides(objective, config)) is lean
 
 
 def test_lean_overrides_replace_the_trials_own():
-    out = confirm.with_overrides(
+    out = with_overrides(
         ["measure.ceiling=true", "+x=1", "loader.batch_size=32"], ["measure.ceiling=false"]
     )
     assert out == ["+x=1", "loader.batch_size=32", "measure.ceiling=false"]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpuopt.report.diagnose import (
+from gpuopt.report.diagnose import Bottleneck, diagnose
+from gpuopt.report.evidence import (
     DATA_WAIT_HIGH_PCT,
     INPUT_EFFICIENCY_LOW_PCT,
     MFU_HIGH_PCT,
     MFU_LOW_PCT,
     UTILIZATION_LOW_PCT,
-    Bottleneck,
-    diagnose,
 )
 
 CPU_CONFIG = {"loader": {"num_workers": 0, "pin_memory": False}, "precision": {"mode": "fp32"}}
@@ -155,7 +154,7 @@ def test_cpu_input_bound_reads_the_hosts_wait_which_is_the_same_thing_there():
     ],
 )
 def test_at_the_machines_limit_comes_first_and_says_what_is_left(bound, device, says):
-    from gpuopt.report.diagnose import LIMIT_HIGH_PCT
+    from gpuopt.report.evidence import LIMIT_HIGH_PCT
 
     metrics = {
         "data_wait": 40.0,  # input-bound too: the limit says more workers cannot help

@@ -12,34 +12,36 @@ import torch
 
 from gpuopt import env
 from gpuopt.core.errors import ConfigError
+from gpuopt.core.host import usable_cpus
 from gpuopt.engines.registry import load_spec
+from gpuopt.trial import devices, matmul_peak
 from gpuopt.trial.knobs import apply_allocator_env
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 
 
 def test_cpu_capabilities_shape_for_the_sweeper():
-    caps = env.detect_capabilities("cpu")
+    caps = devices.detect_capabilities("cpu")
     assert caps["device"] == "cpu"
     poor = caps["poor_choices"]
     json.dumps(caps)  # JSON-friendly
     # Values are override strings; group keys mirror the mode keys.
     assert "tf32" in poor["precision.mode"] and poor["precision"] == poor["precision.mode"]
-    assert ("bf16" in poor["precision.mode"]) == (not env.cpu_bf16_native())
+    assert ("bf16" in poor["precision.mode"]) == (not devices.cpu_bf16_native())
     assert (
         set(poor["compile"])
         == {"default", "reduce-overhead", "max-autotune"}
         == set(poor["compile.mode"])
     )
     assert "true" in poor["loader.pin_memory"]
-    cores = env.usable_cpus()
+    cores = usable_cpus()
     assert poor["device.num_threads"] and all(int(n) > cores for n in poor["device.num_threads"])
     assert str(cores) not in poor["device.num_threads"]
     assert all(isinstance(v, str) for values in poor.values() for v in values.values())
 
 
 def test_fingerprint_names_machine_and_software():
-    fp = env.fingerprint(torch.device("cpu"))
+    fp = devices.fingerprint(torch.device("cpu"))
     assert fp["torch"] == torch.__version__ and fp["device"] == "cpu"
     assert fp["cpu_count"] == os.cpu_count() and fp["hostname"] and fp["cpu_model"]
     assert fp["gpuopt"] == __import__("gpuopt").__version__
@@ -69,14 +71,14 @@ def test_colab_without_gpu_says_how_to_get_one(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("needs a machine without an accelerator")
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
-    assert "Change runtime type" in env.why_no_accelerator()["what_to_do"]
+    assert "Change runtime type" in devices.why_no_accelerator()["what_to_do"]
 
 
 @no_cuda
 def test_cuda_requested_without_a_gpu_is_a_config_error(compose_cfg):
     spec = load_spec(compose_cfg("device=cuda"))
     with pytest.raises(ConfigError) as info:
-        env.check_device_support(spec)
+        devices.trial_device(spec)
     assert (info.value.key, info.value.value) == ("device.type", "cuda")
     assert "cpu" in info.value.allowed
 
@@ -115,43 +117,43 @@ def test_peak_probe_is_short_and_cached_per_fingerprint(tmp_path, monkeypatch):
 
     cache = tmp_path / "peak_flops.json"
     cpu = torch.device("cpu")
-    fp = env.fingerprint(cpu)
+    fp = devices.fingerprint(cpu)
     probes = []
-    real_probe = env.measure_peak_flops
+    real_probe = matmul_peak.measure_peak_flops
     monkeypatch.setattr(
-        env, "measure_peak_flops", lambda *a, **k: probes.append(a) or real_probe(*a, **k)
+        matmul_peak, "measure_peak_flops", lambda *a, **k: probes.append(a) or real_probe(*a, **k)
     )
     started = time.perf_counter()
-    first = env.probed_peak_flops(cpu, "fp32", fp, cache=cache)
+    first = matmul_peak.probed_peak_flops(cpu, "fp32", fp, cache=cache)
     assert time.perf_counter() - started < 1.0 and len(probes) == 1
     # Per-core rate x usable cores; a plausible CPU (> 0.1 GFLOP/s per core).
-    assert first is not None and first > 1e8 * env.usable_cpus()
+    assert first is not None and first > 1e8 * usable_cpus()
     # The second call reads the cache file: no probe, the same number.
-    assert env.probed_peak_flops(cpu, "fp32", fp, cache=cache) == first and len(probes) == 1
+    assert matmul_peak.probed_peak_flops(cpu, "fp32", fp, cache=cache) == first and len(probes) == 1
     stored = json.loads(cache.read_text())
     (key,) = stored
     assert json.loads(key)["mode"] == "fp32" and json.loads(key)["torch"] == torch.__version__
     # Another machine (fingerprint), dtype or torch version misses the cache and probes again.
-    env.probed_peak_flops(cpu, "fp32", {**fp, "cpu_model": "another CPU"}, cache=cache)
-    env.probed_peak_flops(cpu, "fp32", {**fp, "torch": "9.9"}, cache=cache)
-    env.probed_peak_flops(cpu, "fp16", fp, cache=cache)
+    matmul_peak.probed_peak_flops(cpu, "fp32", {**fp, "cpu_model": "another CPU"}, cache=cache)
+    matmul_peak.probed_peak_flops(cpu, "fp32", {**fp, "torch": "9.9"}, cache=cache)
+    matmul_peak.probed_peak_flops(cpu, "fp16", fp, cache=cache)
     assert len(probes) == 4 and len(json.loads(cache.read_text())) == 4
-    assert env.probed_peak_flops(cpu, "int8", fp, cache=cache) is None
+    assert matmul_peak.probed_peak_flops(cpu, "int8", fp, cache=cache) is None
 
 
 def test_probe_restores_threads_and_matmul_precision(tmp_path):
     threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
-    env.probed_peak_flops(torch.device("cpu"), "bf16", cache=tmp_path / "c.json")
+    matmul_peak.probed_peak_flops(torch.device("cpu"), "bf16", cache=tmp_path / "c.json")
     assert torch.get_num_threads() == threads
     assert torch.get_float32_matmul_precision() == precision
 
 
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path / "mine"))
-    assert env.cache_dir() == tmp_path / "mine"
+    assert matmul_peak.cache_dir() == tmp_path / "mine"
     monkeypatch.delenv("GPUOPT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert env.cache_dir() == tmp_path / "xdg" / "gpuopt"
+    assert matmul_peak.cache_dir() == tmp_path / "xdg" / "gpuopt"
 
 
 @no_cuda

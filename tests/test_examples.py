@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from gpuopt.core.result import ATTR_BASELINE, STUDY_CONFIRMATION, STUDY_OBJECTIVES
+from gpuopt.study.keys import ATTR_BASELINE, STUDY_CONFIRMATION, STUDY_OBJECTIVES
 from gpuopt.sweeper.objectives import outcome_from_return
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "lightning_hydra_app"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpuopt.core.fmt import limit_share, two_answers
+from gpuopt.core.fmt import limit_share
 from gpuopt.core.limits import HighestLimit, higher_elsewhere, highest_limit
+from gpuopt.study.answers import two_answers
+from gpuopt.study.records import Confirmation
 from gpuopt.sweeper.summary import render
 
 LIMIT = {"limit_efficiency": 91.74, "limit_throughput": 8262.4, "limit_bound": "cores"}
@@ -84,12 +86,12 @@ def test_a_baseline_at_its_own_limit_points_at_the_settings_with_a_higher_one():
 
 
 def test_two_answers_name_each_confirmation_and_the_change():
-    confirmation = {
+    confirmation = Confirmation.from_attr({
         "comparisons": [
             {"trial_number": 4, "ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6, "n_pairs": 6,
              "halfwidth": 0.067, "distinguishable": True, "verdict": "confirmed"}
         ]
-    }  # fmt: skip
+    })  # fmt: skip
     lines = two_answers("global batch 32", (3, "A"), (4, "B"), confirmation, 0, "batch 32 -> 64")
     assert lines[1] == "  (a) same training: #3 A: not confirmed (single measurement)"
     assert lines[2].startswith("  (b) best overall: #4 B: confirmed 1.500x")

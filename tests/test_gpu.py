@@ -23,7 +23,7 @@ import torch
 
 from gpuopt.core.result import Status
 from gpuopt.engines.registry import load_spec
-from gpuopt.env import check_device_support
+from gpuopt.trial.devices import trial_device
 
 pytestmark = [
     pytest.mark.gpu,
@@ -63,7 +63,7 @@ def run_trial_entry():
 
 def run_gpu_trial(compose_cfg, *overrides, inspect=None):
     spec = load_spec(compose_cfg(*GPU_TRIAL, *overrides))
-    device, warnings = check_device_support(spec)
+    device, warnings = trial_device(spec)
     result = run_trial_entry()(spec, device=device, inspect=inspect)
     result.warnings[:0] = warnings
     return result

@@ -153,7 +153,7 @@ def test_a_killed_sweep_takes_its_shared_process_with_it(tmp_path) -> None:
         f"""
         import time
         from pathlib import Path
-        from gpuopt.sweeper.interleaved import SharedProcess
+        from gpuopt.sweeper.confirm.in_process import SharedProcess
         shared = SharedProcess.start({{"baseline": Path({str(paths["baseline"])!r})}}, {{}},
                                      "throughput", 0.2, Path({str(tmp_path)!r}))
         assert shared.error is None, shared.error

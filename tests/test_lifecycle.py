@@ -27,10 +27,10 @@ from gpuopt.core import lifeline
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.study import storage as storage_mod
 from gpuopt.sweeper import interference, outputs, resume
-from gpuopt.sweeper.launchers.fresh_process import (
-    _excerpt,
-    _log_excerpt,
+from gpuopt.sweeper.launchers.results import (
     attach_diagnostics,
+    excerpt,
+    log_excerpt,
     with_traceback,
 )
 from gpuopt.sweeper.objectives import outcome_from_return
@@ -104,11 +104,11 @@ def _gone_within(pid: int, seconds: float) -> bool:
 def test_log_excerpt_keeps_head_and_tail_and_masks_secrets(tmp_path):
     text = "Fatal Python error: Segmentation fault\n" + "x" * 10_000 + "\nlast frame\n"
     (tmp_path / "err").write_text(text + "postgresql://u:pw@h/db\n")
-    out = _log_excerpt(tmp_path / "err")
+    out = log_excerpt(tmp_path / "err")
     assert out.startswith("Fatal Python error: Segmentation fault")
     assert out.rstrip().endswith("postgresql://u:***@h/db") and "last frame" in out
     assert "chars cut ...]" in out and len(out) < 6200
-    assert _excerpt("short") == "short"
+    assert excerpt("short") == "short"
 
 
 class _Paths:
@@ -218,7 +218,7 @@ def _owned(number, host, pid, start, end, state=TrialState.COMPLETE):
     t = create_trial(
         state=state,
         values=[1.0] if state == TrialState.COMPLETE else None,
-        system_attrs={resume.OWNER_ATTR: {"host": host, "pid": pid}},
+        system_attrs={resume.ATTR_OWNER: {"host": host, "pid": pid}},
     )
     t.number, t.datetime_start = number, start
     t.datetime_complete = end if state == TrialState.COMPLETE else None

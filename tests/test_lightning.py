@@ -26,14 +26,10 @@ from tests.conftest import TINY_TRIAL
 
 pytest.importorskip("lightning")
 
-from gpuopt.engines._common import CEILING_WARMUP_STEPS
-from gpuopt.engines.lightning.engine import (
-    BuiltinModule,
-    FetchTimer,
-    MeasureCallback,
-    lightning_precision,
-    run_lightning_trial,
-)
+from gpuopt.engines._ceiling import CEILING_WARMUP_STEPS
+from gpuopt.engines.lightning.engine import BuiltinModule, run_lightning_trial
+from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback
+from gpuopt.engines.lightning.precision import lightning_precision
 from gpuopt.engines.registry import run_trial
 
 HELPERS = "tests.helpers.lightning_models"
@@ -345,7 +341,7 @@ def test_spec_engine_is_in_the_recorded_config(compose_cfg) -> None:
      ("fp32", "bf16-true", "bf16"), ("fp32", "16-mixed", "fp16"), ("fp32", "64-true", None)],
 )  # fmt: skip
 def test_peak_mode_is_the_precision_the_fit_runs(compose_cfg, mode, override, expected) -> None:
-    from gpuopt.engines.lightning.engine import peak_mode
+    from gpuopt.engines.lightning.precision import peak_mode
 
     spec = load_spec(compose_cfg("engine=lightning", "device=cpu"))
     spec = dataclasses.replace(
@@ -387,7 +383,7 @@ def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(co
 
 
 def test_lightning_peaks_count_from_after_the_flop_step_and_warm_up(compose_cfg, monkeypatch):
-    from gpuopt.engines._common import MemoryBaseline
+    from gpuopt.trial.memory import MemoryBaseline
 
     seen = Seen()
     order = []

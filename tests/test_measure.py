@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuopt.engines._common import process_start_time
+from gpuopt.engines._lifecycle import process_start_time
 from gpuopt.trial.measure import (
     HostClock,
     StopRule,
@@ -265,18 +265,18 @@ def test_cuda_clock_reports_only_reached_steps_and_queries_each_event_about_once
 
 
 def test_cuda_device_is_made_current_and_initialized_when_resolved(monkeypatch):
-    from gpuopt import env
+    from gpuopt.trial import devices
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
     monkeypatch.setattr(torch.cuda, "init", lambda: calls.append(("init",)))
-    assert env.resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert devices.resolve_device("cuda:1") == torch.device("cuda", 1)
     assert calls == [("set_device", torch.device("cuda", 1)), ("init",)]
     calls.clear()
-    assert env.resolve_device("cuda") == torch.device("cuda", 0)
+    assert devices.resolve_device("cuda") == torch.device("cuda", 0)
     assert calls == [("set_device", torch.device("cuda", 0)), ("init",)]
     calls.clear()
-    assert env.resolve_device("cpu") == torch.device("cpu") and calls == []
+    assert devices.resolve_device("cpu") == torch.device("cpu") and calls == []
 
 
 # -- FLOPs with activation checkpointing, steady state ---------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuopt.core.result import Metrics
-from gpuopt.engines._common import apply_device_monitor
+from gpuopt.engines._window import apply_device_monitor
 from gpuopt.trial import monitor
 from gpuopt.trial.monitor import NvmlSampler, Sample, integrate_power, summarize
 

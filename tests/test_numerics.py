@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gpuopt.core.result import Status
+from gpuopt.engines import _guard
 from gpuopt.engines.registry import load_spec, run_trial
 from gpuopt.sweeper.objectives import outcome_from_return
 from gpuopt.trial import numerics
@@ -50,7 +51,7 @@ def _spec(compose_cfg, *overrides):
 
 def test_fp32_against_itself_is_no_drift_and_the_loss_falls(compose_cfg):
     spec = _spec(compose_cfg)
-    evidence = numerics.check(spec, CPU, changes=["none"])
+    evidence = _guard.check(spec, CPU, changes=["none"])
     assert evidence.passed and evidence.loss_drift == 0.0 and evidence.skipped_steps == 0
     assert evidence.losses == evidence.reference_losses and len(evidence.losses) == 8
     # the synthetic targets come from a teacher: there is something to learn within K steps
@@ -63,14 +64,14 @@ def test_accumulation_splits_follow_the_full_batch(compose_cfg):
         assert numerics.math_changes(spec) == (
             [f"accumulation {128 // micro} x {micro}"] if micro < 128 else []
         )
-        evidence = numerics.check(spec, CPU)
+        evidence = _guard.check(spec, CPU)
         assert evidence.global_batch == 128 and evidence.loss_drift < 1e-5, micro
 
 
 def test_a_broken_half_precision_path_is_caught(compose_cfg):
-    healthy = numerics.check(_spec(compose_cfg, "precision=bf16"), CPU)
+    healthy = _guard.check(_spec(compose_cfg, "precision=bf16"), CPU)
     assert healthy.passed and healthy.loss_drift < 0.01
-    broken = numerics.check(_spec(compose_cfg, *LOSSY, "precision=bf16"), CPU)
+    broken = _guard.check(_spec(compose_cfg, *LOSSY, "precision=bf16"), CPU)
     assert not broken.passed and broken.loss_drift > broken.tolerance == 0.05
     assert broken.changes == ["precision bf16"]
     assert "over tolerance" in broken.summary
@@ -105,7 +106,7 @@ def test_fp16_skipped_steps_are_visible(compose_cfg):
         "trust=[tests.*]",
         "precision=fp16",
     )
-    evidence = numerics.check(spec, CPU)
+    evidence = _guard.check(spec, CPU)
     assert evidence.skipped_steps > 0 and "fp16 step(s) skipped" in evidence.summary
 
 
@@ -113,19 +114,19 @@ def test_the_reference_is_computed_once_and_cached_in_the_sweep_dir(
     compose_cfg, tmp_path, monkeypatch
 ):
     calls = []
-    real = numerics.loss_trajectory
+    real = _guard.loss_trajectory
     monkeypatch.setattr(
-        numerics,
+        _guard,
         "loss_trajectory",
         lambda spec, *a: calls.append(spec.precision.mode) or real(spec, *a),
     )
     spec = _spec(compose_cfg, "precision=bf16")
-    first = numerics.check(spec, CPU, cache_dir=tmp_path)
-    numerics.check(_spec(compose_cfg, "precision=fp16"), CPU, cache_dir=tmp_path)
+    first = _guard.check(spec, CPU, cache_dir=tmp_path)
+    _guard.check(_spec(compose_cfg, "precision=fp16"), CPU, cache_dir=tmp_path)
     assert calls == ["fp32", "bf16", "fp16"]  # one reference for both: same global batch
     (cached,) = tmp_path.glob("*.json")
     monkeypatch.setattr(numerics, "_reference_cache", {})  # another trial process of the sweep
-    again = numerics.check(spec, CPU, cache_dir=tmp_path)
+    again = _guard.check(spec, CPU, cache_dir=tmp_path)
     assert calls[3:] == ["bf16"] and again.reference_losses == first.reference_losses
     assert cached.is_file()
 

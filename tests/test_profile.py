@@ -12,20 +12,16 @@ import pytest
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import ATTR_PROFILE, Status, TrialResult, result_user_attrs
 from gpuopt.engines.registry import load_spec, run_trial
-from gpuopt.env import check_device_support
+from gpuopt.trial.devices import trial_device
 from gpuopt.trial.profile import (
-    PHASES,
     PROFILE_OVERRIDE,
     STEP_COVERAGE_TOLERANCE,
-    STEP_SPAN,
     TRACE_FILE,
     Annotation,
     ProfileSummary,
     annotated,
-    gpu_time_split,
-    load_trace,
-    phase_breakdown,
 )
+from gpuopt.trial.trace import PHASES, STEP_SPAN, gpu_time_split, load_trace, phase_breakdown
 from tests.conftest import TINY_TRIAL
 
 MLP = ["model=mlp", "model.width=16", "model.depth=1", "model.input_shape=[12]"]
@@ -35,7 +31,7 @@ def _profiled(compose_cfg, tmp_path, monkeypatch, *overrides):
     monkeypatch.setattr("gpuopt.trial.profile.trial_run_dir", lambda: tmp_path)
     built = {}
     spec = load_spec(compose_cfg(*TINY_TRIAL, *MLP, "measure.ceiling=false", *overrides))
-    device, _ = check_device_support(spec)
+    device, _ = trial_device(spec)
     result = run_trial(spec, device=device, inspect=built.__setitem__)
     assert result.status is Status.OK, result.reason
     return result, built
@@ -252,7 +248,8 @@ def test_input_bound_verdict_cites_the_share_of_the_step_in_next_loader():
 
 
 def test_heavy_optimizer_phase_suggests_the_fused_optimizer_first_unless_already_fused():
-    from gpuopt.report.diagnose import OPTIMIZER_HIGH_PCT, diagnose
+    from gpuopt.report.diagnose import diagnose
+    from gpuopt.report.evidence import OPTIMIZER_HIGH_PCT
 
     metrics = {"data_wait": 1.0, "input_efficiency": 99.0,
                "profile": _profile({"forward": 40, "backward": 42, "optimizer": 18})}  # fmt: skip
@@ -266,7 +263,8 @@ def test_heavy_optimizer_phase_suggests_the_fused_optimizer_first_unless_already
 
 
 def test_profiled_gpu_idle_mostly_host_wait_is_launch_bound():
-    from gpuopt.report.diagnose import HOST_WAIT_HIGH_PCT, Bottleneck, diagnose
+    from gpuopt.report.diagnose import Bottleneck, diagnose
+    from gpuopt.report.evidence import HOST_WAIT_HIGH_PCT
 
     gpu = {"kernel": 55.0, "memcpy": 5.0, "idle": 40.0, "host_wait": 35.0, "kernel_wait": 5.0}
     # NVML's utilization is not recorded here: the profile alone gives the verdict.

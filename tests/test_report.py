@@ -11,19 +11,13 @@ import optuna
 import pytest
 from rich.console import Console
 
-from gpuopt.core.result import (
-    ATTR_BASELINE,
-    ATTR_CONFIG,
-    STUDY_CONFIRMATION,
-    STUDY_DIRECTIONS,
-    STUDY_OBJECTIVES,
-    Status,
-)
+from gpuopt.core.result import ATTR_CONFIG, Status
+from gpuopt.report.build import build_report
+from gpuopt.report.charts import figures
 from gpuopt.report.cli import main
 from gpuopt.report.diagnose import Bottleneck
-from gpuopt.report.html import figures
-from gpuopt.report.summary import build_report
 from gpuopt.report.text import render
+from gpuopt.study.keys import ATTR_BASELINE, STUDY_CONFIRMATION, STUDY_DIRECTIONS, STUDY_OBJECTIVES
 from gpuopt.sweeper import resume
 from tests.helpers.report_studies import (
     CPU_STUDY,
@@ -202,7 +196,7 @@ def test_interrupted_baseline_is_counted_and_its_rerun_is_the_baseline():
     trial = study.ask({k: DISTRIBUTIONS[k] for k in params})
     # its sweeping process "died": same pid, other start time (how resume tells a reused pid)
     owner = {**resume.this_owner(), "start": -1}
-    study._storage.set_trial_system_attr(trial._trial_id, resume.OWNER_ATTR, owner)
+    study._storage.set_trial_system_attr(trial._trial_id, resume.ATTR_OWNER, owner)
     assert resume.recover_interrupted(study) == [0]  # FAIL + the same params queued again
     metrics = input_bound_metrics(1000, 42.0, 55.0)
     add_trials(study, [Planned(params, metrics=metrics, enqueue=False)], compose=False)

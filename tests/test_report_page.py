@@ -13,9 +13,9 @@ from pathlib import Path
 import optuna
 import pytest
 
+from gpuopt.report.build import build_report
 from gpuopt.report.cli import main
-from gpuopt.report.storage import load_study, open_storage
-from gpuopt.report.summary import build_report
+from gpuopt.study.storage import load_study, open_existing
 from tests.helpers.profile_studies import build_profiled_cpu_study
 from tests.helpers.report_studies import confirmation_record, fast_storage_dir
 
@@ -48,12 +48,12 @@ def test_sections_come_in_reading_order(page):
 
 def test_answer_shows_the_confirmed_speedup_with_its_interval(page):
     path, url = page
-    report = build_report(load_study(open_storage(url), url, None), url)
-    entry = next(e for e in report.confirmation["comparisons"] if e["trial_number"] == 1)
+    report = build_report(load_study(open_existing(url), url, None), url)
+    entry = report.confirmation.comparison_of(1)
     text = path.read_text()
     assert report.best.number == 1
-    assert f"{entry['ratio']:.2f}x" in text
-    assert f"95% CI {entry['ci_low']:.2f}-{entry['ci_high']:.2f}x" in text
+    assert f"{entry.ratio:.2f}x" in text
+    assert f"95% CI {entry.ci_low:.2f}-{entry.ci_high:.2f}x" in text
     assert "Speedup over the baseline (re-measured, 95% interval)" in text
     assert "loader.batch_size=64 loader.num_workers=2" in text  # the change to apply
     assert "53% of the step in next(loader)" in text  # the baseline's diagnosis cites its phases

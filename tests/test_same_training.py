@@ -14,9 +14,10 @@ import torch
 from gpuopt.core.checks import check_composed
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
-from gpuopt.engines._common import Trial, apply_policies, build_optimizer
+from gpuopt.engines._build import apply_policies, build_optimizer
 from gpuopt.engines.native import build
 from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.trial.context import Trial
 from tests.conftest import TINY_TRIAL
 
 # A small MLP on the learnable synthetic vectors, SGD with momentum (its update is linear in the
@@ -224,7 +225,7 @@ def _frozen(number, batch, value, numerics=0.0, baseline=False):
 
 def test_same_training_classification_and_the_change_advice():
     from gpuopt.study.rules import pick_same_training, same_training, training_change
-    from gpuopt.sweeper.confirm.rounds import with_same_training_pick
+    from gpuopt.sweeper.confirm.plan import with_same_training_pick
 
     trials = [
         _frozen(0, 32, 10.0, baseline=True),

@@ -18,11 +18,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState, create_trial
 
-from gpuopt.core.result import ATTR_BASELINE
 from gpuopt.study import storage as storage_mod
+from gpuopt.study.keys import ATTR_BASELINE
 from gpuopt.sweeper import resume
 from gpuopt.sweeper.launchers import gpus
-from gpuopt.sweeper.launchers.fresh_process import describe_exit
+from gpuopt.sweeper.launchers.results import describe_exit
 from tests.helpers.postgres import find_pg_bin, postgres_server
 
 HELPERS = Path(__file__).parent / "sweep_helpers"
@@ -138,7 +138,7 @@ def test_journal_heartbeat_fails_a_silent_trial_once_and_requeues_it(tmp_path):
     alive.suggest_int("x", 0, 9)
     dead.suggest_int("x", 0, 9)
     store.record_heartbeat(alive._trial_id)
-    store.set_trial_system_attr(dead._trial_id, storage_mod.HEARTBEAT_ATTR, time.time() - 10)
+    store.set_trial_system_attr(dead._trial_id, storage_mod.ATTR_HEARTBEAT, time.time() - 10)
     # A second worker's view of the same file finds the same stale trial: only one fails it.
     other = optuna.load_study(
         study_name="hb",
@@ -163,7 +163,7 @@ def test_a_trial_whose_worker_died_right_after_asking_is_failed_after_grace(tmp_
     orphan = study.ask()  # popped the queued baseline; its worker dies before suggesting anything
     live = study.ask()
     store.record_heartbeat(live._trial_id)
-    store.set_trial_system_attr(live._trial_id, resume.OWNER_ATTR, resume.this_owner())
+    store.set_trial_system_attr(live._trial_id, resume.ATTR_OWNER, resume.this_owner())
     assert resume.fail_stale(study) == []  # the gap: never beat, so never stale
 
     now = [100.0]

@@ -11,7 +11,9 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
+from gpuopt.study import keys
 from gpuopt.study import rules as schema
+from gpuopt.study.records import Confirmation
 
 
 def trial(number, state=TrialState.COMPLETE, value=1.0, constraints=None, **attrs):
@@ -87,10 +89,10 @@ def test_best_pick_is_the_confirmed_winner_else_the_best_first_value():
         "configs": [{"trial_number": 0}, {"trial_number": 1}],
         "comparisons": [{"trial_number": 1, "ratio": 1.02, "distinguishable": False}],
     }
-    assert schema.winner(record) == 0
-    assert schema.pick_best([low, high], [], ["maximize"], record) is low
+    assert Confirmation.from_attr(record).winner == 0
+    assert schema.pick_best([low, high], [], ["maximize"], Confirmation.from_attr(record)) is low
     record["comparisons"][0]["distinguishable"] = True
-    assert schema.pick_best([low, high], [], ["maximize"], record) is high
+    assert schema.pick_best([low, high], [], ["maximize"], Confirmation.from_attr(record)) is high
 
 
 def test_leading_trial_skips_infeasible_ones():
@@ -106,23 +108,24 @@ def test_plain_names():
 
 def test_attribute_keys_are_the_stored_format():
     """The strings are what existing studies hold: renaming one orphans them."""
-    from gpuopt.core.result import ATTR_BASELINE
+    from gpuopt.core.result import ATTR_STATUS
     from gpuopt.study import storage
     from gpuopt.sweeper import resume
 
-    assert schema.ATTR_BASELINE is ATTR_BASELINE == "baseline"
-    assert (schema.OWNER_ATTR, schema.INTERRUPTED_ATTR, schema.VOID_ATTR) == (
+    assert schema.ATTR_BASELINE is keys.ATTR_BASELINE == "baseline"
+    assert keys.ATTR_STATUS is ATTR_STATUS == "status"  # the result's own, named by its writer
+    assert (keys.ATTR_OWNER, keys.ATTR_INTERRUPTED, keys.ATTR_VOID) == (
         "gpuopt:owner",
         "interrupted",
         "void",
     )
-    assert (schema.RERUN_OF_ATTR, schema.CONFIRM_CLAIM_ATTR, schema.HEARTBEAT_ATTR) == (
+    assert (keys.ATTR_RERUN_OF, keys.STUDY_CONFIRM_CLAIM, keys.ATTR_HEARTBEAT) == (
         "rerun_of",
         "gpuopt:confirm_claim",
         "gpuopt:heartbeat",
     )
-    assert resume.OWNER_ATTR is schema.OWNER_ATTR and resume.VOID_ATTR is schema.VOID_ATTR
-    assert storage.HEARTBEAT_ATTR is schema.HEARTBEAT_ATTR
+    assert resume.ATTR_OWNER is keys.ATTR_OWNER and resume.ATTR_VOID is keys.ATTR_VOID
+    assert storage.ATTR_HEARTBEAT is keys.ATTR_HEARTBEAT
 
 
 def test_schema_and_sweeper_do_not_import_torch():

@@ -19,13 +19,13 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
-from gpuopt.core.result import (
+from gpuopt.core.result import Metrics
+from gpuopt.study.keys import (
     ATTR_BASELINE,
     STUDY_CONFIRMATION,
     STUDY_DIRECTIONS,
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
-    Metrics,
 )
 
 pytestmark = pytest.mark.slow
@@ -109,7 +109,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     name = summaries[0].study_name
     hw_id = hardware.hardware_id(hardware.hardware_facts())
     # workload, a digest of the search space (no search preset: ~search), hardware
-    from gpuopt.sweeper.study import space_digest
+    from gpuopt.sweeper.open_study import space_digest
 
     assert name == f"mlp-{space_digest(load(tmp_path, name).trials[-1].distributions)}-{hw_id}"
     assert "reproduce: python -m gpuopt.run --config-dir" in proc.stdout
@@ -168,9 +168,9 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
 
     # the best is the confirmed winner (the baseline unless a candidate is measurably faster),
     # and best.yaml reproduces its configuration
-    from gpuopt.sweeper.confirm import rounds as confirm
+    from gpuopt.study.records import Confirmation
 
-    assert results.best_trial == confirm.winner(conf)
+    assert results.best_trial == Confirmation.from_attr(conf).winner
     best = trials[results.best_trial]
     experiment = _compose(["+experiment=best", f"hydra.searchpath=[file://{out}]"])
     direct = _compose(best.user_attrs["overrides"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import optuna
 import pytest
@@ -12,13 +14,19 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from gpuopt.core.result import ATTR_BASELINE, Metrics, Status, TrialResult
-from gpuopt.core.stats import t_quantile
+from gpuopt.core import lifeline
+from gpuopt.core.result import Metrics, Status, TrialResult
+from gpuopt.core.stats import speedup, t_quantile
+from gpuopt.study import storage
+from gpuopt.study.export import overrides_to_experiment
+from gpuopt.study.keys import ATTR_BASELINE
+from gpuopt.study.records import Confirmation, ConfirmedConfig
 from gpuopt.sweeper import machine as hardware
 from gpuopt.sweeper import resume
-from gpuopt.sweeper.confirm import rounds as confirm
-from gpuopt.sweeper.export import overrides_to_experiment
-from gpuopt.sweeper.objectives import SweepConfigError, outcome_from_return, resolve_objectives
+from gpuopt.sweeper.confirm import plan as confirm_plan
+from gpuopt.sweeper.confirm.verdicts import compare
+from gpuopt.sweeper.objectives import outcome_from_return, resolve_objectives
+from gpuopt.sweeper.options import SweepConfigError
 from gpuopt.sweeper.space import (
     baseline_params,
     choice_text,
@@ -328,22 +336,22 @@ def test_speedup_estimate_and_interval():
     """Paired: entry i of each side is round i; the interval comes from the rounds' ratios
     (1.10, 1.12, 1.12 here; the unpaired data this test had, 1.10/1.23/1.12 by round, no longer
     excludes 1.0x at df=2)."""
-    s = confirm.speedup([110.0, 121.0, 115.0], [100.0, 108.0, 103.0])
+    s = speedup([110.0, 121.0, 115.0], [100.0, 108.0, 103.0])
     geo = math.exp(
         sum(map(math.log, [110, 121, 115])) / 3 - sum(map(math.log, [100, 108, 103])) / 3
     )
     assert s.ratio == pytest.approx(geo) and s.n_pairs == 3 and s.verdict == "faster"
     assert s.ci_low < s.ratio < s.ci_high and s.distinguishable
-    noisy = confirm.speedup([110.0, 90.0], [100.0, 105.0])
+    noisy = speedup([110.0, 90.0], [100.0, 105.0])
     assert noisy.ci_low < 1.0 < noisy.ci_high and noisy.distinguishable is False
 
 
 def _confirmed(label, number, sweep, again):
-    return confirm.ConfirmedConfig(label, number, {}, [], [sweep], list(again))
+    return ConfirmedConfig(label, number, {}, [], [sweep], list(again))
 
 
 def _record(*configs):
-    return {"configs": [vars(c) for c in configs], **confirm.compare(configs, "maximize")}
+    return {"configs": [vars(c) for c in configs], **compare(configs, "maximize")}
 
 
 def test_a_lucky_first_measurement_does_not_crown_a_candidate():
@@ -356,7 +364,7 @@ def test_a_lucky_first_measurement_does_not_crown_a_candidate():
     (entry,) = record["comparisons"]
     assert entry["n_candidate"] == 2 and entry["n_reference"] == 2  # the sweep value is left out
     assert entry["ratio"] < 1.0
-    assert confirm.winner(record) == 0
+    assert Confirmation.from_attr(record).winner == 0
 
 
 @pytest.mark.parametrize(
@@ -374,40 +382,40 @@ def test_confirmed_winner_must_be_measurably_faster_than_the_baseline(candidates
     base_again = [100.0, 101.0] if all(len(a) != 1 for _, a in candidates) else [100.0]
     configs = [_confirmed("baseline", 0, 100.0, base_again)]
     configs += [_confirmed(f"candidate{i}", n, 300.0, a) for i, (n, a) in enumerate(candidates, 1)]
-    assert confirm.winner(_record(*configs)) == expected
+    assert Confirmation.from_attr(_record(*configs)).winner == expected
 
 
 def test_speedup_minimized_metric_is_inverted_and_single_points_have_no_ci():
-    s = confirm.speedup([50.0], [100.0], direction="minimize")
+    s = speedup([50.0], [100.0], direction="minimize")
     assert s.ratio == pytest.approx(2.0) and s.ci_low is None and s.distinguishable is None
 
 
 @pytest.mark.parametrize(
     ("top_k", "rounds", "share", "n_trials", "n_cand", "expected"),
     [
-        (2, 2, 0.25, 40, 5, confirm.ConfirmPlan(2, 2, 10)),  # first stage 6 runs <= 10
-        (2, 4, 1.0, 10, 5, confirm.ConfirmPlan(1, 4, 10)),  # the defaults: one candidate
-        (2, 2, 0.4, 10, 5, confirm.ConfirmPlan(1, 2, 4)),  # two rounds beat a second candidate
-        (2, 3, 0.6, 10, 5, confirm.ConfirmPlan(1, 3, 6)),  # the first stage before candidates
+        (2, 2, 0.25, 40, 5, confirm_plan.ConfirmPlan(2, 2, 10)),  # first stage 6 runs <= 10
+        (2, 4, 1.0, 10, 5, confirm_plan.ConfirmPlan(1, 4, 10)),  # the defaults: one candidate
+        (2, 2, 0.4, 10, 5, confirm_plan.ConfirmPlan(1, 2, 4)),  # two rounds beat a second candidate
+        (2, 3, 0.6, 10, 5, confirm_plan.ConfirmPlan(1, 3, 6)),  # the first stage before candidates
         (2, 2, 0.25, 12, 5, None),  # 3 runs: no 2 pairs, no interval: off
         (2, 2, 0.25, 8, 5, None),  # 2 runs allowed
         (2, 0, 0.25, 40, 5, None),  # confirm.rounds=0
         (2, 2, 0.25, 40, 0, None),  # nothing to confirm
-        (3, 2, 1.0, 4, 1, confirm.ConfirmPlan(1, 2, 4)),
-        (1, 1, 1.0, 10, 1, confirm.ConfirmPlan(1, 2, 10)),  # an interval needs 2 rounds
+        (3, 2, 1.0, 4, 1, confirm_plan.ConfirmPlan(1, 2, 4)),
+        (1, 1, 1.0, 10, 1, confirm_plan.ConfirmPlan(1, 2, 10)),  # an interval needs 2 rounds
     ],
 )
 def test_confirmation_plan_is_capped(top_k, rounds, share, n_trials, n_cand, expected):
     """(Since the two-stage stop: a plan needs 2 rounds, the first stage comes before a second
     candidate, and the plan carries the cap on all runs for the second stage.)"""
-    plan = confirm.plan(top_k, rounds, share, n_trials, n_cand)
+    plan = confirm_plan.plan(top_k, rounds, share, n_trials, n_cand)
     assert plan == expected
     if plan:
         assert plan.runs <= plan.max_runs <= share * n_trials
 
 
 def test_schedule_interleaves():
-    assert confirm.schedule(["A", "B1", "B2"], 3) == [
+    assert confirm_plan.schedule(["A", "B1", "B2"], 3) == [
         *("A", "B1", "B2"),
         *("B2", "B1", "A"),  # every other round reversed: no config always first
         *("A", "B1", "B2"),
@@ -469,10 +477,15 @@ def test_fingerprint_is_stable_and_names_the_hardware():
     assert hardware.default_study_name("mlp", "default", "cpu2-abc") == "mlp-default-cpu2-abc"
 
 
-def test_default_storage_is_absolute(tmp_path):
-    url = hardware.default_storage("out", cwd=tmp_path)
-    assert url == f"sqlite:///{tmp_path.resolve() / 'out' / 'gpuopt.db'}"
-    assert (tmp_path / "out").is_dir()
+def test_default_storage_is_the_output_dirs_gpuopt_db(tmp_path, monkeypatch):
+    """The one default-storage rule (gpuopt/study/storage.py), as gpuopt's conf/config.yaml sets
+    it: <GPUOPT_OUTPUT_DIR, else outputs>/gpuopt.db. (It replaces sweeper/machine.py's unused
+    default_storage, whose test this was.)"""
+    monkeypatch.setenv("GPUOPT_OUTPUT_DIR", str(tmp_path / "out"))
+    assert storage.default_url() == f"sqlite:///{tmp_path / 'out' / 'gpuopt.db'}"
+    monkeypatch.delenv("GPUOPT_OUTPUT_DIR")
+    assert storage.default_url() == "sqlite:///outputs/gpuopt.db"
+    assert not (tmp_path / "out").exists()  # finding the study creates nothing
 
 
 def test_probe_env_failure_is_reported_not_raised():
@@ -497,6 +510,59 @@ def test_owner_alive():
     assert resume.owner_alive({**me, "host": "elsewhere"}) is None
 
 
+def _proc_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_a_zombie_is_dead_to_the_watchdog_and_to_resume():
+    """One liveness check (lifeline.process_alive) for a trial's sweep and for a trial's owner: a
+    process that exited but is not reaped yet (a zombie, which kill(pid, 0) still finds) is dead."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        start = lifeline.start_ticks(proc.pid)
+        deadline = time.monotonic() + 30
+        while _proc_state(proc.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _proc_state(proc.pid) == "Z"
+        assert lifeline.process_alive(proc.pid, start) is False
+        assert lifeline.process_alive(proc.pid, None) is False
+        owner = {**resume.this_owner(), "pid": proc.pid, "start": start}
+        assert resume.owner_alive(owner) is False
+        gone = lifeline.SweepProcess(proc.pid, start, -1)
+        assert "ended" in lifeline.watchdog_verdict(gone, deadline=1e18, now=0.0)
+    finally:
+        proc.wait()
+    me = resume.this_owner()
+    assert lifeline.process_alive(me["pid"], me["start"])
+    assert lifeline.process_alive(me["pid"], None)
+
+
+def test_running_elsewhere_is_other_live_workers_trials():
+    """The trials that keep this worker from being the last one (the confirmation waits for
+    them): RUNNING, not this worker's, and not under an owner known dead."""
+    study = optuna.create_study()
+    me = resume.this_owner()
+    owners = {
+        "mine": me,
+        "dead": {**me, "pid": _dead_pid()},
+        "other host": {**me, "host": "elsewhere"},  # alive until its heartbeat goes stale
+        "ownerless": None,  # asked a moment ago: its owner is on its way
+    }
+    for owner in owners.values():
+        trial = study.ask()
+        if owner is not None:
+            study._storage.set_trial_system_attr(trial._trial_id, resume.ATTR_OWNER, owner)
+    finished = study.ask()
+    study._storage.set_trial_system_attr(finished._trial_id, resume.ATTR_OWNER, me)
+    study.tell(finished, 1.0)
+    found = resume.running_elsewhere(study.get_trials(deepcopy=False))
+    assert [t.number for t in found] == [2, 3]  # the other host's and the ownerless one
+
+
 def test_recover_interrupted_fails_and_reenqueues():
     study = optuna.create_study(directions=["maximize"])
     dead = {**resume.this_owner(), "pid": _dead_pid()}
@@ -511,9 +577,9 @@ def test_recover_interrupted_fails_and_reenqueues():
     running = study.ask()
     running.suggest_categorical("x", [1, 2])
     running.set_user_attr(ATTR_BASELINE, True)
-    study._storage.set_trial_system_attr(running._trial_id, resume.OWNER_ATTR, dead)
+    study._storage.set_trial_system_attr(running._trial_id, resume.ATTR_OWNER, dead)
     alive = study.ask()  # owned by this (living) process: in flight, left alone
-    study._storage.set_trial_system_attr(alive._trial_id, resume.OWNER_ATTR, resume.this_owner())
+    study._storage.set_trial_system_attr(alive._trial_id, resume.ATTR_OWNER, resume.this_owner())
 
     assert resume.trials_to_go(study.get_trials(), 4) == 2  # complete + the live running one
     assert resume.recover_interrupted(study) == [running.number]

@@ -14,9 +14,9 @@ from omegaconf import open_dict
 
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Metrics, Status
-from gpuopt.engines._common import CeilingReplay
+from gpuopt.engines._ceiling import CeilingReplay
 from gpuopt.engines.registry import load_spec, run_trial
-from gpuopt.env import check_device_support
+from gpuopt.trial.devices import trial_device
 from tests.conftest import TINY_TRIAL
 
 FAMILIES = {
@@ -33,7 +33,7 @@ def _run(compose_cfg, *overrides, inspect=None, edit=None):
         with open_dict(cfg):
             edit(cfg)
     spec = load_spec(cfg)
-    device, warnings = check_device_support(spec)
+    device, warnings = trial_device(spec)
     result = run_trial(spec, device=device, inspect=inspect)
     result.warnings[:0] = warnings
     return result
@@ -96,7 +96,7 @@ def test_each_cpu_precision_runs_with_its_autocast_and_scaler(compose_cfg, mode,
 def test_tf32_on_cpu_is_a_config_error_naming_precision_mode(compose_cfg):
     spec = load_spec(compose_cfg(*TINY_TRIAL, "precision=tf32"))
     with pytest.raises(ConfigError) as info:
-        check_device_support(spec)
+        trial_device(spec)
     assert (info.value.key, info.value.value) == ("precision.mode", "tf32")
     assert "compute capability >= 8.0" in str(info.value)
 
@@ -271,7 +271,7 @@ def _loop(stream, wait, steps, compute_s, fetch_s, copy_s=1e-4, sync=False):
 
 
 def _gpu_wait(stream):
-    from gpuopt.engines._common import InputWait
+    from gpuopt.engines._window import InputWait
 
     return InputWait(
         torch.device("cuda"), record_event=stream.record, host_clock=lambda: stream.host
@@ -321,7 +321,7 @@ def test_a_prefetched_batch_opens_its_span_at_the_copy_and_reset_forgets_open_sp
 
 
 def test_without_cuda_events_the_device_wait_is_the_host_fetch_time():
-    from gpuopt.engines._common import InputWait
+    from gpuopt.engines._window import InputWait
 
     clock = iter([0.0, 0.25, 1.0, 1.5])
     wait = InputWait(torch.device("cpu"), host_clock=lambda: next(clock))
@@ -334,8 +334,9 @@ def test_without_cuda_events_the_device_wait_is_the_host_fetch_time():
 
 
 def test_record_window_reads_data_wait_from_the_device_and_host_wait_from_the_host():
-    from gpuopt.engines._common import InputWaitSeconds, MemoryBaseline, record_window
+    from gpuopt.engines._window import InputWaitSeconds, record_window
     from gpuopt.trial.measure import WindowResult
+    from gpuopt.trial.memory import MemoryBaseline
 
     m = Metrics()
     window = WindowResult([0.1] * 10, 1.0, 10, "max_steps", time.time())
@@ -347,7 +348,7 @@ def test_record_window_reads_data_wait_from_the_device_and_host_wait_from_the_ho
 
 # -- memory peaks (item 4) --------------------------------------------------------------------------
 def test_cuda_peaks_are_reset_when_the_window_starts_not_when_the_baseline_is_taken(monkeypatch):
-    from gpuopt.engines._common import MemoryBaseline
+    from gpuopt.trial.memory import MemoryBaseline
 
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: calls.append(("reset", d)))
@@ -364,12 +365,13 @@ def test_cuda_peaks_are_reset_when_the_window_starts_not_when_the_baseline_is_ta
 
 def test_native_peaks_count_from_after_the_flop_step_compile_and_warm_up(compose_cfg, monkeypatch):
     from gpuopt.engines import native
-    from gpuopt.engines._common import MemoryBaseline
+    from gpuopt.engines._step import Workload
+    from gpuopt.trial.memory import MemoryBaseline
 
     order, steps = [], []
-    train_step = native.Workload.train_step
+    train_step = Workload.train_step
     monkeypatch.setattr(
-        native.Workload, "train_step", lambda self, *b: steps.append(1) or train_step(self, *b)
+        Workload, "train_step", lambda self, *b: steps.append(1) or train_step(self, *b)
     )
     count_flops = native.count_flops
     monkeypatch.setattr(native, "count_flops", lambda *a: order.append("flops") or count_flops(*a))
@@ -402,7 +404,7 @@ def test_native_peaks_count_from_after_the_flop_step_compile_and_warm_up(compose
     ],
 )  # fmt: skip
 def test_library_allocation_failures_are_oom(exc, status):
-    from gpuopt.engines._common import classify_failure
+    from gpuopt.trial.failures import classify_failure
 
     assert classify_failure(exc)[0] is status
 
@@ -411,7 +413,8 @@ def test_library_allocation_failures_are_oom(exc, status):
 def test_release_resets_the_compiler_after_a_compiled_trial(compose_cfg, monkeypatch, mode, resets):
     import dataclasses
 
-    from gpuopt.engines._common import Trial, release
+    from gpuopt.engines._lifecycle import release
+    from gpuopt.trial.context import Trial
 
     spec = load_spec(compose_cfg(*TINY_TRIAL, *FAMILIES["mlp"]))
     spec = dataclasses.replace(spec, compile=dataclasses.replace(spec.compile, mode=mode))
@@ -423,7 +426,7 @@ def test_release_resets_the_compiler_after_a_compiled_trial(compose_cfg, monkeyp
 
 # -- NVML notes and sources (monitor.NvmlStats) ---------------------------------------------------
 def test_nvml_fallback_notes_become_trial_warnings_and_sources_are_recorded(monkeypatch):
-    from gpuopt.engines._common import WindowMonitors, apply_device_monitor
+    from gpuopt.engines._window import WindowMonitors, apply_device_monitor
     from gpuopt.trial import monitor
 
     stats = monitor.NvmlStats(
@@ -453,7 +456,7 @@ def test_nvml_fallback_notes_become_trial_warnings_and_sources_are_recorded(monk
 
 # -- MFU notes (item 7) ---------------------------------------------------------------------------
 def test_attention_flops_are_counted_apart_and_fp32_mfu_on_sm80_says_tensor_cores():
-    from gpuopt.engines._common import attention_tf32_note
+    from gpuopt.engines._window import attention_tf32_note
     from gpuopt.trial.measure import StepFlops, measure_step_flops
 
     q = torch.randn(2, 2, 8, 16, device="meta", requires_grad=True)
@@ -536,7 +539,7 @@ def test_data_epoch_steps_sets_the_epoch_amortized_over_and_is_not_a_dataset_arg
 
 
 def test_cpu_trial_reports_mfu_against_the_probe_and_its_limit(compose_cfg, monkeypatch, tmp_path):
-    from gpuopt.env import usable_cpus
+    from gpuopt.core.host import usable_cpus
 
     monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path))
     result = _run(compose_cfg, *FAMILIES["mlp"])

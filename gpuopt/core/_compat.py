@@ -187,3 +187,28 @@ def local_controller_class() -> type:
     from submitit.local.local import Controller
 
     return Controller
+
+
+# ---- Hydra: the command line of a @hydra.main app -------------------------------------------------
+
+
+def hydra_args_parser() -> Any:
+    """Hydra's argparse parser of a `@hydra.main` app (`hydra._internal.utils.get_args_parser`):
+    `python -m gpuopt.run` parses its arguments with it before Hydra does, to report a bad one in
+    one line instead of argparse's usage block. Hydra has no public accessor for it."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser()
+
+
+def report_as_hydra(failure: BaseException) -> None:
+    """Report an exception as `@hydra.main` does and exit 1 (`hydra._internal.utils.run_and_report`:
+    the short message, or the traceback under HYDRA_FULL_ERROR=1). gpuopt's CLI catches Hydra's
+    errors to print bad input as one line, and hands back here those that are not bad input; Hydra
+    has no public function that reports one as it would."""
+    from hydra._internal.utils import run_and_report
+
+    def reraise() -> None:
+        raise failure
+
+    run_and_report(reraise)

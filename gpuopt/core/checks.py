@@ -1,15 +1,15 @@
-"""The validation that turns a composed Hydra config into checked values, torch-free.
+"""The checks of a composed Hydra config's values, torch-free, each raising one `ConfigError` that
+names the key, the bad value and what is allowed, before anything is created.
 
-`check_composed()` adds what types cannot say (ranges, allowed names, model/data agreement, trusted
-targets) and raises one `ConfigError` naming the key, the bad value and what is allowed, before
-anything is created; `check_device_facts()` checks a config against a device's facts. Importing the
-`_target_`s (the user's modules, hence torch) is the torch side's: `gpuopt.engines.registry.load_spec`.
+`check_composed()` adds what types cannot say (ranges, allowed names, and the workload's checks in
+`gpuopt.core.workload_checks`); `spec_from_checked()` makes the `TrialSpec` once the torch side has
+imported the `_target_`s (`gpuopt.engines.registry.load_spec`); `measure_conf()` checks the
+measuring API's settings; `check_device_facts()` checks a config against a device's facts (the
+sweeper's, from `python -m gpuopt.env --json`); `check_writable_path()` where a command writes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fnmatch
 import os
 import re
 from dataclasses import dataclass
@@ -18,19 +18,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gpuopt.core.errors import ConfigError
+from gpuopt.core.errors import ConfigError, check_choice, check_min, config_error_from_omegaconf
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.spec import (
     BUILTIN_TRUSTED_TARGETS,
-    BUILTIN_WORKLOAD_SCHEMAS,
     COMPILE_MODES,
     DEVICE_PATTERN,
     EMPTY_CACHE_POLICIES,
     ENGINES,
-    HF_INSTALL_HINT,
-    HF_TARGET_PREFIX,
-    INPUT_KINDS,
-    INPUT_RANKS,
     LIGHTNING_INSTALL_HINT,
     LIGHTNING_PRECISIONS,
     LOSSES,
@@ -40,42 +35,13 @@ from gpuopt.core.spec import (
     PER_CPU_LIMIT_FLOOR,
     PRECISIONS,
     EngineConf,
-    GPTConf,
     GpuoptConf,
     MeasureConf,
     OptimizerConf,
     ProfileConf,
-    SyntheticDataConf,
     TrialSpec,
 )
-
-
-def _check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(key, value, " | ".join(allowed))
-
-
-def _check_min(key: str, value: Any, minimum: float, allowed: str | None = None) -> None:
-    if value is None or value < minimum:
-        raise ConfigError(key, value, allowed or f"a number >= {minimum}")
-
-
-def check_target(key: str, target: Any, trusted: tuple[str, ...]) -> None:
-    """A `_target_` must be trusted and importable; checked without calling it."""
-    check_trusted(key, target, trusted)
-    import logging
-
-    from hydra.utils import get_object
-
-    # get_object logs its failure at ERROR before raising: quiet that, the ConfigError says it.
-    hydra_log = logging.getLogger("hydra.utils")
-    was_disabled, hydra_log.disabled = hydra_log.disabled, True
-    try:
-        get_object(target)
-    except Exception as exc:  # ImportError, AttributeError, or the module failing on import
-        raise ConfigError(key, target, f"an importable class or function ({exc})") from None
-    finally:
-        hydra_log.disabled = was_disabled
+from gpuopt.core.workload_checks import builder_results, check_trusted, check_workload_values
 
 
 def per_cpu_limit(cpus: int) -> int:
@@ -94,58 +60,9 @@ def _check_per_cpu(key: str, value: int, minimum: int, cpus: int, what: str) -> 
         )
 
 
-_TYPE_WORDS = {
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true | false",
-    "str": "a string",
-    "list[str]": "a list of strings",
-    "list[int]": "a list of integers",
-}
-
-
-def _type_words(annotation: str) -> str:
-    """`int | None` -> 'null or an integer': what a schema field accepts, in words."""
-    parts = [part.strip() for part in str(annotation).split("|")]
-    words = [_TYPE_WORDS.get(part, part) for part in parts if part != "None"]
-    return ("null or " if "None" in parts else "") + " or ".join(words)
-
-
-def _lookup(container: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(container, dict) or part not in container:
-            return "?"
-        container = container[part]
-    return container
-
-
-def config_error_from_omegaconf(
-    exc: OmegaConfBaseException, values: dict[str, Any] | None = None
-) -> ConfigError:
-    """OmegaConf's schema errors (unknown key, wrong type) as one ConfigError.
-
-    `exc.full_key` names the key and `exc.object_type` the schema dataclass; the allowed keys or the
-    field's type come from that dataclass. `values` (the merged container) supplies the bad value.
-    """
-    key = str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?")
-    value = _lookup(values, key) if values is not None else "?"
-    schema = getattr(exc, "object_type", None)
-    fields = (
-        {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
-    )
-    name = key.rsplit(".", 1)[-1]
-    if name in fields:
-        return ConfigError(key, value, _type_words(fields[name].type))
-    if fields:
-        parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
-        known = ", ".join(parent + n for n in fields)
-        return ConfigError(key, value, f"a key of {schema.__name__}: {known}")
-    return ConfigError(key, value, str(getattr(exc, "msg", exc)).splitlines()[0])
-
-
 @dataclass(frozen=True)
 class Checked:
-    """What the value checks leave for `validate`: the typed config and the workload dicts."""
+    """What the value checks leave for `load_spec`: the typed config and the workload dicts."""
 
     typed: GpuoptConf
     model: dict[str, Any]
@@ -160,7 +77,7 @@ def check_composed(cfg: DictConfig, cpus: int | None = None) -> None:
     opens (or creates) a study. Raises `ConfigError` (key, value, what is allowed). `cpus` is the
     usable core count of the machine the trials run on (default: this one), for the caps on
     loader workers and threads. What needs the device is `check_device_facts`; importing the
-    targets is `validate`.
+    targets is `gpuopt.engines.registry.load_spec`.
     """
     check_values(cfg, usable_cpus() if cpus is None else cpus)
 
@@ -178,6 +95,8 @@ def _resolved_container(cfg: DictConfig) -> dict[str, Any]:
 
 
 def check_values(cfg: DictConfig, cpus: int) -> Checked:
+    """The typed config and the workload dicts of a composed config whose values all check out on
+    `cpus` usable cores (the first half of `load_spec`); raises ConfigError."""
     container = _resolved_container(cfg)
     try:
         typed: GpuoptConf = OmegaConf.to_object(
@@ -188,7 +107,7 @@ def check_values(cfg: DictConfig, cpus: int) -> Checked:
     _check_scalars(typed, cpus)
     _check_engine(typed.engine)
     _check_train(typed)
-    model, data = _check_workload_values(container, typed)
+    model, data = check_workload_values(container, typed)
     _check_loss(typed)
     return Checked(typed, model, data)
 
@@ -220,7 +139,7 @@ def spec_from_checked(checked: Checked, data: dict[str, Any]) -> TrialSpec:
         loss=typed.loss,
         seed=typed.seed,
         trusted_targets=BUILTIN_TRUSTED_TARGETS
-        + _builder_results(checked.model)
+        + builder_results(checked.model)
         + tuple(typed.trust),
         engine=typed.engine,
         profile=typed.profile,
@@ -235,14 +154,14 @@ ALLOC_CONF_PATTERN = re.compile(r"^\w+:[^,:]+(,\w+:[^,:]+)*$")
 def _check_scalars(typed: GpuoptConf, cpus: int) -> None:
     """Ranges and names of the typed groups (loader, precision, ..., measure)."""
     loader = typed.loader
-    _check_min("loader.batch_size", loader.batch_size, 1, "an integer >= 1")
+    check_min("loader.batch_size", loader.batch_size, 1, "an integer >= 1")
     _check_per_cpu("loader.num_workers", loader.num_workers, 0, cpus, "worker processes")
     if loader.prefetch_factor is not None:
-        _check_min("loader.prefetch_factor", loader.prefetch_factor, 1, "null or an integer >= 1")
-    _check_choice("precision.mode", typed.precision.mode, PRECISIONS)
-    _check_choice("compile.mode", typed.compile.mode, COMPILE_MODES)
-    _check_choice("cache.empty_cache", typed.cache.empty_cache, EMPTY_CACHE_POLICIES)
-    _check_min("cache.every_n_steps", typed.cache.every_n_steps, 1, "an integer >= 1")
+        check_min("loader.prefetch_factor", loader.prefetch_factor, 1, "null or an integer >= 1")
+    check_choice("precision.mode", typed.precision.mode, PRECISIONS)
+    check_choice("compile.mode", typed.compile.mode, COMPILE_MODES)
+    check_choice("cache.empty_cache", typed.cache.empty_cache, EMPTY_CACHE_POLICIES)
+    check_min("cache.every_n_steps", typed.cache.every_n_steps, 1, "an integer >= 1")
     alloc = typed.cache.cuda_alloc_conf
     if alloc is not None and not ALLOC_CONF_PATTERN.match(alloc):
         raise ConfigError(
@@ -257,7 +176,7 @@ def _check_scalars(typed: GpuoptConf, cpus: int) -> None:
         _check_per_cpu("device.num_threads", typed.device.num_threads, 1, cpus, "threads")
     _check_measure(typed.measure)
     _check_profile(typed.profile)
-    _check_min("seed", typed.seed, 0, "an integer >= 0")
+    check_min("seed", typed.seed, 0, "an integer >= 0")
     if not typed.output_dir:
         raise ConfigError("output_dir", typed.output_dir, "a directory path")
 
@@ -283,19 +202,19 @@ def _check_train(typed: GpuoptConf) -> None:
                 f"1 or {global_batch // micro} (train.global_batch / loader.batch_size)",
             )
     guard = typed.guard
-    _check_min("guard.steps", guard.steps, 2, "an integer >= 2")
+    check_min("guard.steps", guard.steps, 2, "an integer >= 2")
     if not guard.loss_tolerance > 0:
         raise ConfigError("guard.loss_tolerance", guard.loss_tolerance, "a relative drift > 0")
 
 
 def _check_optimizer(optimizer: OptimizerConf) -> None:
-    _check_choice("optimizer.name", optimizer.name, OPTIMIZERS)
-    _check_choice("optimizer.lr_scaling", optimizer.lr_scaling, LR_SCALING_RULES)
+    check_choice("optimizer.name", optimizer.name, OPTIMIZERS)
+    check_choice("optimizer.lr_scaling", optimizer.lr_scaling, LR_SCALING_RULES)
     if optimizer.reference_batch is not None:
-        _check_min("optimizer.reference_batch", optimizer.reference_batch, 1, "null or >= 1")
-    _check_min("optimizer.lr", optimizer.lr, 0.0, "a learning rate >= 0")
-    _check_min("optimizer.weight_decay", optimizer.weight_decay, 0.0, "a number >= 0")
-    _check_min("optimizer.momentum", optimizer.momentum, 0.0, "a number >= 0")
+        check_min("optimizer.reference_batch", optimizer.reference_batch, 1, "null or >= 1")
+    check_min("optimizer.lr", optimizer.lr, 0.0, "a learning rate >= 0")
+    check_min("optimizer.weight_decay", optimizer.weight_decay, 0.0, "a number >= 0")
+    check_min("optimizer.momentum", optimizer.momentum, 0.0, "a number >= 0")
     if optimizer.fused and optimizer.foreach:
         raise ConfigError(
             "optimizer.fused", True, "false or null when optimizer.foreach=true (pick one)"
@@ -303,14 +222,14 @@ def _check_optimizer(optimizer: OptimizerConf) -> None:
 
 
 def _check_profile(profile: ProfileConf) -> None:
-    _check_min("profile.steps", profile.steps, 1, "an integer >= 1")
-    _check_min("profile.warmup_steps", profile.warmup_steps, 0, "an integer >= 0")
-    _check_min("profile.top_ops", profile.top_ops, 0, "an integer >= 0")
+    check_min("profile.steps", profile.steps, 1, "an integer >= 1")
+    check_min("profile.warmup_steps", profile.warmup_steps, 0, "an integer >= 0")
+    check_min("profile.top_ops", profile.top_ops, 0, "an integer >= 0")
 
 
 def _check_measure(measure: MeasureConf) -> None:
-    _check_min("measure.warmup_steps", measure.warmup_steps, 0, "an integer >= 0")
-    _check_min("measure.min_steps", measure.min_steps, 2, "an integer >= 2")
+    check_min("measure.warmup_steps", measure.warmup_steps, 0, "an integer >= 0")
+    check_min("measure.min_steps", measure.min_steps, 2, "an integer >= 2")
     if measure.max_steps < measure.min_steps:
         raise ConfigError(
             "measure.max_steps", measure.max_steps, f">= measure.min_steps ({measure.min_steps})"
@@ -323,7 +242,7 @@ def _check_measure(measure: MeasureConf) -> None:
         raise ConfigError(
             "measure.stability_target", measure.stability_target, "a fraction in (0, 1), e.g. 0.03"
         )
-    _check_min("measure.ceiling_steps", measure.ceiling_steps, 1, "an integer >= 1")
+    check_min("measure.ceiling_steps", measure.ceiling_steps, 1, "an integer >= 1")
     if not measure.nvml_interval_s > 0:
         raise ConfigError("measure.nvml_interval_s", measure.nvml_interval_s, "seconds > 0")
 
@@ -357,7 +276,7 @@ def measure_conf(value: MeasureConf | dict[str, Any] | str | None = None) -> Mea
 
 def _check_engine(engine: EngineConf) -> None:
     """The engine name, its knobs, and (for lightning) that the optional extra is installed."""
-    _check_choice("engine.name", engine.name, ENGINES)
+    check_choice("engine.name", engine.name, ENGINES)
     if engine.name != "lightning":
         return
     import importlib.util
@@ -371,125 +290,14 @@ def _check_engine(engine: EngineConf) -> None:
             f"native, or install the Lightning extra first: {LIGHTNING_INSTALL_HINT}",
         )
     if engine.precision is not None:
-        _check_choice("engine.precision", engine.precision, LIGHTNING_PRECISIONS)
-    _check_min(
+        check_choice("engine.precision", engine.precision, LIGHTNING_PRECISIONS)
+    check_min(
         "engine.accumulate_grad_batches", engine.accumulate_grad_batches, 1, "an integer >= 1"
     )
     if engine.gradient_clip_val is not None:
-        _check_min(
+        check_min(
             "engine.gradient_clip_val", engine.gradient_clip_val, 0.0, "null or a number >= 0"
         )
-
-
-def check_trusted(key: str, target: Any, trusted: tuple[str, ...]) -> None:
-    """A `_target_` must match a trusted pattern; checked without importing it."""
-    if not isinstance(target, str) or not target:
-        raise ConfigError(key, target, "a dotted path to a class or function")
-    if not any(fnmatch.fnmatchcase(target, pattern) for pattern in trusted):
-        raise ConfigError(
-            key,
-            target,
-            f"targets matching {', '.join(trusted)}; trust your own module with "
-            f"trust=[{target.rsplit('.', 1)[0]}.*]",
-        )
-
-
-def _check_workload_values(
-    container: dict[str, Any], typed: GpuoptConf
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Model and data configs: present, trusted, agreeing on the input kind; gpuopt's own
-    workloads also against their schemas. `data` is None when a LightningModule may bring its own."""
-    trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
-    model = container.get("model")
-    data = container.get("data")
-    if not isinstance(model, dict) or "_target_" not in model:
-        raise ConfigError("model", model, "a model config with _target_ (conf/model/ or your own)")
-    check_trusted("model._target_", model["_target_"], trusted)
-    _check_hf_extra(model)
-    if data is None and typed.engine.name == "lightning":
-        return model, None  # `validate` asks the LightningModule whether it has its own data
-    if not isinstance(data, dict) or "_target_" not in data:
-        raise ConfigError("data", data, "a dataset config with _target_ (conf/data/ or your own)")
-    check_trusted("data._target_", data["_target_"], trusted)
-    epoch_steps = data.get("epoch_steps")
-    if epoch_steps is not None and (
-        isinstance(epoch_steps, bool) or not isinstance(epoch_steps, int) or epoch_steps < 1
-    ):
-        raise ConfigError("data.epoch_steps", epoch_steps, "null or an integer >= 1")
-    model_input = model.get("input", "any")
-    _check_choice("model.input", model_input, INPUT_KINDS)
-    data_kind = data.get("kind", "any")
-    _check_choice("data.kind", data_kind, INPUT_KINDS)
-    if "any" not in (model_input, data_kind) and model_input != data_kind:
-        raise ConfigError(
-            "data.kind",
-            data_kind,
-            f"{model_input!r}: model {model['_target_']} takes {model_input} "
-            f"(drop the data.kind override, or pick a model that takes {data_kind})",
-        )
-    if model.get("channels_last") and model_input not in ("images", "hf_images", "any"):
-        raise ConfigError("model.channels_last", True, "false for models that do not take images")
-    _check_builtin_workload("model", model)
-    _check_builtin_workload("data", data)
-    if data["_target_"] in BUILTIN_WORKLOAD_SCHEMAS and typed.loader.drop_last:
-        size, batch = data.get("size", SyntheticDataConf.size), typed.loader.batch_size
-        if size < batch:  # every batch dropped: the loader would never yield one
-            raise ConfigError(
-                "data.size", size, f"an integer >= loader.batch_size ({batch}) with drop_last=true"
-            )
-    return model, data
-
-
-def _builder_results(model: dict[str, Any]) -> tuple[str, ...]:
-    """What gpuopt's Hugging Face builder returns (Hydra 1.4 also checks a target's result against
-    the whitelist): the transformers model classes, trusted for that builder only."""
-    return ("transformers.models.*",) if str(model["_target_"]).startswith(HF_TARGET_PREFIX) else ()
-
-
-def _check_hf_extra(model: dict[str, Any]) -> None:
-    """A Hugging Face model (conf/model/hf_*) needs `transformers`: found without importing it."""
-    import importlib.util
-
-    target = str(model["_target_"])
-    if target.startswith(HF_TARGET_PREFIX) and importlib.util.find_spec("transformers") is None:
-        name = model.get("architecture", target)
-        raise ConfigError("model", name, f"install the Hugging Face extra first: {HF_INSTALL_HINT}")
-
-
-def _check_builtin_workload(group: str, node: dict[str, Any]) -> None:
-    """gpuopt's own models and dataset: keys and types from their schema, then their ranges."""
-    schema = BUILTIN_WORKLOAD_SCHEMAS.get(node["_target_"])
-    if schema is None:
-        return  # a user's model or dataset: its constructor is the schema
-    try:
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
-    except OmegaConfBaseException as exc:
-        error = config_error_from_omegaconf(exc, node)
-        raise ConfigError(f"{group}.{error.key}", error.value, error.allowed) from None
-    kind = getattr(typed, "input", None) or getattr(typed, "kind", "any")
-    shape_key = "input_shape" if group == "model" else "shape"
-    shape = getattr(typed, shape_key)
-    if group == "data" and kind not in INPUT_RANKS:
-        raise ConfigError("data.kind", kind, " | ".join(INPUT_RANKS))
-    rank = INPUT_RANKS.get(kind)
-    if (rank is not None and len(shape) != rank) or any(dim < 1 for dim in shape):
-        dims = f"{rank} dimension(s)" if rank is not None else "dimensions"
-        raise ConfigError(f"{group}.{shape_key}", shape, f"{dims} >= 1 for {kind}")
-    for item in dataclasses.fields(typed):
-        value = getattr(typed, item.name)
-        if item.type == "int" and item.name != "seed":
-            _check_min(f"{group}.{item.name}", value, 1, "an integer >= 1")
-    if isinstance(typed, GPTConf) and typed.width % typed.heads:
-        divisors = [n for n in range(1, typed.width + 1) if typed.width % n == 0]
-        raise ConfigError(
-            "model.heads",
-            typed.heads,
-            f"a divisor of model.width ({typed.width}): {', '.join(map(str, divisors[:12]))}"
-            + (", ..." if len(divisors) > 12 else ""),
-        )
-    if isinstance(typed, SyntheticDataConf):
-        _check_min("data.sample_cost", typed.sample_cost, 0.0, "a number >= 0")
-        _check_min("data.seed", typed.seed, 0, "an integer >= 0")
 
 
 def check_device_facts(cfg: DictConfig, facts: dict[str, Any]) -> None:
@@ -532,7 +340,7 @@ def check_device_facts(cfg: DictConfig, facts: dict[str, Any]) -> None:
 
 
 def _resolve_device(device_type: str, devices: dict[str, Any]) -> str:
-    """`auto` -> the first CUDA device, then mps, then cpu (as `gpuopt.env.resolve_device`)."""
+    """`auto` -> the first CUDA device, then mps, then cpu (as `gpuopt.trial.devices.resolve_device`)."""
     if device_type == "cuda":
         device_type = "cuda:0"
     if device_type != "auto":

@@ -1,4 +1,6 @@
-"""A fresh_process trial ends when its sweep ends, however it ended, and by its own deadline.
+"""A trial ends when its sweep ends, however it ended, and by its own deadline; and whether a
+process still runs (`process_alive`: the one liveness check, of a trial's sweep here and of a
+trial's owner when a study is resumed, gpuopt.sweeper.resume).
 
 The real process tree of a trial (hydra/launcher=fresh_process):
 
@@ -20,6 +22,9 @@ timeout, and the resumed sweep re-ran it beside it (on a GPU, both hold the devi
   Either check failing writes one line into the trial's stderr log and SIGKILLs the job's process
   group (shell, controller, trial, DataLoader workers).
 
+On the sweep's side, `terminate_as_interrupt`: while trials run, SIGTERM and SIGHUP end the sweep
+as Ctrl-C does, so its launcher kills the trials and the sweep marks them interrupted.
+
 Light: stdlib only (it runs in every trial process).
 """
 
@@ -32,8 +37,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 POLL_S = 0.5
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -57,7 +64,11 @@ def start_ticks(pid: int) -> int | None:
 
 
 def process_alive(pid: int, start: int | None) -> bool:
-    """Whether `pid` still runs and is the process that started at `start` (not a zombie)."""
+    """Whether `pid` still runs and is the process that started at `start` (None: any start).
+
+    A zombie (exited, not yet reaped by its parent) is dead, though kill(pid, 0) still finds it;
+    a pid now held by a process that started at another time is dead too (the pid was reused).
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -144,3 +155,24 @@ def reason_from_log(text: str) -> str | None:
     if index < 0:
         return None
     return text[index + len(MARKER) :].splitlines()[0].strip() or None
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While trials run, SIGTERM (kill, a scheduler's stop) and SIGHUP (a closed terminal) raise
+    KeyboardInterrupt like Ctrl-C, so the launcher can kill its trials before the sweep exits and
+    the sweep can mark them interrupted. Main thread only (Python's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    signals = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -114,7 +114,7 @@ class TrialResult:
     metrics: Metrics = field(default_factory=Metrics)
     reason: str | None = None  # for oom/diverged/error: exception type and message
     config: dict[str, Any] = field(default_factory=dict)  # the resolved trial config
-    env: dict[str, Any] = field(default_factory=dict)  # environment fingerprint (gpuopt.env)
+    env: dict[str, Any] = field(default_factory=dict)  # the fingerprint (gpuopt.trial.devices)
     warnings: list[str] = field(default_factory=list)  # settings that could not apply, etc.
     # The profiled window's summary (gpuopt.trial.profile.ProfileSummary.to_dict()), when profiled:
     # phases, top operators, GPU split, trace_path. None when the trial was not profiled.
@@ -160,24 +160,16 @@ class TrialResult:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-# Trial user-attribute keys: the sweeper writes them, the report and optuna-dashboard read them.
-# Every metric is also stored flat under its own name (e.g. "throughput").
+# The trial user attrs a result is stored under (`result_user_attrs`), besides every metric flat
+# under its own name (e.g. "throughput"). Named here, by their writer; gpuopt.study.keys lists them
+# with every other key the sweeper writes, and readers take them from there.
 ATTR_STATUS = "status"
 ATTR_REASON = "reason"
-ATTR_OVERRIDES = "overrides"  # list[str]: the Hydra overrides that produced this trial
-ATTR_RUN_DIR = "run_dir"
 ATTR_ENV = "env"
 ATTR_CONFIG = "config"  # the resolved trial config
 ATTR_WARNINGS = "warnings"
-ATTR_BASELINE = "baseline"  # True on the trial measuring the user's config as composed
 ATTR_PROFILE = "profile"  # the profiled window's summary (dict), on profiled trials only
 ATTR_NUMERICS = "numerics"  # the numerics guard's evidence (dict), absent when it did not run
-
-# Study user-attribute keys.
-STUDY_OBJECTIVES = "objectives"  # list[str] metric names, in Optuna's value order
-STUDY_DIRECTIONS = "directions"  # list[str] minimize | maximize
-STUDY_HARDWARE = "hardware"  # hardware fingerprint the study was measured on
-STUDY_CONFIRMATION = "confirmation"  # the end-of-sweep re-measurement (baseline vs top-k)
 
 
 def result_user_attrs(result: TrialResult) -> dict[str, Any]:

@@ -19,7 +19,7 @@ OPTIMIZERS = ("sgd", "adamw")
 HF_INPUT_KINDS = ("hf_causal_lm", "hf_masked_lm", "hf_images")
 INPUT_KINDS = ("vectors", "images", "tokens", *HF_INPUT_KINDS, "any")
 # Built-in losses; `model`: the model returns its own (outputs.loss, the Hugging Face convention).
-# A user loss function is `loss: {_target_: mypkg.fn}` (gpuopt.engines._common.model_loss).
+# A user loss function is `loss: {_target_: mypkg.fn}` (gpuopt.engines._loss.model_loss).
 LOSSES = ("cross_entropy", "mse", "model")
 ENGINES = ("native", "lightning")
 LR_SCALING_RULES = ("none", "linear", "sqrt")

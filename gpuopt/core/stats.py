@@ -2,11 +2,19 @@
 
 A regularized incomplete beta (Numerical Recipes' continued fraction) gives the CDF; bisection
 inverts it for any (also fractional, as in Welch's test) degrees of freedom.
+
+The confirmation's paired speedup (`speedup`, a `Speedup` with its `verdict`) is built on it: each
+round gives one log-ratio log(B/A) of runs made next to each other, so the machine's slow drift
+cancels within the pair; the speedup is exp(mean log-ratio) with a t-interval on the log scale,
+back-transformed (Stein's two-stage interval when the number of rounds was chosen from the first
+rounds' spread: `stein_pairs`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -101,3 +109,105 @@ def stein_pairs(sd: float, first: int, half: float, confidence: float = 0.95) ->
         return first
     need = (t_quantile(0.5 + confidence / 2.0, first - 1) * sd / half) ** 2
     return max(first, math.ceil(min(need, 1e9) - 1e-9))
+
+
+# ---- the confirmation's paired speedup ----------------------------------------------------------
+FASTER, SLOWER, SAME, TOO_NOISY = "faster", "slower", "same", "too noisy"
+DEFAULT_TARGET = 0.10  # the confirmation's target half-width (ConfirmOptions.target_halfwidth)
+
+
+@dataclass
+class Speedup:
+    """How much better `candidate` is than `reference` on one metric (ratio > 1: better), from
+    per-round pairs."""
+
+    ratio: float
+    ci_low: float | None  # None: fewer than 2 pairs
+    ci_high: float | None
+    n_candidate: int  # measurements on each side (a side may have more than the pairs)
+    n_reference: int
+    n_pairs: int = 0  # rounds with a measurement on both sides: the estimate's sample
+    log_sd: float | None = None  # spread (sd) of the per-round log-ratios
+    halfwidth: float | None = None  # relative: (ci_high - ci_low) / (2 * ratio)
+    verdict: str | None = None  # faster | slower | same | too noisy; None without an interval
+    pairs_needed: int | None = None  # pairs for +-target at this spread (Stein)
+
+    @property
+    def distinguishable(self) -> bool | None:
+        """Whether the 95% CI excludes 1 (no difference); None when there is no CI."""
+        if self.ci_low is None or self.ci_high is None:
+            return None
+        return self.ci_low > 1.0 or self.ci_high < 1.0
+
+
+def log_ratios(
+    candidate: Sequence[float | None], reference: Sequence[float | None], direction: str
+) -> list[float]:
+    """log(candidate / reference) per round (position), rounds missing either side left out; the
+    sign is flipped for a minimized metric, so > 0 always means "candidate is better"."""
+    sign = 1.0 if direction == "maximize" else -1.0
+    return [
+        sign * (math.log(c) - math.log(r))
+        for c, r in zip(candidate, reference, strict=False)
+        if _positive(c) and _positive(r)
+    ]
+
+
+def speedup(
+    candidate: Sequence[float | None],
+    reference: Sequence[float | None],
+    direction: str = "maximize",
+    confidence: float = 0.95,
+    target: float = DEFAULT_TARGET,
+    first_stage: int | None = None,
+) -> Speedup:
+    """Paired speedup of candidate over reference; entry i of each is round i (None: no value).
+
+    exp(mean log-ratio) with a t-interval on the log scale. With `first_stage` (the rounds run
+    before the number of rounds was chosen from their spread) the interval is Stein's: the first
+    stage's sd with its df, over all pairs - the one that keeps its coverage after that choice.
+    """
+    d = log_ratios(candidate, reference, direction)
+    n_c, n_r = sum(map(_positive, candidate)), sum(map(_positive, reference))
+    if not d:
+        raise ValueError("speedup needs at least one round with a positive measurement each")
+    mean = math.fsum(d) / len(d)
+    if len(d) < 2:
+        return Speedup(math.exp(mean), None, None, n_c, n_r, n_pairs=1)
+    _, half, sd = mean_interval(d, confidence)
+    first = len(d) if first_stage is None or not 2 <= first_stage < len(d) else first_stage
+    if first < len(d):
+        _, _, sd = mean_interval(d[:first], confidence)
+        half = t_quantile(0.5 + confidence / 2.0, first - 1) * sd / math.sqrt(len(d))
+    low, high = _exp(mean - half), _exp(mean + half)
+    halfwidth = math.sinh(min(half, 700.0))
+    return Speedup(
+        ratio=math.exp(mean),
+        ci_low=low,
+        ci_high=high,
+        n_candidate=n_c,
+        n_reference=n_r,
+        n_pairs=len(d),
+        log_sd=sd,
+        halfwidth=halfwidth,
+        verdict=verdict(low, high, halfwidth, target),
+        pairs_needed=stein_pairs(sd, first, math.asinh(target), confidence),
+    )
+
+
+def verdict(ci_low: float, ci_high: float, halfwidth: float, target: float) -> str:
+    """faster / slower when the interval excludes 1.0x (however wide: the sign is established);
+    else same when it is within +-target, too noisy when it is not."""
+    if ci_low > 1.0:
+        return FASTER
+    if ci_high < 1.0:
+        return SLOWER
+    return SAME if halfwidth <= target else TOO_NOISY
+
+
+def _positive(v: float | None) -> bool:
+    return v is not None and math.isfinite(v) and v > 0
+
+
+def _exp(x: float) -> float:
+    return math.exp(max(-700.0, min(700.0, x)))

@@ -1,113 +1,45 @@
 """The native engine (`engine=native`): gpuopt's own training loop over the workload a `TrialSpec`
-describes (the workload contract: `gpuopt.engines._common`).
-
-The step is the standard one: forward (under autocast for fp16/bf16), loss, backward (through a
-GradScaler for fp16), optimizer step, zero_grad(set_to_none=True). With `train.global_batch` set,
-one step is `accumulation_steps` micro-batches of forward/backward, each loss divided by that count
-(the built-in losses are means over equal micro-batches, so the accumulated gradient is the full
-batch's mean gradient), then one optimizer step: a timed step is an optimizer step.
+describes (the workload contract: `gpuopt.engines._build`), with gpuopt's own step
+(`gpuopt.engines._step.Workload`: a timed step is an optimizer step).
 
 Order of work, each part timed apart: build -> FLOP count (one step, outside the window) -> first
 step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on;
-the loader's one epoch lasts the whole trial) -> an epoch boundary and the input pipeline's cost per
-sample, measured apart -> compute ceiling (the first batch replayed on the device, no loader) ->
-the machine's limit -> the measured matmul peak (cached).
+the loader's one epoch lasts the whole trial) -> the profiled window, when on -> an epoch boundary
+and the input pipeline's cost per sample, measured apart -> compute ceiling (the first batch
+replayed on the device, no loader) -> the machine's limit -> the measured matmul peak (cached) ->
+once the trial's memory is released, the numerics guard (gpuopt.engines._guard).
+
+The sweeper's probing processes build their trials here too, through the registry
+(`gpuopt.engines.registry.engine_entry`): `open_windows` for the in-process confirmation
+(gpuopt.trial.interleave), `repeated_step` for the memory probe (gpuopt.trial.memory_probe).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gpuopt.engines._common import (
-    BatchFeed,
+from gpuopt.core.spec import TrialSpec
+from gpuopt.engines._batches import BatchFeed, batch_samples, build_loader, record_batches
+from gpuopt.engines._build import TrialPolicies, apply_policies, instantiate_data, instantiate_model
+from gpuopt.engines._ceiling import (
     CeilingReplay,
-    EpochBoundary,
-    LossFunction,
-    MemoryBaseline,
-    NonFiniteLoss,
-    Trial,
-    TrialPolicies,
-    apply_policies,
-    batch_samples,
-    build_loader,
-    build_loss,
-    build_optimizer,
-    flop_notes,
-    instantiate_data,
-    instantiate_model,
-    measure_epoch_boundary,
     measure_loader_cost,
-    measure_timed_window,
-    model_loss,
-    move_batch,
     record_achievable_mfu,
-    record_batches,
     record_limit,
-    record_steady_state,
 )
+from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
+from gpuopt.engines._guard import guard_numerics
+from gpuopt.engines._step import Batch, Workload, build_workload
+from gpuopt.engines._window import flop_notes, measure_timed_window
 from gpuopt.trial import knobs
+from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import measure_step_flops, synchronize
-
-# A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
-# (Hugging Face style), nested containers (gpuopt.engines._common.model_loss).
-Batch = Any
-
-
-@dataclass
-class Workload:
-    """The built pieces of a trial and the standard training step over them."""
-
-    model: torch.nn.Module  # eager module (FLOP counting, checkpointing)
-    forward: Callable[..., Any]  # the module, or its torch.compile wrapper
-    optimizer: torch.optim.Optimizer
-    precision: knobs.PrecisionPolicy
-    loss: str | LossFunction  # a built-in loss name, or the user's loss function
-    device: torch.device
-    channels_last: bool
-    non_blocking: bool
-    accumulation_steps: int = 1  # micro-batches per optimizer step
-    nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
-
-    def to_device(self, batch: Batch) -> Batch:
-        # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
-        # memory, or with non_blocking=False, the host waits (a sync on the current stream). The
-        # DataLoader pinned the batch already when loader.pin_memory is on.
-        return move_batch(batch, self.device, self.non_blocking, channels_last=self.channels_last)
-
-    def forward_backward(self, batch: Batch, share: float = 1.0) -> torch.Tensor:
-        """Forward and backward of one (micro-)batch; `share` scales the loss (1/accumulation)."""
-        with self.precision.autocast():
-            loss = model_loss(self.forward, batch, self.loss)
-        scaled = loss * share if share != 1.0 else loss
-        scaler = self.precision.scaler
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        return loss
-
-    def train_step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
-        """One optimizer step over `micro_batches` (accumulation_steps of them); returns the step's
-        loss (the mean of the micro-batch losses: the full batch's loss), on the device."""
-        share = 1.0 / len(micro_batches)
-        losses = [self.forward_backward(batch, share) for batch in micro_batches]
-        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
-        scaler = self.precision.scaler
-        if scaler is not None:
-            # GradScaler.step reads found_inf on the host: a CPU-GPU sync point per step, the
-            # real cost of fp16 loss scaling with a non-fused optimizer.
-            scaler.step(self.optimizer)
-            scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.nonfinite.update(loss)
-        return loss
-
-    def check_finite(self, phase: str) -> None:
-        self.nonfinite.check(phase)
+from gpuopt.trial.memory import MemoryBaseline
 
 
 def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchFeed]:
@@ -120,28 +52,14 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
         raise TypeError(
             f"model._target_={spec.model['_target_']} built a {type(model).__name__}, not an nn.Module"
         )
-    channels_last = bool(spec.model.get("channels_last", False))
-    model = model.to(device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model.train()
-    optimizer = build_optimizer(spec, model.parameters())
-    loader = build_loader(spec, dataset, device, trial.warnings)
-    workload = Workload(
-        model=model,
-        forward=knobs.compile_function(model, spec.compile),
-        optimizer=optimizer,
-        precision=trial_policies.precision,
-        loss=build_loss(spec),
-        device=device,
-        channels_last=channels_last,
-        non_blocking=spec.loader.non_blocking,
-        accumulation_steps=spec.accumulation_steps,
+    workload = build_workload(
+        spec, model, device, trial_policies.precision, non_blocking=spec.loader.non_blocking
     )
+    loader = build_loader(spec, dataset, device, trial.warnings)
     feed = BatchFeed(loader, workload.to_device, device, accumulation_steps=spec.accumulation_steps)
     trial.resources += [workload, feed]
     trial.show("loader", loader)
-    trial.show("model", model)
+    trial.show("model", workload.model)
     trial.show("workload", workload)
     return workload, feed
 
@@ -268,8 +186,9 @@ def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
 
 
 def measure(trial: Trial, process_t0: float) -> None:
-    """The engine (`gpuopt.engines.ENGINES["native"]`): fill `trial.metrics`, raising on failure
-    (Diverged, OOM, errors: `gpuopt.engines.run_trial` classifies them)."""
+    """The engine (`gpuopt.engines.registry.ENGINES["native"]`): fill `trial.metrics`, raising on
+    failure (Diverged, OOM, errors: `gpuopt.engines._lifecycle.run_measured` classifies them)."""
+    trial.after_release.append(guard_numerics)
     memory = MemoryBaseline.take(trial.device)
     trial_policies = apply_policies(trial.spec, trial.device)
     workload, feed = build(trial, trial_policies)
@@ -291,3 +210,73 @@ def measure(trial: Trial, process_t0: float) -> None:
     record_limit(trial.metrics, trial.device, loader_cost, ceiling)
     if trial.spec.measure.peak_probe:
         record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
+
+
+# -- the sweeper's probing processes (through gpuopt.engines.registry.engine_entry) ---------------
+@dataclass
+class WindowedTrial:
+    """One configuration built once and measured in short windows of a process it shares with
+    others (gpuopt.trial.interleave, the confirmation's in-process mode)."""
+
+    trial: Trial
+    workload: Workload
+    feed: BatchFeed
+    cache: knobs.CachePolicy  # its after_step hook runs in each window
+
+    def queued_steps(self) -> int:
+        """Optimizer steps whose batches the idle loader's workers prefetched while another
+        configuration was measured: run untimed, so a window starts at the steady rate."""
+        loader = self.trial.spec.loader
+        prefetched = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
+        return -(-prefetched // self.workload.accumulation_steps) + 1
+
+    def window(self, window_s: float, min_steps: int) -> tuple[int, float, int]:
+        """One window: the process-wide settings of this configuration (threads, matmul
+        precision), the queue drained, then optimizer steps until `window_s` and `min_steps` are
+        both reached; (steps, seconds, samples). Raises on failure (Diverged, OOM, errors)."""
+        trial, workload, feed = self.trial, self.workload, self.feed
+        apply_policies(trial.spec, trial.device)
+        for _ in range(self.queued_steps()):
+            workload.train_step(feed.next_step())
+        synchronize(trial.device)
+        feed.reset_counters()
+        steps, started = 0, time.perf_counter()
+        while steps < min_steps or time.perf_counter() - started < window_s:
+            workload.train_step(feed.next_step())
+            self.cache.after_step(steps)
+            steps += 1
+        synchronize(trial.device)
+        seconds = time.perf_counter() - started
+        workload.check_finite("an interleaved window")
+        return steps, seconds, feed.samples
+
+    def close(self) -> None:
+        """Stop the loader's worker processes."""
+        self.feed.close()
+
+
+def open_windows(spec: TrialSpec, device: torch.device) -> WindowedTrial:
+    """`spec` built as this engine builds a trial, then its warm-up steps (outside any window).
+    Raises on failure (an OOM or a divergence is the configuration's answer), its loader stopped."""
+    trial = Trial(spec, device)
+    policies = apply_policies(spec, device)
+    workload, feed = build(trial, policies)
+    try:
+        for _ in range(spec.measure.warmup_steps):
+            workload.train_step(feed.next_step())
+        workload.check_finite("warm-up")
+    except BaseException:
+        feed.close()
+        raise
+    return WindowedTrial(trial, workload, feed, policies.cache)
+
+
+def repeated_step(spec: TrialSpec, device: torch.device) -> Callable[[], Any]:
+    """`spec` built as this engine builds a trial, and a step that trains on the loader's first
+    optimizer step (its micro-batches on the device) again at each call, the loader's workers
+    stopped first (the memory probe: a step's peak, no loader beside it)."""
+    trial = Trial(spec, device)
+    workload, feed = build(trial, apply_policies(spec, device))
+    step_on_device = feed.next_step()
+    feed.close()
+    return lambda: workload.train_step(step_on_device)

@@ -5,15 +5,20 @@ engine `engine.name` names.
 - `native` (gpuopt.engines.native): gpuopt's own training loop.
 - `lightning` (gpuopt.engines.lightning.engine): the trial runs through `lightning.Trainer`.
 
-Each engine is a module with `measure(trial, process_t0)`; what engines share (building, failure
-classification, monitors, the compute ceiling, the window's metrics) is in `gpuopt.engines._common`,
-and engines never import each other. An engine module is imported only when chosen: Lightning is
-an optional extra (`pip install "gpuopt[lightning]"`) and importing it costs seconds; importing this
-package imports neither torch nor any engine (config validation in the sweeping process uses it).
+Each engine is a module with `measure(trial, process_t0)`; what engines share lives in the private
+modules of this package (`_build`, `_batches`, `_loss`, `_step`, `_window`, `_epoch`, `_ceiling`,
+`_guard`, and `_lifecycle`: the route of one trial, its failure handling and clean-up), and engines
+never import each other. The registry is the only way in: a trial through `run_trial`, and the
+sweeper's probing processes (gpuopt.trial.interleave, gpuopt.trial.memory_probe) to the entries the
+native engine offers them through `engine_entry`. An engine module is imported only when chosen:
+Lightning is an optional extra (`pip install "gpuopt[lightning]"`) and importing it costs seconds;
+importing this module imports neither torch nor any engine (config validation in the sweeping
+process uses it).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
@@ -21,13 +26,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.checks import (
-    check_target,
     check_values,
     spec_from_checked,
 )
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.spec import BUILTIN_TRUSTED_TARGETS, GpuoptConf
+from gpuopt.core.workload_checks import check_target
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
 
     from gpuopt.core.result import TrialResult
     from gpuopt.core.spec import TrialSpec
-    from gpuopt.engines._common import Measure
+    from gpuopt.engines._lifecycle import Measure
 
 
 @dataclass(frozen=True)
@@ -57,17 +62,24 @@ ENGINES: dict[str, EngineEntry] = {
 
 def load_engine(name: str) -> Measure:
     """The `measure` function of the engine called `name`, importing its module now."""
+    return engine_entry(name, "measure")
+
+
+def engine_entry(name: str, entry: str) -> Callable[..., Any]:
+    """The function `entry` of the engine called `name`, importing its module now: its `measure`,
+    or what the native engine offers the sweeper's probing processes (`open_windows`,
+    `repeated_step`)."""
     try:
-        entry = ENGINES[name]
+        module = ENGINES[name].module
     except KeyError:
         raise ValueError(f"unknown engine {name!r}: one of {', '.join(ENGINES)}") from None
+    extra = ENGINES[name].extra
     # find_spec is cheap (no import) and None when the package is absent (or masked in sys.modules).
-    if entry.extra is not None and importlib.util.find_spec(entry.extra) is None:
+    if extra is not None and importlib.util.find_spec(extra) is None:
         raise ModuleNotFoundError(
-            f'engine={name} needs {entry.extra}: pip install "gpuopt[{entry.extra}]"',
-            name=entry.extra,
+            f'engine={name} needs {extra}: pip install "gpuopt[{extra}]"', name=extra
         )
-    return importlib.import_module(entry.module).measure
+    return getattr(importlib.import_module(module), entry)
 
 
 def run_trial(
@@ -77,12 +89,26 @@ def run_trial(
 ) -> TrialResult:
     """Build and measure one configuration with the engine `spec.engine.name` names. Never raises
     for a failing workload: OOM, divergence and errors (also an engine that cannot be imported)
-    come back as the result's status. `inspect(name, obj)` sees what the engine built."""
-    from gpuopt.engines._common import run_measured
-    from gpuopt.trial.numerics import guard_result
+    come back as the result's status. `inspect(name, obj)` sees what the engine built.
 
-    result = run_measured(spec, lambda: load_engine(spec.engine.name), device, inspect)
-    return guard_result(spec, device, result)  # outside the window, the trial's memory released
+    The one route of a trial: the engine measures (its windows, the profiled window) and asks
+    for the numerics guard, which runs once its memory is released (gpuopt.engines._lifecycle)."""
+    from gpuopt.engines._lifecycle import run_measured
+
+    return run_measured(spec, _engine_or_failure(spec.engine.name), device, inspect)
+
+
+def _engine_or_failure(name: str) -> Measure:
+    """The engine's `measure`, or, when it cannot be loaded (an unknown name, a missing extra), a
+    stand-in raising why: run_measured makes that an error result like any other."""
+    try:
+        return load_engine(name)
+    except Exception as exc:
+        return functools.partial(_raise, exc)
+
+
+def _raise(exc: Exception, trial: Any, process_t0: float) -> None:
+    raise exc
 
 
 def brings_own_data(model_target: str) -> bool:

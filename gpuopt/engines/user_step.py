@@ -3,15 +3,16 @@ batches, measured like a built-in trial.
 
 gpuopt builds nothing here: the user hands over `step(batch)` (forward, backward, optimizer step:
 whatever one training step of theirs is) and an iterable of batches (their DataLoader). gpuopt
-owns the order of work and the clocks, all from `gpuopt.engines._common`: batches fetched through
+owns the order of work and the clocks, from the engines' private modules: batches fetched through
 `BatchFeed` (data wait = the time blocked in the user's iterator, plus the host-to-device copy when
 gpuopt moves the batches), one step under `torch.utils.flop_counter` when a model is given (MFU),
-warm-up, the timed window until `gpuopt.trial.measure.StopRule` stops it (monitors on), then the compute
-ceiling: the first batch, already on the device, replayed with no loader. Out-of-memory, a NaN/inf
-loss and any exception of the step come back as the result's status (`run_measured`).
+warm-up, the timed window until `gpuopt.trial.measure.StopRule` stops it (monitors on), then the
+compute ceiling: the first batch, already on the device, replayed with no loader. Out-of-memory, a
+NaN/inf loss and any exception of the step come back as the result's status (`run_measured`).
 
-Not in the engine registry (`gpuopt.engines.ENGINES` names the engines a config can choose): a step
-function is Python, not config.
+Not in the engine registry (`gpuopt.engines.registry.ENGINES` names the engines a config can
+choose): a step function is Python, not config. No numerics guard either: gpuopt cannot re-train
+the user's step the fp32 way.
 """
 
 from __future__ import annotations
@@ -28,21 +29,15 @@ import torch
 from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import TrialResult
 from gpuopt.core.spec import EngineConf, LoaderConf, MeasureConf, TrialSpec
-from gpuopt.engines._common import (
-    BatchFeed,
-    CeilingReplay,
-    MemoryBaseline,
-    NonFiniteLoss,
-    SampleCount,
-    Trial,
-    batch_samples,
-    measure_timed_window,
-    measuring_spec,
-    move_batch,
-    outputs_loss,
-    run_measured,
-)
+from gpuopt.engines._batches import BatchFeed, SampleCount, batch_samples, move_batch
+from gpuopt.engines._ceiling import CeilingReplay
+from gpuopt.engines._lifecycle import measuring_spec, run_measured
+from gpuopt.engines._loss import outputs_loss
+from gpuopt.engines._window import measure_timed_window
+from gpuopt.trial.context import Trial
+from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.measure import measure_step_flops, synchronize
+from gpuopt.trial.memory import MemoryBaseline
 
 ENGINE_NAME = "user_step"
 
@@ -125,7 +120,7 @@ def _resolve_device(
         parameter = next(model.parameters(), None)
         if parameter is not None:
             return parameter.device
-    from gpuopt.env import resolve_device
+    from gpuopt.trial.devices import resolve_device
 
     return resolve_device("auto")
 
@@ -193,6 +188,6 @@ def measure_step(
         ceiling=ceiling,
     )
     spec = _spec(resolved, conf, user, precision)
-    result = run_measured(spec, lambda: functools.partial(run_user_step, user), device=resolved)
+    result = run_measured(spec, functools.partial(run_user_step, user), device=resolved)
     result.config = _describe(user, resolved, spec)
     return result

@@ -11,18 +11,19 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuopt.core.fmt import metric as fmt
+from gpuopt.report.build import StudyReport, build_report, config_diff
+from gpuopt.report.errors import ReportError
 from gpuopt.report.export import compose_experiment, export_experiment
-from gpuopt.report.html import PLOTLY_HINT, plotly_available, write_html
-from gpuopt.report.storage import (
-    ReportError,
+from gpuopt.report.page import PLOTLY_HINT, plotly_available, write_html
+from gpuopt.report.text import render, trial_detail
+from gpuopt.study.storage import (
+    StorageError,
     StudyEntry,
-    default_storage_url,
+    default_url,
     list_studies,
     load_study,
-    open_storage,
+    open_existing,
 )
-from gpuopt.report.summary import StudyReport, config_diff
-from gpuopt.report.text import render, trial_detail
 
 HTML_WIDTH = 150  # characters per line of the text report embedded in the HTML page
 PIPE_WIDTH = 150  # characters per line when stdout is not a terminal (files, CI logs)
@@ -37,8 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--storage",
         default=None,
-        help="Optuna storage URL "
-        f"(default: {default_storage_url()}, from GPUOPT_OUTPUT_DIR or ./outputs)",
+        help=f"Optuna storage URL (default: {default_url()}, from GPUOPT_OUTPUT_DIR or ./outputs)",
     )
     parser.add_argument("--study", default=None, help="study name (default: the latest study)")
     parser.add_argument(
@@ -118,9 +118,7 @@ def compare_trials(
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        from gpuopt.report.summary import build_report
-
-        report = build_report(load_study(open_storage(url), url, study_name), url)
+        report = build_report(load_study(open_existing(url), url, study_name), url)
     a, b = (resolve_side(r, report) for r in references)
     render_comparison(compare(a, b), console)
 
@@ -201,12 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Piped output (a file, a CI log) gets a fixed width wide enough for the trials table.
     console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
-    url = args.storage or default_storage_url()
+    url = args.storage or default_url()
     try:
         if args.compare:
             compare_trials(args.compare, url, args.study, console)
             return 0
-        storage = open_storage(url)
+        storage = open_existing(url)
         studies = list_studies(storage)
         if args.list:
             console.print(studies_table(studies, None))
@@ -218,8 +216,6 @@ def main(argv: list[str] | None = None) -> int:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        from gpuopt.report.summary import build_report
-
         report = build_report(study, url)
         limit = None if args.all else args.top
         render(report, console, limit)
@@ -240,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[dim]Note: {PLOTLY_HINT} (for --html).[/]")
         if args.export_best:
             export_best(report, Path(args.export_best), console)
-    except ReportError as exc:
+    except (ReportError, StorageError) as exc:
         print(f"gpuopt.report: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return getattr(exc, "exit_code", 2)
     return 0

@@ -15,18 +15,19 @@ from typing import Any
 from rich.console import Console, Group
 from rich.table import Table
 
-from gpuopt.core.result import ATTR_PROFILE, TrialResult, result_user_attrs
-from gpuopt.report.diagnose import Diagnosis, diagnose
-from gpuopt.report.storage import ReportError
-from gpuopt.report.summary import (
+from gpuopt.core.result import TrialResult, result_user_attrs
+from gpuopt.report.build import (
     COMPARED_METRICS,
     ConfigChange,
     StudyReport,
     attr_number,
     config_diff,
 )
+from gpuopt.report.diagnose import Diagnosis, diagnose
+from gpuopt.report.errors import ReportError
+from gpuopt.report.evidence import PHASE_ORDER
+from gpuopt.study.keys import ATTR_PROFILE
 
-PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
 GPU_SHARES = ("kernel", "memcpy", "idle", "host_wait", "kernel_wait")
 
 

@@ -7,7 +7,7 @@
 2. Where the time goes: stacked bars of the profiled step phases (ms per step), baseline vs best
    (trials profiled with `profile=on`; the sweeper profiles both by default).
 3. The search: optimization history, Pareto front, importances, parallel coordinates, throughput
-   vs batch size (`gpuopt.report.html.figures`, optuna.visualization and plotly).
+   vs batch size (`gpuopt.report.charts.figures`, optuna.visualization and plotly).
 4. The trials: a table sortable by any column (a few lines of inline JavaScript).
 The full terminal report follows, folded.
 
@@ -20,22 +20,17 @@ plotly re-lays out on window resizes only), a table that wraps its cells.
 from __future__ import annotations
 
 import html
+import importlib.util
+from pathlib import Path
 from typing import Any
 
-from gpuopt.core.result import ATTR_PROFILE
-from gpuopt.report.diagnose import PHASE_LABELS
-from gpuopt.report.summary import StudyReport, TrialView
+import optuna
+
+from gpuopt.report.build import StudyReport, TrialView
+from gpuopt.report.charts import figures, phases_figure, speedup_figure
+from gpuopt.study.records import Comparison
 
 PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
-PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
-PHASE_COLOURS = {
-    "data_wait": "#d62728",
-    "h2d_copy": "#ff7f0e",
-    "forward": "#1f77b4",
-    "backward": "#17becf",
-    "optimizer": "#9467bd",
-    "other": "#bdbdbd",
-}
 CHART_HEIGHT = 360  # px: two charts side by side and a heading fit a laptop screen
 PLOT_CONFIG = {"responsive": True, "displaylogo": False}
 
@@ -97,120 +92,13 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def best_comparison(report: StudyReport) -> dict[str, Any] | None:
-    """The confirmation entry of the best trial vs the baseline (ratio, ci_low, ci_high), if any."""
-    confirmation = report.confirmation
-    if not isinstance(confirmation, dict) or report.best is None:
+def best_comparison(report: StudyReport) -> Comparison | None:
+    """The confirmation's verdict on the best trial vs the baseline (ratio, ci_low, ci_high), if
+    it has one."""
+    if report.confirmation is None or report.best is None:
         return None
-    for entry in confirmation.get("comparisons") or []:
-        if isinstance(entry, dict) and entry.get("trial_number") == report.best.number:
-            return entry if isinstance(entry.get("ratio"), (int, float)) else None
-    return None
-
-
-def profile_of(trial: TrialView | None) -> dict[str, Any] | None:
-    value = trial.attrs.get(ATTR_PROFILE) if trial is not None else None
-    return value if isinstance(value, dict) else None
-
-
-# -- charts ---------------------------------------------------------------------------------------
-def speedup_figure(report: StudyReport) -> Any:
-    """Each confirmed candidate's speedup over the baseline as a point with its 95% interval, the
-    line at 1.0 meaning "no change"; without a confirmation, the one-measurement ratio alone."""
-    import plotly.graph_objects as go
-
-    confirmation = report.confirmation if isinstance(report.confirmation, dict) else {}
-    rows = [
-        e
-        for e in confirmation.get("comparisons") or []
-        if isinstance(e, dict) and isinstance(e.get("ratio"), (int, float))
-    ]
-    figure = go.Figure()
-    if rows:
-        best = report.best.number if report.best is not None else None
-        labels = [f"trial #{e.get('trial_number')}" + (" (best)" if e.get("trial_number") == best else "") for e in rows]  # fmt: skip
-        ratios = [e["ratio"] for e in rows]
-        upper = [(e.get("ci_high") or e["ratio"]) - e["ratio"] for e in rows]
-        lower = [e["ratio"] - (e.get("ci_low") or e["ratio"]) for e in rows]
-        figure.add_trace(
-            go.Scatter(
-                x=ratios,
-                y=labels,
-                mode="markers",
-                marker={"size": 12, "color": "#1f77b4"},
-                error_x={"type": "data", "symmetric": False, "array": upper, "arrayminus": lower},
-                name="speedup, 95% CI",
-                hovertemplate="%{x:.2f}x<extra>%{y}</extra>",
-            )
-        )
-        title = "Speedup over the baseline (re-measured, 95% interval)"
-    elif report.speedup is not None and report.best is not None:
-        figure.add_trace(
-            go.Scatter(
-                x=[report.speedup],
-                y=[f"trial #{report.best.number} (best)"],
-                mode="markers",
-                marker={"size": 12, "color": "#7f7f7f", "symbol": "diamond"},
-                name="one measurement each: no interval",
-            )
-        )
-        title = "Speedup over the baseline (one measurement each: no interval)"
-    else:
-        return None
-    figure.add_vline(x=1.0, line_dash="dash", line_color="#888", annotation_text="no change")
-    figure.update_layout(
-        title={"text": title, "font": {"size": 14}},
-        xaxis={"title": "throughput vs baseline (x)", "rangemode": "tozero"},
-        height=max(200, 110 + 45 * max(1, len(rows))),
-        margin={"l": 130, "r": 30, "t": 50, "b": 45},
-        showlegend=False,
-    )
-    return figure
-
-
-def phases_figure(report: StudyReport) -> Any:
-    """Stacked horizontal bars: the profiled step of the baseline and the best, ms per phase."""
-    import plotly.graph_objects as go
-
-    sides = [
-        (f"{name} #{trial.number}", profile_of(trial) or (report.best_profile if own else None))
-        for name, trial, own in (
-            ("baseline", report.baseline, False),
-            ("best", report.best, True),
-        )
-        if trial is not None
-    ]
-    if report.best is not None and report.best is report.baseline:
-        sides = sides[:1]
-    sides = [(label, profile) for label, profile in sides if profile is not None]
-    if not sides:
-        return None
-    figure = go.Figure()
-    for phase in PHASE_ORDER:
-        ms = [1e3 * float((p.get("phases_s") or {}).get(phase) or 0.0) for _, p in sides]
-        pct = [float((p.get("phases_pct") or {}).get(phase) or 0.0) for _, p in sides]
-        figure.add_trace(
-            go.Bar(
-                y=[label for label, _ in sides],
-                x=ms,
-                orientation="h",
-                name=PHASE_LABELS.get(phase, phase),
-                marker_color=PHASE_COLOURS[phase],
-                text=[f"{v:.0f}%" if v >= 4 else "" for v in pct],
-                textposition="inside",
-                customdata=pct,
-                hovertemplate="%{x:.2f} ms (%{customdata:.1f}%)<extra>%{fullData.name}</extra>",
-            )
-        )
-    figure.update_layout(
-        barmode="stack",
-        height=150 + 60 * len(sides),
-        xaxis={"title": "ms per step (profiled window)"},
-        yaxis={"autorange": "reversed"},
-        legend={"orientation": "h", "y": -0.35, "traceorder": "normal"},
-        margin={"l": 110, "r": 20, "t": 20, "b": 40},
-    )
-    return figure
+    entry = report.confirmation.comparison_of(report.best.number)
+    return entry if entry is not None and entry.measured else None
 
 
 # -- sections -------------------------------------------------------------------------------------
@@ -235,9 +123,9 @@ def answer_cards(report: StudyReport) -> str:
         _card("best" + (f" (trial #{best.number})" if best else ""), _throughput(best)),
     ]
     if confirmed is not None:
-        low, high = confirmed.get("ci_low"), confirmed.get("ci_high")
+        low, high = confirmed.ci_low, confirmed.ci_high
         interval = f"95% CI {low:.2f}-{high:.2f}x" if low is not None and high is not None else ""
-        cards.append(_card("speedup (re-measured)", f"{confirmed['ratio']:.2f}x", _e(interval)))
+        cards.append(_card("speedup (re-measured)", f"{confirmed.ratio:.2f}x", _e(interval)))
     elif report.speedup is not None:
         cards.append(_card("speedup", f"{report.speedup:.2f}x", "one measurement each"))
     limit = best.metric("limit_efficiency") if best is not None else None
@@ -400,3 +288,26 @@ _DOCUMENT = """<!DOCTYPE html>
 </body>
 </html>
 """
+
+
+def plotly_available() -> bool:
+    try:
+        return importlib.util.find_spec("plotly") is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules, a broken install
+        return False
+
+
+def write_html(
+    path: str | Path, study: optuna.Study, report: StudyReport, text_html: str
+) -> list[str]:
+    """Write the report page; returns notes for the user (e.g. no plotly)."""
+    notes: list[str] = []
+    if plotly_available():
+        search_figures: list[tuple[str, Any]] | None = figures(study, report)
+    else:
+        notes.append(PLOTLY_HINT)
+        search_figures = None
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_page(search_figures, report, text_html), encoding="utf-8")
+    return notes

@@ -11,13 +11,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpuopt.core.fmt import METRIC_UNITS, confirm_mode, limit_share, two_answers
+from gpuopt.core.fmt import METRIC_UNITS, limit_share
 from gpuopt.core.fmt import metric as fmt
-from gpuopt.core.fmt import speedup_ci as ci_text
 from gpuopt.core.result import METRIC_GOALS
+from gpuopt.report.build import COMPARED_METRICS, StudyReport, TrialView
 from gpuopt.report.diagnose import Bottleneck, Diagnosis
 from gpuopt.report.export import experiment_text
-from gpuopt.report.summary import COMPARED_METRICS, StudyReport, TrialView, flatten
+from gpuopt.study.answers import STRONG, WARNING, confirmation_lines, two_answers
+from gpuopt.study.configs import flatten
 
 # Bottleneck labels short enough for a table column.
 BOTTLENECK_SHORT = {
@@ -189,16 +190,17 @@ def speedup_lines(report: StudyReport) -> list[str]:
         )
         if share and not (label == "best" and trial is report.baseline):
             lines.append(f"The {label} (trial #{trial.number}) is at {escape(share)}.")  # type: ignore[union-attr]
-    lines += confirmation_lines(report)
+    lines += confirmation_section(report)
     return lines
 
 
-def confirmation_lines(report: StudyReport) -> list[str]:
-    """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm/rounds.py): baseline vs top-k,
-    interleaved, each speedup with a 95% CI."""
-    from gpuopt.sweeper.confirm.rounds import KEEP_BASELINE
-
+def confirmation_section(report: StudyReport) -> list[str]:
+    """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm/): baseline vs top-k,
+    interleaved, each speedup with a 95% CI; the words are the sweep summary's
+    (gpuopt.study.answers)."""
     confirmation = report.confirmation
+    if confirmation is None and report.unread_confirmation is not None:
+        return [f"Confirmation (unrecognised format): {escape(_short(report.unread_confirmation))}"]
     if confirmation is None:
         return [
             (
@@ -207,36 +209,12 @@ def confirmation_lines(report: StudyReport) -> list[str]:
                 "processes.[/]"
             )
         ]
-    if not isinstance(confirmation, dict) or not isinstance(confirmation.get("comparisons"), list):
-        return [f"Confirmation (unrecognised format): {escape(_short(confirmation))}"]
     best_number = report.best.number if report.best is not None else None
-    rounds, top_k = confirmation.get("rounds", "?"), confirmation.get("top_k", "?")
-    objective = confirmation.get("objective", "?")
-    lines = [
-        f"Confirmation: {rounds} round(s) {confirm_mode(confirmation)}, baseline + top {top_k}, "
-        f"on {objective}:"
+    style = {STRONG: "bold", WARNING: "yellow"}
+    return [
+        f"[{style[line.emphasis]}]{escape(line.text)}[/]" if line.emphasis else escape(line.text)
+        for line in confirmation_lines(confirmation, best_number)
     ]
-    for entry in confirmation["comparisons"]:
-        number = entry.get("trial_number")
-        mark = ", the best" if number == best_number else ""
-        label = escape(str(entry.get("label")))
-        text = f"  {label} (trial #{number}{mark}) vs baseline: {escape(ci_text(entry))}"
-        lines.append(f"[bold]{text}[/]" if number == best_number else text)
-    configs = confirmation.get("configs") or [{}]
-    if best_number is not None and best_number == configs[0].get("trial_number"):
-        lines.append(f"  [bold]{KEEP_BASELINE}[/]")
-    top_two = confirmation.get("top_two")
-    if isinstance(top_two, dict):
-        labels = " vs ".join(str(x) for x in top_two.get("labels", []))
-        lines.append(f"  top two ({escape(labels)}): {escape(ci_text(top_two))}")
-    for config in confirmation.get("configs") or []:
-        failed = [s for s in config.get("confirm_statuses") or [] if s != "ok"]
-        if failed:
-            lines.append(
-                f"  [yellow]{config.get('label')} (trial #{config.get('trial_number')}): "
-                f"re-measurements ended as {', '.join(failed)}[/]"
-            )
-    return lines
 
 
 def two_answers_lines(report: StudyReport) -> list[str]:
@@ -250,12 +228,11 @@ def two_answers_lines(report: StudyReport) -> list[str]:
     def shown(trial: TrialView) -> tuple[int, str]:
         return trial.number, f"({_values_text(report, trial)})"
 
-    confirmation = report.confirmation if isinstance(report.confirmation, dict) else None
     said = two_answers(
         held,
         None if same is None else shown(same),
         shown(best),
-        confirmation,
+        report.confirmation,
         report.baseline.number,
         report.training_change,
     )
@@ -441,7 +418,7 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
         console.print(line)
     if report.multi_objective:
         console.print(pareto_table(report))
-        confirmed = isinstance(report.confirmation, dict) and report.confirmation.get("configs")
+        confirmed = report.confirmation is not None and report.confirmation.configs
         how = (
             "the confirmation round's winner (above)"
             if confirmed

@@ -3,8 +3,8 @@
 A gpuopt trial carries ~30 user attrs (every metric flat, status, overrides, ...). Optuna's public
 `set_trial_user_attr` commits once per key, which on SQLite costs a few ms each (tens of ms on a
 busy disk): 30 commits per trial. For RDB storages this writes them all in one transaction through
-the storage's own per-key helper (`_compat.set_user_attrs_in_one_transaction`); any other storage (or an Optuna whose internals moved) falls back
-to the public call, key by key.
+the storage's own per-key helper (`_compat.set_user_attrs_in_one_transaction`); any other storage
+(or an Optuna whose internals moved) falls back to the public call, key by key.
 """
 
 from __future__ import annotations

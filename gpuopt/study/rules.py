@@ -1,8 +1,5 @@
-"""What a gpuopt study holds, and the rules that read it: one place for the sweeper, its summary
-and the report.
+"""The rules that read a gpuopt study: one place for the sweeper, its summary and the report.
 
-- Attribute keys: every trial/study user and system attribute gpuopt writes (the string values are
-  the stored format: never change one).
 - `trial_status`: how a trial ended (ok | oom | diverged | error | void | interrupted | running |
   waiting | pruned).
 - `feasible` / `feasible_trials`: COMPLETE, with values, and no constraint violated (oom/diverged
@@ -13,7 +10,9 @@ and the report.
   within tolerance) and the best overall with what it changes (issue 13); `same_training_params`:
   the preset markers of `search=same_training` and the baseline's batch as the LR reference.
 
-Torch-free and light (optuna only): the sweeping process and the report both import it.
+The keys they read are gpuopt.study.keys'; the confirmation they pick from is a typed record
+(gpuopt.study.records.Confirmation). Torch-free and light (optuna only): the sweeping process and
+the report both import it.
 """
 
 from __future__ import annotations
@@ -24,76 +23,18 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from gpuopt.core.result import (
+from gpuopt.study.configs import config_of
+from gpuopt.study.keys import (
     ATTR_BASELINE,
-    ATTR_CONFIG,
-    ATTR_ENV,
-    ATTR_OVERRIDES,
-    ATTR_PROFILE,
-    ATTR_REASON,
-    ATTR_RUN_DIR,
+    ATTR_BASELINE_SKIPPED,
+    ATTR_GRID_ID,
+    ATTR_INTERRUPTED,
     ATTR_STATUS,
-    ATTR_WARNINGS,
-    STUDY_CONFIRMATION,
-    STUDY_DIRECTIONS,
-    STUDY_HARDWARE,
-    STUDY_OBJECTIVES,
+    ATTR_VOID,
 )
-from gpuopt.sweeper.launchers.gpus import ATTR_VISIBLE_DEVICES
-
-# ---- trial user attrs (besides gpuopt.core.result's: status, reason, overrides, run_dir, env, config,
-# warnings, baseline, and every metric flat under its own name) ----------------------------------
-ATTR_TRACEBACK = "traceback"  # head and tail of an error trial's traceback or log
-ATTR_LOGS = "logs"  # paths of the trial job's full stdout and stderr logs (gpuopt's launchers)
-# Study user attr: {"trial": n, "profile": {...}}, the best trial's profiled run (profiling.py).
-BEST_PROFILE_ATTR = "best_profile"
-INTERRUPTED_ATTR = "interrupted"  # True on a trial whose sweep died under it
-RERUN_OF_ATTR = "rerun_of"  # on the re-enqueued trial: number of the interrupted one
-VOID_ATTR = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
-# On a baseline that could not run as composed (e.g. a key only custom_search_space adds): why.
-# Such a trial also has VOID_ATTR: it never counts towards n_trials, the failure rate or best.
-BASELINE_SKIPPED_ATTR = "baseline_skipped"
-
-# ---- trial system attrs -------------------------------------------------------------------------
-OWNER_ATTR = "gpuopt:owner"  # {"host", "pid", "start"} of the sweeping process running it
-HEARTBEAT_ATTR = "gpuopt:heartbeat"  # journal storage: unix time of the trial's last beat
-# Optuna's own, written when gpuopt enqueues a trial by hand (what study.enqueue_trial writes) and
-# read by GridSampler: the params a WAITING trial starts with, its grid point and grid.
-FIXED_PARAMS_ATTR = "fixed_params"
-GRID_ID_ATTR = "grid_id"
-SEARCH_SPACE_ATTR = "search_space"
-
-# ---- study system attrs -------------------------------------------------------------------------
-CONFIRM_CLAIM_ATTR = "gpuopt:confirm_claim"  # the worker running the confirmation round
+from gpuopt.study.records import Confirmation
 
 __all__ = [
-    "ATTR_BASELINE",
-    "ATTR_CONFIG",
-    "ATTR_ENV",
-    "ATTR_LOGS",
-    "ATTR_OVERRIDES",
-    "ATTR_PROFILE",
-    "ATTR_REASON",
-    "ATTR_RUN_DIR",
-    "ATTR_STATUS",
-    "ATTR_TRACEBACK",
-    "ATTR_VISIBLE_DEVICES",
-    "ATTR_WARNINGS",
-    "BASELINE_SKIPPED_ATTR",
-    "BEST_PROFILE_ATTR",
-    "CONFIRM_CLAIM_ATTR",
-    "FIXED_PARAMS_ATTR",
-    "GRID_ID_ATTR",
-    "HEARTBEAT_ATTR",
-    "INTERRUPTED_ATTR",
-    "OWNER_ATTR",
-    "RERUN_OF_ATTR",
-    "SEARCH_SPACE_ATTR",
-    "STUDY_CONFIRMATION",
-    "STUDY_DIRECTIONS",
-    "STUDY_HARDWARE",
-    "STUDY_OBJECTIVES",
-    "VOID_ATTR",
     "feasible",
     "feasible_trials",
     "global_batch_of",
@@ -106,11 +47,9 @@ __all__ = [
     "plain_names",
     "same_training",
     "same_training_params",
-    "same_training_winner",
     "status_counts",
     "training_change",
     "trial_status",
-    "winner",
 ]
 
 
@@ -127,11 +66,11 @@ def trial_status(trial: FrozenTrial) -> str:
         return "waiting"
     if trial.state == TrialState.PRUNED:
         return "pruned"
-    if trial.user_attrs.get(INTERRUPTED_ATTR):
+    if trial.user_attrs.get(ATTR_INTERRUPTED):
         return "interrupted"
-    if trial.user_attrs.get(BASELINE_SKIPPED_ATTR):
+    if trial.user_attrs.get(ATTR_BASELINE_SKIPPED):
         return "skipped"
-    if trial.user_attrs.get(VOID_ATTR):
+    if trial.user_attrs.get(ATTR_VOID):
         return "void"
     if trial.state == TrialState.FAIL:
         return "error"
@@ -179,15 +118,15 @@ def pick_best(
     feasible_pool: Sequence[FrozenTrial],
     pareto: Sequence[FrozenTrial],
     directions: Sequence[str],
-    confirmation: dict[str, Any] | None,
+    confirmation: Confirmation | None,
 ) -> FrozenTrial | None:
     """The confirmed winner when a confirmation ran (the baseline unless a candidate is measurably
-    faster: confirm.winner), else the best on the first objective (among the Pareto front when
-    there are several objectives)."""
+    faster: Confirmation.winner), else the best on the first objective (among the Pareto front
+    when there are several objectives)."""
     if not feasible_pool:
         return None
-    if confirmation:
-        number = winner(confirmation)
+    if confirmation is not None:
+        number = confirmation.winner
         match = next((t for t in feasible_pool if t.number == number), None)
         if match is not None:
             return match
@@ -200,7 +139,7 @@ def pick_best(
 def outside_space(trial: FrozenTrial) -> bool:
     """A baseline run outside a grid's points (grid_id -1, no params): a reference, never the
     best of a search it was not part of (the confirmation may still say "keep it")."""
-    return bool(trial.user_attrs.get(ATTR_BASELINE)) and trial.system_attrs.get(GRID_ID_ATTR) == -1
+    return bool(trial.user_attrs.get(ATTR_BASELINE)) and trial.system_attrs.get(ATTR_GRID_ID) == -1
 
 
 def leading_trial(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> FrozenTrial | None:
@@ -213,22 +152,6 @@ def leading_trial(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> F
     return best
 
 
-def winner(record: dict[str, Any]) -> int | None:
-    """Trial number of the confirmed winner of a stored confirmation record (the baseline's when
-    no candidate is measurably faster); None for a record without configs."""
-    configs = record.get("configs") or []
-    if not configs:
-        return None
-    faster = [
-        entry
-        for entry in record.get("comparisons") or []
-        if (entry.get("ratio") or 0.0) > 1.0 and entry.get("distinguishable") is not False
-    ]
-    if not faster:
-        return configs[0].get("trial_number")
-    return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")
-
-
 # ---- same training: the baseline's training math (issue 13) -------------------------------------
 NUMERICS_CONSTRAINT = "numerics"  # gpuopt.sweeper.objectives: the numerics guard's verdict
 # search=same_training's params: held at the composed config's global batch, and its divisors.
@@ -237,24 +160,19 @@ DIVISORS = "divisors"
 MAX_DIVISORS = 8  # the largest divisors only: tiny micro-batches are never the fast choice
 
 
-def _config_of(trial: FrozenTrial) -> dict[str, Any]:
-    config = trial.user_attrs.get(ATTR_CONFIG)
-    return config if isinstance(config, dict) else {}
-
-
 def global_batch_of(trial: FrozenTrial) -> int | None:
     """Samples per optimizer step: the trial's metric, else from its resolved config."""
     value = trial.user_attrs.get("global_batch")
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    config = _config_of(trial)
+    config = config_of(trial.user_attrs)
     declared = (config.get("train") or {}).get("global_batch")
     batch = declared or (config.get("loader") or {}).get("batch_size")
     return int(batch) if isinstance(batch, int | float) else None
 
 
 def _effective_lr(trial: FrozenTrial) -> float | None:
-    lr = (_config_of(trial).get("optimizer") or {}).get("lr")
+    lr = (config_of(trial.user_attrs).get("optimizer") or {}).get("lr")
     scale = trial.user_attrs.get("lr_scale")
     if not isinstance(lr, int | float):
         return None
@@ -275,37 +193,18 @@ def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
     )
 
 
-def same_training_winner(record: dict[str, Any]) -> int | None:
-    """The confirmed same-training pick of a confirmation record: the fastest measurably faster
-    candidate flagged same_training, else the baseline; None for a record without the flags."""
-    configs = record.get("configs") or []
-    if not configs or "same_training" not in configs[0]:
-        return None
-    same = {c.get("trial_number") for c in configs[1:] if c.get("same_training")}
-    faster = [
-        entry
-        for entry in record.get("comparisons") or []
-        if entry.get("trial_number") in same
-        and (entry.get("ratio") or 0.0) > 1.0
-        and entry.get("distinguishable") is not False
-    ]
-    if not faster:
-        return configs[0].get("trial_number")
-    return max(faster, key=lambda entry: entry["ratio"]).get("trial_number")
-
-
 def pick_same_training(
     feasible_pool: Sequence[FrozenTrial],
     baseline: FrozenTrial | None,
     directions: Sequence[str],
-    confirmation: dict[str, Any] | None,
+    confirmation: Confirmation | None,
 ) -> FrozenTrial | None:
     """The best trial that keeps the baseline's training math: the confirmed one when the
     confirmation round flagged same-training candidates, else the best first objective."""
     pool = [t for t in feasible_pool if same_training(t, baseline)]
     if not pool:
         return None
-    number = same_training_winner(confirmation) if confirmation else None
+    number = confirmation.same_training_winner if confirmation is not None else None
     match = next((t for t in pool if t.number == number), None)
     if match is not None:
         return match

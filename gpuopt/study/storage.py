@@ -1,24 +1,36 @@
-"""Where a study lives: the `hydra.sweeper.storage` value turned into an Optuna storage.
+"""Where a study lives: a `hydra.sweeper.storage` value turned into an Optuna storage, and the
+studies an existing storage holds (the sweeper opens or creates one; the report only reads).
 
-- null: a SQLite file `<output_dir>/gpuopt.db` (one machine).
-- `memory`: in-memory, nothing kept.
+What the value means:
+- null, or `memory`: in-memory, nothing kept - the stock hydra-optuna-sweeper meaning, and what
+  another app's `storage: null` gets. gpuopt's own app is not in-memory by default: its
+  conf/config.yaml sets `${gpuopt.sqlite:${output_dir}/gpuopt.db}`, the SQLite file `gpuopt.db`
+  under `output_dir` (`GPUOPT_OUTPUT_DIR`, else ./outputs). `default_url` is that rule, for the
+  report to find the study when it is not told where.
 - `journal:///abs/path/study.log` (or `journal://relative/path.log`): Optuna's JournalStorage on a
   JournalFileBackend, for several workers on one host or on a shared file system (NFS), no server.
 - any SQLAlchemy URL (`postgresql+psycopg://user@host/db`, `mysql+pymysql://...`, `sqlite:///...`):
   Optuna's RDBStorage.
 
-Every storage is opened with heartbeats (`hydra.sweeper.heartbeat_interval` seconds, failed after
-`hydra.sweeper.grace_period`): a worker that dies mid-trial stops beating, and the next worker to
-ask for a trial fails that trial and re-queues its params. RDBStorage has this built in; Optuna 5's
-JournalStorage has no heartbeat, so `HeartbeatJournalStorage` adds Optuna's own `BaseHeartbeat`
+The sweeper opens every storage with heartbeats (`hydra.sweeper.heartbeat_interval` seconds, failed
+after `hydra.sweeper.grace_period`): a worker that dies mid-trial stops beating, and the next worker
+to ask for a trial fails that trial and re-queues its params. RDBStorage has this built in; Optuna
+5's JournalStorage has no heartbeat, so `HeartbeatJournalStorage` adds Optuna's own `BaseHeartbeat`
 interface to it, beating through a trial system attr (its clock is the workers' wall clocks:
 keep hosts NTP-synced).
+
+The report opens a storage with `open_existing`: Optuna's RDB storage creates a missing SQLite file
+(and its tables) on connect, so a typo in a path would "succeed" with an empty database; the file
+is checked first, and a missing one is a `StorageError` (a message, not a traceback).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +41,15 @@ from optuna.trial import TrialState
 
 from gpuopt.core._compat import StaleTrialsByPublicName, heartbeat_base, heartbeat_enabled, trial_id
 from gpuopt.core.secrets import mask_secrets
-from gpuopt.study.rules import HEARTBEAT_ATTR
+from gpuopt.study.keys import ATTR_HEARTBEAT
 
 JOURNAL_SCHEME = "journal://"
+OUTPUT_DIR_ENV = "GPUOPT_OUTPUT_DIR"  # gpuopt's output_dir (conf/config.yaml), else ./outputs
+DEFAULT_DB_NAME = "gpuopt.db"
+
+
+class StorageError(Exception):
+    """A storage or study that is not there (wrong path, unknown study): a message to act on."""
 
 
 class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat_base()):  # type: ignore[misc]
@@ -47,7 +65,7 @@ class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat
     def record_heartbeat(self, trial_id: int) -> None:
         # the trial may have finished between two beats
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, KeyError):
-            self.set_trial_system_attr(trial_id, HEARTBEAT_ATTR, time.time())
+            self.set_trial_system_attr(trial_id, ATTR_HEARTBEAT, time.time())
 
     def stale_trial_ids(self, study_id: int) -> list[int]:
         assert self.heartbeat_interval is not None
@@ -56,7 +74,7 @@ class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat
         stale = []
         for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
             # Never beat: resume.OwnerlessWatch times it (as for RDBStorage, which skips it too).
-            last = t.system_attrs.get(HEARTBEAT_ATTR)
+            last = t.system_attrs.get(ATTR_HEARTBEAT)
             if last is not None and now - last > grace:
                 stale.append(trial_id(t))
         return stale
@@ -135,3 +153,87 @@ class _quiet_experimental:
 
     def __exit__(self, *exc: object) -> None:
         self._ctx.__exit__(*exc)
+
+
+# ---- reading an existing storage (the report) --------------------------------------------------
+def default_url() -> str:
+    """sqlite:///<GPUOPT_OUTPUT_DIR or outputs>/gpuopt.db: where gpuopt's own app keeps its studies
+    (conf/config.yaml's `hydra.sweeper.storage`)."""
+    output_dir = os.environ.get(OUTPUT_DIR_ENV) or "outputs"
+    return f"sqlite:///{Path(output_dir) / DEFAULT_DB_NAME}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a sqlite URL, or None for other storages and in-memory SQLite."""
+    if not url.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        return None
+    return Path(database)
+
+
+def open_existing(url: str) -> BaseStorage:
+    """Open an existing storage; a missing SQLite or journal file is a `StorageError`, never a new
+    one. Any `hydra.sweeper.storage` value works: SQLAlchemy URLs and `journal://` files."""
+    path = journal_path(url) if url.startswith(JOURNAL_SCHEME) else sqlite_path(url)
+    if path is not None and not path.is_file():
+        hint = (
+            f" ({OUTPUT_DIR_ENV}={os.environ[OUTPUT_DIR_ENV]})"
+            if os.environ.get(OUTPUT_DIR_ENV)
+            else ""
+        )
+        raise StorageError(
+            f"no study database at {path}{hint}. Run a sweep first (python -m gpuopt.run -m), "
+            "or pass --storage sqlite:///PATH/TO/gpuopt.db"
+        )
+    try:
+        if url.startswith(JOURNAL_SCHEME):
+            journal = open_storage(url, heartbeat_interval=None, grace_period=None)
+            assert journal is not None
+            return journal
+        return optuna.storages.get_storage(url)
+    except Exception as exc:
+        raise StorageError(
+            mask_secrets(f"cannot open storage {url}: {type(exc).__name__}: {exc}")
+        ) from None
+
+
+@dataclass(frozen=True)
+class StudyEntry:
+    name: str
+    n_trials: int
+    started: datetime | None
+    directions: tuple[str, ...]
+
+
+def list_studies(storage: BaseStorage) -> list[StudyEntry]:
+    """All studies, in creation order (the last one is the latest)."""
+    summaries = optuna.study.get_all_study_summaries(storage, include_best_trial=False)
+    entries = [
+        StudyEntry(
+            s.study_name,
+            s.n_trials,
+            s.datetime_start,
+            tuple(d.name.lower() for d in s.directions),
+        )
+        for s in summaries
+    ]
+    # Study ids grow with creation; the summaries do not expose theirs, the storage does.
+    order = {s.study_name: storage.get_study_id_from_name(s.study_name) for s in summaries}
+    return sorted(entries, key=lambda e: order[e.name])
+
+
+def load_study(storage: BaseStorage, url: str, name: str | None) -> optuna.Study:
+    """The named study, or the latest one when `name` is None."""
+    studies = list_studies(storage)
+    if not studies:
+        raise StorageError(f"no studies in {url}")
+    if name is None:
+        name = studies[-1].name
+    elif name not in {s.name for s in studies}:
+        known = ", ".join(s.name for s in studies)
+        raise StorageError(f"no study named {name!r} in {url}; studies there: {known}")
+    return optuna.load_study(study_name=name, storage=storage)

@@ -19,15 +19,16 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from gpuopt.study.rules import (
+from gpuopt.study.keys import (
     ATTR_BASELINE,
+    ATTR_BASELINE_SKIPPED,
+    ATTR_FIXED_PARAMS,
+    ATTR_GRID_ID,
+    ATTR_INTERRUPTED,
     ATTR_REASON,
-    BASELINE_SKIPPED_ATTR,
-    FIXED_PARAMS_ATTR,
-    GRID_ID_ATTR,
-    INTERRUPTED_ATTR,
-    SEARCH_SPACE_ATTR,
-    VOID_ATTR,
+    ATTR_SEARCH_SPACE,
+    ATTR_VOID,
+    STUDY_SEEDS,
 )
 from gpuopt.sweeper import resume
 from gpuopt.sweeper.seeding import SeedFacts, describe_split, expert_seeds
@@ -36,7 +37,6 @@ from gpuopt.sweeper.space import SearchSpace, baseline_params, current_value
 log = logging.getLogger("gpuopt.sweeper")
 
 OUTSIDE_GRID = -1  # the grid_id of a baseline that is not one of the grid's points
-STUDY_SEEDS = "seeds"  # study user attr: the expert seeds enqueued after the baseline (once)
 
 
 def grid_point(config: Any, space: SearchSpace) -> dict[str, Any] | None:
@@ -54,7 +54,7 @@ def prepare(
     existing study without one gets it from whoever resumes it.
     """
     trials = study.get_trials(deepcopy=False)
-    if resume.has_baseline(trials) or any(t.user_attrs.get(BASELINE_SKIPPED_ATTR) for t in trials):
+    if resume.has_baseline(trials) or any(t.user_attrs.get(ATTR_BASELINE_SKIPPED) for t in trials):
         return None  # measured, on its way, or known not to run as composed
     point = grid_point(config, space) if space.is_grid else None
     if point is not None:
@@ -75,11 +75,11 @@ def enqueue(study: optuna.Study, config: Any, space: SearchSpace) -> None:
             key,
             current_value(config, key),
         )
-    system_attrs: dict[str, Any] = {FIXED_PARAMS_ATTR: fitting}
+    system_attrs: dict[str, Any] = {ATTR_FIXED_PARAMS: fitting}
     if space.is_grid:
         # Some key of the config is not a grid value: the baseline runs as composed, outside the
         # grid, with the attrs GridSampler needs.
-        system_attrs = {FIXED_PARAMS_ATTR: {}, GRID_ID_ATTR: OUTSIDE_GRID, SEARCH_SPACE_ATTR: {}}
+        system_attrs = {ATTR_FIXED_PARAMS: {}, ATTR_GRID_ID: OUTSIDE_GRID, ATTR_SEARCH_SPACE: {}}
     study.add_trial(
         optuna.trial.create_trial(
             state=TrialState.WAITING,
@@ -97,8 +97,8 @@ def skip(study: optuna.Study, trial: Trial, overrides: list[str], ret: Any, outc
     from gpuopt.sweeper.record import record_trial
 
     reason = str(outcome.user_attrs.get(ATTR_REASON) or outcome.status).strip().splitlines()[0]
-    outcome.user_attrs[BASELINE_SKIPPED_ATTR] = reason
-    outcome.user_attrs[VOID_ATTR] = f"baseline skipped: {reason}"
+    outcome.user_attrs[ATTR_BASELINE_SKIPPED] = reason
+    outcome.user_attrs[ATTR_VOID] = f"baseline skipped: {reason}"
     record_trial(study, trial, overrides, ret, outcome)
     log.warning("baseline skipped: %s (trial #%d; not a failed trial)", reason, trial.number)
 
@@ -110,9 +110,9 @@ def grid_trials(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
         1
         for t in trials
         if t.user_attrs.get(ATTR_BASELINE)
-        and t.system_attrs.get(GRID_ID_ATTR) == OUTSIDE_GRID
-        and not t.user_attrs.get(INTERRUPTED_ATTR)
-        and not t.user_attrs.get(VOID_ATTR)
+        and t.system_attrs.get(ATTR_GRID_ID) == OUTSIDE_GRID
+        and not t.user_attrs.get(ATTR_INTERRUPTED)
+        and not t.user_attrs.get(ATTR_VOID)
     )
 
 
@@ -120,7 +120,7 @@ def pinned_params(trial: Trial) -> dict[str, Any]:
     """The params a baseline trial was enqueued with (the searched keys it fits)."""
     from gpuopt.core._compat import trial_id
 
-    return trial.storage.get_trial_system_attrs(trial_id(trial)).get(FIXED_PARAMS_ATTR) or {}
+    return trial.storage.get_trial_system_attrs(trial_id(trial)).get(ATTR_FIXED_PARAMS) or {}
 
 
 def mark_grid_point(trial: Trial, point: dict[str, Any]) -> bool:

@@ -18,10 +18,8 @@ from typing import Any
 
 from optuna.trial import TrialState
 
-from gpuopt.study.rules import OWNER_ATTR
+from gpuopt.study.keys import ATTR_INTERFERENCE, ATTR_OWNER
 from gpuopt.sweeper.resume import owner_alive
-
-ATTR_INTERFERENCE = "interference"  # trial user attr: {"host", "trials": [numbers]}
 
 
 def _interval(trial: Any, now: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
@@ -34,13 +32,13 @@ def _interval(trial: Any, now: dt.datetime) -> tuple[dt.datetime, dt.datetime] |
 def overlapping(trial: Any, trials: Sequence[Any], now: dt.datetime) -> list[int]:
     """Numbers of the trials of other workers on `trial`'s host whose run overlapped with it
     (`trial` is still running: it ends `now`)."""
-    owner = trial.system_attrs.get(OWNER_ATTR) or {}
+    owner = trial.system_attrs.get(ATTR_OWNER) or {}
     span = _interval(trial, now)
     if not owner.get("host") or span is None:
         return []
     found = []
     for other in trials:
-        other_owner = other.system_attrs.get(OWNER_ATTR) or {}
+        other_owner = other.system_attrs.get(ATTR_OWNER) or {}
         if (
             other.number == trial.number
             or other_owner.get("host") != owner["host"]
@@ -61,7 +59,7 @@ def flag(trial: Any, trials: Sequence[Any]) -> dict[str, Any] | None:
     others = overlapping(trial, trials, now)
     if not others:
         return None
-    host = (trial.system_attrs.get(OWNER_ATTR) or {}).get("host")
+    host = (trial.system_attrs.get(ATTR_OWNER) or {}).get("host")
     return {"host": host, "trials": others}
 
 
@@ -92,7 +90,7 @@ def flag_outcome(study: Any, trial: Any, outcome: Any) -> None:
     import logging
 
     from gpuopt.core._compat import storage_of, trial_id
-    from gpuopt.study.rules import ATTR_WARNINGS
+    from gpuopt.study.keys import ATTR_WARNINGS
 
     attr = flag(storage_of(study).get_trial(trial_id(trial)), study.get_trials(deepcopy=False))
     if attr is None:

@@ -4,7 +4,8 @@
   device-aware presets; torch is imported there, not here).
 - `hardware_id`: a stable short id of the hardware (CPU model, core count, GPU names through NVML),
   part of the default study name, so one study never mixes machines.
-- `default_storage` / `default_study_name`: where the study lives when the user does not say.
+- `default_study_name`: the study's name when the user does not give one (where it lives:
+  gpuopt.study.storage).
 - `gpu_setup_command`: the GPUs a fresh trial process must see (submitit's local launcher would
   otherwise set CUDA_VISIBLE_DEVICES="" and hide every GPU from the trial).
 """
@@ -21,7 +22,6 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gpuopt.core.host import cpu_model
@@ -107,7 +107,7 @@ def hardware_facts(gpu_names: list[str] | None = None) -> dict[str, Any]:
 
 
 def hardware_id(facts: dict[str, Any]) -> str:
-    """The hardware's short readable id (a string; gpuopt.env.fingerprint is the dict of facts): the accelerator (or CPU core count) plus a hash of all the facts."""
+    """The hardware's short readable id (a string; gpuopt.trial.devices.fingerprint is the dict of facts): the accelerator (or CPU core count) plus a hash of all the facts."""
     digest = hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:6]
     gpus = facts.get("gpus") or []
     if gpus:
@@ -127,18 +127,6 @@ def detect_device_type(config_device: str | None, facts: dict[str, Any]) -> str:
     if facts.get("system") == "Darwin" and facts.get("machine") == "arm64":
         return "mps"
     return "cpu"
-
-
-def default_storage(
-    output_dir: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None
-) -> str:
-    """`sqlite:////abs/<output_dir>/gpuopt.db`: one file per output_dir, whatever the run dir."""
-    base = Path(output_dir).expanduser()
-    if not base.is_absolute():
-        base = Path(cwd or os.getcwd()) / base
-    base = base.resolve()
-    base.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{base / 'gpuopt.db'}"
 
 
 def default_study_name(workload: str | None, search: str | None, hardware_id: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuopt.core.result import METRIC_GOALS, Metrics, Status, TrialResult, result_user_attrs
+from gpuopt.sweeper.options import SweepConfigError
 
 DEFAULT_OBJECTIVES = ("throughput_amortized", "utilization")
 DIRECTIONS = ("minimize", "maximize")
@@ -23,14 +24,6 @@ DIRECTIONS = ("minimize", "maximize")
 # (gpuopt.trial.numerics; the evidence is the trial's `numerics` user attr).
 NUMERICS_CONSTRAINT = "numerics"
 CONSTRAINT_KEYS = (Status.OOM.value, Status.DIVERGED.value, NUMERICS_CONSTRAINT)
-
-
-class SweepConfigError(ValueError):
-    """A sweep setting that cannot work: raised before any trial runs."""
-
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid sweep config: {key}={value!r}; allowed: {allowed}")
 
 
 def _direction_name(direction: Any) -> str:

@@ -16,9 +16,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.sweeper.objectives import SweepConfigError
+from gpuopt.core.errors import ConfigError
 
 KEY = "hydra.sweeper"
+
+
+class SweepConfigError(ConfigError):
+    """A sweep setting that cannot work (a `hydra.sweeper` key, a sweep argument, the study's
+    storage): raised before any trial runs. The one ConfigError of every process (plugin.py prints
+    it as one line, exit status 2), whose line says it is the sweep's config that is wrong."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(key, value, allowed)
+        self.args = (f"invalid sweep config: {key}={value!r}; allowed: {allowed}",)
 
 
 # The most confirmation runs a sweep may make, as a share of its n_trials (confirm.max_share).
@@ -28,7 +38,7 @@ MAX_CONFIRM_SHARE = 4.0
 @dataclass(frozen=True)
 class ConfirmOptions:
     """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved in pairs
-    (confirm.py: a paired log-ratio estimator, Stein's two-stage stop)."""
+    (sweeper/confirm/: a paired log-ratio estimator, Stein's two-stage stop)."""
 
     top_k: int = 2  # candidates re-measured against the baseline
     # first stage: A B1 B2 rounds before their spread decides how many more; 0 turns it off

@@ -23,10 +23,10 @@ import optuna
 from omegaconf import OmegaConf
 
 from gpuopt.core.limits import highest_limit
+from gpuopt.study.export import overrides_to_experiment, write_experiment
+from gpuopt.study.keys import ATTR_BASELINE_SKIPPED, ATTR_OVERRIDES, STUDY_OBJECTIVES
+from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import (
-    ATTR_OVERRIDES,
-    BASELINE_SKIPPED_ATTR,
-    STUDY_OBJECTIVES,
     feasible,
     feasible_trials,
     global_batch_of,
@@ -38,7 +38,7 @@ from gpuopt.study.rules import (
     training_change,
 )
 from gpuopt.sweeper import interference
-from gpuopt.sweeper.export import overrides_to_experiment, stock_results, write_experiment
+from gpuopt.sweeper.export import stock_results
 from gpuopt.sweeper.space import parser
 from gpuopt.sweeper.summary import answers_lines, render
 
@@ -82,7 +82,7 @@ class SweepIdentity:
 def write_outputs(
     study: optuna.Study,
     sweep: SweepIdentity,
-    confirmation: dict[str, Any] | None,
+    confirmation: Confirmation | None,
     elapsed_s: float,
     best_pending: str | None = None,
 ) -> str:
@@ -127,7 +127,7 @@ def write_outputs(
     interfered = interference.summary_note(all_trials)
     if interfered:
         notes.append(interfered)
-    skipped = [t.user_attrs[BASELINE_SKIPPED_ATTR] for t in all_trials if _skipped(t)]
+    skipped = [t.user_attrs[ATTR_BASELINE_SKIPPED] for t in all_trials if _skipped(t)]
     text = render(
         study_name=sweep.study_name,
         storage=sweep.storage if sweep.persisted else None,
@@ -154,7 +154,7 @@ def write_outputs(
 
 
 def _skipped(trial: Any) -> bool:
-    return bool(trial.user_attrs.get(BASELINE_SKIPPED_ATTR))
+    return bool(trial.user_attrs.get(ATTR_BASELINE_SKIPPED))
 
 
 def log_stock_lines(best: Any | None, pareto: list[Any], directions: list[str]) -> None:

@@ -26,7 +26,7 @@ from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf, TPESamp
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
-from gpuopt.sweeper.objectives import SweepConfigError
+from gpuopt.core.errors import ConfigError
 from gpuopt.sweeper.options import SweeperOptions
 
 # The sampler configs (tpe, random, grid, nsgaii, gp, cmaes, qmc, ...) are the stock plugin's,
@@ -43,7 +43,7 @@ def sqlite_url(path: str) -> str:
     gpuopt's conf/config.yaml names its persistent study database with it: a relative path is made
     absolute from the current directory, so every run dir of the sweep (and a later
     `python -m gpuopt.report`) reads the same file. Nothing is created here: the folder is created
-    when the study is opened, if it is the configured output_dir (gpuopt/sweeper/study.py).
+    when the study is opened, if it is the configured output_dir (gpuopt/sweeper/open_study.py).
     """
     return f"sqlite:///{os.path.abspath(os.path.expanduser(str(path)))}"
 
@@ -165,13 +165,15 @@ class GpuoptSweeper(OptunaSweeper):
 
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
-    """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback."""
-    from gpuopt.core.errors import ConfigError
+    """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback.
+
+    ConfigError covers the sweep's own settings (SweepConfigError) and the composed config of
+    gpuopt's task (gpuopt.core.checks)."""
     from gpuopt.sweeper.progress import SweepAborted
 
     try:
         yield
-    except (SweepConfigError, ConfigError) as exc:
+    except ConfigError as exc:
         print(f"gpuopt: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     except SweepAborted as exc:

@@ -14,16 +14,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gpuopt.study.rules import (
+from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_OVERRIDES,
     ATTR_PROFILE,
     ATTR_REASON,
-    BEST_PROFILE_ATTR,
-    feasible,
-    feasible_trials,
-    pick_best,
+    STUDY_BEST_PROFILE,
 )
+from gpuopt.study.records import Confirmation
+from gpuopt.study.rules import feasible, feasible_trials, pick_best
 from gpuopt.sweeper.options import SweeperOptions
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -50,7 +49,7 @@ def profile_best(
     study: Any,
     options: SweeperOptions,
     directions: list[str],
-    confirmation: dict[str, Any] | None,
+    confirmation: Confirmation | None,
     measure: Callable[[list[str], int], Any],
 ) -> None:
     """One profiled run of the sweep's best (unless it is profiled already: the baseline)."""
@@ -73,7 +72,7 @@ def profile_best(
         reason = outcome.user_attrs.get(ATTR_REASON, outcome.status)
         log.warning("the best trial #%d could not be profiled: %s", best.number, reason)
         return
-    study.set_user_attr(BEST_PROFILE_ATTR, {"trial": best.number, "profile": profile})
+    study.set_user_attr(STUDY_BEST_PROFILE, {"trial": best.number, "profile": profile})
     log.info(
         "profiled the best trial #%d (where the time goes: python -m gpuopt.report --html)",
         best.number,

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuopt.study import storage as storage_mod
-from gpuopt.study.rules import ATTR_REASON, leading_trial
+from gpuopt.study.keys import ATTR_REASON
+from gpuopt.study.rules import leading_trial
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.summary import progress_line
 

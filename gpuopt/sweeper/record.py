@@ -19,7 +19,7 @@ from optuna.trial import Trial, TrialState
 from gpuopt.core._compat import constraints_key, storage_of, trial_id
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.study.attrs import set_user_attrs
-from gpuopt.study.rules import (
+from gpuopt.study.keys import (
     ATTR_LOGS,
     ATTR_OVERRIDES,
     ATTR_RUN_DIR,
@@ -37,7 +37,7 @@ def _error(exc: BaseException, prefix: str = "") -> TrialOutcome:
     log_tail = getattr(exc, "log_tail", None)
     if (
         log_tail is not None
-    ):  # gpuopt.sweeper.launchers.fresh_process.TrialProcessError (not imported: light)
+    ):  # gpuopt.sweeper.launchers.results.TrialProcessError (not imported: light)
         outcome = error_outcome(str(exc))
         outcome.user_attrs[ATTR_TRACEBACK] = log_tail[-TRACEBACK_CHARS:]
         return outcome

@@ -1,7 +1,8 @@
 """Resuming a study: which trials count towards n_trials, and what a killed sweep left behind.
 
 Each trial records its owner (host, pid and process start time of the sweeping process) in its
-system attrs. On start, a RUNNING trial whose owner is on this host and no longer alive was
+system attrs. On start, a RUNNING trial whose owner is on this host and no longer alive
+(`owner_alive`, on gpuopt.core.lifeline's one liveness check: a zombie or a reused pid is dead) was
 interrupted: it is marked FAIL with the reason in its user attrs and its params are enqueued again,
 so the configuration is re-measured rather than silently lost. Owners on other hosts are found
 through Optuna's heartbeat (`fail_stale`): a RUNNING trial whose worker stopped beating for
@@ -14,7 +15,9 @@ a trial counts when it is finished (not interrupted, not void) or running under 
 freshly asked trial may run only if fewer than n_trials counted-or-waiting trials have a *lower
 number* (`is_surplus`). Trial numbers are handed out by the storage, so two racing workers never
 both see the other ahead of themselves. A surplus trial is marked void (FAIL, user attr `void`),
-never counted, and its worker stops.
+never counted, and its worker stops. While other live workers still run trials
+(`running_elsewhere`), this worker is not the last: it waits for them, and leaves the
+confirmation round to whoever finishes last.
 """
 
 from __future__ import annotations
@@ -34,25 +37,21 @@ from gpuopt.core._compat import (
     trial_id,
     unwrap_storage,
 )
-from gpuopt.core.lifeline import start_ticks as _start_ticks
+from gpuopt.core.lifeline import process_alive, start_ticks
 from gpuopt.core.secrets import mask_secrets
-from gpuopt.study.rules import (
+from gpuopt.study.keys import (
     ATTR_BASELINE,
+    ATTR_FIXED_PARAMS,
+    ATTR_GRID_ID,
+    ATTR_INTERRUPTED,
+    ATTR_OWNER,
     ATTR_REASON,
+    ATTR_RERUN_OF,
+    ATTR_SEARCH_SPACE,
     ATTR_STATUS,
-    CONFIRM_CLAIM_ATTR,
-    FIXED_PARAMS_ATTR,
-    GRID_ID_ATTR,
-    INTERRUPTED_ATTR,
-    OWNER_ATTR,
-    RERUN_OF_ATTR,
-    SEARCH_SPACE_ATTR,
-    VOID_ATTR,
+    ATTR_VOID,
+    STUDY_CONFIRM_CLAIM,
 )
-
-# The attribute keys (OWNER_ATTR, INTERRUPTED_ATTR, ...) live in schema.py; re-exported here, where
-# their rules are.
-__all__ = ["CONFIRM_CLAIM_ATTR", "INTERRUPTED_ATTR", "OWNER_ATTR", "RERUN_OF_ATTR", "VOID_ATTR"]
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -66,28 +65,18 @@ def host_name() -> str:
 
 def this_owner() -> dict[str, Any]:
     pid = os.getpid()
-    return {"host": host_name(), "pid": pid, "start": _start_ticks(pid)}
+    return {"host": host_name(), "pid": pid, "start": start_ticks(pid)}
 
 
 def owner_alive(owner: dict[str, Any] | None, host: str | None = None) -> bool | None:
-    """True/False for an owner on this host; None when it cannot be told (another host, no owner)."""
+    """True/False for an owner on this host (`lifeline.process_alive`: its pid runs, is not a
+    zombie and started when recorded); None when it cannot be told (another host, no owner)."""
     if not isinstance(owner, dict) or owner.get("host") != (host or host_name()):
         return None
     pid = owner.get("pid")
     if not isinstance(pid, int):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    recorded = owner.get("start")
-    if recorded is not None:
-        current = _start_ticks(pid)
-        if current is not None and current != recorded:
-            return False  # the pid was reused by another process
-    return True
+    return process_alive(pid, owner.get("start"))
 
 
 def interrupted_trials(trials: Sequence[Any]) -> list[Any]:
@@ -97,7 +86,7 @@ def interrupted_trials(trials: Sequence[Any]) -> list[Any]:
     return [
         t
         for t in trials
-        if t.state == TrialState.RUNNING and owner_alive(t.system_attrs.get(OWNER_ATTR)) is False
+        if t.state == TrialState.RUNNING and owner_alive(t.system_attrs.get(ATTR_OWNER)) is False
     ]
 
 
@@ -105,7 +94,7 @@ def recover_interrupted(study: Any) -> list[int]:
     """Mark interrupted trials FAIL (reason recorded) and enqueue their params again."""
     recovered = []
     for trial in interrupted_trials(study.get_trials(deepcopy=False)):
-        owner = trial.system_attrs.get(OWNER_ATTR) or {}
+        owner = trial.system_attrs.get(ATTR_OWNER) or {}
         reason = (
             f"interrupted: the sweeping process {owner.get('host')}:{owner.get('pid')} ended while "
             "this trial ran; its params were enqueued again"
@@ -134,7 +123,7 @@ def fail_stale(study: Any) -> list[int]:
     for trial in study.get_trials(deepcopy=False):
         if trial_id(trial) not in stale:
             continue
-        owner = trial.system_attrs.get(OWNER_ATTR) or {}
+        owner = trial.system_attrs.get(ATTR_OWNER) or {}
         reason = (
             f"interrupted: worker {owner.get('host')}:{owner.get('pid')} sent no heartbeat for "
             f"over {grace} s (hydra.sweeper.grace_period) while this trial ran; its params were "
@@ -164,7 +153,7 @@ class OwnerlessWatch:
         ownerless = {
             trial_id(t): t
             for t in study.get_trials(deepcopy=False)
-            if t.state == TrialState.RUNNING and OWNER_ATTR not in t.system_attrs
+            if t.state == TrialState.RUNNING and ATTR_OWNER not in t.system_attrs
         }
         self._first_seen = {tid: self._first_seen.get(tid, now) for tid in ownerless}
         reason = (
@@ -192,18 +181,18 @@ def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     try:
         storage.set_trial_user_attr(tid, ATTR_STATUS, "error")
         storage.set_trial_user_attr(tid, ATTR_REASON, reason)
-        storage.set_trial_user_attr(tid, INTERRUPTED_ATTR, True)
+        storage.set_trial_user_attr(tid, ATTR_INTERRUPTED, True)
         if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
             return False
     except UpdateFinishedTrialError:
         return False  # another worker got there first
-    attrs: dict[str, Any] = {RERUN_OF_ATTR: trial.number}
+    attrs: dict[str, Any] = {ATTR_RERUN_OF: trial.number}
     if trial.user_attrs.get(ATTR_BASELINE):
         attrs[ATTR_BASELINE] = True
     # A trial that died before its params were suggested keeps the ones it was enqueued with.
-    fixed = {**(trial.system_attrs.get(FIXED_PARAMS_ATTR) or {}), **trial.params}
-    system_attrs: dict[str, Any] = {FIXED_PARAMS_ATTR: fixed}
-    for key in (GRID_ID_ATTR, SEARCH_SPACE_ATTR):  # GridSampler: the same grid point, re-run
+    fixed = {**(trial.system_attrs.get(ATTR_FIXED_PARAMS) or {}), **trial.params}
+    system_attrs: dict[str, Any] = {ATTR_FIXED_PARAMS: fixed}
+    for key in (ATTR_GRID_ID, ATTR_SEARCH_SPACE):  # GridSampler: the same grid point, re-run
         if key in trial.system_attrs:
             system_attrs[key] = trial.system_attrs[key]
     study.add_trial(
@@ -219,7 +208,7 @@ def void(study: Any, trial: Any, why: str) -> None:
 
     storage, tid = storage_of(study), trial_id(trial)
     try:
-        storage.set_trial_user_attr(tid, VOID_ATTR, why)
+        storage.set_trial_user_attr(tid, ATTR_VOID, why)
         storage.set_trial_user_attr(tid, ATTR_STATUS, "void")
         storage.set_trial_user_attr(tid, ATTR_REASON, f"not run: {why}")
         storage.set_trial_state_values(tid, state=TrialState.FAIL)
@@ -232,10 +221,10 @@ def counted(trial: Any) -> bool:
     from optuna.trial import TrialState
 
     if trial.state == TrialState.RUNNING:
-        return owner_alive(trial.system_attrs.get(OWNER_ATTR)) is not False  # in flight elsewhere
+        return owner_alive(trial.system_attrs.get(ATTR_OWNER)) is not False  # in flight elsewhere
     if trial.state == TrialState.WAITING:
         return False
-    return not trial.user_attrs.get(INTERRUPTED_ATTR, False) and not trial.user_attrs.get(VOID_ATTR)
+    return not trial.user_attrs.get(ATTR_INTERRUPTED, False) and not trial.user_attrs.get(ATTR_VOID)
 
 
 def is_surplus(number: int, trials: Sequence[Any], n_trials: int) -> bool:
@@ -257,21 +246,25 @@ def duplicate_baseline(number: int, trials: Sequence[Any]) -> bool:
     return any(
         t.number < number
         and t.user_attrs.get(ATTR_BASELINE)
-        and not t.user_attrs.get(INTERRUPTED_ATTR)
-        and not t.user_attrs.get(VOID_ATTR)
+        and not t.user_attrs.get(ATTR_INTERRUPTED)
+        and not t.user_attrs.get(ATTR_VOID)
         for t in trials
     )
 
 
-def in_flight(trials: Sequence[Any]) -> list[Any]:
-    """RUNNING trials that some live worker is measuring (this host: pid alive; others: assumed)."""
+def running_elsewhere(trials: Sequence[Any]) -> list[Any]:
+    """RUNNING trials that another live worker is measuring: not this worker's own, and not
+    those of an owner known dead (this host: pid gone; other hosts: assumed alive until their
+    heartbeat goes stale). While any remain, this worker is not the last one of the study."""
     from optuna.trial import TrialState
 
+    me = this_owner()
     return [
         t
         for t in trials
         if t.state == TrialState.RUNNING
-        and owner_alive(t.system_attrs.get(OWNER_ATTR)) is not False
+        and (owner := t.system_attrs.get(ATTR_OWNER)) != me
+        and owner_alive(owner) is not False
     ]
 
 
@@ -283,8 +276,8 @@ def has_baseline(trials: Sequence[Any]) -> bool:
     """A baseline trial exists (finished, running, or waiting to be re-run)."""
     return any(
         t.user_attrs.get(ATTR_BASELINE)
-        and not t.user_attrs.get(INTERRUPTED_ATTR)
-        and not t.user_attrs.get(VOID_ATTR)
+        and not t.user_attrs.get(ATTR_INTERRUPTED)
+        and not t.user_attrs.get(ATTR_VOID)
         for t in trials
     )
 
@@ -298,7 +291,7 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
     confirm, which costs time, not correctness (the record is overwritten, no trial is counted).
     """
     storage, sid = storage_of(study), study_id(study)
-    current = storage.get_study_system_attrs(sid).get(CONFIRM_CLAIM_ATTR)
+    current = storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM)
     if (
         isinstance(current, dict)
         and current.get("after_trials") == after_trials
@@ -306,9 +299,9 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
     ):
         return current.get("owner") == this_owner()
     mine = {"owner": this_owner(), "after_trials": after_trials}
-    storage.set_study_system_attr(sid, CONFIRM_CLAIM_ATTR, mine)
+    storage.set_study_system_attr(sid, STUDY_CONFIRM_CLAIM, mine)
     time.sleep(settle_s)
-    return storage.get_study_system_attrs(sid).get(CONFIRM_CLAIM_ATTR) == mine
+    return storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM) == mine
 
 
 def study_id(study: Any) -> int:
@@ -326,7 +319,7 @@ def fail_own_running(study: Any, reason: str) -> list[int]:
         t.number
         for t in study.get_trials(deepcopy=False)
         if t.state == TrialState.RUNNING
-        and t.system_attrs.get(OWNER_ATTR) == owner
+        and t.system_attrs.get(ATTR_OWNER) == owner
         and fail_and_requeue(study, t, reason)
     ]
 

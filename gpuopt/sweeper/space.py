@@ -15,7 +15,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, Transformer
 
-from gpuopt.sweeper.objectives import SweepConfigError
+from gpuopt.sweeper.options import SweepConfigError
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,18 @@
-"""What the sweep tells the user: one progress line per trial, and the summary at the end."""
+"""What the sweep tells the user: one progress line per trial, and the summary at the end.
+
+The confirmation and the two answers read as the report says them (gpuopt.study.answers).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from gpuopt.core.fmt import confirm_mode, duration, limit_share, two_answers
-from gpuopt.core.fmt import speedup_ci as ci_text
+from gpuopt.core.fmt import duration, limit_share
 from gpuopt.core.fmt import value as fmt
 from gpuopt.core.limits import HighestLimit
-from gpuopt.sweeper.confirm.rounds import KEEP_BASELINE
+from gpuopt.study.answers import confirmation_lines, two_answers
+from gpuopt.study.records import Confirmation
 
 
 def values_text(names: Sequence[str], values: Sequence[float] | None) -> str:
@@ -55,7 +58,7 @@ def render(
     baseline: Any | None,
     best: Any | None,
     pareto: Sequence[Any],
-    confirmation: dict[str, Any] | None,
+    confirmation: Confirmation | None,
     best_yaml: str | None,
     elapsed_s: float,
     notes: Sequence[str] = (),
@@ -146,7 +149,7 @@ def _review_lines(study_name: str, storage: str | None) -> list[str]:
 
 
 def _comparison_lines(
-    confirmation: dict[str, Any] | None,
+    confirmation: Confirmation | None,
     baseline: Any | None,
     best: Any | None,
     names: Sequence[str],
@@ -155,47 +158,30 @@ def _comparison_lines(
 ) -> list[str]:
     """The confirmation round's verdict, or without one the single-measurement speedup (gpuopt's
     metrics only: an app's own value is compared as two numbers, not a speedup)."""
-    lines: list[str] = []
-    if confirmation and confirmation.get("comparisons"):
-        obj = confirmation.get("objective")
-        lines.append(
-            f"confirmation ({confirmation.get('rounds')} round(s), {confirm_mode(confirmation)}; "
-            f"{obj}, re-measurements only):"
-        )
-        for entry in confirmation["comparisons"]:
-            lines.append(
-                f"  {entry['label']} (#{entry['trial_number']}) vs baseline: {ci_text(entry)}"
-            )
-        if baseline is not None and best is not None and best.number == baseline.number:
-            lines.append(f"  {KEEP_BASELINE}")
-        top_two = confirmation.get("top_two")
-        if top_two and "ratio" in top_two:
-            if top_two.get("distinguishable"):
-                lines.append(
-                    f"  {top_two['labels'][0]} vs {top_two['labels'][1]}: {ci_text(top_two)}"
-                )
-            else:
-                lines.append(f"  the top candidates are not distinguishable: {ci_text(top_two)}")
-    elif (
-        baseline is not None
-        and best is not None
-        and baseline.values
-        and best.values
-        and best.number != baseline.number
+    if confirmation is not None and confirmation.comparisons:
+        best_number = best.number if best is not None else None
+        return [line.text for line in confirmation_lines(confirmation, best_number)]
+    if (
+        baseline is None
+        or best is None
+        or not baseline.values
+        or not best.values
+        or best.number == baseline.number
     ):
-        first = 0
-        b, c = baseline.values[first], best.values[first]
-        if not speedups:
-            lines.append(
-                f"best vs baseline ({names[first]}, {directions[first]}): {fmt(c)} vs {fmt(b)} "
-                "(single measurements)"
-            )
-        elif b and c and b > 0 and c > 0:
-            ratio = c / b if directions[first] == "maximize" else b / c
-            lines.append(
-                f"speedup over baseline ({names[first]}): {ratio:.3f}x (single measurements, no confirmation round)"
-            )
-    return lines
+        return []
+    b, c = baseline.values[0], best.values[0]
+    if not speedups:
+        return [
+            f"best vs baseline ({names[0]}, {directions[0]}): {fmt(c)} vs {fmt(b)} "
+            "(single measurements)"
+        ]
+    if b and c and b > 0 and c > 0:
+        ratio = c / b if directions[0] == "maximize" else b / c
+        return [
+            f"speedup over baseline ({names[0]}): {ratio:.3f}x (single measurements, no "
+            "confirmation round)"
+        ]
+    return []
 
 
 def answers_lines(
@@ -204,7 +190,7 @@ def answers_lines(
     best: Any | None,
     same: Any | None,
     change: str | None,
-    confirmation: dict[str, Any] | None,
+    confirmation: Confirmation | None,
     global_batch: int | None,
 ) -> list[str]:
     """The two answers (issue 13): (a) the best that keeps the baseline's training math, (b) the

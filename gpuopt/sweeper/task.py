@@ -22,9 +22,9 @@ from gpuopt.core.result import METRIC_GOALS
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.rules import plain_labels, plain_names
 from gpuopt.sweeper import machine
-from gpuopt.sweeper import study as study_mod
-from gpuopt.sweeper.objectives import SweepConfigError, resolve_objectives
-from gpuopt.sweeper.options import SweeperOptions
+from gpuopt.sweeper.objectives import resolve_objectives
+from gpuopt.sweeper.open_study import space_digest
+from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
 from gpuopt.sweeper.outputs import SweepIdentity
 from gpuopt.sweeper.space import SearchSpace
 
@@ -80,9 +80,7 @@ def study_name(
     space and the hardware (a changed space is a new study); else Optuna's own (None)."""
     if given or not options.gpuopt_task:
         return given
-    search = "-".join(
-        p for p in (choice(config, "search"), study_mod.space_digest(space.distributions)) if p
-    )
+    search = "-".join(p for p in (choice(config, "search"), space_digest(space.distributions)) if p)
     workload = choice(config, "model") or str(config.hydra.job.name)
     return machine.default_study_name(workload, search or None, hw_id)
 

@@ -20,101 +20,72 @@ Protocol (one JSON object per line on stdout):
 - each stdin line LABEL: one window of that configuration -> {"label", "status", "throughput",
   "throughput_amortized", "step_time_ms", "steps", "seconds"} or {"label", "status", "reason"}.
 - stdin closed (or "quit"): everything is released and the process exits 0.
+
+This module is the process and its protocol; building a configuration and running one window of it
+are the native engine's (`gpuopt.engines.native.open_windows`, reached through
+`gpuopt.engines.registry.engine_entry`), so the windows train exactly as a trial does.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass
 class Member:
-    """One configuration of the shared process: its built trial, or why it has none."""
+    """One configuration of the shared process: what the engine built for it, or why it has none."""
 
     label: str
-    trial: Any = None  # gpuopt.engines._common.Trial
-    workload: Any = None  # gpuopt.engines.native.Workload
-    feed: Any = None  # gpuopt.engines._common.BatchFeed
-    cache: Any = None  # gpuopt.trial.knobs.CachePolicy (its after_step hook)
+    built: Any = None  # the engine's windowed trial (gpuopt.engines.native.WindowedTrial)
     epoch_steps: int | None = None
     epoch_overhead_s: float | None = None
     failure: dict[str, Any] | None = None  # {"status", "reason"} once it failed
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
-    from gpuopt.engines._common import classify_failure
+    from gpuopt.trial.failures import classify_failure
 
     status, reason = classify_failure(exc)
     return {"status": status.value, "reason": reason}
 
 
 def build_member(label: str, config_path: str, steady: dict[str, Any]) -> Member:
-    """Build the trial as the native engine does, then its warm-up steps (outside any window)."""
+    """Build the trial as the native engine does, then its warm-up steps (outside any window):
+    gpuopt's own loop, reached through the registry (`open_windows`)."""
     from omegaconf import OmegaConf
 
-    from gpuopt.engines import native
-    from gpuopt.engines._common import Trial, apply_policies
-    from gpuopt.engines.registry import load_spec
-    from gpuopt.env import check_device_support
+    from gpuopt.engines.registry import engine_entry, load_spec
+    from gpuopt.trial.devices import trial_device
 
     member = Member(label, epoch_steps=steady.get("epoch_steps"))
     member.epoch_overhead_s = steady.get("epoch_overhead_s")
     try:
         spec = load_spec(OmegaConf.load(config_path))
-        device, _ = check_device_support(spec)
-        member.trial = Trial(spec, device)
-        policies = apply_policies(spec, device)
-        member.cache = policies.cache
-        member.workload, member.feed = native.build(member.trial, policies)
-        for _ in range(spec.measure.warmup_steps):
-            member.workload.train_step(member.feed.next_step())
-        member.workload.check_finite("warm-up")
+        device, _ = trial_device(spec)
+        member.built = engine_entry("native", "open_windows")(spec, device)
     except Exception as exc:  # an OOM or a divergence is this configuration's answer
         member.failure = _failure(exc)
         release(member)
     return member
 
 
-def queued_batches(member: Member) -> int:
-    """Optimizer steps whose batches the idle loader's workers prefetched while another
-    configuration was measured: run untimed, so a window starts at the steady rate."""
-    loader = member.trial.spec.loader
-    prefetched = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
-    return -(-prefetched // member.workload.accumulation_steps) + 1
-
-
 def window(member: Member, window_s: float, min_steps: int) -> dict[str, Any]:
-    """One window: the process-wide settings of this configuration (threads, matmul precision),
-    the queue drained, then optimizer steps until `window_s` and `min_steps` are both reached."""
-    from gpuopt.engines._common import apply_policies
-    from gpuopt.trial.measure import amortized_throughput, synchronize
+    """One window of the member's configuration (the engine's `WindowedTrial.window`: its
+    process-wide settings, the queue drained, then steps until `window_s` and `min_steps`)."""
+    from gpuopt.trial.measure import amortized_throughput
 
     if member.failure is not None:
         return {"label": member.label, **member.failure}
-    trial, workload, feed = member.trial, member.workload, member.feed
     try:
-        apply_policies(trial.spec, trial.device)
-        for _ in range(queued_batches(member)):
-            workload.train_step(feed.next_step())
-        synchronize(trial.device)
-        feed.reset_counters()
-        steps, started = 0, time.perf_counter()
-        while steps < min_steps or time.perf_counter() - started < window_s:
-            workload.train_step(feed.next_step())
-            member.cache.after_step(steps)
-            steps += 1
-        synchronize(trial.device)
-        seconds = time.perf_counter() - started
-        workload.check_finite("an interleaved window")
+        steps, seconds, samples = member.built.window(window_s, min_steps)
     except Exception as exc:
         member.failure = _failure(exc)
         release(member)
         return {"label": member.label, **member.failure}
-    throughput = feed.samples / seconds
+    throughput = samples / seconds
     step_s = seconds / steps
     return {
         "label": member.label,
@@ -131,9 +102,9 @@ def window(member: Member, window_s: float, min_steps: int) -> dict[str, Any]:
 
 def release(member: Member) -> None:
     """Stop the member's loader workers and drop what it built."""
-    if member.feed is not None:
-        member.feed.close()
-    member.trial = member.workload = member.feed = None
+    if member.built is not None:
+        member.built.close()
+    member.built = None
 
 
 def emit(data: dict[str, Any]) -> None:

@@ -3,8 +3,9 @@ micro-batch, as one JSON line (the sweeper's memory-aware batch axis, gpuopt/swe
 
 Run in a fresh process per micro-batch by the sweeper before the study (it never imports torch),
 with the composed task config: the trial's own model, data, optimizer and precision are built the
-way the native engine builds them (no worker processes), two training steps run on one batch, and
-the peak is read as a trial reads it: CUDA's allocated peak, or on CPU the peak RSS's growth from
+way the native engine builds them (its `repeated_step`, reached through the engine registry; no
+worker processes), two training steps run on one batch, and the peak is read as a trial reads it
+(gpuopt.trial.memory.MemoryBaseline): CUDA's allocated peak, or on CPU the peak RSS's growth from
 before anything was built. It also reports the device's memory and the available RAM, the budget
 the batch axis is fitted against.
 """
@@ -34,28 +35,22 @@ def measure_peak(config_path: str, batch: int) -> dict[str, Any]:
     """Build the trial at `batch` and run PROBE_STEPS steps; its peak memory (MiB)."""
     from omegaconf import OmegaConf
 
-    from gpuopt.engines._common import MemoryBaseline, Trial, apply_policies
-    from gpuopt.engines.registry import load_spec
-    from gpuopt.env import check_device_support
+    from gpuopt.engines.registry import engine_entry, load_spec
+    from gpuopt.trial.devices import trial_device
     from gpuopt.trial.measure import synchronize
+    from gpuopt.trial.memory import MemoryBaseline
 
     cfg = OmegaConf.load(config_path)
     cfg.loader.batch_size = batch
     cfg.loader.num_workers = 0
     spec = load_spec(cfg)
-    device, _ = check_device_support(spec)
-    memory = MemoryBaseline.take(device)
+    device, _ = trial_device(spec)
+    memory = MemoryBaseline.take(device)  # before anything is built: a CPU's peak RSS from here
     out: dict[str, Any] = {"batch": batch, "device": device.type}
-    from gpuopt.engines import native
-
-    trial = Trial(spec, device)
-    policies = apply_policies(spec, device)
-    workload, feed = native.build(trial, policies)
-    step_on_device = feed.next_step()  # the micro-batches of one optimizer step
-    feed.close()
+    step = engine_entry("native", "repeated_step")(spec, device)  # gpuopt's own loop builds it
     memory.window_starting()
     for _ in range(PROBE_STEPS):
-        workload.train_step(step_on_device)
+        step()
     synchronize(device)
     out["peak_mb"] = memory.peak_mb()
     if device.type == "cuda":

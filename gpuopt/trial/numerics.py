@@ -20,6 +20,11 @@ thousands of steps (e.g. bf16 weight updates that round to nothing late in train
 The reference depends only on the model, data, optimizer, loss, seed, global batch, K and device:
 it is computed once per process and, inside a Hydra multirun, cached in the sweep dir
 (`.numerics/<key>.json`), so a sweep's trials share it.
+
+This module holds what the guard decides (which trials it checks, the reference's spec, the drift,
+the cache of reference trajectories, the evidence on the trial); the training of the K steps is the
+engines' side (gpuopt.engines._guard, a step the engines ask for once a trial measured ok). It
+imports no engine.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.spec import CompileConf, PrecisionConf, TrainConf, TrialSpec
+from gpuopt.trial.failures import is_oom
 
 if TYPE_CHECKING:
     import torch
 
-    from gpuopt.core.result import TrialResult
+    from gpuopt.trial.context import Trial
 
 log = logging.getLogger(__name__)
 
@@ -131,71 +137,8 @@ def loss_drift(losses: list[float], reference: list[float]) -> float:
     return drift
 
 
-def fixed_batches(spec: TrialSpec, steps: int) -> list[Any]:
-    """K global batches of the dataset's first samples, in order (CPU tensors)."""
-    from torch.utils.data import default_collate
-
-    from gpuopt.engines._common import instantiate_data
-
-    dataset = instantiate_data(spec)
-    size, batch = len(dataset), spec.global_batch
-    return [
-        default_collate([dataset[(step * batch + i) % size] for i in range(batch)])
-        for step in range(steps)
-    ]
-
-
-def loss_trajectory(
-    spec: TrialSpec, device: torch.device, batches: list[Any]
-) -> tuple[list[float], int]:
-    """(the loss of each of the K optimizer steps, fp16 steps skipped) training `spec`'s way from
-    the seeded initial weights: gpuopt's own step (gpuopt.engines.native.Workload)."""
-    import torch
-
-    from gpuopt.engines._common import build_loss, build_optimizer, instantiate_model
-    from gpuopt.engines.native import Workload
-    from gpuopt.trial import knobs
-
-    torch.manual_seed(spec.seed)
-    model = instantiate_model(spec)
-    if hasattr(model, "training_step"):  # a LightningModule: its own step, not gpuopt's
-        raise NotGuarded(f"{type(model).__name__} trains through its own training_step")
-    model = model.to(device)
-    channels_last = bool(spec.model.get("channels_last", False))
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model.train()
-    precision = knobs.precision_policy(spec.precision, device)
-    workload = Workload(
-        model=model,
-        forward=knobs.compile_function(model, spec.compile),
-        optimizer=build_optimizer(spec, model.parameters()),
-        precision=precision,
-        loss=build_loss(spec),
-        device=device,
-        channels_last=channels_last,
-        non_blocking=False,
-        accumulation_steps=spec.accumulation_steps,
-    )
-    if not all(isinstance(b, (tuple, list)) and len(b) == 2 for b in batches):
-        kind = type(batches[0]).__name__ if batches else "no"
-        raise NotGuarded(f"the guard splits (inputs, targets) batches into micro-batches: {kind}")
-    losses, skipped = [], 0
-    for inputs, targets in batches:
-        micro = [
-            workload.to_device((x, y))
-            for x, y in zip(
-                inputs.split(spec.micro_batch), targets.split(spec.micro_batch), strict=True
-            )
-        ]
-        scale = precision.scaler.get_scale() if precision.scaler is not None else None
-        losses.append(float(workload.train_step(micro).detach()))
-        if scale is not None and precision.scaler.get_scale() < scale:
-            skipped += 1  # GradScaler lowers its scale exactly when it skipped the step
-    return losses, skipped
-
-
-def _reference_key(reference: TrialSpec, device: torch.device, steps: int) -> str:
+def reference_key(reference: TrialSpec, device: torch.device, steps: int) -> str:
+    """What the reference trajectory depends on, hashed: its cache key."""
     keep = {
         "model": reference.model,
         "data": reference.data,
@@ -224,12 +167,9 @@ def sweep_cache_dir() -> Path | None:
         return None
 
 
-def reference_losses(
-    spec: TrialSpec, device: torch.device, batches: list[Any], cache_dir: Path | None
-) -> list[float]:
-    """The fp32 reference trajectory: from this process's cache, the sweep dir's, or trained now."""
-    reference = reference_spec(spec)
-    key = _reference_key(reference, device, len(batches))
+def cached_reference(key: str, cache_dir: Path | None) -> list[float] | None:
+    """The reference trajectory under `key`: from this process's cache or the sweep dir's, else
+    None (to be trained, then `store_reference`)."""
     if key in _reference_cache:
         return _reference_cache[key]
     path = cache_dir / f"{key}.json" if cache_dir is not None else None
@@ -239,11 +179,14 @@ def reference_losses(
             return _reference_cache[key]
         except (OSError, ValueError, KeyError):
             pass  # a half-written or foreign file: recompute
-    losses, _ = loss_trajectory(reference, device, batches)
+    return None
+
+
+def store_reference(key: str, losses: list[float], cache_dir: Path | None) -> None:
+    """Keep a trained reference trajectory for this process and, in a multirun, the sweep."""
     _reference_cache[key] = losses
-    if path is not None:
-        _write_atomically(path, {"losses": losses})
-    return losses
+    if cache_dir is not None:
+        _write_atomically(cache_dir / f"{key}.json", {"losses": losses})
 
 
 def _write_atomically(path: Path, data: dict[str, Any]) -> None:
@@ -258,54 +201,50 @@ def _write_atomically(path: Path, data: dict[str, Any]) -> None:
         log.warning("numerics reference not cached: %s", exc)
 
 
-def check(
+def evidence(
     spec: TrialSpec,
-    device: torch.device,
+    losses: list[float],
+    reference: list[float],
+    skipped_steps: int,
     changes: list[str] | None = None,
-    cache_dir: Path | None = None,
 ) -> GuardEvidence:
-    """Train K steps `spec`'s way and the fp32 reference way; compare the loss trajectories.
-    The reference runs first, so the process's matmul precision ends as the trial's."""
-    steps = spec.guard.steps
-    batches = fixed_batches(spec, steps)
-    reference = reference_losses(spec, device, batches, cache_dir)
-    losses, skipped = loss_trajectory(spec, device, batches)
+    """The guard's verdict on the trial's trajectory against the reference's."""
     drift = loss_drift(losses, reference)
     return GuardEvidence(
         passed=drift <= spec.guard.loss_tolerance,
         loss_drift=drift,
         tolerance=spec.guard.loss_tolerance,
-        steps=steps,
+        steps=spec.guard.steps,
         global_batch=spec.global_batch,
         changes=changes if changes is not None else math_changes(spec),
         reference=f"fp32 reference (global batch {spec.global_batch} in one pass, no compile)",
         losses=losses,
         reference_losses=reference,
-        skipped_steps=skipped,
+        skipped_steps=skipped_steps,
     )
 
 
-def guard_result(spec: TrialSpec, device: torch.device | None, result: TrialResult) -> TrialResult:
-    """After a measured trial (its memory released): run the guard when it is on, the trial ended
-    ok and it changes the math; the evidence goes to `result.numerics` and `loss_drift`."""
-    changes = math_changes(spec)
-    if not spec.guard.enabled or not changes or not result.ok:
-        return result
-    from gpuopt.engines._common import is_oom
-    from gpuopt.env import resolve_device
+def changes_to_guard(spec: TrialSpec) -> list[str]:
+    """What the guard checks in this trial (`math_changes`), none when the guard is off; raises
+    NotGuarded for a configuration it cannot train gpuopt's way."""
+    changes = math_changes(spec) if spec.guard.enabled else []
+    if changes and spec.engine.name == "lightning" and spec.engine.precision is not None:
+        raise NotGuarded(f"engine.precision={spec.engine.precision} has no gpuopt equivalent")
+    return changes
 
-    try:
-        if spec.engine.name == "lightning" and spec.engine.precision is not None:
-            raise NotGuarded(f"engine.precision={spec.engine.precision} has no gpuopt equivalent")
-        device = device if device is not None else resolve_device(spec.device.type)
-        evidence = check(spec, device, changes, sweep_cache_dir())
-    except Exception as exc:  # the guard must not turn a measured trial into an error
-        if not isinstance(exc, NotGuarded) and not is_oom(exc):
-            log.warning("numerics guard failed", exc_info=exc)
-        result.warnings.append(f"numerics guard not run: {type(exc).__name__}: {exc}")
-        return result
-    result.metrics.loss_drift = evidence.loss_drift
-    result.numerics = {**asdict(evidence), "summary": evidence.summary}
-    if not evidence.passed:
-        result.warnings.append(f"numerics: {evidence.summary}")
-    return result
+
+def record_evidence(trial: Trial, found: GuardEvidence) -> None:
+    """The evidence on the trial: `numerics` (the sweeper's user attr) and `loss_drift`, and a
+    warning when it is over the tolerance."""
+    trial.metrics.loss_drift = found.loss_drift
+    trial.numerics = {**asdict(found), "summary": found.summary}
+    if not found.passed:
+        trial.warnings.append(f"numerics: {found.summary}")
+
+
+def record_not_run(trial: Trial, exc: Exception) -> None:
+    """Why the guard did not run, as a warning (the guard never turns a measured trial into an
+    error); an unexpected failure is also logged with its traceback."""
+    if not isinstance(exc, NotGuarded) and not is_oom(exc):
+        log.warning("numerics guard failed", exc_info=exc)
+    trial.warnings.append(f"numerics guard not run: {type(exc).__name__}: {exc}")

@@ -2,7 +2,7 @@
 
 Each takes width/depth knobs and `activation_checkpointing` (recompute each block's activations in
 backward: less memory, about one extra forward of compute). They follow gpuopt's workload contract
-(see gpuopt.engines._common): `model(inputs) -> outputs`, with outputs of shape (N, C) or (N, T, C)
+(see gpuopt.engines._build): `model(inputs) -> outputs`, with outputs of shape (N, C) or (N, T, C)
 for the loss.
 """
 

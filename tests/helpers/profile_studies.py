@@ -8,8 +8,8 @@ from typing import Any
 
 import optuna
 
-from gpuopt.core.result import ATTR_PROFILE
-from gpuopt.trial.profile import PHASES
+from gpuopt.study.keys import ATTR_PROFILE
+from gpuopt.trial.trace import PHASES
 from tests.helpers.report_studies import CPU_STUDY, build_cpu_study
 
 # Baseline (#0): input-bound; best (#5): the loader hidden by workers, the optimizer now stands out.

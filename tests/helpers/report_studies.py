@@ -25,15 +25,13 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution
 
-from gpuopt.core.result import (
+from gpuopt.core.result import Metrics, Status, TrialResult
+from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_OVERRIDES,
     STUDY_DIRECTIONS,
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
-    Metrics,
-    Status,
-    TrialResult,
 )
 from gpuopt.sweeper.record import outcome_of, record_trial
 
@@ -244,16 +242,15 @@ def build_gpu_study(storage: str | optuna.storages.BaseStorage, name: str = GPU_
 
 def confirmation_record(tie: bool = False) -> dict[str, Any]:
     """The sweeper's confirmation attribute for CPU_TRIALS, built with its own code
-    (gpuopt/sweeper/confirm/rounds.py, as `_confirm` records it): trial #5's first measurement was lucky,
-    re-measured #1 is faster, so the confirmed winner is #1. `tie`: both candidates re-measure
-    like the baseline, so the baseline stays the best."""
-    from gpuopt.sweeper.confirm import rounds as confirm
+    (gpuopt/sweeper/confirm/verdicts.py, as the round records it): trial #5's first measurement
+    was lucky, re-measured #1 is faster, so the confirmed winner is #1. `tie`: both candidates
+    re-measure like the baseline, so the baseline stays the best."""
+    from gpuopt.study.records import ConfirmedConfig
+    from gpuopt.sweeper.confirm.verdicts import compare
 
-    def config(
-        label: str, number: int, sweep: float, again: list[float]
-    ) -> confirm.ConfirmedConfig:
+    def config(label: str, number: int, sweep: float, again: list[float]) -> ConfirmedConfig:
         params = CPU_TRIALS[number].params
-        return confirm.ConfirmedConfig(
+        return ConfirmedConfig(
             label,
             number,
             dict(params),
@@ -277,7 +274,7 @@ def confirmation_record(tie: bool = False) -> dict[str, Any]:
         "time": "2026-01-01T00:00:00",
         "sweep_dir": "outputs/sweeps/test",
         "configs": [vars(c) for c in configs],
-        **confirm.compare(configs, "maximize"),
+        **compare(configs, "maximize"),
     }
     return json.loads(json.dumps(record))
 

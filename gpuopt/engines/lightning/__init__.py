@@ -1,3 +1,4 @@
-"""The Lightning engine (`engine.name=lightning`): the trial through `lightning.Trainer`, the
-public `MeasureCallback`, and the profiled window for Lightning runs.
+"""The Lightning engine (`engine.name=lightning`): the engine (engine), its meter of a fit (meter),
+the precision mapping (precision), the public `gpuopt.MeasureCallback` (callback), and the
+profiled window for Lightning runs (profile).
 """

@@ -30,7 +30,8 @@ import torch
 from lightning.pytorch.profilers import Profiler
 
 from gpuopt.core.spec import TrialSpec
-from gpuopt.trial.profile import SPAN_PREFIX, ProfiledSteps, ProfileSummary, summarize, trace_file
+from gpuopt.trial.profile import ProfiledSteps, ProfileSummary, summarize, trace_file
+from gpuopt.trial.trace import SPAN_PREFIX
 
 
 def span_of(action: str) -> str | None:

@@ -25,12 +25,13 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from gpuopt.study.rules import ATTR_CONFIG, ATTR_OVERRIDES
+from gpuopt.study.configs import config_of, flatten
+from gpuopt.study.keys import ATTR_OVERRIDES
 from gpuopt.sweeper.objectives import TrialOutcome, error_outcome
 
 log = logging.getLogger("gpuopt.sweeper")
 
-# Spec keys (gpuopt.engines._common.spec_to_dict) in which two configurations may differ and still
+# Spec keys (gpuopt.engines._lifecycle.spec_to_dict) in which two configurations may differ and still
 # share a process: each member builds its own loader and model, and the process-wide settings
 # (threads, float32 matmul precision) are re-applied before each window.
 SHAREABLE = (
@@ -59,8 +60,6 @@ def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str 
             return "the Lightning engine builds its own loop"
         if (config.get("compile") or {}).get("mode", "off") != "off":
             return "torch.compile"
-    from gpuopt.report.summary import flatten
-
     a, b = flatten(dict(baseline)), flatten(dict(candidate))
     differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     apart = [k for k in differing if not k.startswith(SHAREABLE + NOT_COMPARED)]
@@ -196,7 +195,7 @@ def open_shared(
     a member that cannot share, or the process failed to build them."""
     from gpuopt.sweeper.memory_axis import write_probe_config
 
-    configs = [t.user_attrs.get(ATTR_CONFIG) or {} for t in trials]
+    configs = [config_of(t.user_attrs) for t in trials]
     for label, config in zip(labels[1:], configs[1:], strict=True):
         why = shareable(configs[0], config)
         if why:

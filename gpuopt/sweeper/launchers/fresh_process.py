@@ -12,8 +12,9 @@ controller, its logs under `.submitit/`) and changes what happens around each jo
 - with several jobs in a batch (hydra.sweeper.n_jobs > 1) each one gets its own GPU(s) through
   CUDA_VISIBLE_DEVICES (gpuopt.sweeper.launchers.gpus.assign), recorded on the trial.
 
-A failed job is a `JobReturn` with status FAILED holding a `TrialProcessError`, so the sweeper
-records it like any failing task and the other jobs of the batch keep their results.
+A failed job is a `JobReturn` with status FAILED holding a `TrialProcessError`
+(gpuopt.sweeper.launchers.results, shared with the slurm launcher), so the sweeper records it like
+any failing task and the other jobs of the batch keep their results.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -29,23 +30,32 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
 
 from gpuopt.core import lifeline
 from gpuopt.core._compat import job_process, local_executor_class
-from gpuopt.core.secrets import mask_secrets, masked_singleton_state
+from gpuopt.core.secrets import masked_singleton_state
 from gpuopt.sweeper.launchers import gpus as gpus_mod
+from gpuopt.sweeper.launchers.results import (
+    TrialProcessError,
+    attach_diagnostics,
+    describe_exit,
+    failed_return,
+    job_return,
+    log_excerpt,
+    log_tail,
+    with_traceback,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,69 +80,6 @@ class FreshProcessConf(LocalQueueConf):
 ConfigStore.instance().store(
     group="hydra/launcher", name="gpuopt_local", node=FreshProcessConf, provider="gpuopt"
 )
-
-
-class TrialProcessError(RuntimeError):
-    """A trial process that ended without a result: killed by a signal, exited, or timed out.
-
-    Its message is the whole reason (no exception-type prefix in the trial's user attrs); `log_tail`
-    holds the head and the tail of the job's stderr log (a segfault's "Fatal Python error" and the
-    user's frame are near the start, the last frames at the end), `log_path` the whole log.
-    """
-
-    def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.log_tail = log_tail  # head and tail of the log (_log_excerpt), secrets masked
-        self.log_path = log_path  # the whole log
-
-
-def describe_exit(code: int | None) -> str:
-    """A trial process's exit status in words."""
-    if code is None:
-        return "ended without an exit status"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        text = f"killed by signal {name}"
-        if name == "SIGKILL":
-            text += " (the kernel's OOM killer sends it when host memory runs out)"
-        return text
-    return f"exited with code {code} without a result"
-
-
-# What a failed trial keeps of its stderr log: the head (the first error, "Fatal Python error: ...")
-# and the tail (the last frames), with a marker saying how much was cut in between.
-LOG_HEAD_CHARS = 2000
-LOG_TAIL_CHARS = 4000
-
-
-def _excerpt(text: str, head: int = LOG_HEAD_CHARS, tail: int = LOG_TAIL_CHARS) -> str:
-    """The first `head` and last `tail` characters of `text`, the cut marked; all of a short one."""
-    if len(text) <= head + tail:
-        return text
-    return f"{text[:head]}\n[... {len(text) - head - tail} chars cut ...]\n{text[-tail:]}"
-
-
-def _log_excerpt(path: Path) -> str:
-    """Head and tail of a log (`_excerpt`), secrets masked."""
-    try:
-        with open(path, "rb") as f:
-            return _excerpt(mask_secrets(f.read().decode(errors="replace")))
-    except OSError:
-        return ""
-
-
-def _log_tail(path: Path, chars: int = 2000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return mask_secrets(f.read().decode(errors="replace"))
-    except OSError:
-        return ""
 
 
 def _start_controller(
@@ -238,7 +185,7 @@ class FreshProcessLauncher(LocalLauncher):
 
         started: list[tuple[Any, float, str | None]] = []
         try:
-            with _terminate_as_interrupt():
+            with lifeline.terminate_as_interrupt():
                 return self._run_batch(
                     executor, job_overrides, initial_job_idx, user_setup, plan, started
                 )
@@ -308,15 +255,15 @@ class FreshProcessLauncher(LocalLauncher):
             if stop is not None:
                 self._kill(job)
                 log.warning("%s", stop)
-                return _failed(overrides, TrialProcessError(stop, "", str(job.paths.stderr)))
+                return failed_return(overrides, TrialProcessError(stop, "", str(job.paths.stderr)))
             if time.monotonic() > deadline:
                 self._kill(job)
-                return _failed(
+                return failed_return(
                     overrides,
                     TrialProcessError(
                         f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s): "
                         "the trial process was killed",
-                        _log_excerpt(job.paths.stderr),
+                        log_excerpt(job.paths.stderr),
                         str(job.paths.stderr),
                     ),
                 )
@@ -325,9 +272,9 @@ class FreshProcessLauncher(LocalLauncher):
             return job_return(job, overrides)
         codes = _exit_codes(job)
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
-        excerpt = _log_excerpt(job.paths.stderr)
-        reason = lifeline.reason_from_log(_log_tail(job.paths.stderr)) or describe_exit(code)
-        return _failed(overrides, TrialProcessError(reason, excerpt, str(job.paths.stderr)))
+        excerpt = log_excerpt(job.paths.stderr)
+        reason = lifeline.reason_from_log(log_tail(job.paths.stderr)) or describe_exit(code)
+        return failed_return(overrides, TrialProcessError(reason, excerpt, str(job.paths.stderr)))
 
     @staticmethod
     def _kill(job: Any) -> None:
@@ -343,30 +290,6 @@ class FreshProcessLauncher(LocalLauncher):
             log.warning("job %s did not end after SIGKILL", job.job_id)
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """While trials run, SIGTERM (kill, a scheduler's stop) and SIGHUP (a closed terminal) raise
-    KeyboardInterrupt like Ctrl-C, so the launcher can kill its trials before the sweep exits and
-    the sweep can mark them interrupted. Main thread only (Python's rule)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    signals = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
-    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-terminate_as_interrupt = _terminate_as_interrupt  # the sweep loop's name for it
-
-
 def _exit_codes(job: Any) -> list[int | None]:
     path = job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}"
     try:
@@ -375,72 +298,3 @@ def _exit_codes(job: Any) -> list[int | None]:
         process = job_process(job)
         poll = process.poll() if process is not None else None
         return [poll]  # the controller itself died: its own status is all there is
-
-
-@dataclass(frozen=True)
-class TrialDiagnostics:
-    """Where to look when a trial failed, attached to its JobReturn (`gpuopt_diagnostics`) and
-    stored by gpuopt.sweeper.record: the job's full logs, its run dir, and its traceback (head and
-    tail): the one formatted in the trial process, else the last one in its logs (a gpuopt trial
-    that caught the error logs it), else the head and tail of the stderr log (a crash)."""
-
-    logs: list[str]
-    run_dir: str | None
-    traceback: str | None
-
-
-def with_traceback(ret: JobReturn) -> JobReturn:
-    """In the trial process: a failed job's traceback as text (pickling drops its frames)."""
-    import traceback
-
-    if ret.status is JobStatus.FAILED:
-        try:
-            ret.return_value  # noqa: B018  (raises the task's exception)
-        except BaseException as exc:
-            text = "".join(traceback.format_exception(exc))
-            ret.gpuopt_traceback = _excerpt(mask_secrets(text))  # type: ignore[attr-defined]
-    return ret
-
-
-def _last_traceback(path: Path) -> str | None:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    index = text.rfind("Traceback (most recent call last)")
-    return _excerpt(mask_secrets(text[index:])) if index >= 0 else None
-
-
-def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
-    """Set `ret.gpuopt_diagnostics` from the job's logs (both launchers)."""
-    traceback = (
-        getattr(ret, "gpuopt_traceback", None)
-        or _last_traceback(job.paths.stdout)
-        or _last_traceback(job.paths.stderr)
-    )
-    ret_dir = getattr(getattr(getattr(ret, "hydra_cfg", None), "hydra", None), "runtime", None)
-    ret.gpuopt_diagnostics = TrialDiagnostics(  # type: ignore[attr-defined]
-        logs=[str(job.paths.stdout), str(job.paths.stderr)],
-        run_dir=str(ret_dir.output_dir) if ret_dir is not None else run_dir,
-        traceback=traceback,
-    )
-
-
-def job_return(job: Any, overrides: list[str]) -> JobReturn:
-    """The job's JobReturn from its result pickle; a failed one if submitit itself failed (both
-    launchers: fresh_process and slurm)."""
-    try:
-        ret = job.results()[0]
-        if isinstance(ret, JobReturn):
-            return ret
-        raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
-    except Exception as exc:
-        return _failed(overrides, exc)
-
-
-def _failed(overrides: list[str], exc: BaseException) -> JobReturn:
-    ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
-    ret.return_value = exc
-    if isinstance(exc, TrialProcessError) and exc.log_tail:
-        ret.gpuopt_traceback = exc.log_tail  # type: ignore[attr-defined]  (a crash: its log)
-    return ret

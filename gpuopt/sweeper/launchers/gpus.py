@@ -21,9 +21,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# user attr on each trial: the CUDA_VISIBLE_DEVICES value its process got (absent: not pinned)
-ATTR_VISIBLE_DEVICES = "cuda_visible_devices"
-
 
 def visible_gpus(environ: Mapping[str, str], nvml_count: int) -> list[str] | None:
     """The GPU ids this process may hand out: CUDA_VISIBLE_DEVICES (ids or UUIDs) when set, else

@@ -42,16 +42,16 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQue
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf
 
+from gpuopt.core.lifeline import terminate_as_interrupt
 from gpuopt.core.secrets import masked_singleton_state
-from gpuopt.sweeper.launchers.fresh_process import (
+from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
-    _failed,
-    _log_excerpt,
-    _log_tail,
-    _terminate_as_interrupt,
     attach_diagnostics,
     describe_exit,
+    failed_return,
     job_return,
+    log_excerpt,
+    log_tail,
     with_traceback,
 )
 
@@ -248,7 +248,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
             )
         jobs: list[Any] = []
         try:
-            with _terminate_as_interrupt():
+            with terminate_as_interrupt():
                 jobs = list(self._executor().map_array(self, *zip(*job_params, strict=True)))
                 log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in jobs))
                 return self._collect(jobs, [list(o) for o in job_overrides])
@@ -294,7 +294,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
         """The state of a job slurmctld no longer knows: accounting, else its stderr, else unknown."""
         return (
             query_sacct(job.job_id)
-            or state_from_log(job.job_id, _log_tail(job.paths.stderr, chars=20000))
+            or state_from_log(job.job_id, log_tail(job.paths.stderr, chars=20000))
             or SlurmJobState(job.job_id, "FAILED", "purged from slurmctld, no accounting")
         )
 
@@ -302,9 +302,9 @@ class GpuoptSlurmLauncher(SlurmLauncher):
         exit_code = query_exit_code(job.job_id) if state.state in ("FAILED", "COMPLETED") else None
         reason = end_reason(state, self.params, exit_code)
         log.warning("trial job %s: %s", job.job_id, reason)
-        return _failed(
+        return failed_return(
             overrides,
-            TrialProcessError(reason, _log_excerpt(job.paths.stderr), str(job.paths.stderr)),
+            TrialProcessError(reason, log_excerpt(job.paths.stderr), str(job.paths.stderr)),
         )
 
 

@@ -18,9 +18,10 @@ import optuna
 
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.study import storage as storage_mod
-from gpuopt.study.rules import STUDY_DIRECTIONS, STUDY_HARDWARE, STUDY_OBJECTIVES, plain_names
+from gpuopt.study.keys import STUDY_DIRECTIONS, STUDY_HARDWARE, STUDY_OBJECTIVES
+from gpuopt.study.rules import plain_names
 from gpuopt.sweeper import machine
-from gpuopt.sweeper.objectives import SweepConfigError
+from gpuopt.sweeper.options import SweepConfigError
 
 log = logging.getLogger("gpuopt.sweeper")
 

@@ -1,12 +1,13 @@
 """Read an Optuna study written by the gpuopt sweeper into a `StudyReport`: plain data, no printing.
 
-Everything the terminal and HTML views show is computed here, so tests assert on this object.
+Everything the terminal and HTML views show is computed here, so tests assert on this object. The
+picks (baseline, best, same training) are the sweeper's own (gpuopt.study.rules), so the report
+and the sweep's best.yaml agree.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,19 +16,22 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpuopt.core.limits import HighestLimit, highest_limit
-from gpuopt.core.result import (
+from gpuopt.core.secrets import mask_secrets
+from gpuopt.report.diagnose import Diagnosis, diagnose
+from gpuopt.report.importance import param_importances
+from gpuopt.study.configs import config_of, flatten
+from gpuopt.study.export import override_parser
+from gpuopt.study.keys import (
     ATTR_BASELINE,
-    ATTR_CONFIG,
     ATTR_ENV,
     ATTR_OVERRIDES,
+    STUDY_BEST_PROFILE,
     STUDY_CONFIRMATION,
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
 )
-from gpuopt.core.secrets import mask_secrets
-from gpuopt.report.diagnose import Diagnosis, diagnose
+from gpuopt.study.records import Confirmation, read_confirmation
 from gpuopt.study.rules import (
-    BEST_PROFILE_ATTR,
     feasible,
     feasible_trials,
     global_batch_of,
@@ -42,9 +46,6 @@ from gpuopt.study.rules import (
 # gpuopt.study.rules.trial_status) are shown only when present.
 STATUS_ORDER = ("ok", "oom", "diverged", "error", "running")
 
-# Parameter importances need enough finished trials to mean anything (PED-ANOVA compares the top
-# quantile of trials with the rest).
-MIN_TRIALS_FOR_IMPORTANCE = 6
 # The metrics compared between the baseline and the best trial, in display order.
 COMPARED_METRICS = (
     "throughput",
@@ -72,8 +73,8 @@ def device_type_of(attrs: dict[str, Any], hardware: dict[str, Any] | None) -> st
                     value = value.get("type")
                 if isinstance(value, str) and value:
                     return value.split(":")[0]
-    config = attrs.get(ATTR_CONFIG)
-    if isinstance(config, dict):
+    config = config_of(attrs)
+    if config:
         declared = (config.get("device") or {}).get("type")
         if isinstance(declared, str) and declared != "auto":
             return declared.split(":")[0]
@@ -110,8 +111,7 @@ class TrialView:
 
     @property
     def config(self) -> dict[str, Any]:
-        value = self.attrs.get(ATTR_CONFIG)
-        return value if isinstance(value, dict) else {}
+        return config_of(self.attrs)
 
     def metric(self, name: str) -> float | None:
         return attr_number(self.attrs, name)
@@ -137,7 +137,7 @@ class StudyReport:
     best: TrialView | None
     pareto: list[TrialView]  # multi-objective: the ok trials on the Pareto front
     speedup: float | None  # best throughput / baseline throughput
-    confirmation: Any  # the sweeper's end-of-sweep re-measurement, as stored
+    confirmation: Confirmation | None  # the sweeper's end-of-sweep re-measurement
     override_changes: list[str]  # best overrides not already in the baseline's
     reverted_overrides: list[str]  # baseline overrides the best trial does not use
     config_changes: list[ConfigChange]
@@ -155,6 +155,8 @@ class StudyReport:
     best_profile: dict[str, Any] | None = None
     # The machine's limit as far as the study measured it: the highest of its trials' limits.
     highest_limit: HighestLimit | None = None
+    # A stored confirmation attr that is no confirmation record gpuopt wrote (shown as it is).
+    unread_confirmation: Any = None
 
     @property
     def multi_objective(self) -> bool:
@@ -178,20 +180,6 @@ def _objective_names(study: optuna.Study) -> list[str]:
     )
 
 
-def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
-    if not isinstance(config, dict):
-        return {prefix: config}
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, dotted))
-        else:
-            flat[dotted] = value
-    return flat
-
-
 _ABSENT = "(absent)"
 
 
@@ -210,11 +198,9 @@ def config_diff(baseline: dict[str, Any], best: dict[str, Any]) -> list[ConfigCh
 
 def _override_map(overrides: list[str]) -> dict[str, tuple[str, str]]:
     """key (no +/++ prefix) -> (normalized value, the override as written), by Hydra's parser."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     result: dict[str, tuple[str, str]] = {}
     for override, line in zip(
-        OverridesParser.create().parse_overrides(overrides), overrides, strict=False
+        override_parser().parse_overrides(overrides), overrides, strict=False
     ):
         key = override.key_or_group + (f"@{override.package}" if override.package else "")
         value = "~" if override.is_delete() else override.get_value_element_as_str()
@@ -230,55 +216,6 @@ def override_diff(baseline: list[str], best: list[str]) -> tuple[list[str], list
     ]
     dropped = [line for key, (_, line) in base_map.items() if key not in best_map]
     return changed, dropped
-
-
-def importance_target(direction: optuna.study.StudyDirection, index: int) -> Any:
-    """PED-ANOVA ranks parameters by how they reach LOW target values: negate maximized ones."""
-    sign = -1.0 if direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    return lambda trial: sign * trial.values[index]
-
-
-def param_importances(
-    study: optuna.Study, trials: list[FrozenTrial], objectives: list[str]
-) -> tuple[dict[str, dict[str, float]], str | None]:
-    """Per-objective parameter importances over the ok trials (PED-ANOVA, Optuna's default).
-
-    Optuna warns whenever a `target` is given (PED-ANOVA's "low is good" convention); the
-    sign is handled by `importance_target`, so that warning is silenced here.
-    Infeasible trials carry worst-case values that would make every OOM-prone parameter look
-    important; they are left out by copying the ok trials into an in-memory study.
-    """
-    with_params = [t for t in trials if t.params]
-    if len(with_params) < MIN_TRIALS_FOR_IMPORTANCE:
-        return {}, (
-            f"parameter importances need >= {MIN_TRIALS_FOR_IMPORTANCE} completed ok trials "
-            f"with parameters; this study has {len(with_params)}"
-        )
-    varied = {
-        name
-        for t in with_params
-        for name in t.params
-        if any(u.params.get(name) != t.params[name] for u in with_params)
-    }
-    if not varied:
-        return {}, "no parameter varied between the ok trials"
-    copy = optuna.create_study(directions=study.directions)
-    copy.add_trials(with_params)
-    result: dict[str, dict[str, float]] = {}
-    for index, name in enumerate(objectives):
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
-                # Few trials per choice is the normal case for a sweep; the table says PED-ANOVA.
-                warnings.filterwarnings("ignore", message="Some regimes for parameter")
-                result[name] = optuna.importance.get_param_importances(
-                    copy,
-                    params=sorted(varied),
-                    target=importance_target(study.directions[index], index),
-                )
-        except (ValueError, RuntimeError) as exc:  # e.g. too few distinct values
-            return result, f"parameter importances unavailable: {exc}"
-    return result, None
 
 
 def trial_view(
@@ -298,7 +235,7 @@ def trial_view(
             attrs,
             status=status,
             device_type=device_type_of(attrs, hardware),
-            config=attrs.get(ATTR_CONFIG) or {},
+            config=config_of(attrs),
             highest=highest,
         ),
     )
@@ -345,13 +282,8 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     pareto_frozen = (
         [t for t in study.best_trials if feasible(t)] if len(directions) > 1 and pool else []
     )
-    confirmation = study.user_attrs.get(STUDY_CONFIRMATION)
-    picked = pick_best(
-        pool,
-        pareto_frozen,
-        directions,
-        confirmation if isinstance(confirmation, dict) else None,
-    )
+    confirmation = read_confirmation(study.user_attrs)
+    picked = pick_best(pool, pareto_frozen, directions, confirmation)
     best = by_number[picked.number] if picked is not None else None
     pareto = [by_number[t.number] for t in pareto_frozen]
     base_trial = pick_baseline(frozen)
@@ -363,9 +295,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
             speedup = best_tp / base_tp
 
     changes, reverted, config_changes = _changes(baseline, best)
-    same = pick_same_training(
-        pool, base_trial, directions, confirmation if isinstance(confirmation, dict) else None
-    )
+    same = pick_same_training(pool, base_trial, directions, confirmation)
 
     ok_numbers = {v.number for v in views if v.status == "ok"}
     importances, note = param_importances(
@@ -395,11 +325,14 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         global_batch=global_batch_of(base_trial) if base_trial is not None else None,
         best_profile=_best_profile(study, best),
         highest_limit=highest,
+        unread_confirmation=(
+            study.user_attrs.get(STUDY_CONFIRMATION) if confirmation is None else None
+        ),
     )
 
 
 def _best_profile(study: optuna.Study, best: TrialView | None) -> dict[str, Any] | None:
-    stored = study.user_attrs.get(BEST_PROFILE_ATTR)
+    stored = study.user_attrs.get(STUDY_BEST_PROFILE)
     if best is None or not isinstance(stored, dict) or stored.get("trial") != best.number:
         return None
     return stored.get("profile") if isinstance(stored.get("profile"), dict) else None

@@ -1,0 +1,155 @@
+"""The checks of a config's workload, torch-free: the model and data configs are present, trusted
+and agree on the input kind; gpuopt's own models and dataset against their schemas and ranges; a
+`_target_` is trusted (without importing it) and, where the torch side asks, importable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gpuopt.core.errors import ConfigError, check_choice, check_min, config_error_from_omegaconf
+from gpuopt.core.spec import (
+    BUILTIN_TRUSTED_TARGETS,
+    BUILTIN_WORKLOAD_SCHEMAS,
+    HF_INSTALL_HINT,
+    HF_TARGET_PREFIX,
+    INPUT_KINDS,
+    INPUT_RANKS,
+    GPTConf,
+    GpuoptConf,
+    SyntheticDataConf,
+)
+
+
+def check_trusted(key: str, target: Any, trusted: tuple[str, ...]) -> None:
+    """A `_target_` must match a trusted pattern; checked without importing it."""
+    if not isinstance(target, str) or not target:
+        raise ConfigError(key, target, "a dotted path to a class or function")
+    if not any(fnmatch.fnmatchcase(target, pattern) for pattern in trusted):
+        raise ConfigError(
+            key,
+            target,
+            f"targets matching {', '.join(trusted)}; trust your own module with "
+            f"trust=[{target.rsplit('.', 1)[0]}.*]",
+        )
+
+
+def check_target(key: str, target: Any, trusted: tuple[str, ...]) -> None:
+    """A `_target_` must be trusted and importable; checked without calling it."""
+    check_trusted(key, target, trusted)
+    import logging
+
+    from hydra.utils import get_object
+
+    # get_object logs its failure at ERROR before raising: quiet that, the ConfigError says it.
+    hydra_log = logging.getLogger("hydra.utils")
+    was_disabled, hydra_log.disabled = hydra_log.disabled, True
+    try:
+        get_object(target)
+    except Exception as exc:  # ImportError, AttributeError, or the module failing on import
+        raise ConfigError(key, target, f"an importable class or function ({exc})") from None
+    finally:
+        hydra_log.disabled = was_disabled
+
+
+def check_workload_values(
+    container: dict[str, Any], typed: GpuoptConf
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Model and data configs: present, trusted, agreeing on the input kind; gpuopt's own
+    workloads also against their schemas. `data` is None when a LightningModule may bring its own."""
+    trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
+    model = container.get("model")
+    data = container.get("data")
+    if not isinstance(model, dict) or "_target_" not in model:
+        raise ConfigError("model", model, "a model config with _target_ (conf/model/ or your own)")
+    check_trusted("model._target_", model["_target_"], trusted)
+    _check_hf_extra(model)
+    if data is None and typed.engine.name == "lightning":
+        return model, None  # `load_spec` asks the LightningModule whether it has its own data
+    if not isinstance(data, dict) or "_target_" not in data:
+        raise ConfigError("data", data, "a dataset config with _target_ (conf/data/ or your own)")
+    check_trusted("data._target_", data["_target_"], trusted)
+    epoch_steps = data.get("epoch_steps")
+    if epoch_steps is not None and (
+        isinstance(epoch_steps, bool) or not isinstance(epoch_steps, int) or epoch_steps < 1
+    ):
+        raise ConfigError("data.epoch_steps", epoch_steps, "null or an integer >= 1")
+    model_input = model.get("input", "any")
+    check_choice("model.input", model_input, INPUT_KINDS)
+    data_kind = data.get("kind", "any")
+    check_choice("data.kind", data_kind, INPUT_KINDS)
+    if "any" not in (model_input, data_kind) and model_input != data_kind:
+        raise ConfigError(
+            "data.kind",
+            data_kind,
+            f"{model_input!r}: model {model['_target_']} takes {model_input} "
+            f"(drop the data.kind override, or pick a model that takes {data_kind})",
+        )
+    if model.get("channels_last") and model_input not in ("images", "hf_images", "any"):
+        raise ConfigError("model.channels_last", True, "false for models that do not take images")
+    _check_builtin_workload("model", model)
+    _check_builtin_workload("data", data)
+    if data["_target_"] in BUILTIN_WORKLOAD_SCHEMAS and typed.loader.drop_last:
+        size, batch = data.get("size", SyntheticDataConf.size), typed.loader.batch_size
+        if size < batch:  # every batch dropped: the loader would never yield one
+            raise ConfigError(
+                "data.size", size, f"an integer >= loader.batch_size ({batch}) with drop_last=true"
+            )
+    return model, data
+
+
+def builder_results(model: dict[str, Any]) -> tuple[str, ...]:
+    """What gpuopt's Hugging Face builder returns (Hydra 1.4 also checks a target's result against
+    the whitelist): the transformers model classes, trusted for that builder only."""
+    return ("transformers.models.*",) if str(model["_target_"]).startswith(HF_TARGET_PREFIX) else ()
+
+
+def _check_hf_extra(model: dict[str, Any]) -> None:
+    """A Hugging Face model (conf/model/hf_*) needs `transformers`: found without importing it."""
+    import importlib.util
+
+    target = str(model["_target_"])
+    if target.startswith(HF_TARGET_PREFIX) and importlib.util.find_spec("transformers") is None:
+        name = model.get("architecture", target)
+        raise ConfigError("model", name, f"install the Hugging Face extra first: {HF_INSTALL_HINT}")
+
+
+def _check_builtin_workload(group: str, node: dict[str, Any]) -> None:
+    """gpuopt's own models and dataset: keys and types from their schema, then their ranges."""
+    schema = BUILTIN_WORKLOAD_SCHEMAS.get(node["_target_"])
+    if schema is None:
+        return  # a user's model or dataset: its constructor is the schema
+    try:
+        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
+    except OmegaConfBaseException as exc:
+        error = config_error_from_omegaconf(exc, node)
+        raise ConfigError(f"{group}.{error.key}", error.value, error.allowed) from None
+    kind = getattr(typed, "input", None) or getattr(typed, "kind", "any")
+    shape_key = "input_shape" if group == "model" else "shape"
+    shape = getattr(typed, shape_key)
+    if group == "data" and kind not in INPUT_RANKS:
+        raise ConfigError("data.kind", kind, " | ".join(INPUT_RANKS))
+    rank = INPUT_RANKS.get(kind)
+    if (rank is not None and len(shape) != rank) or any(dim < 1 for dim in shape):
+        dims = f"{rank} dimension(s)" if rank is not None else "dimensions"
+        raise ConfigError(f"{group}.{shape_key}", shape, f"{dims} >= 1 for {kind}")
+    for item in dataclasses.fields(typed):
+        value = getattr(typed, item.name)
+        if item.type == "int" and item.name != "seed":
+            check_min(f"{group}.{item.name}", value, 1, "an integer >= 1")
+    if isinstance(typed, GPTConf) and typed.width % typed.heads:
+        divisors = [n for n in range(1, typed.width + 1) if typed.width % n == 0]
+        raise ConfigError(
+            "model.heads",
+            typed.heads,
+            f"a divisor of model.width ({typed.width}): {', '.join(map(str, divisors[:12]))}"
+            + (", ..." if len(divisors) > 12 else ""),
+        )
+    if isinstance(typed, SyntheticDataConf):
+        check_min("data.sample_cost", typed.sample_cost, 0.0, "a number >= 0")
+        check_min("data.seed", typed.seed, 0, "an integer >= 0")

@@ -1,0 +1,200 @@
+"""The most this machine can do for this workload, measured apart from the timed window
+(gpuopt.core.limits does the arithmetic):
+
+- `CeilingReplay`: the compute ceiling, the trial's first batch replayed on the device with no
+  loader (also what the compute costs in CPU core-seconds per sample);
+- `measure_loader_cost`: the input pipeline's cost per sample, in a worker-like loop;
+- `record_limit`, `record_achievable_mfu`: the machine's limit (what bounds it, the share reached)
+  and MFU against the measured matmul peak.
+
+Every engine drives these after its window. torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core import limits
+from gpuopt.core.result import Metrics
+from gpuopt.core.spec import TrialSpec
+from gpuopt.engines._batches import dataset_length
+from gpuopt.trial.measure import mfu_percent, synchronize
+
+if TYPE_CHECKING:
+    import torch
+
+# Compute-ceiling steps run (unmeasured) before timing it: the model is already warm, this only
+# re-warms caches for the replayed batch.
+CEILING_WARMUP_STEPS = 1
+# The ceiling replay stops after this share of measure.time_budget_s (or measure.ceiling_steps).
+CEILING_BUDGET_SHARE = 0.25
+# ... but not before this many timed replay steps.
+CEILING_MIN_STEPS = 3
+# The worker-like loop that prices the input pipeline runs this long (at least one batch).
+LOADER_COST_BUDGET_S = 0.2
+
+
+class CeilingReplay:
+    """The compute ceiling: the trial's first batch, already on the device, replayed with no loader
+    (CEILING_WARMUP_STEPS untimed steps, then up to `max_steps` timed ones, ended early once
+    `budget_s` passed after CEILING_MIN_STEPS: a slow step must not make the ceiling cost more
+    than the window itself). Synchronized at both ends; the budget is read on the host, so on CUDA
+    the queue may run a little past it, and the final synchronize counts that in.
+
+    Engines drive it: a loop calls `run(step)`; a framework's batch-end hook calls `begin()` once
+    and `step_done(samples)` after each replayed step, stopping when it returns True."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        max_steps: int,
+        budget_s: float,
+        warmup_steps: int = CEILING_WARMUP_STEPS,
+        min_steps: int = CEILING_MIN_STEPS,
+    ) -> None:
+        self.device, self.max_steps, self.budget_s = device, max_steps, budget_s
+        self.warmup_steps, self.min_steps = warmup_steps, min_steps
+        self.done = self.steps = self.samples = 0
+        self.seconds: float | None = None
+        # The process's CPU time over the timed replay (every compute thread): on CPU, what the
+        # compute costs in core-seconds (gpuopt.core.limits).
+        self.cpu_seconds: float | None = None
+        self._t0 = self._cpu_t0 = 0.0
+
+    @classmethod
+    def for_trial(cls, spec: TrialSpec, device: torch.device) -> CeilingReplay:
+        budget = CEILING_BUDGET_SHARE * spec.measure.time_budget_s
+        return cls(device, spec.measure.ceiling_steps, budget)
+
+    @property
+    def max_batches(self) -> int:
+        """The most batches the replay can take (warm-up included)."""
+        return self.warmup_steps + self.max_steps
+
+    def begin(self) -> None:
+        self.done = self.steps = self.samples = 0
+        self.seconds = self.cpu_seconds = None
+        if self.warmup_steps == 0:
+            self._start_timing()
+
+    def _start_timing(self) -> None:
+        synchronize(self.device)
+        self._t0, self._cpu_t0 = time.perf_counter(), time.process_time()
+
+    def step_done(self, samples: int) -> bool:
+        """Count one replayed step of `samples` samples; True once the replay should stop."""
+        self.done += 1
+        if self.done <= self.warmup_steps:
+            if self.done == self.warmup_steps:
+                self._start_timing()
+            return False
+        self.steps += 1
+        self.samples += samples
+        out_of_budget = (
+            self.steps >= self.min_steps and time.perf_counter() - self._t0 >= self.budget_s
+        )
+        if self.steps < self.max_steps and not out_of_budget:
+            return False
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self._t0
+        self.cpu_seconds = time.process_time() - self._cpu_t0
+        return True
+
+    def run(self, step: Callable[[], int]) -> None:
+        """Replay from a loop: `step()` trains on the batch once and returns its sample count."""
+        self.begin()
+        while not self.step_done(step()):
+            pass
+
+    def record(self, m: Metrics) -> None:
+        """ceiling_throughput and input_efficiency (the window's throughput over the ceiling)."""
+        if not self.seconds:
+            return
+        m.ceiling_throughput = self.samples / self.seconds
+        m.input_efficiency = 100.0 * m.throughput / m.ceiling_throughput if m.throughput else None
+
+    @property
+    def compute_cost_s(self) -> float | None:
+        """Core-seconds of CPU per replayed sample (None before a replay ended)."""
+        if self.cpu_seconds is None:
+            return None
+        return limits.per_sample_cost(self.cpu_seconds, self.samples)
+
+
+class _PricedLoop:
+    """A one-item map-style dataset whose item is a price: fetched inside one DataLoader worker
+    process, it does what a worker does per batch (`dataset[i]` for a batch of indices, then the
+    loader's collate_fn) for `budget_s`, timed on the worker's own CPU clock, and returns
+    (core-seconds, samples). Module-level and torch-free, so it pickles for spawned workers too."""
+
+    def __init__(
+        self, dataset: Any, length: int, collate: Any, batch_size: int, budget_s: float
+    ) -> None:
+        self.dataset, self.length, self.collate = dataset, length, collate
+        self.batch_size, self.budget_s = batch_size, budget_s
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> tuple[float, int]:
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        samples = 0
+        while samples == 0 or time.perf_counter() - started < self.budget_s:
+            indices = [(samples + i) % self.length for i in range(self.batch_size)]
+            self.collate([self.dataset[i] for i in indices])
+            samples += self.batch_size
+        return time.thread_time() - cpu_started, samples
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+def measure_loader_cost(loader: Any, budget_s: float = LOADER_COST_BUDGET_S) -> float | None:
+    """Core-seconds per sample of the input pipeline, in a worker-like loop outside the window:
+    one DataLoader worker process (one torch thread, the worker's seeding, `get_worker_info()`
+    set) prices a batch loop (`_PricedLoop`) on its thread's CPU clock, so other jobs on the cores
+    do not inflate the cost. None without a map-style dataset."""
+    from torch.utils.data import DataLoader
+
+    dataset = getattr(loader, "dataset", None)
+    length = dataset_length(dataset)
+    batch_size = getattr(loader, "batch_size", None)
+    collate = getattr(loader, "collate_fn", None)
+    if not length or not batch_size or collate is None:
+        return None
+    priced = _PricedLoop(dataset, length, collate, batch_size, budget_s)
+    worker = DataLoader(priced, batch_size=None, num_workers=1, collate_fn=_as_is)  # type: ignore[arg-type]
+    core_seconds, samples = next(iter(worker))
+    return limits.per_sample_cost(core_seconds, samples)
+
+
+def record_limit(
+    m: Metrics, device: torch.device, loader_cost_s: float | None, ceiling: CeilingReplay | None
+) -> None:
+    """loader/compute cost per sample, limit_throughput (what bounds it) and limit_efficiency."""
+    from gpuopt.core.host import usable_cpus
+
+    compute_cost = ceiling.compute_cost_s if ceiling is not None else None
+    m.loader_cost_us = None if loader_cost_s is None else loader_cost_s * 1e6
+    m.compute_cost_us = None if compute_cost is None else compute_cost * 1e6
+    limit = limits.machine_limit(
+        device.type, usable_cpus(), loader_cost_s, compute_cost, m.ceiling_throughput
+    )
+    if limit is None:
+        return
+    m.limit_throughput, m.limit_bound = limit.throughput, limit.bound
+    m.limit_efficiency = limits.limit_efficiency(m.throughput, limit.throughput)
+
+
+def record_achievable_mfu(m: Metrics, device: torch.device, precision_mode: str | None) -> None:
+    """mfu_achievable: model FLOP/s against this machine's measured matmul peak for the dtype
+    (gpuopt.trial.matmul_peak's probe, cached per hardware fingerprint; run here, after every timed span)."""
+    from gpuopt.trial.matmul_peak import probed_peak_flops
+
+    if not precision_mode or not m.flops_per_sample or not m.throughput:
+        return
+    m.peak_flops_measured = probed_peak_flops(device, precision_mode)
+    m.mfu_achievable = mfu_percent(m.flops_per_sample, m.throughput, m.peak_flops_measured)

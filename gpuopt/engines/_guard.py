@@ -1,0 +1,111 @@
+"""The numerics guard's training side: K optimizer steps of gpuopt's own step on fixed batches,
+the trial's way and the fp32 reference way (what the guard decides is gpuopt.trial.numerics).
+
+`guard_numerics` is the step an engine asks for (`trial.after_release`), so it runs once the trial
+measured ok and what it built was released, outside every timed span. Both trajectories train with
+gpuopt's step (gpuopt.engines._step), also for a Lightning trial of a plain `nn.Module`: the guard
+compares the math of a configuration, not the engine's loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core.spec import TrialSpec
+from gpuopt.engines._build import instantiate_data, instantiate_model
+from gpuopt.engines._step import build_workload
+from gpuopt.trial import numerics
+from gpuopt.trial.numerics import GuardEvidence, NotGuarded
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpuopt.trial.context import Trial
+
+
+def guard_numerics(trial: Trial) -> None:
+    """The guard on a measured trial, when it is on and the trial changes the math: the evidence
+    goes to `trial.numerics` and `loss_drift`; a guard that cannot run leaves a warning."""
+    try:
+        changes = numerics.changes_to_guard(trial.spec)
+        if not changes:
+            return
+        found = check(trial.spec, trial.device, changes, numerics.sweep_cache_dir())
+    except Exception as exc:  # the guard must not turn a measured trial into an error
+        numerics.record_not_run(trial, exc)
+        return
+    numerics.record_evidence(trial, found)
+
+
+def check(
+    spec: TrialSpec,
+    device: torch.device,
+    changes: list[str] | None = None,
+    cache_dir: Path | None = None,
+) -> GuardEvidence:
+    """Train K steps `spec`'s way and the fp32 reference way; compare the loss trajectories.
+    The reference runs first, so the process's matmul precision ends as the trial's."""
+    batches = fixed_batches(spec, spec.guard.steps)
+    reference = reference_losses(spec, device, batches, cache_dir)
+    losses, skipped = loss_trajectory(spec, device, batches)
+    return numerics.evidence(spec, losses, reference, skipped, changes)
+
+
+def reference_losses(
+    spec: TrialSpec, device: torch.device, batches: list[Any], cache_dir: Path | None
+) -> list[float]:
+    """The fp32 reference trajectory: from this process's cache, the sweep dir's, or trained now."""
+    reference = numerics.reference_spec(spec)
+    key = numerics.reference_key(reference, device, len(batches))
+    cached = numerics.cached_reference(key, cache_dir)
+    if cached is not None:
+        return cached
+    losses, _ = loss_trajectory(reference, device, batches)
+    numerics.store_reference(key, losses, cache_dir)
+    return losses
+
+
+def fixed_batches(spec: TrialSpec, steps: int) -> list[Any]:
+    """K global batches of the dataset's first samples, in order (CPU tensors)."""
+    from torch.utils.data import default_collate
+
+    dataset = instantiate_data(spec)
+    size, batch = len(dataset), spec.global_batch
+    return [
+        default_collate([dataset[(step * batch + i) % size] for i in range(batch)])
+        for step in range(steps)
+    ]
+
+
+def loss_trajectory(
+    spec: TrialSpec, device: torch.device, batches: list[Any]
+) -> tuple[list[float], int]:
+    """(the loss of each of the K optimizer steps, fp16 steps skipped) training `spec`'s way from
+    the seeded initial weights: gpuopt's own step (gpuopt.engines._step.Workload)."""
+    import torch
+
+    from gpuopt.trial import knobs
+
+    torch.manual_seed(spec.seed)
+    model = instantiate_model(spec)
+    if hasattr(model, "training_step"):  # a LightningModule: its own step, not gpuopt's
+        raise NotGuarded(f"{type(model).__name__} trains through its own training_step")
+    precision = knobs.precision_policy(spec.precision, device)
+    workload = build_workload(spec, model, device, precision, non_blocking=False)
+    if not all(isinstance(b, (tuple, list)) and len(b) == 2 for b in batches):
+        kind = type(batches[0]).__name__ if batches else "no"
+        raise NotGuarded(f"the guard splits (inputs, targets) batches into micro-batches: {kind}")
+    losses, skipped = [], 0
+    for inputs, targets in batches:
+        micro = [
+            workload.to_device((x, y))
+            for x, y in zip(
+                inputs.split(spec.micro_batch), targets.split(spec.micro_batch), strict=True
+            )
+        ]
+        scale = precision.scaler.get_scale() if precision.scaler is not None else None
+        losses.append(float(workload.train_step(micro).detach()))
+        if scale is not None and precision.scaler.get_scale() < scale:
+            skipped += 1  # GradScaler lowers its scale exactly when it skipped the step
+    return losses, skipped

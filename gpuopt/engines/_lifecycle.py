@@ -1,0 +1,196 @@
+"""The lifecycle every engine shares: one trial from its measuring to its one `TrialResult`.
+
+`run_measured` is the route of a trial: the engine's `measure(trial, process_t0)` fills the trial's
+context (gpuopt.trial.context.Trial), a failure becomes the status (gpuopt.trial.failures), what the
+engine built is released (`release`: closed, the compiler reset, the device cache given back as the
+cache policy says), then the steps the engine asked for once its memory is free run (the numerics
+guard), and the result is built once. `gpuopt.engines.registry.run_trial`, the Lightning engine's
+`run_lightning_trial` and `gpuopt.measure_step` all enter here. Also the clock startup_time_s counts
+from (`process_start_time`), and the TrialSpec of a measurement of what the user built
+(`measuring_spec`). torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.spec import TrialSpec
+from gpuopt.trial.context import Trial
+from gpuopt.trial.failures import classify_failure
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpuopt.core.spec import EngineConf, LoaderConf, MeasureConf
+
+
+# An engine: fills `trial.metrics` (and warnings), raising on failure; `process_t0` is when
+# startup_time_s counts from.
+Measure = Callable[[Trial, float], None]
+
+
+# Trials run so far in this process: startup_time_s counts from process start only for the first.
+_trials_in_process = 0
+_MODULE_LOADED_AT = time.time()  # the fallback "earliest timestamp" when /proc is absent
+
+
+def process_start_time() -> float | None:
+    """When this process started (time.time() epoch), from /proc on Linux; None elsewhere.
+
+    Uses the process's age (uptime - starttime, 10 ms resolution) rather than /proc/stat's btime,
+    which has only 1 s resolution.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 (starttime); fields[0] is field 3 (state)
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _startup_reference() -> tuple[float, bool]:
+    """(when startup_time_s counts from, whether an earlier trial ran in this process)."""
+    global _trials_in_process
+    trial_t0 = time.time()
+    earlier = _trials_in_process > 0
+    _trials_in_process += 1
+    if earlier:
+        return trial_t0, True
+    return process_start_time() or _MODULE_LOADED_AT, False
+
+
+def measuring_spec(
+    device: torch.device,
+    measure: MeasureConf,
+    engine: EngineConf,
+    precision_mode: str = "fp32",
+    compile_mode: str = "off",
+    loader: LoaderConf | None = None,
+) -> TrialSpec:
+    """A TrialSpec for measuring what the user built (gpuopt.measure_step, gpuopt.MeasureCallback):
+    the measure settings and what the clocks need to know; the rest default, since gpuopt builds
+    nothing (the model, data, optimizer and loop are the user's)."""
+    from gpuopt.core import spec as schemas
+
+    return TrialSpec(
+        model={},
+        data={},
+        loader=loader or schemas.LoaderConf(),
+        precision=schemas.PrecisionConf(mode=precision_mode),
+        compile=schemas.CompileConf(mode=compile_mode),
+        cache=schemas.CacheConf(),
+        optimizer=schemas.OptimizerConf(),
+        device=schemas.DeviceConf(type=str(device)),
+        measure=measure,
+        loss="model",
+        seed=0,
+        trusted_targets=(),
+        engine=engine,
+    )
+
+
+def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
+    """The result's `config`: the spec as plain data (the sweeper stores and compares it)."""
+    data = dataclasses.asdict(spec)
+    data["trusted_targets"] = list(spec.trusted_targets)
+    return data
+
+
+# A window that lost more of the machine's CPU time than this to the hypervisor is flagged.
+STEAL_WARN_PCT = 5.0
+
+
+def run_measured(
+    spec: TrialSpec,
+    measure: Measure,
+    device: torch.device | None = None,
+    inspect: Callable[[str, Any], None] | None = None,
+) -> TrialResult:
+    """Measure one configuration with the engine's `measure` and return its one result. Never
+    raises for a failing workload: OOM, divergence and errors come back as the status. Once the
+    trial measured ok and what it built is released, the steps the engine asked for
+    (`Trial.after_release`: the numerics guard) run before the result is built."""
+    from gpuopt.trial.devices import fingerprint, resolve_device
+
+    process_t0, earlier_trial = _startup_reference()
+    device = device if device is not None else resolve_device(spec.device.type)
+    trial = Trial(spec, device, inspect=inspect)
+    status, reason = Status.OK, None
+    try:
+        measure(trial, process_t0)
+    except Exception as exc:
+        status, reason = classify_failure(exc)
+    finally:
+        release(trial, status)
+    trial.warnings += _process_notes(trial, earlier_trial)
+    env = fingerprint(device)
+    if status is Status.OK:
+        for step in trial.after_release:  # outside the window, the trial's memory released
+            step(trial)
+    return TrialResult(
+        status=status,
+        metrics=trial.metrics,
+        reason=reason,
+        config=spec_to_dict(spec),
+        env=env,
+        warnings=trial.warnings,
+        profile=trial.profile,
+        numerics=trial.numerics,
+    )
+
+
+def _process_notes(trial: Trial, earlier_trial: bool) -> list[str]:
+    """What the process this trial ran in does to its numbers: an earlier trial in it (then
+    startup_time_s counts from this trial's start), the hypervisor's steal."""
+    notes = []
+    if earlier_trial:
+        notes.append(
+            "startup_time_s counts from the start of this trial (not process start): "
+            "an earlier trial ran in this process"
+        )
+    if (steal := trial.metrics.cpu_steal_pct) is not None and steal > STEAL_WARN_PCT:
+        notes.append(
+            f"the hypervisor gave {steal:.0f}% of this machine's CPU time to other guests during "
+            "the timed window (cpu_steal_pct): this trial's numbers read low by up to that much"
+        )
+    return notes
+
+
+def release(trial: Trial, status: Status) -> None:
+    """Let go of what the trial built and give the allocator's cache back as the cache policy
+    says (always after an OOM). In-process clean-up between trials belongs here."""
+    from gpuopt.trial.knobs import CachePolicy, empty_device_cache
+
+    for resource_ in trial.resources:
+        close = getattr(resource_, "close", None)
+        if callable(close):
+            close()
+    trial.resources.clear()
+    if trial.spec.compile.mode != "off":
+        reset_compiler()
+    gc.collect()
+    CachePolicy(trial.spec.cache, trial.device).at_trial_end()
+    if status is Status.OOM:
+        # After an OOM the cache holds the failed trial's blocks: always give them back, so the
+        # next trial in this process starts from an empty device.
+        empty_device_cache(trial.device)
+
+
+def reset_compiler() -> None:
+    """Forget what torch.compile built in this process, so the next in-process trial compiles
+    afresh (no cache hit, no recompile-limit carry-over from this trial's guards).
+    `torch.compiler.reset()` clears Dynamo's in-memory caches and, where CUDA is available, shuts
+    the CUDA-graph trees down (`reset_cudagraph_trees`), releasing their private memory pools to
+    the caching allocator (given back to the driver by the cache policy / after an OOM)."""
+    import torch
+
+    torch.compiler.reset()

@@ -1,0 +1,76 @@
+"""How a batch meets the model: the forward call by the batch's structure and the loss it gives
+(the model contract of `gpuopt.engines._build`), the Hugging Face conventions included.
+
+One module so that the native step, the Lightning engine's `BuiltinModule` and the user-step engine
+read a model's outputs the same way. torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+def outputs_loss(outputs: Any) -> torch.Tensor | None:
+    """The loss a model returned, the Hugging Face way: `outputs.loss` or `outputs["loss"]`."""
+    import torch
+
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+def outputs_logits(outputs: Any) -> Any:
+    """The tensor a loss compares with targets: the outputs, or their `logits` (HF)."""
+    import torch
+
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = outputs.get("logits") if isinstance(outputs, Mapping) else None
+    return logits if logits is not None else getattr(outputs, "logits", outputs)
+
+
+LossFunction = Callable[[Any, Any], "torch.Tensor"]
+
+
+def model_loss(forward: Callable[..., Any], batch: Any, loss: str | LossFunction) -> torch.Tensor:
+    """One forward pass and its loss under the model contract (gpuopt.engines._build docstring):
+
+    - a dict batch (Hugging Face style): `model(**batch)`; the loss is the outputs' own `loss`
+      unless `loss` is a user function (then `loss(outputs, batch)`);
+    - `loss: model` with a tuple/list batch: `model(*batch)`, the outputs' own `loss`;
+    - a tuple/list batch: `model(*batch[:-1])`, targets `batch[-1]`, then `loss(outputs, targets)`
+      or the built-in cross_entropy/mse on the outputs (or their `logits`);
+    - a single tensor: `model(batch)`, which must return its loss (or a user function of it).
+    """
+    if isinstance(batch, Mapping):
+        outputs, targets = forward(**batch), batch
+    elif isinstance(batch, (tuple, list)) and loss == "model":
+        outputs, targets = forward(*batch), None
+    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        outputs, targets = forward(*batch[:-1]), batch[-1]
+    else:
+        outputs, targets = forward(batch), None
+    if callable(loss):
+        return loss(outputs, targets)
+    own = outputs_loss(outputs)
+    if own is not None and (targets is None or targets is batch or loss == "model"):
+        return own
+    if targets is None or targets is batch:
+        raise TypeError(
+            f"the model returned no loss for a {type(batch).__name__} batch: return one as "
+            "outputs.loss / outputs['loss'] (the Hugging Face convention), or set loss._target_ "
+            "to a function loss(outputs, targets)"
+        )
+    return compute_loss(loss, outputs_logits(outputs), targets)
+
+
+def compute_loss(loss_name: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The `loss` config: cross_entropy over the last dimension of `outputs`, or mse."""
+    import torch.nn.functional as F
+
+    if loss_name == "mse":
+        return F.mse_loss(outputs, targets.to(outputs.dtype))
+    return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,112 @@
+"""gpuopt's own training step (`Workload`): the built model, its optimizer, precision and loss,
+and the standard step over them, built from a TrialSpec by `build_workload`.
+
+The step is the standard one: forward (under autocast for fp16/bf16), loss, backward (through a
+GradScaler for fp16), optimizer step, zero_grad(set_to_none=True). With `train.global_batch` set,
+one step is `accumulation_steps` micro-batches of forward/backward, each loss divided by that count
+(the built-in losses are means over equal micro-batches, so the accumulated gradient is the full
+batch's mean gradient), then one optimizer step: a timed step is an optimizer step.
+
+A private module of engines/ rather than part of the native engine, because the numerics guard's
+trajectories (gpuopt.engines._guard, also for Lightning trials) train with this same step, and
+engines never import each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gpuopt.core.spec import TrialSpec
+from gpuopt.engines._batches import move_batch
+from gpuopt.engines._build import build_loss, build_optimizer
+from gpuopt.engines._loss import LossFunction, model_loss
+from gpuopt.trial import knobs
+from gpuopt.trial.failures import NonFiniteLoss
+
+# A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
+# (Hugging Face style), nested containers (gpuopt.engines._loss.model_loss).
+Batch = Any
+
+
+@dataclass
+class Workload:
+    """The built pieces of a trial and the standard training step over them."""
+
+    model: torch.nn.Module  # eager module (FLOP counting, checkpointing)
+    forward: Callable[..., Any]  # the module, or its torch.compile wrapper
+    optimizer: torch.optim.Optimizer
+    precision: knobs.PrecisionPolicy
+    loss: str | LossFunction  # a built-in loss name, or the user's loss function
+    device: torch.device
+    channels_last: bool
+    non_blocking: bool
+    accumulation_steps: int = 1  # micro-batches per optimizer step
+    nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
+
+    def to_device(self, batch: Batch) -> Batch:
+        # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
+        # memory, or with non_blocking=False, the host waits (a sync on the current stream). The
+        # DataLoader pinned the batch already when loader.pin_memory is on.
+        return move_batch(batch, self.device, self.non_blocking, channels_last=self.channels_last)
+
+    def forward_backward(self, batch: Batch, share: float = 1.0) -> torch.Tensor:
+        """Forward and backward of one (micro-)batch; `share` scales the loss (1/accumulation)."""
+        with self.precision.autocast():
+            loss = model_loss(self.forward, batch, self.loss)
+        scaled = loss * share if share != 1.0 else loss
+        scaler = self.precision.scaler
+        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        return loss
+
+    def train_step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """One optimizer step over `micro_batches` (accumulation_steps of them); returns the step's
+        loss (the mean of the micro-batch losses: the full batch's loss), on the device."""
+        share = 1.0 / len(micro_batches)
+        losses = [self.forward_backward(batch, share) for batch in micro_batches]
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        scaler = self.precision.scaler
+        if scaler is not None:
+            # GradScaler.step reads found_inf on the host: a CPU-GPU sync point per step, the
+            # real cost of fp16 loss scaling with a non-fused optimizer.
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite.update(loss)
+        return loss
+
+    def check_finite(self, phase: str) -> None:
+        self.nonfinite.check(phase)
+
+
+def build_workload(
+    spec: TrialSpec,
+    model: torch.nn.Module,
+    device: torch.device,
+    precision: knobs.PrecisionPolicy,
+    non_blocking: bool,
+) -> Workload:
+    """`model` on the device (channels_last where the model config says so), in training mode,
+    with the optimizer group's optimizer, the compile group's wrapper and the loss: the workload
+    gpuopt's step trains."""
+    channels_last = bool(spec.model.get("channels_last", False))
+    model = model.to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train()
+    return Workload(
+        model=model,
+        forward=knobs.compile_function(model, spec.compile),
+        optimizer=build_optimizer(spec, model.parameters()),
+        precision=precision,
+        loss=build_loss(spec),
+        device=device,
+        channels_last=channels_last,
+        non_blocking=non_blocking,
+        accumulation_steps=spec.accumulation_steps,
+    )

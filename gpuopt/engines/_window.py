@@ -1,0 +1,280 @@
+"""The timed window every engine runs, and what is read beside it.
+
+- `measure_timed_window`: a loop engine's window (`gpuopt.trial.measure.run_window` until the stop
+  rule ends it), the monitors on and the memory peaks reset;
+- `WindowMonitors`: the NVML sampler beside the window;
+- `InputWait`: what the input pipeline costs the loop (host fetch time; on CUDA the device's
+  starvation, read on the GPU timeline);
+- `record_window`, `apply_device_monitor`: the window's metrics (throughput, step-time statistics,
+  data wait, peak memory, utilization/power/energy, MFU/HFU), and `flop_notes`: what an MFU must be
+  read with.
+
+The Lightning engine runs its window from its own callback (gpuopt.engines.lightning.meter) with
+these same pieces. torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core.result import Metrics
+from gpuopt.core.spec import TrialSpec
+from gpuopt.trial.measure import (
+    StepFlops,
+    WindowResult,
+    mfu_percent,
+    peak_flops,
+    relative_ci_halfwidth,
+    step_stats,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from gpuopt.engines._batches import BatchFeed
+    from gpuopt.trial.context import Trial
+    from gpuopt.trial.memory import MemoryBaseline
+
+
+def measure_timed_window(
+    trial: Trial,
+    run_step: Callable[[], Any],
+    feed: BatchFeed,
+    memory: MemoryBaseline,
+    precision_mode: str | None,
+    process_t0: float,
+    after_step: Callable[[int], None] | None = None,
+) -> None:
+    """The timed window of a loop engine: `run_step()` (one optimizer step over batches it takes
+    from `feed`) until `gpuopt.trial.measure.StopRule` says stop, with the monitors on and the memory
+    peaks reset, then the window's metrics (`record_window`, over the samples `feed` gave)."""
+    from gpuopt.trial.measure import StopRule, make_clock, run_window
+
+    measure, device = trial.spec.measure, trial.device
+    monitors = WindowMonitors(device, measure.nvml_interval_s, trial.warnings)
+
+    def step(index: int) -> None:
+        run_step()
+        if after_step is not None:
+            after_step(index)
+
+    feed.reset_counters()
+    memory.window_starting()
+    monitors.start()
+    try:
+        window = run_window(step, make_clock(device), StopRule.from_measure(measure))
+    finally:
+        nvml = monitors.stop()
+    # clock.finish() synchronized: the window's work (and copies) has completed.
+    record_window(
+        trial.metrics,
+        window,
+        feed.samples,
+        feed.wait.totals(),
+        device,
+        nvml,
+        memory,
+        precision_mode,
+        process_t0,
+    )
+
+
+class WindowMonitors:
+    """The NVML sampler running beside the timed window (none where NVML is absent: a note says
+    why). `stop` may be called more than once (the window's end, then a failure's clean-up)."""
+
+    def __init__(self, device: torch.device, interval_s: float, notes: list[str]) -> None:
+        self.device, self.interval_s, self.notes = device, interval_s, notes
+        self._sampler: Any = None
+
+    def start(self) -> None:
+        from gpuopt.trial import monitor
+
+        sampler, note = monitor.open_sampler(self.device, self.interval_s)
+        if note:
+            self.notes.append(note)
+        self._sampler = sampler
+        if sampler is not None:
+            sampler.start()
+
+    def stop(self) -> Any:
+        """The window's NVML statistics (`gpuopt.trial.monitor.NvmlStats`), or None without a sampler.
+        The statistics' `notes` (a number that fell back to NVML's coarser averages) join the
+        trial's notes."""
+        sampler, self._sampler = self._sampler, None
+        stats = sampler.stop() if sampler is not None else None
+        for note in getattr(stats, "notes", ()) or ():
+            if note not in self.notes:
+                self.notes.append(note)
+        return stats
+
+
+@dataclass(frozen=True)
+class InputWaitSeconds:
+    """What the input pipeline cost the timed window, in seconds."""
+
+    device_s: float  # the device starved of input (CUDA: on the GPU timeline; else = host_s)
+    host_s: float  # the host blocked in next(loader)
+
+
+def _cuda_event_recorder(device: torch.device) -> Callable[[], Any]:
+    """A function recording a timing event on `device`'s current stream (asynchronous)."""
+    import torch
+
+    def record() -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    return record
+
+
+class InputWait:
+    """What the input pipeline costs the loop inside the timed window. Each engine marks the fetch
+    (`next(loader)`) and host-to-device copy spans of its own loop; `totals` gives
+
+    - `host_s`: host time blocked fetching (the loader's time, on every device);
+    - `device_s`: time the device sat starved of input. On CUDA it is read on the GPU timeline:
+      per step, an event recorded on the stream when the fetch starts (reached once the previous
+      step's queued work is done) to one after the copy (reached once the batch is on the device):
+      the stream's idle gap waiting for the host's fetch, plus the copy itself. Loader time that
+      overlaps queued compute costs nothing there, whatever syncs the step makes (fp16's
+      GradScaler) and however the engine copies (blocking or not). Without CUDA events (CPU,
+      MPS) it is the host's fetch time, the same thing on a synchronous device.
+
+    `record_event` (tests: a stand-in) records a timing event on the device's stream."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        record_event: Callable[[], Any] | None = None,
+        host_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if record_event is None and device.type == "cuda":
+            record_event = _cuda_event_recorder(device)
+        self._record_event = record_event
+        self._host_clock = host_clock
+        self.fetch_s = 0.0
+        self._fetch_t0: float | None = None
+        self._spans: list[tuple[Any, Any]] = []  # (fetch started, copy ended) events
+        self._span_start: Any = None
+
+    def reset(self) -> None:
+        self.fetch_s, self._fetch_t0, self._spans, self._span_start = 0.0, None, [], None
+
+    def _open_span(self) -> None:
+        if self._record_event is not None and self._span_start is None:
+            self._span_start = self._record_event()
+
+    def fetch_started(self) -> None:
+        self._fetch_t0 = self._host_clock()
+        self._open_span()
+
+    def fetch_ended(self) -> None:
+        if self._fetch_t0 is not None:
+            self.fetch_s += self._host_clock() - self._fetch_t0
+            self._fetch_t0 = None
+
+    def copy_started(self) -> None:
+        self._open_span()  # a step whose batch was fetched earlier (prefetched) starts here
+
+    def copy_ended(self) -> None:
+        if self._span_start is not None:
+            self._spans.append((self._span_start, self._record_event()))  # type: ignore[misc]
+            self._span_start = None
+
+    def totals(self) -> InputWaitSeconds:
+        """The window's totals since the reset (call after the window's closing synchronize: an
+        event's elapsed time is defined once both were reached)."""
+        if self._record_event is None:
+            return InputWaitSeconds(device_s=self.fetch_s, host_s=self.fetch_s)
+        device_ms = sum(start.elapsed_time(end) for start, end in self._spans)
+        return InputWaitSeconds(device_s=device_ms / 1e3, host_s=self.fetch_s)
+
+
+def record_window(
+    m: Metrics,
+    window: WindowResult,
+    samples: int,
+    input_wait: InputWaitSeconds,
+    device: torch.device,
+    nvml: Any,
+    memory: MemoryBaseline,
+    precision_mode: str | None,
+    process_t0: float,
+) -> None:
+    """The timed window's metrics (every engine): throughput, step-time statistics, data wait
+    (`input_wait.device_s`: starvation) and host data wait, peak memory, utilization/power/energy
+    and MFU. Call after the window's closing synchronize."""
+    import torch
+
+    m.timed_steps, m.timed_seconds, m.stop_reason = window.steps, window.wall_s, window.stop_reason
+    m.throughput = samples / window.wall_s
+    m.startup_time_s = window.first_step_at - process_t0
+    stats = step_stats(window.step_times)
+    m.step_time_ms, m.step_time_p10_ms, m.step_time_p90_ms = (
+        stats.median_ms,
+        stats.p10_ms,
+        stats.p90_ms,
+    )
+    m.step_time_cv = stats.cv
+    m.throughput_ci = relative_ci_halfwidth(window.step_times)
+    m.cpu_steal_pct = window.steal_pct
+    m.data_wait = min(100.0, 100.0 * input_wait.device_s / window.wall_s)
+    m.host_data_wait = min(100.0, 100.0 * input_wait.host_s / window.wall_s)
+    peak_memory = memory.peak_mb()
+    if peak_memory is not None:
+        m.peak_memory_mb = peak_memory
+    m.peak_reserved_mb = memory.peak_reserved_mb()
+    apply_device_monitor(m, device.type, nvml, samples)
+    device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    peak = peak_flops(device_label, precision_mode) if precision_mode else None
+    m.mfu = mfu_percent(m.flops_per_sample, m.throughput, peak)
+    hardware_flops = m.hardware_flops_per_sample or m.flops_per_sample
+    m.hfu = mfu_percent(hardware_flops, m.throughput, peak)
+
+
+def apply_device_monitor(m: Metrics, device_type: str, nvml: Any, samples: int) -> None:
+    """Utilization, power and energy: NVML's numbers on NVIDIA (null where NVML is absent);
+    on CPU, utilization = 100 - data_wait (the share of the window spent computing)."""
+    if device_type == "cpu":
+        m.utilization = None if m.data_wait is None else 100.0 - m.data_wait
+        return
+    m.utilization = nvml.utilization if nvml is not None else None
+    m.power_w = nvml.power_w if nvml is not None else None
+    m.utilization_source = getattr(nvml, "utilization_source", None)
+    m.power_source = getattr(nvml, "power_source", None)
+    energy = nvml.energy_j if nvml is not None else None
+    m.energy_per_sample_j = energy / samples if energy is not None and samples else None
+
+
+def attention_tf32_note(
+    peak_mode: str | None, capability: tuple[int, int] | None, flops: StepFlops
+) -> str | None:
+    """A note for fp32 MFU of a model with attention on sm80+: PyTorch's memory-efficient attention
+    (the SDPA kernel fp32 gets; flash and cuDNN attention take fp16/bf16 only) runs its matmuls on
+    tensor cores for fp32 there, whatever allow_tf32 says, while mfu is against the non-tensor-core
+    fp32 peak."""
+    if peak_mode != "fp32" or capability is None or capability < (8, 0) or not flops.attention:
+        return None
+    share = 100.0 * flops.attention / flops.hardware if flops.hardware else 0.0
+    return (
+        f"precision fp32 with attention ({share:.0f}% of the counted FLOPs): PyTorch's "
+        "memory-efficient attention uses tensor cores for fp32 on sm80+ regardless of allow_tf32, "
+        "so mfu (against the fp32 non-tensor-core peak) overstates the fp32 math's share"
+    )
+
+
+def flop_notes(
+    spec: TrialSpec, device: torch.device, peak_mode: str | None, flops: StepFlops
+) -> list[str]:
+    """What a trial's MFU must be read with: tensor-core attention under fp32 (CUDA sm80+).
+    (Activation checkpointing needs no note: `mfu` counts model FLOPs, `hfu` hardware FLOPs.)"""
+    import torch
+
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    attention = attention_tf32_note(peak_mode, capability, flops)
+    return [attention] if attention else []

@@ -1,0 +1,186 @@
+"""`gpuopt.MeasureCallback` (`UserMeasureCallback`): gpuopt's measurement of a fit in the user's own
+`lightning.Trainer`, no gpuopt config needed; the public API's Lightning side (`[lightning]` extra).
+
+It wraps the engine's meter (gpuopt.engines.lightning.meter): the same clocks, warm-up, FLOP count
+and stop rule as a trial, with data wait read by a profiler beside the user's own (`_TeeProfiler`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.profilers import Profiler
+
+from gpuopt.core.checks import measure_conf
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.spec import EngineConf, MeasureConf, TrialSpec
+from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
+from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, record_fit
+from gpuopt.engines.lightning.precision import PEAK_MODE
+from gpuopt.trial import knobs
+from gpuopt.trial.context import Trial
+from gpuopt.trial.failures import classify_failure
+from gpuopt.trial.memory import MemoryBaseline
+
+
+class _TeeProfiler(Profiler):
+    """The user's profiler, unchanged, plus gpuopt's FetchTimer seeing the same actions."""
+
+    def __init__(self, inner: Profiler, timer: FetchTimer) -> None:
+        super().__init__()
+        self.inner, self.timer = inner, timer
+
+    def start(self, action_name: str) -> None:
+        self.inner.start(action_name)
+        self.timer.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.timer.stop(action_name)
+        self.inner.stop(action_name)
+
+    def summary(self) -> str:
+        return self.inner.summary()
+
+    def describe(self) -> None:
+        self.inner.describe()
+
+    def teardown(self, stage: str | None) -> None:
+        self.inner.teardown(stage)
+
+
+class UserMeasureCallback(pl.Callback):
+    """`gpuopt.MeasureCallback`: add it to your own `Trainer` to measure your own fit the way a
+    gpuopt trial is measured (no gpuopt config needed): the first step apart as compile_time_s when
+    `compiled`, `measure.warmup_steps` more (the first under FlopCounterMode for MFU), then the timed
+    window until the stability stop, which ends the fit (`trainer.should_stop`). Data wait is the
+    time Lightning spends in `next(dataloader)` and its host-to-device copy (a profiler beside
+    yours). Afterwards `result` is a `TrialResult` (no compute ceiling: that needs a second fit;
+    gpuopt.measure_step or engine=lightning measure it).
+
+    `fit(trainer, model, ...)` runs `trainer.fit` and returns the result, never raising for a
+    failing fit (OOM, NaN/inf loss, errors are the status). Calling `trainer.fit` yourself works
+    too: a failure then raises as usual, after `result` recorded it."""
+
+    def __init__(
+        self, measure: MeasureConf | dict[str, Any] | str | None = None, compiled: bool = False
+    ) -> None:
+        self.measure = measure_conf(measure)
+        self.compiled = compiled
+        self.result: TrialResult | None = None
+        self._meter: MeasureCallback | None = None
+        self._trial: Trial | None = None
+        self._user_profiler: Profiler | None = None
+
+    def fit(self, trainer: pl.Trainer, model: pl.LightningModule, **fit_kwargs: Any) -> TrialResult:
+        """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status."""
+        try:
+            trainer.fit(model, **fit_kwargs)
+        except Exception as exc:
+            if self.result is None or self.result.ok:
+                self.result = self._failed(exc)
+        assert self.result is not None
+        return self.result
+
+    # -- hooks -------------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        device = trainer.strategy.root_device
+        spec = _callback_spec(device, self.measure, self.compiled, str(trainer.precision))
+        self._trial = Trial(spec, device)
+        self._memory = MemoryBaseline.take(device)
+        self._process_t0 = process_start_time() or time.time()
+        self._timer = FetchTimer(device)
+        cache_policy = knobs.CachePolicy(spec.cache, device)
+        self._meter = MeasureCallback(spec, device, self._timer, cache_policy, self._trial.warnings)
+        self.result = None
+        self._user_profiler = trainer.profiler
+        trainer.profiler = _TeeProfiler(trainer.profiler, self._timer)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._meter is not None:
+            self._meter.on_train_start(trainer, pl_module)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._meter is not None:
+            self._meter.on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self._meter is not None:
+            self._meter.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        if self._meter is not None:
+            self._meter.on_exception(trainer, pl_module, exception)
+            if isinstance(exception, Exception):
+                self.result = self._failed(exception)
+        self._restore_profiler(trainer)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit" or self._meter is None or self._trial is None:
+            return
+        self._restore_profiler(trainer)
+        if self.result is None:
+            try:
+                record_fit(self._trial, self._meter, self._timer, self._memory, self._process_t0)
+                self.result = self._finished(Status.OK, None)
+            except Exception as exc:
+                self.result = self._failed(exc)
+
+    # -- the result --------------------------------------------------------------------------
+    def _restore_profiler(self, trainer: pl.Trainer) -> None:
+        if self._user_profiler is not None:
+            trainer.profiler, self._user_profiler = self._user_profiler, None
+
+    def _failed(self, exc: Exception) -> TrialResult:
+        status, reason = classify_failure(exc)
+        if status is Status.OOM and self._trial is not None:
+            release(self._trial, status)
+        return self._finished(status, reason)
+
+    def _finished(self, status: Status, reason: str | None) -> TrialResult:
+        from gpuopt.trial.devices import fingerprint
+
+        trial = self._trial
+        assert trial is not None
+        return TrialResult(
+            status=status,
+            metrics=trial.metrics,
+            reason=reason,
+            config={
+                "engine": {"name": "lightning_callback"},
+                "measure": dataclasses.asdict(self.measure),
+                "precision": {"lightning": trial.spec.engine.precision},
+            },
+            env=fingerprint(trial.device),
+            warnings=trial.warnings,
+        )
+
+
+def _callback_spec(
+    device: torch.device, measure: MeasureConf, compiled: bool, precision: str
+) -> TrialSpec:
+    """What MeasureCallback reads: the measure settings, whether the first step compiles, and the
+    Trainer's precision (MFU's peak)."""
+    return measuring_spec(
+        device,
+        measure,
+        EngineConf(name="lightning", precision=precision),
+        precision_mode=PEAK_MODE.get(precision, "fp32"),
+        compile_mode="default" if compiled else "off",
+    )

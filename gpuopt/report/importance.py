@@ -1,0 +1,63 @@
+"""Which sampled parameters mattered: per-objective importances over a study's ok trials
+(PED-ANOVA, Optuna's default evaluator), for the report's table and its charts."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+# Parameter importances need enough finished trials to mean anything (PED-ANOVA compares the top
+# quantile of trials with the rest).
+MIN_TRIALS_FOR_IMPORTANCE = 6
+
+
+def importance_target(direction: optuna.study.StudyDirection, index: int) -> Any:
+    """PED-ANOVA ranks parameters by how they reach LOW target values: negate maximized ones."""
+    sign = -1.0 if direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    return lambda trial: sign * trial.values[index]
+
+
+def param_importances(
+    study: optuna.Study, trials: list[FrozenTrial], objectives: list[str]
+) -> tuple[dict[str, dict[str, float]], str | None]:
+    """Per-objective parameter importances over the ok trials (PED-ANOVA, Optuna's default).
+
+    Optuna warns whenever a `target` is given (PED-ANOVA's "low is good" convention); the
+    sign is handled by `importance_target`, so that warning is silenced here.
+    Infeasible trials carry worst-case values that would make every OOM-prone parameter look
+    important; they are left out by copying the ok trials into an in-memory study.
+    """
+    with_params = [t for t in trials if t.params]
+    if len(with_params) < MIN_TRIALS_FOR_IMPORTANCE:
+        return {}, (
+            f"parameter importances need >= {MIN_TRIALS_FOR_IMPORTANCE} completed ok trials "
+            f"with parameters; this study has {len(with_params)}"
+        )
+    varied = {
+        name
+        for t in with_params
+        for name in t.params
+        if any(u.params.get(name) != t.params[name] for u in with_params)
+    }
+    if not varied:
+        return {}, "no parameter varied between the ok trials"
+    copy = optuna.create_study(directions=study.directions)
+    copy.add_trials(with_params)
+    result: dict[str, dict[str, float]] = {}
+    for index, name in enumerate(objectives):
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+                # Few trials per choice is the normal case for a sweep; the table says PED-ANOVA.
+                warnings.filterwarnings("ignore", message="Some regimes for parameter")
+                result[name] = optuna.importance.get_param_importances(
+                    copy,
+                    params=sorted(varied),
+                    target=importance_target(study.directions[index], index),
+                )
+        except (ValueError, RuntimeError) as exc:  # e.g. too few distinct values
+            return result, f"parameter importances unavailable: {exc}"
+    return result, None

@@ -1,0 +1,152 @@
+"""What a study's confirmation and its two answers say, in words: one text for the sweep summary
+(gpuopt/sweeper/summary.py) and the report (gpuopt/report/text.py), so the two never disagree.
+
+- `speedup_text`: one stored speedup - its ratio, 95% CI, half-width and pairs, or "too noisy
+  here" with what was seen, instead of an interval too wide to act on;
+- `confirmation_lines`: the confirmation round, each candidate against the baseline, the top two
+  against each other, "keep your configuration" when none is measurably faster;
+- `two_answers`: (a) the best that keeps the baseline's training math, (b) the best overall and
+  what it changes, each with its own confirmation.
+
+Plain text; a `Line`'s `emphasis` says which lines a terminal may set off (the report makes them
+bold or yellow).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from gpuopt.core.stats import TOO_NOISY
+from gpuopt.study.records import IN_PROCESS, Comparison, Confirmation
+
+KEEP_BASELINE = "no candidate is measurably faster than the baseline: keep your configuration"
+STRONG = "strong"  # the best trial's verdict, "keep your configuration"
+WARNING = "warning"  # re-measurements that failed
+
+
+class Line(NamedTuple):
+    text: str
+    emphasis: str = ""  # "" | STRONG | WARNING
+
+
+def speedup_text(entry: Comparison) -> str:
+    """A stored speedup: ratio, 95% CI, its half-width, the pairs, the verdict; "too noisy here"
+    with the spread and the load instead of an interval too wide to act on. Older records (no
+    pairs, no verdict) read as before."""
+    if not entry.measured:
+        return entry.error or "n/a"
+    ratio = entry.ratio
+    if entry.ci_low is None or entry.ci_high is None:
+        return f"{ratio:.3f}x (no CI: needs >= 2 measurements each)"
+    if entry.verdict == TOO_NOISY:
+        return _too_noisy(entry)
+    pairs = entry.n_pairs
+    sample = f"{pairs} pairs" if pairs else f"n={entry.n_candidate}/{entry.n_reference}"
+    width = "" if entry.halfwidth is None else f", +-{_percent(entry.halfwidth)}"
+    verdict = "" if entry.distinguishable else ", not distinguishable from 1.0x"
+    return f"{ratio:.3f}x [95% CI {entry.ci_low:.3f}-{entry.ci_high:.3f}{width}, {sample}{verdict}]"
+
+
+def _too_noisy(entry: Comparison) -> str:
+    """The "too noisy here" verdict: what was seen (spread of the pairs' log-ratios, the load),
+    and what a +-target interval would take."""
+    seen = f"{entry.n_pairs} pairs' log-ratios spread {_percent(entry.log_sd or 0.0)}"
+    if entry.load_1m:
+        cpus = "?" if entry.cpus is None else entry.cpus
+        seen += f", load {entry.load_1m[0]:.1f}-{entry.load_1m[1]:.1f} on {cpus} CPUs"
+    if entry.steal_pct is not None and entry.steal_pct >= 0.5:
+        seen += f", {entry.steal_pct:.0f}% of the CPU time taken by the hypervisor"
+    goal = f" to +-{_percent(entry.target_halfwidth)}" if entry.target_halfwidth else ""
+    more = (
+        f"; ~{entry.pairs_needed} pairs would narrow it{goal} (confirm.max_share)"
+        if entry.pairs_needed
+        else ""
+    )
+    return (
+        f"too noisy here: {entry.ratio:.2f}x +-{_percent(entry.halfwidth or 0.0)} "
+        f"(95% CI) is no answer ({seen}){more}"
+    )
+
+
+def _percent(fraction: float) -> str:
+    return ">100%" if fraction > 1.0 else f"{100 * fraction:.1f}%"
+
+
+def how_measured(confirmation: Confirmation) -> str:
+    """How the confirmation measured: "in alternating 1 s windows in one process" or "interleaved
+    fresh processes" (records from before the in-process mode have no mode)."""
+    if confirmation.mode == IN_PROCESS:
+        window = 1.0 if confirmation.window_s is None else confirmation.window_s
+        return f"in alternating {window:g} s windows in one process"
+    return "interleaved fresh processes"
+
+
+def _known(value: object) -> object:
+    return "?" if value is None else value
+
+
+def confirmation_lines(confirmation: Confirmation, best_number: int | None) -> list[Line]:
+    """The confirmation round: each candidate vs the baseline (the best's line STRONG), "keep your
+    configuration" when the best is the baseline, the top two, and re-measurements that failed."""
+    c = confirmation
+    lines = [
+        Line(
+            f"Confirmation: {_known(c.rounds)} round(s) {how_measured(c)}, baseline + top "
+            f"{_known(c.top_k)}, on {_known(c.objective)}:"
+        )
+    ]
+    for entry in c.comparisons:
+        best = entry.trial_number == best_number
+        mark = ", the best" if best else ""
+        text = f"  {entry.label} (trial #{entry.trial_number}{mark}) vs baseline: "
+        lines.append(Line(text + speedup_text(entry), STRONG if best else ""))
+    if best_number is not None and best_number == c.baseline_number:
+        lines.append(Line(f"  {KEEP_BASELINE}", STRONG))
+    if c.top_two is not None:
+        labels = " vs ".join(c.top_two.labels)
+        lines.append(Line(f"  top two ({labels}): {speedup_text(c.top_two)}"))
+    for config in c.configs:
+        if config.failed_statuses:
+            lines.append(
+                Line(
+                    f"  {config.label} (trial #{config.trial_number}): re-measurements ended as "
+                    f"{', '.join(config.failed_statuses)}",
+                    WARNING,
+                )
+            )
+    return lines
+
+
+def confirmed(confirmation: Confirmation | None, number: int, baseline_number: int | None) -> str:
+    """How trial `number` was confirmed against the baseline."""
+    if number == baseline_number:
+        return "the baseline itself"
+    entry = confirmation.comparison_of(number) if confirmation is not None else None
+    return f"confirmed {speedup_text(entry)}" if entry else "not confirmed (single measurement)"
+
+
+def two_answers(
+    held: str,
+    same: tuple[int, str] | None,
+    best: tuple[int, str],
+    confirmation: Confirmation | None,
+    baseline_number: int | None,
+    change: str | None,
+) -> list[str]:
+    """The two answers, as the sweep summary and the report both say them: (a) the best trial
+    that keeps the baseline's training math, (b) the best overall and what it changes, each with
+    its own confirmation. `same` / `best`: (trial number, how to show it)."""
+    lines = [f"two answers (same training = {held}, same lr, numerics within tolerance):"]
+    if same is None:
+        lines.append("  (a) same training: no feasible trial keeps the baseline's training")
+    else:
+        said = confirmed(confirmation, same[0], baseline_number)
+        lines.append(f"  (a) same training: #{same[0]} {same[1]}: {said}")
+    if same is not None and best[0] == same[0]:
+        lines.append("  (b) best overall: the same trial (it keeps the training)")
+        return lines
+    said = confirmed(confirmation, best[0], baseline_number)
+    lines.append(f"  (b) best overall: #{best[0]} {best[1]}: {said}")
+    if change:
+        lines.append(f"      changes the training: {change}")
+    return lines

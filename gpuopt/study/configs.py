@@ -1,0 +1,30 @@
+"""A trial's stored resolved config (the user attr `ATTR_CONFIG`), as the sweeper and the report
+read it: the dict itself, and flattened to dotted keys for comparing two trials' configs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuopt.study.keys import ATTR_CONFIG
+
+
+def config_of(user_attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config in a trial's user attrs ({} when it has none: a task of its own, or a
+    trial that never ran)."""
+    config = user_attrs.get(ATTR_CONFIG)
+    return config if isinstance(config, dict) else {}
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(config, dict):
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, dotted))
+        else:
+            flat[dotted] = value
+    return flat

@@ -1,0 +1,96 @@
+"""Every attribute key gpuopt writes into an Optuna study, in one place and one spelling.
+
+`ATTR_*` keys are a trial's attributes, `STUDY_*` keys the study's; each comment says whether a key
+is a user attr (optuna-dashboard and `optuna trials` show it) or a system attr (gpuopt's own
+bookkeeping). The strings are the stored format: existing studies hold them, so never change one.
+
+The attrs a trial's own `TrialResult` is stored under (status, reason, env, config, warnings,
+profile, numerics: `gpuopt.core.result.result_user_attrs`) are named in core/result.py, which
+writes them and imports nothing of the study; they are listed here too, so that every reader takes
+every key from this module. Every metric is stored flat under its own name (`throughput`, ...:
+`gpuopt.core.result.Metrics`).
+"""
+
+from __future__ import annotations
+
+from gpuopt.core.result import (
+    ATTR_CONFIG,
+    ATTR_ENV,
+    ATTR_NUMERICS,
+    ATTR_PROFILE,
+    ATTR_REASON,
+    ATTR_STATUS,
+    ATTR_WARNINGS,
+)
+
+__all__ = [
+    "ATTR_BASELINE",
+    "ATTR_BASELINE_SKIPPED",
+    "ATTR_CONFIG",
+    "ATTR_ENV",
+    "ATTR_FIXED_PARAMS",
+    "ATTR_GRID_ID",
+    "ATTR_HEARTBEAT",
+    "ATTR_INTERFERENCE",
+    "ATTR_INTERRUPTED",
+    "ATTR_LOGS",
+    "ATTR_NUMERICS",
+    "ATTR_OVERRIDES",
+    "ATTR_OWNER",
+    "ATTR_PROFILE",
+    "ATTR_REASON",
+    "ATTR_RERUN_OF",
+    "ATTR_RUN_DIR",
+    "ATTR_SEARCH_SPACE",
+    "ATTR_STATUS",
+    "ATTR_TRACEBACK",
+    "ATTR_VISIBLE_DEVICES",
+    "ATTR_VOID",
+    "ATTR_WARNINGS",
+    "STUDY_BEST_PROFILE",
+    "STUDY_CONFIRMATION",
+    "STUDY_CONFIRM_CLAIM",
+    "STUDY_DIRECTIONS",
+    "STUDY_HARDWARE",
+    "STUDY_OBJECTIVES",
+    "STUDY_SEEDS",
+]
+
+# ---- trial user attrs, written by the sweeper (besides the result's, above) ----------------------
+ATTR_OVERRIDES = "overrides"  # list[str]: the Hydra overrides that produced this trial
+ATTR_RUN_DIR = "run_dir"  # the trial job's output directory
+ATTR_BASELINE = "baseline"  # True on the trial measuring the user's config as composed
+ATTR_TRACEBACK = "traceback"  # head and tail of an error trial's traceback or log
+ATTR_LOGS = "logs"  # paths of the trial job's full stdout and stderr logs (gpuopt's launchers)
+# The CUDA_VISIBLE_DEVICES value the trial's process got (absent: not pinned; launchers/gpus.py)
+ATTR_VISIBLE_DEVICES = "cuda_visible_devices"
+# {"host", "trials": [numbers]}: other trials that ran on the same host meanwhile (interference.py)
+ATTR_INTERFERENCE = "interference"
+ATTR_INTERRUPTED = "interrupted"  # True on a trial whose sweep died under it
+ATTR_RERUN_OF = "rerun_of"  # on the re-enqueued trial: number of the interrupted one
+ATTR_VOID = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
+# On a baseline that could not run as composed (e.g. a key only custom_search_space adds): why.
+# Such a trial also has ATTR_VOID: it never counts towards n_trials, the failure rate or best.
+ATTR_BASELINE_SKIPPED = "baseline_skipped"
+
+# ---- trial system attrs -------------------------------------------------------------------------
+ATTR_OWNER = "gpuopt:owner"  # {"host", "pid", "start"} of the sweeping process running it
+ATTR_HEARTBEAT = "gpuopt:heartbeat"  # journal storage: unix time of the trial's last beat
+# Optuna's own, written when gpuopt enqueues a trial by hand (what study.enqueue_trial writes) and
+# read by GridSampler: the params a WAITING trial starts with, its grid point and grid.
+ATTR_FIXED_PARAMS = "fixed_params"
+ATTR_GRID_ID = "grid_id"
+ATTR_SEARCH_SPACE = "search_space"
+
+# ---- study user attrs ---------------------------------------------------------------------------
+STUDY_OBJECTIVES = "objectives"  # list[str] metric names, in Optuna's value order
+STUDY_DIRECTIONS = "directions"  # list[str] minimize | maximize
+STUDY_HARDWARE = "hardware"  # hardware fingerprint the study was measured on
+# The end-of-sweep re-measurement, baseline vs top-k (gpuopt.study.records.Confirmation)
+STUDY_CONFIRMATION = "confirmation"
+# {"trial": n, "profile": {...}}: the best trial's profiled run (sweeper/profiling.py)
+STUDY_BEST_PROFILE = "best_profile"
+STUDY_SEEDS = "seeds"  # the expert seeds enqueued after the baseline, once (sweeper/baseline.py)
+
+# ---- study system attrs -------------------------------------------------------------------------
+STUDY_CONFIRM_CLAIM = "gpuopt:confirm_claim"  # {"owner", "after_trials"}: who runs the confirmation

@@ -1,0 +1,211 @@
+"""The confirmation's record, typed: what the end-of-sweep re-measurement stored in the study.
+
+The confirmation round (gpuopt/sweeper/confirm/) re-measures the baseline and the top candidates
+in pairs and stores one record, the study user attr `STUDY_CONFIRMATION`: how it ran, each
+configuration re-measured (`ConfirmedConfig`, the baseline first) and each verdict (`Comparison`:
+a candidate vs the baseline, and the top two candidates vs each other). The record is assembled
+where it is measured (sweeper/confirm/verdicts.py), written by `store_confirmation` and read back
+by `Confirmation.from_attr` (or `read_confirmation`): the sweeper's outputs, its summary, the best
+pick and the report all read this object, never the stored dict.
+
+The stored shape is the one earlier versions wrote: reading is tolerant of their records (keys a
+record lacks read as None: no `mode` before the in-process mode, no `n_pairs` or `verdict` before
+the pairing, no `same_training` flags before the two answers). Only the keys gpuopt reads are
+fields here; the stored record also keeps its estimator, loads, lean overrides, time and sweep dir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuopt.study.keys import STUDY_CONFIRMATION
+
+# How the confirmation measured (the record's `mode`).
+FRESH_PROCESSES = "fresh processes"
+IN_PROCESS = "in-process windows"
+
+
+@dataclass
+class ConfirmedConfig:
+    """One configuration of the confirmation (the record's `configs` entry): the trial it comes
+    from and its re-measurements, round by round. The rounds fill it in as they run."""
+
+    label: str  # "baseline", "candidate1", ...
+    trial_number: int
+    params: dict[str, Any]
+    overrides: list[str]
+    sweep_values: list[float]  # first-objective values of the study's trials with these params
+    confirm_values: list[float] = field(default_factory=list)
+    confirm_statuses: list[str] = field(default_factory=list)
+    # round of each confirm_values entry (empty: value i is round i); a failed run has no value
+    confirm_rounds: list[int] = field(default_factory=list)
+    same_training: bool = False  # keeps the baseline's training math (rules.same_training)
+
+    def by_round(self) -> dict[int, float]:
+        rounds = self.confirm_rounds or range(len(self.confirm_values))
+        return dict(zip(rounds, self.confirm_values, strict=False))
+
+    @property
+    def failed_statuses(self) -> list[str]:
+        """How the re-measurements that gave no value ended (oom, error, ...)."""
+        return [s for s in self.confirm_statuses if s != "ok"]
+
+    @classmethod
+    def from_attr(cls, entry: Mapping[str, Any]) -> ConfirmedConfig:
+        return cls(
+            label=entry.get("label"),
+            trial_number=entry.get("trial_number"),
+            params=dict(entry.get("params") or {}),
+            overrides=list(entry.get("overrides") or []),
+            sweep_values=list(entry.get("sweep_values") or []),
+            confirm_values=list(entry.get("confirm_values") or []),
+            confirm_statuses=list(entry.get("confirm_statuses") or []),
+            confirm_rounds=list(entry.get("confirm_rounds") or []),
+            same_training=bool(entry.get("same_training")),
+        )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One stored speedup (gpuopt.core.stats.Speedup, and what was seen while measuring it): a
+    candidate vs the baseline (`label`, `trial_number`), or the top two candidates vs each other
+    (`labels`). `ratio` None: no speedup could be computed, `error` says why."""
+
+    label: str | None = None
+    trial_number: int | None = None
+    labels: tuple[str, ...] = ()
+    ratio: float | None = None
+    ci_low: float | None = None  # None: fewer than 2 pairs
+    ci_high: float | None = None
+    n_candidate: int | None = None
+    n_reference: int | None = None
+    n_pairs: int | None = None  # None: a record from before the pairing
+    log_sd: float | None = None
+    halfwidth: float | None = None  # relative half-width of the 95% CI
+    verdict: str | None = None  # faster | slower | same | too noisy (gpuopt.core.stats.verdict)
+    pairs_needed: int | None = None
+    distinguishable: bool | None = None  # the CI excludes 1.0x; None without a CI
+    error: str | None = None
+    # Seen while measuring, for a "too noisy" verdict: the target, the 1-min load range and the
+    # CPUs it ran on, the CPU time the hypervisor took (%).
+    target_halfwidth: float | None = None
+    load_1m: tuple[float, float] | None = None
+    cpus: int | None = None
+    steal_pct: float | None = None
+
+    @classmethod
+    def from_attr(cls, entry: Mapping[str, Any]) -> Comparison:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in entry.items() if k in names}
+        values["labels"] = tuple(str(x) for x in values.get("labels") or ())
+        load = values.get("load_1m")
+        values["load_1m"] = (
+            tuple(load) if isinstance(load, list | tuple) and len(load) == 2 else None
+        )
+        return cls(**values)
+
+    @property
+    def measured(self) -> bool:
+        """A speedup was computed (at least one pair)."""
+        return isinstance(self.ratio, int | float)
+
+    @property
+    def faster(self) -> bool:
+        """Measurably faster than its reference: the ratio above 1.0x and, where there is an
+        interval, one that excludes 1.0x."""
+        return (self.ratio or 0.0) > 1.0 and self.distinguishable is not False
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The confirmation record: how it ran, its configurations (the baseline first) and its
+    verdicts. Fields a record of an earlier version lacks are None."""
+
+    configs: tuple[ConfirmedConfig, ...]
+    comparisons: tuple[Comparison, ...]  # each candidate vs the baseline
+    top_two: Comparison | None = None  # the two best candidates vs each other (>= 2 candidates)
+    objective: str | None = None
+    direction: str | None = None
+    mode: str | None = None  # FRESH_PROCESSES | IN_PROCESS; None: before the in-process mode
+    window_s: float | None = None  # IN_PROCESS: the window's length
+    rounds: int | None = None  # rounds run (the first stage and the second)
+    first_stage: int | None = None
+    top_k: int | None = None
+    after_trials: int | None = None  # counted trials of the study when it ran (final for them)
+    same_training_flagged: bool = False  # the configs carry same_training flags (the two answers)
+
+    @classmethod
+    def from_attr(cls, value: Any) -> Confirmation | None:
+        """The record of a stored attr; None when there is none, or it is not a confirmation
+        record (no list of comparisons)."""
+        if not isinstance(value, Mapping) or not isinstance(value.get("comparisons"), list):
+            return None
+        configs = [c for c in value.get("configs") or [] if isinstance(c, Mapping)]
+        top_two = value.get("top_two")
+        return cls(
+            configs=tuple(ConfirmedConfig.from_attr(c) for c in configs),
+            comparisons=tuple(
+                Comparison.from_attr(e) for e in value["comparisons"] if isinstance(e, Mapping)
+            ),
+            top_two=Comparison.from_attr(top_two) if isinstance(top_two, Mapping) else None,
+            objective=value.get("objective"),
+            direction=value.get("direction"),
+            mode=value.get("mode"),
+            window_s=value.get("window_s"),
+            rounds=value.get("rounds"),
+            first_stage=value.get("first_stage"),
+            top_k=value.get("top_k"),
+            after_trials=value.get("after_trials"),
+            same_training_flagged=bool(configs) and "same_training" in configs[0],
+        )
+
+    @property
+    def baseline_number(self) -> int | None:
+        return self.configs[0].trial_number if self.configs else None
+
+    def comparison_of(self, number: int | None) -> Comparison | None:
+        """Trial `number`'s verdict against the baseline, if it was a candidate."""
+        return next((c for c in self.comparisons if c.trial_number == number), None)
+
+    @property
+    def winner(self) -> int | None:
+        """Trial number of the confirmed winner: the candidate with the highest speedup among
+        those measurably faster than the baseline, else the baseline ("keep your
+        configuration"); None for a record without configs."""
+        return self._fastest(self.comparisons)
+
+    @property
+    def same_training_winner(self) -> int | None:
+        """The confirmed same-training pick: the fastest measurably faster candidate flagged
+        same_training, else the baseline; None for a record without the flags."""
+        if not self.same_training_flagged:
+            return None
+        same = {c.trial_number for c in self.configs[1:] if c.same_training}
+        return self._fastest([c for c in self.comparisons if c.trial_number in same])
+
+    def _fastest(self, comparisons: Any) -> int | None:
+        if not self.configs:
+            return None
+        faster = [c for c in comparisons if c.faster]
+        if not faster:
+            return self.baseline_number
+        return max(faster, key=lambda c: c.ratio).trial_number
+
+
+def read_confirmation(study_attrs: Mapping[str, Any]) -> Confirmation | None:
+    """The study's confirmation (its user attrs), or None when it has none gpuopt can read."""
+    return Confirmation.from_attr(study_attrs.get(STUDY_CONFIRMATION))
+
+
+def store_confirmation(study: Any, record: Mapping[str, Any]) -> Confirmation:
+    """Store a confirmation record (sweeper/confirm/verdicts.py assembles it) as the study user
+    attr, JSON-normalized as Optuna's storages keep it; the record as readers will see it."""
+    stored = json.loads(json.dumps(record, default=str))
+    study.set_user_attr(STUDY_CONFIRMATION, stored)
+    confirmation = Confirmation.from_attr(stored)
+    assert confirmation is not None, "a confirmation record has a list of comparisons"
+    return confirmation

@@ -1,0 +1,155 @@
+"""What the confirmation re-measures, and how many runs it may make.
+
+- `candidates`: the feasible baseline and the other feasible trials best first, one per distinct
+  params; `with_same_training_pick` makes sure the best same-training candidate is among them (both
+  answers get their own confirmation);
+- `plan`: how many candidates and first-stage rounds the budget (`confirm.max_share` of n_trials
+  runs) allows;
+- `round_order` / `schedule`: the interleaved order of each round (A B1 B2, B2 B1 A, ...);
+- `lean_overrides`: the measure.* overrides that shorten a run without changing its objective;
+- `confirmed_configs`: the record's entry for each chosen trial.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_OVERRIDES
+from gpuopt.study.records import ConfirmedConfig
+from gpuopt.study.rules import feasible_trials, same_training
+
+
+def candidates(
+    trials: Sequence[Any], directions: Sequence[str]
+) -> tuple[Any | None, list[Any], list[Any]]:
+    """(the feasible baseline, the other feasible trials best first with one per distinct params
+    and none with the baseline's, every feasible trial)."""
+    feasible = feasible_trials(trials)
+    baseline = next((t for t in feasible if t.user_attrs.get(ATTR_BASELINE)), None)
+    if baseline is None:
+        return None, [], feasible
+    sign = 1 if directions[0] == "maximize" else -1
+    seen = {params_key(baseline.params)}
+    chosen = []
+    for t in sorted(
+        (t for t in feasible if not t.user_attrs.get(ATTR_BASELINE)),
+        key=lambda t: -sign * t.values[0],
+    ):
+        if params_key(t.params) not in seen:
+            seen.add(params_key(t.params))
+            chosen.append(t)
+    return baseline, chosen, feasible
+
+
+def with_same_training_pick(ranked: list[Any], baseline: Any, top_k: int) -> tuple[list[Any], int]:
+    """Both answers get their own confirmation: when the best same-training candidate is not in
+    the top k, it goes second (top_k at least 2), after the best overall."""
+    same = [t for t in ranked if same_training(t, baseline)]
+    if not same or same[0] in ranked[:top_k] or not ranked:
+        return ranked, top_k
+    rest = [t for t in ranked if t is not same[0]]
+    return [rest[0], same[0], *rest[1:]], max(top_k, 2)
+
+
+@dataclass(frozen=True)
+class ConfirmPlan:
+    top_k: int
+    rounds: int  # the first stage: rounds before the spread decides how many more
+    max_runs: int = 0  # the cap on all confirmation runs (0: the first stage only)
+
+    @property
+    def runs(self) -> int:
+        """Runs of the first stage."""
+        return self.rounds * (self.top_k + 1)
+
+
+def plan(
+    top_k: int, rounds: int, max_share: float, n_trials: int, n_candidates: int
+) -> ConfirmPlan | None:
+    """Size the round to at most max_share * n_trials runs. An interval needs 2 pairs, so
+    candidates are dropped (the weakest first) until the first stage (`rounds`, at least 2) fits;
+    the rest of the cap is for the second stage.
+
+    None when it is off (rounds=0 or top_k=0), there is nothing to confirm, or the cap does not
+    allow two rounds of the baseline and one candidate.
+    """
+    k = min(top_k, n_candidates)
+    if rounds <= 0 or k <= 0:
+        return None
+    budget = math.floor(max_share * n_trials + 1e-9)
+    while k > 1 and (k + 1) * max(rounds, 2) > budget:
+        k -= 1
+    if 2 * (k + 1) > budget:
+        return None
+    return ConfirmPlan(top_k=k, rounds=max(2, min(rounds, budget // (k + 1))), max_runs=budget)
+
+
+def round_order(labels: Sequence[str], round_index: int) -> list[str]:
+    """A B1 B2 in even rounds, B2 B1 A in odd ones, so a position effect (the first run of a
+    round, or the one after a given config) does not favour one config. In a fixed order a
+    benchmark read -13% in 5 of 5 rounds between two timings that agreed within 1.1% once the
+    order alternated (docs/benchmarks.md). The benchmarks in scripts/ use the same order."""
+    return list(labels) if round_index % 2 == 0 else list(reversed(labels))
+
+
+def schedule(labels: Sequence[str], rounds: int) -> list[str]:
+    """Every round measures each config once, in `round_order`: A B1 B2 B2 B1 A A B1 B2 ..."""
+    return [label for r in range(rounds) for label in round_order(labels, r)]
+
+
+# Objectives read from the timed window (and the epoch boundary) alone: for these the confirmation
+# runs skip the extras measured beside the window. Any other objective keeps every measurement.
+WINDOW_OBJECTIVES = frozenset({"throughput", "throughput_amortized", "step_time_ms"})
+LEAN_MEASURE = (
+    "measure.ceiling=false",
+    "measure.count_flops=false",
+    "measure.peak_probe=false",
+    "measure.loader_cost=false",
+)
+
+
+def lean_overrides(objective: str, config: Any) -> list[str]:
+    """The measure.* overrides that shorten a confirmation run without changing its objective:
+    more pairs in the same time. Both sides of every pair get them, so the ratio stays fair. Only
+    where the trial's resolved `config` has those keys (a task of its own may not)."""
+    measure = config.get("measure") if isinstance(config, dict) else None
+    keys = [o.split("=", 1)[0].split(".", 1)[1] for o in LEAN_MEASURE]
+    if objective not in WINDOW_OBJECTIVES or not isinstance(measure, dict):
+        return []
+    return list(LEAN_MEASURE) if all(k in measure for k in keys) else []
+
+
+def with_overrides(overrides: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """`overrides` with `extra` added, an extra replacing an override of the same key."""
+    keys = {e.split("=", 1)[0] for e in extra}
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys] + list(extra)
+
+
+def labels(chosen: Sequence[Any]) -> list[str]:
+    """baseline, candidate1, candidate2, ... for the baseline and the chosen candidates."""
+    return ["baseline" if i == 0 else f"candidate{i}" for i in range(len(chosen))]
+
+
+def confirmed_configs(chosen: Sequence[Any], feasible: Sequence[Any]) -> list[ConfirmedConfig]:
+    """The record of each chosen trial (the baseline first), its sweep values beside it."""
+    return [
+        ConfirmedConfig(
+            label=label,
+            trial_number=t.number,
+            params=dict(t.params),
+            overrides=list(t.user_attrs.get(ATTR_OVERRIDES) or []),
+            sweep_values=[
+                s.values[0] for s in feasible if params_key(s.params) == params_key(t.params)
+            ],
+            same_training=same_training(t, chosen[0]),
+        )
+        for label, t in zip(labels(chosen), chosen, strict=True)
+    ]
+
+
+def params_key(params: dict[str, Any]) -> tuple:
+    """Trials with the same params are one configuration."""
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))

@@ -1,0 +1,65 @@
+"""The confirmation's verdicts, from its re-measurements only: each candidate's paired speedup over
+the baseline and the top two candidates against each other, in the stored record's shape
+(gpuopt.study.records.Comparison reads them back).
+
+The sweep's own measurement of a candidate is left out: it was picked for being high (on a 2-core
+CPU that bias let the sweeper recommend a candidate ~5% slower than the baseline,
+docs/benchmarks.md, "Speedup over PyTorch defaults").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from gpuopt.core.host import usable_cpus
+from gpuopt.core.stats import DEFAULT_TARGET, speedup
+from gpuopt.study.records import ConfirmedConfig
+
+
+def paired(
+    cand: ConfirmedConfig, ref: ConfirmedConfig, direction: str, **kwargs: Any
+) -> dict[str, Any]:
+    """`speedup` of cand over ref from the rounds both ran, as a record entry."""
+    a, b = cand.by_round(), ref.by_round()
+    rounds = sorted(set(a) | set(b))
+    if kwargs.get("first_stage"):  # Stein's first stage: the pairs of the first rounds
+        kwargs["first_stage"] = sum(
+            1 for r in rounds if r < kwargs["first_stage"] and r in a and r in b
+        )
+    try:
+        s = speedup([a.get(r) for r in rounds], [b.get(r) for r in rounds], direction, **kwargs)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {**asdict(s), "distinguishable": s.distinguishable}
+
+
+def compare(
+    configs: Sequence[ConfirmedConfig],
+    direction: str,
+    target: float = DEFAULT_TARGET,
+    first_stage: int | None = None,
+    loads: Sequence[float] = (),
+    steal_pct: float | None = None,
+) -> dict[str, Any]:
+    """The record's `comparisons` (paired speedups over the baseline, configs[0]) and `top_two`
+    (whether the top two candidates can be told apart). `loads`: the 1-min load averages seen
+    before the runs and `steal_pct` the CPU time the hypervisor took over them, kept on each entry
+    for a "too noisy" verdict."""
+    base = configs[0]
+    seen: dict[str, Any] = {"target_halfwidth": target}
+    if loads:
+        seen.update(load_1m=[min(loads), max(loads)], cpus=usable_cpus())
+    if steal_pct is not None:
+        seen.update(steal_pct=steal_pct)
+    out: dict[str, Any] = {"comparisons": [], "top_two": None}
+    for cand in configs[1:]:
+        entry = {"label": cand.label, "trial_number": cand.trial_number}
+        entry.update(paired(cand, base, direction, target=target, first_stage=first_stage))
+        out["comparisons"].append({**entry, **seen})
+    if len(configs) >= 3:
+        a, b = configs[1], configs[2]
+        # no first stage here: the rounds were not chosen from this pair's spread
+        out["top_two"] = {"labels": [a.label, b.label], **paired(a, b, direction, target=target)}
+    return out

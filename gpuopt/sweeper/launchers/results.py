@@ -1,0 +1,156 @@
+"""What the sweeper gets back for one trial job, from either launcher (fresh_process, slurm).
+
+A job that returned is its own `JobReturn` (read from submitit's result pickle). A job that ended
+without one (a segfault, os.abort(), the kernel's OOM killer, a timeout, SLURM's verdict) becomes
+a `JobReturn` with status FAILED holding a `TrialProcessError`, whose message is the whole reason;
+the sweeper records it like any failing task and the other jobs of the batch keep their results.
+Either way the return carries `gpuopt_diagnostics` (`TrialDiagnostics`): the job's logs, its run
+dir and its traceback, stored on the trial by gpuopt.sweeper.record.
+
+Hydra imports the launchers on every run (plugin discovery): hydra only here, no submitit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import JobReturn, JobStatus
+
+from gpuopt.core.secrets import mask_secrets
+
+# What a failed trial keeps of its stderr log: the head (the first error, "Fatal Python error: ...")
+# and the tail (the last frames), with a marker saying how much was cut in between.
+LOG_HEAD_CHARS = 2000
+LOG_TAIL_CHARS = 4000
+
+
+class TrialProcessError(RuntimeError):
+    """A trial process that ended without a result: killed by a signal, exited, or timed out.
+
+    Its message is the whole reason (no exception-type prefix in the trial's user attrs); `log_tail`
+    holds the head and the tail of the job's stderr log (a segfault's "Fatal Python error" and the
+    user's frame are near the start, the last frames at the end), `log_path` the whole log.
+    """
+
+    def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.log_tail = log_tail  # head and tail of the log (log_excerpt), secrets masked
+        self.log_path = log_path  # the whole log
+
+
+def describe_exit(code: int | None) -> str:
+    """A trial process's exit status in words."""
+    if code is None:
+        return "ended without an exit status"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        text = f"killed by signal {name}"
+        if name == "SIGKILL":
+            text += " (the kernel's OOM killer sends it when host memory runs out)"
+        return text
+    return f"exited with code {code} without a result"
+
+
+def excerpt(text: str, head: int = LOG_HEAD_CHARS, tail: int = LOG_TAIL_CHARS) -> str:
+    """The first `head` and last `tail` characters of `text`, the cut marked; all of a short one."""
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n[... {len(text) - head - tail} chars cut ...]\n{text[-tail:]}"
+
+
+def log_excerpt(path: Path) -> str:
+    """Head and tail of a log (`excerpt`), secrets masked."""
+    try:
+        with open(path, "rb") as f:
+            return excerpt(mask_secrets(f.read().decode(errors="replace")))
+    except OSError:
+        return ""
+
+
+def log_tail(path: Path, chars: int = 2000) -> str:
+    """The last `chars` characters of a log, secrets masked ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return mask_secrets(f.read().decode(errors="replace"))
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class TrialDiagnostics:
+    """Where to look when a trial failed, attached to its JobReturn (`gpuopt_diagnostics`) and
+    stored by gpuopt.sweeper.record: the job's full logs, its run dir, and its traceback (head and
+    tail): the one formatted in the trial process, else the last one in its logs (a gpuopt trial
+    that caught the error logs it), else the head and tail of the stderr log (a crash)."""
+
+    logs: list[str]
+    run_dir: str | None
+    traceback: str | None
+
+
+def with_traceback(ret: JobReturn) -> JobReturn:
+    """In the trial process: a failed job's traceback as text (pickling drops its frames)."""
+    import traceback
+
+    if ret.status is JobStatus.FAILED:
+        try:
+            ret.return_value  # noqa: B018  (raises the task's exception)
+        except BaseException as exc:
+            text = "".join(traceback.format_exception(exc))
+            ret.gpuopt_traceback = excerpt(mask_secrets(text))  # type: ignore[attr-defined]
+    return ret
+
+
+def _last_traceback(path: Path) -> str | None:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    index = text.rfind("Traceback (most recent call last)")
+    return excerpt(mask_secrets(text[index:])) if index >= 0 else None
+
+
+def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
+    """Set `ret.gpuopt_diagnostics` from the job's logs (`run_dir`: where the job's output dir is
+    when the trial died before it could report it)."""
+    traceback = (
+        getattr(ret, "gpuopt_traceback", None)
+        or _last_traceback(job.paths.stdout)
+        or _last_traceback(job.paths.stderr)
+    )
+    ret_dir = getattr(getattr(getattr(ret, "hydra_cfg", None), "hydra", None), "runtime", None)
+    ret.gpuopt_diagnostics = TrialDiagnostics(  # type: ignore[attr-defined]
+        logs=[str(job.paths.stdout), str(job.paths.stderr)],
+        run_dir=str(ret_dir.output_dir) if ret_dir is not None else run_dir,
+        traceback=traceback,
+    )
+
+
+def job_return(job: Any, overrides: list[str]) -> JobReturn:
+    """The job's JobReturn from its result pickle; a failed one if submitit itself failed."""
+    try:
+        ret = job.results()[0]
+        if isinstance(ret, JobReturn):
+            return ret
+        raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
+    except Exception as exc:
+        return failed_return(overrides, exc)
+
+
+def failed_return(overrides: list[str], exc: BaseException) -> JobReturn:
+    """A FAILED JobReturn holding `exc`; a TrialProcessError's log excerpt is its traceback."""
+    ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
+    ret.return_value = exc
+    if isinstance(exc, TrialProcessError) and exc.log_tail:
+        ret.gpuopt_traceback = exc.log_tail  # type: ignore[attr-defined]  (a crash: its log)
+    return ret

@@ -1,0 +1,44 @@
+"""The per-trial context: one `Trial` object that an engine fills as it measures.
+
+Every step of a trial (the engine's building and windows, the failure handling and clean-up that
+every engine shares, the numerics guard) reads and writes this one object, so a failure can release
+what was built and the partial metrics and notes survive into the result. torch-free at import
+(`torch` is only named in annotations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core.result import Metrics
+from gpuopt.core.spec import TrialSpec
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Trial:
+    """Everything a trial holds, so failures can release it and partial metrics survive."""
+
+    spec: TrialSpec
+    device: torch.device
+    metrics: Metrics = field(default_factory=Metrics)
+    warnings: list[str] = field(default_factory=list)
+    inspect: Callable[[str, Any], None] | None = None
+    # What the engine built and must let go of at the trial's end (closed first where it has a
+    # close()), so the device cache can be given back even after a failure.
+    resources: list[Any] = field(default_factory=list)
+    profile: dict[str, Any] | None = None  # the profiled window's summary (gpuopt.trial.profile)
+    # Steps the engine asks for once the trial measured ok and what it built was released (the
+    # numerics guard, gpuopt.engines._guard): run by gpuopt.engines._lifecycle.run_measured, in
+    # order, before the result is built. Each takes the trial and never raises.
+    after_release: list[Callable[[Trial], None]] = field(default_factory=list)
+    numerics: dict[str, Any] | None = None  # the numerics guard's evidence (gpuopt.trial.numerics)
+
+    def show(self, name: str, obj: Any) -> None:
+        """Hand a built object to the `inspect` hook of run_trial (tests, debugging)."""
+        if self.inspect is not None:
+            self.inspect(name, obj)

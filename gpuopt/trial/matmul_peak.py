@@ -1,0 +1,167 @@
+"""The measured matmul peak: a short probe per device and precision mode, cached per hardware
+fingerprint, so that MFU has an achievable reference beside the datasheet's (and CPUs get one at
+all). `python -m gpuopt.env` shows it; a trial reads it after its timed spans (mfu_achievable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core.host import usable_cpus
+from gpuopt.trial.devices import fingerprint
+
+if TYPE_CHECKING:
+    import torch
+
+# Precision mode -> (torch dtype name, float32 matmul precision the probe runs under).
+PROBE_MODES = {
+    "fp32": ("float32", "highest"),
+    "tf32": ("float32", "high"),
+    "bf16": ("bfloat16", "highest"),
+    "fp16": ("float16", "highest"),
+}
+PROBE_BUDGET_S = 0.2  # per dtype, first measurement on a machine; later calls read the cache
+# Square matmul sizes tried: (first, largest) per device type.
+PROBE_SIZES = {"cpu": (128, 2048)}
+PROBE_DEFAULT_SIZES = (1024, 8192)
+PROBE_REPS = 5  # timed repetitions per size (best of)
+# The fingerprint fields that name the hardware (and driver) a probe ran on.
+HARDWARE_KEYS = (
+    "device_name",
+    "cpu_model",
+    "usable_cpus",
+    "compute_capability",
+    "device_memory_mb",
+    "driver",
+    "hostname",
+)
+
+
+def cache_dir() -> Path:
+    """Where gpuopt caches measurements of the machine: $GPUOPT_CACHE_DIR, else
+    $XDG_CACHE_HOME/gpuopt, else ~/.cache/gpuopt."""
+    explicit = os.environ.get("GPUOPT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuopt"
+
+
+def probe_key(fp: dict[str, Any], mode: str, threads: int) -> str:
+    """The cache key of one probe: the hardware fingerprint, the precision mode, the compute
+    threads and the torch version (a new torch can bring new kernels)."""
+    hardware = {k: fp.get(k) for k in HARDWARE_KEYS}
+    return json.dumps(
+        {"hardware": hardware, "mode": mode, "threads": threads, "torch": fp.get("torch")},
+        sort_keys=True,
+    )
+
+
+def _time_matmul(device: torch.device, dtype: torch.dtype, n: int, deadline: float) -> float:
+    """The best seconds of one n x n matmul over PROBE_REPS repetitions (after one untimed)."""
+    import time
+
+    import torch
+
+    from gpuopt.trial.measure import synchronize
+
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    synchronize(device)
+    best = float("inf")
+    for _ in range(PROBE_REPS):
+        started = time.perf_counter()
+        a @ b
+        synchronize(device)
+        best = min(best, time.perf_counter() - started)
+        if time.perf_counter() >= deadline:
+            break
+    return best
+
+
+def measure_peak_flops(device: torch.device, mode: str, budget_s: float = PROBE_BUDGET_S) -> float:
+    """Achievable dense matmul FLOP/s for a precision mode: square matmuls of growing size (2n^3
+    FLOPs each), best of a few repetitions, until a size would not fit the budget. A slow
+    (emulated) dtype stops at small sizes, so the probe stays short whatever the dtype."""
+    import time
+
+    import torch
+
+    dtype_name, matmul_precision = PROBE_MODES[mode]
+    dtype = getattr(torch, dtype_name)
+    n, max_n = PROBE_SIZES.get(device.type, PROBE_DEFAULT_SIZES)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(matmul_precision)
+    started = time.perf_counter()
+    deadline = started + budget_s
+    best = 0.0
+    try:
+        while True:
+            seconds = _time_matmul(device, dtype, n, deadline)
+            best = max(best, 2 * n**3 / seconds)
+            remaining = deadline - time.perf_counter()
+            # The next size costs ~8x per matmul, PROBE_REPS + 1 of them.
+            if n * 2 > max_n or 8 * seconds * (PROBE_REPS + 1) > remaining:
+                return best
+            n *= 2
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, data: dict[str, Any]) -> None:
+    """Atomically (trials in parallel processes may write at once: the last writer wins)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: the probe is re-run next time, nothing else breaks
+
+
+def probed_peak_flops(
+    device: torch.device,
+    mode: str,
+    fp: dict[str, Any] | None = None,
+    cache: Path | None = None,
+) -> float | None:
+    """The measured peak FLOP/s of `device` for a precision mode, from the cache file
+    (`cache_dir()/peak_flops.json`, keyed by `probe_key`) or probed now and cached.
+
+    On CPU the probe runs on one thread and the peak is that per-core rate times the usable cores
+    (as a datasheet peak is stated): a probe on every core of a shared machine times its slowest
+    thread (OpenMP's barriers wait for a descheduled one) and would cache a fraction of the
+    machine. The caller's thread count is restored. None for a mode the probe does not know."""
+    import torch
+
+    if mode not in PROBE_MODES:
+        return None
+    fp = fp if fp is not None else fingerprint(device)
+    threads = 1 if device.type == "cpu" else torch.get_num_threads()
+    scale = usable_cpus() if device.type == "cpu" else 1
+    path = cache if cache is not None else cache_dir() / "peak_flops.json"
+    key = probe_key(fp, mode, threads)
+    cached = _read_cache(path).get(key)
+    if isinstance(cached, dict) and isinstance(cached.get("flops"), (int, float)):
+        return float(cached["flops"]) * scale
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        flops = measure_peak_flops(device, mode)
+    finally:
+        torch.set_num_threads(previous)
+    data = _read_cache(path)
+    data[key] = {"flops": flops, "threads": threads}
+    _write_cache(path, data)
+    return flops * scale
