@@ -177,3 +177,16 @@ def test_constraints_key_is_what_optuna_reads_as_constraints():
     )
     assert trial.constraints == {"0": 1.0, "1": 0.0}
     assert optuna.study._constrained_optimization._get_feasible_trials([trial]) == []
+
+
+def test_hydra_args_parser_is_the_parser_of_a_hydra_app():
+    args = _compat.hydra_args_parser().parse_args(["-m", "a=1", "b=2"])
+    assert args.multirun is True and args.overrides == ["a=1", "b=2"]
+
+
+def test_report_as_hydra_prints_the_short_message_and_exits_1(capsys, monkeypatch):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        _compat.report_as_hydra(ValueError("a reason only"))
+    assert exited.value.code == 1
+    assert "a reason only" in capsys.readouterr().err
