@@ -30,10 +30,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from gpuopt.core._compat import hydra_args_parser, report_as_hydra
-from gpuopt.core.checks import check_composed, check_writable_path
+from gpuopt.core.checks import Checked, check_values, check_writable_path
 from gpuopt.core.errors import ConfigError, ConfigFileError, config_error_from_omegaconf
 from gpuopt.core.fmt import fixed
+from gpuopt.core.host import usable_cpus
 from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.secrets import mask_secrets
 from gpuopt.core.spec import register_schemas
 from gpuopt.engines.registry import load_spec, run_trial
 
@@ -96,13 +98,16 @@ def apply_allocator_settings(cfg: DictConfig) -> list[str]:
     return apply_allocator_env(cfg.cache.cuda_alloc_conf, bool(cfg.cache.cpu_thp))
 
 
-def prepare_trial(cfg: DictConfig, warnings: list[str]) -> PreparedTrial:
-    """The trial's one validation (`load_spec`: the values, then the targets) and its device,
-    resolved once (`trial_device`); `warnings` (the allocator's) travel with them. Raises
-    ConfigError. The allocator settings must already be applied (`apply_allocator_settings`)."""
+def prepare_trial(
+    cfg: DictConfig, warnings: list[str], checked: Checked | None = None
+) -> PreparedTrial:
+    """The trial's one validation (`load_spec`: the values unless already `checked`, then the
+    targets) and its device, resolved once (`trial_device`); `warnings` (the allocator's) travel
+    with them. Raises ConfigError. The allocator settings must already be applied
+    (`apply_allocator_settings`)."""
     from gpuopt.trial.devices import trial_device
 
-    spec = load_spec(cfg)
+    spec = load_spec(cfg, checked)
     device, device_warnings = trial_device(spec)
     return PreparedTrial(_as_written(cfg), spec, device, [*warnings, *device_warnings])
 
@@ -229,8 +234,9 @@ _user_full_error: str | None = None  # the user's own HYDRA_FULL_ERROR, restored
 
 
 def fail(error: ConfigError | str) -> None:
-    """The one line for bad input, then exit status 2."""
-    line = " ".join(str(error).split())
+    """The one line for bad input, then exit status 2; secrets masked (an unquoted storage URL
+    with `?password=...` fails Hydra's override grammar, whose error line quotes it)."""
+    line = mask_secrets(" ".join(str(error).split()))
     print(f"gpuopt: {line}", file=sys.stderr)
     sys.exit(BAD_INPUT_EXIT)
 
@@ -248,9 +254,9 @@ def check_before_run(config: DictConfig) -> None:
     (torch-free, so the common mistakes fail fast), where the run writes, then the trial prepared
     (the targets import, the device is here and runs the settings), for the task to measure."""
     global _prepared
-    check_composed(config)
+    checked = check_values(config, usable_cpus())
     check_writable_path("hydra.run.dir", str(config.hydra.run.dir), directory=True)
-    _prepared = prepare_trial(config, apply_allocator_settings(config))
+    _prepared = prepare_trial(config, apply_allocator_settings(config), checked)
 
 
 class ValidateBeforeRun(Callback):

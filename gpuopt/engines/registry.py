@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.checks import (
+    Checked,
     check_values,
     spec_from_checked,
 )
@@ -126,13 +127,15 @@ def brings_own_data(model_target: str) -> bool:
     return issubclass(target, pl.LightningModule) and owns_train_dataloader(target)
 
 
-def load_spec(cfg: DictConfig) -> TrialSpec:
+def load_spec(cfg: DictConfig, checked: Checked | None = None) -> TrialSpec:
     """Check a composed config and return the typed `TrialSpec`, or raise `ConfigError`.
 
     `gpuopt.core.checks`' torch-free checks, then that the `_target_`s import (the user's modules,
-    hence torch): the one validation a trial's process runs.
+    hence torch): the one validation a trial's process runs. `checked`: the values this process
+    already checked (`check_values` on the same cfg, before any torch import), not checked again.
     """
-    checked = check_values(cfg, usable_cpus())
+    if checked is None:
+        checked = check_values(cfg, usable_cpus())
     data = _check_workload_imports(checked.model, checked.data, checked.typed)
     return spec_from_checked(checked, data)
 
