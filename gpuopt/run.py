@@ -181,6 +181,7 @@ def main(cfg: DictConfig) -> TrialResult:
 def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
     """A readable table of one trial's result (rich)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     m = result.metrics
@@ -214,16 +215,30 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
          f"stopped: {m.stop_reason or '-'}"),
         ("device", str(result.env.get("device_name", "-")), str(result.env.get("device", ""))),
     ]  # fmt: skip
+    if m.world_size:  # a distributed trial: one result for the whole job
+        rows.append(_ranks_row(result))
     for row in rows:
         table.add_row(*row)
     console = Console()
     console.print(table)
     if result.reason:
-        console.print(f"[{colour}]reason:[/{colour}] {result.reason}")
+        # escaped: a reason quotes library messages, e.g. gloo's "[.../unbound_buffer.cc:78]"
+        console.print(f"[{colour}]reason:[/{colour}] {escape(result.reason)}")
     for warning in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
     if saved_to is not None:
         console.print(f"result: {saved_to}")
+
+
+def _ranks_row(result: TrialResult) -> tuple[str, str, str]:
+    """A distributed trial's ranks: how many, the straggler, how far step times and peaks spread."""
+    m = result.metrics
+    note = (
+        f"straggler rank {fixed(m.straggler_rank)}, step time spread "
+        f"{fixed(m.step_time_spread, ' %', 1)}, peak memory spread "
+        f"{fixed(m.peak_memory_spread_mb, ' MB', 1)}"
+    )
+    return ("ranks", f"{m.world_size} ({result.env.get('backend', '-')})", note)
 
 
 # --- bad input: one line on stderr, exit status 2, nothing created --------------------------------

@@ -114,6 +114,43 @@ def test_a_crashing_step_and_a_one_shot_iterator_are_errors_not_exceptions():
     assert result.status is Status.ERROR and "ran out" in result.reason
 
 
+def test_the_global_batch_is_counted_from_the_optimizers_steps_or_given():
+    """Issue 22: a sweep's "same training" needs what one optimizer step trains on."""
+    torch.manual_seed(0)
+    model = nn.Linear(12, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    data = [(torch.randn(8, 12), torch.randint(0, 3, (8,))) for _ in range(4)]
+    seen = []
+
+    def accumulating_step(batch):  # the optimizer steps every second batch of 8
+        seen.append(batch)
+        loss = nn.functional.cross_entropy(model(batch[0]), batch[1]) / 2
+        loss.backward()
+        if len(seen) % 2 == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step()  # the lr moves; the schedule's starting lr is the one reported
+        return loss
+
+    result = gpuopt.measure_step(
+        accumulating_step, data, optimizer=optimizer, measure=QUICK, ceiling=False
+    )
+    m = result.metrics
+    assert result.status is Status.OK, result.reason
+    assert (m.global_batch, m.micro_batch, m.accumulation_steps) == (16, 8, 2)
+    assert m.lr == pytest.approx(0.1) and optimizer.param_groups[0]["lr"] < 0.1
+
+    _, data, step, _ = _user_loop()
+    given = gpuopt.measure_step(step, data, global_batch=32, measure=QUICK, ceiling=False)
+    assert (given.metrics.global_batch, given.metrics.micro_batch) == (32, 8)
+    assert given.metrics.accumulation_steps == 4 and given.metrics.lr is None
+    unknown = gpuopt.measure_step(step, data, measure=QUICK, ceiling=False).metrics
+    assert (unknown.global_batch, unknown.lr) == (None, None) and unknown.micro_batch == 8
+    with pytest.raises(ValueError, match="global_batch=0"):
+        gpuopt.measure_step(step, data, global_batch=0)
+
+
 def test_measure_settings_get_the_measure_groups_checks():
     _, data, step, _ = _user_loop()
     with pytest.raises(ConfigError, match=r"measure\.min_steps"):
@@ -154,6 +191,29 @@ def test_the_callback_measures_a_user_trainer_fit():
     assert m.throughput == pytest.approx(m.timed_steps * 8 / m.timed_seconds)
     assert m.flops_per_sample > 0 and 0 <= m.data_wait <= 100
     assert m.ceiling_throughput is None  # needs a second fit: measure_step / engine=lightning
+    assert (m.global_batch, m.micro_batch, m.accumulation_steps) == (8, 8, 1)
+    assert m.lr == pytest.approx(1e-2)  # TinyClassifier's SGD
+
+
+def test_the_callback_reads_the_global_batch_and_lr_from_the_trainer():
+    """batch x accumulate_grad_batches x world size: a timed step is an optimizer step."""
+    pytest.importorskip("lightning")
+    import lightning as L
+
+    from tests.helpers.lightning_models import TinyClassifier
+
+    meter = gpuopt.MeasureCallback(measure=QUICK)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=50, callbacks=[meter], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accumulate_grad_batches=3,
+    )  # fmt: skip
+    result = meter.fit(trainer, TinyClassifier(lr=0.05))
+    m = result.metrics
+    assert result.status is Status.OK, result.reason
+    assert (m.global_batch, m.micro_batch, m.accumulation_steps) == (24, 8, 3)
+    assert m.lr == pytest.approx(0.05)
+    assert m.throughput == pytest.approx(m.timed_steps * 24 / m.timed_seconds)
 
 
 def test_the_callback_after_a_plain_trainer_fit_and_its_failures_as_statuses():

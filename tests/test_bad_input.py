@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.postgres import find_pg_bin, postgres_server
+from tests.helpers.postgres import PASSWORD_LOGIN, find_pg_bin, postgres_server
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN_YAML = "_target_: gpuopt.workload.models.MLP\ninput: vectors\n  width: [1, 2\n"
@@ -34,6 +34,7 @@ class Row:
     expected: str  # a substring of the one stderr line: the key, and the value where it shows
     module: str = "gpuopt.run"
     torch: bool = False  # the check needs torch (importing targets, asking the device)
+    first: bool = False  # checked before the machine is probed: nothing else printed before it
 
     @property
     def id(self) -> str:
@@ -142,6 +143,11 @@ REPORT = [
         (("--html", "{tmp}/r.html", "--export-best", "{tmp}/r.html"), "a path other than --html"),
         (("--storage", "bogus://x"), "bogus://x"),
         (("--storage", "sqlite:///{tmp}/missing/x.db"), "{tmp}/missing/x.db"),
+        (
+            ("--storage", "postgresql+psycopg://u@127.0.0.1:1/db?password=s3cretpw"),
+            "cannot connect to postgresql+psycopg://u@127.0.0.1:1/db?password=***: "
+            "connection refused",
+        ),
         ((), "no study database"),
     ]
 ]
@@ -175,13 +181,33 @@ SWEEP = run_rows(
         "hydra.sweeper.objectives='val_acc'; allowed: gpuopt's metric names",
     ),
     ("-m hydra.sweeper.bogus=1", "hydra.sweeper.bogus=1"),
-    (
-        "-m hydra.sweeper.storage=bogus://x",
+    # the storage: checked before the machine probe and its device-aware lines (first=True)
+    Row(
+        ("-m", "hydra.sweeper.storage=bogus://x"),
         "hydra.sweeper.storage='bogus://x'; allowed: an Optuna storage URL",
+        first=True,
     ),
-    (
-        "-m hydra.sweeper.storage=sqlite:////nonexistent/dir/x.db",
+    Row(
+        ("-m", "hydra.sweeper.storage=sqlite:////nonexistent/dir/x.db"),
         "hydra.sweeper.storage='sqlite:////nonexistent/dir/x.db'; allowed: a SQLite file in an existing folder",
+        first=True,
+    ),
+    Row(  # a closed port: nothing listens on port 1
+        ("-m", "hydra.sweeper.storage=postgresql+psycopg://u:s3cretpw@127.0.0.1:1/db"),
+        "gpuopt: cannot connect to postgresql+psycopg://u:***@127.0.0.1:1/db: connection refused",
+        first=True,
+    ),
+    Row(  # unquoted, `?` fails Hydra's override grammar, whose error line quotes the value
+        ("-m", "hydra.sweeper.storage=postgresql+psycopg://u@127.0.0.1:1/db?password=s3cretpw"),
+        "hydra.sweeper.storage='postgresql+psycopg://u@127.0.0.1:1/db?password=***'; allowed: "
+        "Hydra's override grammar",
+        first=True,
+    ),
+    Row(  # quoted: the grammar takes it, the server is not there
+        ("-m", "hydra.sweeper.storage='postgresql+psycopg://u@127.0.0.1:1/db?password=s3cretpw'"),
+        "gpuopt: cannot connect to postgresql+psycopg://u@127.0.0.1:1/db?password=***: "
+        "connection refused",
+        first=True,
     ),
     (("-m", "--config-dir", "{tmp}/myconf", "model=broken"), "broken.yaml, line 3, column 8"),
     ("-m +foo=1", "foo=1; allowed: a key of GpuoptConf"),
@@ -221,19 +247,34 @@ def test_the_table_has_45_distinct_inputs():
 
 
 @pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server binaries not installed")
-def test_a_refused_database_login_is_one_line_exit_2_and_nothing_created(tmp_path):
-    """A real PostgreSQL server (tests/helpers/postgres.py). It trusts loopback logins (initdb
-    --auth=trust), so a wrong password of an existing role would be accepted: the row logs in as a
-    role that does not exist, with a password, which the server refuses as it refuses a wrong
-    password. The password must not show."""
+@pytest.mark.parametrize("form", ["user:password@host", "?password="])
+def test_a_refused_database_login_is_the_first_and_only_line(tmp_path, form):
+    """A real PostgreSQL server (tests/helpers/postgres.py) and a role that must give its password
+    (scram-sha-256 over TCP), given a wrong one each way a URL carries it. The storage is checked
+    before the machine is probed: its line, in the server's words, is the sweep's first and only
+    output; exit 2, nothing created, and the password never shows."""
+    import psycopg
+
     with postgres_server() as url:
-        bad = url.replace("postgresql+psycopg://postgres@", "postgresql+psycopg://nobody:s3cretpw@")
-        row = Row(("-m", f"hydra.sweeper.storage={bad}"), "hydra.sweeper.storage=")
+        conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE refused LOGIN PASSWORD 'right-pw' IN ROLE {PASSWORD_LOGIN}")
+        where = url.split("@", 1)[1]  # 127.0.0.1:PORT/gpuopt
+        bad, shown = (
+            (f"refused:s3cretpw@{where}", f"refused:***@{where}")
+            if form == "user:password@host"
+            else (f"refused@{where}?password=s3cretpw", f"refused@{where}?password=***")
+        )
+        row = Row(("-m", f"hydra.sweeper.storage='postgresql+psycopg://{bad}'"), "", first=True)
         before = set(tmp_path.rglob("*"))
         proc = _run(row, tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert "cannot open storage" in lines[0] and "nobody" in lines[0]
+    assert lines[0] == (
+        f"gpuopt: cannot connect to postgresql+psycopg://{shown}: "
+        'password authentication failed for user "refused"'
+    )
+    assert not proc.stdout.strip(), "printed before the storage line"
     assert "s3cretpw" not in proc.stderr + proc.stdout
     assert set(tmp_path.rglob("*")) == before
 
@@ -249,4 +290,6 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(row, tmp_path):
     assert len(lines) == 1, proc.stderr[-3000:]
     assert row.expected.replace("{tmp}", str(tmp_path)) in lines[0]
     assert set(tmp_path.rglob("*")) == before, "bad input created files"
+    if row.first:  # no device probe, no device-aware trimming before the line
+        assert not proc.stdout.strip(), proc.stdout[-3000:]
     assert not Path("/proc/gpuopt").exists()

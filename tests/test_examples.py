@@ -4,6 +4,7 @@ its metrics read back from the study; and the sweeper's reading of a dict of nam
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,11 @@ def test_the_example_app_is_swept_with_named_objectives_baseline_and_confirmatio
     study = _study(tmp_path)
     trials = study.get_trials()
     assert len(trials) == 4 and all(t.state is TrialState.COMPLETE for t in trials), trials
+    # No launcher chosen: gpuopt's metrics are the objectives, so every trial and confirmation run
+    # ran in a fresh process of its own (submitit's job folders), not in the sweep's.
+    assert "trials run in fresh processes (hydra/launcher=fresh_process)" in proc.stdout
+    jobs = {p.parent for p in tmp_path.rglob(".submitit/*/*_log.out")}
+    assert len(jobs) >= len(trials) + 2, sorted(jobs)
     assert study.user_attrs[STUDY_OBJECTIVES] == ["throughput", "data_wait"]
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     baseline = [t for t in trials if t.user_attrs.get(ATTR_BASELINE)]
@@ -68,6 +74,16 @@ def test_the_example_app_is_swept_with_named_objectives_baseline_and_confirmatio
         assert attrs["step_time_ms"] > 0 and attrs["peak_memory_mb"] is not None
     assert study.user_attrs[STUDY_CONFIRMATION]  # the end-of-sweep re-measurement ran
     assert "gpuopt sweep summary" in proc.stdout
+    # What each trial trains on, read from the Trainer (issue 22): a batch change is never called
+    # the same training; (a) is the baseline itself, (b) says what the batch change does.
+    for trial in trials:
+        batch = trial.params.get("data.batch_size", 64)
+        assert (trial.user_attrs["global_batch"], trial.user_attrs["micro_batch"]) == (batch, batch)
+        assert trial.user_attrs["accumulation_steps"] == 1 and trial.user_attrs["lr"] == 0.001
+    (same,) = re.findall(r"\(a\) same training: #(\d+)", proc.stdout)
+    assert int(same) == baseline[0].number, proc.stdout[-3000:]
+    if "(b) best overall: the same trial" not in proc.stdout:
+        assert "changes the training: global batch 64 -> " in proc.stdout, proc.stdout[-3000:]
     report = subprocess.run(
         [sys.executable, "-m", "gpuopt.report", "--study", "lightning_hydra_app",
          "--storage", f"sqlite:///{tmp_path / 'gpuopt.db'}"],
@@ -80,7 +96,7 @@ def test_the_example_app_is_swept_with_named_objectives_baseline_and_confirmatio
 @pytest.mark.slow
 def test_the_example_app_returning_a_dict_of_named_metrics(tmp_path):
     pytest.importorskip("lightning")
-    _sweep(tmp_path, *TINY_SWEEP[:-4], "hydra.sweeper.n_trials=2", "returns=metrics",
+    proc = _sweep(tmp_path, *TINY_SWEEP[:-4], "hydra.sweeper.n_trials=2", "returns=metrics",
            "hydra.sweeper.params={data.batch_size: 'choice(32, 128)'}",
            "hydra.sweeper.confirm.rounds=0")  # fmt: skip
     trials = _study(tmp_path).get_trials()
@@ -88,6 +104,12 @@ def test_the_example_app_returning_a_dict_of_named_metrics(tmp_path):
     for trial in trials:
         assert trial.values == [trial.user_attrs["throughput"], trial.user_attrs["data_wait"]]
         assert trial.user_attrs["my_batch_size"] in (32, 64, 128)  # the user's own metric
+    # No global batch in the dict: a batch change is "unknown", never "same training" (issue 22).
+    assert all(t.user_attrs.get("global_batch") is None for t in trials)
+    assert "(a) same training: #1" not in proc.stdout, proc.stdout[-3000:]
+    if "(b) best overall: #1" in proc.stdout:
+        assert "(a) same training: unknown: the task did not report its global batch" in proc.stdout
+        assert "it changes data.batch_size=" in proc.stdout, proc.stdout[-3000:]
 
 
 def test_a_dict_of_named_metrics_is_read_like_a_trial_result():

@@ -21,12 +21,14 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import optuna
 import pytest
 from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
 from optuna.trial import TrialState, create_trial
 
 from gpuopt.core import lifeline
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.study import storage as storage_mod
 from gpuopt.sweeper import interference, outputs, resume
+from gpuopt.sweeper.confirm.rounds import Pending
 from gpuopt.sweeper.launchers.results import (
     attach_diagnostics,
     excerpt,
@@ -263,9 +265,11 @@ def test_a_worker_notices_its_trial_was_failed_as_stale_elsewhere(tmp_path):
     assert watch.reason(1) is None
 
 
-def test_a_worker_that_does_not_confirm_publishes_no_best(tmp_path):
+def test_a_worker_that_does_not_confirm_publishes_the_best_so_far_marked_pending(tmp_path):
+    """Never an empty stock result: the best known so far, `pending: <worker>`, no best.yaml; the
+    confirming worker's final file is not replaced by a pending one (a shared sweep dir)."""
     study = optuna.create_study(directions=["maximize"])
-    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[5.0]))
+    study.add_trial(create_trial(state=TrialState.COMPLETE, values=[5.0], params={}))
     identity = outputs.SweepIdentity(
         study_name="s",
         storage="memory",
@@ -275,13 +279,38 @@ def test_a_worker_that_does_not_confirm_publishes_no_best(tmp_path):
         app_command="python -m gpuopt.run",
         groups=[],
     )
-    where = "the confirmation runs in worker h:42"
+    where = Pending(("h:42",), "the confirmation runs in worker h:42")
     text = outputs.write_outputs(study, identity, None, 1.0, best_pending=where)
-    assert f"best: pending: {where}" in text
+    assert f"best: pending: {where.text}; best so far #0: throughput=5" in text
     assert not (tmp_path / "experiment" / "best.yaml").exists()
-    assert "best_trial: null" in (tmp_path / "optimization_results.yaml").read_text()
-    text = outputs.write_outputs(study, identity, None, 1.0)
+    results = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    assert results.best_trial == 0 and results.best_value == 5.0 and results.pending == "h:42"
+    text = outputs.write_outputs(study, identity, None, 1.0)  # the confirming worker
     assert "best      #0" in text and (tmp_path / "experiment" / "best.yaml").exists()
+    assert "pending" not in OmegaConf.load(tmp_path / "optimization_results.yaml")
+    outputs.write_outputs(study, identity, None, 1.0, best_pending=where)  # late: keeps the final
+    assert "pending" not in OmegaConf.load(tmp_path / "optimization_results.yaml")
+
+
+def test_a_pending_multi_objective_worker_writes_the_pareto_front_so_far(tmp_path, caplog):
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    for values in ([5.0, 1.0], [1.0, 5.0], [0.5, 0.5]):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, values=values, params={}))
+    identity = outputs.SweepIdentity(
+        study_name="s",
+        storage="memory",
+        sweep_dir=tmp_path,
+        names=["throughput", "utilization"],
+        directions=["maximize", "maximize"],
+        app_command="python -m gpuopt.run",
+        groups=[],
+    )
+    with caplog.at_level("INFO", logger="gpuopt.sweeper"):
+        outputs.write_outputs(study, identity, None, 1.0, best_pending=Pending(("h:42",), "x"))
+    results = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    assert sorted(tuple(s["values"]) for s in results.solutions) == [(1.0, 5.0), (5.0, 1.0)]
+    assert results.pending == "h:42"
+    assert "Number of Pareto solutions: 2" in caplog.text
 
 
 # ---- end to end -----------------------------------------------------------------------------------

@@ -247,6 +247,63 @@ def test_same_training_classification_and_the_change_advice():
     assert [t.number for t in ranked[:2]] == [1, 3] and top_k == 2
 
 
+def _reported(number, batch, reported, value, baseline=False):
+    """A trial of a task of its own (MeasureCallback-style config): its global batch and lr in
+    its metrics when `reported`, else nothing says what it trains on."""
+    import optuna
+
+    metrics = {"global_batch": batch, "micro_batch": batch, "lr": 1e-3} if reported else {}
+    trial = optuna.trial.create_trial(
+        value=value,
+        params={"data.batch_size": batch, "data.num_workers": 0 if baseline else 1},
+        distributions={
+            "data.batch_size": optuna.distributions.CategoricalDistribution([64, 256]),
+            "data.num_workers": optuna.distributions.CategoricalDistribution([0, 1]),
+        },
+        user_attrs={
+            "baseline": baseline,
+            "config": {"engine": {"name": "lightning_callback"}},
+            "global_batch": None,
+            "lr": None,
+            **metrics,
+        },
+        constraints={"oom": 0.0, "diverged": 0.0, "numerics": 0.0},
+    )
+    trial.number = number
+    return trial
+
+
+def test_an_unreported_global_batch_is_unknown_never_the_same_training():
+    """Issue 22: null == null is no evidence; the answers say so and name the changed keys."""
+    from gpuopt.study.answers import two_answers
+    from gpuopt.study.rules import (
+        pick_same_training,
+        same_training,
+        training_change,
+        unknown_training,
+    )
+
+    base, wide = _reported(0, 64, False, 10.0, baseline=True), _reported(1, 256, False, 30.0)
+    assert not same_training(wide, base) and same_training(base, base)
+    assert unknown_training(base) == "the task did not report its global batch"
+    change = training_change(base, wide)
+    assert change == (
+        "unknown: the task did not report its global batch; it changes data.batch_size "
+        "(64 -> 256), data.num_workers (0 -> 1)"
+    )
+    same = pick_same_training([base, wide], base, ["maximize"], None)
+    said = two_answers("the baseline's global batch", (same.number, "[64]"), (1, "[256]"),
+                       None, 0, change, unknown_training(base))  # fmt: skip
+    assert said[1] == "  (a) same training: unknown: the task did not report its global batch"
+    assert said[3] == f"      changes the training: {change}"
+    # Reported by the task (measure_step(optimizer=...) / MeasureCallback): the rules apply.
+    base, wide = _reported(0, 64, True, 10.0, baseline=True), _reported(1, 256, True, 30.0)
+    same_batch = _reported(2, 64, True, 20.0)
+    assert [same_training(t, base) for t in (wide, same_batch)] == [False, True]
+    assert training_change(base, wide).startswith("global batch 64 -> 256 (x4)")
+    assert unknown_training(base) is None
+
+
 @pytest.mark.slow
 def test_sweep_summary_and_report_give_both_answers_and_best_reproduces(tmp_path):
     from tests.test_sweep_e2e import _compose, fake, load, ok, sweep_dir

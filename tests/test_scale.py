@@ -7,7 +7,9 @@ against a real PostgreSQL server (tests/helpers/postgres.py) or a journal file.
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,13 +18,19 @@ from pathlib import Path
 
 import optuna
 import pytest
+from omegaconf import OmegaConf
 from optuna.trial import TrialState, create_trial
 
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_BASELINE
+from gpuopt.study.records import read_confirmation
+from gpuopt.study.rules import leading_trial
 from gpuopt.sweeper import resume
 from gpuopt.sweeper.launchers import gpus
 from gpuopt.sweeper.launchers.results import describe_exit
+from gpuopt.sweeper.objectives import outcome_from_return
+from gpuopt.sweeper.progress import Progress, SweepAborted
+from gpuopt.sweeper.record import outcome_of
 from tests.helpers.postgres import find_pg_bin, postgres_server
 
 HELPERS = Path(__file__).parent / "sweep_helpers"
@@ -112,6 +120,65 @@ def test_duplicate_baseline_is_the_higher_number():
     trials = [_trial(0, W, **{ATTR_BASELINE: True}), _trial(1, W, **{ATTR_BASELINE: True})]
     assert not resume.duplicate_baseline(0, trials)
     assert resume.duplicate_baseline(1, trials)
+
+
+def _owned(number, value, owner, state=TrialState.COMPLETE):
+    t = create_trial(
+        state=state,
+        values=[value] if state == TrialState.COMPLETE else None,
+        system_attrs={"gpuopt:owner": owner},
+    )
+    t.number = number
+    if state == TrialState.RUNNING:
+        t.datetime_complete = None
+    return t
+
+
+def test_progress_lines_tell_the_studys_count_best_and_pace_and_name_the_worker():
+    """Worker B's line once the study holds 8 finished trials, best #2 (issue 25: B said `trial
+    2/8 #8 ... | best #8`): the study's count, its best (not this worker's), which worker speaks."""
+    me, other = resume.this_owner(), {"host": "hostA", "pid": 7}
+    progress = Progress(9, ["throughput"], ["maximize"], done_before=0, t_start=time.monotonic())
+    progress.start([])
+    trials = [_owned(n, 100.0 if n == 2 else 10.0 + n, other) for n in range(7)]
+    trials.append(_owned(7, 0.0, other, TrialState.RUNNING))  # A's, in flight: not finished
+    trials.append(_owned(8, 50.0, me))
+    outcome = outcome_from_return(50.0, ["throughput"], ["maximize"])
+    line = progress.record(8, False, outcome, trials)
+    assert line.startswith("trial 8/9 #8 ok: throughput=50")  # counted, finished trials
+    assert "| best #2 throughput=100" in line
+    assert line.endswith(f"| worker {resume.host_name()}:{os.getpid()}")
+    # Alone on the study (another worker's trials all finished before this one started): no tag.
+    alone = Progress(8, ["throughput"], ["maximize"], done_before=0, t_start=time.monotonic())
+    alone.start([])
+    before = [_owned(n, 1.0, other) for n in range(3)]
+    for t in before:
+        t.datetime_complete = alone.started_at - datetime.timedelta(seconds=5)
+    line = alone.record(3, False, outcome, [*before, _owned(3, 50.0, me)])
+    assert line.startswith("trial 4/8 #3 ok") and "worker" not in line
+
+
+def test_a_stopped_sweep_shows_the_last_failure_and_names_only_storages_that_exist():
+    def failing(storage):
+        progress = Progress(4, ["value"], ["minimize"], done_before=0, t_start=time.monotonic())
+        progress.start([])
+        try:
+            raise RuntimeError("cfg.error is True")
+        except RuntimeError as exc:
+            for n in range(3):
+                progress.record(n, False, outcome_of(exc, ["value"], ["minimize"]))
+        with pytest.raises(SweepAborted) as aborted:
+            progress.check_failure_rate(0.5, "sphere", storage)
+        return aborted.value
+
+    memory = failing("memory")
+    assert "--storage" not in str(memory) and "in memory and is not kept" in str(memory)
+    lines = memory.failure.splitlines()
+    assert lines[0] == "gpuopt: trial #2 failed:" and lines[1].startswith("Traceback")
+    assert 'raise RuntimeError("cfg.error is True")' in memory.failure
+    assert lines[-1] == "launcher: RuntimeError: cfg.error is True"
+    kept = failing("sqlite:////tmp/s.db")
+    assert "optuna trials --study-name sphere --storage sqlite:////tmp/s.db" in str(kept)
 
 
 def test_storage_display_masks_the_password():
@@ -287,6 +354,10 @@ def pg_url():
 @needs_pg
 @pytest.mark.parametrize("kind", ["postgres", "journal"])
 def test_three_workers_share_one_study(tmp_path, kind, request):
+    """One study, three workers, one story: each progress line counts the study's trials and
+    names its worker; the confirming worker writes the final result, the others the best known
+    so far marked `pending: <worker>` (each worker has its own sweep dir here), never an empty
+    one."""
     storage = (
         request.getfixturevalue("pg_url")
         if kind == "postgres"
@@ -294,21 +365,72 @@ def test_three_workers_share_one_study(tmp_path, kind, request):
     )
     n_trials = 9
     args = [
-        *FAKE,
+        *[a for a in FAKE if not a.startswith("hydra.sweeper.confirm.")],
+        "hydra.sweeper.confirm.rounds=2",
+        "hydra.sweeper.confirm.top_k=1",
         "hydra/launcher=basic",
         f"hydra.sweeper.storage={storage}",
         f"hydra.sweeper.study_name=three-{kind}",
         f"hydra.sweeper.n_trials={n_trials}",
         "+sleep_s=0.3",
     ]
-    procs = _workers(tmp_path, 3, args)
+    dirs = {i: {"GPUOPT_OUTPUT_DIR": str(tmp_path / f"w{i}")} for i in range(3)}
+    procs = _workers(tmp_path, 3, args, dirs)
     _wait(procs, tmp_path)
     store = storage_mod.open_storage(storage, None, None)
-    trials = optuna.load_study(study_name=f"three-{kind}", storage=store).get_trials()
+    study = optuna.load_study(study_name=f"three-{kind}", storage=store)
+    trials = study.get_trials()
     owners = _assert_one_study_of(trials, n_trials)
     assert len(owners) >= 2  # the work was shared
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(3)]
     assert all("gpuopt sweep summary" in text for text in logs)
+    _assert_one_story(logs, [p.pid for p in procs], trials, n_trials)
+    _assert_one_result(tmp_path, [p.pid for p in procs], study)
+
+
+PROGRESS = re.compile(r"trial (\d+)/(\d+) #\d+.*?\| best #(\d+)[^|]*(?:\| worker (\S+))?$")
+
+
+def _assert_one_story(logs, pids, trials, n_trials):
+    """Every worker's lines count the study's trials; the last count names the study's best."""
+    leader = leading_trial(trials, ["maximize", "maximize"]).number
+    counts, tagged = [], 0
+    for log, pid in zip(logs, pids, strict=True):
+        for line in log.splitlines():
+            m = PROGRESS.search(line)
+            if not m:
+                continue
+            done, total, best, worker = int(m[1]), int(m[2]), int(m[3]), m[4]
+            assert total == n_trials and 1 <= done <= n_trials, line
+            counts.append(done)
+            if done == n_trials:
+                assert best == leader, line  # the study's best, whoever measured it
+            if worker is not None:
+                tagged += 1
+                assert worker.endswith(f":{pid}"), line  # which worker speaks
+    assert max(counts) == n_trials and len(counts) >= n_trials
+    assert len(set(counts)) >= n_trials - 1  # one count per study trial (two may read at once)
+    assert tagged
+
+
+def _assert_one_result(tmp_path, pids, study):
+    """The confirming worker's optimization_results.yaml is final; the others' are the Pareto
+    front so far with `pending: <the confirming worker>`, and no best.yaml."""
+    assert read_confirmation(study.user_attrs) is not None
+    results = {}
+    for i, pid in enumerate(pids):
+        (path,) = (tmp_path / f"w{i}").glob("sweeps/*/*/optimization_results.yaml")
+        results[pid] = (OmegaConf.load(path), (path.parent / "experiment" / "best.yaml").exists())
+    final = [r for r, has_best in results.values() if "pending" not in r]
+    assert final and all(has_best for r, has_best in results.values() if "pending" not in r)
+    assert len(final) < len(results)  # the others finished while it confirmed
+    best = final[0].best_trial
+    assert all(r.best_trial == best for r in final)
+    for pid, (r, has_best) in results.items():
+        assert r.solutions and r.best_trial is not None  # never an empty result
+        if "pending" in r:
+            assert not has_best
+            assert r.pending.endswith(tuple(f":{p}" for p in pids if p != pid)), r.pending
 
 
 @pytest.mark.slow
@@ -413,31 +535,48 @@ def test_parallel_trials_each_get_their_own_gpu(tmp_path):
 
 @pytest.mark.slow
 @needs_pg
-@pytest.mark.parametrize("launcher", ["basic", "fresh_process"])
-def test_storage_password_is_never_written(tmp_path, pg_url, launcher):
-    """Every file the sweep wrote, submitit's job pickles included (fresh_process), read as bytes:
-    no trace of a real role's real (random) password."""
+@pytest.mark.parametrize(
+    ("launcher", "form"), [("basic", "user:password@host"), ("fresh_process", "?password=")]
+)
+def test_storage_password_is_never_written(tmp_path, pg_url, launcher, form):
+    """A real role that must log in with its real (random) password (scram-sha-256 over TCP,
+    tests/helpers/postgres.py), given in the URL's user info or its query string, percent-encoded
+    (it holds an `@`). Every file the sweep wrote (the sweep log, summary.txt,
+    optimization_results.yaml, every trial's .hydra/, submitit's job pickles with fresh_process),
+    read as bytes, and every row of the study's tables: no trace of it. The same URL in
+    `hydra.job.env_set` (a secret the trial needs) reaches the trial through its environment."""
+    import hashlib
     import secrets
 
     import psycopg
 
-    password = f"pw-{secrets.token_hex(12)}"
+    from tests.helpers.postgres import PASSWORD_LOGIN
+
+    token = secrets.token_hex(12)
+    password = f"pw-{token}@x"  # the `@` is %40 in the URL
     role = f"sweeper_{launcher}"
     conninfo = pg_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE {PASSWORD_LOGIN}")
         conn.execute(f"CREATE DATABASE {role} OWNER {role}")
     host = pg_url.split("@", 1)[1].rsplit("/", 1)[0]
-    url = f"postgresql+psycopg://{role}:{password}@{host}/{role}"
+    encoded = password.replace("@", "%40")
+    url, shown = (
+        (f"postgresql+psycopg://{role}:{encoded}@{host}/{role}", f"{role}:***@{host}")
+        if form == "user:password@host"
+        else (f"postgresql+psycopg://{role}@{host}/{role}?password={encoded}", "?password=***")
+    )
     proc = _run(
         tmp_path,
         *FAKE,
         f"hydra/launcher={launcher}",
-        f"hydra.sweeper.storage={url}",
+        f"hydra.sweeper.storage='{url}'",
         "hydra.sweeper.study_name=secret",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.max_failure_rate=1.0",
         "+case=choice(crash,ok)",
+        f"+hydra.job.env_set.GPUOPT_TEST_DSN='{url}'",  # a secret the trial needs: handed over
+        "+env_digest=GPUOPT_TEST_DSN",
     )
     report = subprocess.run(
         [sys.executable, "-m", "gpuopt.report", "--study", "secret", "--storage", url],
@@ -448,20 +587,29 @@ def test_storage_password_is_never_written(tmp_path, pg_url, launcher):
         timeout=120,
     )
     assert report.returncode == 0, report.stderr[-2000:]
-    assert f"{role}:***@" in proc.stdout  # the summary names the storage, masked
+    assert shown in proc.stdout  # the summary names the storage, masked
     for text in (proc.stdout, proc.stderr, report.stdout, report.stderr):
-        assert password not in text
+        assert token not in text
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.name == "hydra.yaml" for p in files)
+    names = {p.name for p in files}
+    assert {"hydra.yaml", "summary.txt", "optimization_results.yaml"} <= names, names
+    assert any(p.suffix == ".log" for p in files)
     if launcher == "fresh_process":
         assert any(p.name.endswith("_submitted.pkl") for p in files)
+        assert any(p.name.endswith("_result.pkl") for p in files)
     for path in files:
-        assert password.encode() not in path.read_bytes(), path
-    study = optuna.load_study(study_name="secret", storage=url)
-    system = study._storage.get_study_system_attrs(study._study_id)
-    assert password not in repr(study.user_attrs) + repr(system)
-    for t in study.get_trials():
-        assert password not in repr(t.user_attrs) + repr(t.system_attrs)
+        assert token.encode() not in path.read_bytes(), path
+    with psycopg.connect(f"{conninfo.rsplit('/', 1)[0]}/{role}") as conn:
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchall()
+        assert {"studies", "trials", "trial_user_attributes"} <= {t for (t,) in tables}
+        for (table,) in tables:
+            rows = conn.execute(f'SELECT t::text FROM "{table}" t').fetchall()
+            assert token not in repr(rows), table
+    ok = [t for t in optuna.load_study(study_name="secret", storage=url).trials if t.values]
+    digest = hashlib.sha256(url.encode()).hexdigest()
+    assert ok and all(t.user_attrs["env"]["digest"] == digest for t in ok)  # the trial had it
 
 
 def _alive(pid: int) -> bool:

@@ -189,6 +189,60 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
         assert study.user_attrs["best_profile"]["profile"]
     else:
         assert "best_profile" not in study.user_attrs
+    _assert_trial_files_on_the_dashboard(tmp_path, study, baseline)
+
+
+def _assert_trial_files_on_the_dashboard(tmp_path: Path, study: optuna.Study, baseline) -> None:
+    """Issue 22: each trial's result.json, and the profiled baseline's trace.json.gz, are Optuna
+    artifacts beside the study: optuna-dashboard's HTTP API lists and serves them on the trial, and
+    optuna.artifacts.download_artifact returns the run directory's bytes."""
+    dashboard = pytest.importorskip("optuna_dashboard", reason="the `dashboard` extra")
+    import json
+    import threading
+    import urllib.request
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from optuna.artifacts import FileSystemArtifactStore, download_artifact
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    store_dir = tmp_path / "artifacts"  # beside gpuopt.db (hydra.sweeper.artifacts=auto)
+    assert study.user_attrs["artifact_store"] == str(store_dir.resolve())
+    store = FileSystemArtifactStore(store_dir)
+    app = dashboard.wsgi(f"sqlite:///{tmp_path / 'gpuopt.db'}", artifact_store=store)
+    server = make_server("127.0.0.1", 0, app, handler_class=Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with urllib.request.urlopen(f"{base}/api/studies", timeout=30) as response:
+            (summary,) = json.load(response)["study_summaries"]
+        study_id = summary["study_id"]
+        with urllib.request.urlopen(f"{base}/api/studies/{study_id}", timeout=30) as response:
+            detail = json.load(response)
+        trials = detail["trials"]
+        listed = {t["number"]: {a["filename"]: a for a in t["artifacts"]} for t in trials}
+        assert {"result.json", "trace.json.gz"} <= set(listed[baseline.number])
+        assert all("result.json" in files for files in listed.values())
+        served = listed[baseline.number]["result.json"]
+        trial_id = next(t["trial_id"] for t in trials if t["number"] == baseline.number)
+        url = f"{base}/artifacts/{study_id}/{trial_id}/{served['artifact_id']}"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            over_http = response.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+    on_disk = (Path(baseline.user_attrs["run_dir"]) / "result.json").read_bytes()
+    assert over_http == on_disk
+    assert baseline.user_attrs["artifacts"]["result.json"] == served["artifact_id"]
+    trace_id = baseline.user_attrs["artifacts"]["trace.json.gz"]
+    download_artifact(artifact_store=store, file_path=str(tmp_path / "t.gz"), artifact_id=trace_id)
+    trace = Path(baseline.user_attrs["profile"]["trace_path"]).read_bytes()
+    assert (tmp_path / "t.gz").read_bytes() == trace
+    best = study.user_attrs.get("best_profile")  # the best's profiled run: a study artifact
+    names = {a["filename"] for a in detail["artifacts"]}
+    assert best is None or f"trace-best-trial-{best['trial']}.json.gz" in names, names
 
 
 def _compose(overrides: list[str]) -> dict:
@@ -380,7 +434,16 @@ def test_too_many_errors_stop_the_sweep_with_a_clear_message(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 1
-    assert "sweep stopped: 3 of 3 trials ended with status error" in proc.stderr
+    # As the stock sweeper re-raises it: the last failing trial's exception with its traceback's
+    # tail (the task's own frame), then gpuopt's line naming the study's storage that remains.
+    err = proc.stderr.splitlines()
+    start = err.index("gpuopt: trial #2 failed:")
+    assert err[start + 1].startswith("Traceback")
+    assert any('raise RuntimeError("fake crash")' in line for line in err[start:])
+    (stop,) = [i for i, line in enumerate(err) if line.startswith("gpuopt: sweep stopped:")]
+    assert stop > start and err[stop - 1].endswith("RuntimeError: fake crash")
+    assert "3 of 3 trials ended with status error" in err[stop]
+    assert f"--storage sqlite:///{tmp_path / 'gpuopt.db'}" in err[stop]
     assert len(load(tmp_path, "f").get_trials()) == 3
 
 

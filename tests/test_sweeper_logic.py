@@ -749,9 +749,12 @@ def test_sweeper_options_have_one_default_each():
         assert getattr(composed, key) == getattr(defaults, key), key
     for key in ("env_timeout_s", "heartbeat_interval", "grace_period", "study_name"):
         assert getattr(composed, key) == getattr(defaults, key), key
-    # The sweeper's own defaults are the stock ones (an in-memory study, no baseline); gpuopt's
-    # conf/config.yaml sets exactly these three for its own app.
-    assert (defaults.storage, defaults.baseline, defaults.gpuopt_task) == (None, False, False)
+    # The sweeper's own defaults are the stock ones (an in-memory study; the baseline only where
+    # gpuopt measures the objectives); gpuopt's conf/config.yaml sets exactly these three.
+    assert (defaults.storage, defaults.baseline, defaults.gpuopt_task) == (None, None, False)
+    assert SweeperOptions.build().baseline is False  # a stock app's objective: its own value
+    assert SweeperOptions.build(objectives=["throughput"]).baseline is True
+    assert SweeperOptions.build(objectives=["throughput"], baseline=False).baseline is False
     assert composed.baseline is True and composed.gpuopt_task is True
     assert composed.storage == "${gpuopt.sqlite:${output_dir}/gpuopt.db}"
 
@@ -771,3 +774,38 @@ def test_only_the_baseline_of_gpuopts_own_task_is_launched_profiled():
     assert profiling.launch_overrides(stock, trials, overrides) == overrides
     off = SweeperOptions.build(n_trials=4, gpuopt_task=True, profile=False)
     assert profiling.launch_overrides(off, trials, overrides) == overrides
+
+
+# ---- custom_search_space under Hydra's execution whitelist ---------------------------------------
+
+
+def test_custom_search_space_trusts_the_apps_own_module_without_a_warning(tmp_path, monkeypatch):
+    """A script's function (Hydra's `_locate` imports the script under its file name) is trusted:
+    no Hydra 1.4 deprecation warning; one outside the app keeps the stock, warned call."""
+    import warnings
+
+    from gpuopt.sweeper import custom_space
+
+    (tmp_path / "my-app.py").write_text("def configure(cfg, trial):\n    return 'called'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    main = type(sys)("__main__")
+    main.__file__ = str(tmp_path / "my-app.py")
+    main.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+
+    def task(cfg):  # the app's task function, defined in its script
+        return 0.0
+
+    task.__module__ = "__main__"
+    assert custom_space.app_modules(task) == ["my-app.*"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        extend = custom_space.extender("my-app.configure", task)
+    assert extend(None, None) == "called"
+    with pytest.warns(UserWarning, match="_execution_whitelist_"):
+        custom_space.extender("json.dumps", task)  # not the app's: the stock call
+    assert custom_space.app_modules(custom_space.extender) == [
+        "gpuopt.sweeper.custom_space.*",
+        "gpuopt.sweeper.*",
+    ]
+    assert custom_space.extender(None, task) is None

@@ -212,3 +212,18 @@ def report_as_hydra(failure: BaseException) -> None:
         raise failure
 
     run_and_report(reraise)
+
+
+def launcher_chosen(config_loader: Any, config: Any) -> bool:
+    """Whether the app or its command line chose `hydra/launcher` (rather than leaving Hydra's
+    default, `basic`): an `override hydra/launcher: ...` entry in any defaults list or a
+    `hydra/launcher=...` override. Hydra keeps both in its defaults list's `overrides.
+    override_choices` (hydra._internal.defaults_list.Overrides, not public API); the composed
+    config's `hydra.runtime.choices` says `basic` either way."""
+    from hydra.types import RunMode
+
+    overrides = [*config.hydra.overrides.hydra, *config.hydra.overrides.task]
+    defaults = config_loader.compute_defaults_list(
+        config.hydra.job.config_name, [str(o) for o in overrides], RunMode.MULTIRUN
+    )
+    return "hydra/launcher" in defaults.overrides.override_choices

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from gpuopt.core.distributed_checks import check_distributed_facts, check_distributed_values
 from gpuopt.core.errors import ConfigError, check_choice, check_min, config_error_from_omegaconf
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.spec import (
@@ -106,6 +107,9 @@ def check_values(cfg: DictConfig, cpus: int) -> Checked:
         raise config_error_from_omegaconf(exc, container) from None
     _check_scalars(typed, cpus)
     _check_engine(typed.engine)
+    check_distributed_values(typed.distributed, typed.engine)
+    nproc = typed.distributed.nproc_per_node
+    _check_per_cpu("distributed.nproc_per_node", nproc, 1, cpus, "ranks")
     _check_train(typed)
     model, data = check_workload_values(container, typed)
     _check_loss(typed)
@@ -145,6 +149,7 @@ def spec_from_checked(checked: Checked, data: dict[str, Any]) -> TrialSpec:
         profile=typed.profile,
         train=typed.train,
         guard=typed.guard,
+        distributed=typed.distributed,
     )
 
 
@@ -185,13 +190,16 @@ def _check_train(typed: GpuoptConf) -> None:
     """train.global_batch: a multiple of the micro-batch (loader.batch_size), agreeing with
     engine.accumulate_grad_batches when that is set too; the guard's knobs."""
     global_batch, micro = typed.train.global_batch, typed.loader.batch_size
+    world = typed.distributed.world_size
     if global_batch is not None:
-        if global_batch < 1 or global_batch % micro:
-            multiples = ", ".join(str(micro * n) for n in range(1, 5))
+        step = micro * world  # one micro-batch on every rank
+        if global_batch < 1 or global_batch % step:
+            multiples = ", ".join(str(step * n) for n in range(1, 5))
+            ranks = f" x {world} ranks" if world > 1 else ""
             raise ConfigError(
                 "train.global_batch",
                 global_batch,
-                f"null or a multiple of loader.batch_size ({micro}): {multiples}, ... "
+                f"null or a multiple of loader.batch_size ({micro}){ranks}: {multiples}, ... "
                 "(or a loader.batch_size that divides it)",
             )
         accumulate = typed.engine.accumulate_grad_batches
@@ -323,6 +331,7 @@ def check_device_facts(cfg: DictConfig, facts: dict[str, Any]) -> None:
     resolved = _resolve_device(device_type, devices)
     mode = OmegaConf.select(cfg, "precision.mode", default="fp32")
     capability = str(devices.get(resolved, {}).get("compute_capability") or "0.0")
+    check_distributed_facts(cfg, resolved, len(cuda), float(capability) >= 8.0)
     if mode == "tf32" and (not resolved.startswith("cuda") or float(capability) < 8.0):
         raise ConfigError(
             "precision.mode",

@@ -96,11 +96,19 @@ class Metrics:
     timed_steps: int | None = None
     timed_seconds: float | None = None
     stop_reason: str | None = None  # stable | budget | max_steps
-    # What one optimizer step trains on (one timed step = one optimizer step).
+    # What one optimizer step trains on (one timed step = one optimizer step); None where the task
+    # did not report it (then no trial is "the same training": gpuopt.study.rules.unknown_training).
     global_batch: int | None = None  # samples per optimizer step
     micro_batch: int | None = None  # samples per forward/backward (loader.batch_size)
     accumulation_steps: int | None = None  # micro-batches per optimizer step
     lr_scale: float | None = None  # the factor optimizer.lr_scaling applied to optimizer.lr
+    # A distributed trial (distributed=ddp | fsdp2, gpuopt.trial.ranks): the ranks it ran on, the
+    # slowest one by median step time, how far the ranks' step times and peaks spread.
+    world_size: int | None = None
+    straggler_rank: int | None = None
+    step_time_spread: float | None = None  # (slowest - fastest median step) / fastest, %
+    peak_memory_spread_mb: float | None = None  # largest - smallest rank's peak memory
+    lr: float | None = None  # the learning rate it trained with (the optimizer's, scaling applied)
     # The numerics guard (gpuopt.trial.numerics): the largest relative loss deviation from the fp32
     # reference over guard.steps optimizer steps; None when the guard did not run.
     loss_drift: float | None = None
@@ -121,6 +129,9 @@ class TrialResult:
     profile: dict[str, Any] | None = None
     # The numerics guard's evidence (gpuopt.trial.numerics.GuardEvidence as a dict); None: not run.
     numerics: dict[str, Any] | None = None
+    # A distributed trial's ranks, one row each (rank, status, throughput, step_time_ms, data_wait,
+    # host_data_wait, peak_memory_mb, timed_seconds); None for a single-process trial.
+    ranks: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -150,6 +161,7 @@ class TrialResult:
             warnings=list(data.get("warnings") or []),
             profile=data.get("profile") if isinstance(data.get("profile"), dict) else None,
             numerics=data.get("numerics"),
+            ranks=data.get("ranks") if isinstance(data.get("ranks"), list) else None,
         )
 
     def save(self, path: str | Path) -> None:
@@ -170,6 +182,7 @@ ATTR_CONFIG = "config"  # the resolved trial config
 ATTR_WARNINGS = "warnings"
 ATTR_PROFILE = "profile"  # the profiled window's summary (dict), on profiled trials only
 ATTR_NUMERICS = "numerics"  # the numerics guard's evidence (dict), absent when it did not run
+ATTR_RANKS = "ranks"  # a distributed trial's per-rank rows (list), absent for one process
 
 
 def result_user_attrs(result: TrialResult) -> dict[str, Any]:
@@ -184,4 +197,6 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
         attrs[ATTR_PROFILE] = result.profile
     if result.numerics is not None:
         attrs[ATTR_NUMERICS] = result.numerics
+    if result.ranks is not None:
+        attrs[ATTR_RANKS] = result.ranks
     return json.loads(json.dumps(attrs, default=str))

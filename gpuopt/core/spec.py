@@ -22,6 +22,11 @@ INPUT_KINDS = ("vectors", "images", "tokens", *HF_INPUT_KINDS, "any")
 # A user loss function is `loss: {_target_: mypkg.fn}` (gpuopt.engines._loss.model_loss).
 LOSSES = ("cross_entropy", "mse", "model")
 ENGINES = ("native", "lightning")
+# The distributed group (conf/distributed/): one trial over several ranks (gpuopt.trial.distributed).
+DISTRIBUTED_KINDS = ("none", "ddp", "fsdp2")
+DISTRIBUTED_BACKENDS = ("auto", "gloo", "nccl")  # auto: nccl on CUDA, gloo on CPU
+# FSDP2's MixedPrecisionPolicy dtypes; null: the parameters' own dtype.
+SHARD_DTYPES = ("fp32", "bf16", "fp16")
 LR_SCALING_RULES = ("none", "linear", "sqrt")
 # Lightning 2.x `Trainer(precision=...)` strings (engine.precision overrides the precision group).
 LIGHTNING_PRECISIONS = (
@@ -162,6 +167,37 @@ class EngineConf:
 
 
 @dataclass
+class DistributedConf:
+    """One trial over several ranks (gpuopt.trial.distributed): `kind` none | ddp | fsdp2, started
+    by the trial's own process with torch.distributed's elastic launcher. The DDP knobs are
+    ignored by fsdp2 and the FSDP2 knobs by ddp."""
+
+    kind: str = "none"  # none | ddp (DistributedDataParallel) | fsdp2 (fully_shard)
+    nproc_per_node: int = 1  # ranks on this node (one per GPU on CUDA)
+    nnodes: int = 1  # nodes per trial: 1 (several: not supported yet, a one-line error)
+    rdzv_endpoint: str | None = None  # host:port of the rendezvous; null: localhost, a free port
+    backend: str = "auto"  # auto (nccl on CUDA, gloo on CPU) | gloo | nccl
+    timeout_s: float = 60.0  # rendezvous and collective timeout: a hung rank fails the trial
+    # DDP (torch.nn.parallel.DistributedDataParallel)
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    # FSDP2 (torch.distributed.fsdp.fully_shard)
+    reshard_after_forward: bool = True
+    param_dtype: str | None = None  # fp32 | bf16 | fp16 | null (the parameters' dtype)
+    reduce_dtype: str | None = None  # gradient reduce-scatter dtype; null: param_dtype
+    # Child modules sharded (and checkpointed) one by one, by class name, e.g. [Block]; the root
+    # is always sharded. Empty: only the root.
+    shard_modules: list[str] = field(default_factory=list)
+    checkpoint_modules: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return 1 if self.kind == "none" else self.nproc_per_node * self.nnodes
+
+
+@dataclass
 class GpuoptConf:
     """The whole trial config. `model` and `data` stay untyped: they carry user `_target_` kwargs."""
 
@@ -178,6 +214,7 @@ class GpuoptConf:
     profile: ProfileConf = field(default_factory=ProfileConf)
     train: TrainConf = field(default_factory=TrainConf)
     guard: GuardConf = field(default_factory=GuardConf)
+    distributed: DistributedConf = field(default_factory=DistributedConf)
     # cross_entropy | mse | model, or {_target_: mypkg.fn} (a user loss function; Any: str or dict)
     loss: Any = "cross_entropy"
     seed: int = 0
@@ -282,6 +319,7 @@ class TrialSpec:
     profile: ProfileConf = field(default_factory=ProfileConf)
     train: TrainConf = field(default_factory=TrainConf)
     guard: GuardConf = field(default_factory=GuardConf)
+    distributed: DistributedConf = field(default_factory=DistributedConf)
 
     @property
     def model_input(self) -> str:
@@ -294,12 +332,17 @@ class TrialSpec:
 
     @property
     def accumulation_steps(self) -> int:
-        return accumulation_steps(self.train, self.loader, self.engine)
+        return accumulation_steps(self.train, self.loader, self.engine, self.world_size)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks training together (1 without `distributed`)."""
+        return self.distributed.world_size
 
     @property
     def global_batch(self) -> int:
-        """Samples per optimizer step."""
-        return self.micro_batch * self.accumulation_steps
+        """Samples per optimizer step, over every rank: micro-batch x accumulation x world size."""
+        return self.micro_batch * self.accumulation_steps * self.world_size
 
     @property
     def lr_scale(self) -> float:
@@ -307,11 +350,13 @@ class TrialSpec:
         return lr_scale(self.optimizer, self.global_batch)
 
 
-def accumulation_steps(train: TrainConf, loader: LoaderConf, engine: EngineConf) -> int:
-    """Micro-batches per optimizer step: train.global_batch / loader.batch_size, else Lightning's
-    own engine.accumulate_grad_batches (validation makes the two agree)."""
+def accumulation_steps(
+    train: TrainConf, loader: LoaderConf, engine: EngineConf, world_size: int = 1
+) -> int:
+    """Micro-batches per optimizer step and rank: train.global_batch / (loader.batch_size x world
+    size), else Lightning's own engine.accumulate_grad_batches (validation makes them agree)."""
     if train.global_batch is not None:
-        return max(1, train.global_batch // loader.batch_size)
+        return max(1, train.global_batch // (loader.batch_size * world_size))
     return engine.accumulate_grad_batches if engine.name == "lightning" else 1
 
 

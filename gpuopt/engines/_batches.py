@@ -167,7 +167,15 @@ class BatchFeed:
             shutdown()
 
 
-def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: list[str]) -> Any:
+def build_loader(
+    spec: TrialSpec,
+    dataset: Any,
+    device: torch.device,
+    warnings: list[str],
+    seed: int | None = None,
+) -> Any:
+    """gpuopt's DataLoader over `dataset`, its order drawn from `seed` (default: `spec.seed`; a
+    distributed trial's rank draws from its own)."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -188,7 +196,7 @@ def build_loader(spec: TrialSpec, dataset: Any, device: torch.device, warnings: 
         ]
         if ignored:
             warnings.append(f"loader.{' and loader.'.join(ignored)} ignored: loader.num_workers=0")
-    generator = torch.Generator().manual_seed(spec.seed)
+    generator = torch.Generator().manual_seed(spec.seed if seed is None else seed)
     return DataLoader(
         dataset,
         batch_size=conf.batch_size,
@@ -239,7 +247,8 @@ def dataset_length(dataset: Any) -> int | None:
 
 
 def record_batches(trial: Trial) -> None:
-    """What one optimizer step trains on, and the lr factor, into the trial's metrics."""
+    """What one optimizer step trains on, the lr factor and the lr, into the trial's metrics."""
     m, spec = trial.metrics, trial.spec
     m.global_batch, m.micro_batch = spec.global_batch, spec.micro_batch
     m.accumulation_steps, m.lr_scale = spec.accumulation_steps, spec.lr_scale
+    m.lr = spec.optimizer.lr * spec.lr_scale

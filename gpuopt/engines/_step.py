@@ -14,6 +14,7 @@ engines never import each other.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,9 @@ class Workload:
     non_blocking: bool
     accumulation_steps: int = 1  # micro-batches per optimizer step
     nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
+    # Wraps each micro-batch but the last of a step: a distributed trial's no gradient reduction
+    # yet (gpuopt.engines._distributed); nothing in one process.
+    accumulating: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
     def to_device(self, batch: Batch) -> Batch:
         # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
@@ -65,8 +69,11 @@ class Workload:
     def train_step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         """One optimizer step over `micro_batches` (accumulation_steps of them); returns the step's
         loss (the mean of the micro-batch losses: the full batch's loss), on the device."""
-        share = 1.0 / len(micro_batches)
-        losses = [self.forward_backward(batch, share) for batch in micro_batches]
+        share, last = 1.0 / len(micro_batches), len(micro_batches) - 1
+        losses = []
+        for index, batch in enumerate(micro_batches):
+            with self.accumulating() if index < last else contextlib.nullcontext():
+                losses.append(self.forward_backward(batch, share))
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
         scaler = self.precision.scaler
         if scaler is not None:
@@ -90,14 +97,18 @@ def build_workload(
     device: torch.device,
     precision: knobs.PrecisionPolicy,
     non_blocking: bool,
+    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> Workload:
     """`model` on the device (channels_last where the model config says so), in training mode,
     with the optimizer group's optimizer, the compile group's wrapper and the loss: the workload
-    gpuopt's step trains."""
+    gpuopt's step trains. `wrap` (a distributed trial's DDP or FSDP2) takes the model on its
+    device, before the optimizer sees its parameters."""
     channels_last = bool(spec.model.get("channels_last", False))
     model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if wrap is not None:
+        model = wrap(model)
     model.train()
     return Workload(
         model=model,

@@ -47,10 +47,13 @@ def measure_timed_window(
     precision_mode: str | None,
     process_t0: float,
     after_step: Callable[[int], None] | None = None,
+    align: Callable[[Any, Any], tuple[Any, Any]] | None = None,
 ) -> None:
     """The timed window of a loop engine: `run_step()` (one optimizer step over batches it takes
     from `feed`) until `gpuopt.trial.measure.StopRule` says stop, with the monitors on and the memory
-    peaks reset, then the window's metrics (`record_window`, over the samples `feed` gave)."""
+    peaks reset, then the window's metrics (`record_window`, over the samples `feed` gave).
+    `align(clock, rule)`: a distributed trial's clock and rule, alike on every rank
+    (gpuopt.engines._distributed)."""
     from gpuopt.trial.measure import StopRule, make_clock, run_window
 
     measure, device = trial.spec.measure, trial.device
@@ -61,11 +64,14 @@ def measure_timed_window(
         if after_step is not None:
             after_step(index)
 
+    clock, rule = make_clock(device), StopRule.from_measure(measure)
+    if align is not None:
+        clock, rule = align(clock, rule)
     feed.reset_counters()
     memory.window_starting()
     monitors.start()
     try:
-        window = run_window(step, make_clock(device), StopRule.from_measure(measure))
+        window = run_window(step, clock, rule)
     finally:
         nvml = monitors.stop()
     # clock.finish() synchronized: the window's work (and copies) has completed.

@@ -9,6 +9,11 @@ and the input pipeline's cost per sample, measured apart -> compute ceiling (the
 replayed on the device, no loader) -> the machine's limit -> the measured matmul peak (cached) ->
 once the trial's memory is released, the numerics guard (gpuopt.engines._guard).
 
+In a rank of a distributed trial (`distributed=ddp | fsdp2`, gpuopt.engines._distributed) the model
+is wrapped before its optimizer is built, each rank draws its own samples, accumulation reduces
+once per step, and the window is aligned across ranks; what runs on one rank alone (the compute
+ceiling's time-budgeted replay, the matmul peak, the guard) runs on rank 0 or not at all.
+
 The sweeper's probing processes build their trials here too, through the registry
 (`gpuopt.engines.registry.engine_entry`): `open_windows` for the in-process confirmation
 (gpuopt.trial.interleave), `repeated_step` for the memory probe (gpuopt.trial.memory_probe).
@@ -32,6 +37,7 @@ from gpuopt.engines._ceiling import (
     record_achievable_mfu,
     record_limit,
 )
+from gpuopt.engines._distributed import Ranks, accumulating
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._step import Batch, Workload, build_workload
@@ -42,8 +48,11 @@ from gpuopt.trial.measure import measure_step_flops, synchronize
 from gpuopt.trial.memory import MemoryBaseline
 
 
-def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchFeed]:
-    """The model on the device, its optimizer and the DataLoader, seeded by `seed`."""
+def build(
+    trial: Trial, trial_policies: TrialPolicies, ranks: Ranks | None = None
+) -> tuple[Workload, BatchFeed]:
+    """The model on the device, its optimizer and the DataLoader, seeded by `seed` (under
+    `ranks`: the model wrapped, the loader seeded per rank)."""
     spec, device = trial.spec, trial.device
     torch.manual_seed(spec.seed)
     dataset = instantiate_data(spec)
@@ -53,9 +62,16 @@ def build(trial: Trial, trial_policies: TrialPolicies) -> tuple[Workload, BatchF
             f"model._target_={spec.model['_target_']} built a {type(model).__name__}, not an nn.Module"
         )
     workload = build_workload(
-        spec, model, device, trial_policies.precision, non_blocking=spec.loader.non_blocking
+        spec,
+        model,
+        device,
+        trial_policies.precision,
+        non_blocking=spec.loader.non_blocking,
+        wrap=ranks.wrap if ranks is not None else None,
     )
-    loader = build_loader(spec, dataset, device, trial.warnings)
+    workload.accumulating = accumulating(ranks)
+    seed = ranks.loader_seed(spec.seed) if ranks is not None else None
+    loader = build_loader(spec, dataset, device, trial.warnings, seed=seed)
     feed = BatchFeed(loader, workload.to_device, device, accumulation_steps=spec.accumulation_steps)
     trial.resources += [workload, feed]
     trial.show("loader", loader)
@@ -119,6 +135,7 @@ def timed_window(
     cache_policy: knobs.CachePolicy,
     memory: MemoryBaseline,
     process_t0: float,
+    ranks: Ranks | None = None,
 ) -> None:
     """The timed window until the stop rule ends it, with the monitors on; its metrics."""
     measure_timed_window(
@@ -129,6 +146,7 @@ def timed_window(
         trial.spec.precision.mode,
         process_t0,
         cache_policy.after_step,
+        align=ranks.align if ranks is not None else None,
     )
     workload.check_finite("the timed window")
 
@@ -188,27 +206,37 @@ def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
 def measure(trial: Trial, process_t0: float) -> None:
     """The engine (`gpuopt.engines.registry.ENGINES["native"]`): fill `trial.metrics`, raising on
     failure (Diverged, OOM, errors: `gpuopt.engines._lifecycle.run_measured` classifies them)."""
-    trial.after_release.append(guard_numerics)
+    ranks = Ranks.current(trial.spec, trial.device)
+    leader = ranks is None or ranks.leader
+    if leader:
+        trial.after_release.append(guard_numerics)
     memory = MemoryBaseline.take(trial.device)
     trial_policies = apply_policies(trial.spec, trial.device)
-    workload, feed = build(trial, trial_policies)
+    workload, feed = build(trial, trial_policies, ranks)
 
     record_batches(trial)
     first_step = feed.next_step()
     if trial.spec.measure.count_flops:
         count_flops(trial, workload, first_step[0])
     warm_up(trial, workload, feed, first_step, memory)
-    timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0)
+    timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0, ranks)
     window_fetch_s = feed.wait.fetch_s  # the window's, before the profiled steps fetch more
-    if trial.spec.profile.enabled:  # before the epoch boundary and ceiling stop the loader
+    if trial.spec.profile.enabled and ranks is None:  # before the boundary stops the loader
         profiled_window(trial, workload, feed)
+    elif trial.spec.profile.enabled and leader:
+        trial.warnings.append("profile.enabled: a distributed trial is not profiled yet")
     boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
     record_steady_state(trial.metrics, boundary)
     ceiling = None
-    if trial.spec.measure.ceiling:
+    if trial.spec.measure.ceiling and ranks is None:  # time-budgeted: ranks would disagree
         ceiling = compute_ceiling(trial, workload, feed, first_step)
+    elif trial.spec.measure.ceiling and leader:
+        trial.warnings.append(
+            "compute ceiling not measured: a distributed trial (its replay is "
+            "time-budgeted per rank, and the ranks must step together)"
+        )
     record_limit(trial.metrics, trial.device, loader_cost, ceiling)
-    if trial.spec.measure.peak_probe:
+    if trial.spec.measure.peak_probe and leader:
         record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
 
 

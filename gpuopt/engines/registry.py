@@ -93,10 +93,26 @@ def run_trial(
     come back as the result's status. `inspect(name, obj)` sees what the engine built.
 
     The one route of a trial: the engine measures (its windows, the profiled window) and asks
-    for the numerics guard, which runs once its memory is released (gpuopt.engines._lifecycle)."""
+    for the numerics guard, which runs once its memory is released (gpuopt.engines._lifecycle).
+    A distributed trial (`distributed.kind` ddp | fsdp2) starts its ranks here, each measuring
+    through `run_rank`, and returns the job's one result (gpuopt.trial.distributed)."""
     from gpuopt.engines._lifecycle import run_measured
 
+    if spec.distributed.kind != "none":
+        from gpuopt.trial.devices import resolve_device
+        from gpuopt.trial.distributed import launch_ranks
+
+        device = device if device is not None else resolve_device(spec.device.type)
+        return launch_ranks(spec, device, run_rank)
     return run_measured(spec, _engine_or_failure(spec.engine.name), device, inspect)
+
+
+def run_rank(spec: TrialSpec, device: torch.device) -> TrialResult:
+    """One rank of a distributed trial, in the process group gpuopt.trial.distributed set up:
+    the engine measures its share (it wraps the model, aligns the window with the other ranks)."""
+    from gpuopt.engines._lifecycle import run_measured
+
+    return run_measured(spec, _engine_or_failure(spec.engine.name), device)
 
 
 def _engine_or_failure(name: str) -> Measure:

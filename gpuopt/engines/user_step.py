@@ -10,6 +10,12 @@ warm-up, the timed window until `gpuopt.trial.measure.StopRule` stops it (monito
 compute ceiling: the first batch, already on the device, replayed with no loader. Out-of-memory, a
 NaN/inf loss and any exception of the step come back as the result's status (`run_measured`).
 
+What one optimizer step trains on (the result's global_batch, micro_batch, accumulation_steps,
+lr: without them no trial is "the same training" as the baseline): given (`global_batch=`), or
+counted from the optimizer (`optimizer=`: the samples between two `optimizer.step()` calls, seen by
+torch's own step post-hook, `Optimizer.register_step_post_hook`, not by wrapping `step`), and its
+learning rate read from the optimizer's first param group.
+
 Not in the engine registry (`gpuopt.engines.registry.ENGINES` names the engines a config can
 choose): a step function is Python, not config. No numerics guard either: gpuopt cannot re-train
 the user's step the fp32 way.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +34,7 @@ from typing import Any
 import torch
 
 from gpuopt.core.checks import measure_conf
-from gpuopt.core.result import TrialResult
+from gpuopt.core.result import Metrics, TrialResult
 from gpuopt.core.spec import EngineConf, LoaderConf, MeasureConf, TrialSpec
 from gpuopt.engines._batches import BatchFeed, SampleCount, batch_samples, move_batch
 from gpuopt.engines._ceiling import CeilingReplay
@@ -40,6 +47,45 @@ from gpuopt.trial.measure import measure_step_flops, synchronize
 from gpuopt.trial.memory import MemoryBaseline
 
 ENGINE_NAME = "user_step"
+
+
+@dataclass
+class OptimizerSteps:
+    """Samples and batches between the optimizer's steps, counted by a step post-hook (fired by
+    every `optimizer.step()`, also through a GradScaler or Lightning-style closures)."""
+
+    optimizer: torch.optim.Optimizer
+    pending: tuple[int, int] = (0, 0)  # (samples, batches) since the last optimizer step
+    steps: list[tuple[int, int]] = field(default_factory=list)  # (samples, batches) per step
+    handle: Any = None
+
+    def attach(self) -> None:
+        self.handle = self.optimizer.register_step_post_hook(self._stepped)
+
+    def detach(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def add(self, samples: int) -> None:
+        self.pending = (self.pending[0] + samples, self.pending[1] + 1)
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.steps.append(self.pending)
+        self.pending = (0, 0)
+
+    def typical(self) -> tuple[int, int] | None:
+        """The most common (samples, batches) of one optimizer step (an epoch's short last batch
+        or a step a GradScaler skipped is the exception); None when the optimizer never stepped."""
+        counted = [step for step in self.steps if step[1] > 0]
+        return statistics.mode(counted) if counted else None
+
+    def lr(self) -> float | None:
+        """The first param group's learning rate; its schedule's starting value (`initial_lr`, set
+        by torch's LR schedulers) where one is attached: the same at any point of the schedule."""
+        groups = self.optimizer.param_groups
+        lr = groups[0].get("initial_lr", groups[0].get("lr")) if groups else None
+        return float(lr) if isinstance(lr, int | float | torch.Tensor) else None
 
 
 @dataclass
@@ -56,15 +102,20 @@ class UserStep:
     count_flops: bool = True
     ceiling: bool = True
     nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
+    global_batch: int | None = None  # samples per optimizer step, as the user gave it
+    counter: OptimizerSteps | None = None  # counts them from the optimizer's steps
 
     def train(self, batch: Any) -> int:
         """One step on `batch`; its sample count. The loss (a tensor, or an HF-style output with
         `.loss`/`["loss"]`) feeds the NaN check without a host sync."""
+        samples = batch_samples(batch, self.samples)
+        if self.counter is not None:
+            self.counter.add(samples)  # before the step: its optimizer.step() closes the count
         returned = self.step(batch)
         loss = returned if isinstance(returned, torch.Tensor) else outputs_loss(returned)
         if loss is not None and loss.numel() == 1:
             self.nonfinite.update(loss)
-        return batch_samples(batch, self.samples)
+        return samples
 
     def move(self, batch: Any) -> Any:
         if self.move_to is None:
@@ -81,6 +132,7 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     trial.show("feed", feed)
 
     first_batch = feed.next()
+    micro_batch = batch_samples(first_batch, user.samples)
     if user.count_flops and user.model is not None:
         flops = measure_step_flops(lambda: user.train(first_batch))  # one (untimed) training step
         samples = batch_samples(first_batch, user.samples)
@@ -97,12 +149,45 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     mode = trial.spec.precision.mode
     measure_timed_window(trial, lambda: user.train(feed.next()), feed, memory, mode, process_t0)
     user.nonfinite.check("the timed window")
+    record_training(user, micro_batch, m, trial.warnings)
     if user.ceiling:
         feed.close()
         ceiling = CeilingReplay.for_trial(trial.spec, device)
         ceiling.run(lambda: user.train(first_batch))
         ceiling.record(m)
         user.nonfinite.check("the compute-ceiling replay")
+
+
+def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list[str]) -> None:
+    """What one optimizer step trained on, as given or counted; None where neither says."""
+    counted = user.counter.typical() if user.counter is not None else None
+    if counted is not None:
+        counted = (counted[0] * _world_size(), counted[1])  # every rank steps with the others
+    m.micro_batch = micro_batch
+    m.global_batch = user.global_batch or (counted[0] if counted else None)
+    if counted is not None:
+        m.accumulation_steps = counted[1]
+        if user.global_batch is not None and counted[0] != user.global_batch:
+            warnings.append(
+                f"global_batch={user.global_batch} given, but {counted[0]} samples were counted "
+                "between optimizer steps: the given value is reported"
+            )
+    elif m.global_batch is not None and m.global_batch % micro_batch == 0:
+        m.accumulation_steps = m.global_batch // micro_batch
+    if user.counter is not None:
+        m.lr = user.counter.lr()
+        if counted is None:
+            warnings.append(
+                "the optimizer never stepped during the measurement: its global batch is unknown"
+            )
+
+
+def _world_size() -> int:
+    """Ranks of the initialized torch.distributed process group (1 without one)."""
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_world_size()
+    return 1
 
 
 def _now(device: torch.device) -> float:
@@ -157,6 +242,8 @@ def measure_step(
     pin_memory: bool = False,
     precision: str = "fp32",
     ceiling: bool = True,
+    global_batch: int | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrialResult:
     """Measure your own training step on your own batches; never raises for a failing step.
 
@@ -172,7 +259,15 @@ def measure_step(
     dimension of its first tensor). `measure`: a conf/measure/ preset name ("quick", "default"), a
     dict of MeasureConf fields, or a MeasureConf. `ceiling`: replay the first batch (on the device,
     no loader) for `ceiling_throughput`; turn it off for a step that cannot see a batch twice.
+
+    What the step trains on, so that a sweep can tell which trials are "the same training":
+    `global_batch` (samples per optimizer step, all ranks together), or `optimizer` (the one your
+    step calls `.step()` on): the samples between its steps are counted (times the world size of
+    an initialized torch.distributed group) and its learning rate recorded. Without either the
+    result's global_batch and lr are None, and a sweep calls no trial the same training.
     """
+    if global_batch is not None and (isinstance(global_batch, bool) or global_batch < 1):
+        raise ValueError(f"global_batch={global_batch!r}: a sample count >= 1, or None")
     conf = measure_conf(dict(measure) if isinstance(measure, Mapping) else measure)
     conf = dataclasses.replace(conf, ceiling=ceiling)
     resolved = _resolve_device(device, model)
@@ -186,8 +281,16 @@ def measure_step(
         pin_memory=pin_memory,
         count_flops=conf.count_flops,
         ceiling=ceiling,
+        global_batch=global_batch,
+        counter=OptimizerSteps(optimizer) if optimizer is not None else None,
     )
     spec = _spec(resolved, conf, user, precision)
-    result = run_measured(spec, functools.partial(run_user_step, user), device=resolved)
+    if user.counter is not None:
+        user.counter.attach()
+    try:
+        result = run_measured(spec, functools.partial(run_user_step, user), device=resolved)
+    finally:
+        if user.counter is not None:
+            user.counter.detach()
     result.config = _describe(user, resolved, spec)
     return result

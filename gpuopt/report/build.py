@@ -40,6 +40,7 @@ from gpuopt.study.rules import (
     pick_same_training,
     training_change,
     trial_status,
+    unknown_training,
 )
 
 # Status columns, in display order; other statuses (void, interrupted, pruned, waiting: see
@@ -149,6 +150,7 @@ class StudyReport:
     # and what the best overall changes in the training (None: it keeps it).
     same_training: TrialView | None = None
     training_change: str | None = None
+    training_unknown: str | None = None  # what the baseline did not report (rules.unknown_training)
     global_batch: int | None = None  # the baseline's
     # The best trial's profiled run (the sweeper profiles the best after the sweep:
     # gpuopt.sweeper.profiling), when the best trial itself was not profiled.
@@ -322,6 +324,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         importance_note=note,
         same_training=by_number[same.number] if same is not None else None,
         training_change=training_change(base_trial, picked),
+        training_unknown=unknown_training(base_trial) if base_trial is not None else None,
         global_batch=global_batch_of(base_trial) if base_trial is not None else None,
         best_profile=_best_profile(study, best),
         highest_limit=highest,

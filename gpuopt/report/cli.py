@@ -16,6 +16,7 @@ from gpuopt.report.errors import ReportError
 from gpuopt.report.export import compose_experiment, export_experiment
 from gpuopt.report.page import PLOTLY_HINT, plotly_available, write_html
 from gpuopt.report.text import render, trial_detail
+from gpuopt.study.artifacts import store_page
 from gpuopt.study.storage import (
     StorageError,
     StudyEntry,
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             render(report, recorder, limit)
             text_html = recorder.export_html(inline_styles=True, code_format="<pre>{code}</pre>")
             notes = write_html(args.html, study, report, text_html)
+            stored = store_page(study, args.html)  # beside the trials' files (optuna-dashboard)
+            notes += [stored] if stored else []
             console.print(f"Wrote {args.html}" + "".join(f" ({n})" for n in notes))
         elif not plotly_available():
             console.print(f"[dim]Note: {PLOTLY_HINT} (for --html).[/]")

@@ -235,6 +235,7 @@ def two_answers_lines(report: StudyReport) -> list[str]:
         report.confirmation,
         report.baseline.number,
         report.training_change,
+        report.training_unknown,
     )
     lines = [f"[bold]Two answers[/]{escape(said[0][len('two answers') :])}"]
     lines += [

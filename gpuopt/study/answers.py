@@ -132,12 +132,17 @@ def two_answers(
     confirmation: Confirmation | None,
     baseline_number: int | None,
     change: str | None,
+    unknown: str | None = None,
 ) -> list[str]:
     """The two answers, as the sweep summary and the report both say them: (a) the best trial
     that keeps the baseline's training math, (b) the best overall and what it changes, each with
-    its own confirmation. `same` / `best`: (trial number, how to show it)."""
+    its own confirmation. `same` / `best`: (trial number, how to show it); `unknown`: what the
+    baseline did not report (gpuopt.study.rules.unknown_training): then (a) is unknown, never a
+    guess."""
     lines = [f"two answers (same training = {held}, same lr, numerics within tolerance):"]
-    if same is None:
+    if unknown is not None and best[0] != baseline_number:
+        lines.append(f"  (a) same training: unknown: {unknown}")
+    elif same is None:
         lines.append("  (a) same training: no feasible trial keeps the baseline's training")
     else:
         said = confirmed(confirmation, same[0], baseline_number)

@@ -5,7 +5,7 @@ is a user attr (optuna-dashboard and `optuna trials` show it) or a system attr (
 bookkeeping). The strings are the stored format: existing studies hold them, so never change one.
 
 The attrs a trial's own `TrialResult` is stored under (status, reason, env, config, warnings,
-profile, numerics: `gpuopt.core.result.result_user_attrs`) are named in core/result.py, which
+profile, numerics, ranks: `gpuopt.core.result.result_user_attrs`) are named in core/result.py, which
 writes them and imports nothing of the study; they are listed here too, so that every reader takes
 every key from this module. Every metric is stored flat under its own name (`throughput`, ...:
 `gpuopt.core.result.Metrics`).
@@ -18,12 +18,14 @@ from gpuopt.core.result import (
     ATTR_ENV,
     ATTR_NUMERICS,
     ATTR_PROFILE,
+    ATTR_RANKS,
     ATTR_REASON,
     ATTR_STATUS,
     ATTR_WARNINGS,
 )
 
 __all__ = [
+    "ATTR_ARTIFACTS",
     "ATTR_BASELINE",
     "ATTR_BASELINE_SKIPPED",
     "ATTR_CONFIG",
@@ -38,6 +40,7 @@ __all__ = [
     "ATTR_OVERRIDES",
     "ATTR_OWNER",
     "ATTR_PROFILE",
+    "ATTR_RANKS",
     "ATTR_REASON",
     "ATTR_RERUN_OF",
     "ATTR_RUN_DIR",
@@ -47,6 +50,7 @@ __all__ = [
     "ATTR_VISIBLE_DEVICES",
     "ATTR_VOID",
     "ATTR_WARNINGS",
+    "STUDY_ARTIFACT_STORE",
     "STUDY_BEST_PROFILE",
     "STUDY_CONFIRMATION",
     "STUDY_CONFIRM_CLAIM",
@@ -72,6 +76,10 @@ ATTR_VOID = "void"  # why a trial was asked but never run (surplus, duplicate ba
 # On a baseline that could not run as composed (e.g. a key only custom_search_space adds): why.
 # Such a trial also has ATTR_VOID: it never counts towards n_trials, the failure rate or best.
 ATTR_BASELINE_SKIPPED = "baseline_skipped"
+# {file name: artifact id}: the trial's files in Optuna's artifact store (result.json,
+# trace.json.gz; gpuopt/sweeper/artifacts.py); Optuna's own `artifacts:<id>` system attrs list them
+# for optuna-dashboard and `optuna.artifacts.get_all_artifact_meta`.
+ATTR_ARTIFACTS = "artifacts"
 
 # ---- trial system attrs -------------------------------------------------------------------------
 ATTR_OWNER = "gpuopt:owner"  # {"host", "pid", "start"} of the sweeping process running it
@@ -90,6 +98,9 @@ STUDY_HARDWARE = "hardware"  # hardware fingerprint the study was measured on
 STUDY_CONFIRMATION = "confirmation"
 # {"trial": n, "profile": {...}}: the best trial's profiled run (sweeper/profiling.py)
 STUDY_BEST_PROFILE = "best_profile"
+# The directory of the FileSystemArtifactStore holding the trials' files and the report page
+# (`optuna-dashboard <storage> --artifact-dir <it>`; gpuopt/sweeper/artifacts.py)
+STUDY_ARTIFACT_STORE = "artifact_store"
 STUDY_SEEDS = "seeds"  # the expert seeds enqueued after the baseline, once (sweeper/baseline.py)
 
 # ---- study system attrs -------------------------------------------------------------------------

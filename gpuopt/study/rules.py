@@ -7,7 +7,9 @@
 - `pick_baseline` / `pick_best`: which trial is the baseline and which the best.
 - `same_training` / `pick_same_training` / `training_change`: the two answers of every sweep, the
   best that keeps the baseline's training math (same global batch and learning rate, numerics
-  within tolerance) and the best overall with what it changes (issue 13); `same_training_params`:
+  within tolerance) and the best overall with what it changes (issue 13); `unknown_training`:
+  what a trial did not report (its global batch, its lr): without it nothing is "same training"
+  (issue 22: null == null is no evidence); `same_training_params`:
   the preset markers of `search=same_training` and the baseline's batch as the LR reference.
 
 The keys they read are gpuopt.study.keys'; the confirmation they pick from is a typed record
@@ -35,10 +37,12 @@ from gpuopt.study.keys import (
 from gpuopt.study.records import Confirmation
 
 __all__ = [
+    "changed_keys",
     "feasible",
     "feasible_trials",
     "global_batch_of",
     "leading_trial",
+    "lr_of",
     "outside_space",
     "pick_baseline",
     "pick_best",
@@ -50,6 +54,7 @@ __all__ = [
     "status_counts",
     "training_change",
     "trial_status",
+    "unknown_training",
 ]
 
 
@@ -172,6 +177,7 @@ def global_batch_of(trial: FrozenTrial) -> int | None:
 
 
 def _effective_lr(trial: FrozenTrial) -> float | None:
+    """gpuopt's own task: optimizer.lr of the resolved config x the lr_scale it applied."""
     lr = (config_of(trial.user_attrs).get("optimizer") or {}).get("lr")
     scale = trial.user_attrs.get("lr_scale")
     if not isinstance(lr, int | float):
@@ -179,18 +185,58 @@ def _effective_lr(trial: FrozenTrial) -> float | None:
     return float(lr) * (float(scale) if isinstance(scale, int | float) else 1.0)
 
 
+def lr_of(trial: FrozenTrial) -> float | None:
+    """The learning rate the trial trained with: its `lr` metric (what measure_step and
+    MeasureCallback read from the optimizer), else from its resolved config (older studies)."""
+    value = trial.user_attrs.get("lr")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return _effective_lr(trial)
+
+
+UNKNOWN_BATCH = "the task did not report its global batch"
+UNKNOWN_LR = "the task did not report its learning rate"
+
+
+def unknown_training(trial: FrozenTrial) -> str | None:
+    """What `trial` did not report of its training math (None: both known). A task of its own
+    reports them through gpuopt.measure_step(global_batch=..., optimizer=...) or MeasureCallback."""
+    if global_batch_of(trial) is None:
+        return UNKNOWN_BATCH
+    if lr_of(trial) is None:
+        return UNKNOWN_LR
+    return None
+
+
 def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
     """Whether `trial` trains what the baseline trains: the same global batch and effective
-    learning rate, and no numerics violation (the guard's drift within tolerance)."""
+    learning rate, and no numerics violation (the guard's drift within tolerance). Never without
+    evidence: a trial or baseline that did not report its global batch or lr is not the same
+    training (two unknowns are not equal), only the baseline itself is."""
     if baseline is None:
         return False
     if trial.number == baseline.number:
         return True
     if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
         return False
+    if unknown_training(trial) or unknown_training(baseline):
+        return False
     return global_batch_of(trial) == global_batch_of(baseline) and math.isclose(
-        _effective_lr(trial) or 0.0, _effective_lr(baseline) or 0.0
+        lr_of(trial) or 0.0, lr_of(baseline) or 0.0
     )
+
+
+def changed_keys(baseline: FrozenTrial, trial: FrozenTrial) -> list[str]:
+    """The searched keys `trial` sets differently from the baseline, as `key (before -> after)`
+    (`key=after` where the baseline has no such param)."""
+    before, after = baseline.params, trial.params
+    out = []
+    for key in sorted(after.keys() | before.keys()):
+        if key in after and key in before and after[key] != before[key]:
+            out.append(f"{key} ({before[key]} -> {after[key]})")
+        elif key in after and key not in before:
+            out.append(f"{key}={after[key]}")
+    return out
 
 
 def pick_same_training(
@@ -219,6 +265,10 @@ def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> 
         return None
     if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
         return "numerics drift from the fp32 reference over the tolerance: not the same training"
+    missing = unknown_training(baseline) or unknown_training(trial)
+    if missing:
+        keys = changed_keys(baseline, trial)
+        return f"unknown: {missing}; it changes {', '.join(keys) or 'no searched key'}"
     before, after = global_batch_of(baseline), global_batch_of(trial)
     if not before or not after or before == after:
         return "learning rate differs from the baseline's: re-validate"

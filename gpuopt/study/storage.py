@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,6 +51,27 @@ DEFAULT_DB_NAME = "gpuopt.db"
 
 class StorageError(Exception):
     """A storage or study that is not there (wrong path, unknown study): a message to act on."""
+
+
+class StorageUnreachable(StorageError):
+    """A well-formed server URL whose server could not be reached or refused the login: `cannot
+    connect to URL: REASON`, the reason in the server's words (password authentication failed,
+    connection refused), the URL's secrets masked."""
+
+    def __init__(self, spec: str, exc: BaseException) -> None:
+        super().__init__(f"cannot connect to {display(spec)}: {connect_reason(exc)}")
+
+
+def connect_reason(exc: BaseException) -> str:
+    """What the server said, without the driver's wrapping: psycopg's `connection failed: connection
+    to server at "h", port 5432 failed: FATAL:  password authentication failed for user "u"` ->
+    `password authentication failed for user "u"`; SQLAlchemy's `(Background on this error ...)`
+    line dropped. Secrets masked."""
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip()
+    line = text.splitlines()[0] if text else type(orig).__name__
+    reason = re.sub(r"^(FATAL|ERROR):\s+", "", line.rsplit(" failed: ", 1)[-1].strip())
+    return mask_secrets(reason[:1].lower() + reason[1:])
 
 
 class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat_base()):  # type: ignore[misc]
@@ -125,11 +147,49 @@ def open_storage(
         except Exception as exc:
             racing = ("already exists", "duplicate", "unique constraint", "database is locked")
             if attempt == 2 or not any(r in str(exc).lower() for r in racing):
+                if _refused(exc):
+                    raise StorageUnreachable(text, exc) from None
                 raise RuntimeError(
                     f"cannot open storage {display(text)}: {mask_secrets(str(exc).splitlines()[0])}"
                 ) from None
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
+
+
+def ping(spec: str | None) -> None:
+    """Connect once to a server storage (PostgreSQL, MySQL, ...) and disconnect, creating nothing:
+    a refused login or a closed port is known before the sweep probes the machine, and no table is
+    made for a sweep that may still stop on bad input. SQLite and journal files are not opened
+    here (opening creates them). StorageUnreachable when the server says no; ValueError (or
+    ImportError: a missing driver) when the URL itself is not one SQLAlchemy can use."""
+    if spec is None or spec.startswith((JOURNAL_SCHEME, "sqlite")):
+        return
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(spec)
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError, ValueError) as exc:
+        raise ValueError(
+            f"cannot open storage {display(spec)}: {mask_secrets(str(exc).splitlines()[0])}"
+        ) from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as exc:
+        if _refused(exc):
+            raise StorageUnreachable(spec, exc) from None
+        raise ValueError(
+            f"cannot open storage {display(spec)}: {mask_secrets(str(exc).splitlines()[0])}"
+        ) from None
+    finally:
+        engine.dispose()
+
+
+def _refused(exc: BaseException) -> bool:
+    """The server (or the network) said no: a DBAPI error raised while connecting."""
+    import sqlalchemy
+
+    return isinstance(exc, sqlalchemy.exc.DBAPIError)
 
 
 def heartbeat_on(storage: Any) -> bool:
@@ -196,6 +256,8 @@ def open_existing(url: str) -> BaseStorage:
             return journal
         return optuna.storages.get_storage(url)
     except Exception as exc:
+        if _refused(exc):  # a refused login, a closed port: in the server's words
+            raise StorageUnreachable(url, exc) from None
         raise StorageError(
             mask_secrets(f"cannot open storage {url}: {type(exc).__name__}: {exc}")
         ) from None

@@ -89,11 +89,26 @@ def enqueue(study: optuna.Study, config: Any, space: SearchSpace) -> None:
     )
 
 
+def launcher_failed(ret: Any) -> bool:
+    """Whether the job failed outside the task: the launcher raised (a job it could not pickle or
+    submit), or the trial process ended without a result (a crash, a timeout, SLURM's verdict:
+    gpuopt's launchers' TrialProcessError, told by its `log_tail`). Such a baseline is a failed
+    trial with the launcher's reason, not a configuration that cannot run on its own."""
+    if isinstance(ret, BaseException):
+        return True
+    try:
+        ret.return_value  # noqa: B018  (raises the task's exception)
+    except BaseException as exc:
+        return getattr(exc, "log_tail", None) is not None
+    return False
+
+
 def skip(study: optuna.Study, trial: Trial, overrides: list[str], ret: Any, outcome: Any) -> None:
-    """A baseline that failed: the configuration as composed does not run on its own (e.g.
+    """A baseline whose task raised: the configuration as composed does not run on its own (e.g.
     custom-search-space-objective.py reads `w`, which only its custom_search_space adds). It is
     told FAIL with the reason, marked skipped and void: no failed trial for max_failure_rate, not
-    counted towards n_trials, never best, and not enqueued again on resume."""
+    counted towards n_trials, never best, and not enqueued again on resume. (A baseline the
+    launcher failed, `launcher_failed`, is a failed trial like any other.)"""
     from gpuopt.sweeper.record import record_trial
 
     reason = str(outcome.user_attrs.get(ATTR_REASON) or outcome.status).strip().splitlines()[0]

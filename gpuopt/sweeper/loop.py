@@ -23,7 +23,7 @@ from typing import Any
 
 import optuna
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gpuopt.core._compat import stock_sweeper_impl, submitit_executor_kind
 from gpuopt.core.lifeline import terminate_as_interrupt
@@ -32,7 +32,10 @@ from gpuopt.study import storage as storage_mod
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import same_training_params
 from gpuopt.sweeper import (
+    artifacts,
     baseline,
+    custom_space,
+    launcher_choice,
     machine,
     memory_axis,
     open_study,
@@ -68,7 +71,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             options.n_trials,
             options.n_jobs,
             options.max_failure_rate,
-            options.custom_search_space,
+            None,  # custom_search_space: instantiated in setup, under the app's whitelist
             options.params,
         )
         self.options = options
@@ -80,7 +83,13 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
+        if launcher_choice.wants_fresh_process(self.options, hydra_context.config_loader, config):
+            launcher_choice.use_fresh_process(config)
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        trust = config.get("trust") if self.options.gpuopt_task else None
+        self.custom_search_space_extender = custom_space.extender(
+            self.options.custom_search_space, task_function, list(trust or [])
+        )
         mask_config_secrets(config)  # every trial's .hydra/*.yaml and multirun.yaml copy it
         self._keep_gpus_visible()
 
@@ -114,6 +123,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         facts, probe, space = self._plan(arguments)
         study, url, created = self._open_study(names, directions, facts, probe, space)
         names = task.study_metric_names(study, names)
+        self._files = artifacts.for_sweep(self.options, self.storage, study)
         task.check_sampler(self.sampler, directions)
 
         to_go, baseline_point = self._trials_to_go(study, space, created)
@@ -130,6 +140,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         )
         if not pending:  # the best is final here: where its time goes
             profiling.profile_best(study, self.options, directions, confirmation, measure)
+            if self._files is not None:
+                self._files.upload_best_trace(study)
         loader = self.hydra_context.config_loader
         identity = task.sweep_identity(
             self.config, loader, self.options, study, url, names, directions
@@ -143,8 +155,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
 
     def _plan(self, arguments: list[str]) -> tuple[dict[str, Any], machine.EnvProbe, SearchSpace]:
         """gpuopt's own task checked (its values, then against the machine), before anything
-        exists; the machine's facts, the env probe and the search space for its device."""
+        exists; the machine's facts, the env probe and the search space for its device. The
+        storage is checked before the machine is probed: a refused login is the first line."""
         task.check_task_config(self.options, self.config)
+        open_study.check_storage(self.options.storage, self.config)
         facts = machine.hardware_facts()
         probe = task.check_task_device(
             self.options, self.config, task.probe_env(self.options, bool(self.params))
@@ -217,6 +231,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             ownerless=self._ownerless,
             extender=self.custom_search_space_extender,
             baseline_point=baseline_point,
+            files=self._files,
         )
 
     def _trials_to_go(
@@ -251,6 +266,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             sweep_dir=str(self.config.hydra.sweep.dir),
             measure=measure,
             compose=self._compose if self.options.gpuopt_task else None,
+            app_config=OmegaConf.to_container(self.config, resolve=False),
         )
 
     # ---- runs outside the study (confirmation, the best's profile) -----------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 
+from gpuopt.core.errors import ConfigError
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import STUDY_DIRECTIONS, STUDY_HARDWARE, STUDY_OBJECTIVES
@@ -26,6 +27,45 @@ from gpuopt.sweeper.options import SweepConfigError
 log = logging.getLogger("gpuopt.sweeper")
 
 MEMORY = "memory"
+URL_FORMS = (
+    "an Optuna storage URL (sqlite:///path, postgresql+psycopg://user@host/db, "
+    "journal:///path, null or memory: in-memory)"
+)
+
+
+class StorageConnectError(ConfigError):
+    """A well-formed storage URL whose server could not be reached or refused the login: one line
+    in the server's words (`cannot connect to URL: password authentication failed for user "u"`),
+    exit status 2 like every bad input - not "invalid sweep config" with the URL forms."""
+
+    def __init__(self, exc: storage_mod.StorageUnreachable) -> None:
+        super().__init__("hydra.sweeper.storage", str(exc), "a storage that accepts the login")
+        self.args = (str(exc),)
+
+
+def check_storage(storage: Any, config: Any) -> None:
+    """The storage before the machine is probed (seconds) and the search space is trimmed: a server
+    is connected to once (storage.ping: nothing created), a SQLite file's folder checked (not
+    created). A refused login or a closed port is the sweep's first and only line."""
+    if storage is None or str(storage) == MEMORY:
+        return
+    url = str(storage)
+    if url.startswith(SQLITE_PREFIX) and url != SQLITE_PREFIX + ":memory:":
+        _sqlite_folder(url[len(SQLITE_PREFIX) :], config, create=False)
+    try:
+        storage_mod.ping(url)
+    except storage_mod.StorageUnreachable as exc:
+        raise StorageConnectError(exc) from None
+    except (ValueError, ImportError) as exc:
+        raise _invalid_url(url, exc) from None
+
+
+def _invalid_url(url: str | None, exc: BaseException) -> SweepConfigError:
+    return SweepConfigError(
+        "hydra.sweeper.storage",
+        storage_mod.display(url),
+        f"{URL_FORMS}: {mask_secrets(_first_line(exc))}",
+    )
 
 
 def storage_url(storage: Any, config: Any) -> str | None:
@@ -47,7 +87,7 @@ def storage_url(storage: Any, config: Any) -> str | None:
 SQLITE_PREFIX = "sqlite:///"
 
 
-def _sqlite_folder(path: str, config: Any) -> None:
+def _sqlite_folder(path: str, config: Any, create: bool = True) -> None:
     from omegaconf import OmegaConf
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -55,7 +95,8 @@ def _sqlite_folder(path: str, config: Any) -> None:
         return
     output_dir = OmegaConf.select(config, "output_dir", default=None)
     if output_dir is not None and os.path.abspath(str(output_dir)) == folder:
-        os.makedirs(folder, exist_ok=True)
+        if create:
+            os.makedirs(folder, exist_ok=True)
         return
     raise SweepConfigError(
         "hydra.sweeper.storage",
@@ -75,17 +116,15 @@ def open_study(
     """(the study, whether this call created it); an existing one must have these objectives.
 
     `name` None: a new study under Optuna's own generated name (the stock sweeper's behaviour).
-    A storage that cannot be opened (bad URL, missing driver, wrong password) is a SweepConfigError.
+    A storage that cannot be opened is a SweepConfigError (bad URL, missing driver) or a
+    StorageConnectError (wrong password, server down); `check_storage` says so before the plan.
     """
     try:
         opened = storage_mod.open_storage(url, *heartbeat)
+    except storage_mod.StorageUnreachable as exc:
+        raise StorageConnectError(exc) from None
     except (RuntimeError, ValueError, ImportError) as exc:
-        raise SweepConfigError(
-            "hydra.sweeper.storage",
-            storage_mod.display(url),
-            "an Optuna storage URL (sqlite:///path, postgresql+psycopg://user@host/db, "
-            f"journal:///path, null or memory: in-memory): {mask_secrets(_first_line(exc))}",
-        ) from None
+        raise _invalid_url(url, exc) from None
     if name is None:
         study = optuna.create_study(storage=opened, sampler=sampler, directions=directions)
         return study, True

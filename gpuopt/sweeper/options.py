@@ -71,9 +71,10 @@ class SweeperOptions:
     objectives: tuple[str, ...] | None = None
     device_aware: bool = True
     device_params: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    # Off for other apps (a stock config's sweep is the stock sweep); gpuopt's conf/config.yaml
-    # turns it on.
-    baseline: bool = False
+    # Run the composed config first as the baseline. null (the default): on when gpuopt measures
+    # the app (`measured`: gpuopt's own task, or objectives naming gpuopt's metrics), off for an
+    # app whose objective is its own value (a stock config's sweep is the stock sweep).
+    baseline: bool | None = None
     # The config is gpuopt's own (conf/config.yaml sets it): a derived default study name, and the
     # composed config checked once (gpuopt.core.checks.check_composed) before the study is opened.
     gpuopt_task: bool = False
@@ -87,6 +88,9 @@ class SweeperOptions:
     seeding: bool = True
     # gpuopt's own task: profile the baseline trial and (one extra run) the best (profiling.py).
     profile: bool = True
+    # Each trial's result.json and trace.json.gz in Optuna's artifact store (artifacts.py): auto
+    # (artifacts/ beside the study's file), a directory, or null (off).
+    artifacts: str | None = "auto"
     heartbeat_interval: int | None = 60
     grace_period: int | None = None
 
@@ -108,8 +112,32 @@ class SweeperOptions:
         if values.get("objectives") is not None:
             values["objectives"] = tuple(str(n) for n in values["objectives"])
         options = cls(**values, confirm=ConfirmOptions(**confirm))
+        if options.baseline is None:
+            options = dataclasses.replace(options, baseline=options.measured)
+        if not isinstance(options.baseline, bool):
+            allowed = "true, false, or null (true where the objectives are gpuopt's metrics)"
+            raise SweepConfigError(f"{KEY}.baseline", options.baseline, allowed)
         options.validate()
+        options.validate_artifacts()
         return options
+
+    @property
+    def measured(self) -> bool:
+        """Whether gpuopt measures the app's task: its own task, or an app whose objectives name
+        one of gpuopt's metrics (`throughput`, `data_wait`, ...). Such a sweep is fair by default:
+        a baseline, trials in fresh processes (launcher_choice.py), a confirmation round."""
+        from gpuopt.core.result import METRIC_GOALS
+
+        return self.gpuopt_task or any(n in METRIC_GOALS for n in self.objectives or ())
+
+    def validate_artifacts(self) -> None:
+        """hydra.sweeper.artifacts: auto, a directory, or null (gpuopt/sweeper/artifacts.py)."""
+        if self.artifacts is not None and not (isinstance(self.artifacts, str) and self.artifacts):
+            raise SweepConfigError(
+                f"{KEY}.artifacts",
+                self.artifacts,
+                "auto (artifacts/ beside the study's file), a directory, or null (off)",
+            )
 
     def validate(self) -> None:
         for key, value, ok, allowed in (
@@ -196,7 +224,7 @@ _CONFIRM_KEYS = ", ".join(f.name for f in dataclasses.fields(ConfirmOptions))
 # Keys whose null means something (so a null given is kept, not replaced by the default).
 _NULLABLE = frozenset(
     {"direction", "storage", "study_name", "custom_search_space", "params", "objectives"}
-    | {"heartbeat_interval", "grace_period", "memory_cap_mb"}
+    | {"heartbeat_interval", "grace_period", "memory_cap_mb", "baseline", "artifacts"}
 )
 
 

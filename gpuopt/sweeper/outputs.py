@@ -7,7 +7,12 @@
   (schema.pick_same_training), when it differs from the baseline;
 - summary.txt: the summary printed at the end (baseline, best, confirmation, how to review).
 
-The best trial is schema.pick_best's, as in the report.
+The best trial is schema.pick_best's, as in the report. A worker whose study's result is made in
+another worker (`Pending`: that one confirms, or still runs trials) writes the best known so far
+(the Pareto front, for several objectives) with `pending: <worker>` in optimization_results.yaml
+and the stock log lines, and no best.yaml: a script reading the stock file sees what the stock
+sweeper would have written, and that it is not final, never an empty result. The worker that
+confirms writes the final file; a pending file never replaces a final one of the same study.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from omegaconf import OmegaConf
@@ -40,7 +45,10 @@ from gpuopt.study.rules import (
 from gpuopt.sweeper import interference
 from gpuopt.sweeper.export import stock_results
 from gpuopt.sweeper.space import parser
-from gpuopt.sweeper.summary import answers_lines, render
+from gpuopt.sweeper.summary import answers_lines, render, values_text
+
+if TYPE_CHECKING:
+    from gpuopt.sweeper.confirm.rounds import Pending
 
 log = logging.getLogger("gpuopt.sweeper")
 EXPERIMENT_GROUP = "experiment"  # where best.yaml goes: <sweep_dir>/experiment/best.yaml
@@ -84,12 +92,13 @@ def write_outputs(
     sweep: SweepIdentity,
     confirmation: Confirmation | None,
     elapsed_s: float,
-    best_pending: str | None = None,
+    best_pending: Pending | None = None,
 ) -> str:
     """Write the three files; returns the summary text (the caller prints it).
 
-    `best_pending` (several workers: the confirmation runs in another one, which may overturn the
-    sweep's best): this worker publishes no best of its own, no best.yaml, and says where it comes.
+    `best_pending` (several workers: another one confirms, or still runs trials, and may overturn
+    the sweep's best): this worker writes the best known so far marked pending, no best.yaml, and
+    says where the result comes from.
     """
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     all_trials = study.get_trials(deepcopy=False)
@@ -102,13 +111,13 @@ def write_outputs(
     baseline = pick_baseline(all_trials)
     baseline = baseline if baseline in pool else None  # the summary shows a measured baseline
     best = pick_best(pool, pareto, sweep.directions, confirmation)
-    if best_pending:
-        best, pareto = None, []
     counts = status_counts(all_trials)
 
-    write_results(sweep, [best] if best is not None and len(sweep.directions) < 2 else pareto, best)
+    write_stock_outputs(sweep, best, pareto, best_pending.worker if best_pending else None)
+    # pending: gpuopt's answers, best.yaml and best_same_training.yaml come from the confirming worker
+    so_far, best = best, None if best_pending else best
     best_yaml = write_best_config(sweep, best) if best is not None else None
-    same = pick_same_training(pool, baseline, sweep.directions, confirmation)
+    same = pick_same_training(pool, baseline, sweep.directions, confirmation) if best else None
     answers = answers_lines(
         sweep.names,
         baseline,
@@ -122,7 +131,6 @@ def write_outputs(
         same_yaml = write_best_config(sweep, same, "best_same_training")
         answers.append(f"same-training config: {same_yaml}")
         answers.append(f"  reproduce: {sweep.reproduce_experiment('best_same_training')}")
-    log_stock_lines(best, pareto, sweep.directions)
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
     interfered = interference.summary_note(all_trials)
     if interfered:
@@ -145,7 +153,7 @@ def write_outputs(
         reproduce=sweep.reproduce,
         baseline_skipped=skipped[-1] if skipped and baseline is None else None,
         speedups=sweep.metrics_named,
-        best_pending=best_pending,
+        best_pending=_pending_text(best_pending, so_far, sweep.names),
         answers=answers,
         highest_limit=highest_limit((t.number, t.user_attrs) for t in pool),
     )
@@ -153,8 +161,25 @@ def write_outputs(
     return text
 
 
+def _pending_text(pending: Pending | None, so_far: Any | None, names: list[str]) -> str | None:
+    if pending is None:
+        return None
+    if so_far is None:
+        return pending.text
+    return f"{pending.text}; best so far #{so_far.number}: {values_text(names, so_far.values)}"
+
+
 def _skipped(trial: Any) -> bool:
     return bool(trial.user_attrs.get(ATTR_BASELINE_SKIPPED))
+
+
+def write_stock_outputs(
+    sweep: SweepIdentity, best: Any | None, pareto: list[Any], pending: str | None
+) -> None:
+    """hydra-optuna-sweeper's outputs: optimization_results.yaml and its closing log lines."""
+    ranked = [best] if best is not None and len(sweep.directions) < 2 else pareto
+    write_results(sweep, ranked, best, pending)
+    log_stock_lines(best, pareto, sweep.directions)
 
 
 def log_stock_lines(best: Any | None, pareto: list[Any], directions: list[str]) -> None:
@@ -169,22 +194,36 @@ def log_stock_lines(best: Any | None, pareto: list[Any], directions: list[str]) 
         log.info(f"    Values: {t.values}, Params: {t.params}")
 
 
-def write_results(sweep: SweepIdentity, ranked: list[Any], best: Any | None) -> None:
-    """optimization_results.yaml."""
-    results = stock_results(
-        sweep.directions,
-        ranked,
-        {
-            "study_name": sweep.study_name,
-            "storage": sweep.storage,
-            "objectives": sweep.names,
-            "directions": sweep.directions,
-            "best_trial": best.number if best is not None else None,
-        },
-    )
-    OmegaConf.save(
-        OmegaConf.create(json.loads(json.dumps(results, default=str))),
-        sweep.sweep_dir / "optimization_results.yaml",
+def write_results(
+    sweep: SweepIdentity, ranked: list[Any], best: Any | None, pending: str | None = None
+) -> None:
+    """optimization_results.yaml; `pending`: the worker(s) the final result comes from."""
+    extra = {
+        "study_name": sweep.study_name,
+        "storage": sweep.storage,
+        "objectives": sweep.names,
+        "directions": sweep.directions,
+        "best_trial": best.number if best is not None else None,
+    }
+    if pending:
+        extra["pending"] = pending
+    path = sweep.sweep_dir / "optimization_results.yaml"
+    if pending and _final_result_of(path, sweep.study_name):
+        return  # two workers share this sweep dir: the confirming one already wrote it
+    results = stock_results(sweep.directions, ranked, extra)
+    OmegaConf.save(OmegaConf.create(json.loads(json.dumps(results, default=str))), path)
+
+
+def _final_result_of(path: Path, study_name: str) -> bool:
+    """Whether `path` holds a final (not pending) result of this study."""
+    try:
+        results = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:  # none, or unreadable: not a final result
+        return False
+    return (
+        isinstance(results, dict)
+        and results.get("study_name") == study_name
+        and not results.get("pending")
     )
 
 

@@ -27,6 +27,7 @@ from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import OmegaConf
 
 from gpuopt.core.errors import ConfigError
+from gpuopt.core.secrets import mask_secrets
 from gpuopt.sweeper.options import SweeperOptions
 
 # The sampler configs (tpe, random, grid, nsgaii, gp, cmaes, qmc, ...) are the stock plugin's,
@@ -113,9 +114,11 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     device_aware: bool = _DEFAULTS.device_aware
     # Extra params searched only when trials run on that device type (cpu | cuda | mps).
     device_params: dict[str, dict[str, str]] = field(default_factory=dict)
-    # Run the user's config as composed first, marked baseline=True (once per study). Off unless
-    # set: gpuopt's conf/config.yaml sets it for its own task.
-    baseline: bool = _DEFAULTS.baseline
+    # Run the user's config as composed first, marked baseline=True (once per study). null: on
+    # when gpuopt measures the app (gpuopt_task, or objectives naming gpuopt's metrics), which then
+    # also runs its trials in fresh processes unless the app chose a launcher
+    # (gpuopt/sweeper/launcher_choice.py); off for an app whose objective is its own value.
+    baseline: bool | None = _DEFAULTS.baseline
     # True in gpuopt's conf/config.yaml: the task is gpuopt's (its config schema, a TrialResult):
     # the study name is derived when not given and the composed config is checked before the study.
     gpuopt_task: bool = _DEFAULTS.gpuopt_task
@@ -127,6 +130,10 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     memory_cap_mb: float | None = _DEFAULTS.memory_cap_mb
     seeding: bool = _DEFAULTS.seeding
     profile: bool = _DEFAULTS.profile  # profile the baseline and the best (gpuopt's own task)
+    # Each trial's result.json and profiled trace.json.gz in Optuna's artifact store, listed on the
+    # trial by optuna-dashboard (--artifact-dir): auto = artifacts/ beside the study's SQLite or
+    # journal file; a directory; null: off (gpuopt/sweeper/artifacts.py).
+    artifacts: str | None = _DEFAULTS.artifacts
     # Several workers on one study (README: "Several workers (hosts) on one study"): each running
     # trial's worker writes a heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING
     # trial without one for grace_period seconds (null: 2 x interval) is failed with the reason
@@ -165,7 +172,9 @@ class GpuoptSweeper(OptunaSweeper):
 
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
-    """A bad setting (exit 2) or an aborted sweep (exit 1): one line on stderr, no traceback.
+    """A bad setting (exit 2): one line on stderr, no traceback. An aborted sweep (exit 1): the
+    last failing trial's exception and its traceback's tail (scripts and CI logs grep it, as they
+    do the stock sweeper's re-raise), then one line.
 
     ConfigError covers the sweep's own settings (SweepConfigError) and the composed config of
     gpuopt's task (gpuopt.core.checks)."""
@@ -174,8 +183,10 @@ def _one_line_errors() -> Iterator[None]:
     try:
         yield
     except ConfigError as exc:
-        print(f"gpuopt: {exc}", file=sys.stderr, flush=True)
+        print(f"gpuopt: {mask_secrets(str(exc))}", file=sys.stderr, flush=True)
         sys.exit(2)
     except SweepAborted as exc:
+        if exc.failure:  # the last failing trial's exception, as the stock sweeper re-raises it
+            print(exc.failure, file=sys.stderr, flush=True)
         print(f"gpuopt: sweep stopped: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -13,6 +13,7 @@ from gpuopt.core.fmt import value as fmt
 from gpuopt.core.limits import HighestLimit
 from gpuopt.study.answers import confirmation_lines, two_answers
 from gpuopt.study.records import Confirmation
+from gpuopt.study.rules import unknown_training
 
 
 def values_text(names: Sequence[str], values: Sequence[float] | None) -> str:
@@ -209,4 +210,5 @@ def answers_lines(
         confirmation,
         baseline.number,
         change,
+        unknown_training(baseline),
     )

@@ -4,8 +4,8 @@ The study, not this process, is the source of truth: other workers may share it 
 journal storage), so what is left is re-read before every batch, and a trial is asked under
 resume.py's counting rule (a trial with n_trials counted-or-waiting trials below its number is
 void, not run). Each batch runs under Optuna's heartbeats; each trial is recorded as its job is
-read back: a failed baseline is skipped (the study goes on without one), a measured one enqueues
-the expert seeds.
+read back: a baseline whose task raised is skipped (the study goes on without one; one the
+launcher failed is a failed trial), a measured one enqueues the expert seeds.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from gpuopt.core._compat import heartbeat_thread, storage_of, trial_id
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER
 from gpuopt.sweeper import baseline, interference, profiling, resume
+from gpuopt.sweeper.artifacts import TrialFiles
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.open_study import relabel_plain_objectives
 from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
@@ -52,6 +53,7 @@ class TrialRunner:
     # reaches that point and the trial is marked baseline (no extra trial).
     baseline_point: dict[str, Any] | None = None
     labels_checked: bool = False  # plain values relabelled once per sweep, not per trial
+    files: TrialFiles | None = None  # the artifact store each trial's files go to (artifacts.py)
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """Ask, launch, record until the study holds n_trials counted trials."""
@@ -170,11 +172,19 @@ class TrialRunner:
         and after a measured baseline the expert seeds."""
         outcome = outcome_of(ret, progress.names, progress.directions)
         is_baseline = bool(trial.user_attrs.get(ATTR_BASELINE))
-        if is_baseline and outcome.failed:
+        if is_baseline and outcome.failed and not baseline.launcher_failed(ret):
             baseline.skip(study, trial, overrides, ret, outcome)
             return
         self._tell(study, trial, overrides, ret, outcome)
-        log.info(progress.record(trial.number, is_baseline, outcome))
+        diagnostics = getattr(ret, "gpuopt_diagnostics", None)  # gpuopt's launchers' traceback
+        line = progress.record(
+            trial.number,
+            is_baseline,
+            outcome,
+            study.get_trials(deepcopy=False),  # the study's count, pace and best (all workers)
+            getattr(diagnostics, "traceback", None),
+        )
+        log.info(line)
         if is_baseline and self.options.seeding:
             baseline.enqueue_seeds(study, trial, outcome, space, self.n_trials)
 
@@ -213,6 +223,8 @@ class TrialRunner:
         outcome: TrialOutcome,
     ) -> None:
         interference.flag_outcome(study, trial, outcome)
+        if self.files is not None:  # before the tell: a finished trial takes no artifact
+            self.files.upload_trial(study, trial, ret, outcome)
         try:
             record_trial(study, trial, overrides, ret, outcome)
         except UpdateFinishedTrialError:  # failed as stale by another worker a moment ago

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gpuopt
+from gpuopt.core.distributed_checks import check_distributed_device
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.host import cpu_model, usable_cpus
 
@@ -281,6 +282,7 @@ def detect_capabilities(device: torch.device | str | None = None) -> dict[str, A
         for n in _THREAD_CANDIDATES
         if n > cores
     }
+    _distributed_choices(device, caps, cores, poor)
     if precision:
         poor["precision.mode"] = precision
         poor["precision"] = dict(precision)
@@ -289,6 +291,27 @@ def detect_capabilities(device: torch.device | str | None = None) -> dict[str, A
         poor["compile"] = dict(compile_modes)
     caps["poor_choices"] = {key: value for key, value in poor.items() if value}
     return caps
+
+
+def _distributed_choices(
+    device: torch.device, caps: dict[str, Any], cores: int, poor: dict[str, dict[str, str]]
+) -> None:
+    """What a distributed trial cannot do well here (`distributed=ddp | fsdp2`): NCCL without CUDA,
+    more ranks than GPUs (or, on CPU, than cores), bf16 shards without native bf16."""
+    import torch
+
+    if device.type == "cuda":
+        ranks, what = torch.cuda.device_count(), "GPU(s)"
+    else:
+        ranks, what = cores, "usable CPU core(s)"
+        poor["distributed.backend"] = {"nccl": "NCCL needs CUDA GPUs"}
+    poor["distributed.nproc_per_node"] = {
+        str(n): f"only {ranks} {what}: one rank each" for n in _THREAD_CANDIDATES if n > ranks
+    }
+    if not caps.get("bf16_native"):
+        why = "no native bf16 on this device: bf16 shards run emulated, slowly"
+        poor["distributed.param_dtype"] = {"bf16": why}
+        poor["distributed.reduce_dtype"] = {"bf16": why}
 
 
 def trial_device(spec: TrialSpec) -> tuple[torch.device, list[str]]:
@@ -312,6 +335,13 @@ def trial_device(spec: TrialSpec) -> tuple[torch.device, list[str]]:
         )
     if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("precision.mode", mode, f"fp32 | fp16 on {device_name(device)} (no bf16)")
+    cuda = device.type == "cuda"
+    check_distributed_device(
+        spec.distributed,
+        device.type,
+        torch.cuda.device_count() if cuda else 0,
+        torch.cuda.is_bf16_supported() if cuda else True,  # a CPU emulates bf16 (slowly)
+    )
     return device, _no_effect_warnings(spec, device)
 
 

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuopt.core.spec import CompileConf, PrecisionConf, TrainConf, TrialSpec
+from gpuopt.core.spec import CompileConf, DistributedConf, PrecisionConf, TrainConf, TrialSpec
 from gpuopt.trial.failures import is_oom
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ def reference_spec(spec: TrialSpec) -> TrialSpec:
         loader=dataclasses.replace(spec.loader, batch_size=spec.global_batch),
         train=TrainConf(global_batch=None),
         engine=dataclasses.replace(spec.engine, name="native", precision=None),
+        distributed=DistributedConf(),  # one process: a distributed job's math on its global batch
         optimizer=optimizer,
         model={**spec.model, "channels_last": False}
         if "channels_last" in spec.model

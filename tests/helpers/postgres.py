@@ -3,6 +3,10 @@
 Debian's server binaries (`initdb`, `pg_ctl`) on a temporary data directory, listening on a free
 loopback port only. PostgreSQL refuses to run as root, so as root the server runs as the `postgres`
 system user. Tests that need it skip with the reason when the binaries are missing.
+
+Logins are trusted (no password), except for members of the group role `PASSWORD_LOGIN`: over TCP
+they must give their password (scram-sha-256, PostgreSQL's default encryption), so a test can
+create `CREATE ROLE r LOGIN PASSWORD '...' IN ROLE password_login` and see a wrong one refused.
 """
 
 from __future__ import annotations
@@ -18,6 +22,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+PASSWORD_LOGIN = "password_login"
+# pg_hba.conf is read top down, first match wins: the group's lines go before initdb's trust lines.
+_PASSWORD_HBA = (
+    f"host all +{PASSWORD_LOGIN} 127.0.0.1/32 scram-sha-256\n"
+    f"host all +{PASSWORD_LOGIN} ::1/128 scram-sha-256\n"
+)
 
 
 def find_pg_bin() -> Path | None:
@@ -67,6 +78,8 @@ def postgres_server(database: str = "gpuopt") -> Iterator[str]:
 
     try:
         run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        hba = data / "pg_hba.conf"
+        hba.write_text(_PASSWORD_HBA + hba.read_text())
         run(
             "pg_ctl",
             "-D",
@@ -81,6 +94,8 @@ def postgres_server(database: str = "gpuopt") -> Iterator[str]:
             "start",
         )
         run("createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", database)
+        login = ("-h", "127.0.0.1", "-p", str(port), "-U", "postgres")
+        run("createuser", *login, "--no-login", PASSWORD_LOGIN)
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/{database}"
     finally:
         subprocess.run(

@@ -10,10 +10,12 @@ No torch: each trial costs only Hydra's composition, so the sweeper's handling o
 - +pid_dir=D -> the trial process writes its pid as a file name in D (to find it from a test)
 - +sleep_s=S -> the trial takes S seconds (for concurrent workers); env records the
   CUDA_VISIBLE_DEVICES the trial process saw
+- +env_digest=NAME -> env records the sha256 of the trial's environment variable NAME
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -29,10 +31,10 @@ from gpuopt.core.spec import register_schemas
 
 register_schemas()
 
-# The keys above (`+case`, `+pid_dir`, `+sleep_s`) are this stand-in's, not gpuopt's schema: the
+# The keys above (`+case`, `+pid_dir`, `+sleep_s`, `+env_digest`) are this stand-in's, not gpuopt's schema: the
 # sweeper's one check of the composed config (gpuopt.core.checks.check_composed) sees the config
 # without them, and checks everything else as it does for `python -m gpuopt.run -m`.
-FAKE_KEYS = ("case", "pid_dir", "sleep_s")
+FAKE_KEYS = ("case", "pid_dir", "sleep_s", "env_digest")
 _check_composed = gpuopt.core.checks.check_composed
 
 
@@ -87,6 +89,9 @@ def fake_result(cfg: DictConfig) -> TrialResult:
         peak_memory_mb=float(cfg.loader.batch_size),
     )
     env = {"device": "fake", "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    if cfg.get("env_digest"):  # what the trial got in that variable, as a digest (never the value)
+        value = os.environ.get(str(cfg.env_digest), "")
+        env["digest"] = hashlib.sha256(value.encode()).hexdigest()
     return TrialResult(status=Status.OK, metrics=metrics, config=config, env=env)
 
 

@@ -14,9 +14,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpuopt.core.checks import measure_conf
-from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf, TrialSpec
 from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, record_fit
@@ -59,7 +60,9 @@ class UserMeasureCallback(pl.Callback):
     window until the stability stop, which ends the fit (`trainer.should_stop`). Data wait is the
     time Lightning spends in `next(dataloader)` and its host-to-device copy (a profiler beside
     yours). Afterwards `result` is a `TrialResult` (no compute ceiling: that needs a second fit;
-    gpuopt.measure_step or engine=lightning measure it).
+    gpuopt.measure_step or engine=lightning measure it). What one optimizer step trains on comes
+    from the Trainer (the batch x `accumulate_grad_batches` x world size) and the learning rate
+    from its first optimizer (a sweep's "same training" needs both).
 
     `fit(trainer, model, ...)` runs `trainer.fit` and returns the result, never raising for a
     failing fit (OOM, NaN/inf loss, errors are the status). Calling `trainer.fit` yourself works
@@ -74,6 +77,8 @@ class UserMeasureCallback(pl.Callback):
         self._meter: MeasureCallback | None = None
         self._trial: Trial | None = None
         self._user_profiler: Profiler | None = None
+        self._micro_batch: int | None = None
+        self._lr: float | None = None
 
     def fit(self, trainer: pl.Trainer, model: pl.LightningModule, **fit_kwargs: Any) -> TrialResult:
         """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status."""
@@ -90,7 +95,10 @@ class UserMeasureCallback(pl.Callback):
         if stage != "fit":
             return
         device = trainer.strategy.root_device
-        spec = _callback_spec(device, self.measure, self.compiled, str(trainer.precision))
+        accumulate = int(trainer.accumulate_grad_batches)
+        spec = _callback_spec(
+            device, self.measure, self.compiled, str(trainer.precision), accumulate
+        )
         self._trial = Trial(spec, device)
         self._memory = MemoryBaseline.take(device)
         self._process_t0 = process_start_time() or time.time()
@@ -98,16 +106,20 @@ class UserMeasureCallback(pl.Callback):
         cache_policy = knobs.CachePolicy(spec.cache, device)
         self._meter = MeasureCallback(spec, device, self._timer, cache_policy, self._trial.warnings)
         self.result = None
+        self._micro_batch = self._lr = None
         self._user_profiler = trainer.profiler
         trainer.profiler = _TeeProfiler(trainer.profiler, self._timer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._lr = optimizer_lr(trainer)
         if self._meter is not None:
             self._meter.on_train_start(trainer, pl_module)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._micro_batch is None:
+            self._micro_batch = extract_batch_size(batch)
         if self._meter is not None:
             self._meter.on_train_batch_start(trainer, pl_module, batch, batch_idx)
 
@@ -138,11 +150,19 @@ class UserMeasureCallback(pl.Callback):
         if self.result is None:
             try:
                 record_fit(self._trial, self._meter, self._timer, self._memory, self._process_t0)
+                self._record_training(trainer, self._trial.metrics)
                 self.result = self._finished(Status.OK, None)
             except Exception as exc:
                 self.result = self._failed(exc)
 
     # -- the result --------------------------------------------------------------------------
+    def _record_training(self, trainer: pl.Trainer, m: Metrics) -> None:
+        """The Trainer's global batch (batch x accumulate_grad_batches x world size) and lr."""
+        accumulate = int(trainer.accumulate_grad_batches)
+        m.micro_batch, m.accumulation_steps, m.lr = self._micro_batch, accumulate, self._lr
+        if self._micro_batch is not None:
+            m.global_batch = self._micro_batch * accumulate * int(trainer.world_size)
+
     def _restore_profiler(self, trainer: pl.Trainer) -> None:
         if self._user_profiler is not None:
             trainer.profiler, self._user_profiler = self._user_profiler, None
@@ -172,15 +192,25 @@ class UserMeasureCallback(pl.Callback):
         )
 
 
+def optimizer_lr(trainer: pl.Trainer) -> float | None:
+    """The learning rate of the Trainer's first optimizer (its first param group): the schedule's
+    starting value (`initial_lr`) where an LR scheduler is attached."""
+    optimizers = trainer.optimizers
+    groups = optimizers[0].param_groups if optimizers else []
+    lr = groups[0].get("initial_lr", groups[0].get("lr")) if groups else None
+    return float(lr) if isinstance(lr, int | float | torch.Tensor) else None
+
+
 def _callback_spec(
-    device: torch.device, measure: MeasureConf, compiled: bool, precision: str
+    device: torch.device, measure: MeasureConf, compiled: bool, precision: str, accumulate: int
 ) -> TrialSpec:
-    """What MeasureCallback reads: the measure settings, whether the first step compiles, and the
-    Trainer's precision (MFU's peak)."""
+    """What MeasureCallback reads: the measure settings, whether the first step compiles, the
+    Trainer's precision (MFU's peak) and its accumulate_grad_batches (a timed step is an
+    optimizer step, as in gpuopt's own trials)."""
     return measuring_spec(
         device,
         measure,
-        EngineConf(name="lightning", precision=precision),
+        EngineConf(name="lightning", precision=precision, accumulate_grad_batches=accumulate),
         precision_mode=PEAK_MODE.get(precision, "fp32"),
         compile_mode="default" if compiled else "off",
     )

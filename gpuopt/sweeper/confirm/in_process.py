@@ -60,6 +60,8 @@ def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str 
             return "the Lightning engine builds its own loop"
         if (config.get("compile") or {}).get("mode", "off") != "off":
             return "torch.compile"
+        if (config.get("distributed") or {}).get("kind", "none") != "none":
+            return "a distributed trial starts its own ranks"
     a, b = flatten(dict(baseline)), flatten(dict(candidate))
     differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     apart = [k for k in differing if not k.startswith(SHAREABLE + NOT_COMPARED)]

@@ -3,7 +3,8 @@
 `confirm_if_last` runs it at the end of a sweep: which trials are candidates and how many runs
 the budget allows (plan.py), the interleaved rounds with their two-stage stop (`run_rounds`,
 `PairStop`), and the verdict (verdicts.py; the winner rule is
-gpuopt.study.records.Confirmation.winner: the best pick reads it). `elsewhere` tells a worker that does not confirm where its best comes from.
+gpuopt.study.records.Confirmation.winner: the best pick reads it). `elsewhere` tells a worker that does not confirm where the
+result comes from (`Pending`).
 
 Throughput of one configuration drifts 4-14% between fresh processes on these machines, so the
 sweep's single measurement per configuration can crown a lucky one. At the end, the baseline (A)
@@ -33,7 +34,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,13 +123,15 @@ def run(
     sweep_dir: str,
     measure: Callable[[list[str], int], Any],
     compose: Callable[[list[str]], Any] | None = None,
+    app_config: Mapping[str, Any] | None = None,
 ) -> Confirmation | None:
     """Plan, claim and run the round; store and return its record (None when it does not run).
 
     `measure(overrides, index)` runs one configuration in a fresh process and returns its
     TrialOutcome. With `settings.in_process` and `compose(overrides)` (the sweep's composition of
     a job's config), configurations that can share a process are measured in alternating windows
-    of one process instead (gpuopt/sweeper/confirm/in_process.py).
+    of one process instead (gpuopt/sweeper/confirm/in_process.py). `app_config`: the sweep's
+    composed config as a plain dict, which the runs' overrides apply to.
     """
     if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
         return None  # a stock-style task: its values are not noisy measurements to confirm
@@ -164,7 +167,11 @@ def run(
         )
     if measured is None:
         chosen = [baseline, *ranked[: confirm_plan.top_k]]
-        lean = lean_overrides(names[0], baseline.user_attrs.get(ATTR_CONFIG))
+        # The overrides apply to the app's config, which need not hold the trial's measure.* keys
+        # (gpuopt.measure_step's own MeasureConf is in the trial's config, not in the app's).
+        lean = lean_overrides(
+            names[0], app_config if app_config is not None else baseline.user_attrs.get(ATTR_CONFIG)
+        )
         configs = confirmed_configs(chosen, feasible)
         done = run_rounds(configs, confirm_plan, names[0], fresh_process_runs(measure, lean), rule)
         mode = {"mode": FRESH_PROCESSES}
@@ -356,42 +363,67 @@ def _measure_one(
 # ---- a worker that does not confirm -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Pending:
+    """The sweep's result comes from other workers: `workers` (host:pid) and why, in words."""
+
+    workers: tuple[str, ...]
+    text: str
+
+    @property
+    def worker(self) -> str:
+        """The `pending` field of optimization_results.yaml."""
+        return ", ".join(self.workers)
+
+
 def elsewhere(
     study: Any,
     confirmation: Confirmation | None,
     directions: list[str],
     settings: ConfirmOptions,
     n_trials: int,
-) -> str | None:
-    """Where the confirmation of this study's trials runs, when not in this worker and not yet
-    done (None: it ran here, is done, or will not run). A worker that does not confirm must
-    not publish a best of its own: the confirming worker may overturn it. `settings`: the
-    sweeper's ConfirmOptions."""
+) -> Pending | None:
+    """Where this study's result is made, when not in this worker and not yet final (None: here,
+    or done). Another worker holds the confirmation's claim for these trials, or still runs
+    trials (the last worker to finish confirms and writes the final result). A worker that does
+    not confirm publishes the best known so far, marked pending, never a best.yaml of its own: the
+    confirming worker may overturn it. `settings`: the sweeper's ConfirmOptions."""
     trials = study.get_trials(deepcopy=False)
     counted = sum(1 for t in trials if resume.counted(t))
     if confirmation is not None and confirmation.after_trials == counted:
         return None  # final for these trials
-    _, ranked, _ = candidates(trials, directions)
-    if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)) or not ranked:
-        return None
-    if plan(settings.top_k, settings.rounds, settings.max_share, n_trials, len(ranked)) is None:
-        return None
     me = resume.this_owner()
     claim = storage_of(study).get_study_system_attrs(resume.study_id(study))
     claim = claim.get(STUDY_CONFIRM_CLAIM)
     if (
-        isinstance(claim, dict)
+        _confirms(study, trials, directions, settings, n_trials)
+        and isinstance(claim, dict)
         and claim.get("after_trials") == counted
         and claim.get("owner") not in (None, me)
         and resume.owner_alive(claim.get("owner")) is not False
     ):
         owner = claim["owner"]
-        return f"the confirmation runs in worker {owner.get('host')}:{owner.get('pid')}"
+        name = f"{owner.get('host')}:{owner.get('pid')}"
+        return Pending((name,), f"the confirmation runs in worker {name}")
     owners = [t.system_attrs.get(ATTR_OWNER) or {} for t in resume.running_elsewhere(trials)]
-    others = {f"{o.get('host')}:{o.get('pid')}" for o in owners}
+    others = tuple(sorted({f"{o.get('host')}:{o.get('pid')}" for o in owners}))
     if not others:
         return None
+    then = "confirms and " if _confirms(study, trials, directions, settings, n_trials) else ""
+    return Pending(
+        others,
+        f"trials still run in {', '.join(others)}: the last worker to finish {then}writes the "
+        "sweep's result (its summary and best.yaml)",
+    )
+
+
+def _confirms(
+    study: Any, trials: Any, directions: list[str], settings: ConfirmOptions, n_trials: int
+) -> bool:
+    """Whether the study's trials get a confirmation round (gpuopt's metrics, a plan that fits)."""
+    _, ranked, _ = candidates(trials, directions)
+    if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)) or not ranked:
+        return False
     return (
-        f"the confirmation runs in the last worker to finish ({', '.join(sorted(others))}); "
-        "its summary and best.yaml are the sweep's result"
+        plan(settings.top_k, settings.rounds, settings.max_share, n_trials, len(ranked)) is not None
     )

@@ -46,6 +46,7 @@ from gpuopt.core import lifeline
 from gpuopt.core._compat import job_process, local_executor_class
 from gpuopt.core.secrets import masked_singleton_state
 from gpuopt.sweeper.launchers import gpus as gpus_mod
+from gpuopt.sweeper.launchers import main_task
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
     attach_diagnostics,
@@ -77,9 +78,12 @@ class FreshProcessConf(LocalQueueConf):
     setup: list[str] | None = None
 
 
-ConfigStore.instance().store(
-    group="hydra/launcher", name="gpuopt_local", node=FreshProcessConf, provider="gpuopt"
-)
+# `hydra/launcher=fresh_process` in any app (gpuopt's own conf/hydra/launcher/fresh_process.yaml,
+# first on its search path, composes the same node); `gpuopt_local` is the same launcher.
+for _name in ("gpuopt_local", "fresh_process"):
+    ConfigStore.instance().store(
+        group="hydra/launcher", name=_name, node=FreshProcessConf, provider="gpuopt"
+    )
 
 
 def _start_controller(
@@ -130,6 +134,15 @@ class FreshProcessLauncher(LocalLauncher):
         state = dict(self.__dict__)
         state["stop_check"] = None  # a closure over the study: stays in the sweeping process
         return state
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        # A task of the main script is found again by name in the trial process, not pickled by
+        # value with the script's classes (gpuopt.sweeper.launchers.main_task).
+        super().setup(
+            hydra_context=hydra_context,
+            task_function=main_task.for_main(task_function),
+            config=config,
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
         # Runs in the trial process: a segfault or abort leaves a Python traceback in the .err log,

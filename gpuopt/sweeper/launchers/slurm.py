@@ -44,6 +44,7 @@ from omegaconf import OmegaConf
 
 from gpuopt.core.lifeline import terminate_as_interrupt
 from gpuopt.core.secrets import masked_singleton_state
+from gpuopt.sweeper.launchers import main_task
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
     attach_diagnostics,
@@ -88,9 +89,12 @@ class GpuoptSlurmConf(SlurmQueueConf):
     poll_s: float = 5.0
 
 
-ConfigStore.instance().store(
-    group="hydra/launcher", name="gpuopt_slurm", node=GpuoptSlurmConf, provider="gpuopt"
-)
+# `hydra/launcher=slurm` in any app (gpuopt's own conf/hydra/launcher/slurm.yaml, first on its
+# search path, adds its defaults to the same node); `gpuopt_slurm` is the same launcher.
+for _name in ("gpuopt_slurm", "slurm"):
+    ConfigStore.instance().store(
+        group="hydra/launcher", name=_name, node=GpuoptSlurmConf, provider="gpuopt"
+    )
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,15 @@ class GpuoptSlurmLauncher(SlurmLauncher):
         if not poll_s or float(poll_s) <= 0:
             raise ValueError(f"hydra.launcher.poll_s={poll_s!r}; allowed: seconds > 0")
         self.poll_s = float(poll_s)
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        # A task of the main script is found again by name in the trial process, not pickled by
+        # value with the script's classes (gpuopt.sweeper.launchers.main_task).
+        super().setup(
+            hydra_context=hydra_context,
+            task_function=main_task.for_main(task_function),
+            config=config,
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
         # Runs in the trial job: a segfault leaves a Python traceback in the job's stderr, and

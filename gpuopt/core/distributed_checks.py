@@ -1,0 +1,89 @@
+"""The checks of the distributed group (`distributed=ddp | fsdp2`, docs/distributed.md), torch-free,
+each raising one `ConfigError`: its values (`check_distributed_values`, from
+gpuopt.core.checks.check_values), and what it needs from the device, against torch's answers
+(`check_distributed_device`, from gpuopt.trial.devices.trial_device) or against facts
+(`check_distributed_facts`, from gpuopt.core.checks.check_device_facts).
+"""
+
+from __future__ import annotations
+
+import re
+
+from omegaconf import DictConfig, OmegaConf
+
+from gpuopt.core.errors import ConfigError, check_choice, check_min
+from gpuopt.core.spec import (
+    DISTRIBUTED_BACKENDS,
+    DISTRIBUTED_KINDS,
+    SHARD_DTYPES,
+    DistributedConf,
+    EngineConf,
+)
+
+
+def check_distributed_values(dist: DistributedConf, engine: EngineConf) -> None:
+    """The distributed group's values (what needs the device: `check_device_facts`)."""
+    check_choice("distributed.kind", dist.kind, DISTRIBUTED_KINDS)
+    check_choice("distributed.backend", dist.backend, DISTRIBUTED_BACKENDS)
+    check_min("distributed.nproc_per_node", dist.nproc_per_node, 1, "an integer >= 1")
+    check_min("distributed.nnodes", dist.nnodes, 1, "an integer >= 1")
+    if dist.kind == "none":
+        return
+    if engine.name != "native":
+        raise ConfigError(
+            "distributed.kind", dist.kind, f"none with engine={engine.name} (ddp | fsdp2: native)"
+        )
+    if not dist.timeout_s > 0:
+        raise ConfigError("distributed.timeout_s", dist.timeout_s, "seconds > 0")
+    if not dist.bucket_cap_mb > 0:
+        raise ConfigError("distributed.bucket_cap_mb", dist.bucket_cap_mb, "megabytes > 0")
+    for key in ("param_dtype", "reduce_dtype"):
+        value = getattr(dist, key)
+        if value is not None:
+            check_choice(f"distributed.{key}", value, SHARD_DTYPES)
+    if dist.nnodes > 1:  # each node's trial would merge only its own ranks' results
+        raise ConfigError(
+            "distributed.nnodes", dist.nnodes, "1 (several nodes per trial: not supported yet)"
+        )
+    if dist.rdzv_endpoint is not None and not ENDPOINT_PATTERN.match(dist.rdzv_endpoint):
+        raise ConfigError("distributed.rdzv_endpoint", dist.rdzv_endpoint, "null or host:port")
+
+
+ENDPOINT_PATTERN = re.compile(r"^[\w.\-]+:\d{1,5}$")
+
+
+def check_distributed_device(
+    dist: DistributedConf, device_type: str, cuda_devices: int, bf16: bool
+) -> None:
+    """What the distributed group needs from the device (the trial's `trial_device` with torch,
+    `check_device_facts` with facts): NCCL only on CUDA, no more ranks per node than GPUs, no bf16
+    shards where the device has no bf16."""
+    if dist.kind == "none":
+        return
+    if dist.backend == "nccl" and device_type != "cuda":
+        raise ConfigError(
+            "distributed.backend", "nccl", f"auto | gloo on {device_type} (NCCL needs CUDA GPUs)"
+        )
+    if device_type == "cuda" and dist.nproc_per_node > cuda_devices:
+        raise ConfigError(
+            "distributed.nproc_per_node",
+            dist.nproc_per_node,
+            f"1 to {cuda_devices} here (one rank per visible GPU)",
+        )
+    for key in ("param_dtype", "reduce_dtype"):
+        if getattr(dist, key) == "bf16" and not bf16:
+            raise ConfigError(
+                f"distributed.{key}", "bf16", f"fp32 | fp16 | null on this {device_type} (no bf16)"
+            )
+
+
+def check_distributed_facts(cfg: DictConfig, resolved: str, cuda: int, sm80: bool) -> None:
+    """`check_distributed_device` from facts (bf16 on CUDA: compute capability >= 8.0; a CPU's
+    emulated bf16 runs, only slowly: the search trims it)."""
+    node = OmegaConf.select(cfg, "distributed", default=None)
+    if node is None:
+        return
+    dist = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DistributedConf), node))
+    assert isinstance(dist, DistributedConf)
+    device_type = resolved.split(":")[0]
+    check_distributed_device(dist, device_type, cuda, sm80 or device_type != "cuda")

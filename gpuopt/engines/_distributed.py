@@ -1,0 +1,195 @@
+"""The native engine's side of a distributed trial, inside one rank (the process group is already
+up: gpuopt.trial.distributed started the rank and joined it).
+
+- `Ranks.current(spec)`: this rank's place in the job (None for a single-process trial);
+- `Ranks.wrap`: the built model under DistributedDataParallel (`distributed=ddp`: bucket size,
+  gradients as bucket views, static graph, unused parameters) or FSDP2's `fully_shard` on a 1-D
+  device mesh (`distributed=fsdp2`: the child modules named in `shard_modules` sharded one by one,
+  then the root; `reshard_after_forward`; the MixedPrecisionPolicy of `param_dtype` /
+  `reduce_dtype`; `checkpoint_modules` under activation checkpointing). Before the optimizer is
+  built: FSDP2 replaces the parameters with sharded DTensors;
+- `Ranks.no_sync`: gradient accumulation as real training does it, the gradients reduced once per
+  optimizer step (DDP's `no_sync`, FSDP2's `set_requires_gradient_sync(False)`);
+- `Ranks.align`: the timed window of every rank starts at a barrier and runs the same number of
+  steps (a rank that stopped one step early would leave the others waiting in a collective): rank
+  0's stop rule decides at step counts every rank checks at, and the verdict is broadcast over a
+  gloo group (host-side: no device sync inside the window, also under NCCL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpuopt.core.spec import DistributedConf, TrialSpec
+from gpuopt.trial.measure import StepClock, StopRule
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The stop rule's verdicts, as the broadcast carries them.
+VERDICTS = (None, "stable", "budget", "max_steps")
+
+
+@dataclass
+class Ranks:
+    """This rank in a distributed trial."""
+
+    conf: DistributedConf
+    rank: int
+    world: int
+    device: torch.device
+    host_group: Any  # gloo group for host-side agreement (the default one under gloo)
+    model: torch.nn.Module | None = None  # the wrapped model, once built
+
+    @classmethod
+    def current(cls, spec: TrialSpec, device: torch.device) -> Ranks | None:
+        if spec.distributed.kind == "none" or not dist.is_initialized():
+            return None
+        gloo = dist.get_backend() == "gloo"
+        group = None if gloo else dist.new_group(backend="gloo")
+        return cls(spec.distributed, dist.get_rank(), dist.get_world_size(), device, group)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model (on the device already) under DDP or FSDP2, as `distributed.kind` says."""
+        self._checkpoint(model)
+        if self.conf.kind == "ddp":
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(
+                model,
+                device_ids=ids,
+                bucket_cap_mb=self.conf.bucket_cap_mb,
+                gradient_as_bucket_view=self.conf.gradient_as_bucket_view,
+                static_graph=self.conf.static_graph,
+                find_unused_parameters=self.conf.find_unused_parameters,
+            )
+        else:
+            model = self._fully_shard(model)
+        self.model = model
+        return model
+
+    def _fully_shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        conf = self.conf
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        param = DTYPES[conf.param_dtype] if conf.param_dtype else None
+        reduce = DTYPES[conf.reduce_dtype] if conf.reduce_dtype else None
+        options: dict[str, Any] = {
+            "mesh": mesh,
+            "reshard_after_forward": conf.reshard_after_forward,
+            "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
+        }
+        for child in _named_children(model, conf.shard_modules, "distributed.shard_modules"):
+            fully_shard(child, **options)
+        fully_shard(model, **options)
+        return model
+
+    def _checkpoint(self, model: torch.nn.Module) -> None:
+        """`checkpoint_modules`: each named child recomputes its forward in the backward."""
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            apply_activation_checkpointing,
+        )
+
+        names = tuple(self.conf.checkpoint_modules)
+        if not names:
+            return
+        _named_children(model, list(names), "distributed.checkpoint_modules")
+        apply_activation_checkpointing(model, check_fn=lambda m: type(m).__name__ in names)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """A micro-batch that only accumulates: its gradients are not reduced yet."""
+        model = self.model
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            with model.no_sync():
+                yield
+            return
+        setter = getattr(model, "set_requires_gradient_sync", None)
+        if setter is None:
+            yield
+            return
+        setter(False)
+        try:
+            yield
+        finally:
+            setter(True)
+
+    def loader_seed(self, seed: int) -> int:
+        """Each rank draws its own samples (one seed per rank, the model's init shared)."""
+        return seed + self.rank
+
+    def align(self, clock: StepClock, rule: StopRule) -> tuple[StepClock, StopRule]:
+        """A clock whose window starts at a barrier, and a rule every rank obeys alike."""
+        return AlignedClock(clock, self.host_group), AgreedStop(rule, self)
+
+    def verdict(self, mine: str | None) -> str | None:
+        """Rank 0's verdict, on every rank (a host-side broadcast)."""
+        code = torch.tensor([VERDICTS.index(mine) if self.leader else 0], dtype=torch.int64)
+        dist.broadcast(code, src=0, group=self.host_group)
+        return VERDICTS[int(code.item())]
+
+
+def _named_children(model: torch.nn.Module, names: list[str], key: str) -> list[torch.nn.Module]:
+    """The submodules of `model` whose class is named in `names` (each name must match one)."""
+    if not names:
+        return []
+    found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    present = {type(m).__name__ for m in found}
+    missing = [name for name in names if name not in present]
+    if missing:
+        classes = sorted({type(m).__name__ for m in model.modules() if m is not model})
+        raise ValueError(f"{key}: no submodule of class {missing}; the model has {classes}")
+    return found
+
+
+class AlignedClock:
+    """The rank's step clock, its window started right after a barrier of every rank."""
+
+    def __init__(self, clock: StepClock, group: Any) -> None:
+        self.clock, self.group = clock, group
+
+    def start(self) -> None:
+        dist.barrier(group=self.group)
+        self.clock.start()
+
+    def mark(self) -> None:
+        self.clock.mark()
+
+    def completed_step_times(self) -> list[float]:
+        return self.clock.completed_step_times()
+
+    def finish(self) -> tuple[list[float], float]:
+        return self.clock.finish()
+
+
+class AgreedStop:
+    """The stop rule as every rank applies it: checked at the same step counts on every rank
+    (from the first step, then every ~5% more: run_window's schedule, never a clock's, since the
+    clocks differ), rank 0's verdict broadcast. Its time budget is rank 0's, read at those checks."""
+
+    def __init__(self, rule: StopRule, ranks: Ranks) -> None:
+        self.rule, self.ranks = rule, ranks
+        self.min_steps = 1  # run_window's first check: every step until its schedule spreads
+        self.max_steps = rule.max_steps
+        self.time_budget_s = math.inf  # never a clock-driven check (the ranks' clocks differ)
+
+    def check(
+        self, step_times: Sequence[float], elapsed_s: float, steps: int | None = None
+    ) -> str | None:
+        mine = self.rule.check(step_times, elapsed_s, steps) if self.ranks.leader else None
+        return self.ranks.verdict(mine)
+
+
+def accumulating(ranks: Ranks | None) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """What wraps a micro-batch that only accumulates (no reduction): nothing in one process."""
+    return ranks.no_sync if ranks is not None else contextlib.nullcontext

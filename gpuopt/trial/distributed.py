@@ -1,0 +1,286 @@
+"""One trial over several ranks (`distributed=ddp | fsdp2`): the trial's own process starts its
+ranks with torch.distributed's elastic launcher (the API behind `torchrun`:
+`torch.distributed.launcher.api.LaunchConfig` + `elastic_launch`), waits for them and reports one
+result for the whole job (gpuopt.trial.ranks merges the ranks' results).
+
+- Rendezvous on a free port chosen per trial (never a fixed one: parallel trials never collide on
+  29500), or `distributed.rdzv_endpoint` when several nodes join one trial.
+- A short timeout (`distributed.timeout_s`, seconds, not NCCL's ten minutes) for the rendezvous and
+  every collective; no restarts: a failed rank is the trial's answer, not something to retry.
+- Every rank ends with the trial: each asks the kernel for SIGKILL when its parent (this process)
+  dies (gpuopt.core.lifeline's parent-death signal), so a `kill -9` of the trial, or of its own
+  parent under the fresh-process launcher, leaves no rank behind. The launcher's own handling ends
+  the other ranks as soon as one fails, so they do not wait out the timeout.
+- Backend: NCCL on CUDA, gloo on CPU (`distributed.backend=auto`); with NCCL a gloo group beside it
+  carries the host-side agreement on when the timed window stops (gpuopt.engines._distributed).
+
+Each rank writes its own `TrialResult` (rank_N.json) into a scratch folder and its stdout/stderr
+into the launcher's log folder, so a rank that crashed without a result (killed, a segfault) is
+still reported with its stderr's head and tail. The rank's work itself is the engine's
+(`entry(spec, device)`: gpuopt.engines.registry.run_rank, handed in by the registry, which this
+module never imports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core.host import usable_cpus
+from gpuopt.core.lifeline import set_parent_death_signal
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.spec import TrialSpec
+from gpuopt.trial.ranks import RankFailure, merge_ranks
+
+if TYPE_CHECKING:
+    import torch
+
+RankEntry = Callable[[TrialSpec, "torch.device"], TrialResult]
+RESULT_FILE = "rank_{rank}.json"
+RANKS_FOLDER = "ranks"  # in the run directory: each rank's result and stdout/stderr logs
+# The launcher's grace between SIGTERM and SIGKILL when it ends the other ranks of a failed trial.
+SHUTDOWN_TIMEOUT_S = 5
+# Lines of a crashed rank's stderr kept at each end in the reason.
+STDERR_LINES = 8
+# The rendezvous's extra time beyond the collective timeout: ranks import torch before they join.
+RENDEZVOUS_START_S = 60.0
+# The launcher's loggers (its rank failures, the ranks it terminates).
+QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (the kernel's pick), for this trial's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def backend_for(spec: TrialSpec, device: torch.device) -> str:
+    """`distributed.backend`, auto resolved: NCCL on CUDA, gloo elsewhere."""
+    backend = spec.distributed.backend
+    if backend != "auto":
+        return backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> TrialResult:
+    """Start `distributed.nproc_per_node` ranks running `entry` on their share of the job, wait
+    for them, and return the one result of the trial (never raises for a failing rank: an OOM or a
+    crash on one rank is the trial's status, a timeout its error)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    scratch, keep = _rank_folder()
+    dist = spec.distributed
+    try:
+        config = _launch_config(spec, scratch)
+        started = time.time()
+        try:
+            with _quiet_launcher(), _own_signal_handlers():
+                _elastic_launch(config, entry, spec, device, scratch)
+            crashed: dict[int, RankFailure] = {}
+        except ChildFailedError as exc:
+            crashed = _crashes(exc, scratch)
+        except SignalException:  # the trial itself was told to stop: not a result
+            raise
+        except Exception as exc:  # the rendezvous timed out, the launcher failed to start
+            return TrialResult(
+                status=Status.ERROR,
+                reason=f"the ranks did not start ({type(exc).__name__}: {exc})",
+                warnings=[f"distributed={dist.kind}: no rank measured"],
+            )
+        _keep_logs(scratch)
+        results = _rank_results(scratch, dist.nproc_per_node)
+        return merge_ranks(results, crashed, backend_for(spec, device), time.time() - started)
+    finally:
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _rank_folder() -> tuple[Path, bool]:
+    """Where the ranks write their results and logs, and whether it stays: `ranks/` in the run's
+    directory under Hydra (kept with the run, also when the trial is killed), else a temporary
+    folder removed afterwards."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
+        folder = Path(HydraConfig.get().runtime.output_dir) / RANKS_FOLDER
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier trial in this run directory
+        folder.mkdir(parents=True)
+        return folder, True
+    return Path(tempfile.mkdtemp(prefix="gpuopt-ranks-")), False
+
+
+def _launch_config(spec: TrialSpec, scratch: Path) -> Any:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
+    dist = spec.distributed
+    endpoint = dist.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    timeout = int(dist.timeout_s + RENDEZVOUS_START_S)
+    return LaunchConfig(
+        min_nodes=dist.nnodes,
+        max_nodes=dist.nnodes,
+        nproc_per_node=dist.nproc_per_node,
+        run_id=f"gpuopt-{uuid.uuid4().hex[:12]}" if dist.nnodes == 1 else endpoint,
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        rdzv_configs={"timeout": timeout, "join_timeout": timeout},
+        max_restarts=0,
+        start_method="spawn",  # never fork a process that may hold a CUDA context
+        logs_specs=DefaultLogsSpecs(log_dir=str(scratch / "logs"), redirects=Std.ALL),
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
+
+
+def _elastic_launch(
+    config: Any, entry: RankEntry, spec: TrialSpec, device: torch.device, scratch: Path
+) -> None:
+    from torch.distributed.launcher.api import elastic_launch
+
+    elastic_launch(config, rank_main)(entry, spec, device.type, os.getpid(), str(scratch))
+
+
+@contextlib.contextmanager
+def _quiet_launcher() -> Iterator[None]:
+    """The launcher logs every rank failure with its traceback into this process's stderr; the
+    trial reports the failure itself (its reason), so those lines stay quiet."""
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """The launcher installs handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT (they raise its
+    SignalException) and leaves them; this process's own come back once the ranks ended."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    sigs = [getattr(signal, name) for name in names if hasattr(signal, name)]
+    previous = {sig: signal.getsignal(sig) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _crashes(exc: Any, scratch: Path) -> dict[int, RankFailure]:
+    """What the launcher saw of each failed rank: its exit (code or signal), its exception
+    message when it raised, and its stderr's head and tail."""
+    crashed = {}
+    for rank, failure in exc.failures.items():
+        exit_code = failure.exitcode
+        how = f"exit code {exit_code}" if exit_code >= 0 else f"killed by {failure.signal_name()}"
+        message = failure.message if isinstance(failure.message, str) else None
+        if isinstance(failure.message, dict):
+            message = failure.message.get("message")
+        crashed[int(rank)] = RankFailure(
+            how=how,
+            message=message if message and "Signal" not in str(message) else None,
+            stderr=_stderr_excerpt(scratch, int(rank)),
+            at=float(failure.timestamp or 0),
+        )
+    return crashed
+
+
+def _keep_logs(scratch: Path) -> None:
+    """Each rank's stdout/stderr copied out of the launcher's attempt folder (which the launcher
+    clears when it shuts down) as rank_N.stdout.log / rank_N.stderr.log, kept with the run."""
+    for log in (scratch / "logs").glob("**/attempt_*/*/std*.log"):
+        shutil.copyfile(log, scratch / f"rank_{log.parent.name}.{log.name}")
+
+
+def _stderr_excerpt(scratch: Path, rank: int) -> str | None:
+    """The head and tail of a rank's stderr log (the launcher's redirect), or None."""
+    logs = sorted((scratch / "logs").glob(f"**/attempt_*/{rank}/stderr.log"))
+    if not logs:
+        return None
+    lines = logs[-1].read_text(errors="replace").splitlines()
+    lines = [line for line in lines if line.strip()]
+    if len(lines) > 2 * STDERR_LINES:
+        lines = [*lines[:STDERR_LINES], "...", *lines[-STDERR_LINES:]]
+    return "\n".join(lines) or None
+
+
+def _rank_results(scratch: Path, ranks: int) -> dict[int, TrialResult]:
+    """The results the ranks wrote (a rank killed before it finished wrote none)."""
+    found = {}
+    for rank in range(ranks):
+        path = scratch / RESULT_FILE.format(rank=rank)
+        if path.exists():
+            found[rank] = TrialResult.from_dict(json.loads(path.read_text()))
+    return found
+
+
+# -- in each rank ---------------------------------------------------------------------------------
+class RankFailed(RuntimeError):
+    """A rank's own result was not ok: raised so the launcher ends the other ranks at once."""
+
+
+def rank_main(
+    entry: RankEntry, spec: TrialSpec, device_type: str, parent: int, scratch: str
+) -> None:
+    """One rank (a process the launcher spawned): end with the trial, join the process group,
+    measure through `entry`, write the result. A failed result ends the rank with an exception,
+    after writing it, so the launcher stops the others instead of leaving them in a collective."""
+    set_parent_death_signal()
+    if os.getppid() != parent:  # the trial died before the signal was set
+        os._exit(1)
+    import torch.distributed as torch_dist
+
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    device = _rank_device(spec, device_type, local_rank)
+    torch_dist.init_process_group(
+        backend_for(spec, device),
+        timeout=datetime.timedelta(seconds=spec.distributed.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    try:
+        result = entry(spec, device)
+        result.env["rank"], result.env["local_rank"] = rank, local_rank
+        if not result.ok:  # which rank failed first: the root cause, the others followed it
+            result.env["failed_at"] = time.time()
+        path = Path(scratch) / RESULT_FILE.format(rank=rank)
+        path.write_text(json.dumps(result.to_dict(), default=str))
+    finally:
+        with contextlib.suppress(Exception):
+            torch_dist.destroy_process_group()
+    if not result.ok:
+        raise RankFailed(f"rank {rank}: {result.status.value}: {result.reason}")
+
+
+def _rank_device(spec: TrialSpec, device_type: str, local_rank: int) -> torch.device:
+    """This rank's device (cuda:LOCAL_RANK on CUDA), its compute threads set: on CPU the node's
+    usable cores shared out between its ranks unless `device.num_threads` says."""
+    import torch
+
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return device
+    if spec.device.num_threads is None:
+        torch.set_num_threads(max(1, usable_cpus() // spec.distributed.nproc_per_node))
+    return torch.device(device_type)
