@@ -128,6 +128,19 @@ def squeue_states(cluster: slurm_helper.SlurmCluster) -> dict[str, SlurmJobState
     return parse_squeue(out.stdout)
 
 
+def settled_states(
+    cluster: slurm_helper.SlurmCluster, timeout_s: float = 30.0
+) -> dict[str, SlurmJobState]:
+    """squeue's states once no job is COMPLETING any more (slurmd's clean-up after a job's last
+    step: transient, seconds), or as they are at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = squeue_states(cluster)
+        if time.monotonic() > deadline or all(s.state != "COMPLETING" for s in states.values()):
+            return states
+        time.sleep(0.5)
+
+
 def trials_of(tmp_path: Path, study: str) -> list[optuna.trial.FrozenTrial]:
     storage = f"sqlite:///{tmp_path / 'gpuopt.db'}"
     return optuna.load_study(study_name=study, storage=storage).get_trials()
@@ -163,7 +176,7 @@ def test_sweep_runs_its_trials_as_slurm_jobs_to_completion(tmp_path, cluster):
     assert "gpuopt sweep summary" in proc.stdout
     # They ran as SLURM jobs: slurmctld lists them COMPLETED (two arrays: 2 + 1 tasks), and each
     # trial's submitit log shows its SLURM job environment.
-    jobs = {k: v for k, v in squeue_states(cluster).items() if k not in before}
+    jobs = {k: v for k, v in settled_states(cluster).items() if k not in before}
     assert len(jobs) == 3 and {s.state for s in jobs.values()} == {"COMPLETED"}
     assert len({k.split("_")[0] for k in jobs}) == 2
     logs = {p.parent.name: p.read_text() for p in tmp_path.glob("sweeps/*/*/.submitit/*/*_log.out")}
@@ -202,7 +215,7 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
     # The job's stderr, slurmstepd's verdict included, is kept with the trial.
     assert "DUE TO TIME LIMIT" in hung.user_attrs["traceback"]
     job_id = reason.rsplit("job ", 1)[1]
-    assert squeue_states(cluster)[job_id].state == "TIMEOUT"
+    assert settled_states(cluster)[job_id].state == "TIMEOUT"
     # submitit's USR2 (signal_delay_s=120 > the limit: sent at once) did not end or requeue it.
     (stderr,) = tmp_path.glob(f"sweeps/*/*/.submitit/{job_id}/{job_id}_0_log.err")
     assert "gpuopt: SLURM sent SIGUSR2" in stderr.read_text()
