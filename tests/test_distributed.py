@@ -48,6 +48,7 @@ def _result(tmp_path: Path) -> TrialResult:
     return TrialResult.load(path)
 
 
+@pytest.mark.slow  # starts real gloo ranks in subprocesses
 @pytest.mark.parametrize(
     "kind,knobs",
     [
@@ -82,6 +83,7 @@ def test_a_distributed_trial_prints_one_result_for_the_whole_job(tmp_path, kind,
     assert result.config["distributed"]["kind"] == kind
 
 
+@pytest.mark.slow  # starts real gloo ranks in subprocesses
 @pytest.mark.parametrize(
     "how,status,says",
     [
@@ -108,6 +110,7 @@ def test_one_failing_rank_is_the_trials_status_and_the_others_do_not_wait(
         assert "can't allocate memory" in result.reason
 
 
+@pytest.mark.slow  # starts real gloo ranks in subprocesses
 def test_a_hanging_rank_fails_the_trial_at_the_collective_timeout(tmp_path):
     proc = _cli(tmp_path, *_failing_model(tmp_path, "hang"), *WORLD_2, "distributed.timeout_s=3")
     assert proc.returncode == 0, proc.stderr
@@ -167,6 +170,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow  # starts real gloo ranks in subprocesses
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's"
 )
@@ -404,6 +408,7 @@ def test_a_sweep_over_the_distributed_knobs_stores_one_trial_per_job(tmp_path):
         assert attrs["global_batch"] == 2 * attrs["micro_batch"] * attrs["accumulation_steps"]
 
 
+@pytest.mark.slow  # starts real gloo ranks in subprocesses
 def test_run_trial_in_process_measures_the_job_and_leaves_the_signal_handlers_as_they_were(
     compose_cfg,
 ):
@@ -431,6 +436,7 @@ def test_the_guards_reference_is_one_process_on_the_jobs_global_batch(compose_cf
     assert reference.lr_scale == spec.lr_scale == 1.0
 
 
+@pytest.mark.slow  # starts real gloo ranks in subprocesses
 def test_a_hugging_face_model_shards_by_its_own_blocks(tmp_path):
     """FSDP2 on GPT-2 (tiny, from its config), each GPT2Block a shard of its own."""
     pytest.importorskip("transformers")
