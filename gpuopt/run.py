@@ -18,6 +18,7 @@ run directory. The task then measures what the callback prepared; a trial of a s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -32,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpuopt.core._compat import hydra_args_parser, report_as_hydra
 from gpuopt.core.checks import Checked, check_values, check_writable_path
 from gpuopt.core.errors import ConfigError, ConfigFileError, config_error_from_omegaconf
-from gpuopt.core.fmt import fixed
+from gpuopt.core.fmt import fixed, limit_share
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.secrets import mask_secrets
@@ -41,6 +42,7 @@ from gpuopt.engines.registry import load_spec, run_trial
 
 if TYPE_CHECKING:
     import torch
+    from rich.console import Console
 
     from gpuopt.core.spec import TrialSpec
 
@@ -178,13 +180,15 @@ def main(cfg: DictConfig) -> TrialResult:
     return run_config(cfg, output_dir, multirun)
 
 
-def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
-    """A readable table of one trial's result (rich)."""
+def print_result(
+    result: TrialResult, saved_to: Path | None = None, console: Console | None = None
+) -> None:
+    """A readable table of one trial's result (rich), then its reason and warnings (the
+    hypervisor's steal among them) below it, where a long line is not cut to a column."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    m = result.metrics
     colour = {"ok": "green", "oom": "yellow", "diverged": "yellow"}.get(result.status.value, "red")
     table = Table(
         title=f"gpuopt trial: [{colour}]{result.status.value}[/{colour}]", show_header=False
@@ -192,9 +196,36 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_column("note")
+    for row in _result_rows(result):
+        table.add_row(*(escape(cell) for cell in row))
+    console = console or Console()
+    console.print(table)
+    if result.reason:
+        # escaped: a reason quotes library messages, e.g. gloo's "[.../unbound_buffer.cc:78]"
+        console.print(f"[{colour}]reason:[/{colour}] {escape(result.reason)}")
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    if saved_to is not None:
+        console.print(f"result: {saved_to}")
+
+
+Row = tuple[str, str, str]
+
+
+def _result_rows(result: TrialResult) -> list[Row]:
+    """The table's rows, in reading order. What not every trial measures (a user step has no
+    limit, a host without /proc/stat no steal) has a row only where it was measured; the limit's
+    words are the sweep summary's and the report's (gpuopt.core.fmt.limit_share)."""
+    m = result.metrics
     ci = f"± {m.throughput_ci * 100:.1f}% (95% CI)" if m.throughput_ci is not None else ""
+    epoch = (
+        f"over {fixed(m.epoch_steps)}-step epochs (boundary {fixed(m.epoch_overhead_s, ' s', 2)})"
+    )
+    share = limit_share(dataclasses.asdict(m))
     rows = [
         ("throughput", fixed(m.throughput, " samples/s", 1), ci),
+        *_if_measured(m.throughput_amortized,
+                      ("throughput (amortized)", fixed(m.throughput_amortized, " samples/s", 1), epoch)),
         ("step time (median)", fixed(m.step_time_ms, " ms", 3),
          (f"p10 {fixed(m.step_time_p10_ms, ' ms', 3)}, p90 {fixed(m.step_time_p90_ms, ' ms', 3)}, "
           f"cv {fixed(m.step_time_cv, '', 3)}")),
@@ -203,7 +234,10 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
         ("utilization", fixed(m.utilization, " %", 1), "NVML on NVIDIA; CPU: 100 - data wait"),
         ("compute ceiling", fixed(m.ceiling_throughput, " samples/s", 1), "one on-device batch, no loader"),
         ("input efficiency", fixed(m.input_efficiency, " %", 1), "throughput / ceiling"),
+        *_if_measured(share, ("machine limit", fixed(m.limit_throughput, " samples/s", 1), f"at {share}")),
         ("MFU", fixed(m.mfu, " %", 2), "of the device's dense peak for the dtype"),
+        *_if_measured(m.mfu_achievable,
+                      ("MFU (achievable)", fixed(m.mfu_achievable, " %", 2), "of the measured matmul peak")),
         ("FLOPs / sample", fixed(m.flops_per_sample, "", 0), "forward + backward"),
         ("peak memory", fixed(m.peak_memory_mb, " MB", 1), ""),
         ("power", fixed(m.power_w, " W", 1), ""),
@@ -213,21 +247,18 @@ def print_result(result: TrialResult, saved_to: Path | None = None) -> None:
         ("startup time", fixed(m.startup_time_s, " s", 2), "process start -> first timed step"),
         ("timed window", f"{fixed(m.timed_steps)} steps in {fixed(m.timed_seconds, ' s', 2)}",
          f"stopped: {m.stop_reason or '-'}"),
+        *_if_measured(m.cpu_steal_pct,
+                      ("CPU steal", fixed(m.cpu_steal_pct, " %", 1), "CPU time the hypervisor gave other guests")),
         ("device", str(result.env.get("device_name", "-")), str(result.env.get("device", ""))),
     ]  # fmt: skip
     if m.world_size:  # a distributed trial: one result for the whole job
         rows.append(_ranks_row(result))
-    for row in rows:
-        table.add_row(*row)
-    console = Console()
-    console.print(table)
-    if result.reason:
-        # escaped: a reason quotes library messages, e.g. gloo's "[.../unbound_buffer.cc:78]"
-        console.print(f"[{colour}]reason:[/{colour}] {escape(result.reason)}")
-    for warning in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-    if saved_to is not None:
-        console.print(f"result: {saved_to}")
+    return rows
+
+
+def _if_measured(value: object, row: Row) -> list[Row]:
+    """`row` where its metric was measured; none, rather than a "-", where it was not."""
+    return [row] if value is not None else []
 
 
 def _ranks_row(result: TrialResult) -> tuple[str, str, str]:

@@ -4,6 +4,7 @@ process-to-process noise).
     python scripts/bench_window.py --rounds 20                     # the default config
     python scripts/bench_window.py --rounds 20 loader.batch_size=512 loader.num_workers=2 \\
         device.num_threads=1                                        # the default sweep's best
+    python scripts/bench_window.py --own-cost --rounds 30 --steps 500   # the window's own cost
 
 scripts/bench_agreement.py compares the two in fresh processes, where one process's throughput
 spreads 6-14% on a 2-core VM and five rounds cannot resolve 3%. Here both are built once in one
@@ -15,6 +16,10 @@ stability stop, its sample count) against `--steps` plain steps between two perf
 Before each turn the idle side's prefetched batches are drained untimed. The paired log-ratio
 estimator is the confirmation's (gpuopt.core.stats.speedup). What this cannot see is a
 fresh process's own start-up effects; bench_agreement.py and bench_noise.py measure those.
+
+`--own-cost` measures what the comparison above cannot resolve on a shared 2-core VM (its pairs
+spread 5-10%): the window's own bookkeeping per step, timed alone (`own_cost`), as a share of the
+configuration's step.
 """
 
 from __future__ import annotations
@@ -66,8 +71,10 @@ def gpuopt_window(member: Any) -> float:
     return float(trial.metrics.throughput)
 
 
-def build_plain(overrides: list[str]) -> Any:
-    """The plain loop's model, loader and step (bench_agreement.py's own building)."""
+def build_plain(overrides: list[str], shared: Any = None) -> Any:
+    """The plain loop's model, loader and step (bench_agreement.py's own building); with `shared`
+    (gpuopt's member) its step trains gpuopt's own model and optimizer on batches from gpuopt's
+    own DataLoader (a second iterator over it): what differs is then the window alone."""
     import torch
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
@@ -76,7 +83,11 @@ def build_plain(overrides: list[str]) -> Any:
         conf = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
     device = torch.device("cpu")
     bench_agreement._apply_flags(conf)
-    model, loader, optimizer = bench_agreement._build(conf, device)
+    if shared is not None:
+        workload = shared.built.workload
+        model, loader, optimizer = workload.model, shared.built.feed.loader, workload.optimizer
+    else:
+        model, loader, optimizer = bench_agreement._build(conf, device)
     step = bench_agreement._make_step(conf, model, optimizer, device)
 
     def batches():
@@ -99,25 +110,110 @@ def plain_window(plain: Any, steps: int) -> float:
     return steps * loader["batch_size"] / (time.perf_counter() - t0)
 
 
+def own_cost(member: Any, rounds: int, steps: int) -> dict[str, Any]:
+    """The window's own cost per step, timed alone: `run_window` over a step that trains nothing
+    but does the window's per-step bookkeeping (the BatchFeed over ready host batches: its timers,
+    sample count and move; the step's loss watch; the cache policy), with the trial's clock and a
+    stop rule whose CI every read computes (min_time_s 0, a target never met), `steps` steps a
+    round. What a step of this configuration costs is the real windows' median step time. Timed
+    alone, since a window-vs-plain-loop difference of 0.5% is below what pairs of 60-step turns
+    resolve on a shared 2-core VM (their spread: ~1% per pair)."""
+    import itertools
+    import math
+    import statistics
+
+    import torch
+
+    from gpuopt.engines._batches import BatchFeed
+    from gpuopt.trial.measure import StopRule, make_clock, run_window
+
+    built = member.built
+    trial, workload = built.trial, built.workload
+    ready = list(itertools.islice(iter(built.feed.loader), 8))
+    loss = torch.zeros((), device=trial.device)
+    # The loss watch; code from before it (a per-step NonFiniteLoss.update) is measured alike.
+    watch = getattr(workload, "_watch_loss", workload.nonfinite.update)
+    rule = StopRule(trial.spec.measure.min_steps, steps, math.inf, 0.0)
+
+    def bookkeeping() -> float:
+        feed = BatchFeed(ready, workload.to_device, trial.device)
+
+        def step(index: int) -> None:
+            feed.next_step()
+            watch(loss)
+            built.cache.after_step(index)
+
+        t0 = time.perf_counter()
+        run_window(step, make_clock(trial.device), rule)
+        return (time.perf_counter() - t0) / steps
+
+    step_ms = []
+    for _ in range(3):
+        gpuopt_window(member)
+        step_ms.append(trial.metrics.step_time_ms)
+    own_us = [1e6 * bookkeeping() for _ in range(rounds)]
+    step_us = 1e3 * statistics.median(step_ms)
+    median = statistics.median(own_us)
+    return {
+        "own_us": own_us,
+        "own_median_us": median,
+        "step_us": step_us,
+        "share": median / step_us,
+    }
+
+
+def report_own_cost(cost: dict[str, Any], args: argparse.Namespace) -> None:
+    print(
+        f"the window's own cost: {cost['own_median_us']:.1f} us/step (median of {args.rounds} "
+        f"rounds of {args.steps} steps; min {min(cost['own_us']):.1f}) = "
+        f"{100 * cost['share']:.2f}% of this configuration's step ({cost['step_us']:.0f} us, "
+        "the median step of 3 real windows)",
+        flush=True,
+    )
+    if args.json:
+        benchlib.write_json(
+            args.json,
+            {
+                "command": benchlib.command_line(),
+                "date": benchlib.now(),
+                "machine": benchlib.machine(),
+                **cost,
+            },
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=60, help="plain loop steps per turn")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--own-cost", action="store_true", help="the window's own cost per step (own_cost)"
+    )
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="the plain loop trains gpuopt's model on gpuopt's DataLoader (build_plain)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     overrides = [*BASE, *args.overrides]
     print(f"# {benchlib.command_line()}  ({benchlib.now()}, load {benchlib.load()})", flush=True)
     member = build_gpuopt(overrides, Path(tempfile.mkdtemp(prefix="bench_window_")))
-    plain = build_plain(overrides)
+    plain = build_plain(overrides, member if args.shared else None)
+    if args.own_cost:
+        report_own_cost(own_cost(member, args.rounds, args.steps), args)
+        return
     values: dict[str, list[float]] = {"gpuopt": [], "plain": []}
     for r in range(args.rounds):
         for name in benchlib.round_order(list(values), r):
             value = gpuopt_window(member) if name == "gpuopt" else plain_window(plain, args.steps)
             values[name].append(value)
+        m = member.built.trial.metrics
         print(
             f"  round {r + 1}/{args.rounds}: gpuopt {benchlib.fmt(values['gpuopt'][-1])} "
-            f"plain {benchlib.fmt(values['plain'][-1])} samples/s",
+            f"plain {benchlib.fmt(values['plain'][-1])} samples/s (gpuopt's window: "
+            f"{m.timed_steps} steps, {m.stop_reason})",
             flush=True,
         )
     s = speedup(values["gpuopt"], values["plain"])

@@ -406,6 +406,9 @@ def test_a_sweep_over_the_distributed_knobs_stores_one_trial_per_job(tmp_path):
         assert attrs["status"] == "ok", attrs.get("reason")
         assert attrs["world_size"] == 2 and [row["rank"] for row in attrs["ranks"]] == [0, 1]
         assert attrs["global_batch"] == 2 * attrs["micro_batch"] * attrs["accumulation_steps"]
+        # the guard ran in the ranks on the job's math; its reference is the sweep's (cached)
+        assert " x 2 ranks" in attrs["numerics"]["changes"][-1], attrs["numerics"]
+    assert list(tmp_path.glob("**/.numerics/*.json")), "no reference cached in the sweep dir"
 
 
 @pytest.mark.slow  # starts real gloo ranks in subprocesses

@@ -3,6 +3,7 @@ process start time. Step times are synthetic where the rule, not the machine, is
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -18,6 +19,7 @@ from gpuopt.trial.measure import (
     StopRule,
     measure_step_flops,
     mfu_percent,
+    next_stop_check,
     peak_flops,
     relative_ci_halfwidth,
     run_window,
@@ -66,6 +68,11 @@ def test_ci_matches_the_batch_means_formula():
         2.2621571628 * sd / math.sqrt(10) / mean
     )  # t(0.975, 9)
     assert relative_ci_halfwidth(times[:4]) is None  # too few steps for a CI
+    # Any sequence of step times: a tuple, an array (the CUDA clock's, the distributed ranks').
+    assert relative_ci_halfwidth(tuple(times)) == relative_ci_halfwidth(times)
+    assert relative_ci_halfwidth(torch.tensor(times).numpy()) == pytest.approx(
+        relative_ci_halfwidth(times)
+    )
 
 
 def test_step_stats_median_percentiles_and_cv():
@@ -74,18 +81,10 @@ def test_step_stats_median_percentiles_and_cv():
     assert stats.cv == pytest.approx(3.0276503540974917 / 5.5)
 
 
-class ScriptedClock(HostClock):
-    """Step boundaries from a script instead of the wall clock."""
-
-    def __init__(self, step_times):
-        super().__init__()
-        self.script = iter(step_times)
-
-    def start(self):
-        self.boundaries = [0.0]
-
-    def mark(self):
-        self.boundaries.append(self.boundaries[-1] + next(self.script))
+def ScriptedClock(step_times, sync=None):
+    """The host clock reading step boundaries from a script instead of the wall clock."""
+    boundaries = itertools.accumulate(step_times, initial=0.0)
+    return HostClock(sync=sync, timer=lambda: next(boundaries))
 
 
 def test_window_stops_stable_on_steady_steps_and_at_max_steps_on_noisy_ones():
@@ -97,6 +96,51 @@ def test_window_stops_stable_on_steady_steps_and_at_max_steps_on_noisy_ones():
     rule = StopRule(min_steps=10, max_steps=50, time_budget_s=60.0, stability_target=0.01)
     result = run_window(lambda i: None, ScriptedClock(noisy), rule)
     assert (result.stop_reason, result.steps) == ("max_steps", 50)
+
+
+class CountingRule:
+    """A StopRule that counts how often the window reads it (what the stop decision costs)."""
+
+    def __init__(self, rule):
+        self.rule, self.reads = rule, []
+        self.min_steps, self.max_steps = rule.min_steps, rule.max_steps
+        self.time_budget_s = rule.time_budget_s
+
+    def check(self, step_times, elapsed_s, steps=None):
+        self.reads.append(steps)
+        return self.rule.check(step_times, elapsed_s, steps)
+
+
+def test_the_window_stops_within_a_twentieth_of_the_steps_after_it_became_stable():
+    """The CI is read at min_steps, then each time the steps grew by 5%: the window stops at a
+    read where the rule says stable, at most max(1, n // 20) steps after the step n from which it
+    stays stable; it reads the rule on that schedule, not once per step."""
+    rng = random.Random(3)
+    times = [0.01 * rng.lognormvariate(0, 0.3) for _ in range(100)] + [0.01] * 900
+    rule = StopRule(min_steps=10, max_steps=5000, time_budget_s=math.inf, stability_target=0.03)
+    stable = [rule.check(times[:n], 0.0) == "stable" for n in range(len(times) + 1)]
+    first = stable.index(True)
+    settled = next(n for n in range(first, 1000) if all(stable[n:]))  # stable from here on
+    assert 150 < first < settled < 900  # the noisy start keeps it unstable for a while
+    counting = CountingRule(rule)
+    result = run_window(lambda i: None, ScriptedClock(times), counting)
+    assert result.stop_reason == "stable" and stable[result.steps]
+    assert first <= result.steps <= settled + max(1, settled // 20)
+    assert counting.reads[:12] == list(range(10, 22))  # every step until 5% is more than one
+    assert all(b == next_stop_check(a) for a, b in itertools.pairwise(counting.reads))
+    assert len(counting.reads) < result.steps / 3  # 75 reads in 279 steps
+
+
+def test_the_host_clock_keeps_each_step_and_a_synced_finish_extends_the_last_one():
+    synced = []
+    clock = ScriptedClock([1.0, 1.0, 1.0, 0.5], sync=lambda: synced.append(True))
+    clock.start()
+    for _ in range(3):
+        clock.mark()
+    assert clock.completed_step_times() == [1.0, 1.0, 1.0]
+    clock.completed_step_times().append(9.0)  # a copy: the stop rule cannot change the clock
+    times, wall = clock.finish()  # the device's queue done half a second after the last mark
+    assert (times, wall, len(synced)) == ([1.0, 1.0, 1.5], 3.5, 2)
 
 
 def test_window_stops_at_the_real_time_budget():
@@ -318,3 +362,66 @@ def test_amortized_throughput_spreads_the_boundary_over_the_real_epoch():
     # No epochs (an endless stream) or no measured overhead: the steady state.
     assert amortized_throughput(1000.0, 0.01, None, 1.0) == 1000.0
     assert amortized_throughput(1000.0, 0.01, 100, None) == 1000.0
+
+
+# ---- the step's loss watch: a non-finite loss at any step is caught at the window's end ----------
+
+
+def _workload(compose_cfg, losses):
+    """gpuopt's standard step on a real (tiny) model, over 4 ready batches; its loss at step i is
+    the cross-entropy plus `losses(i)`, a constant: it sets the loss's value, not its gradient, so a
+    NaN step leaves the parameters finite and the next losses finite (a tensor also sets the
+    loss's dtype)."""
+    from gpuopt.engines._batches import BatchFeed
+    from gpuopt.engines._step import build_workload
+    from gpuopt.engines.registry import load_spec
+    from gpuopt.trial import knobs
+    from tests.conftest import TINY_TRIAL
+
+    spec = load_spec(compose_cfg(*TINY_TRIAL, "device=cpu", "optimizer=sgd"))
+    cpu = torch.device("cpu")
+    precision = knobs.precision_policy(spec.precision, cpu)
+    workload = build_workload(spec, torch.nn.Linear(6, 3), cpu, precision, non_blocking=False)
+    calls = itertools.count()
+
+    def loss(outputs, targets):
+        extra = losses(next(calls))
+        total = torch.nn.functional.cross_entropy(outputs, targets) + extra
+        return total.to(extra.dtype) if isinstance(extra, torch.Tensor) else total
+
+    workload.loss = loss
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(4, 6, generator=generator), torch.tensor([0, 1, 2, 0])) for _ in range(4)
+    ]
+    return workload, BatchFeed(batches, workload.to_device, cpu)
+
+
+def _window(workload, feed, steps):
+    rule = StopRule(min_steps=5, max_steps=steps, time_budget_s=math.inf, stability_target=0.0)
+    return run_window(lambda i: workload.train_step(feed.next_step()), HostClock(), rule)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_loss_at_one_step_inside_the_window_is_reported_at_its_end(compose_cfg, bad):
+    from gpuopt.trial.failures import Diverged
+
+    workload, feed = _workload(compose_cfg, lambda i: bad if i == 7 else 0.0)
+    result = _window(workload, feed, steps=40)
+    assert result.steps == 40  # the window ran on: no host read of the loss inside it
+    assert all(torch.isfinite(p).all() for p in workload.model.parameters())
+    assert torch.isfinite(workload.train_step(feed.next_step()))  # later losses are finite again
+    with pytest.raises(Diverged, match="during the timed window"):
+        workload.check_finite("the timed window")
+
+
+def test_finite_losses_are_not_diverged_even_where_a_half_precision_sum_would_overflow(
+    compose_cfg,
+):
+    # Losses of 60,000 in fp16 (its largest finite value is 65,504): 40 of them sum past it.
+    workload, feed = _workload(compose_cfg, lambda i: torch.tensor(6e4, dtype=torch.float16))
+    _window(workload, feed, steps=40)
+    workload.check_finite("the timed window")  # no Diverged
+    assert workload.loss_sum is not None and workload.loss_sum.dtype == torch.float32
+    assert workload.loss_sum.item() == 0.0  # each check starts the next span's sum afresh
+    workload.check_finite("the compute-ceiling replay")  # nothing new: still finite

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
-from gpuopt.core.result import Status, TrialResult
-from gpuopt.run import run_config
+from gpuopt.core.fmt import limit_share
+from gpuopt.core.result import Metrics, Status, TrialResult
+from gpuopt.engines._lifecycle import STEAL_WARN_PCT, _process_notes
+from gpuopt.run import print_result, run_config
 from tests.conftest import TINY_TRIAL
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(tmp_path, *overrides):
-    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs")}
+    # COLUMNS: rich wraps the table's notes to the width, and a wrapped line is no longer a substring
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs"), "COLUMNS": "250"}
     return subprocess.run(
         [sys.executable, "-m", "gpuopt.run", *overrides],
         cwd=REPO,
@@ -39,6 +45,51 @@ def test_one_trial_prints_a_table_and_writes_result_json_in_the_run_dir(tmp_path
     assert "hydra" not in result.config
     assert "throughput" in proc.stdout and "result.json" in proc.stdout
     assert f"{result.metrics.throughput:,.1f} samples/s" in proc.stdout
+    # what the sweep summary says of a trial, in its words: the limit's share and bound
+    m = result.metrics
+    share = limit_share(dataclasses.asdict(m))
+    assert share is not None and f"at {share}" in proc.stdout and "bound by cores" in share
+    assert f"{m.throughput_amortized:,.1f} samples/s" in _row(proc.stdout, "throughput (amortized)")
+    assert f"{m.mfu_achievable:,.2f} %" in _row(proc.stdout, "MFU (achievable)")
+    if m.cpu_steal_pct is not None:  # Linux: /proc/stat
+        assert f"{m.cpu_steal_pct:,.1f} %" in _row(proc.stdout, "CPU steal")
+
+
+def _row(table: str, name: str) -> str:
+    (line,) = [line for line in table.splitlines() if f" {name} " in line]
+    return line
+
+
+def _printed(result: TrialResult) -> str:
+    console = Console(record=True, width=250)
+    print_result(result, console=console)
+    return console.export_text()
+
+
+def test_rows_of_what_a_trial_did_not_measure_are_absent_and_a_high_steal_is_warned():
+    unmeasured = _printed(TrialResult(status=Status.OK, metrics=Metrics(throughput=100.0)))
+    for name in ("throughput (amortized)", "machine limit", "MFU (achievable)", "CPU steal"):
+        assert f" {name} " not in unmeasured
+    assert " MFU " in unmeasured  # the always-shown rows keep their "-"
+
+    steal = STEAL_WARN_PCT + 7
+    metrics = Metrics(
+        throughput=100.0,
+        cpu_steal_pct=steal,
+        limit_throughput=400.0,
+        limit_efficiency=25.0,
+        limit_bound="loader",
+    )
+    warnings = _process_notes(SimpleNamespace(metrics=metrics), earlier_trial=False)
+    text = _printed(TrialResult(status=Status.OK, metrics=metrics, warnings=warnings))
+    assert f"{steal:.1f} %" in _row(text, "CPU steal")
+    (line,) = [line for line in text.splitlines() if line.startswith("warning:")]
+    assert f"{steal:.0f}% of this machine's CPU time" in line and "cpu_steal_pct" in line
+    limit = _row(text, "machine limit")
+    assert "400.0 samples/s" in limit
+    assert (
+        "at 25% of this machine's limit for this workload (400 samples/s, bound by loader)" in limit
+    )
 
 
 @pytest.mark.parametrize(

@@ -252,3 +252,66 @@ def test_terminated_sweep_cancels_its_running_trial_jobs(tmp_path, cluster):
     while squeue_states(cluster)[running[0]].state != "CANCELLED" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert squeue_states(cluster)[running[0]].state == "CANCELLED"
+
+
+# ---- a distributed trial: one job, one task, its ranks started by the trial ----------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "params", "extra"),
+    [
+        ({}, {"gpus_per_task": 1, "cpus_per_task": 8}, {}),
+        ({"kind": "ddp", "nproc_per_node": 4}, {"gpus_per_task": 1, "cpus_per_task": 8},
+         {"tasks_per_node": 1, "gpus_per_task": 4}),
+        ({"kind": "fsdp2", "nproc_per_node": 2}, {"gpus_per_task": None, "cpus_per_task": 1},
+         {"tasks_per_node": 1, "cpus_per_task": 2}),
+        ({"kind": "ddp", "nproc_per_node": 8}, {"gpus_per_node": 1, "cpus_per_task": 16},
+         {"tasks_per_node": 1, "gpus_per_node": 8}),
+    ],
+)  # fmt: skip
+def test_a_distributed_trial_asks_for_one_task_with_a_gpu_per_rank(overrides, params, extra):
+    from omegaconf import OmegaConf
+
+    from gpuopt.sweeper.launchers.slurm import trial_resources
+
+    cfg = OmegaConf.create({"distributed": {"kind": "none", **overrides}})
+    assert trial_resources(cfg, params) == extra
+
+
+@pytest.mark.slow
+@needs_slurm
+def test_a_distributed_trial_is_one_slurm_job_whose_trial_starts_its_ranks(tmp_path, cluster):
+    """DDP over 2 gloo ranks: one sbatch job of one task (2 CPUs), one trial with both ranks."""
+    before = set(squeue_states(cluster))
+    sweep(
+        tmp_path,
+        cluster,
+        *FAST,
+        "distributed=ddp",
+        "distributed.nproc_per_node=2",
+        "device=cpu",
+        "device.num_threads=1",
+        "model.width=32",
+        "model.depth=1",
+        "data.size=256",
+        "measure.time_budget_s=0.3",
+        "measure.count_flops=false",
+        "measure.ceiling=false",
+        "hydra.sweeper.confirm.rounds=0",
+        "hydra.sweeper.profile=false",
+        "hydra.sweeper.study_name=d",
+        "hydra.sweeper.n_trials=1",
+        "hydra.launcher.timeout_min=5",
+        "hydra.launcher.mem_gb=2",
+        app=["-m", "gpuopt.run"],
+        timeout=150,
+    )
+    (trial,) = trials_of(tmp_path, "d")
+    attrs = trial.user_attrs
+    assert attrs["status"] == "ok", attrs.get("reason")
+    assert attrs["world_size"] == 2 and [row["rank"] for row in attrs["ranks"]] == [0, 1]
+    jobs = {k: v for k, v in settled_states(cluster).items() if k not in before}
+    assert len(jobs) == 1 and {s.state for s in jobs.values()} == {"COMPLETED"}
+    (script,) = tmp_path.glob("sweeps/*/*/.submitit/*/*_submission.sh")
+    text = script.read_text()
+    assert "--ntasks-per-node=1" in text and "--cpus-per-task=2" in text

@@ -2,11 +2,14 @@
 each raising one `ConfigError`: its values (`check_distributed_values`, from
 gpuopt.core.checks.check_values), and what it needs from the device, against torch's answers
 (`check_distributed_device`, from gpuopt.trial.devices.trial_device) or against facts
-(`check_distributed_facts`, from gpuopt.core.checks.check_device_facts).
+(`check_distributed_facts`, from gpuopt.core.checks.check_device_facts); and, once a model exists,
+the module patterns of `shard_modules` / `checkpoint_modules` against its submodules' classes
+(`check_module_patterns`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 
 from omegaconf import DictConfig, OmegaConf
@@ -87,3 +90,31 @@ def check_distributed_facts(cfg: DictConfig, resolved: str, cuda: int, sm80: boo
     assert isinstance(dist, DistributedConf)
     device_type = resolved.split(":")[0]
     check_distributed_device(dist, device_type, cuda, sm80 or device_type != "cuda")
+
+
+# The most class names a "no submodule matches" error lists (a Hugging Face model has dozens).
+MAX_NAMED_CLASSES = 24
+
+
+def check_module_patterns(key: str, patterns: list[str], classes: list[str]) -> None:
+    """`distributed.shard_modules` / `checkpoint_modules` against the class names of the model's
+    submodules (the root excluded): each pattern (a class name or an fnmatch pattern such as
+    `*Block`) must match one, else one ConfigError naming the key, the patterns matching nothing and
+    the classes there are. It needs the built model, so it runs where the model exists (in each
+    rank; before the ranks for gpuopt's built-in models: gpuopt.trial.distributed)."""
+    names = sorted(set(classes))
+    unmatched = [p for p in patterns if not any(matches_any(n, [p]) for n in names)]
+    if not unmatched:
+        return
+    shown = names[:MAX_NAMED_CLASSES] + (["..."] if len(names) > MAX_NAMED_CLASSES else [])
+    raise ConfigError(
+        key,
+        unmatched,
+        "class names or fnmatch patterns of the model's submodules: "
+        + (", ".join(shown) or "none (the model has no submodules)"),
+    )
+
+
+def matches_any(name: str, patterns: list[str]) -> bool:
+    """Whether a submodule's class name is one `check_module_patterns` accepted patterns select."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)

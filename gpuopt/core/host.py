@@ -52,3 +52,52 @@ def steal_percent(before: dict[str, int] | None, after: dict[str, int] | None) -
     if total <= 0:
         return None
     return 100.0 * (after["steal"] - before["steal"]) / total
+
+
+def children_cpu_ticks(pid: int | None = None) -> int | None:
+    """CPU time (user + system, clock ticks) of the live child processes of `pid` (this process by
+    default), from /proc (Linux): a DataLoader's workers are such children. None elsewhere."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tasks:
+        try:
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue  # the thread ended, or the kernel lacks CONFIG_PROC_CHILDREN
+        for child in children:
+            try:
+                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # the child ended meanwhile
+            total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5) fields 14, 15)
+    return total
+
+
+def wait_for_idle_children(
+    max_s: float = 2.0, quiet_s: float = 0.05, poll_s: float = 0.01
+) -> float:
+    """Wait (at most `max_s`) until this process's children used no CPU for `quiet_s`; the seconds
+    waited. Why: configurations sharing a process each keep DataLoader workers; once one's window
+    ends, its workers refill their prefetch queues, and doing so inside the next configuration's
+    window would charge it for the other's loading (the in-process baseline read slow beside a
+    candidate with workers). Where /proc is absent this returns at once."""
+    import time
+
+    started = time.monotonic()
+    last, last_change = children_cpu_ticks(), started
+    if last is None:
+        return 0.0
+    while time.monotonic() - started < max_s:
+        time.sleep(poll_s)
+        ticks = children_cpu_ticks()
+        if ticks is None:
+            break
+        if ticks != last:
+            last, last_change = ticks, time.monotonic()
+        elif time.monotonic() - last_change >= quiet_s:
+            break
+    return time.monotonic() - started

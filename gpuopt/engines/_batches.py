@@ -40,28 +40,33 @@ def move_batch(
     numbers) passes through. `pin_memory` page-locks host tensors first (what a DataLoader with
     pin_memory=True already did), so that `non_blocking` copies are truly asynchronous; it is a no-op
     off CUDA. `channels_last` formats 4-D float tensors (images) NHWC."""
+    pin = pin_memory and device.type == "cuda"
+    return _moved(batch, device, non_blocking, pin, channels_last)
+
+
+def _moved(
+    item: Any, device: torch.device, non_blocking: bool, pin: bool, channels_last: bool
+) -> Any:
+    """move_batch's recursion: a module function, not a closure (a recursive closure is a
+    reference cycle per call, garbage only the cyclic GC frees: collections inside the window)."""
     import torch
 
-    pin = pin_memory and device.type == "cuda"
-
-    def move(item: Any) -> Any:
-        if isinstance(item, torch.Tensor):
-            if pin and item.device.type == "cpu" and not item.is_pinned():
-                item = item.pin_memory()
-            item = item.to(device, non_blocking=non_blocking)
-            if channels_last and item.dim() == 4 and item.is_floating_point():
-                item = item.contiguous(memory_format=torch.channels_last)
-            return item
-        if isinstance(item, Mapping):
-            moved = {key: move(value) for key, value in item.items()}
-            return moved if type(item) is dict else _rebuild_mapping(item, moved)
-        if isinstance(item, tuple) and hasattr(item, "_fields"):  # a namedtuple
-            return type(item)(*(move(value) for value in item))
-        if isinstance(item, (tuple, list)):
-            return type(item)(move(value) for value in item)
+    if isinstance(item, torch.Tensor):
+        if pin and item.device.type == "cpu" and not item.is_pinned():
+            item = item.pin_memory()
+        item = item.to(device, non_blocking=non_blocking)
+        if channels_last and item.dim() == 4 and item.is_floating_point():
+            item = item.contiguous(memory_format=torch.channels_last)
         return item
-
-    return move(batch)
+    args = (device, non_blocking, pin, channels_last)
+    if isinstance(item, Mapping):
+        moved = {key: _moved(value, *args) for key, value in item.items()}
+        return moved if type(item) is dict else _rebuild_mapping(item, moved)
+    if isinstance(item, tuple) and hasattr(item, "_fields"):  # a namedtuple
+        return type(item)(*(_moved(value, *args) for value in item))
+    if isinstance(item, (tuple, list)):
+        return type(item)(_moved(value, *args) for value in item)
+    return item
 
 
 def _rebuild_mapping(original: Mapping[str, Any], moved: dict[str, Any]) -> Mapping[str, Any]:

@@ -4,8 +4,8 @@ up: gpuopt.trial.distributed started the rank and joined it).
 - `Ranks.current(spec)`: this rank's place in the job (None for a single-process trial);
 - `Ranks.wrap`: the built model under DistributedDataParallel (`distributed=ddp`: bucket size,
   gradients as bucket views, static graph, unused parameters) or FSDP2's `fully_shard` on a 1-D
-  device mesh (`distributed=fsdp2`: the child modules named in `shard_modules` sharded one by one,
-  then the root; `reshard_after_forward`; the MixedPrecisionPolicy of `param_dtype` /
+  device mesh (`distributed=fsdp2`: the child modules whose class `shard_modules` names (or
+  matches, fnmatch patterns such as `*Block`) sharded one by one, then the root; `reshard_after_forward`; the MixedPrecisionPolicy of `param_dtype` /
   `reduce_dtype`; `checkpoint_modules` under activation checkpointing). Before the optimizer is
   built: FSDP2 replaces the parameters with sharded DTensors;
 - `Ranks.no_sync`: gradient accumulation as real training does it, the gradients reduced once per
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpuopt.core.distributed_checks import check_module_patterns, matches_any
 from gpuopt.core.spec import DistributedConf, TrialSpec
 from gpuopt.trial.measure import StepClock, StopRule
 
@@ -89,7 +90,8 @@ class Ranks:
             "reshard_after_forward": conf.reshard_after_forward,
             "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
         }
-        for child in _named_children(model, conf.shard_modules, "distributed.shard_modules"):
+        children = _named_children(model, conf.shard_modules, "distributed.shard_modules")
+        for child in reversed(children):  # bottom-up: a nested match before the block holding it
             fully_shard(child, **options)
         fully_shard(model, **options)
         return model
@@ -100,11 +102,13 @@ class Ranks:
             apply_activation_checkpointing,
         )
 
-        names = tuple(self.conf.checkpoint_modules)
+        names = list(self.conf.checkpoint_modules)
         if not names:
             return
-        _named_children(model, list(names), "distributed.checkpoint_modules")
-        apply_activation_checkpointing(model, check_fn=lambda m: type(m).__name__ in names)
+        _named_children(model, names, "distributed.checkpoint_modules")
+        apply_activation_checkpointing(
+            model, check_fn=lambda m: matches_any(type(m).__name__, names)
+        )
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -128,6 +132,14 @@ class Ranks:
         """Each rank draws its own samples (one seed per rank, the model's init shared)."""
         return seed + self.rank
 
+    def mean(self, values: list[float]) -> list[float]:
+        """Each value averaged over the ranks (one all-reduce on the job's own backend): the
+        numerics guard's step losses, each rank's the mean over its equal share of the batch,
+        so their mean is the global batch's loss."""
+        summed = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(summed)
+        return [float(v) / self.world for v in summed.tolist()]
+
     def align(self, clock: StepClock, rule: StopRule) -> tuple[StepClock, StopRule]:
         """A clock whose window starts at a barrier, and a rule every rank obeys alike."""
         return AlignedClock(clock, self.host_group), AgreedStop(rule, self)
@@ -140,16 +152,13 @@ class Ranks:
 
 
 def _named_children(model: torch.nn.Module, names: list[str], key: str) -> list[torch.nn.Module]:
-    """The submodules of `model` whose class is named in `names` (each name must match one)."""
+    """The submodules of `model` whose class matches a pattern of `names` (a class name or an
+    fnmatch pattern); a pattern matching none is one ConfigError naming the classes there are."""
     if not names:
         return []
-    found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
-    present = {type(m).__name__ for m in found}
-    missing = [name for name in names if name not in present]
-    if missing:
-        classes = sorted({type(m).__name__ for m in model.modules() if m is not model})
-        raise ValueError(f"{key}: no submodule of class {missing}; the model has {classes}")
-    return found
+    children = [m for m in model.modules() if m is not model]
+    check_module_patterns(key, names, [type(m).__name__ for m in children])
+    return [m for m in children if matches_any(type(m).__name__, names)]
 
 
 class AlignedClock:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._build import instantiate_data, instantiate_model
+from gpuopt.engines._distributed import Ranks, accumulating
 from gpuopt.engines._step import build_workload
 from gpuopt.trial import numerics
 from gpuopt.trial.numerics import GuardEvidence, NotGuarded
@@ -26,16 +27,24 @@ if TYPE_CHECKING:
 
 def guard_numerics(trial: Trial) -> None:
     """The guard on a measured trial, when it is on and the trial changes the math: the evidence
-    goes to `trial.numerics` and `loss_drift`; a guard that cannot run leaves a warning."""
+    goes to `trial.numerics` and `loss_drift`; a guard that cannot run leaves a warning. In a
+    distributed trial every rank runs it (their trajectory is the job's), rank 0 records it."""
+    ranks = Ranks.current(trial.spec, trial.device)
     try:
         changes = numerics.changes_to_guard(trial.spec)
         if not changes:
             return
-        found = check(trial.spec, trial.device, changes, numerics.sweep_cache_dir())
+        cache = numerics.sweep_cache_dir()
+        if ranks is None:
+            found = check(trial.spec, trial.device, changes, cache)
+        else:
+            found = check_ranks(trial.spec, trial.device, ranks, changes, cache)
     except Exception as exc:  # the guard must not turn a measured trial into an error
-        numerics.record_not_run(trial, exc)
+        if ranks is None or ranks.leader:
+            numerics.record_not_run(trial, exc)
         return
-    numerics.record_evidence(trial, found)
+    if found is not None:
+        numerics.record_evidence(trial, found)
 
 
 def check(
@@ -50,6 +59,42 @@ def check(
     reference = reference_losses(spec, device, batches, cache_dir)
     losses, skipped = loss_trajectory(spec, device, batches)
     return numerics.evidence(spec, losses, reference, skipped, changes)
+
+
+def check_ranks(
+    spec: TrialSpec,
+    device: torch.device,
+    ranks: Ranks,
+    changes: list[str],
+    cache_dir: Path | None = None,
+) -> GuardEvidence | None:
+    """The distributed trajectory against the single-process fp32 reference: every rank trains K
+    steps the job's way (DDP / FSDP2 as configured) on its share of the same K global batches,
+    the step losses averaged over the ranks (the global batch's loss); rank 0 then trains the
+    reference alone (no rank waits on it) and returns the evidence, the other ranks None."""
+    batches = fixed_batches(spec, spec.guard.steps)
+    _check_pairs(batches)
+    share = [rank_share(batch, ranks.rank, ranks.world) for batch in batches]
+    losses, skipped = loss_trajectory(spec, device, share, ranks)
+    averaged = ranks.mean(losses)
+    if not ranks.leader:
+        return None
+    reference = reference_losses(spec, device, batches, cache_dir)
+    return numerics.evidence(spec, averaged, reference, skipped, changes)
+
+
+def rank_share(batch: Any, rank: int, world: int) -> tuple[Any, Any]:
+    """Rank `rank`'s contiguous 1/world of an (inputs, targets) global batch (as a
+    DistributedSampler without shuffling would split it, in blocks)."""
+    inputs, targets = batch
+    size = len(inputs) // world
+    return inputs[rank * size : (rank + 1) * size], targets[rank * size : (rank + 1) * size]
+
+
+def _check_pairs(batches: list[Any]) -> None:
+    if not all(isinstance(b, (tuple, list)) and len(b) == 2 for b in batches):
+        kind = type(batches[0]).__name__ if batches else "no"
+        raise NotGuarded(f"the guard splits (inputs, targets) batches into micro-batches: {kind}")
 
 
 def reference_losses(
@@ -79,10 +124,12 @@ def fixed_batches(spec: TrialSpec, steps: int) -> list[Any]:
 
 
 def loss_trajectory(
-    spec: TrialSpec, device: torch.device, batches: list[Any]
+    spec: TrialSpec, device: torch.device, batches: list[Any], ranks: Ranks | None = None
 ) -> tuple[list[float], int]:
     """(the loss of each of the K optimizer steps, fp16 steps skipped) training `spec`'s way from
-    the seeded initial weights: gpuopt's own step (gpuopt.engines._step.Workload)."""
+    the seeded initial weights: gpuopt's own step (gpuopt.engines._step.Workload); under `ranks`
+    the model wrapped as the trial wraps it and gradients reduced once per step (this rank's
+    losses: `Ranks.mean` averages them)."""
     import torch
 
     from gpuopt.trial import knobs
@@ -92,10 +139,10 @@ def loss_trajectory(
     if hasattr(model, "training_step"):  # a LightningModule: its own step, not gpuopt's
         raise NotGuarded(f"{type(model).__name__} trains through its own training_step")
     precision = knobs.precision_policy(spec.precision, device)
-    workload = build_workload(spec, model, device, precision, non_blocking=False)
-    if not all(isinstance(b, (tuple, list)) and len(b) == 2 for b in batches):
-        kind = type(batches[0]).__name__ if batches else "no"
-        raise NotGuarded(f"the guard splits (inputs, targets) batches into micro-batches: {kind}")
+    _check_pairs(batches)
+    wrap = ranks.wrap if ranks is not None else None
+    workload = build_workload(spec, model, device, precision, non_blocking=False, wrap=wrap)
+    workload.accumulating = accumulating(ranks)
     losses, skipped = [], 0
     for inputs, targets in batches:
         micro = [

@@ -50,6 +50,8 @@ class Workload:
     # Wraps each micro-batch but the last of a step: a distributed trial's no gradient reduction
     # yet (gpuopt.engines._distributed); nothing in one process.
     accumulating: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    # The steps' losses since the last check, summed on the device (`_watch_loss`).
+    loss_sum: torch.Tensor | None = field(default=None, repr=False)
 
     def to_device(self, batch: Batch) -> Batch:
         # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
@@ -69,12 +71,10 @@ class Workload:
     def train_step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         """One optimizer step over `micro_batches` (accumulation_steps of them); returns the step's
         loss (the mean of the micro-batch losses: the full batch's loss), on the device."""
-        share, last = 1.0 / len(micro_batches), len(micro_batches) - 1
-        losses = []
-        for index, batch in enumerate(micro_batches):
-            with self.accumulating() if index < last else contextlib.nullcontext():
-                losses.append(self.forward_backward(batch, share))
-        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        if len(micro_batches) == 1:
+            loss = self.forward_backward(micro_batches[0])
+        else:
+            loss = self._accumulate(micro_batches)
         scaler = self.precision.scaler
         if scaler is not None:
             # GradScaler.step reads found_inf on the host: a CPU-GPU sync point per step, the
@@ -84,10 +84,38 @@ class Workload:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.nonfinite.update(loss)
+        self._watch_loss(loss)
         return loss
 
+    def _accumulate(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """Forward/backward of each micro-batch (all but the last under `accumulating`); the mean
+        of their losses."""
+        share, last = 1.0 / len(micro_batches), len(micro_batches) - 1
+        losses = []
+        for index, batch in enumerate(micro_batches):
+            with self.accumulating() if index < last else contextlib.nullcontext():
+                losses.append(self.forward_backward(batch, share))
+        return torch.stack(losses).mean()
+
+    def _watch_loss(self, loss: torch.Tensor) -> None:
+        """One in-place add per step, no host sync, no device memory: a NaN or inf loss leaves the
+        sum NaN/inf for good, so `check_finite` reports a non-finite loss at any step since the
+        last check (NonFiniteLoss.update per step costs three ops and two allocations). Summed in
+        float32 at least: a half-precision sum of finite losses would overflow; one past float32's
+        range (3e38, losses of ~1e35 each) reads as diverged too."""
+        loss = loss.detach()
+        if self.loss_sum is None:
+            self.loss_sum = torch.zeros_like(
+                loss, dtype=torch.promote_types(loss.dtype, torch.float32)
+            )
+        self.loss_sum.add_(loss)
+
     def check_finite(self, phase: str) -> None:
+        """Raise Diverged if any step's loss since the trial began was NaN/inf: the losses summed
+        since the last check are folded into `nonfinite` (a CPU-GPU sync point: window ends only)."""
+        if self.loss_sum is not None:
+            self.nonfinite.update(self.loss_sum)
+            self.loss_sum.zero_()
         self.nonfinite.check(phase)
 
 

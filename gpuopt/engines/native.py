@@ -208,8 +208,7 @@ def measure(trial: Trial, process_t0: float) -> None:
     failure (Diverged, OOM, errors: `gpuopt.engines._lifecycle.run_measured` classifies them)."""
     ranks = Ranks.current(trial.spec, trial.device)
     leader = ranks is None or ranks.leader
-    if leader:
-        trial.after_release.append(guard_numerics)
+    trial.after_release.append(guard_numerics)  # every rank: the job's trajectory, rank 0 records
     memory = MemoryBaseline.take(trial.device)
     trial_policies = apply_policies(trial.spec, trial.device)
     workload, feed = build(trial, trial_policies, ranks)

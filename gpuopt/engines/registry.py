@@ -107,6 +107,13 @@ def run_trial(
     return run_measured(spec, _engine_or_failure(spec.engine.name), device, inspect)
 
 
+def stored_spec(spec: TrialSpec) -> dict[str, Any]:
+    """The spec as a trial result stores it (its `config`): what the sweeper compares."""
+    from gpuopt.engines._lifecycle import spec_to_dict
+
+    return spec_to_dict(spec)
+
+
 def run_rank(spec: TrialSpec, device: torch.device) -> TrialResult:
     """One rank of a distributed trial, in the process group gpuopt.trial.distributed set up:
     the engine measures its share (it wraps the model, aligns the window with the other ranks)."""

@@ -40,6 +40,7 @@ __all__ = [
     "ATTR_OVERRIDES",
     "ATTR_OWNER",
     "ATTR_PROFILE",
+    "ATTR_RACE",
     "ATTR_RANKS",
     "ATTR_REASON",
     "ATTR_RERUN_OF",
@@ -72,6 +73,9 @@ ATTR_VISIBLE_DEVICES = "cuda_visible_devices"
 ATTR_INTERFERENCE = "interference"
 ATTR_INTERRUPTED = "interrupted"  # True on a trial whose sweep died under it
 ATTR_RERUN_OF = "rerun_of"  # on the re-enqueued trial: number of the interrupted one
+# A raced trial (gpuopt/sweeper/race/): {"seconds"} of a whole trial; a pruned one also the screen's
+# {"ratio" (its window over the baseline's), "rank", "of", "window_s", "window"}
+ATTR_RACE = "race"
 ATTR_VOID = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
 # On a baseline that could not run as composed (e.g. a key only custom_search_space adds): why.
 # Such a trial also has ATTR_VOID: it never counts towards n_trials, the failure rate or best.

@@ -15,10 +15,11 @@ open_study, baseline, resume, trials, confirm, profiling, outputs); settings com
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
-import time
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -49,6 +50,8 @@ from gpuopt.sweeper.confirm import rounds
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.progress import Progress
+from gpuopt.sweeper.race import plan as race_plan
+from gpuopt.sweeper.race.runner import RaceRunner
 from gpuopt.sweeper.record import outcome_of
 from gpuopt.sweeper.space import (
     SearchSpace,
@@ -56,6 +59,7 @@ from gpuopt.sweeper.space import (
     select_device_params,
     validate_overrides,
 )
+from gpuopt.sweeper.timing import PhaseClock
 from gpuopt.sweeper.trials import TrialRunner, launch
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -118,7 +122,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
 
     def _sweep(self, arguments: list[str]) -> None:
         """Plan, open the study, run its trials, confirm the best, write the outputs."""
-        t_start = time.monotonic()
+        clock = PhaseClock()
         names, directions = task.objectives(self.options, self.direction)
         facts, probe, space = self._plan(arguments)
         study, url, created = self._open_study(names, directions, facts, probe, space)
@@ -130,11 +134,20 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         progress_mod.log_start(
             study, url, self.sampler, names, directions, self.n_trials - to_go, self.n_trials
         )
-        progress = Progress(self.n_trials, names, directions, self.n_trials - to_go, t_start)
-        self._runner(baseline_point).run(study, to_go, space, progress)
+        progress = Progress(self.n_trials, names, directions, self.n_trials - to_go, clock.t0)
+        race = self._race_runner(study, space, names[0], baseline_point)
+        clock.lap("plan")
+        (race or self._runner(baseline_point)).run(study, to_go, space, progress)
+        clock.lap("trials")
 
         measure = functools.partial(self._measure, names=names, directions=directions)
-        confirmation = self._confirm(study, names, directions, measure)
+        shared = race.process if race is not None else None
+        try:
+            confirmation = self._confirm(study, names, directions, measure, shared)
+        finally:
+            if shared is not None:
+                shared.close()
+        clock.lap("confirmation")
         pending = rounds.elsewhere(
             study, confirmation, directions, self.options.confirm, self.n_trials
         )
@@ -142,13 +155,15 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             profiling.profile_best(study, self.options, directions, confirmation, measure)
             if self._files is not None:
                 self._files.upload_best_trace(study)
+        clock.lap("profile")
         loader = self.hydra_context.config_loader
         identity = task.sweep_identity(
             self.config, loader, self.options, study, url, names, directions
         )
         text = outputs.write_outputs(
-            study, identity, confirmation, time.monotonic() - t_start, best_pending=pending
+            study, identity, confirmation, clock.elapsed(), best_pending=pending
         )
+        clock.write(identity.sweep_dir, raced=race is not None)
         print(text, flush=True)
 
     # ---- the steps -----------------------------------------------------------------------------
@@ -234,6 +249,35 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             files=self._files,
         )
 
+    def _race_runner(
+        self,
+        study: optuna.Study,
+        space: SearchSpace,
+        objective: str,
+        baseline_point: dict[str, Any] | None,
+    ) -> RaceRunner | None:
+        """The race's runner when this sweep can race (sweeper/race/), else None (logged why)."""
+        finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
+        composed = race_plan.task_config(self.config)
+        why = race_plan.why_not(self.options, self.launcher, composed, space, objective, finished)
+        if why is not None:
+            if self.options.gpuopt_task and self.options.race.enabled:
+                log.info("trials in fresh processes, one each (no race: %s)", why)
+            return None
+        log.info(
+            "race: the trials in one process: the baseline, then each candidate in a %g s window "
+            "between two baseline windows; the best %d measured as whole trials, the others pruned",
+            self.options.race.window_s,
+            self.options.race.finalists,
+        )
+        runner = self._runner(baseline_point)
+        return RaceRunner(
+            **{f.name: getattr(runner, f.name) for f in dataclasses.fields(runner)},
+            compose=self._compose,
+            objective=objective,
+            directory=Path(str(self.config.hydra.sweep.dir)) / "race",
+        )
+
     def _trials_to_go(
         self, study: optuna.Study, space: SearchSpace, created: bool
     ) -> tuple[int, dict[str, Any] | None]:
@@ -254,7 +298,12 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         return resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials), point
 
     def _confirm(
-        self, study: optuna.Study, names: list[str], directions: list[str], measure: Any
+        self,
+        study: optuna.Study,
+        names: list[str],
+        directions: list[str],
+        measure: Any,
+        shared: Any = None,
     ) -> Confirmation | None:
         """The confirmation round, in the last worker to finish; its record."""
         return rounds.confirm_if_last(
@@ -267,6 +316,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             measure=measure,
             compose=self._compose if self.options.gpuopt_task else None,
             app_config=OmegaConf.to_container(self.config, resolve=False),
+            shared=shared,
         )
 
     # ---- runs outside the study (confirmation, the best's profile) -----------------------------

@@ -55,6 +55,20 @@ class ConfirmOptions:
 
 
 @dataclass(frozen=True)
+class RaceOptions:
+    """The race (sweeper/race/): where every configuration of the space can share one process with
+    the baseline (gpuopt's own task; DataLoader, batch, threads, precision), the trials are raced
+    in that one process instead of one fresh process each: every candidate gets a short window
+    between two baseline windows, the best `finalists` by that paired ratio are measured as whole
+    trials in the same process, the others are recorded pruned. false: every trial in a fresh
+    process (the protocol before the race)."""
+
+    enabled: bool = True
+    window_s: float = 0.5  # one screening window (at least MIN_STEPS steps however long they take)
+    finalists: int = 2  # candidates measured as whole trials after the screen
+
+
+@dataclass(frozen=True)
 class SweeperOptions:
     """Every `hydra.sweeper` key, as the sweep loop reads it (see plugin.py for what each means)."""
 
@@ -79,6 +93,7 @@ class SweeperOptions:
     # composed config checked once (gpuopt.core.checks.check_composed) before the study is opened.
     gpuopt_task: bool = False
     confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
+    race: RaceOptions = field(default_factory=RaceOptions)
     env_timeout_s: float = 120.0
     # The batch axis from two measured peaks (gpuopt/sweeper/memory_axis.py): on accelerators, and
     # on CPU when memory_cap_mb is set (MiB a trial may use; on an accelerator it caps the device).
@@ -109,15 +124,17 @@ class SweeperOptions:
         if set(confirm) - confirm_keys:
             extra = sorted(set(confirm) - confirm_keys)[0]
             raise SweepConfigError(f"{KEY}.confirm.{extra}", confirm[extra], _CONFIRM_KEYS)
+        race = _nested(values.pop("race", None), RaceOptions, "race")
         if values.get("objectives") is not None:
             values["objectives"] = tuple(str(n) for n in values["objectives"])
-        options = cls(**values, confirm=ConfirmOptions(**confirm))
+        options = cls(**values, confirm=ConfirmOptions(**confirm), race=race)
         if options.baseline is None:
             options = dataclasses.replace(options, baseline=options.measured)
         if not isinstance(options.baseline, bool):
             allowed = "true, false, or null (true where the objectives are gpuopt's metrics)"
             raise SweepConfigError(f"{KEY}.baseline", options.baseline, allowed)
         options.validate()
+        options.validate_race()
         options.validate_artifacts()
         return options
 
@@ -138,6 +155,31 @@ class SweeperOptions:
                 self.artifacts,
                 "auto (artifacts/ beside the study's file), a directory, or null (off)",
             )
+
+    def validate_race(self) -> None:
+        """hydra.sweeper.race.*: the race's settings (sweeper/race/)."""
+        for key, value, ok, allowed in (
+            (
+                "race.enabled",
+                self.race.enabled,
+                isinstance(self.race.enabled, bool),
+                "true or false",
+            ),
+            (
+                "race.window_s",
+                self.race.window_s,
+                _number_in(self.race.window_s, 0.05, 60.0),
+                "seconds in [0.05, 60]",
+            ),
+            (
+                "race.finalists",
+                self.race.finalists,
+                _int_at_least(self.race.finalists, 1),
+                "an integer >= 1",
+            ),
+        ):
+            if not ok:
+                raise SweepConfigError(f"{KEY}.{key}", value, allowed)
 
     def validate(self) -> None:
         for key, value, ok, allowed in (
@@ -220,6 +262,18 @@ class SweeperOptions:
 
 
 _CONFIRM_KEYS = ", ".join(f.name for f in dataclasses.fields(ConfirmOptions))
+
+
+def _nested(given: Any, kind: type, name: str) -> Any:
+    """A nested settings object (`hydra.sweeper.race`) from its mapping; unknown keys refused."""
+    given = given or {}
+    keys = [f.name for f in dataclasses.fields(kind)]
+    if not isinstance(given, Mapping):
+        raise SweepConfigError(f"{KEY}.{name}", given, f"a mapping of {', '.join(keys)}")
+    for extra in sorted(set(given) - set(keys)):
+        raise SweepConfigError(f"{KEY}.{name}.{extra}", given[extra], ", ".join(keys))
+    return kind(**given)
+
 
 # Keys whose null means something (so a null given is kept, not replaced by the default).
 _NULLABLE = frozenset(

@@ -68,6 +68,15 @@ class ConfirmConf:
     window_s: float = _DEFAULTS.confirm.window_s  # one such window's length
 
 
+@dataclass
+class RaceConf:
+    """The race: a space whose configurations share one process is raced in it (sweeper/race/)."""
+
+    enabled: bool = _DEFAULTS.race.enabled  # false: every trial in a fresh process
+    window_s: float = _DEFAULTS.race.window_s  # one screening window's length
+    finalists: int = _DEFAULTS.race.finalists  # candidates measured as whole trials after it
+
+
 # gpuopt's default sampler: the stock TPE config with `multivariate: true` (Optuna's own TPE default
 # for one objective). The stock config pins it false, which needs more trials to find the best
 # configuration: to 99% of a replayed CPU grid's optimum 26.5 instead of 17.5 trials for the
@@ -123,6 +132,9 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     # the study name is derived when not given and the composed config is checked before the study.
     gpuopt_task: bool = _DEFAULTS.gpuopt_task
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
+    # Race the trials in one process where the space allows (sweeper/race/); race.enabled=false:
+    # one fresh process per trial
+    race: RaceConf = field(default_factory=RaceConf)
     # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
     env_timeout_s: float = _DEFAULTS.env_timeout_s
     # Memory-aware batch axis and expert seeding after the baseline (gpuopt/sweeper/options.py).

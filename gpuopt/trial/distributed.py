@@ -39,10 +39,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuopt.core.distributed_checks import check_module_patterns
+from gpuopt.core.errors import ConfigError
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.lifeline import set_parent_death_signal
 from gpuopt.core.result import Status, TrialResult
-from gpuopt.core.spec import TrialSpec
+from gpuopt.core.spec import MODEL_META_KEYS, TrialSpec
+from gpuopt.trial import numerics
 from gpuopt.trial.ranks import RankFailure, merge_ranks
 
 if TYPE_CHECKING:
@@ -59,6 +62,8 @@ STDERR_LINES = 8
 RENDEZVOUS_START_S = 60.0
 # The launcher's loggers (its rank failures, the ranks it terminates).
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
+# gpuopt's own models, whose module patterns are checked before the ranks start.
+BUILTIN_MODELS = "gpuopt.workload.models."
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -83,8 +88,12 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    scratch, keep = _rank_folder()
     dist = spec.distributed
+    try:
+        check_builtin_modules(spec)
+    except ConfigError as exc:  # the trial's answer, before any rank started
+        return TrialResult(status=Status.ERROR, reason=str(exc))
+    scratch, keep = _rank_folder()
     try:
         config = _launch_config(spec, scratch)
         started = time.time()
@@ -108,6 +117,33 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
     finally:
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def check_builtin_modules(spec: TrialSpec) -> None:
+    """`shard_modules` / `checkpoint_modules` against the model, before any rank starts, where the
+    model is one of gpuopt's built-in ones (gpuopt.workload.models: built on the meta device, no
+    memory, milliseconds); any other model is checked in the ranks, once built
+    (gpuopt.engines._distributed). Raises one ConfigError."""
+    dist = spec.distributed
+    target = str(spec.model.get("_target_", ""))
+    patterns = {"shard_modules": dist.shard_modules, "checkpoint_modules": dist.checkpoint_modules}
+    keys = [(key, found) for key, found in patterns.items() if found]
+    if not keys or not target.startswith(BUILTIN_MODELS):
+        return
+    import torch
+    from hydra.utils import get_object
+
+    kwargs = {k: v for k, v in spec.model.items() if k not in (*MODEL_META_KEYS, "_target_")}
+    try:
+        with torch.device("meta"):
+            model = get_object(target)(**kwargs)
+    except Exception:  # a model that does not build: the ranks report it, as for any trial
+        return
+    classes = [type(m).__name__ for m in model.modules() if m is not model]
+    for key, patterns in keys:
+        if key == "shard_modules" and dist.kind != "fsdp2":
+            continue  # ignored by ddp
+        check_module_patterns(f"distributed.{key}", list(patterns), classes)
 
 
 def _rank_folder() -> tuple[Path, bool]:
@@ -151,7 +187,9 @@ def _elastic_launch(
 ) -> None:
     from torch.distributed.launcher.api import elastic_launch
 
-    elastic_launch(config, rank_main)(entry, spec, device.type, os.getpid(), str(scratch))
+    cache = numerics.sweep_cache_dir()  # the guard's reference, shared with the sweep's trials
+    args = (entry, spec, device.type, os.getpid(), str(scratch), str(cache) if cache else None)
+    elastic_launch(config, rank_main)(*args)
 
 
 @contextlib.contextmanager
@@ -241,14 +279,21 @@ class RankFailed(RuntimeError):
 
 
 def rank_main(
-    entry: RankEntry, spec: TrialSpec, device_type: str, parent: int, scratch: str
+    entry: RankEntry,
+    spec: TrialSpec,
+    device_type: str,
+    parent: int,
+    scratch: str,
+    guard_cache: str | None = None,
 ) -> None:
     """One rank (a process the launcher spawned): end with the trial, join the process group,
     measure through `entry`, write the result. A failed result ends the rank with an exception,
-    after writing it, so the launcher stops the others instead of leaving them in a collective."""
+    after writing it, so the launcher stops the others instead of leaving them in a collective.
+    `guard_cache`: the sweep's cache of numerics references (Hydra is not set up in a rank)."""
     set_parent_death_signal()
     if os.getppid() != parent:  # the trial died before the signal was set
         os._exit(1)
+    numerics.inherit_cache_dir(guard_cache)
     import torch.distributed as torch_dist
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])

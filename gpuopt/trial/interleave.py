@@ -20,6 +20,17 @@ Protocol (one JSON object per line on stdout):
 - each stdin line LABEL: one window of that configuration -> {"label", "status", "throughput",
   "throughput_amortized", "step_time_ms", "steps", "seconds"} or {"label", "status", "reason"}.
 - stdin closed (or "quit"): everything is released and the process exits 0.
+- the race (gpuopt/sweeper/race/) also sends JSON commands, one per line:
+  {"op": "add", "label", "config"} builds one more configuration -> {"label", "status", "config":
+  its spec as stored, ...}; {"op": "window", "label", "window_s", "settle"} one window of that length
+  (settle false: no wait for idle workers after it, for a configuration dropped next);
+  {"op": "drop", "label"} releases it -> {"label", "status": "dropped"}; {"op": "trial", "label",
+  "config", "run_dir"} measures CONFIG.yaml as a whole trial of this process (the engine's one
+  route, gpuopt.engines.registry.run_trial: its window, extras and profile), result.json and the
+  trace in run_dir -> {"label", "result": the TrialResult as a dict}.
+- after every window, before the next: this process's children (other configurations' loader
+  workers refilling their prefetch queues) are let go idle (gpuopt.core.host.wait_for_idle_children),
+  so that one configuration's loading never runs inside another's window.
 
 This module is the process and its protocol; building a configuration and running one window of it
 are the native engine's (`gpuopt.engines.native.open_windows`, reached through
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +124,7 @@ def emit(data: dict[str, Any]) -> None:
 
 
 def serve(spec: dict[str, Any], commands: Any) -> None:
-    """Build every configuration, then answer one window per command line."""
+    """Build every configuration, then answer one command per line (a label: one window)."""
     steady = spec.get("steady") or {}
     members = {
         label: build_member(label, path, steady.get(label) or {})
@@ -121,15 +133,91 @@ def serve(spec: dict[str, Any], commands: Any) -> None:
     emit({"ready": list(members)})
     window_s, min_steps = float(spec.get("window_s", 1.0)), int(spec.get("min_steps", 5))
     for line in commands:
-        label = line.strip()
-        if label == "quit":
+        command = parse_command(line)
+        if command.get("op") == "quit":
             break
-        if label not in members:
-            emit({"label": label, "status": "error", "reason": f"no configuration {label!r}"})
-            continue
-        emit(window(members[label], window_s, min_steps))
+        started = time.perf_counter()
+        out = answer(command, members, window_s, min_steps)
+        emit({**out, "command_s": time.perf_counter() - started})
     for member in members.values():
         release(member)
+
+
+def parse_command(line: str) -> dict[str, Any]:
+    """A command line: a JSON object, or a bare label (one window of it) or `quit`."""
+    text = line.strip()
+    if text.startswith("{"):
+        try:
+            return dict(json.loads(text))
+        except (ValueError, TypeError) as exc:
+            return {"op": "invalid", "label": "", "why": str(exc)}
+    return {"op": "quit"} if text == "quit" else {"op": "window", "label": text}
+
+
+def answer(
+    command: dict[str, Any], members: dict[str, Member], window_s: float, min_steps: int
+) -> dict[str, Any]:
+    """One command's answer (see the module's protocol); a window is followed by the settle."""
+    from gpuopt.core.host import wait_for_idle_children
+
+    op, label = command.get("op"), str(command.get("label", ""))
+    if op == "add":
+        if label in members:
+            release(members.pop(label))
+        members[label] = build_member(label, command["config"], command.get("steady") or {})
+        return added(members[label])
+    if op == "trial":
+        if label in members:
+            release(members.pop(label))
+        return {"label": label, "result": whole_trial(command["config"], command["run_dir"])}
+    if op == "drop" and label in members:
+        release(members.pop(label))
+        return {"label": label, "status": "dropped"}
+    if op == "window" and label in members:
+        out = window(members[label], float(command.get("window_s", window_s)), min_steps)
+        if command.get("settle", True):
+            out["settle_s"] = wait_for_idle_children()
+        return out
+    why = command.get("why") or f"no configuration {label!r}"
+    return {"label": label, "status": "error", "reason": f"{op}: {why}"}
+
+
+def added(member: Member) -> dict[str, Any]:
+    """The answer to `add`: the member's stored spec, or its failure."""
+    if member.failure is not None:
+        return {"label": member.label, **member.failure}
+    from gpuopt.engines.registry import stored_spec
+
+    return {"label": member.label, "status": "ok", "config": stored_spec(member.built.trial.spec)}
+
+
+def whole_trial(config_path: str, run_dir: str) -> dict[str, Any]:
+    """CONFIG.yaml measured as a trial of its own in this process (the engine's one route), its
+    result.json (and the profiled window's trace) written into `run_dir`."""
+    import tempfile
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from gpuopt.core.errors import ConfigError
+    from gpuopt.core.result import Status, TrialResult
+    from gpuopt.engines.registry import load_spec, run_trial
+
+    folder = Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        spec = load_spec(OmegaConf.load(config_path))
+    except ConfigError as exc:
+        return TrialResult(status=Status.ERROR, reason=str(exc)).to_dict()
+    # The profiled window writes its trace into Hydra's run dir, else a new temporary directory:
+    # outside Hydra, make that directory the trial's own.
+    previous, tempfile.tempdir = tempfile.tempdir, str(folder)
+    try:
+        result = run_trial(spec)
+    finally:
+        tempfile.tempdir = previous
+    result.save(folder / "result.json")
+    return result.to_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 MIN_REFERENCE_LOSS = 1e-6
 CACHE_FOLDER = ".numerics"
 _reference_cache: dict[str, list[float]] = {}
+_rank_cache_dir: Path | None = None  # set in a distributed trial's ranks (inherit_cache_dir)
 
 
 class NotGuarded(Exception):
@@ -103,7 +104,20 @@ def math_changes(spec: TrialSpec) -> list[str]:
         )
     if spec.model.get("channels_last"):
         changes.append("channels_last")
+    if spec.distributed.kind != "none":
+        changes.append(distributed_change(spec.distributed))
     return changes
+
+
+def distributed_change(dist: DistributedConf) -> str:
+    """A distributed job as a change of the math: the gradients reduced over ranks (another
+    summation order), and FSDP2's mixed-precision policy, e.g. `fsdp2 x 2 ranks (param bf16)`."""
+    policy = [
+        f"{name} {value}"
+        for name, value in (("param", dist.param_dtype), ("reduce", dist.reduce_dtype))
+        if dist.kind == "fsdp2" and value is not None
+    ]
+    return f"{dist.kind} x {dist.world_size} ranks" + (f" ({', '.join(policy)})" if policy else "")
 
 
 def reference_spec(spec: TrialSpec) -> TrialSpec:
@@ -154,7 +168,10 @@ def reference_key(reference: TrialSpec, device: torch.device, steps: int) -> str
 
 
 def sweep_cache_dir() -> Path | None:
-    """The sweep dir's `.numerics` folder inside a Hydra multirun, else None (process cache only)."""
+    """The sweep dir's `.numerics` folder inside a Hydra multirun, else None (process cache only).
+    In a rank of a distributed trial (no Hydra there): the one its trial handed down."""
+    if _rank_cache_dir is not None:
+        return _rank_cache_dir
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -166,6 +183,12 @@ def sweep_cache_dir() -> Path | None:
         return Path(str(config.sweep.dir)) / CACHE_FOLDER
     except Exception:  # no Hydra, or a config without a sweep dir
         return None
+
+
+def inherit_cache_dir(folder: str | None) -> None:
+    """A rank's cache folder: its trial's `sweep_cache_dir` (gpuopt.trial.distributed.rank_main)."""
+    global _rank_cache_dir
+    _rank_cache_dir = Path(folder) if folder else None
 
 
 def cached_reference(key: str, cache_dir: Path | None) -> list[float] | None:

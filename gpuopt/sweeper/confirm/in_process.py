@@ -49,6 +49,7 @@ MIN_STEPS = 5  # a window is at least this many optimizer steps, however long th
 MAX_WINDOWS = 400
 READY_TIMEOUT_S = 600.0  # building and warming every member (a GPT-2 124M on CPU: ~2 min)
 WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
+PROGRESS_S = 10.0  # a line this often while an answer takes long: a sweep never looks hung
 
 
 def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
@@ -99,6 +100,7 @@ class SharedProcess:
         self._selector = selectors.DefaultSelector()
         self._selector.register(process.stdout, selectors.EVENT_READ)
         self.error: str | None = None
+        self.what = "gpuopt.trial.interleave"  # what the progress lines name (the last command)
 
     @classmethod
     def start(
@@ -132,12 +134,18 @@ class SharedProcess:
         return shared
 
     def _read(self, timeout_s: float) -> dict[str, Any] | None:
-        """The child's next JSON line, or None (and `error` set) when it ended or timed out."""
+        """The child's next JSON line, or None (and `error` set) when it ended or timed out;
+        while it takes long (a whole trial of a slow model), a line every PROGRESS_S seconds."""
         if self.error:
             return None
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline, next_line = started + timeout_s, started + PROGRESS_S
         while (left := deadline - time.monotonic()) > 0:
-            if not self._selector.select(timeout=left):
+            if not self._selector.select(timeout=min(left, max(0.0, next_line - time.monotonic()))):
+                if time.monotonic() >= next_line:
+                    waited = time.monotonic() - started
+                    log.info("%s: still measuring (%.0f s so far)", self.what, waited)
+                    next_line += PROGRESS_S
                 continue
             line = self.process.stdout.readline()
             if not line:
@@ -151,6 +159,28 @@ class SharedProcess:
     def _fail(self, why: str) -> None:
         self.error = why
         self.close()
+
+    def command(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+        """Send one JSON command (gpuopt/trial/interleave.py's protocol); its answer, or
+        {"status": "error", "reason"} once the process failed."""
+        self.what = f"{fields.get('label', '')} ({op})"
+        if not self.error:
+            try:
+                self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+                self.process.stdin.flush()
+            except OSError as exc:
+                self._fail(f"gpuopt.trial.interleave: {exc}")
+        answer = self._read(timeout_s)
+        if answer is None:
+            return {"status": "error", "reason": self.error or "no answer"}
+        return answer
+
+    def add(self, label: str, config: Path, steady: Mapping[str, Any] | None = None) -> dict:
+        """Build `config` (a composed job config) as `label`, warmed up (one it had is released
+        first): {"status", "config": its stored spec} or {"status", "reason"}."""
+        return self.command(
+            "add", READY_TIMEOUT_S, label=label, config=str(config), steady=dict(steady or {})
+        )
 
     def window(self, label: str) -> TrialOutcome:
         """One window of `label`, as the TrialOutcome of its objective."""
@@ -192,9 +222,11 @@ def open_shared(
     objective: str,
     window_s: float,
     directory: Path,
+    process: SharedProcess | None = None,
 ) -> SharedProcess | None:
     """The shared process for these trials (baseline first), or None with the reason logged:
-    a member that cannot share, or the process failed to build them."""
+    a member that cannot share, or the process failed to build them. `process`: one already
+    running (the race's) to build them in, instead of starting one."""
     from gpuopt.sweeper.memory_axis import write_probe_config
 
     configs = [config_of(t.user_attrs) for t in trials]
@@ -209,8 +241,27 @@ def open_shared(
         overrides = list(trial.user_attrs.get(ATTR_OVERRIDES) or [])
         paths[label] = write_probe_config(compose(overrides), directory, f"{label}.yaml")
         steady[label] = {k: trial.user_attrs.get(k) for k in ("epoch_steps", "epoch_overhead_s")}
+    if process is not None:  # the race's process: its members built afresh for these labels
+        return _reuse(process, paths, steady, objective)
     shared = SharedProcess.start(paths, steady, objective, window_s, directory)
     if shared.error:
         log.warning("confirmation in fresh processes: %s", shared.error)
         return None
     return shared
+
+
+def _reuse(
+    process: SharedProcess,
+    paths: Mapping[str, Path],
+    steady: Mapping[str, Mapping[str, Any]],
+    objective: str,
+) -> SharedProcess | None:
+    """`process` with these labels built in it (the race's process: no second start-up)."""
+    process.objective = objective
+    for label, path in paths.items():
+        answer = process.add(label, path, steady.get(label))
+        if answer.get("status") != "ok":
+            why = answer.get("reason") or answer.get("status")
+            log.warning("confirmation in fresh processes: %s failed to build (%s)", label, why)
+            return None
+    return process

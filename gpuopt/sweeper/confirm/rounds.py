@@ -42,7 +42,13 @@ from typing import Any
 from gpuopt.core._compat import storage_of
 from gpuopt.core.host import cpu_ticks, steal_percent
 from gpuopt.core.stats import log_ratios, mean_interval, stein_pairs
-from gpuopt.study.keys import ATTR_CONFIG, ATTR_OWNER, STUDY_CONFIRM_CLAIM, STUDY_OBJECTIVES
+from gpuopt.study.keys import (
+    ATTR_CONFIG,
+    ATTR_OWNER,
+    ATTR_RACE,
+    STUDY_CONFIRM_CLAIM,
+    STUDY_OBJECTIVES,
+)
 from gpuopt.study.records import (
     FRESH_PROCESSES,
     IN_PROCESS,
@@ -124,6 +130,7 @@ def run(
     measure: Callable[[list[str], int], Any],
     compose: Callable[[list[str]], Any] | None = None,
     app_config: Mapping[str, Any] | None = None,
+    shared: Any = None,
 ) -> Confirmation | None:
     """Plan, claim and run the round; store and return its record (None when it does not run).
 
@@ -131,7 +138,8 @@ def run(
     TrialOutcome. With `settings.in_process` and `compose(overrides)` (the sweep's composition of
     a job's config), configurations that can share a process are measured in alternating windows
     of one process instead (gpuopt/sweeper/confirm/in_process.py). `app_config`: the sweep's
-    composed config as a plain dict, which the runs' overrides apply to.
+    composed config as a plain dict, which the runs' overrides apply to. `shared`: the race's
+    process (in_process.SharedProcess), where the windows run then (no second start-up).
     """
     if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
         return None  # a stock-style task: its values are not noisy measurements to confirm
@@ -163,7 +171,15 @@ def run(
         # windows are cheap: the top_k asked for, not the fresh-process cap's
         chosen = [baseline, *ranked[:top_k]]
         measured = in_process_rounds(
-            chosen, feasible, confirm_plan, names[0], rule, compose, settings.window_s, sweep_dir
+            chosen,
+            feasible,
+            confirm_plan,
+            names[0],
+            rule,
+            compose,
+            settings.window_s,
+            sweep_dir,
+            shared,
         )
     if measured is None:
         chosen = [baseline, *ranked[: confirm_plan.top_k]]
@@ -234,11 +250,14 @@ def in_process_rounds(
     compose: Callable[[list[str]], Any],
     window_s: float,
     sweep_dir: str,
+    process: Any = None,
 ) -> Measured | None:
-    """The rounds as alternating windows of one shared process (in_process.py), within the
-    fresh-process plan's time; None when the chosen trials cannot share one."""
+    """The rounds as alternating windows of one shared process (in_process.py; `process`: one
+    already running, the race's), within the fresh-process plan's time; None when the chosen
+    trials cannot share one."""
+    directory = Path(sweep_dir) / "confirm"
     shared = in_process.open_shared(
-        chosen, labels(chosen), compose, objective, window_s, Path(sweep_dir) / "confirm"
+        chosen, labels(chosen), compose, objective, window_s, directory, process
     )
     if shared is None:
         return None
@@ -266,12 +285,16 @@ def in_process_rounds(
 
 
 def trial_seconds(trials: Sequence[Any]) -> list[float]:
-    """How long each finished trial took (its process, as the launcher ran it)."""
-    return [
-        (t.datetime_complete - t.datetime_start).total_seconds()
-        for t in trials
-        if t.datetime_start is not None and t.datetime_complete is not None
-    ]
+    """How long each finished trial took (its process, as the launcher ran it; a raced trial's
+    whole-trial command, since it was asked long before it ran: ATTR_RACE's seconds)."""
+    seconds = []
+    for t in trials:
+        raced = t.user_attrs.get(ATTR_RACE)
+        if isinstance(raced, dict) and isinstance(raced.get("seconds"), (int, float)):
+            seconds.append(float(raced["seconds"]))
+        elif t.datetime_start is not None and t.datetime_complete is not None:
+            seconds.append((t.datetime_complete - t.datetime_start).total_seconds())
+    return seconds
 
 
 # ---- the rounds ---------------------------------------------------------------------------------

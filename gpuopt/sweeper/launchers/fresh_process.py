@@ -44,6 +44,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLaunche
 
 from gpuopt.core import lifeline
 from gpuopt.core._compat import job_process, local_executor_class
+from gpuopt.core.fmt import duration
 from gpuopt.core.secrets import masked_singleton_state
 from gpuopt.sweeper.launchers import gpus as gpus_mod
 from gpuopt.sweeper.launchers import main_task
@@ -59,11 +60,16 @@ from gpuopt.sweeper.launchers.results import (
 )
 
 log = logging.getLogger(__name__)
+# The sweep's own lines (gpuopt.sweeper.progress, trials): a trial still running is one of them.
+progress_log = logging.getLogger("gpuopt.sweeper")
 
 EXIT_CODES_SUFFIX = (
     "_exit_codes.json"  # written by gpuopt.sweeper.launchers._controller next to the logs
 )
 POLL_S = 0.05
+# While a trial runs, one "still running" line every this many seconds: a long trial (compile, a
+# slow window) never makes the sweep look hung; a trial that ends sooner prints none.
+PROGRESS_S = 10.0
 
 
 @dataclass
@@ -239,7 +245,7 @@ class FreshProcessLauncher(LocalLauncher):
         for slot, ((job, t0, device), overrides) in enumerate(
             zip(started, job_overrides, strict=False)
         ):
-            ret = self._collect(job, t0, list(overrides), slot)
+            ret = self._collect(job, t0, list(overrides), slot, initial_job_idx + slot)
             ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
             attach_diagnostics(ret, job, self._run_dir_of(list(overrides), initial_job_idx + slot))
             returns.append(ret)
@@ -260,10 +266,20 @@ class FreshProcessLauncher(LocalLauncher):
         except Exception:
             return None
 
-    def _collect(self, job: Any, t0: float, overrides: list[str], slot: int = 0) -> JobReturn:
-        """Wait for one job until its deadline; a JobReturn whatever happened to it."""
+    def _collect(
+        self, job: Any, t0: float, overrides: list[str], slot: int = 0, number: int = 0
+    ) -> JobReturn:
+        """Wait for one job (trial #`number`) until its deadline, saying every PROGRESS_S that it
+        is still running; a JobReturn whatever happened to it."""
         deadline = t0 + self.timeout_s
+        next_note = t0 + PROGRESS_S
         while not job.done():
+            if (now := time.monotonic()) >= next_note:
+                progress_log.info(
+                    "trial #%d still running (%s elapsed, timeout %g s)",
+                    number, duration(now - t0), self.timeout_s,
+                )  # fmt: skip
+                next_note = now + PROGRESS_S
             stop = self.stop_check(slot) if self.stop_check is not None else None
             if stop is not None:
                 self._kill(job)

@@ -17,7 +17,10 @@ and logs under `.submitit/`) and changes what happens around each job:
   longer checkpoints and requeues the trial: a half-measured trial cannot be resumed, and with a
   limit shorter than `signal_delay_s` the signal arrives at once. The trial runs until it ends or
   SLURM ends it at its limit;
-- Ctrl-C or SIGTERM of the sweep cancels the batch's jobs (scancel) before the sweep exits.
+- Ctrl-C or SIGTERM of the sweep cancels the batch's jobs (scancel) before the sweep exits;
+- a distributed trial (`distributed=ddp | fsdp2`) is one job of one task holding a GPU per rank
+  (`trial_resources`); the trial starts its ranks itself. A batch mixing trials of different
+  needs is submitted as one job array per need.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -221,11 +224,12 @@ class GpuoptSlurmLauncher(SlurmLauncher):
         signal.signal(signal.SIGUSR2, _warn_time_limit)
         return with_traceback(super().__call__(*args, **kwargs))
 
-    def _executor(self) -> Any:
-        """submitit's SlurmExecutor built from the launcher's params, as the stock launch does."""
+    def _executor(self, extra: dict[str, Any] | None = None) -> Any:
+        """submitit's SlurmExecutor built from the launcher's params, as the stock launch does
+        (`extra`: what one group of trials needs beyond them, `trial_resources`)."""
         import submitit
 
-        params = dict(self.params)
+        params = {**self.params, **(extra or {})}
         init_keys = {"max_num_timeout", "python"}
         executor = submitit.AutoExecutor(
             cluster="slurm",
@@ -259,17 +263,43 @@ class GpuoptSlurmLauncher(SlurmLauncher):
                     masked_singleton_state(Singleton.get_state()),
                 )
             )
-        jobs: list[Any] = []
+        jobs: dict[int, Any] = {}
         try:
             with terminate_as_interrupt():
-                jobs = list(self._executor().map_array(self, *zip(*job_params, strict=True)))
-                log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in jobs))
-                return self._collect(jobs, [list(o) for o in job_overrides])
+                for extra, slots in self._resource_groups(job_overrides).items():
+                    submitted = self._executor(dict(extra)).map_array(
+                        self, *zip(*[job_params[k] for k in slots], strict=True)
+                    )
+                    jobs.update(zip(slots, submitted, strict=True))
+                ordered = [jobs[k] for k in range(len(job_params))]
+                log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in ordered))
+                return self._collect(ordered, [list(o) for o in job_overrides])
         except BaseException:
             # Ctrl-C or SIGTERM: without this the trials would run on (and hold GPUs) after the
             # sweep is gone.
-            _scancel([job.job_id for job in jobs if not job.paths.result_pickle.exists()])
+            pending = [job for job in jobs.values() if not job.paths.result_pickle.exists()]
+            _scancel([job.job_id for job in pending])
             raise
+
+    def _resource_groups(
+        self, job_overrides: Sequence[Sequence[str]]
+    ) -> dict[tuple[tuple[str, Any], ...], list[int]]:
+        """The batch's slots grouped by what their trials need beyond the launcher's params
+        (`trial_resources`): one job array per group, in slot order."""
+        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+        for slot, overrides in enumerate(job_overrides):
+            extra = trial_resources(self._trial_config(overrides), self.params)
+            groups.setdefault(tuple(sorted(extra.items())), []).append(slot)
+        return groups
+
+    def _trial_config(self, overrides: Sequence[str]) -> Any:
+        """The trial's composed config, as its job will compose it (None if it does not compose:
+        the job then fails with Hydra's own error)."""
+        assert self.hydra_context is not None and self.config is not None
+        try:
+            return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        except Exception:
+            return None
 
     def _collect(self, jobs: list[Any], overrides: list[list[str]]) -> list[JobReturn]:
         """Wait until every job has a result or an end; a JobReturn for each, in order."""
@@ -319,6 +349,26 @@ class GpuoptSlurmLauncher(SlurmLauncher):
             overrides,
             TrialProcessError(reason, log_excerpt(job.paths.stderr), str(job.paths.stderr)),
         )
+
+
+def trial_resources(cfg: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The sbatch parameters a trial needs beyond the launcher's: a distributed trial
+    (`distributed.kind` ddp | fsdp2) is one task that starts its `nproc_per_node` ranks itself
+    (the trial's own elastic launch, as on any node), holding one GPU per rank: `tasks_per_node`
+    1 and `gpus_per_task` (or `gpus_per_node`) = nproc_per_node where the launcher asks for GPUs
+    by count (with `gres` the user sizes it), at least one CPU per rank. Not one SLURM task per rank: submitit
+    runs the whole trial function in every task, so each would be a trial of its own."""
+    kind = OmegaConf.select(cfg, "distributed.kind", default="none") if cfg is not None else None
+    if kind in (None, "none"):
+        return {}
+    ranks = int(OmegaConf.select(cfg, "distributed.nproc_per_node", default=1) or 1)
+    extra: dict[str, Any] = {"tasks_per_node": 1}
+    for key in ("gpus_per_task", "gpus_per_node"):  # one task per trial: the same count
+        if params.get(key) is not None:
+            extra[key] = ranks
+    if params.get("cpus_per_task") is not None and int(params["cpus_per_task"]) < ranks:
+        extra["cpus_per_task"] = ranks
+    return extra
 
 
 def _warn_time_limit(signum: int, frame: Any) -> None:

@@ -1,0 +1,131 @@
+"""When a sweep can race, and the race's arithmetic (torch-free, pure functions).
+
+A race needs every configuration of the space to share one process with the baseline: gpuopt's own
+task on its native engine, no torch.compile, no distributed trial, and only knobs that the shared
+process re-applies per configuration (the DataLoader's, batch and accumulation, compute threads,
+precision; `gpuopt.sweeper.confirm.in_process.SHAREABLE`). It also needs a fresh study (values
+measured in a warm shared process must never meet values of fresh processes), one worker on this
+machine (a SLURM or multi-worker sweep spreads its trials), a first objective a window measures,
+and a baseline to pair every window with.
+
+The screen: baseline windows between candidate windows, B c1 B c2 B ... B, so each candidate's
+window sits between two baseline windows and its ratio to their geometric mean cancels the
+machine's linear drift (the confirmation's paired estimator, on one pair). The best `finalists`
+by that ratio go on as whole trials; the others are pruned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuopt.core._compat import submitit_executor_kind
+from gpuopt.sweeper.confirm.in_process import SHAREABLE, shareable
+from gpuopt.sweeper.confirm.plan import WINDOW_OBJECTIVES
+
+BASELINE = "baseline"
+# Config groups whose options only change keys under their own name (all shareable).
+SHAREABLE_GROUPS = ("loader", "precision", "train", "measure", "profile")
+# What the screen ranks on, per first objective: a window's own reading of it.
+SCREEN_METRIC = {"throughput": "throughput", "throughput_amortized": "throughput"}
+SCREEN_METRIC["step_time_ms"] = "step_time_ms"
+
+
+def shareable_key(key: str) -> bool:
+    """Whether a searched or fixed key (`loader.batch_size`, `precision`, ...) only changes what
+    the shared process re-applies per configuration."""
+    name = key.lstrip("+~")
+    return name.split(".", 1)[0] in SHAREABLE_GROUPS or name.startswith(SHAREABLE)
+
+
+def why_not(
+    options: Any,
+    launcher: Any,
+    composed: Mapping[str, Any],
+    space: Any,
+    objective: str,
+    finished_trials: int,
+) -> str | None:
+    """Why this sweep cannot race (one phrase for the log), or None when it can."""
+    kind = submitit_executor_kind(launcher)
+    checks = (
+        (not options.race.enabled, "hydra.sweeper.race.enabled=false"),
+        (not options.gpuopt_task, "not gpuopt's own task"),
+        (not options.baseline, "no baseline to pair windows with"),
+        (options.n_jobs != 1, f"n_jobs={options.n_jobs}"),
+        (
+            kind != "local",
+            f"{type(launcher).__name__} runs the trials (not one local process each)",
+        ),
+        (space.is_grid, "a grid sampler"),
+        (finished_trials > 0, "the study holds trials measured apart (a resumed sweep)"),
+        (objective not in WINDOW_OBJECTIVES, f"{objective} is not a window's reading"),
+    )
+    for failed, why in checks:
+        if failed:
+            return why
+    # Only what is searched: fixed params and overrides are the same for every trial, the
+    # baseline included (`model=cnn` on the command line races the cnn).
+    apart = [k for k in space.distributions if not shareable_key(k)]
+    if apart:
+        return f"{apart[0]} cannot change inside one process"
+    return shareable(composed, composed)
+
+
+def task_config(config: Any) -> dict[str, Any]:
+    """The composed config without its `hydra` node, resolved (what `shareable` compares); {}
+    when it does not resolve here (then the sweep does not race)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return {
+            str(k): OmegaConf.to_container(config[k], resolve=True)
+            if OmegaConf.is_config(config[k])
+            else config[k]
+            for k in config
+            if k != "hydra"
+        }
+    except Exception:
+        return {}
+
+
+def screen_order(candidates: Sequence[str]) -> list[str]:
+    """B c1 B c2 ... B: a baseline window on each side of every candidate's."""
+    order = [BASELINE]
+    for label in candidates:
+        order += [label, BASELINE]
+    return order
+
+
+def screen_ratios(
+    order: Sequence[str], readings: Sequence[float | None], higher_is_better: bool = True
+) -> dict[str, float | None]:
+    """Each candidate's window over the geometric mean of its two neighbouring baseline windows
+    (`order` as screen_order gives it; a reading None: that window failed). For a metric where
+    lower is better (step_time_ms) the ratio is inverted, so > 1 always means faster."""
+    ratios: dict[str, float | None] = {}
+    for i, label in enumerate(order):
+        if label == BASELINE:
+            continue
+        own, before, after = readings[i], readings[i - 1], readings[i + 1]
+        sides = [r for r in (before, after) if r is not None and r > 0]
+        if own is None or own <= 0 or not sides:
+            ratios[label] = None
+            continue
+        reference = math.exp(sum(math.log(r) for r in sides) / len(sides))
+        ratios[label] = own / reference if higher_is_better else reference / own
+    return ratios
+
+
+def finalists(ratios: Mapping[str, float | None], count: int) -> list[str]:
+    """The `count` candidates with the highest ratio (those without one never go on)."""
+    ranked = sorted((r, label) for label, r in ratios.items() if r is not None)
+    return [label for _, label in reversed(ranked)][:count]
+
+
+def rank_of(label: str, ratios: Mapping[str, float | None]) -> int | None:
+    """1 for the highest ratio; None for a candidate without one."""
+    if ratios.get(label) is None:
+        return None
+    return 1 + sum(1 for r in ratios.values() if r is not None and r > ratios[label])

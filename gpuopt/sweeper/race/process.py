@@ -1,0 +1,44 @@
+"""The race's one process, sweeper side: `python -m gpuopt.trial.interleave` (the confirmation's
+shared process) started with no configuration, then told to build configurations one at a time
+(`add`), to measure windows of a given length, to release a configuration (`drop`), and to measure
+one as a whole trial of that process (`trial`: the engine's one route, extras and profile
+included). Every answer is one JSON line; the process dies with the sweep (parent-death signal)
+and is killed with its loader workers on close (SharedProcess)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpuopt.sweeper.confirm.in_process import WINDOW_TIMEOUT_S, SharedProcess
+
+TRIAL_TIMEOUT_S = 1200.0  # one whole trial (the fresh-process launcher's default timeout_s)
+
+
+class RaceProcess(SharedProcess):
+    """The shared process, driven by JSON commands (gpuopt/trial/interleave.py's protocol)."""
+
+    @classmethod
+    def open(cls, directory: Path, objective: str, window_s: float) -> RaceProcess:
+        directory.mkdir(parents=True, exist_ok=True)
+        process = cls.start({}, {}, objective, window_s, directory)
+        assert isinstance(process, RaceProcess)
+        return process
+
+    def measure(self, label: str, window_s: float, settle: bool = True) -> dict[str, Any]:
+        """One window of `label`: {"status", "throughput", "step_time_ms", ...}; `settle` false
+        for a configuration dropped right after (its workers need not go idle)."""
+        timeout_s = WINDOW_TIMEOUT_S + window_s
+        return self.command("window", timeout_s, label=label, window_s=window_s, settle=settle)
+
+    def drop(self, label: str) -> None:
+        self.command("drop", WINDOW_TIMEOUT_S, label=label)
+
+    def whole_trial(self, label: str, config: Path, run_dir: Path) -> dict[str, Any] | None:
+        """`config` measured as a whole trial of this process; its TrialResult as a dict, or None
+        when the process failed (`error` says why)."""
+        answer = self.command(
+            "trial", TRIAL_TIMEOUT_S, label=label, config=str(config), run_dir=str(run_dir)
+        )
+        result = answer.get("result")
+        return result if isinstance(result, dict) else None

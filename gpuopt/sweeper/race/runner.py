@@ -1,0 +1,297 @@
+"""The race: a sweep's trials measured in one warm process instead of one fresh process each.
+
+Why: a trial in a fresh process pays its imports and build (~5 s on the 2-core CPU) for a 1-2 s
+window, and fresh processes differ by 4-14% from one another, so the sweep's single reading per
+configuration is noisy too. Where every configuration can share a process (plan.why_not), one
+process (`gpuopt.trial.interleave`, RaceProcess) measures them all:
+
+1. the baseline as a whole trial (window, compute ceiling, loader cost, FLOPs, numerics guard,
+   profile): the study's trial 0, whose facts enqueue the expert seeds;
+2. the screen: the other n_trials - 1 configurations asked from Optuna at once, each built in
+   turn and measured in one short window (`race.window_s`) between two baseline windows
+   (B c1 B c2 ... B; each built only while its turn lasts), ranked by the paired ratio;
+3. the best `race.finalists` measured as whole trials in the same process (told COMPLETE with
+   every metric, as a fresh-process trial is); the others told PRUNED, the screen's reading kept
+   in their `race` user attr (and, for one objective, as Optuna's intermediate value).
+
+Every value told comes from this one process, so values never mix fresh and warm processes (a
+long-lived process reads faster); the published speedup is still the confirmation's paired
+one (sweeper/confirm/), never a race value.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.utils import JobReturn, JobStatus
+from optuna.trial import Trial, TrialState
+
+from gpuopt.core._compat import heartbeat_thread, storage_of, trial_id
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.study.attrs import set_user_attrs
+from gpuopt.study.keys import (
+    ATTR_BASELINE,
+    ATTR_CONFIG,
+    ATTR_OVERRIDES,
+    ATTR_RACE,
+    ATTR_REASON,
+    ATTR_STATUS,
+)
+from gpuopt.sweeper import profiling, resume
+from gpuopt.sweeper.launchers.results import TrialDiagnostics
+from gpuopt.sweeper.memory_axis import write_probe_config
+from gpuopt.sweeper.objectives import TrialOutcome
+from gpuopt.sweeper.progress import Progress
+from gpuopt.sweeper.race import plan
+from gpuopt.sweeper.race.process import RaceProcess
+from gpuopt.sweeper.space import SearchSpace
+from gpuopt.sweeper.trials import TrialRunner
+
+log = logging.getLogger("gpuopt.sweeper")
+
+
+@dataclass
+class Screened:
+    """One candidate of the screen: its trial, overrides, the stored spec and its window."""
+
+    trial: Trial
+    overrides: list[str]
+    label: str
+    config: dict[str, Any] | None = None
+    window: dict[str, Any] = field(default_factory=dict)
+    failure: TrialResult | None = None  # it failed to build or in its window
+
+
+@dataclass
+class RaceRunner(TrialRunner):
+    """A TrialRunner whose trials run in one shared process (the module's protocol)."""
+
+    compose: Callable[[list[str]], Any] | None = None  # a job's config as the launcher composes it
+    objective: str = "throughput"
+    directory: Path = Path("race")
+    process: RaceProcess | None = None  # the race's process, once started
+
+    def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
+        """The race; its process stays open (`process`) for the confirmation, which closes it."""
+        progress.start(study.get_trials(deepcopy=False))
+        race = RaceProcess.open(self.directory, self.objective, self.options.race.window_s)
+        self.process = race
+        if race.error:
+            log.warning("race: %s; every trial in a fresh process instead", race.error)
+            super().run(study, to_go, space, progress)
+            return
+        try:
+            self._race(study, space, progress, race)
+        except BaseException:
+            race.close()
+            raise
+
+    def _race(
+        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: RaceProcess
+    ) -> None:
+        baseline_ok = self._baseline(study, space, progress, race)
+        to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+        if not baseline_ok:
+            log.warning("race: no baseline to pair windows with; the rest in fresh processes")
+            race.close()
+            super().run(study, to_go, space, progress)
+            return
+        trials, _ = self._ask(study, to_go)
+        beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
+        for beat in beats:
+            beat.start()
+        try:
+            screened = self._screen(trials, space, race)
+            chosen = self._decide(study, screened, space, progress)
+            for entry in screened:
+                if entry.label in chosen:
+                    self._whole(study, entry.trial, entry.overrides, space, progress, race)
+        except Exception as exc:
+            resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            for beat in beats:
+                beat.join()
+
+    # ---- 1. the baseline, a whole trial -------------------------------------------------------
+    def _baseline(
+        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: RaceProcess
+    ) -> bool:
+        """Trial 0 as a whole trial; then the baseline built for the screen. Whether both worked."""
+        trials, _ = self._ask(study, 1)
+        if not trials:
+            return False
+        trial = trials[0]
+        overrides = self._configure(trial, space)
+        self._whole(study, trial, overrides, space, progress, race)
+        done = study.get_trials(deepcopy=False)[trial.number]
+        if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
+            return False
+        answer = race.add(plan.BASELINE, self._config_file(overrides, plan.BASELINE))
+        return answer.get("status") == "ok"
+
+    # ---- 2. the screen ------------------------------------------------------------------------
+    def _screen(self, trials: list[Trial], space: SearchSpace, race: RaceProcess) -> list[Screened]:
+        """B c1 B c2 ... B, each candidate built only for its turn."""
+        window_s = self.options.race.window_s
+        screened = []
+        previous = race.measure(plan.BASELINE, window_s)
+        for trial in trials:
+            overrides = self._configure(trial, space)
+            entry = Screened(trial, overrides, f"#{trial.number}")
+            built = race.add(entry.label, self._config_file(overrides, f"trial{trial.number}"))
+            entry.config = built.get("config")
+            if built.get("status") == "ok":
+                entry.window = race.measure(entry.label, window_s, settle=False)
+                race.drop(entry.label)
+            else:
+                entry.window = built
+            if entry.window.get("status") != "ok":
+                entry.failure = _failure_result(entry.window, entry.config)
+            entry.window["baseline_before"] = previous.get(plan.SCREEN_METRIC[self.objective])
+            previous = race.measure(plan.BASELINE, window_s)
+            entry.window["baseline_after"] = previous.get(plan.SCREEN_METRIC[self.objective])
+            screened.append(entry)
+            log.info(screen_line(entry, len(screened), len(trials), built, self.objective))
+        return screened
+
+    def _decide(
+        self,
+        study: optuna.Study,
+        screened: list[Screened],
+        space: SearchSpace,
+        progress: Progress,
+    ) -> list[str]:
+        """The finalists' labels; the others recorded (failed as their failure, else pruned)."""
+        metric = plan.SCREEN_METRIC[self.objective]
+        order, readings = [plan.BASELINE], [None if not screened else _side(screened[0], "before")]
+        for entry in screened:
+            own = entry.window.get(metric) if entry.failure is None else None
+            order += [entry.label, plan.BASELINE]
+            readings += [own, _side(entry, "after")]
+        ratios = plan.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
+        chosen = plan.finalists(ratios, self.options.race.finalists)
+        for entry in screened:
+            if entry.failure is not None:
+                ret = _returned(entry.failure)
+                self._record(study, entry.trial, entry.overrides, ret, space, progress)
+            elif entry.label not in chosen:
+                self._prune(study, entry, ratios, progress)
+        return chosen
+
+    def _prune(
+        self,
+        study: optuna.Study,
+        entry: Screened,
+        ratios: dict[str, float | None],
+        progress: Progress,
+    ) -> None:
+        """Told PRUNED, with what the screen read."""
+        ratio, rank = ratios.get(entry.label), plan.rank_of(entry.label, ratios)
+        record = {
+            "ratio": ratio,
+            "rank": rank,
+            "of": len(ratios),
+            "window_s": self.options.race.window_s,
+            "window": entry.window,
+        }
+        reason = (
+            f"raced out: {ratio:.2f}x the baseline in a {self.options.race.window_s:g} s window "
+            f"(rank {rank} of {len(ratios)}; the best {self.options.race.finalists} went on)"
+        )
+        attrs = {
+            ATTR_OVERRIDES: entry.overrides,
+            ATTR_STATUS: "pruned",
+            ATTR_REASON: reason,
+            ATTR_CONFIG: entry.config,
+            ATTR_RACE: record,
+        }
+        set_user_attrs(storage_of(study), trial_id(entry.trial), attrs)
+        reading = entry.window.get(plan.SCREEN_METRIC[self.objective])
+        if len(study.directions) == 1 and isinstance(reading, (int, float)):
+            entry.trial.report(float(reading), step=0)  # Optuna's intermediate value
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.tell(entry.trial, state=TrialState.PRUNED)
+        outcome = TrialOutcome("pruned", None, user_attrs={ATTR_REASON: reason})
+        log.info(
+            progress.record(entry.trial.number, False, outcome, study.get_trials(deepcopy=False))
+        )
+
+    # ---- 3. whole trials ----------------------------------------------------------------------
+    def _whole(
+        self,
+        study: optuna.Study,
+        trial: Trial,
+        overrides: list[str],
+        space: SearchSpace,
+        progress: Progress,
+        race: RaceProcess,
+    ) -> None:
+        """`trial` measured as a whole trial of the race process (profiled, when profiling is on:
+        the baseline and the finalists, so the best needs no extra profiled run), recorded."""
+        launched = (
+            [*overrides, profiling.PROFILE_ON] if profiling.enabled(self.options) else overrides
+        )
+        run_dir = self.directory.parent / f"trial_{trial.number}"
+        config = self._config_file(launched, f"trial{trial.number}")
+        started = time.monotonic()
+        result = race.whole_trial(f"#{trial.number}", config, run_dir)
+        if result is None:
+            ret: Any = RuntimeError(f"the race process failed: {race.error}")
+        else:
+            ret = _returned(TrialResult.from_dict(result), run_dir, self.directory)
+            seconds = time.monotonic() - started
+            set_user_attrs(storage_of(study), trial_id(trial), {ATTR_RACE: {"seconds": seconds}})
+        self._record(study, trial, overrides, ret, space, progress)
+
+    def _config_file(self, overrides: list[str], stem: str) -> Path:
+        """The job config the launcher would compose for `overrides`, as `<stem>.yaml`."""
+        assert self.compose is not None
+        return write_probe_config(self.compose(list(overrides)), self.directory, f"{stem}.yaml")
+
+
+def screen_line(
+    entry: Screened, done: int, total: int, built: dict[str, Any], objective: str
+) -> str:
+    """The progress line of one screened candidate (the screen can take a while)."""
+    head = f"race: screened {done}/{total} #{entry.trial.number}"
+    if entry.failure is not None:
+        return f"{head} {entry.failure.status.value}: {entry.failure.reason}"
+    metric = plan.SCREEN_METRIC[objective]
+    reading, sides = entry.window.get(metric), [_side(entry, "before"), _side(entry, "after")]
+    known = [s for s in sides if s]
+    ratio = f" ({reading / (sum(known) / len(known)):.2f}x the baseline's)" if known else ""
+    build_s = built.get("command_s") or 0.0
+    return f"{head}: {metric}={reading:.4g}{ratio}, built in {build_s:.1f} s"
+
+
+def _side(entry: Screened, which: str) -> float | None:
+    value = entry.window.get(f"baseline_{which}")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _failure_result(answer: dict[str, Any], config: dict[str, Any] | None) -> TrialResult:
+    """A candidate that failed to build or in its window, as the trial result it is."""
+    try:
+        status = Status(answer.get("status", "error"))
+    except ValueError:
+        status = Status.ERROR
+    return TrialResult(status=status, reason=answer.get("reason"), config=config or {})
+
+
+def _returned(result: TrialResult, run_dir: Path | None = None, logs: Path | None = None) -> Any:
+    """A JobReturn as a launcher gives one back, so the trial is recorded as every trial is."""
+    ret = JobReturn(overrides=[], status=JobStatus.COMPLETED, _return_value=result)
+    log_file = [str(logs / "interleave.log")] if logs is not None else []
+    ret.gpuopt_diagnostics = TrialDiagnostics(  # type: ignore[attr-defined]
+        logs=log_file, run_dir=str(run_dir) if run_dir else None, traceback=None
+    )
+    return ret

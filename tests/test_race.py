@@ -1,0 +1,224 @@
+"""The race (gpuopt/sweeper/race/): when a sweep races, the screen's paired arithmetic, the shared
+process's idle wait, and one real raced sweep end to end (pruned candidates recorded as such, the
+finalists as whole trials of one process, the answer confirmed before it is published)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from gpuopt.core.host import children_cpu_ticks, wait_for_idle_children
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, STUDY_CONFIRMATION
+from gpuopt.study.records import IN_PROCESS
+from gpuopt.sweeper.options import RaceOptions, SweepConfigError, SweeperOptions
+from gpuopt.sweeper.race import plan
+
+B = plan.BASELINE
+
+
+def test_each_candidate_is_paired_with_the_baseline_windows_on_both_sides() -> None:
+    assert plan.screen_order(["a", "b"]) == [B, "a", B, "b", B]
+
+
+def test_a_linear_drift_of_the_machine_cancels_in_the_screen_ratio() -> None:
+    # the machine slows 10% per window; a is 2x the baseline, b 0.5x, at the moment they ran
+    order = plan.screen_order(["a", "b"])
+    speed = [1.0, 0.9, 0.81, 0.729, 0.6561]
+    truth = {"a": 2.0, "b": 0.5}
+    readings = [100 * s * truth.get(label, 1.0) for label, s in zip(order, speed, strict=True)]
+    ratios = plan.screen_ratios(order, readings)
+    assert ratios["a"] == pytest.approx(2.0)
+    assert ratios["b"] == pytest.approx(0.5)
+
+
+def test_a_failed_window_has_no_ratio_and_never_goes_on() -> None:
+    order = plan.screen_order(["a", "b", "c"])
+    ratios = plan.screen_ratios(order, [100, None, 100, 300, 100, 150, None])
+    assert ratios == {"a": None, "b": pytest.approx(3.0), "c": pytest.approx(1.5)}  # c: one side
+    assert plan.finalists(ratios, 5) == ["b", "c"]
+    assert plan.rank_of("c", ratios) == 2 and plan.rank_of("a", ratios) is None
+
+
+def test_for_step_time_lower_is_faster_and_the_ratio_says_so() -> None:
+    ratios = plan.screen_ratios([B, "a", B], [10.0, 5.0, 10.0], higher_is_better=False)
+    assert ratios["a"] == pytest.approx(2.0)
+
+
+def test_the_best_finalists_by_ratio_go_on() -> None:
+    ratios = {"a": 1.2, "b": 3.0, "c": 0.4, "d": 2.5}
+    assert plan.finalists(ratios, 2) == ["b", "d"]
+    assert plan.rank_of("a", ratios) == 3
+
+
+@pytest.mark.parametrize(
+    ("key", "shares"),
+    [
+        ("loader.batch_size", True),
+        ("precision", True),  # a config group whose options only change precision.*
+        ("train.global_batch", True),
+        ("device.num_threads", True),
+        ("measure.time_budget_s", True),
+        ("model", False),
+        ("compile", False),
+        ("cache", False),
+        ("model.width", False),
+        ("device.type", False),
+    ],
+)
+def test_only_keys_the_shared_process_reapplies_can_race(key: str, shares: bool) -> None:
+    assert plan.shareable_key(key) is shares
+
+
+class LocalLauncher:
+    _EXECUTOR = "local"  # what hydra-submitit-launcher's local launcher says of itself
+
+
+class BasicLauncher:
+    pass
+
+
+COMPOSED = {"engine": {"name": "native"}, "compile": {"mode": "off"}, "loader": {}}
+
+
+def _why_not(**changes: object) -> str | None:
+    given = {
+        "options": SweeperOptions.build(gpuopt_task=True, baseline=True),
+        "launcher": LocalLauncher(),
+        "composed": COMPOSED,
+        "space": SimpleNamespace(
+            distributions={"loader.batch_size": None, "precision": None},
+            fixed_params={"measure.time_budget_s": 2.0},
+            fixed_overrides=["model=cnn", "device=cpu"],  # the same for every trial: may race
+            is_grid=False,
+        ),
+        "objective": "throughput_amortized",
+        "finished_trials": 0,
+    }
+    given.update(changes)
+    return plan.why_not(**given)  # type: ignore[arg-type]
+
+
+def test_the_default_space_of_gpuopts_own_task_races_whatever_it_fixes() -> None:
+    assert _why_not() is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        (
+            {"options": SweeperOptions.build(gpuopt_task=True, race={"enabled": False})},
+            "race.enabled=false",
+        ),
+        (
+            {"options": SweeperOptions.build(gpuopt_task=False, baseline=True)},
+            "not gpuopt's own task",
+        ),
+        ({"options": SweeperOptions.build(gpuopt_task=True, baseline=False)}, "no baseline"),
+        ({"options": SweeperOptions.build(gpuopt_task=True, n_jobs=2)}, "n_jobs=2"),
+        ({"launcher": BasicLauncher()}, "BasicLauncher runs the trials"),
+        ({"finished_trials": 3}, "a resumed sweep"),
+        ({"objective": "mfu"}, "mfu is not a window's reading"),
+        ({"composed": {**COMPOSED, "compile": {"mode": "default"}}}, "torch.compile"),
+        (
+            {
+                "space": SimpleNamespace(
+                    distributions={"model": None},
+                    fixed_params={},
+                    fixed_overrides=[],
+                    is_grid=False,
+                )
+            },
+            "model cannot change inside one process",
+        ),
+    ],
+)
+def test_a_sweep_that_cannot_race_says_why(changes: dict, why: str) -> None:
+    assert why in (_why_not(**changes) or "")
+
+
+def test_race_settings_are_checked_before_anything_runs() -> None:
+    assert SweeperOptions.build(race={"finalists": 3}).race == RaceOptions(finalists=3)
+    with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.finalists=0"):
+        SweeperOptions.build(race={"finalists": 0})
+    with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.rungs"):
+        SweeperOptions.build(race={"rungs": 2})
+
+
+def test_the_wait_for_idle_workers_ends_once_they_stop_using_cpu() -> None:
+    # a child that computes for 0.4 s, then sleeps: the wait outlasts the computing, then ends
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", busy + "time.sleep(30)"])
+    try:
+        time.sleep(0.05)
+        waited = wait_for_idle_children(max_s=20.0, quiet_s=0.1)
+        after = children_cpu_ticks()
+        time.sleep(0.2)
+        assert children_cpu_ticks() == after  # idle when the wait returned
+        assert waited < 20.0
+        assert after is not None and after >= 0.3 * os.sysconf("SC_CLK_TCK")
+    finally:
+        child.kill()
+        child.wait()
+
+
+# ---- one real raced sweep -----------------------------------------------------------------------
+TINY_RACE = [
+    "hydra.sweeper.n_trials=4",
+    "hydra.sweeper.race.window_s=0.2",
+    "hydra.sweeper.race.finalists=1",
+    "hydra.sweeper.confirm.window_s=0.2",
+    "hydra.sweeper.seeding=false",
+    "hydra.sweeper.params={loader.batch_size: 'choice(8,64,256)', precision: 'choice(fp32)'}",
+    "hydra.sweeper.device_params={}",
+    "device.num_threads=1",  # one compute thread everywhere: two collapse on a busy 2-core box
+    "measure=quick",
+    "measure.time_budget_s=0.3",
+    "model.depth=1",
+    "data.size=256",
+]
+
+
+@pytest.mark.slow
+def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Path) -> None:
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
+    cmd = [sys.executable, "-m", "gpuopt.run", "-m", "device=cpu", *TINY_RACE]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "race: the trials in one process" in done.stdout
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'gpuopt.db'}")
+    trials = study.get_trials()
+    assert len(trials) == 4
+    baseline = trials[0]
+    assert baseline.user_attrs[ATTR_BASELINE] and baseline.state == TrialState.COMPLETE
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert len(complete) == 2 and len(pruned) == 2  # the baseline and one finalist
+    for t in pruned:  # recorded as pruned, with what the screen read and why
+        assert t.user_attrs["status"] == "pruned"
+        race = t.user_attrs[ATTR_RACE]
+        assert race["of"] == 3 and race["rank"] in (2, 3)
+        assert math.isfinite(race["ratio"]) and race["window"]["throughput"] > 0
+        assert t.user_attrs["config"]["loader"]["batch_size"] == t.params["loader.batch_size"]
+        assert "raced out" in t.user_attrs["reason"]
+    finalist = next(t for t in complete if t is not baseline)
+    assert finalist.user_attrs[ATTR_RACE]["seconds"] > 0
+    assert finalist.user_attrs["throughput"] > 0 and finalist.user_attrs["profile"]  # whole trial
+    # every whole trial ran in the race's one process: no launcher job of its own
+    sweep_dir = Path(finalist.user_attrs["run_dir"]).parent
+    assert (sweep_dir / "race" / "interleave.log").is_file()
+    assert not (sweep_dir / ".submitit").exists()
+    # the raced answer is confirmed before it is published: the finalist against the baseline
+    confirmation = study.user_attrs[STUDY_CONFIRMATION]
+    assert confirmation["mode"] == IN_PROCESS
+    confirmed = [c["trial_number"] for c in confirmation["configs"]]
+    assert confirmed == [baseline.number, finalist.number]
+    assert "pruned 2" in done.stdout and "Confirmation:" in done.stdout
