@@ -64,13 +64,13 @@ def test_the_window_budget_is_the_fresh_process_caps_time() -> None:
 
 
 def test_a_window_of_slow_steps_lasts_its_minimum_steps() -> None:
-    slow = SimpleNamespace(user_attrs={"step_time_ms": 400.0})  # 5 steps + the drained one
-    assert window_seconds(slow, 1.0) == pytest.approx(5 * 0.4 + 0.4)
+    slow = SimpleNamespace(user_attrs={"step_time_ms": 400.0})  # MIN_STEPS + the drained one
+    assert window_seconds(slow, 1.0) == pytest.approx(interleaved.MIN_STEPS * 0.4 + 0.4)
     fast = SimpleNamespace(user_attrs={"step_time_ms": 10.0})
     assert window_seconds(fast, 1.0) == pytest.approx(1.01)
     assert window_seconds(SimpleNamespace(user_attrs={}), 1.0) == 1.0
     # a slow arm takes the budget's time: fewer windows
-    assert window_plan(4, 10, [12.0], [2.4, 1.01])[1] == int(120 / 1.705)
+    assert window_plan(4, 10, [12.0], [1.6, 1.01])[1] == int(120 / 1.305)
 
 
 TINY = [
@@ -128,7 +128,8 @@ def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_pa
         for _ in range(2):
             base, cand = shared.window("baseline"), shared.window("candidate1")
             assert base.status == cand.status == "ok"
-            assert cand.user_attrs["steps"] >= 5 and cand.user_attrs["seconds"] >= 0.2
+            assert cand.user_attrs["steps"] >= interleaved.MIN_STEPS
+            assert cand.user_attrs["seconds"] >= 0.2
             # the window's steady throughput, amortized over the measured epoch boundary
             step_s = cand.user_attrs["step_time_ms"] / 1000
             amortized = cand.user_attrs["throughput"] * 10 * step_s / (10 * step_s + 1.0)

@@ -222,3 +222,41 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     confirmed = [c["trial_number"] for c in confirmation["configs"]]
     assert confirmed == [baseline.number, finalist.number]
     assert "pruned 2" in done.stdout and "Confirmation:" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_path: Path) -> None:
+    from gpuopt.core.result import TrialResult
+    from gpuopt.sweeper.race.process import RaceProcess
+    from tests.test_interleave import _configs, _group_members
+
+    paths = _configs(
+        tmp_path, {"base": [], "big": ["loader.batch_size=256", "loader.num_workers=1"]}
+    )
+    race = RaceProcess.open(tmp_path / "race", "throughput", 0.2)
+    try:
+        assert race.add("base", paths["base"])["status"] == "ok"
+        built = race.add("big", paths["big"])
+        assert built["status"] == "ok" and built["config"]["loader"]["batch_size"] == 256
+        assert len(_group_members(race.process.pid)) == 2  # the process and big's worker
+        # a window cut short by its deadline: one step at least, far fewer than asked for
+        short = race.command(
+            "window", 60, label="big", window_s=0.0, min_steps=10**6, deadline_s=0.2
+        )
+        assert short["status"] == "ok" and 1 <= short["steps"] < 10**6
+        race.drop("big")
+        assert len(_group_members(race.process.pid)) == 1  # its worker gone with it
+        assert race.measure("big", 0.2, 3)["status"] == "error"  # dropped: no such member
+        result = race.whole_trial("#1", paths["big"], tmp_path / "trial_1")
+        assert result is not None
+        whole = TrialResult.from_dict(result)
+        assert (
+            whole.ok
+            and whole.metrics.throughput > 0
+            and whole.config["loader"]["batch_size"] == 256
+        )
+        assert (tmp_path / "trial_1" / "result.json").is_file()
+        assert race.measure("base", 0.2, 3)["status"] == "ok"  # the others go on
+    finally:
+        race.close()
+    assert _group_members(race.process.pid) == []

@@ -257,25 +257,47 @@ class WindowedTrial:
         prefetched = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
         return -(-prefetched // self.workload.accumulation_steps) + 1
 
-    def window(self, window_s: float, min_steps: int) -> tuple[int, float, int]:
+    def window(
+        self, window_s: float, min_steps: int, deadline_s: float | None = None
+    ) -> tuple[int, float, int]:
         """One window: the process-wide settings of this configuration (threads, matmul
         precision), the queue drained, then optimizer steps until `window_s` and `min_steps` are
-        both reached; (steps, seconds, samples). Raises on failure (Diverged, OOM, errors)."""
+        both reached; (steps, seconds, samples). Raises on failure (Diverged, OOM, errors).
+        `deadline_s` (the race's screen): the drain and the window each end after at least one
+        step once they took that long, so one configuration of seconds-long steps (fp16 convs on a
+        CPU) costs a few steps of the screen, not minutes."""
         trial, workload, feed = self.trial, self.workload, self.feed
         apply_policies(trial.spec, trial.device)
-        for _ in range(self.queued_steps()):
-            workload.train_step(feed.next_step())
+        self._steps(self.queued_steps(), 0.0, deadline_s)
         synchronize(trial.device)
         feed.reset_counters()
-        steps, started = 0, time.perf_counter()
-        while steps < min_steps or time.perf_counter() - started < window_s:
-            workload.train_step(feed.next_step())
-            self.cache.after_step(steps)
-            steps += 1
+        started = time.perf_counter()
+        steps = self._steps(min_steps, window_s, deadline_s, self.cache.after_step)
         synchronize(trial.device)
         seconds = time.perf_counter() - started
         workload.check_finite("an interleaved window")
         return steps, seconds, feed.samples
+
+    def _steps(
+        self,
+        min_steps: int,
+        min_s: float,
+        deadline_s: float | None,
+        after_step: Callable[[int], Any] | None = None,
+    ) -> int:
+        """Optimizer steps until both `min_steps` and `min_s` are reached, or (after one step)
+        `deadline_s` has passed; how many ran."""
+        steps, started = 0, time.perf_counter()
+        while True:
+            elapsed = time.perf_counter() - started
+            if steps >= min_steps and elapsed >= min_s:
+                return steps
+            if steps and deadline_s is not None and elapsed >= deadline_s:
+                return steps
+            self.workload.train_step(self.feed.next_step())
+            if after_step is not None:
+                after_step(steps)
+            steps += 1
 
     def close(self) -> None:
         """Stop the loader's worker processes."""

@@ -51,7 +51,7 @@ class ConfirmOptions:
     # configurations that can share a process (gpuopt's task, DataLoader / batch / threads /
     # precision differences) are confirmed in alternating in-process windows of window_s seconds
     in_process: bool = True
-    window_s: float = 1.0
+    window_s: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class RaceOptions:
     process (the protocol before the race)."""
 
     enabled: bool = True
-    window_s: float = 0.5  # one screening window (at least MIN_STEPS steps however long they take)
+    window_s: float = 0.3  # one screening window (at least 3 steps however long they take)
     finalists: int = 2  # candidates measured as whole trials after the screen
 
 

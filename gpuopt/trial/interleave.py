@@ -22,7 +22,7 @@ Protocol (one JSON object per line on stdout):
 - stdin closed (or "quit"): everything is released and the process exits 0.
 - the race (gpuopt/sweeper/race/) also sends JSON commands, one per line:
   {"op": "add", "label", "config"} builds one more configuration -> {"label", "status", "config":
-  its spec as stored, ...}; {"op": "window", "label", "window_s", "settle"} one window of that length
+  its spec as stored, ...}; {"op": "window", "label", "window_s", "min_steps", "deadline_s", "settle"} one window of that length
   (settle false: no wait for idle workers after it, for a configuration dropped next);
   {"op": "drop", "label"} releases it -> {"label", "status": "dropped"}; {"op": "trial", "label",
   "config", "run_dir"} measures CONFIG.yaml as a whole trial of this process (the engine's one
@@ -84,7 +84,9 @@ def build_member(label: str, config_path: str, steady: dict[str, Any]) -> Member
     return member
 
 
-def window(member: Member, window_s: float, min_steps: int) -> dict[str, Any]:
+def window(
+    member: Member, window_s: float, min_steps: int, deadline_s: float | None = None
+) -> dict[str, Any]:
     """One window of the member's configuration (the engine's `WindowedTrial.window`: its
     process-wide settings, the queue drained, then steps until `window_s` and `min_steps`)."""
     from gpuopt.trial.measure import amortized_throughput
@@ -92,7 +94,7 @@ def window(member: Member, window_s: float, min_steps: int) -> dict[str, Any]:
     if member.failure is not None:
         return {"label": member.label, **member.failure}
     try:
-        steps, seconds, samples = member.built.window(window_s, min_steps)
+        steps, seconds, samples = member.built.window(window_s, min_steps, deadline_s)
     except Exception as exc:
         member.failure = _failure(exc)
         release(member)
@@ -174,7 +176,9 @@ def answer(
         release(members.pop(label))
         return {"label": label, "status": "dropped"}
     if op == "window" and label in members:
-        out = window(members[label], float(command.get("window_s", window_s)), min_steps)
+        length, steps = float(command.get("window_s", window_s)), command.get("min_steps")
+        deadline = command.get("deadline_s")
+        out = window(members[label], length, int(steps) if steps else min_steps, deadline)
         if command.get("settle", True):
             out["settle_s"] = wait_for_idle_children()
         return out
@@ -194,7 +198,7 @@ def added(member: Member) -> dict[str, Any]:
 def whole_trial(config_path: str, run_dir: str) -> dict[str, Any]:
     """CONFIG.yaml measured as a trial of its own in this process (the engine's one route), its
     result.json (and the profiled window's trace) written into `run_dir`."""
-    import tempfile
+    import os
     from pathlib import Path
 
     from omegaconf import OmegaConf
@@ -202,6 +206,7 @@ def whole_trial(config_path: str, run_dir: str) -> dict[str, Any]:
     from gpuopt.core.errors import ConfigError
     from gpuopt.core.result import Status, TrialResult
     from gpuopt.engines.registry import load_spec, run_trial
+    from gpuopt.trial.profile import RUN_DIR_ENV
 
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -209,13 +214,16 @@ def whole_trial(config_path: str, run_dir: str) -> dict[str, Any]:
         spec = load_spec(OmegaConf.load(config_path))
     except ConfigError as exc:
         return TrialResult(status=Status.ERROR, reason=str(exc)).to_dict()
-    # The profiled window writes its trace into Hydra's run dir, else a new temporary directory:
-    # outside Hydra, make that directory the trial's own.
-    previous, tempfile.tempdir = tempfile.tempdir, str(folder)
+    # The profiled window writes its trace into Hydra's run dir; outside Hydra, into this one.
+    previous = os.environ.get(RUN_DIR_ENV)
+    os.environ[RUN_DIR_ENV] = str(folder)
     try:
         result = run_trial(spec)
     finally:
-        tempfile.tempdir = previous
+        if previous is None:
+            os.environ.pop(RUN_DIR_ENV, None)
+        else:
+            os.environ[RUN_DIR_ENV] = previous
     result.save(folder / "result.json")
     return result.to_dict()
 

@@ -44,6 +44,7 @@ sweeper adds it to the baseline's and the best's re-measurement).
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -145,12 +146,19 @@ class ProfileSummary:
 
 
 # -- the window -----------------------------------------------------------------------------------
+RUN_DIR_ENV = "GPUOPT_RUN_DIR"  # a trial's run directory outside Hydra (the race's whole trials)
+
+
 def trial_run_dir() -> Path:
-    """Hydra's run directory for this trial, else a new temporary directory (the public API)."""
+    """Hydra's run directory for this trial, else $GPUOPT_RUN_DIR (set by the process that runs
+    trials outside Hydra: gpuopt.trial.interleave), else a new temporary directory (the public
+    API)."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
         return Path(HydraConfig.get().runtime.output_dir)
+    if os.environ.get(RUN_DIR_ENV):
+        return Path(os.environ[RUN_DIR_ENV])
     return Path(tempfile.mkdtemp(prefix="gpuopt-profile-"))
 
 

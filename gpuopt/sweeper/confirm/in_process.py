@@ -45,7 +45,7 @@ SHAREABLE = (
 # How a trial is measured, not what it trains: the shared process has its own windows.
 NOT_COMPARED = ("measure.", "profile.")
 FIRST_STAGE_ROUNDS = 8  # windows are cheap: a first stage with more df narrows Stein's interval
-MIN_STEPS = 5  # a window is at least this many optimizer steps, however long they take
+MIN_STEPS = 3  # a window is at least this many optimizer steps, however long they take
 MAX_WINDOWS = 400
 READY_TIMEOUT_S = 600.0  # building and warming every member (a GPT-2 124M on CPU: ~2 min)
 WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
@@ -175,11 +175,17 @@ class SharedProcess:
             return {"status": "error", "reason": self.error or "no answer"}
         return answer
 
-    def add(self, label: str, config: Path, steady: Mapping[str, Any] | None = None) -> dict:
+    def add(
+        self,
+        label: str,
+        config: Path,
+        steady: Mapping[str, Any] | None = None,
+        timeout_s: float = READY_TIMEOUT_S,
+    ) -> dict:
         """Build `config` (a composed job config) as `label`, warmed up (one it had is released
         first): {"status", "config": its stored spec} or {"status", "reason"}."""
         return self.command(
-            "add", READY_TIMEOUT_S, label=label, config=str(config), steady=dict(steady or {})
+            "add", timeout_s, label=label, config=str(config), steady=dict(steady or {})
         )
 
     def window(self, label: str) -> TrialOutcome:

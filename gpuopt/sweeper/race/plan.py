@@ -30,6 +30,17 @@ SHAREABLE_GROUPS = ("loader", "precision", "train", "measure", "profile")
 # What the screen ranks on, per first objective: a window's own reading of it.
 SCREEN_METRIC = {"throughput": "throughput", "throughput_amortized": "throughput"}
 SCREEN_METRIC["step_time_ms"] = "step_time_ms"
+# A screening window is at least this many optimizer steps (a large batch of a slow model takes
+# seconds a step; the screen only ranks, and the finalists' whole trials measure apart).
+SCREEN_MIN_STEPS = 3
+# ...but its drain and its window each end after one step once they took this many window lengths
+# (a candidate of seconds-long steps is read on fewer steps, not waited for).
+SCREEN_DEADLINE = 10.0
+# A candidate whose build or window takes longer than this is pruned: its steps are that slow
+# (fp16 convolutions on some CPUs: minutes a step). The process is restarted without it.
+SCREEN_TIMEOUT_S = 60.0
+# Untimed steps after a screened candidate is built (the whole trials warm up as configured).
+SCREEN_WARMUP = "measure.warmup_steps=1"
 
 
 def shareable_key(key: str) -> bool:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuopt.sweeper.confirm.in_process import WINDOW_TIMEOUT_S, SharedProcess
+from gpuopt.sweeper.confirm.in_process import SharedProcess
+from gpuopt.sweeper.race import plan
 
 TRIAL_TIMEOUT_S = 1200.0  # one whole trial (the fresh-process launcher's default timeout_s)
 
@@ -25,14 +26,24 @@ class RaceProcess(SharedProcess):
         assert isinstance(process, RaceProcess)
         return process
 
-    def measure(self, label: str, window_s: float, settle: bool = True) -> dict[str, Any]:
-        """One window of `label`: {"status", "throughput", "step_time_ms", ...}; `settle` false
-        for a configuration dropped right after (its workers need not go idle)."""
-        timeout_s = WINDOW_TIMEOUT_S + window_s
-        return self.command("window", timeout_s, label=label, window_s=window_s, settle=settle)
+    def measure(
+        self, label: str, window_s: float, min_steps: int, settle: bool = True
+    ) -> dict[str, Any]:
+        """One window of `label` (`window_s` and at least `min_steps` optimizer steps): {"status",
+        "throughput", "step_time_ms", ...}, cut short after SCREEN_DEADLINE x `window_s`; `settle`
+        false for a configuration dropped right after (its workers need not go idle)."""
+        return self.command(
+            "window",
+            plan.SCREEN_TIMEOUT_S,
+            label=label,
+            window_s=window_s,
+            min_steps=min_steps,
+            deadline_s=plan.SCREEN_DEADLINE * window_s,
+            settle=settle,
+        )
 
     def drop(self, label: str) -> None:
-        self.command("drop", WINDOW_TIMEOUT_S, label=label)
+        self.command("drop", plan.SCREEN_TIMEOUT_S, label=label)
 
     def whole_trial(self, label: str, config: Path, run_dir: Path) -> dict[str, Any] | None:
         """`config` measured as a whole trial of this process; its TrialResult as a dict, or None

@@ -45,6 +45,7 @@ from gpuopt.study.keys import (
     ATTR_STATUS,
 )
 from gpuopt.sweeper import profiling, resume
+from gpuopt.sweeper.confirm.plan import with_overrides
 from gpuopt.sweeper.launchers.results import TrialDiagnostics
 from gpuopt.sweeper.memory_axis import write_probe_config
 from gpuopt.sweeper.objectives import TrialOutcome
@@ -67,6 +68,7 @@ class Screened:
     config: dict[str, Any] | None = None
     window: dict[str, Any] = field(default_factory=dict)
     failure: TrialResult | None = None  # it failed to build or in its window
+    build_s: float | None = None  # how long its build took (the progress line)
 
 
 @dataclass
@@ -111,8 +113,8 @@ class RaceRunner(TrialRunner):
             screened = self._screen(trials, space, race)
             chosen = self._decide(study, screened, space, progress)
             for entry in screened:
-                if entry.label in chosen:
-                    self._whole(study, entry.trial, entry.overrides, space, progress, race)
+                if entry.label in chosen and self.process is not None:
+                    self._whole(study, entry.trial, entry.overrides, space, progress, self.process)
         except Exception as exc:
             resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
             raise
@@ -139,28 +141,49 @@ class RaceRunner(TrialRunner):
 
     # ---- 2. the screen ------------------------------------------------------------------------
     def _screen(self, trials: list[Trial], space: SearchSpace, race: RaceProcess) -> list[Screened]:
-        """B c1 B c2 ... B, each candidate built only for its turn."""
-        window_s = self.options.race.window_s
+        """B c1 B c2 ... B, each candidate built only for its turn; one that takes longer than
+        SCREEN_TIMEOUT_S costs the process, which starts again with the baseline."""
+        window_s, steps = self.options.race.window_s, plan.SCREEN_MIN_STEPS
+        metric = plan.SCREEN_METRIC[self.objective]
         screened = []
-        previous = race.measure(plan.BASELINE, window_s)
+        previous = race.measure(plan.BASELINE, window_s, steps)
         for trial in trials:
-            overrides = self._configure(trial, space)
-            entry = Screened(trial, overrides, f"#{trial.number}")
-            built = race.add(entry.label, self._config_file(overrides, f"trial{trial.number}"))
-            entry.config = built.get("config")
-            if built.get("status") == "ok":
-                entry.window = race.measure(entry.label, window_s, settle=False)
-                race.drop(entry.label)
-            else:
-                entry.window = built
-            if entry.window.get("status") != "ok":
-                entry.failure = _failure_result(entry.window, entry.config)
-            entry.window["baseline_before"] = previous.get(plan.SCREEN_METRIC[self.objective])
-            previous = race.measure(plan.BASELINE, window_s)
-            entry.window["baseline_after"] = previous.get(plan.SCREEN_METRIC[self.objective])
+            entry = self._screen_one(trial, space, race)
+            if race.error:  # too slow, or the process died with it: a new one, the baseline first
+                entry.window = {"status": "slow", "reason": race.error}
+                race = self._restart()
+                previous = race.measure(plan.BASELINE, window_s, steps)
+            entry.window["baseline_before"] = previous.get(metric)
+            previous = race.measure(plan.BASELINE, window_s, steps)
+            entry.window["baseline_after"] = previous.get(metric)
             screened.append(entry)
-            log.info(screen_line(entry, len(screened), len(trials), built, self.objective))
+            log.info(screen_line(entry, len(screened), len(trials), self.objective))
         return screened
+
+    def _screen_one(self, trial: Trial, space: SearchSpace, race: RaceProcess) -> Screened:
+        """One candidate built (one warm-up step) and measured in one window, then dropped."""
+        overrides = self._configure(trial, space)
+        entry = Screened(trial, overrides, f"#{trial.number}")
+        screened_as = with_overrides(overrides, [plan.SCREEN_WARMUP])
+        config = self._config_file(screened_as, f"trial{trial.number}")
+        built = race.add(entry.label, config, timeout_s=plan.SCREEN_TIMEOUT_S)
+        entry.config, entry.build_s = built.get("config"), built.get("command_s")
+        if built.get("status") == "ok":
+            window_s = self.options.race.window_s
+            entry.window = race.measure(entry.label, window_s, plan.SCREEN_MIN_STEPS, settle=False)
+            race.drop(entry.label)
+        else:
+            entry.window = built
+        if entry.window.get("status") not in ("ok", None) and not race.error:
+            entry.failure = _failure_result(entry.window, entry.config)
+        return entry
+
+    def _restart(self) -> RaceProcess:
+        """A new race process with the baseline built (after a candidate too slow to screen)."""
+        race = RaceProcess.open(self.directory, self.objective, self.options.race.window_s)
+        self.process = race
+        race.add(plan.BASELINE, self.directory / f"{plan.BASELINE}.yaml")
+        return race
 
     def _decide(
         self,
@@ -202,10 +225,7 @@ class RaceRunner(TrialRunner):
             "window_s": self.options.race.window_s,
             "window": entry.window,
         }
-        reason = (
-            f"raced out: {ratio:.2f}x the baseline in a {self.options.race.window_s:g} s window "
-            f"(rank {rank} of {len(ratios)}; the best {self.options.race.finalists} went on)"
-        )
+        reason = prune_reason(entry, ratio, rank, len(ratios), self.options.race)
         attrs = {
             ATTR_OVERRIDES: entry.overrides,
             ATTR_STATUS: "pruned",
@@ -258,19 +278,29 @@ class RaceRunner(TrialRunner):
         return write_probe_config(self.compose(list(overrides)), self.directory, f"{stem}.yaml")
 
 
-def screen_line(
-    entry: Screened, done: int, total: int, built: dict[str, Any], objective: str
-) -> str:
+def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
     """The progress line of one screened candidate (the screen can take a while)."""
     head = f"race: screened {done}/{total} #{entry.trial.number}"
     if entry.failure is not None:
         return f"{head} {entry.failure.status.value}: {entry.failure.reason}"
+    if entry.window.get("status") == "slow":
+        return f"{head}: too slow to screen ({entry.window.get('reason')})"
     metric = plan.SCREEN_METRIC[objective]
     reading, sides = entry.window.get(metric), [_side(entry, "before"), _side(entry, "after")]
     known = [s for s in sides if s]
     ratio = f" ({reading / (sum(known) / len(known)):.2f}x the baseline's)" if known else ""
-    build_s = built.get("command_s") or 0.0
-    return f"{head}: {metric}={reading:.4g}{ratio}, built in {build_s:.1f} s"
+    return f"{head}: {metric}={reading:.4g}{ratio}, built in {entry.build_s or 0.0:.1f} s"
+
+
+def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int, race: Any) -> str:
+    """Why a candidate went no further, as its `reason` user attr says it."""
+    if ratio is None:
+        why = entry.window.get("reason") or "no window"
+        return f"raced out: too slow to screen ({why})"
+    return (
+        f"raced out: {ratio:.2f}x the baseline in a {race.window_s:g} s window "
+        f"(rank {rank} of {of}; the best {race.finalists} went on)"
+    )
 
 
 def _side(entry: Screened, which: str) -> float | None:
