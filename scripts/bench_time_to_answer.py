@@ -79,7 +79,7 @@ def read_answer(out: Path) -> dict[str, Any]:
     confirmation = read_confirmation(study.user_attrs)
     if confirmation is None:
         return {"answer": None}
-    winner = confirmation.winner()
+    winner = confirmation.winner
     best = confirmation.comparison_of(winner) if winner is not None else None
     top = best or (confirmation.comparisons[0] if confirmation.comparisons else None)
     trial = study.trials[winner] if winner is not None else None
@@ -87,7 +87,7 @@ def read_answer(out: Path) -> dict[str, Any]:
         "answer": {
             "winner": winner,
             "params": dict(trial.params) if trial is not None else None,
-            "kept_baseline": winner == confirmation.baseline_number(),
+            "kept_baseline": winner == confirmation.baseline_number,
             "mode": confirmation.mode,
             "rounds": confirmation.rounds,
             "compared_trial": top.trial_number if top else None,

@@ -187,8 +187,9 @@ class DistributedConf:
     reshard_after_forward: bool = True
     param_dtype: str | None = None  # fp32 | bf16 | fp16 | null (the parameters' dtype)
     reduce_dtype: str | None = None  # gradient reduce-scatter dtype; null: param_dtype
-    # Child modules sharded (and checkpointed) one by one, by class name, e.g. [Block]; the root
-    # is always sharded. Empty: only the root.
+    # Child modules sharded (and checkpointed) one by one, by class name or fnmatch pattern, e.g.
+    # [Block] or ["*Block"]; the root is always sharded. Empty: only the root. An entry matching
+    # no submodule is the trial's one-line error, naming the classes the model has.
     shard_modules: list[str] = field(default_factory=list)
     checkpoint_modules: list[str] = field(default_factory=list)
 

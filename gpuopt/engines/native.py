@@ -12,7 +12,8 @@ once the trial's memory is released, the numerics guard (gpuopt.engines._guard).
 In a rank of a distributed trial (`distributed=ddp | fsdp2`, gpuopt.engines._distributed) the model
 is wrapped before its optimizer is built, each rank draws its own samples, accumulation reduces
 once per step, and the window is aligned across ranks; what runs on one rank alone (the compute
-ceiling's time-budgeted replay, the matmul peak, the guard) runs on rank 0 or not at all.
+ceiling's time-budgeted replay, the matmul peak) runs on rank 0 or not at all; the numerics guard
+runs on every rank (the ranks' averaged loss trajectory against the single-process reference).
 
 The sweeper's probing processes build their trials here too, through the registry
 (`gpuopt.engines.registry.engine_entry`): `open_windows` for the in-process confirmation

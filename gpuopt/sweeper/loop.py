@@ -140,13 +140,13 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         (race or self._runner(baseline_point)).run(study, to_go, space, progress)
         clock.lap("trials")
 
+        if race is not None and race.process is not None:
+            # Not reused for the confirmation: after whole (profiled) trials, this process's
+            # windows read a pair 6.8% apart from fresh processes, a new one's -2.8%
+            # (scripts/bench_race_bias.py, docs/benchmarks.md)
+            race.process.close()
         measure = functools.partial(self._measure, names=names, directions=directions)
-        shared = race.process if race is not None else None
-        try:
-            confirmation = self._confirm(study, names, directions, measure, shared)
-        finally:
-            if shared is not None:
-                shared.close()
+        confirmation = self._confirm(study, names, directions, measure)
         clock.lap("confirmation")
         pending = rounds.elsewhere(
             study, confirmation, directions, self.options.confirm, self.n_trials
@@ -298,12 +298,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         return resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials), point
 
     def _confirm(
-        self,
-        study: optuna.Study,
-        names: list[str],
-        directions: list[str],
-        measure: Any,
-        shared: Any = None,
+        self, study: optuna.Study, names: list[str], directions: list[str], measure: Any
     ) -> Confirmation | None:
         """The confirmation round, in the last worker to finish; its record."""
         return rounds.confirm_if_last(
@@ -316,7 +311,6 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             measure=measure,
             compose=self._compose if self.options.gpuopt_task else None,
             app_config=OmegaConf.to_container(self.config, resolve=False),
-            shared=shared,
         )
 
     # ---- runs outside the study (confirmation, the best's profile) -----------------------------

@@ -228,11 +228,9 @@ def open_shared(
     objective: str,
     window_s: float,
     directory: Path,
-    process: SharedProcess | None = None,
 ) -> SharedProcess | None:
     """The shared process for these trials (baseline first), or None with the reason logged:
-    a member that cannot share, or the process failed to build them. `process`: one already
-    running (the race's) to build them in, instead of starting one."""
+    a member that cannot share, or the process failed to build them."""
     from gpuopt.sweeper.memory_axis import write_probe_config
 
     configs = [config_of(t.user_attrs) for t in trials]
@@ -247,27 +245,8 @@ def open_shared(
         overrides = list(trial.user_attrs.get(ATTR_OVERRIDES) or [])
         paths[label] = write_probe_config(compose(overrides), directory, f"{label}.yaml")
         steady[label] = {k: trial.user_attrs.get(k) for k in ("epoch_steps", "epoch_overhead_s")}
-    if process is not None:  # the race's process: its members built afresh for these labels
-        return _reuse(process, paths, steady, objective)
     shared = SharedProcess.start(paths, steady, objective, window_s, directory)
     if shared.error:
         log.warning("confirmation in fresh processes: %s", shared.error)
         return None
     return shared
-
-
-def _reuse(
-    process: SharedProcess,
-    paths: Mapping[str, Path],
-    steady: Mapping[str, Mapping[str, Any]],
-    objective: str,
-) -> SharedProcess | None:
-    """`process` with these labels built in it (the race's process: no second start-up)."""
-    process.objective = objective
-    for label, path in paths.items():
-        answer = process.add(label, path, steady.get(label))
-        if answer.get("status") != "ok":
-            why = answer.get("reason") or answer.get("status")
-            log.warning("confirmation in fresh processes: %s failed to build (%s)", label, why)
-            return None
-    return process

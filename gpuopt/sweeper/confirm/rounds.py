@@ -130,7 +130,6 @@ def run(
     measure: Callable[[list[str], int], Any],
     compose: Callable[[list[str]], Any] | None = None,
     app_config: Mapping[str, Any] | None = None,
-    shared: Any = None,
 ) -> Confirmation | None:
     """Plan, claim and run the round; store and return its record (None when it does not run).
 
@@ -138,8 +137,7 @@ def run(
     TrialOutcome. With `settings.in_process` and `compose(overrides)` (the sweep's composition of
     a job's config), configurations that can share a process are measured in alternating windows
     of one process instead (gpuopt/sweeper/confirm/in_process.py). `app_config`: the sweep's
-    composed config as a plain dict, which the runs' overrides apply to. `shared`: the race's
-    process (in_process.SharedProcess), where the windows run then (no second start-up).
+    composed config as a plain dict, which the runs' overrides apply to.
     """
     if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
         return None  # a stock-style task: its values are not noisy measurements to confirm
@@ -171,15 +169,7 @@ def run(
         # windows are cheap: the top_k asked for, not the fresh-process cap's
         chosen = [baseline, *ranked[:top_k]]
         measured = in_process_rounds(
-            chosen,
-            feasible,
-            confirm_plan,
-            names[0],
-            rule,
-            compose,
-            settings.window_s,
-            sweep_dir,
-            shared,
+            chosen, feasible, confirm_plan, names[0], rule, compose, settings.window_s, sweep_dir
         )
     if measured is None:
         chosen = [baseline, *ranked[: confirm_plan.top_k]]
@@ -250,15 +240,11 @@ def in_process_rounds(
     compose: Callable[[list[str]], Any],
     window_s: float,
     sweep_dir: str,
-    process: Any = None,
 ) -> Measured | None:
-    """The rounds as alternating windows of one shared process (in_process.py; `process`: one
-    already running, the race's), within the fresh-process plan's time; None when the chosen
-    trials cannot share one."""
+    """The rounds as alternating windows of one shared process (in_process.py), within the
+    fresh-process plan's time; None when the chosen trials cannot share one."""
     directory = Path(sweep_dir) / "confirm"
-    shared = in_process.open_shared(
-        chosen, labels(chosen), compose, objective, window_s, directory, process
-    )
+    shared = in_process.open_shared(chosen, labels(chosen), compose, objective, window_s, directory)
     if shared is None:
         return None
     first, cap = in_process.window_plan(

@@ -81,7 +81,7 @@ class RaceRunner(TrialRunner):
     process: RaceProcess | None = None  # the race's process, once started
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
-        """The race; its process stays open (`process`) for the confirmation, which closes it."""
+        """The race; its process stays open (`process`) until the caller closes it."""
         progress.start(study.get_trials(deepcopy=False))
         race = RaceProcess.open(self.directory, self.objective, self.options.race.window_s)
         self.process = race
