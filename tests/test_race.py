@@ -260,3 +260,16 @@ def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_pat
     finally:
         race.close()
     assert _group_members(race.process.pid) == []
+
+
+def test_only_gpuopts_own_task_function_races() -> None:
+    # an app on gpuopt's configs with a task of its own (tests/sweep_helpers/fake_task.py) must
+    # not race: the race measures with gpuopt's engines, not the app's function
+    import importlib.util
+
+    origin = importlib.util.find_spec("gpuopt.run").origin
+    namespace: dict = {}
+    exec(compile("def main(cfg):\n    return cfg\n", origin, "exec"), namespace)
+    assert plan.is_gpuopt_main(namespace["main"])  # the function gpuopt/run.py defines
+    assert not plan.is_gpuopt_main(lambda cfg: cfg)
+    assert not plan.is_gpuopt_main(test_only_gpuopts_own_task_function_races)

@@ -90,6 +90,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         if launcher_choice.wants_fresh_process(self.options, hydra_context.config_loader, config):
             launcher_choice.use_fresh_process(config)
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self._own_task = race_plan.is_gpuopt_main(task_function)
         trust = config.get("trust") if self.options.gpuopt_task else None
         self.custom_search_space_extender = custom_space.extender(
             self.options.custom_search_space, task_function, list(trust or [])
@@ -260,6 +261,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
         composed = race_plan.task_config(self.config)
         why = race_plan.why_not(self.options, self.launcher, composed, space, objective, finished)
+        if why is None and not getattr(self, "_own_task", False):
+            why = "the app's own task function (the race measures with gpuopt's engines)"
         if why is not None:
             if self.options.gpuopt_task and self.options.race.enabled:
                 log.info("trials in fresh processes, one each (no race: %s)", why)

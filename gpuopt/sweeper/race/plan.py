@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuopt.core._compat import submitit_executor_kind
@@ -99,6 +100,22 @@ def task_config(config: Any) -> dict[str, Any]:
         }
     except Exception:
         return {}
+
+
+def is_gpuopt_main(task_function: Any) -> bool:
+    """Whether the sweep's task is `gpuopt.run`'s own main (the race measures with gpuopt's
+    engines, so an app with its own task function on gpuopt's configs must not race). By its
+    source file: under `python -m gpuopt.run` the module is `__main__`. gpuopt.run is located,
+    not imported (it imports torch)."""
+    import importlib.util
+
+    code = getattr(task_function, "__code__", None)
+    spec = importlib.util.find_spec("gpuopt.run")
+    if code is None or spec is None or spec.origin is None:
+        return False
+    return Path(code.co_filename).resolve() == Path(spec.origin).resolve() and (
+        getattr(task_function, "__name__", "") == "main"
+    )
 
 
 def screen_order(candidates: Sequence[str]) -> list[str]:
