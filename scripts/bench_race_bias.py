@@ -63,20 +63,9 @@ def fresh(pairs: int, candidate: list[str]) -> dict[str, Any]:
 
 
 def configs(folder: Path, candidate: list[str], profile: bool) -> dict[str, Path]:
-    from hydra import compose, initialize_config_module
-
-    import gpuopt.run  # noqa: F401 - registers the schemas
-    from gpuopt.sweeper.memory_axis import write_probe_config
-
-    extra = ["profile=on"] if profile else []
-    paths = {}
-    for label, overrides in {"base": BASE, "cand": candidate}.items():
-        with initialize_config_module(config_module="gpuopt.conf"):
-            cfg = compose(
-                "config", overrides=[*WINDOW, *overrides, *extra], return_hydra_config=True
-            )
-        name = f"{label}{'-profiled' if profile else ''}.yaml"
-        paths[label] = write_probe_config(cfg, folder, name)
+    extra, tag = (["profile=on"], "-profiled") if profile else ([], "")
+    arms = {"base": [*WINDOW, *BASE, *extra], "cand": [*WINDOW, *candidate, *extra]}
+    paths = benchlib.composed_configs(folder / f"configs{tag}", arms)
     return paths
 
 

@@ -31,26 +31,10 @@ BASE = ["device=cpu", "loader.batch_size=32", "loader.num_workers=0"]
 
 
 def configs(folder: Path, workers: int) -> dict[str, Path]:
-    from hydra import compose, initialize_config_module
-
-    import gpuopt.run  # noqa: F401 - registers the schemas
-    from gpuopt.sweeper.memory_axis import write_probe_config
-
-    arms = {
-        "baseline": BASE,
-        "candidate": [
-            "device=cpu",
-            "loader.batch_size=512",
-            f"loader.num_workers={workers}",
-            "device.num_threads=1",
-        ],
-    }
-    paths = {}
-    for label, overrides in arms.items():
-        with initialize_config_module(config_module="gpuopt.conf"):
-            cfg = compose("config", overrides=overrides, return_hydra_config=True)
-        paths[label] = write_probe_config(cfg, folder, f"{label}.yaml")
-    return paths
+    candidate = ["loader.batch_size=512", f"loader.num_workers={workers}", "device.num_threads=1"]
+    return benchlib.composed_configs(
+        folder, {"baseline": BASE, "candidate": ["device=cpu", *candidate]}
+    )
 
 
 def summary(values: list[float]) -> dict[str, Any]:

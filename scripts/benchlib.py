@@ -173,3 +173,19 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def write_json(path: str | Path, data: Any) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def composed_configs(folder: Path, arms: Mapping[str, Sequence[str]]) -> dict[str, Path]:
+    """Each arm's overrides composed as gpuopt's app composes a job (Hydra config included) and
+    written as `<label>.yaml` in `folder`: what the shared process (gpuopt.trial.interleave) builds."""
+    from hydra import compose, initialize_config_module
+
+    import gpuopt.run  # noqa: F401 - registers the schemas
+    from gpuopt.sweeper.memory_axis import write_probe_config
+
+    paths = {}
+    for label, overrides in arms.items():
+        with initialize_config_module(config_module="gpuopt.conf"):
+            cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+        paths[label] = write_probe_config(cfg, folder, f"{label}.yaml")
+    return paths

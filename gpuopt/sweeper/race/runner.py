@@ -194,10 +194,10 @@ class RaceRunner(TrialRunner):
     ) -> list[str]:
         """The finalists' labels; the others recorded (failed as their failure, else pruned)."""
         metric = plan.SCREEN_METRIC[self.objective]
-        order, readings = [plan.BASELINE], [None if not screened else _side(screened[0], "before")]
+        order = plan.screen_order([entry.label for entry in screened])
+        readings = [_side(screened[0], "before")] if screened else [None]
         for entry in screened:
             own = entry.window.get(metric) if entry.failure is None else None
-            order += [entry.label, plan.BASELINE]
             readings += [own, _side(entry, "after")]
         ratios = plan.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
         chosen = plan.finalists(ratios, self.options.race.finalists)
