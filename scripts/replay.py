@@ -190,6 +190,8 @@ class ReplayRun:
     params: list[dict[str, Any]]
     values: list[float | None]  # None: an infeasible/failed grid point (told to Optuna as FAIL)
     direction: str = "maximize"
+    # A race: the trial counts at which its rounds end (a round's best is known at its end only).
+    round_ends: list[int] = field(default_factory=list)
 
     def best_so_far(self) -> list[float | None]:
         best: float | None = None
@@ -203,12 +205,13 @@ class ReplayRun:
         return out
 
     def trials_to_reach(self, target: float) -> int | None:
-        """1-based count of trials until the best value reaches `target`; None if never."""
+        """1-based count of trials until the best value reaches `target`; None if never. In a
+        race a screen's best is known once its round ends: the end of the round that reached it."""
         for n, best in enumerate(self.best_so_far(), start=1):
             if best is not None and (
                 best >= target if self.direction == "maximize" else best <= target
             ):
-                return n
+                return next((end for end in self.round_ends if end >= n), n)
         return None
 
     def distinct_configs(self, upto: int | None = None) -> int:
@@ -223,6 +226,9 @@ class SearchSetup:
     (e.g. utilization) are read from the grid points' other metrics and told as a multi-objective
     study. `enqueue` are first trials with fixed params (a baseline; keys it lacks are sampled).
     `space` replaces the grid's space (a subset of its choices, e.g. after device-aware trimming).
+    `race`: the sweep races (gpuopt/sweeper/race/) in screens of `race` trials: the first trial
+    (the baseline) told alone, then rounds of `race` trials asked at once before any is told; the
+    screen is taken to rank by the grid's values (its short windows' noise aside).
     """
 
     objectives: tuple[str, ...] = ()  # empty: the grid's objective only
@@ -230,6 +236,14 @@ class SearchSetup:
     n_jobs: int = 1
     enqueue: tuple[dict[str, Any], ...] = ()
     space: dict[str, str] | None = None
+    race: int = 0
+    race_finalists: int = 2  # a screen's trials told with values; the rest are told PRUNED
+
+    def batch(self, asked: int, budget: int) -> int:
+        """How many trials the next ask takes, `asked` already asked."""
+        if self.race:
+            return min(1 if asked == 0 else self.race, budget - asked)
+        return min(self.n_jobs, budget - asked)
 
 
 def _values(grid: Grid, point: GridPoint, objectives: Sequence[str]) -> list[float] | None:
@@ -240,6 +254,17 @@ def _values(grid: Grid, point: GridPoint, objectives: Sequence[str]) -> list[flo
             return None
         values.append(float(value))
     return values
+
+
+def _told(answers: Sequence[list[float] | None], setup: SearchSetup, direction: str) -> set[int]:
+    """Which of a screen's trials the race tells with values: its best `race_finalists` by the
+    first objective (the runner's finalists); the others it tells PRUNED."""
+    ranked = sorted(
+        (i for i, a in enumerate(answers) if a is not None),
+        key=lambda i: answers[i][0],  # type: ignore[index]
+        reverse=direction == "maximize",
+    )
+    return set(ranked[: setup.race_finalists])
 
 
 def replay(
@@ -274,19 +299,25 @@ def replay(
     )
     run = ReplayRun(sampler=name, seed=seed, params=[], values=[], direction=grid.direction)
     while len(run.values) < n_trials:
-        batch = [
-            study.ask(distributions) for _ in range(min(setup.n_jobs, n_trials - len(run.values)))
-        ]
+        batch = [study.ask(distributions) for _ in range(setup.batch(len(run.values), n_trials))]
+        answers = []
         for trial in batch:
             point = grid.lookup(trial.params)
-            values = _values(grid, point, objectives) if point.ok else None
+            answers.append(_values(grid, point, objectives) if point.ok else None)
             run.params.append(dict(trial.params))
+            run.values.append(answers[-1][0] if answers[-1] is not None else None)
+        told = _told(answers, setup, grid.direction) if setup.race and len(batch) > 1 else None
+        for i, (trial, values) in enumerate(zip(batch, answers, strict=True)):
             if values is None:
                 study.tell(trial, state=TrialState.FAIL)
-                run.values.append(None)
+            elif told is not None and i not in told:  # raced out: pruned, its reading reported
+                if len(objectives) == 1:
+                    trial.report(values[0], step=0)
+                study.tell(trial, state=TrialState.PRUNED)
             else:
                 study.tell(trial, values[0] if len(values) == 1 else values)
-                run.values.append(values[0])
+        if setup.race:
+            run.round_ends.append(len(run.values))
         if stop_at is not None and run.trials_to_reach(stop_at) is not None:
             break
     return run
@@ -381,6 +412,9 @@ class SweeperDefaults:
     device_aware: bool
     config: Any  # the composed config (DictConfig, with its hydra node), for the baseline's values
     seeding: bool = False  # expert seeds after the baseline (gpuopt/sweeper/seeding.py)
+    race: bool = False  # the trials raced in one process (gpuopt/sweeper/race/)
+    race_screen: int = 0  # ...in screens of this many candidates
+    race_finalists: int = 2  # ...each screen's best this many measured as whole trials
 
     def factory(self) -> SamplerFactory:
         from hydra.utils import instantiate
@@ -413,8 +447,16 @@ class SweeperDefaults:
                 enqueue += tuple(s.params for s in grid_seeds(grid, space, fitting))
         objectives = self.objectives if self.objectives[0] == grid.objective else (grid.objective,)
         directions = self.directions if objectives == self.objectives else (grid.direction,)
+        race = self.race_screen if self.race and self.baseline and self.n_jobs == 1 else 0
+        finalists = self.race_finalists
         return SearchSetup(
-            objectives, directions, self.n_jobs, enqueue, space if space != grid.space else None
+            objectives,
+            directions,
+            self.n_jobs,
+            enqueue,
+            space if space != grid.space else None,
+            race=race,
+            race_finalists=finalists,
         )
 
 
@@ -496,6 +538,9 @@ def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:
         device_aware=bool(sweeper.get("device_aware", False)),
         config=cfg,
         seeding=bool(sweeper.get("seeding", False)),
+        race=bool((sweeper.get("race") or {}).get("enabled", False)),
+        race_screen=int((sweeper.get("race") or {}).get("screen", 0)),
+        race_finalists=int((sweeper.get("race") or {}).get("finalists", 2)),
     )
 
 

@@ -116,6 +116,58 @@ def test_multi_objective_setup_tells_the_extra_metric_and_runs_the_baseline_firs
     assert {p["precision"] for p in run.params} == {"fp32"}  # the trimmed space is what is asked
 
 
+class _SeenTold(optuna.samplers.RandomSampler):
+    """A random sampler that notes, per trial, how many trials had been told when it was asked."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__(seed=seed)
+        self.told_when_asked: dict[int, int] = {}
+
+    def sample_independent(self, study, trial, name, distribution):  # type: ignore[no-untyped-def]
+        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        done = study.get_trials(deepcopy=False, states=finished)
+        self.told_when_asked.setdefault(trial.number, len(done))
+        self.study = study
+        return super().sample_independent(study, trial, name, distribution)
+
+
+def test_a_race_tells_its_baseline_alone_then_asks_the_screen_at_once_and_answers_at_its_end() -> (
+    None
+):
+    """As gpuopt/sweeper/race/runner.py asks: trial 0 (the baseline) told first, the other
+    trials asked before any of them is told; the answer is the screen's best, known at its end."""
+    grid = _encoded_grid()
+    baseline = {"loader.batch_size": 128, "loader.num_workers": 2, "precision": "bf16"}  # the best
+    sampler = _SeenTold(seed=0)
+    setup = SearchSetup(enqueue=(baseline,), race=5)
+    run = replay(grid, sampler, 13, setup=setup)
+    assert len(run.values) == 13 and run.params[0] == baseline
+    assert run.round_ends == [1, 6, 11, 13]  # the baseline, then screens of 5 (the last short)
+    told = sampler.told_when_asked
+    assert [told[n] for n in range(1, 13)] == [1] * 5 + [6] * 5 + [11] * 2  # each round blind
+    assert run.trials_to_reach(grid.best().value) == 1  # the baseline's own value: trial 1
+    # each screen tells its best 2 (the runner's finalists) with values, the rest PRUNED
+    trials = sampler.study.get_trials()
+    first_screen = [t for t in trials[1:6] if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(first_screen) == 2
+    pruned = [t.intermediate_values[0] for t in trials[1:6] if t not in first_screen]
+    assert max(pruned) <= min(t.value for t in first_screen)
+    run.values[0] = None  # were the best found by the screen, it would be known at its end
+    assert run.trials_to_reach(max(v for v in run.values[1:6] if v is not None)) == 6
+    assert (
+        replay(grid, _SeenTold(seed=0), 50, setup=SearchSetup(enqueue=(baseline,))).trials_to_reach(
+            grid.best().value
+        )
+        == 1
+    )  # without the race: at once
+
+
+def test_gpuopt_default_races_unless_the_race_is_off(grid: Grid) -> None:
+    raced = gpuopt_contenders(grid, sampler_only=False)[0].setup
+    unraced = gpuopt_contenders(grid, ["hydra.sweeper.race.enabled=false"], sampler_only=False)
+    assert raced.race > 1 and unraced[0].setup.race == 0
+
+
 # -- the shipped, measured grid ------------------------------------------------------------------
 
 

@@ -668,6 +668,7 @@ def test_default_sampler_is_multivariate_tpe_and_other_samplers_replace_it():
         ).hydra.sweeper.sampler
     sampler = instantiate(default, _execution_whitelist_=SAMPLER_WHITELIST)
     assert isinstance(sampler, optuna.samplers.TPESampler) and sampler._multivariate
+    assert sampler._constant_liar  # a screen or an n_jobs batch is asked before it is told
     assert stock.multivariate is False
     assert chosen._target_ == "optuna.samplers.RandomSampler" and "multivariate" not in chosen
 

@@ -65,7 +65,8 @@ class RaceOptions:
 
     enabled: bool = True
     window_s: float = 0.3  # one screening window (at least 3 steps however long they take)
-    finalists: int = 2  # candidates measured as whole trials after the screen
+    finalists: int = 2  # candidates measured as whole trials after each screen
+    screen: int = 9  # candidates per screen: a longer sweep races in rounds of this many
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,12 @@ class SweeperOptions:
                 "race.finalists",
                 self.race.finalists,
                 _int_at_least(self.race.finalists, 1),
+                "an integer >= 1",
+            ),
+            (
+                "race.screen",
+                self.race.screen,
+                _int_at_least(self.race.screen, 1),
                 "an integer >= 1",
             ),
         ):

@@ -7,12 +7,18 @@ process (`gpuopt.trial.interleave`, RaceProcess) measures them all:
 
 1. the baseline as a whole trial (window, compute ceiling, loader cost, FLOPs, numerics guard,
    profile): the study's trial 0, whose facts enqueue the expert seeds;
-2. the screen: the other n_trials - 1 configurations asked from Optuna at once, each built in
+2. the screen: the next `race.screen` configurations asked from Optuna at once, each built in
    turn and measured in one short window (`race.window_s`) between two baseline windows
    (B c1 B c2 ... B; each built only while its turn lasts), ranked by the paired ratio;
-3. the best `race.finalists` measured as whole trials in the same process (told COMPLETE with
-   every metric, as a fresh-process trial is); the others told PRUNED, the screen's reading kept
-   in their `race` user attr (and, for one objective, as Optuna's intermediate value).
+3. the screen's best `race.finalists` measured as whole trials in the same process (told COMPLETE
+   with every metric, as a fresh-process trial is); the others told PRUNED, the screen's reading
+   kept in their `race` user attr (and, for one objective, as Optuna's intermediate value).
+
+Steps 2-3 repeat until n_trials: a round's trials are all told before the next round is asked, so
+a sweep longer than one screen is still guided by its sampler (a screen of everything at once
+would ask 49 trials of a 50-trial sweep blind). The default screen (9) is the whole default sweep
+after its baseline, and no more than `gpuopt_tpe`'s `n_startup_trials` (10), which a sequential
+sweep samples blind anyway.
 
 Every value told comes from this one process, so values never mix fresh and warm processes (a
 long-lived process reads faster); the published speedup is still the confirmation's paired
@@ -105,7 +111,25 @@ class RaceRunner(TrialRunner):
             race.close()
             super().run(study, to_go, space, progress)
             return
-        trials, _ = self._ask(study, to_go)
+        while to_go > 0 and self.process is not None:
+            trials, full = self._ask(study, min(to_go, self.options.race.screen))
+            if not trials:
+                return
+            self._round(study, trials, space, progress, self.process)
+            if full:
+                return
+            to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+
+    def _round(
+        self,
+        study: optuna.Study,
+        trials: list[Trial],
+        space: SearchSpace,
+        progress: Progress,
+        race: RaceProcess,
+    ) -> None:
+        """One screen of `trials` (asked at once), its finalists' whole trials, every trial told:
+        the sampler sees this round's results before it asks the next round's."""
         beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
         for beat in beats:
             beat.start()
