@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from gpuopt.trial.devices import (
+    add_slow_precisions,
     detect_capabilities,
     fingerprint,
     list_devices,
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             mode: probed_peak_flops(device, mode, data["fingerprint"])
             for mode in supported_modes(device)
         }
+        add_slow_precisions(data)
     data["devices"] = list_devices()
     data["accelerator"] = why_no_accelerator()
     if args.json:

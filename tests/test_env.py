@@ -165,6 +165,30 @@ def test_env_cli_shows_the_measured_peak_per_dtype(tmp_path):
         check=True,
         env={**os.environ, "GPUOPT_CACHE_DIR": str(tmp_path)},
     )
-    peaks = json.loads(out.stdout)["peak_flops"]
+    data = json.loads(out.stdout)
+    peaks = data["peak_flops"]
     assert set(peaks) == {"fp32", "bf16", "fp16"} and all(v > 0 for v in peaks.values())
     assert (tmp_path / "peak_flops.json").exists()
+    # a low precision the probe measured no faster than fp32 is a poor choice here, named so
+    poor = data["poor_choices"].get("precision", {})
+    for mode in ("bf16", "fp16"):
+        if peaks[mode] < devices.LOW_PRECISION_GAIN * peaks["fp32"]:
+            assert mode in poor and poor == data["poor_choices"]["precision.mode"]
+
+
+def test_a_low_precision_measured_no_faster_than_fp32_is_a_poor_choice() -> None:
+    """AVX512-FP16 without AMX-FP16: native fp16 instructions, fp16 matmul at fp32's speed."""
+    peaks = {"fp32": 3.6e11, "bf16": 2.0e12, "fp16": 3.6e11}
+    assert set(devices.slow_precisions(peaks)) == {"fp16"}
+    assert "1.00x fp32's" in devices.slow_precisions(peaks)["fp16"]
+    data = {"peak_flops": peaks, "poor_choices": {"precision": {"tf32": "no GPU"}}}
+    data["poor_choices"]["precision.mode"] = {"tf32": "no GPU"}
+    devices.add_slow_precisions(data)
+    assert set(data["poor_choices"]["precision"]) == {"tf32", "fp16"}
+    assert data["poor_choices"]["precision.mode"] == data["poor_choices"]["precision"]
+    # a reason already given (no native fp16 at all) is kept; a GPU's fast fp16 is no poor choice
+    kept = {"peak_flops": peaks, "poor_choices": {"precision": {"fp16": "no native fp16"}}}
+    devices.add_slow_precisions(kept)
+    assert kept["poor_choices"]["precision"]["fp16"] == "no native fp16"
+    assert devices.slow_precisions({"fp32": 6.7e13, "bf16": 9.9e14, "fp16": 9.9e14}) == {}
+    assert devices.slow_precisions({"fp32": 3.6e11}) == {}  # nothing measured: nothing said

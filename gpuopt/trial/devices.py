@@ -231,6 +231,44 @@ def _cpu_choices(
     compile_modes["max-autotune"] = "autotunes GPU kernels: needs a CUDA device to pay off"
 
 
+# A low precision whose measured matmul peak is under this many times fp32's buys no compute here.
+LOW_PRECISION_GAIN = 1.2
+
+
+def slow_precisions(peak_flops: dict[str, float]) -> dict[str, str]:
+    """The low precisions (bf16, fp16) that the measured matmul peaks (`python -m gpuopt.env`'s
+    probe, gpuopt.trial.matmul_peak) say are no faster than fp32 here, with the reason.
+
+    Why measured, not read off CPU flags: a CPU can have native fp16 instructions (AVX512-FP16)
+    and still no faster fp16 matrix math (AMX-FP16 is a later chip), so fp16 autocast only adds
+    rounding and conversions - and its convolutions have no fast kernel at all (on a 2-core Xeon
+    with AVX512-FP16, a 3x3 conv's forward and backward took 2.2 s in fp16 vs 60 ms in fp32:
+    docs/searching.md, "Device-aware choices"). A trial of such a configuration costs a sweep minutes for nothing."""
+    fp32 = peak_flops.get("fp32")
+    slow = {}
+    for mode in ("bf16", "fp16"):
+        peak = peak_flops.get(mode)
+        if fp32 and peak and peak < LOW_PRECISION_GAIN * fp32:
+            slow[mode] = (
+                f"measured matmul peak {peak / 1e12:.3g} TFLOP/s, {peak / fp32:.2f}x fp32's: "
+                "no faster math here to pay for its rounding"
+            )
+    return slow
+
+
+def add_slow_precisions(data: dict[str, Any]) -> None:
+    """`detect_capabilities`' poor choices, with the precisions the measured peaks in
+    `data["peak_flops"]` say are slow here (those not already poor for another reason)."""
+    slow = slow_precisions(data.get("peak_flops") or {})
+    poor = data.setdefault("poor_choices", {})
+    for key in ("precision.mode", "precision"):
+        listed = poor.setdefault(key, {})
+        for mode, why in slow.items():
+            listed.setdefault(mode, why)
+        if not listed:
+            del poor[key]
+
+
 def detect_capabilities(device: torch.device | str | None = None) -> dict[str, Any]:
     """What the device does well, and `poor_choices`: {config key: {override value: reason}}.
 
