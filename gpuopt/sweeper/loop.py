@@ -258,7 +258,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         baseline_point: dict[str, Any] | None,
     ) -> RaceRunner | None:
         """The race's runner when this sweep can race (sweeper/race/), else None (logged why)."""
-        finished = sum(1 for t in study.get_trials(deepcopy=False) if t.state.is_finished())
+        finished = race_plan.measured_apart(study.get_trials(deepcopy=False))
         composed = race_plan.task_config(self.config)
         why = race_plan.why_not(self.options, self.launcher, composed, space, objective, finished)
         if why is None and not getattr(self, "_own_task", False):

@@ -71,7 +71,10 @@ def why_not(
             f"{type(launcher).__name__} runs the trials (not one local process each)",
         ),
         (space.is_grid, "a grid sampler"),
-        (finished_trials > 0, "the study holds trials measured apart (a resumed sweep)"),
+        (
+            finished_trials > 0,
+            "the study holds trials measured in fresh processes (a resumed sweep)",
+        ),
         (objective not in WINDOW_OBJECTIVES, f"{objective} is not a window's reading"),
     )
     for failed, why in checks:
@@ -83,6 +86,19 @@ def why_not(
     if apart:
         return f"{apart[0]} cannot change inside one process"
     return shareable(composed, composed)
+
+
+def measured_apart(trials: Sequence[Any]) -> int:
+    """How many of a study's trials hold values measured outside a race (a fresh process each):
+    a study with any keeps fresh processes, so warm and fresh values never meet. A raced study
+    (every value from a race: ATTR_RACE on its whole trials) resumes racing in a new process."""
+    from optuna.trial import TrialState
+
+    from gpuopt.study.keys import ATTR_RACE
+
+    return sum(
+        1 for t in trials if t.state == TrialState.COMPLETE and ATTR_RACE not in t.user_attrs
+    )
 
 
 def task_config(config: Any) -> dict[str, Any]:

@@ -150,16 +150,19 @@ class RaceRunner(TrialRunner):
     def _baseline(
         self, study: optuna.Study, space: SearchSpace, progress: Progress, race: RaceProcess
     ) -> bool:
-        """Trial 0 as a whole trial; then the baseline built for the screen. Whether both worked."""
-        trials, _ = self._ask(study, 1)
-        if not trials:
-            return False
-        trial = trials[0]
-        overrides = self._configure(trial, space)
-        self._whole(study, trial, overrides, space, progress, race)
-        done = study.get_trials(deepcopy=False)[trial.number]
+        """Trial 0 as a whole trial (unless a raced study resumes with it done); then the
+        baseline built for the screen. Whether both worked."""
+        done = _done_baseline(study)
+        if done is None:
+            trials, _ = self._ask(study, 1)
+            if not trials:
+                return False
+            trial = trials[0]
+            self._whole(study, trial, self._configure(trial, space), space, progress, race)
+            done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
             return False
+        overrides = list(done.user_attrs.get(ATTR_OVERRIDES) or [])
         answer = race.add(plan.BASELINE, self._config_file(overrides, plan.BASELINE))
         return answer.get("status") == "ok"
 
@@ -300,6 +303,14 @@ class RaceRunner(TrialRunner):
         """The job config the launcher would compose for `overrides`, as `<stem>.yaml`."""
         assert self.compose is not None
         return write_probe_config(self.compose(list(overrides)), self.directory, f"{stem}.yaml")
+
+
+def _done_baseline(study: optuna.Study) -> Any:
+    """The baseline trial of a raced study that resumes (COMPLETE, from an earlier race), or None."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get(ATTR_BASELINE) and ATTR_RACE in t.user_attrs:
+            return t
+    return None
 
 
 def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
