@@ -45,6 +45,11 @@ SHAREABLE = (
 # How a trial is measured, not what it trains: the shared process has its own windows.
 NOT_COMPARED = ("measure.", "profile.")
 FIRST_STAGE_ROUNDS = 8  # windows are cheap: a first stage with more df narrows Stein's interval
+# ...as many of those rounds as fit in this many seconds (at least confirm.rounds): 8 rounds of
+# 0.5 s windows take ~12 s, of a cnn's 3-step windows of 0.3 s steps ~30 s, and the spread of
+# such slow windows is small (a +-1.3% interval after 8 rounds: docs/benchmarks.md); Stein's
+# second stage adds rounds where the first ones say the interval needs them.
+FIRST_STAGE_S = 16.0
 MIN_STEPS = 3  # a window is at least this many optimizer steps, however long they take
 MAX_WINDOWS = 400
 READY_TIMEOUT_S = 600.0  # building and warming every member (a GPT-2 124M on CPU: ~2 min)
@@ -81,12 +86,15 @@ def window_plan(
     rounds: int, max_runs: int, trial_seconds: Sequence[float], windows_s: Sequence[float]
 ) -> tuple[int, int]:
     """(first-stage rounds, cap on windows) for arms whose windows take `windows_s`: the
-    fresh-process cap's time (max_runs runs of the sweep's median trial) spent on windows."""
+    fresh-process cap's time (max_runs runs of the sweep's median trial) spent on windows; the
+    first stage as many rounds (up to FIRST_STAGE_ROUNDS, at least `rounds`) as FIRST_STAGE_S
+    holds."""
     median = sorted(trial_seconds)[len(trial_seconds) // 2] if trial_seconds else 10.0
-    arms = len(windows_s)
-    windows = int(max_runs * median / (sum(windows_s) / arms))
+    arms, round_s = len(windows_s), sum(windows_s)
+    windows = int(max_runs * median / (round_s / arms))
     cap = max(2 * arms, min(MAX_WINDOWS, windows))
-    first = max(2, min(max(rounds, FIRST_STAGE_ROUNDS), cap // arms))
+    fitting = int(FIRST_STAGE_S // round_s) if round_s > 0 else FIRST_STAGE_ROUNDS
+    first = max(2, min(max(rounds, min(FIRST_STAGE_ROUNDS, fitting)), cap // arms))
     return first, cap
 
 
