@@ -253,6 +253,12 @@ def _result_rows(result: TrialResult) -> list[Row]:
     ]  # fmt: skip
     if m.world_size:  # a distributed trial: one result for the whole job
         rows.append(_ranks_row(result))
+    if m.comm_share is not None:  # its profiled window (profile=on): the ranks' mean
+        note = (
+            f"exposed {fixed(m.comm_exposed, ' %', 1)}, overlapped "
+            f"{fixed(m.comm_overlapped, ' %', 1)} of the profiled step (mean over ranks)"
+        )
+        rows.append(("communication", fixed(m.comm_share, " %", 1), note))
     return rows
 
 

@@ -108,6 +108,12 @@ class Metrics:
     straggler_rank: int | None = None
     step_time_spread: float | None = None  # (slowest - fastest median step) / fastest, %
     peak_memory_spread_mb: float | None = None  # largest - smallest rank's peak memory
+    # Its profiled window (profile=on; gpuopt.trial.comm_trace), % of the step: a collective in
+    # flight, and of that the part the training thread waited for (exposed; on CUDA: no other
+    # kernel ran) and the part it computed beside (overlapped). The job's: the mean over ranks.
+    comm_share: float | None = None
+    comm_exposed: float | None = None
+    comm_overlapped: float | None = None
     lr: float | None = None  # the learning rate it trained with (the optimizer's, scaling applied)
     # The numerics guard (gpuopt.trial.numerics): the largest relative loss deviation from the fp32
     # reference over guard.steps optimizer steps; None when the guard did not run.

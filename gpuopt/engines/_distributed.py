@@ -13,7 +13,9 @@ up: gpuopt.trial.distributed started the rank and joined it).
 - `Ranks.align`: the timed window of every rank starts at a barrier and runs the same number of
   steps (a rank that stopped one step early would leave the others waiting in a collective): rank
   0's stop rule decides at step counts every rank checks at, and the verdict is broadcast over a
-  gloo group (host-side: no device sync inside the window, also under NCCL).
+  gloo group (host-side: no device sync inside the window, also under NCCL);
+- `Ranks.barrier`: the profiled window's recorded steps start together on every rank (every rank
+  profiles the same steps: they are collectives), gpuopt.trial.profile.
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ class Ranks:
         summed = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(summed)
         return [float(v) / self.world for v in summed.tolist()]
+
+    def barrier(self) -> None:
+        """Every rank here before any goes on (host-side, over the gloo group)."""
+        dist.barrier(group=self.host_group)
 
     def align(self, clock: StepClock, rule: StopRule) -> tuple[StepClock, StopRule]:
         """A clock whose window starts at a barrier, and a rule every rank obeys alike."""

@@ -12,8 +12,9 @@ once the trial's memory is released, the numerics guard (gpuopt.engines._guard).
 In a rank of a distributed trial (`distributed=ddp | fsdp2`, gpuopt.engines._distributed) the model
 is wrapped before its optimizer is built, each rank draws its own samples, accumulation reduces
 once per step, and the window is aligned across ranks; what runs on one rank alone (the compute
-ceiling's time-budgeted replay, the matmul peak) runs on rank 0 or not at all; the numerics guard
-runs on every rank (the ranks' averaged loss trajectory against the single-process reference).
+ceiling's time-budgeted replay, the matmul peak) runs on rank 0 or not at all; the profiled window
+runs on every rank (the same steps, after a barrier), and so does the numerics guard (the ranks'
+averaged loss trajectory against the single-process reference).
 
 The sweeper's probing processes build their trials here too, through the registry
 (`gpuopt.engines.registry.engine_entry`): `open_windows` for the in-process confirmation
@@ -185,9 +186,13 @@ def compute_ceiling(
     return ceiling
 
 
-def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
-    """A few steps under torch.profiler, outside the timed window (gpuopt.trial.profile): the callables
-    of the step annotated as its phases for these steps only."""
+def profiled_window(
+    trial: Trial, workload: Workload, feed: BatchFeed, ranks: Ranks | None = None
+) -> None:
+    """A few steps under torch.profiler, outside the timed window (gpuopt.trial.profile): the
+    callables of the step annotated as its phases for these steps only. In a distributed trial every
+    rank profiles the same steps after a barrier (they are collectives), its trace named by its
+    rank, and its communication share recorded (gpuopt.trial.comm_trace)."""
     from gpuopt.trial.profile import Annotation, run_profiled_window
 
     phases = [
@@ -198,9 +203,18 @@ def profiled_window(trial: Trial, workload: Workload, feed: BatchFeed) -> None:
         Annotation(workload.optimizer, "step", "optimizer"),
     ]
     summary = run_profiled_window(
-        lambda: workload.train_step(feed.next_step()), phases, trial.device, trial.spec.profile
+        lambda: workload.train_step(feed.next_step()),
+        phases,
+        trial.device,
+        trial.spec.profile,
+        rank=ranks.rank if ranks is not None else None,
+        align=ranks.barrier if ranks is not None else None,
     )
     trial.profile = summary.to_dict()
+    if summary.comm is not None:
+        m = trial.metrics
+        m.comm_share, m.comm_exposed = summary.comm.comm_pct, summary.comm.exposed_pct
+        m.comm_overlapped = summary.comm.overlapped_pct
     workload.check_finite("the profiled window")
 
 
@@ -221,10 +235,8 @@ def measure(trial: Trial, process_t0: float) -> None:
     warm_up(trial, workload, feed, first_step, memory)
     timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0, ranks)
     window_fetch_s = feed.wait.fetch_s  # the window's, before the profiled steps fetch more
-    if trial.spec.profile.enabled and ranks is None:  # before the boundary stops the loader
-        profiled_window(trial, workload, feed)
-    elif trial.spec.profile.enabled and leader:
-        trial.warnings.append("profile.enabled: a distributed trial is not profiled yet")
+    if trial.spec.profile.enabled:  # before the boundary stops the loader; every rank alike
+        profiled_window(trial, workload, feed, ranks)
     boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
     record_steady_state(trial.metrics, boundary)
     ceiling = None

@@ -115,6 +115,10 @@ class Facts:
     # split (% of the window: idle, host_wait, ...) on CUDA.
     phases: Mapping[str, float] | None = None
     gpu: Mapping[str, Any] | None = None
+    # A profiled distributed trial: % of the step a collective was in flight, and of that the
+    # exposed part (the ranks' mean: gpuopt.trial.comm_trace).
+    comm_share: float | None = None
+    comm_exposed: float | None = None
 
     @classmethod
     def of(
@@ -147,6 +151,8 @@ class Facts:
             if isinstance(metrics.get("limit_bound"), str)
             else None,
             higher_limit=highest if higher_elsewhere(metrics, highest) else None,
+            comm_share=number("comm_share"),
+            comm_exposed=number("comm_exposed"),
             **_profile_facts(metrics.get("profile")),
         )
 
@@ -198,6 +204,11 @@ def phase_evidence(f: Facts) -> list[str]:
             f"{f.gpu_share('memcpy') or 0:.0f}%, idle {idle:.0f}% ({host:.0f} points host wait, "
             f"{f.gpu_share('kernel_wait') or 0:.0f} kernel wait; launch-bound at >= "
             f"{HOST_WAIT_HIGH_PCT:g} points host wait)"
+        )
+    if f.comm_share is not None and f.comm_exposed is not None:
+        lines.append(
+            f"profiled communication: {f.comm_share:.0f}% of the step, {f.comm_exposed:.0f} "
+            f"points exposed, {f.comm_share - f.comm_exposed:.0f} overlapped (mean over ranks)"
         )
     return lines
 

@@ -37,6 +37,12 @@ The trace is written as `trace.json.gz` (Chrome trace format: opens in Perfetto,
 and in chrome://tracing; TensorBoard's profiler plugin reads it once named `*.pt.trace.json.gz`)
 into the trial's run directory, its path in the summary.
 
+A distributed trial: every rank profiles the same steps (they are collectives), the recorded ones
+started together after a barrier (`ProfiledSteps.align`); rank N>0 writes `trace_rank{N}.json.gz`.
+The ranks run outside Hydra, so they write into a temporary directory and the trial's process moves
+the traces into its run directory (`place_trace`, from gpuopt.trial.ranks). Each rank's summary
+adds its communication split (`ProfileSummary.comm`, gpuopt.trial.comm_trace).
+
 Sweeper hook: `PROFILE_OVERRIDE` is the override that turns the window on for one trial (the
 sweeper adds it to the baseline's and the best's re-measurement).
 """
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuopt.trial.comm_trace import CommTime, comm_time
 from gpuopt.trial.trace import (
     SPAN_PREFIX,
     STEP_SPAN,
@@ -71,6 +79,7 @@ if TYPE_CHECKING:
 # The Hydra override that profiles one trial (the sweeper's hook for baseline and best).
 PROFILE_OVERRIDE = "profile=on"
 TRACE_FILE = "trace.json.gz"
+RANK_TRACE_FILE = "trace_rank{rank}.json.gz"  # ranks 1.. of a distributed trial
 # The step spans must cover the window's wall time (perf_counter, outside the profiler) to this
 # share: what is left is the profiler's own per-step bookkeeping (prof.step()).
 STEP_COVERAGE_TOLERANCE = 0.10
@@ -131,35 +140,46 @@ class ProfileSummary:
     cost_s: float  # what the window cost the trial: steps, trace export, parsing
     device_type: str = "cpu"
     split_by: str = "gpuopt"  # what computed the breakdown
+    # A distributed trial's rank: its collectives (gpuopt.trial.comm_trace); None in one process.
+    comm: CommTime | None = None
+    # A distributed trial's result: every rank's trace by rank (rank 0's is `trace_path`).
+    rank_traces: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProfileSummary:
-        gpu = data.get("gpu")
+        gpu, comm = data.get("gpu"), data.get("comm")
         return cls(
-            **{k: v for k, v in data.items() if k not in ("top_ops", "gpu")},
+            **{k: v for k, v in data.items() if k not in ("top_ops", "gpu", "comm")},
             top_ops=[OperatorTime(**op) for op in data.get("top_ops") or []],
             gpu=GpuTimeSplit(**gpu) if isinstance(gpu, dict) else None,
+            comm=CommTime(**comm) if isinstance(comm, dict) else None,
         )
 
 
 # -- the window -----------------------------------------------------------------------------------
 RUN_DIR_ENV = "GPUOPT_RUN_DIR"  # a trial's run directory outside Hydra (the race's whole trials)
+TEMP_PREFIX = "gpuopt-profile-"
 
 
-def trial_run_dir() -> Path:
+def known_run_dir() -> Path | None:
     """Hydra's run directory for this trial, else $GPUOPT_RUN_DIR (set by the process that runs
-    trials outside Hydra: gpuopt.trial.interleave), else a new temporary directory (the public
-    API)."""
+    trials outside Hydra: gpuopt.trial.interleave), else None."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
         return Path(HydraConfig.get().runtime.output_dir)
     if os.environ.get(RUN_DIR_ENV):
         return Path(os.environ[RUN_DIR_ENV])
-    return Path(tempfile.mkdtemp(prefix="gpuopt-profile-"))
+    return None
+
+
+def trial_run_dir() -> Path:
+    """`known_run_dir()`, else a new temporary directory (the public API; a distributed trial's
+    ranks, which run outside Hydra: the trial's process moves their traces, `place_trace`)."""
+    return known_run_dir() or Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
 
 
 class ProfiledSteps:
@@ -169,10 +189,17 @@ class ProfiledSteps:
 
     Driven like `CeilingReplay`: a loop calls `run(step)`; a framework's hooks call `begin()`,
     then `step_started()` / `step_ended()` around each step until `step_ended()` returns True
-    (`close()` after a failure)."""
+    (`close()` after a failure). `align` (a distributed trial's barrier) runs right before the
+    first recorded step, outside any step span: every rank's recorded steps start together."""
 
-    def __init__(self, device: torch.device, conf: ProfileConf, trace: Path) -> None:
-        self.device, self.conf, self.trace = device, conf, trace
+    def __init__(
+        self,
+        device: torch.device,
+        conf: ProfileConf,
+        trace: Path,
+        align: Callable[[], None] | None = None,
+    ) -> None:
+        self.device, self.conf, self.trace, self.align = device, conf, trace, align
         self.total = conf.warmup_steps + conf.steps
         self.index = 0
         self.finished = False
@@ -203,6 +230,8 @@ class ProfiledSteps:
 
         if self.index == self.conf.warmup_steps:
             synchronize(self.device)
+            if self.align is not None:
+                self.align()
             self._t0 = time.perf_counter()
         self._span = record_function(STEP_SPAN)
         self._span.__enter__()
@@ -247,8 +276,9 @@ class ProfiledSteps:
             self.close()
 
 
-def summarize(recorded: ProfiledSteps, began: float) -> ProfileSummary:
-    """The summary of a finished `ProfiledSteps` (reads its trace back); `began` counts the cost."""
+def summarize(recorded: ProfiledSteps, began: float, comm: bool = False) -> ProfileSummary:
+    """The summary of a finished `ProfiledSteps` (reads its trace back); `began` counts the cost;
+    `comm`: a distributed trial's rank, its collectives split too (gpuopt.trial.comm_trace)."""
     events = load_trace(recorded.trace)
     steps, step_s, phases_s = phase_breakdown(events)
     cuda = recorded.device.type == "cuda"
@@ -264,14 +294,36 @@ def summarize(recorded: ProfiledSteps, began: float) -> ProfileSummary:
         trace_path=str(recorded.trace),
         cost_s=time.perf_counter() - began,
         device_type=recorded.device.type,
+        comm=comm_time(events) if comm else None,
     )
 
 
-def trace_file(run_dir: Path | None) -> Path:
-    """Where the trace goes: `run_dir` (the trial's run directory by default)/trace.json.gz."""
+def trace_name(rank: int | None = None) -> str:
+    """trace.json.gz (one process, a distributed trial's rank 0), trace_rank{N}.json.gz (rank N)."""
+    return RANK_TRACE_FILE.format(rank=rank) if rank else TRACE_FILE
+
+
+def trace_file(run_dir: Path | None, rank: int | None = None) -> Path:
+    """Where the trace goes: `run_dir` (the trial's run directory by default)/`trace_name(rank)`."""
     run_dir = run_dir if run_dir is not None else trial_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir / TRACE_FILE
+    return run_dir / trace_name(rank)
+
+
+def place_trace(path: str, rank: int) -> str:
+    """A rank's trace moved into the trial's run directory (called in the trial's process, where
+    Hydra knows it; a rank wrote it into a temporary directory), its new path; where no run
+    directory is known, or it is there already, `path` as it was."""
+    run_dir, source = known_run_dir(), Path(path)
+    if run_dir is None or not source.exists() or source.parent.resolve() == run_dir.resolve():
+        return path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    target = run_dir / trace_name(rank)
+    shutil.move(str(source), target)
+    if source.parent.name.startswith(TEMP_PREFIX):  # the rank's own temporary directory
+        with contextlib.suppress(OSError):
+            source.parent.rmdir()
+    return str(target)
 
 
 def run_profiled_window(
@@ -280,11 +332,15 @@ def run_profiled_window(
     device: torch.device,
     conf: ProfileConf,
     run_dir: Path | None = None,
+    rank: int | None = None,
+    align: Callable[[], None] | None = None,
 ) -> ProfileSummary:
     """Profile `conf.steps` calls of `step` (one training step) with `annotations` in place; write
-    `trace.json.gz` into `run_dir` (the trial's run directory by default); summarize it."""
+    the trace into `run_dir` (the trial's run directory by default); summarize it. A distributed
+    trial's `rank` (every rank runs the same steps, each started after `align`, its barrier) names
+    its trace (`trace_name`) and has its collectives split (`ProfileSummary.comm`)."""
     began = time.perf_counter()
-    recorded = ProfiledSteps(device, conf, trace_file(run_dir))
+    recorded = ProfiledSteps(device, conf, trace_file(run_dir, rank), align)
     with annotated(annotations):
         recorded.run(step)
-    return summarize(recorded, began)
+    return summarize(recorded, began, comm=rank is not None)

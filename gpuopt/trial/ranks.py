@@ -9,20 +9,25 @@ optimizer steps in a timed window that started at a barrier (gpuopt.engines._dis
 - data wait is the worst rank's (one starving rank stalls every collective);
 - peak memory is the largest rank's, with the spread between ranks (`peak_memory_spread_mb`);
 - MFU is per device: the global model FLOP/s over the world size's peaks;
-- each rank's own row is kept (`TrialResult.ranks`).
+- the communication share of the profiled step (profile=on) is the ranks' mean (each rank's is
+  in its row: the straggler waits least, its peers wait for it);
+- each rank's own row is kept (`TrialResult.ranks`), and each rank's profiled trace is moved into
+  the trial's run directory (trace.json.gz for rank 0, trace_rank{N}.json.gz).
 
 A failure is the trial's status: the rank that failed first (its own OOM, error or divergence),
 or one that died without a result (killed, a segfault) with its stderr's head and tail; ranks that
-failed after it (a peer's closed connection, a collective timing out) are its consequence. Pure
-data: torch-free.
+failed after it (a peer's closed connection, a collective timing out) are its consequence.
+Torch-free: pure data, but for moving the ranks' traces (gpuopt.trial.profile.place_trace).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 from gpuopt.core.result import Metrics, Status, TrialResult
+from gpuopt.trial.profile import place_trace
 
 # The per-rank row of a distributed result (`TrialResult.ranks`).
 RANK_FIELDS = (
@@ -33,7 +38,12 @@ RANK_FIELDS = (
     "peak_memory_mb",
     "timed_seconds",
     "timed_steps",
+    "comm_share",
+    "comm_exposed",
+    "comm_overlapped",
 )
+# The ranks' mean for the job (each a % of that rank's profiled step).
+MEAN_FIELDS = ("comm_share", "comm_exposed", "comm_overlapped")
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,7 @@ def merge_ranks(
     base.env.update(world_size=world, backend=backend)
     base.env.pop("rank", None), base.env.pop("local_rank", None)
     base.ranks = [_rank_row(rank, results[rank]) for rank in sorted(results)]
+    base.profile = _profile(base.profile, results)
     base.warnings = _warnings(results)
     base.metrics.world_size = world
     if failure is not None:
@@ -108,6 +119,23 @@ def _rank_row(rank: int, result: TrialResult) -> dict[str, object]:
     return row
 
 
+def _profile(
+    profile: dict[str, Any] | None, results: dict[int, TrialResult]
+) -> dict[str, Any] | None:
+    """Rank 0's profile summary, every rank's trace moved into the trial's run directory and
+    listed by rank (`rank_traces`)."""
+    traces: dict[str, str] = {}
+    for rank in sorted(results):
+        path = (results[rank].profile or {}).get("trace_path")
+        if isinstance(path, str):
+            traces[str(rank)] = place_trace(path, rank)
+    if profile is None:
+        return None
+    profile = {**profile, "rank_traces": traces or None}
+    profile["trace_path"] = traces.get("0", profile.get("trace_path"))
+    return profile
+
+
 def _warnings(results: dict[int, TrialResult]) -> list[str]:
     """Every rank's notes, each once, in rank order."""
     seen: list[str] = []
@@ -143,6 +171,9 @@ def _global_metrics(m: Metrics, ranks: list[Metrics]) -> None:
         setattr(m, name, max(values) if values else None)
     if m.data_wait is not None and m.utilization is not None and m.power_w is None:
         m.utilization = 100.0 - m.data_wait  # CPU: 100 - data wait, as for one process
+    for name in MEAN_FIELDS:
+        values = [v for r in ranks if (v := getattr(r, name)) is not None]
+        setattr(m, name, sum(values) / len(values) if len(values) == len(ranks) else None)
     peaks = [r.peak_memory_mb for r in ranks if r.peak_memory_mb is not None]
     if peaks:
         m.peak_memory_mb, m.peak_memory_spread_mb = max(peaks), max(peaks) - min(peaks)
