@@ -203,11 +203,12 @@ def _check_train(typed: GpuoptConf) -> None:
                 "(or a loader.batch_size that divides it)",
             )
         accumulate = typed.engine.accumulate_grad_batches
-        if typed.engine.name == "lightning" and accumulate not in (1, global_batch // micro):
+        if typed.engine.name == "lightning" and accumulate not in (1, global_batch // step):
+            per_rank = " x world size" if world > 1 else ""
             raise ConfigError(
                 "engine.accumulate_grad_batches",
                 accumulate,
-                f"1 or {global_batch // micro} (train.global_batch / loader.batch_size)",
+                f"1 or {global_batch // step} (train.global_batch / loader.batch_size{per_rank})",
             )
     guard = typed.guard
     check_min("guard.steps", guard.steps, 2, "an integer >= 2")

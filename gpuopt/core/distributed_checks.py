@@ -2,7 +2,9 @@
 each raising one `ConfigError`: its values (`check_distributed_values`, from
 gpuopt.core.checks.check_values), and what it needs from the device, against torch's answers
 (`check_distributed_device`, from gpuopt.trial.devices.trial_device) or against facts
-(`check_distributed_facts`, from gpuopt.core.checks.check_device_facts); and, once a model exists,
+(`check_distributed_facts`, from gpuopt.core.checks.check_device_facts); what a user's own
+LightningModule allows under `fsdp2` (`check_lightning_module_sharding`, from
+gpuopt.engines.registry.load_spec once the model's class is imported); and, once a model exists,
 the module patterns of `shard_modules` / `checkpoint_modules` against its submodules' classes
 (`check_module_patterns`).
 """
@@ -32,9 +34,11 @@ def check_distributed_values(dist: DistributedConf, engine: EngineConf) -> None:
     check_min("distributed.nnodes", dist.nnodes, 1, "an integer >= 1")
     if dist.kind == "none":
         return
-    if engine.name != "native":
+    if engine.name == "lightning" and engine.strategy != "auto":  # the kind picks the strategy
         raise ConfigError(
-            "distributed.kind", dist.kind, f"none with engine={engine.name} (ddp | fsdp2: native)"
+            "engine.strategy",
+            engine.strategy,
+            f"auto with distributed={dist.kind} (the distributed group sets Lightning's strategy)",
         )
     if not dist.timeout_s > 0:
         raise ConfigError("distributed.timeout_s", dist.timeout_s, "seconds > 0")
@@ -53,6 +57,42 @@ def check_distributed_values(dist: DistributedConf, engine: EngineConf) -> None:
 
 
 ENDPOINT_PATTERN = re.compile(r"^[\w.\-]+:\d{1,5}$")
+# The FSDP2 knobs gpuopt applies in its own configure_model (gpuopt.engines.lightning.strategy),
+# which a user's LightningModule replaces with its own.
+LIGHTNING_MODULE_FSDP2_KEYS = (
+    "reshard_after_forward",
+    "param_dtype",
+    "reduce_dtype",
+    "shard_modules",
+    "checkpoint_modules",
+)
+
+
+def check_lightning_module_sharding(
+    dist: DistributedConf, module: str, own_configure_model: bool
+) -> None:
+    """`distributed=fsdp2` under engine=lightning for the user's own LightningModule `module`
+    (Lightning's ModelParallelStrategy): the module shards itself in its configure_model, so it
+    must have one, and gpuopt's FSDP2 knobs, which only gpuopt's configure_model applies, must keep
+    their defaults."""
+    if dist.kind != "fsdp2":
+        return
+    if not own_configure_model:
+        raise ConfigError(
+            "distributed.kind",
+            dist.kind,
+            f"none | ddp for {module} (fsdp2 under engine=lightning: a LightningModule applies "
+            "fully_shard in its own configure_model, or a plain nn.Module that gpuopt shards)",
+        )
+    defaults = DistributedConf()
+    for key in LIGHTNING_MODULE_FSDP2_KEYS:
+        value = getattr(dist, key)
+        if value != getattr(defaults, key):
+            raise ConfigError(
+                f"distributed.{key}",
+                value,
+                f"{getattr(defaults, key)} for {module} (its own configure_model shards it)",
+            )
 
 
 def check_distributed_device(

@@ -30,6 +30,7 @@ from gpuopt.core.checks import (
     check_values,
     spec_from_checked,
 )
+from gpuopt.core.distributed_checks import check_lightning_module_sharding
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.spec import BUILTIN_TRUSTED_TARGETS, GpuoptConf
@@ -150,6 +151,25 @@ def brings_own_data(model_target: str) -> bool:
     return issubclass(target, pl.LightningModule) and owns_train_dataloader(target)
 
 
+def _check_lightning_module(typed: GpuoptConf, model_target: str) -> None:
+    """A user's own LightningModule under `distributed=fsdp2`: what Lightning's
+    ModelParallelStrategy needs of it (gpuopt.core.distributed_checks). Imports lightning only if
+    the target's module already did (then it is one)."""
+    if typed.distributed.kind != "fsdp2":
+        return
+    from hydra.utils import get_object
+
+    target = get_object(model_target)
+    if "lightning" not in sys.modules:
+        return
+    import lightning.pytorch as pl
+
+    if not (isinstance(target, type) and issubclass(target, pl.LightningModule)):
+        return
+    own = getattr(target, "configure_model", None) is not pl.LightningModule.configure_model
+    check_lightning_module_sharding(typed.distributed, model_target, own)
+
+
 def load_spec(cfg: DictConfig, checked: Checked | None = None) -> TrialSpec:
     """Check a composed config and return the typed `TrialSpec`, or raise `ConfigError`.
 
@@ -169,6 +189,8 @@ def _check_workload_imports(
     """The `_target_`s import (this imports the user's module, hence torch); returns the data."""
     trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
     check_target("model._target_", model["_target_"], trusted)
+    if typed.engine.name == "lightning":
+        _check_lightning_module(typed, model["_target_"])
     if isinstance(typed.loss, dict):
         check_target("loss._target_", typed.loss["_target_"], trusted)
     if data is not None:

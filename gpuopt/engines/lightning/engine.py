@@ -10,6 +10,10 @@ gpuopt's groups map onto Lightning's own knobs:
 - loader: gpuopt's DataLoader (`gpuopt.engines._batches.build_loader`) for a Dataset; for a
   LightningDataModule, the loader knobs its constructor accepts (batch_size, num_workers, ...).
 - device: accelerator/devices; cache.cudnn_benchmark -> `Trainer(benchmark=...)`.
+- distributed (ddp | fsdp2): each rank of gpuopt's own launch (gpuopt.trial.distributed) fits with
+  Lightning's DDPStrategy or ModelParallelStrategy in the launcher's TorchElasticEnvironment,
+  the window aligned across ranks by the meter (gpuopt.engines.lightning.strategy); the profiled
+  window and the compute ceiling are left out, as by the native engine.
 
 The model is either a built-in (or any) `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and
 optimizer config, or the user's own `LightningModule`, run as is: its training_step,
@@ -61,12 +65,19 @@ from gpuopt.engines._ceiling import (
     record_achievable_mfu,
     record_limit,
 )
+from gpuopt.engines._distributed import Ranks
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._lifecycle import run_measured
 from gpuopt.engines._loss import model_loss
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, loss_of, record_fit
 from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
+from gpuopt.engines.lightning.strategy import (
+    checkpoint,
+    lightning_strategy,
+    shard,
+    trainer_devices,
+)
 from gpuopt.trial import knobs
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
@@ -78,14 +89,10 @@ _IGNORED_WARNINGS = (
     "GPU available but not used",
     "`max_epochs=-1`",
     "treespec",  # Lightning 2.6's use of a torch pytree API that torch 2.13 deprecates
+    # A machine with SLURM installed, on every fit (its checkpoint connector probes SLURM): gpuopt
+    # starts its own processes, under its SLURM launcher too, so the hint to use srun is not one.
+    "`srun` command is available",
 )
-
-
-def accelerator_and_devices(device: torch.device) -> tuple[str, list[int] | int]:
-    """Lightning's (accelerator, devices) for one torch device: one device per trial."""
-    if device.type == "cuda":
-        return "cuda", [device.index or 0]
-    return device.type, 1
 
 
 class BuiltinModule(pl.LightningModule):
@@ -110,6 +117,17 @@ class BuiltinModule(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return build_optimizer(self.spec, self.model.parameters())
+
+    def configure_model(self) -> None:
+        """`distributed=fsdp2` (ModelParallelStrategy): the model sharded on the strategy's
+        data-parallel mesh, its `checkpoint_modules` under activation checkpointing first, once
+        (Lightning calls this hook on every fit). Nothing otherwise."""
+        conf = self.spec.distributed
+        if conf.kind != "fsdp2" or getattr(self, "_sharded", False):
+            return
+        checkpoint(self.model, conf)
+        shard(self.model, conf, self.device_mesh)
+        self._sharded = True
 
 
 class CeilingCallback(pl.Callback):
@@ -172,9 +190,12 @@ def _datamodule_loader_kwargs(
 
 
 def build_lightning_workload(
-    spec: TrialSpec, device: torch.device, notes: list[str]
+    spec: TrialSpec, device: torch.device, notes: list[str], ranks: Ranks | None = None
 ) -> tuple[pl.LightningModule, dict[str, Any]]:
-    """The LightningModule to fit and the data arguments of `Trainer.fit`."""
+    """The LightningModule to fit and the data arguments of `Trainer.fit`. In a distributed
+    trial's rank (`ranks`) gpuopt's own loader draws from the rank's own seed (each rank its own
+    samples, the model's init shared, as in the native engine); `ddp` puts the model's
+    `checkpoint_modules` under activation checkpointing here (`fsdp2`: in configure_model)."""
     from hydra.utils import get_object
 
     torch.manual_seed(spec.seed)
@@ -194,6 +215,8 @@ def build_lightning_workload(
             f"model._target_={spec.model['_target_']} built a {type(built).__name__}, "
             "not an nn.Module or LightningModule"
         )
+    if spec.distributed.kind == "ddp":
+        checkpoint(built, spec.distributed)
 
     data_target = spec.data.get("_target_")
     data_cls = get_object(data_target) if data_target else None
@@ -213,7 +236,8 @@ def build_lightning_workload(
             "give a Dataset or LightningDataModule as data._target_"
         )
     dataset = instantiate_data(spec)
-    return module, {"train_dataloaders": build_loader(spec, dataset, device, notes)}
+    seed = ranks.loader_seed(spec.seed) if ranks is not None else None
+    return module, {"train_dataloaders": build_loader(spec, dataset, device, notes, seed)}
 
 
 def owns_train_dataloader(module: Any) -> bool:
@@ -228,12 +252,15 @@ def make_trainer(
     callbacks: list[pl.Callback],
     profiler: Profiler | None,
     root: Path,
+    own_loader: bool = True,
 ) -> pl.Trainer:
-    accelerator, devices = accelerator_and_devices(device)
+    """The trial's Trainer. `own_loader`: the train loader is gpuopt's (its sampler's epoch lasts
+    the trial, each rank seeded apart), so Lightning does not replace its sampler with a
+    DistributedSampler; a DataModule's or LightningModule's own loader gets Lightning's."""
     return pl.Trainer(
-        accelerator=accelerator,
-        devices=devices,
-        strategy=spec.engine.strategy,
+        **trainer_devices(spec, device),
+        strategy=lightning_strategy(spec),
+        use_distributed_sampler=not own_loader,
         precision=lightning_precision(spec),  # type: ignore[arg-type]
         benchmark=bool(spec.cache.cudnn_benchmark),
         # Lightning divides each micro-batch loss by this count itself.
@@ -301,20 +328,31 @@ def measure(trial: Trial, process_t0: float) -> None:
     # plugin does the autocast and the fp16 GradScaler: the precision policy is not used here.
     cache_policy = apply_policies(spec, device).cache
     record_batches(trial)
-    module, fit_data = build_lightning_workload(spec, device, trial.warnings)
+    # A distributed trial's rank (None in one process): the process group is already up.
+    ranks = Ranks.current(spec, device)
+    leader = ranks is None or ranks.leader
+    module, fit_data = build_lightning_workload(spec, device, trial.warnings, ranks)
     trial.show("module", module)
     trial.show("fit_data", fit_data)
     # Lightning recognises the compiled wrapper and compiles forward and training_step.
     fit_module = knobs.compile_function(module, spec.compile)
     fetch_timer = FetchTimer(device)
-    meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings, memory)
+    meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings, memory, ranks)
+    own_loader = "train_dataloaders" in fit_data
     with _trainer_root() as root, _lightning_output(trial.warnings):
-        trainer = make_trainer(spec, device, [meter], fetch_timer, root)
+        trainer = make_trainer(spec, device, [meter], fetch_timer, root, own_loader)
         trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
         record_fit(trial, meter, fetch_timer, memory, process_t0)
         loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.fetch_s, meter)
         batch, meter.first_batch = meter.first_batch, None
+        if ranks is not None:  # what one rank cannot measure alone; the rest as in one process
+            record_limit(trial.metrics, device, loader_cost, None)
+            if leader:
+                trial.warnings += _not_measured_in_ranks(spec)
+            if spec.measure.peak_probe and leader:  # rank 0 alone, as in the native engine
+                record_achievable_mfu(trial.metrics, device, peak_mode(spec))
+            return
         if spec.profile.enabled:  # a short extra fit under torch.profiler (gpuopt.trial.profile)
             from gpuopt.engines.lightning.profile import profiled_fit
 
@@ -333,6 +371,23 @@ def measure(trial: Trial, process_t0: float) -> None:
         record_limit(trial.metrics, device, loader_cost, ceiling)
         if spec.measure.peak_probe:
             record_achievable_mfu(trial.metrics, device, peak_mode(spec))
+
+
+def _not_measured_in_ranks(spec: TrialSpec) -> list[str]:
+    """What a distributed trial under Lightning leaves out: the compute ceiling, as the native
+    engine does (its replay is time-budgeted per rank, and the ranks must step together), and for
+    now the profiled window (an extra fit per rank, not aligned across ranks yet)."""
+    notes = []
+    if spec.profile.enabled:
+        notes.append(
+            "profile.enabled: a distributed trial under engine=lightning is not profiled yet"
+        )
+    if spec.measure.ceiling:
+        notes.append(
+            "compute ceiling not measured: a distributed trial (its replay is "
+            "time-budgeted per rank, and the ranks must step together)"
+        )
+    return notes
 
 
 def _beside_fit(

@@ -11,6 +11,12 @@ and its host-to-device copy (`batch_to_device`): `data_wait` is the device's sta
 read on the GPU timeline), `host_data_wait` the host's fetch time (`gpuopt.engines._window.InputWait`).
 Lightning's own per-step work (hooks, progress tracking) is inside the step time: that overhead is
 part of what this engine costs. `record_fit` turns what the meter saw into the trial's metrics.
+
+In a rank of a distributed trial (`ranks`, gpuopt.engines._distributed.Ranks) the window is
+aligned as the native engine aligns it (`Ranks.align`): it starts at a barrier of every rank, and
+the stop rule is rank 0's, read at the same optimizer-step counts on every rank
+(`gpuopt.trial.measure.next_stop_check`'s schedule, never a clock's) and broadcast, so every rank
+sets `trainer.should_stop` after the same step and runs the same number of steps.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpuopt.core.host import cpu_ticks, steal_percent
 from gpuopt.core.spec import TrialSpec
+from gpuopt.engines._distributed import Ranks
 from gpuopt.engines._window import (
     InputWait,
     InputWaitSeconds,
@@ -36,7 +43,14 @@ from gpuopt.engines.lightning.precision import peak_mode
 from gpuopt.trial import knobs
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
-from gpuopt.trial.measure import StopRule, WindowResult, make_clock, step_flop_counter, synchronize
+from gpuopt.trial.measure import (
+    StopRule,
+    WindowResult,
+    make_clock,
+    next_stop_check,
+    step_flop_counter,
+    synchronize,
+)
 from gpuopt.trial.memory import MemoryBaseline
 
 
@@ -115,6 +129,7 @@ class MeasureCallback(pl.Callback):
         cache_policy: knobs.CachePolicy,
         notes: list[str],
         memory: MemoryBaseline | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
         measure = spec.measure
         self.spec = spec
@@ -124,8 +139,13 @@ class MeasureCallback(pl.Callback):
         self.cache_policy = cache_policy
         self.notes = notes
         self.monitors = WindowMonitors(device, measure.nvml_interval_s, notes)
-        self.rule = StopRule.from_measure(measure)
-        self.clock = make_clock(device)
+        self.rule: Any = StopRule.from_measure(measure)
+        self.clock: Any = make_clock(device)
+        # A distributed trial's clock (window started at a barrier) and rule (rank 0's, agreed).
+        self.aligned = ranks is not None
+        if ranks is not None:
+            self.clock, self.rule = ranks.align(self.clock, self.rule)
+        self._next_check = self.rule.min_steps  # the aligned rule's schedule (step counts)
         self.compile_steps = 0 if spec.compile.mode == "off" else 1
         self.untimed_steps = self.compile_steps + measure.warmup_steps
         self.flop_step = (
@@ -257,13 +277,26 @@ class MeasureCallback(pl.Callback):
         self.timed_samples += samples
         self.cache_policy.after_step(self.timed_steps - 1)
         elapsed = time.perf_counter() - self._window_t0
-        rule = self.rule
-        reason = None
-        # Reading completed step times queries CUDA events: only once a stop is possible.
-        if self.timed_steps >= rule.min_steps or elapsed >= rule.time_budget_s:
-            reason = rule.check(self.clock.completed_step_times(), elapsed)
+        reason = self._aligned_check(elapsed) if self.aligned else self._check(elapsed)
         if reason is not None:
             self._end_window(trainer, reason)
+
+    def _check(self, elapsed: float) -> str | None:
+        rule = self.rule
+        # Reading completed step times queries CUDA events: only once a stop is possible.
+        if self.timed_steps >= rule.min_steps or elapsed >= rule.time_budget_s:
+            return rule.check(self.clock.completed_step_times(), elapsed)
+        return None
+
+    def _aligned_check(self, elapsed: float) -> str | None:
+        """The agreed rule, read (a collective: every rank at once) at step counts alone."""
+        steps = self.timed_steps
+        due = steps >= self._next_check
+        if not (due or steps >= self.rule.max_steps):
+            return None
+        if due:
+            self._next_check = next_stop_check(steps)
+        return self.rule.check(self.clock.completed_step_times(), elapsed, steps)
 
     def _end_window(self, trainer: pl.Trainer, reason: str) -> None:
         step_times, wall = self.clock.finish()  # synchronizes on CUDA
