@@ -9,8 +9,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,8 +22,8 @@ from gpuopt.trial.profile import RUN_DIR_ENV, TEMP_PREFIX, TRACE_FILE, ProfileSu
 from gpuopt.trial.ranks import merge_ranks
 from gpuopt.trial.trace import STEP_SPAN
 from tests.conftest import TINY_TRIAL
+from tests.helpers.cli import run_cli
 
-REPO = Path(__file__).resolve().parents[1]
 BOUND_S = 240
 SLEEP_S = 0.04  # rank 1's extra time in each forward
 
@@ -60,8 +58,7 @@ def _slow_rank_model(tmp_path: Path) -> list[str]:
 
 @pytest.mark.slow  # starts real gloo ranks in subprocesses
 def test_every_rank_profiles_and_the_slow_ranks_peer_waits_in_the_all_reduce(tmp_path):
-    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs")}
-    env.pop(RUN_DIR_ENV, None)
+    assert RUN_DIR_ENV not in os.environ  # the ranks find the run dir themselves
     overrides = [
         *_slow_rank_model(tmp_path),
         "distributed=ddp",
@@ -72,15 +69,7 @@ def test_every_rank_profiles_and_the_slow_ranks_peer_waits_in_the_all_reduce(tmp
         "profile=on",
         "profile.steps=3",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpuopt.run", *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=BOUND_S,
-    )
+    proc = run_cli(tmp_path, *overrides, timeout=BOUND_S)
     assert proc.returncode == 0, proc.stderr
     (path,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
     result, run_dir = TrialResult.load(path), path.parent
