@@ -55,6 +55,7 @@ def check(
 ) -> GuardEvidence:
     """Train K steps `spec`'s way and the fp32 reference way; compare the loss trajectories.
     The reference runs first, so the process's matmul precision ends as the trial's."""
+    check_guardable(spec)
     batches = fixed_batches(spec, spec.guard.steps)
     reference = reference_losses(spec, device, batches, cache_dir)
     losses, skipped = loss_trajectory(spec, device, batches)
@@ -72,6 +73,7 @@ def check_ranks(
     steps the job's way (DDP / FSDP2 as configured) on its share of the same K global batches,
     the step losses averaged over the ranks (the global batch's loss); rank 0 then trains the
     reference alone (no rank waits on it) and returns the evidence, the other ranks None."""
+    check_guardable(spec)  # every rank alike: none reaches a collective the others skip
     batches = fixed_batches(spec, spec.guard.steps)
     _check_pairs(batches)
     share = [rank_share(batch, ranks.rank, ranks.world) for batch in batches]
@@ -111,11 +113,38 @@ def reference_losses(
     return losses
 
 
+def check_guardable(spec: TrialSpec) -> None:
+    """NotGuarded, before any batch is drawn or model trained, for a model class that trains
+    through its own `training_step` (a LightningModule: the guard trains gpuopt's step, and such a
+    module may bring its own train_dataloader and no `data`). A factory's model is checked once
+    built (`loss_trajectory`)."""
+    from hydra.utils import get_object
+
+    target = get_object(spec.model["_target_"])
+    if isinstance(target, type) and hasattr(target, "training_step"):
+        raise NotGuarded(
+            f"{target.__name__} trains through its own training_step "
+            "(the guard trains gpuopt's step on data._target_'s samples)"
+        )
+
+
 def fixed_batches(spec: TrialSpec, steps: int) -> list[Any]:
-    """K global batches of the dataset's first samples, in order (CPU tensors)."""
+    """K global batches of the dataset's first samples, in order (CPU tensors). NotGuarded when
+    `data` is no map-style Dataset with samples (none at all: a LightningModule's own
+    train_dataloader; a LightningDataModule; an iterable or empty dataset): there are no first
+    samples to draw."""
     from torch.utils.data import default_collate
 
+    target = spec.data.get("_target_")
+    if not target:
+        raise NotGuarded("no data._target_ to draw its fixed batches from")
     dataset = instantiate_data(spec)
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")) or not len(dataset):
+        kind = "an empty Dataset" if hasattr(dataset, "__len__") else f"a {type(dataset).__name__}"
+        raise NotGuarded(
+            f"data._target_={target} is {kind}, not a map-style Dataset to draw its fixed "
+            "batches from"
+        )
     size, batch = len(dataset), spec.global_batch
     return [
         default_collate([dataset[(step * batch + i) % size] for i in range(batch)])

@@ -12,8 +12,9 @@ gpuopt's groups map onto Lightning's own knobs:
 - device: accelerator/devices; cache.cudnn_benchmark -> `Trainer(benchmark=...)`.
 - distributed (ddp | fsdp2): each rank of gpuopt's own launch (gpuopt.trial.distributed) fits with
   Lightning's DDPStrategy or ModelParallelStrategy in the launcher's TorchElasticEnvironment,
-  the window aligned across ranks by the meter (gpuopt.engines.lightning.strategy); the profiled
-  window and the compute ceiling are left out, as by the native engine.
+  the window aligned across ranks by the meter (gpuopt.engines.lightning.strategy); every rank
+  runs the profiled window's extra fit (the same steps, after a barrier: its trace and its
+  communication share), and the compute ceiling is left out, as by the native engine.
 
 The model is either a built-in (or any) `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and
 optimizer config, or the user's own `LightningModule`, run as is: its training_step,
@@ -346,24 +347,18 @@ def measure(trial: Trial, process_t0: float) -> None:
         record_fit(trial, meter, fetch_timer, memory, process_t0)
         loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.fetch_s, meter)
         batch, meter.first_batch = meter.first_batch, None
+        if spec.profile.enabled:  # every rank alike: the same steps, after a barrier
+            _profile(trial, trainer.lightning_module, fit_data, root, own_loader, ranks)
         if ranks is not None:  # what one rank cannot measure alone; the rest as in one process
             record_limit(trial.metrics, device, loader_cost, None)
-            if leader:
-                trial.warnings += _not_measured_in_ranks(spec)
+            if leader and spec.measure.ceiling:
+                trial.warnings.append(
+                    "compute ceiling not measured: a distributed trial (its replay is "
+                    "time-budgeted per rank, and the ranks must step together)"
+                )
             if spec.measure.peak_probe and leader:  # rank 0 alone, as in the native engine
                 record_achievable_mfu(trial.metrics, device, peak_mode(spec))
             return
-        if spec.profile.enabled:  # a short extra fit under torch.profiler (gpuopt.trial.profile)
-            from gpuopt.engines.lightning.profile import profiled_fit
-
-            summary = profiled_fit(
-                spec,
-                device,
-                trainer.lightning_module,
-                fit_data,
-                lambda callbacks, spans: make_trainer(spec, device, callbacks, spans, root),
-            )
-            trial.profile = summary.to_dict()
         ceiling = None
         if spec.measure.ceiling and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).
@@ -373,21 +368,34 @@ def measure(trial: Trial, process_t0: float) -> None:
             record_achievable_mfu(trial.metrics, device, peak_mode(spec))
 
 
-def _not_measured_in_ranks(spec: TrialSpec) -> list[str]:
-    """What a distributed trial under Lightning leaves out: the compute ceiling, as the native
-    engine does (its replay is time-budgeted per rank, and the ranks must step together), and for
-    now the profiled window (an extra fit per rank, not aligned across ranks yet)."""
-    notes = []
-    if spec.profile.enabled:
-        notes.append(
-            "profile.enabled: a distributed trial under engine=lightning is not profiled yet"
-        )
-    if spec.measure.ceiling:
-        notes.append(
-            "compute ceiling not measured: a distributed trial (its replay is "
-            "time-budgeted per rank, and the ranks must step together)"
-        )
-    return notes
+def _profile(
+    trial: Trial,
+    module: pl.LightningModule,
+    fit_data: dict[str, Any],
+    root: Path,
+    own_loader: bool,
+    ranks: Ranks | None,
+) -> None:
+    """The profiled window: a short extra fit of the fitted module under torch.profiler
+    (gpuopt.engines.lightning.profile). In a distributed trial's rank every rank fits the same
+    steps, the recorded ones after a barrier, and its communication share is recorded
+    (gpuopt.trial.comm_trace; the trial's result averages the ranks', gpuopt.trial.ranks)."""
+    from gpuopt.engines.lightning.profile import profiled_fit
+
+    spec, device = trial.spec, trial.device
+    summary = profiled_fit(
+        spec,
+        device,
+        module,
+        fit_data,
+        lambda callbacks, spans: make_trainer(spec, device, callbacks, spans, root, own_loader),
+        ranks=ranks,
+    )
+    trial.profile = summary.to_dict()
+    if summary.comm is not None:
+        m = trial.metrics
+        m.comm_share, m.comm_exposed = summary.comm.comm_pct, summary.comm.exposed_pct
+        m.comm_overlapped = summary.comm.overlapped_pct
 
 
 def _beside_fit(

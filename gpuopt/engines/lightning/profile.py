@@ -13,9 +13,18 @@ only while the window records:
                                                      backward are spans of their own inside it)
 
 Lightning fetches the next batch before `on_train_batch_start`, so a step's span runs from the
-previous batch's end (or the fit's start) to this batch's end: Lightning's per-step work (hooks,
-callbacks) is in `other`. The fit restarts the loader (its workers too): `profile.warmup_steps`
-absorb the first batches. Imported by gpuopt.engines.lightning.engine only (lightning is an extra).
+previous step's end (or the fit's start) to this step's end: Lightning's per-step work (hooks,
+callbacks) is in `other`. A step is an optimizer step, as in the native engine: with gradient
+accumulation its micro-batches are one step (it ends when Lightning steps the optimizer,
+`trainer.global_step` moves). The fit restarts the loader (its workers too):
+`profile.warmup_steps` absorb the first batches.
+
+A distributed trial (`ranks`): every rank fits the same steps (each step's gradient reduction is
+a collective: a rank that stopped one step early would leave the others waiting), the recorded
+ones started after a barrier of all ranks (`ProfiledSteps.align`, `Ranks.barrier`); each rank
+writes its own trace (`trace_file(run_dir, rank)`) and its summary carries its communication split
+(`summarize(comm=True)`, gpuopt.trial.comm_trace), as in the native engine.
+Imported by gpuopt.engines.lightning.engine only (lightning is an extra).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import torch
 from lightning.pytorch.profilers import Profiler
 
 from gpuopt.core.spec import TrialSpec
+from gpuopt.engines._distributed import Ranks
 from gpuopt.trial.profile import ProfiledSteps, ProfileSummary, summarize, trace_file
 from gpuopt.trial.trace import SPAN_PREFIX
 
@@ -78,12 +88,16 @@ class PhaseSpans(Profiler):
 
 
 class ProfileWindow(pl.Callback):
-    """Drives `ProfiledSteps` from the fit's hooks and ends the fit after its last step."""
+    """Drives `ProfiledSteps` from the fit's hooks and ends the fit after its last optimizer step
+    (a batch end where `trainer.global_step` moved: a micro-batch that only accumulates is inside
+    the step)."""
 
     def __init__(self, steps: ProfiledSteps, spans: PhaseSpans) -> None:
         self.steps, self.spans = steps, spans
+        self._global_step = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._global_step = trainer.global_step  # 0 for a new Trainer: read, not assumed
         self.steps.begin()
         self.spans.active = True
         self.steps.step_started()
@@ -91,8 +105,9 @@ class ProfileWindow(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
-        if self.steps.finished:
+        if self.steps.finished or trainer.global_step == self._global_step:
             return
+        self._global_step = trainer.global_step
         if self.steps.step_ended():
             self.spans.active = False
             trainer.should_stop = True
@@ -111,11 +126,16 @@ def profiled_fit(
     fit_data: dict[str, Any],
     trainer_for: Callable[[list[pl.Callback], Profiler], pl.Trainer],
     run_dir: Path | None = None,
+    ranks: Ranks | None = None,
 ) -> ProfileSummary:
-    """Fit `module` for profile.warmup_steps + profile.steps more batches under torch.profiler;
-    `trainer_for(callbacks, profiler)` builds the trainer as the engine does."""
+    """Fit `module` for profile.warmup_steps + profile.steps more optimizer steps under
+    torch.profiler; `trainer_for(callbacks, profiler)` builds the trainer as the engine does.
+    Under `ranks` (a distributed trial's rank: every rank calls this alike) the recorded steps
+    start after a barrier, the trace is named by the rank and the summary has its `comm` split."""
     began = time.perf_counter()
-    steps = ProfiledSteps(device, spec.profile, trace_file(run_dir))
+    rank = ranks.rank if ranks is not None else None
+    align = ranks.barrier if ranks is not None else None
+    steps = ProfiledSteps(device, spec.profile, trace_file(run_dir, rank), align=align)
     spans = PhaseSpans()
     trainer = trainer_for([ProfileWindow(steps, spans)], spans)
     try:
@@ -127,4 +147,4 @@ def profiled_fit(
             f"the profiling fit ended after {steps.index} of {steps.total} steps "
             "(did the train_dataloader run out of batches?)"
         )
-    return summarize(steps, began)
+    return summarize(steps, began, comm=ranks is not None)
