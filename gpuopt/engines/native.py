@@ -336,9 +336,10 @@ def open_windows(spec: TrialSpec, device: torch.device) -> WindowedTrial:
 def repeated_step(spec: TrialSpec, device: torch.device) -> Callable[[], Any]:
     """`spec` built as this engine builds a trial, and a step that trains on the loader's first
     optimizer step (its micro-batches on the device) again at each call, the loader's workers
-    stopped first (the memory probe: a step's peak, no loader beside it)."""
+    stopped first (the memory probe: a step's peak, no loader beside it). In a rank of a
+    distributed probe the model is wrapped as a trial's rank wraps it (`Ranks.wrap`)."""
     trial = Trial(spec, device)
-    workload, feed = build(trial, apply_policies(spec, device))
+    workload, feed = build(trial, apply_policies(spec, device), Ranks.current(spec, device))
     step_on_device = feed.next_step()
     feed.close()
     return lambda: workload.train_step(step_on_device)

@@ -9,6 +9,12 @@ largest micro-batch that fits with a margin. The batch axis becomes the powers o
 The prediction is a prior, not a wall: the sampler still learns the true boundary, because an OOM
 trial is infeasible (a constraint), and the margin keeps the predicted maximum off the edge.
 
+A distributed config (`distributed=ddp | fsdp2`) is probed as the job it is: the probe starts its
+ranks as a trial does, each at the per-rank micro-batch (`loader.batch_size`), and its peak is the
+largest rank's, fitted against the budget of one device (a cap: of one rank process), since an
+FSDP2 rank holds a shard of the parameters, gradients and optimizer state and a DDP rank its
+gradient buckets besides them: one process's peak is neither.
+
 Pure functions (fit, predict, choices) plus the subprocess runner; tests/test_memory_axis.py.
 """
 
@@ -183,12 +189,48 @@ def preset_batches(params: Mapping[str, str], key: str = BATCH_KEY) -> list[int]
 
 @dataclass
 class MemoryProbe:
-    """What `python -m gpuopt.trial.memory_probe` measured: (micro-batch, peak MiB) points."""
+    """What `python -m gpuopt.trial.memory_probe` measured: (micro-batch, peak MiB) points. A
+    distributed config's probe ran its `world_size` ranks, each at the micro-batch: a point's
+    peak is the largest rank's (the budget is per device), every rank's in `rank_peaks`."""
 
     points: list[tuple[int, float]] = field(default_factory=list)
     device_memory_mb: float | None = None
     available_ram_mb: float | None = None
     error: str | None = None
+    world_size: int = 1
+    rank_peaks: dict[int, list[float]] = field(default_factory=dict)  # micro-batch -> per rank
+
+    def add(self, batch: int, data: Mapping[str, Any]) -> None:
+        """One probe process's JSON line (`read_probe_line`, no error in it) as a point."""
+        self.points.append((batch, float(data["peak_mb"])))
+        self.device_memory_mb = data.get("device_memory_mb")
+        self.available_ram_mb = data.get("available_ram_mb")
+        self.world_size = int(data.get("world_size") or 1)
+        peaks = data.get("rank_peaks_mb")
+        if isinstance(peaks, list) and peaks:
+            self.rank_peaks[batch] = [float(mb) for mb in peaks]
+
+
+def read_probe_line(stdout: str) -> dict[str, Any]:
+    """The probe's answer: the last line of its stdout, a JSON object ({} when it printed none);
+    raises json.JSONDecodeError for anything else."""
+    lines = stdout.strip().splitlines()
+    data = json.loads(lines[-1]) if lines else {}
+    if not isinstance(data, dict):
+        raise json.JSONDecodeError("not a JSON object", lines[-1], 0)
+    return data
+
+
+def probe_failure(returncode: int, data: Mapping[str, Any], stderr: str | None) -> str | None:
+    """Why a probe process's answer is no point (its error, a missing peak, a failed exit), or
+    None; a distributed probe's says the job's size."""
+    if returncode == 0 and not data.get("error") and data.get("peak_mb") is not None:
+        return None
+    tail = (stderr or "").strip().splitlines()[-1:] or ["no output"]
+    why = data.get("error") or tail[0]
+    world = data.get("world_size")
+    ranks = f" ({world} ranks)" if isinstance(world, int) and world > 1 else ""
+    return f"exited {returncode}{ranks}: {why}"
 
 
 def run_probe(
@@ -209,19 +251,15 @@ def run_probe(
         ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-            data = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
+            data = read_probe_line(proc.stdout)
         except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
             probe.error = f"{' '.join(cmd)}: {type(exc).__name__}: {exc}"
             return probe
-        if proc.returncode != 0 or data.get("error") or data.get("peak_mb") is None:
-            tail = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
-            probe.error = (
-                f"{' '.join(cmd)} exited {proc.returncode}: {data.get('error') or tail[0]}"
-            )
+        failure = probe_failure(proc.returncode, data, proc.stderr)
+        if failure is not None:
+            probe.error = f"{' '.join(cmd)} {failure}"
             return probe
-        probe.points.append((batch, float(data["peak_mb"])))
-        probe.device_memory_mb = data.get("device_memory_mb")
-        probe.available_ram_mb = data.get("available_ram_mb")
+        probe.add(batch, data)
     return probe
 
 
@@ -237,11 +275,24 @@ def write_probe_config(config: Any, directory: Path, name: str = "memory_probe.y
     return path
 
 
-def log_axis(axis: BatchAxis, model: MemoryModel, budget: MemoryBudget, max_batch: int) -> None:
-    """Say what the axis became and why (as drop_poor_choices' log lines do)."""
+def peak_label(world_size: int = 1) -> str:
+    """What the fitted peak is: one process's, or a distributed job's largest rank's."""
+    return "peak" if world_size <= 1 else f"peak per rank of {world_size}"
+
+
+def log_axis(
+    axis: BatchAxis,
+    model: MemoryModel,
+    budget: MemoryBudget,
+    max_batch: int,
+    world_size: int = 1,
+) -> None:
+    """Say what the axis became and why (as drop_poor_choices' log lines do); a distributed
+    job's peak is per rank, its micro-batch the per-rank one."""
     log.info(
-        "memory-aware: peak ~ %.0f MiB + %.3f MiB/sample; budget %.0f MiB (%s), margin %.0f%%: "
+        "memory-aware: %s ~ %.0f MiB + %.3f MiB/sample; budget %.0f MiB (%s), margin %.0f%%: "
         "largest micro-batch that fits ~ %d",
+        peak_label(world_size),
         model.fixed_mb,
         model.per_sample_mb,
         budget.mb,
@@ -295,17 +346,19 @@ def plan_batch_axis(
     )
     if model is None or budget is None:
         log.info(
-            "memory-aware batch axis off: peaks %s do not grow with the batch, or no budget",
+            "memory-aware batch axis off: %ss %s do not grow with the batch, or no budget",
+            peak_label(probe.world_size),
             probe.points,
         )
         return None
     most = largest_batch(model, budget.mb)
     reason = (
-        f"predicted peak {model.peak_mb(most + 1):.0f}+ MiB above {100 * (1 - DEFAULT_MARGIN):.0f}% "
-        f"of {budget.mb:.0f} MiB ({budget.source}); largest that fits ~ {most}"
+        f"predicted {peak_label(probe.world_size)} {model.peak_mb(most + 1):.0f}+ MiB above "
+        f"{100 * (1 - DEFAULT_MARGIN):.0f}% of {budget.mb:.0f} MiB ({budget.source}); "
+        f"largest that fits ~ {most}"
     )
     axis = batch_choices(preset, most, reason)
-    log_axis(axis, model, budget, most)
+    log_axis(axis, model, budget, most, probe.world_size)
     return axis
 
 

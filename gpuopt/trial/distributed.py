@@ -16,9 +16,12 @@ result for the whole job (gpuopt.trial.ranks merges the ranks' results).
 
 Each rank writes its own `TrialResult` (rank_N.json) into a scratch folder and its stdout/stderr
 into the launcher's log folder, so a rank that crashed without a result (killed, a segfault) is
-still reported with its stderr's head and tail. The rank's work itself is the engine's
-(`entry(spec, device)`: gpuopt.engines.registry.run_rank, handed in by the registry, which this
-module never imports).
+still reported with its stderr's head and tail. The ranks run outside Hydra, so the trial's run
+directory is handed down to them (as $GPUOPT_RUN_DIR, gpuopt.trial.profile.RUN_DIR_ENV): what a
+rank writes into the run directory (its profiled trace) lands there directly. The rank's work
+itself is the caller's `entry(spec, device)`: a trial's gpuopt.engines.registry.run_rank, handed
+in by the registry, which this module never imports, or the memory probe's rank
+(gpuopt.trial.memory_probe.probe_rank).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from gpuopt.core.lifeline import set_parent_death_signal
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import MODEL_META_KEYS, TrialSpec
 from gpuopt.trial import numerics
+from gpuopt.trial.profile import RUN_DIR_ENV, known_run_dir
 from gpuopt.trial.ranks import RankFailure, merge_ranks
 
 if TYPE_CHECKING:
@@ -188,8 +192,11 @@ def _elastic_launch(
     from torch.distributed.launcher.api import elastic_launch
 
     cache = numerics.sweep_cache_dir()  # the guard's reference, shared with the sweep's trials
-    args = (entry, spec, device.type, os.getpid(), str(scratch), str(cache) if cache else None)
-    elastic_launch(config, rank_main)(*args)
+    run_dir = known_run_dir()  # Hydra's (or $GPUOPT_RUN_DIR) here; the ranks have no Hydra
+    handed_down = (str(cache) if cache else None, str(run_dir) if run_dir else None)
+    elastic_launch(config, rank_main)(
+        entry, spec, device.type, os.getpid(), str(scratch), *handed_down
+    )
 
 
 @contextlib.contextmanager
@@ -285,15 +292,20 @@ def rank_main(
     parent: int,
     scratch: str,
     guard_cache: str | None = None,
+    run_dir: str | None = None,
 ) -> None:
     """One rank (a process the launcher spawned): end with the trial, join the process group,
     measure through `entry`, write the result. A failed result ends the rank with an exception,
     after writing it, so the launcher stops the others instead of leaving them in a collective.
-    `guard_cache`: the sweep's cache of numerics references (Hydra is not set up in a rank)."""
+    Hydra is not set up in a rank, so the trial hands down `guard_cache` (the sweep's cache of
+    numerics references) and `run_dir` (its run directory, as $GPUOPT_RUN_DIR: the profiled
+    window writes the rank's trace there, gpuopt.trial.profile.known_run_dir)."""
     set_parent_death_signal()
     if os.getppid() != parent:  # the trial died before the signal was set
         os._exit(1)
     numerics.inherit_cache_dir(guard_cache)
+    if run_dir:
+        os.environ[RUN_DIR_ENV] = run_dir
     import torch.distributed as torch_dist
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
