@@ -311,9 +311,10 @@ def trace_file(run_dir: Path | None, rank: int | None = None) -> Path:
 
 
 def place_trace(path: str, rank: int) -> str:
-    """A rank's trace moved into the trial's run directory (called in the trial's process, where
-    Hydra knows it; a rank wrote it into a temporary directory), its new path; where no run
-    directory is known, or it is there already, `path` as it was."""
+    """A rank's trace in the trial's run directory, its path. The ranks get the run directory
+    (gpuopt.trial.distributed sets RUN_DIR_ENV for them) and write there; this moves a trace a
+    rank wrote into a temporary directory (it knew no run directory) from the trial's process.
+    Where no run directory is known, or the trace is there already, `path` as it was."""
     run_dir, source = known_run_dir(), Path(path)
     if run_dir is None or not source.exists() or source.parent.resolve() == run_dir.resolve():
         return path
