@@ -12,8 +12,11 @@ the next workload, so neither always runs on a warmer or a busier machine):
     before the race (a fresh process per trial, 1 s confirmation windows).
 Recorded per run: the wall time of the command, where the time went (the sweep's timing.json:
 plan, trials, confirmation, profile), the answer (best trial, its params, the confirmed speedup
-over the baseline and its 95% interval, the interval's half-width, the verdict) and the load
-average before it. A markdown table is printed; `--json` keeps every run.
+over the baseline and its 95% interval, the interval's half-width, the verdict), the load
+average before it, and where the whole trials' time went: each phase of the trial's phase clock
+(the trial's `phases` user attr, docs/measuring.md: build, flops, warmup, window, ..., guard)
+summed over the sweep's trials that ran whole. Two markdown tables are printed (the sweep; the
+phases); `--json` keeps every run.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def run_sweep(workload: str, way: str, extra: list[str], timeout_s: float) -> di
         return record
     record.update(read_timing(out))
     record.update(read_answer(out))
+    record.update(read_phases(out))
     return record
 
 
@@ -98,6 +102,38 @@ def read_answer(out: Path) -> dict[str, Any]:
         },
         "states": _states(study),
     }
+
+
+def read_phases(out: Path) -> dict[str, Any]:
+    """Each phase's seconds summed over the study's whole trials (those that carry a phase clock:
+    the race's baseline and finalists, or every trial without the race), and how many there were."""
+    import optuna
+
+    from gpuopt.core.result import ATTR_PHASES
+
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'gpuopt.db'}")
+    totals: dict[str, float] = {}
+    clocked = [t.user_attrs[ATTR_PHASES] for t in study.trials if ATTR_PHASES in t.user_attrs]
+    for phases in clocked:
+        for name, seconds in phases.items():
+            totals[name] = totals.get(name, 0.0) + float(seconds)
+    return {"whole_trials": len(clocked), "phases": {k: round(v, 2) for k, v in totals.items()}}
+
+
+def phase_table(runs: list[dict[str, Any]]) -> str:
+    """Seconds per phase, summed over each run's whole trials (the columns: every phase seen)."""
+    names: list[str] = []
+    for r in runs:
+        names += [n for n in r.get("phases") or {} if n not in names]
+    head = "| workload | way | whole trials | " + " | ".join(names) + " | sum |"
+    rows = [head, "|" + "---|" * (len(names) + 4)]
+    for r in runs:
+        phases = r.get("phases") or {}
+        cells = [r["workload"], r["way"], str(r.get("whole_trials", "-"))]
+        cells += [f"{phases[n]:.1f}" if n in phases else "-" for n in names]
+        cells.append(f"{sum(phases.values()):.1f}" if phases else "-")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def _states(study: Any) -> dict[str, int]:
@@ -164,6 +200,8 @@ def main() -> int:
         runs.append(run_sweep(workload, way, args.extra, args.timeout_s))
         print(json.dumps(runs[-1], default=str), file=sys.stderr, flush=True)
     print(table(runs))
+    print()
+    print(phase_table(runs))
     if args.json:
         benchlib.write_json(
             args.json,

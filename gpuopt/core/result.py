@@ -138,6 +138,10 @@ class TrialResult:
     # A distributed trial's ranks, one row each (rank, status, throughput, step_time_ms, data_wait,
     # host_data_wait, peak_memory_mb, timed_seconds); None for a single-process trial.
     ranks: list[dict[str, Any]] | None = None
+    # The trial's phase clock (gpuopt.trial.context.Trial.phase): seconds per phase of the whole
+    # trial (build, flops, warmup, window, ..., guard, other), summing to its wall time in
+    # run_measured. Not a metric (no objective, not in the table); None where nothing was clocked.
+    phases: dict[str, float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -168,6 +172,7 @@ class TrialResult:
             profile=data.get("profile") if isinstance(data.get("profile"), dict) else None,
             numerics=data.get("numerics"),
             ranks=data.get("ranks") if isinstance(data.get("ranks"), list) else None,
+            phases=data.get("phases") if isinstance(data.get("phases"), dict) else None,
         )
 
     def save(self, path: str | Path) -> None:
@@ -189,6 +194,7 @@ ATTR_WARNINGS = "warnings"
 ATTR_PROFILE = "profile"  # the profiled window's summary (dict), on profiled trials only
 ATTR_NUMERICS = "numerics"  # the numerics guard's evidence (dict), absent when it did not run
 ATTR_RANKS = "ranks"  # a distributed trial's per-rank rows (list), absent for one process
+ATTR_PHASES = "phases"  # the trial's phase clock (dict: phase -> seconds), absent when not clocked
 
 
 def result_user_attrs(result: TrialResult) -> dict[str, Any]:
@@ -205,4 +211,6 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
         attrs[ATTR_NUMERICS] = result.numerics
     if result.ranks is not None:
         attrs[ATTR_RANKS] = result.ranks
+    if result.phases is not None:
+        attrs[ATTR_PHASES] = result.phases
     return json.loads(json.dumps(attrs, default=str))

@@ -9,6 +9,8 @@ compares the math of a configuration, not the engine's loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +26,16 @@ if TYPE_CHECKING:
 
     from gpuopt.trial.context import Trial
 
+# A phase clock: `Trial.phase`, a context manager per phase name.
+Clock = Callable[[str], AbstractContextManager[None]]
+
 
 def guard_numerics(trial: Trial) -> None:
     """The guard on a measured trial, when it is on and the trial changes the math: the evidence
     goes to `trial.numerics` and `loss_drift`; a guard that cannot run leaves a warning. In a
-    distributed trial every rank runs it (their trajectory is the job's), rank 0 records it."""
+    distributed trial every rank runs it (their trajectory is the job's), rank 0 records it. Its
+    phases on the trial's clock: `guard` (the fixed batches, the trial's trajectory, the verdict)
+    and `guard_reference` (the fp32 reference, from the process's cache when it holds it)."""
     ranks = Ranks.current(trial.spec, trial.device)
     try:
         changes = numerics.changes_to_guard(trial.spec)
@@ -36,9 +43,9 @@ def guard_numerics(trial: Trial) -> None:
             return
         cache = numerics.sweep_cache_dir()
         if ranks is None:
-            found = check(trial.spec, trial.device, changes, cache)
+            found = check(trial.spec, trial.device, changes, cache, trial.phase)
         else:
-            found = check_ranks(trial.spec, trial.device, ranks, changes, cache)
+            found = check_ranks(trial.spec, trial.device, ranks, changes, cache, trial.phase)
     except Exception as exc:  # the guard must not turn a measured trial into an error
         if ranks is None or ranks.leader:
             numerics.record_not_run(trial, exc)
@@ -52,14 +59,20 @@ def check(
     device: torch.device,
     changes: list[str] | None = None,
     cache_dir: Path | None = None,
+    clock: Clock | None = None,
 ) -> GuardEvidence:
     """Train K steps `spec`'s way and the fp32 reference way; compare the loss trajectories.
-    The reference runs first, so the process's matmul precision ends as the trial's."""
-    check_guardable(spec)
-    batches = fixed_batches(spec, spec.guard.steps)
-    reference = reference_losses(spec, device, batches, cache_dir)
-    losses, skipped = loss_trajectory(spec, device, batches)
-    return numerics.evidence(spec, losses, reference, skipped, changes)
+    The reference runs first, so the process's matmul precision ends as the trial's. `clock`:
+    the trial's phase clock (`Trial.phase`), if any."""
+    phase = clock or _unclocked
+    with phase("guard"):
+        check_guardable(spec)
+        batches = fixed_batches(spec, spec.guard.steps)
+    with phase("guard_reference"):
+        reference = reference_losses(spec, device, batches, cache_dir)
+    with phase("guard"):
+        losses, skipped = loss_trajectory(spec, device, batches)
+        return numerics.evidence(spec, losses, reference, skipped, changes)
 
 
 def check_ranks(
@@ -68,20 +81,24 @@ def check_ranks(
     ranks: Ranks,
     changes: list[str],
     cache_dir: Path | None = None,
+    clock: Clock | None = None,
 ) -> GuardEvidence | None:
     """The distributed trajectory against the single-process fp32 reference: every rank trains K
     steps the job's way (DDP / FSDP2 as configured) on its share of the same K global batches,
     the step losses averaged over the ranks (the global batch's loss); rank 0 then trains the
     reference alone (no rank waits on it) and returns the evidence, the other ranks None."""
-    check_guardable(spec)  # every rank alike: none reaches a collective the others skip
-    batches = fixed_batches(spec, spec.guard.steps)
-    _check_pairs(batches)
-    share = [rank_share(batch, ranks.rank, ranks.world) for batch in batches]
-    losses, skipped = loss_trajectory(spec, device, share, ranks)
-    averaged = ranks.mean(losses)
+    phase = clock or _unclocked
+    with phase("guard"):
+        check_guardable(spec)  # every rank alike: none reaches a collective the others skip
+        batches = fixed_batches(spec, spec.guard.steps)
+        _check_pairs(batches)
+        share = [rank_share(batch, ranks.rank, ranks.world) for batch in batches]
+        losses, skipped = loss_trajectory(spec, device, share, ranks)
+        averaged = ranks.mean(losses)
     if not ranks.leader:
         return None
-    reference = reference_losses(spec, device, batches, cache_dir)
+    with phase("guard_reference"):
+        reference = reference_losses(spec, device, batches, cache_dir)
     return numerics.evidence(spec, averaged, reference, skipped, changes)
 
 
@@ -102,15 +119,35 @@ def _check_pairs(batches: list[Any]) -> None:
 def reference_losses(
     spec: TrialSpec, device: torch.device, batches: list[Any], cache_dir: Path | None
 ) -> list[float]:
-    """The fp32 reference trajectory: from this process's cache, the sweep dir's, or trained now."""
+    """The fp32 reference trajectory: from this process's cache, the sweep dir's, or trained now.
+    Keyed with the process-wide settings it trains under (`reference_settings`), so a cached
+    trajectory is the one training it now would give."""
     reference = numerics.reference_spec(spec)
-    key = numerics.reference_key(reference, device, len(batches))
+    key = numerics.reference_key(reference, device, len(batches), settings=reference_settings())
     cached = numerics.cached_reference(key, cache_dir)
     if cached is not None:
         return cached
     losses, _ = loss_trajectory(reference, device, batches)
     numerics.store_reference(key, losses, cache_dir)
     return losses
+
+
+def reference_settings() -> dict[str, Any]:
+    """The process-wide settings, left by the trial, that change the reference's last bits: the
+    thread count (a trial's `device.num_threads`: how CPU kernels split their sums) and, on CUDA,
+    cuDNN autotuning (another convolution algorithm). The float32 matmul precision is not one:
+    the reference sets its own (fp32, `knobs.precision_policy`)."""
+    import torch
+
+    settings: dict[str, Any] = {"threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        settings["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+    return settings
+
+
+def _unclocked(name: str) -> AbstractContextManager[None]:
+    """A phase clock that keeps no time (the guard called outside a trial)."""
+    return nullcontext()
 
 
 def check_guardable(spec: TrialSpec) -> None:

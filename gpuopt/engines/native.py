@@ -7,7 +7,9 @@ step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed 
 the loader's one epoch lasts the whole trial) -> the profiled window, when on -> an epoch boundary
 and the input pipeline's cost per sample, measured apart -> compute ceiling (the first batch
 replayed on the device, no loader) -> the machine's limit -> the measured matmul peak (cached) ->
-once the trial's memory is released, the numerics guard (gpuopt.engines._guard).
+once the trial's memory is released, the numerics guard (gpuopt.engines._guard). Each is a phase of
+the trial's phase clock (`Trial.phase`: the result's `phases`). What depends on no searched knob is
+done once per process: the FLOP count (`flops_key`), the guard's fp32 reference (numerics).
 
 In a rank of a distributed trial (`distributed=ddp | fsdp2`, gpuopt.engines._distributed) the model
 is wrapped before its optimizer is built, each rank draws its own samples, accumulation reduces
@@ -23,6 +25,8 @@ The sweeper's probing processes build their trials here too, through the registr
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from typing import Any
 
 import torch
 
-from gpuopt.core.spec import TrialSpec
+from gpuopt.core.spec import DATA_GPUOPT_KEYS, TrialSpec
 from gpuopt.engines._batches import BatchFeed, batch_samples, build_loader, record_batches
 from gpuopt.engines._build import TrialPolicies, apply_policies, instantiate_data, instantiate_model
 from gpuopt.engines._ceiling import (
@@ -46,7 +50,7 @@ from gpuopt.engines._step import Batch, Workload, build_workload
 from gpuopt.engines._window import flop_notes, measure_timed_window
 from gpuopt.trial import knobs
 from gpuopt.trial.context import Trial
-from gpuopt.trial.measure import measure_step_flops, synchronize
+from gpuopt.trial.measure import StepFlops, measure_step_flops, synchronize
 from gpuopt.trial.memory import MemoryBaseline
 
 
@@ -85,7 +89,63 @@ def build(
 def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
     """flops_per_sample from one forward+backward of the eager module on one micro-batch
     (outside the window), and the notes its MFU must be read with (fp32 attention on tensor
-    cores)."""
+    cores). Counted once per process for what the count depends on (`flops_key`): a later trial
+    of the same model and input reuses it (`_flops_per_sample`, docs/measuring.md)."""
+    key = flops_key(trial.spec, trial.device, batch)
+    counted = _flops_per_sample.get(key)
+    if counted is None:
+        counted = _flops_per_sample[key] = _count_per_sample(workload, batch)
+    if counted.hardware:
+        trial.metrics.flops_per_sample = counted.model
+        trial.metrics.hardware_flops_per_sample = counted.hardware
+    trial.warnings += flop_notes(trial.spec, trial.device, trial.spec.precision.mode, counted.step)
+
+
+@dataclass(frozen=True)
+class SampleFlops:
+    """One counted step's FLOPs per sample (model: no recompute; hardware: what ran), and the
+    counted step itself (its attention share, for `flop_notes`)."""
+
+    model: float
+    hardware: float
+    step: StepFlops
+
+
+# FLOPs of one sample's forward+backward, counted once per trial process (the race's, an
+# in-process sweep's) for each `flops_key`: torch.utils.flop_counter counts the operators' shapes,
+# so the count depends on the model, the loss, the input's shape and the device, and not on the
+# knobs a sweep searches (batch size: per sample; precision, channels_last, loader, threads,
+# compile: the same operators on the same shapes; the eager module is counted).
+_flops_per_sample: dict[str, SampleFlops] = {}
+
+
+def flops_key(spec: TrialSpec, device: torch.device, batch: Batch) -> str:
+    """What flops_per_sample depends on, hashed: the model config (less its memory-layout flag),
+    the loss, the data config (less gpuopt's loader keys), the shape of one sample of each input
+    tensor, the distributed kind and the device type."""
+
+    def shapes(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return [str(value.dtype), list(value.shape[1:])]
+        if isinstance(value, dict):
+            return {k: shapes(v) for k, v in sorted(value.items())}
+        if isinstance(value, (list, tuple)):
+            return [shapes(v) for v in value]
+        return type(value).__name__
+
+    keep = {
+        "model": {k: v for k, v in spec.model.items() if k != "channels_last"},
+        "loss": spec.loss,
+        "data": {k: v for k, v in spec.data.items() if k not in DATA_GPUOPT_KEYS},
+        "sample": shapes(batch),
+        "distributed": spec.distributed.kind,
+        "device": device.type,
+    }
+    return hashlib.sha1(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _count_per_sample(workload: Workload, batch: Batch) -> SampleFlops:
+    """One counted forward+backward of the eager module on `batch`, per sample."""
     eager, workload.forward = workload.forward, workload.model
 
     def forward_backward() -> None:
@@ -96,11 +156,8 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
     finally:
         workload.forward = eager
         workload.optimizer.zero_grad(set_to_none=True)
-    batch_size = batch_samples(batch)
-    if flops.hardware:
-        trial.metrics.flops_per_sample = flops.model / batch_size
-        trial.metrics.hardware_flops_per_sample = flops.hardware / batch_size
-    trial.warnings += flop_notes(trial.spec, trial.device, trial.spec.precision.mode, flops)
+    n = batch_samples(batch)
+    return SampleFlops(flops.model / n, flops.hardware / n, flops)
 
 
 def warm_up(
@@ -160,11 +217,15 @@ def beside_window(
     first batch; the window's workers stopped first unless they persist, as between real epochs)
     and the input pipeline's cost per sample. The loader's workers are stopped afterwards."""
     loader, steps = feed.loader, trial.metrics.timed_steps or 0
-    if not trial.spec.loader.persistent_workers:
+    with trial.phase("boundary"):
+        if not trial.spec.loader.persistent_workers:
+            feed.close()
+        boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, steps)
         feed.close()
-    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, steps)
-    feed.close()
-    loader_cost = measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
+    loader_cost = None
+    if trial.spec.measure.loader_cost:
+        with trial.phase("loader_cost"):
+            loader_cost = measure_loader_cost(loader)
     return boundary, loader_cost
 
 
@@ -220,28 +281,39 @@ def profiled_window(
 
 def measure(trial: Trial, process_t0: float) -> None:
     """The engine (`gpuopt.engines.registry.ENGINES["native"]`): fill `trial.metrics`, raising on
-    failure (Diverged, OOM, errors: `gpuopt.engines._lifecycle.run_measured` classifies them)."""
-    ranks = Ranks.current(trial.spec, trial.device)
-    leader = ranks is None or ranks.leader
-    trial.after_release.append(guard_numerics)  # every rank: the job's trajectory, rank 0 records
-    memory = MemoryBaseline.take(trial.device)
-    trial_policies = apply_policies(trial.spec, trial.device)
-    workload, feed = build(trial, trial_policies, ranks)
-
-    record_batches(trial)
-    first_step = feed.next_step()
+    failure (Diverged, OOM, errors: `gpuopt.engines._lifecycle.run_measured` classifies them).
+    Each part runs as a phase of the trial's phase clock (`Trial.phase`, docs/measuring.md)."""
+    phase = trial.phase
+    with phase("setup"):
+        ranks = Ranks.current(trial.spec, trial.device)
+        leader = ranks is None or ranks.leader
+        trial.after_release.append(
+            guard_numerics
+        )  # every rank: the job's trajectory, rank 0 records
+        memory = MemoryBaseline.take(trial.device)
+        trial_policies = apply_policies(trial.spec, trial.device)
+    with phase("build"):
+        workload, feed = build(trial, trial_policies, ranks)
+    with phase("first_batch"):  # the loader's workers start and make the first optimizer step
+        record_batches(trial)
+        first_step = feed.next_step()
     if trial.spec.measure.count_flops:
-        count_flops(trial, workload, first_step[0])
-    warm_up(trial, workload, feed, first_step, memory)
-    timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0, ranks)
+        with phase("flops"):
+            count_flops(trial, workload, first_step[0])
+    with phase("warmup"):  # compile_time_s included: the first step through torch.compile
+        warm_up(trial, workload, feed, first_step, memory)
+    with phase("window"):
+        timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0, ranks)
     window_fetch_s = feed.wait.fetch_s  # the window's, before the profiled steps fetch more
     if trial.spec.profile.enabled:  # before the boundary stops the loader; every rank alike
-        profiled_window(trial, workload, feed, ranks)
+        with phase("profile"):
+            profiled_window(trial, workload, feed, ranks)
     boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
     record_steady_state(trial.metrics, boundary)
     ceiling = None
     if trial.spec.measure.ceiling and ranks is None:  # time-budgeted: ranks would disagree
-        ceiling = compute_ceiling(trial, workload, feed, first_step)
+        with phase("ceiling"):
+            ceiling = compute_ceiling(trial, workload, feed, first_step)
     elif trial.spec.measure.ceiling and leader:
         trial.warnings.append(
             "compute ceiling not measured: a distributed trial (its replay is "
@@ -249,7 +321,8 @@ def measure(trial: Trial, process_t0: float) -> None:
         )
     record_limit(trial.metrics, trial.device, loader_cost, ceiling)
     if trial.spec.measure.peak_probe and leader:
-        record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
+        with phase("peak_probe"):  # the matmul peak: cached on disk (gpuopt.trial.matmul_peak)
+            record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
 
 
 # -- the sweeper's probing processes (through gpuopt.engines.registry.engine_entry) ---------------

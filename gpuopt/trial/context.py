@@ -4,11 +4,16 @@ Every step of a trial (the engine's building and windows, the failure handling a
 every engine shares, the numerics guard) reads and writes this one object, so a failure can release
 what was built and the partial metrics and notes survive into the result. torch-free at import
 (`torch` is only named in annotations).
+
+The trial's phase clock lives here too (`Trial.phase`): perf_counter around each part of a whole
+trial, summed per phase name into `Trial.phases` (the result's `phases`, docs/measuring.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +42,19 @@ class Trial:
     # order, before the result is built. Each takes the trial and never raises.
     after_release: list[Callable[[Trial], None]] = field(default_factory=list)
     numerics: dict[str, Any] | None = None  # the numerics guard's evidence (gpuopt.trial.numerics)
+    # Seconds per phase of this trial (`phase`), in the order they first ran: the result's `phases`.
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase `name` (added to what that name already holds, so a phase that
+        runs twice sums; also when the block raises). Phases must not nest: they are meant to sum
+        to the trial's wall time (gpuopt.engines._lifecycle.run_measured adds `other`)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - started
 
     def show(self, name: str, obj: Any) -> None:
         """Hand a built object to the `inspect` hook of run_trial (tests, debugging)."""

@@ -17,9 +17,11 @@ What it does not prove: K steps are a short horizon. A small drift says the firs
 fp32 trajectory on this data; it is not a convergence guarantee, and a drift that only appears after
 thousands of steps (e.g. bf16 weight updates that round to nothing late in training) is not seen.
 
-The reference depends only on the model, data, optimizer, loss, seed, global batch, K and device:
-it is computed once per process and, inside a Hydra multirun, cached in the sweep dir
-(`.numerics/<key>.json`), so a sweep's trials share it.
+The reference depends only on the model, data, optimizer, loss, seed, global batch, K, device and
+the thread count the trial left the process at (`reference_key`): it is
+computed once per process (`_reference_cache`: a race process's finalists, an in-process sweep's
+trials share it, bit-identical to a recomputation) and, inside a Hydra multirun, cached in the
+sweep dir (`.numerics/<key>.json`), so a sweep's trials share it.
 
 This module holds what the guard decides (which trials it checks, the reference's spec, the drift,
 the cache of reference trajectories, the evidence on the trial); the training of the K steps is the
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 # rounding look like a huge relative drift).
 MIN_REFERENCE_LOSS = 1e-6
 CACHE_FOLDER = ".numerics"
+# The reference trajectories this process trained or read, by `reference_key` (the trial process's
+# "do it once": reused by every later trial of the same reference in this process).
 _reference_cache: dict[str, list[float]] = {}
 _rank_cache_dir: Path | None = None  # set in a distributed trial's ranks (inherit_cache_dir)
 
@@ -152,8 +156,18 @@ def loss_drift(losses: list[float], reference: list[float]) -> float:
     return drift
 
 
-def reference_key(reference: TrialSpec, device: torch.device, steps: int) -> str:
-    """What the reference trajectory depends on, hashed: its cache key."""
+def reference_key(
+    reference: TrialSpec,
+    device: torch.device,
+    steps: int,
+    settings: dict[str, Any] | None = None,
+) -> str:
+    """What the reference trajectory depends on, hashed: its cache key. The reference spec's
+    model, data, optimizer (lr, lr scaling, weight decay, ...: every field), loss and seed, the
+    global batch its fixed batches hold, the guard's K steps, the device type, and the
+    process-wide settings it trains under (`settings`: gpuopt.engines._guard.reference_settings,
+    the thread count). Nothing else reaches the reference: `reference_spec` fixes its precision,
+    compile, kernels, layout and batching, and the guard's tolerance only reads it."""
     keep = {
         "model": reference.model,
         "data": reference.data,
@@ -163,6 +177,7 @@ def reference_key(reference: TrialSpec, device: torch.device, steps: int) -> str
         "global_batch": reference.global_batch,
         "steps": steps,
         "device": device.type,
+        "settings": settings or {},
     }
     return hashlib.sha1(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
