@@ -39,3 +39,21 @@ def compose_cfg() -> Callable[..., DictConfig]:
             return compose("config", overrides=list(overrides))
 
     return _compose
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under `-n 2`, pytest-xdist's load scheduling hands out one test at a time to whichever worker
+    is free (`--maxschedchunk=1`, unless given) instead of chunks of up to a quarter of the suite,
+    which can leave one worker idle while the other works through its chunk. Set here, not in
+    pyproject.toml's addopts: without pytest-xdist (the GPU machine, scripts/gpu_check.sh) the
+    option would be an error."""
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        config.option.maxschedchunk = 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end (`slow`) tests first, each group in pytest's own order: handed out one at a
+    time (pytest_configure), the two workers start on the long tests and end on seconds-long unit
+    tests, so neither waits idle for the other's last minute-long sweep."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -21,6 +21,7 @@ from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.spec import register_schemas
 from gpuopt.trial.ranks import RankFailure, merge_ranks
 from tests.conftest import TINY_TRIAL
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 # Two ranks of a tiny MLP; each rank one thread (the launcher shares out the cores otherwise).
@@ -31,16 +32,7 @@ BOUND_S = 240
 
 
 def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs")}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuopt.run", *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=BOUND_S,
-    )
+    return run_cli(tmp_path, *overrides, timeout=BOUND_S)
 
 
 def _result(tmp_path: Path) -> TrialResult:
@@ -381,13 +373,17 @@ def test_on_cuda_every_visible_gpu_is_one_nccl_rank(tmp_path, kind):
 @pytest.mark.slow
 def test_a_sweep_over_the_distributed_knobs_stores_one_trial_per_job(tmp_path):
     """`-m search=distributed`, tiny: the baseline (DDP on 2 ranks) and one searched trial, each
-    one study trial carrying the job's world size and its ranks' rows."""
+    one study trial carrying the job's world size and its ranks' rows. Without the measurement's
+    extra passes (ceiling, FLOP count, peak probe, loader cost: a quarter of the CPU time here),
+    which a distributed trial runs as the single trials above do."""
     import optuna
 
     proc = subprocess.run(
         [
             sys.executable, "-m", "gpuopt.run", "-m", "search=distributed", "device=cpu",
             "hydra.sweeper.n_trials=2", "hydra.sweeper.confirm.rounds=0", *TINY_TRIAL, *MLP,
+            "measure.ceiling=false", "measure.count_flops=false", "measure.peak_probe=false",
+            "measure.loader_cost=false",
         ],
         cwd=REPO,
         env={**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path)},

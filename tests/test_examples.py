@@ -17,18 +17,26 @@ from gpuopt.study.keys import ATTR_BASELINE, STUDY_CONFIRMATION, STUDY_OBJECTIVE
 from gpuopt.sweeper.objectives import outcome_from_return
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "lightning_hydra_app"
-# Tiny: 4 trials of a quick window, a small search space, one confirmation round.
+# Tiny: the baseline and one searched trial of a quick window over a small search space. Each run
+# is a fresh process that imports Lightning (seconds), so the fewer runs the better; no device
+# probe (`python -m gpuopt.env`: device-aware presets are tested by tests/test_user_script.py's
+# and tests/test_race.py's sweeps, and this space has none).
 TINY_SWEEP = [
     "hparams_search=throughput",
+    "hydra.sweeper.device_aware=false",
     "measure=quick",
-    "measure.time_budget_s=0.5",
+    "measure.time_budget_s=0.3",
     "measure.min_time_s=0.2",
-    "hydra.sweeper.n_trials=4",
+    "hydra.sweeper.n_trials=2",
     "data.num_workers=0",  # the searched keys below: batch size only
     "hydra.sweeper.params={data.batch_size: 'choice(32, 128)'}",
-    "hydra.sweeper.confirm.rounds=2",  # the paired confirmation's minimum; 4 runs <= n_trials
+]
+# The paired confirmation's minimum: 2 rounds of the baseline and the best other trial (4 runs,
+# allowed by max_share=2.0 of n_trials=2).
+CONFIRM = [
+    "hydra.sweeper.confirm.rounds=2",
     "hydra.sweeper.confirm.top_k=1",
-    "hydra.sweeper.confirm.max_share=1.0",
+    "hydra.sweeper.confirm.max_share=2.0",
 ]
 
 
@@ -50,10 +58,10 @@ def _study(tmp_path: Path) -> optuna.Study:
 @pytest.mark.slow
 def test_the_example_app_is_swept_with_named_objectives_baseline_and_confirmation(tmp_path):
     pytest.importorskip("lightning")
-    proc = _sweep(tmp_path, *TINY_SWEEP)
+    proc = _sweep(tmp_path, *TINY_SWEEP, *CONFIRM)
     study = _study(tmp_path)
     trials = study.get_trials()
-    assert len(trials) == 4 and all(t.state is TrialState.COMPLETE for t in trials), trials
+    assert len(trials) == 2 and all(t.state is TrialState.COMPLETE for t in trials), trials
     # No launcher chosen: gpuopt's metrics are the objectives, so every trial and confirmation run
     # ran in a fresh process of its own (submitit's job folders), not in the sweep's.
     assert "trials run in fresh processes (hydra/launcher=fresh_process)" in proc.stdout
@@ -96,9 +104,7 @@ def test_the_example_app_is_swept_with_named_objectives_baseline_and_confirmatio
 @pytest.mark.slow
 def test_the_example_app_returning_a_dict_of_named_metrics(tmp_path):
     pytest.importorskip("lightning")
-    proc = _sweep(tmp_path, *TINY_SWEEP[:-4], "hydra.sweeper.n_trials=2", "returns=metrics",
-           "hydra.sweeper.params={data.batch_size: 'choice(32, 128)'}",
-           "hydra.sweeper.confirm.rounds=0")  # fmt: skip
+    proc = _sweep(tmp_path, *TINY_SWEEP, "returns=metrics", "hydra.sweeper.confirm.rounds=0")
     trials = _study(tmp_path).get_trials()
     assert len(trials) == 2 and all(t.state is TrialState.COMPLETE for t in trials)
     for trial in trials:

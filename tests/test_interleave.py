@@ -11,14 +11,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from gpuopt.sweeper import memory_axis
 from gpuopt.sweeper.confirm import in_process as interleaved
 from gpuopt.sweeper.confirm.in_process import SharedProcess, shareable, window_plan, window_seconds
+from tests.helpers.interleave import group_members, probe_configs
 
 SPEC = {
     "engine": {"name": "native"},
@@ -56,7 +55,11 @@ def test_only_loader_batch_threads_and_precision_changes_share_a_process(candida
 
 def test_the_window_budget_is_the_fresh_process_caps_time() -> None:
     # 10 runs of a 12 s trial = 120 s: 120 windows of 1 s; first stage 8 rounds of 3 arms
-    assert window_plan(4, 10, [11.0, 12.0, 30.0], [1.0, 1.0, 1.0]) == (8, 120)
+    # where they fit in FIRST_STAGE_S, here 16 s // 3 s = 5 (at least confirm.rounds)
+    assert window_plan(4, 10, [11.0, 12.0, 30.0], [1.0, 1.0, 1.0]) == (5, 120)
+    assert window_plan(4, 10, [11.0, 12.0, 30.0], [0.5, 0.5, 0.5]) == (8, 240)
+    assert window_plan(4, 10, [12.0], [3.0, 3.0, 3.0])[0] == 4  # slow windows: confirm.rounds
+    assert window_plan(6, 10, [12.0], [3.0, 3.0, 3.0])[0] == 6
     # tiny trials: the cap still allows two rounds; the first stage fits the cap
     assert window_plan(2, 4, [0.5, 0.5], [1.0, 1.0]) == (2, 4)
     assert window_plan(4, 10, [12.0] * 3, [0.5, 0.5])[1] == 240
@@ -73,43 +76,6 @@ def test_a_window_of_slow_steps_lasts_its_minimum_steps() -> None:
     assert window_plan(4, 10, [12.0], [1.6, 1.01])[1] == int(120 / 1.305)
 
 
-TINY = [
-    "device=cpu",
-    "model.width=16",
-    "model.depth=1",
-    "model.input_shape=[12]",
-    "measure.warmup_steps=2",
-    "data.sample_cost=0.1",
-]
-
-
-def _configs(tmp_path: Path, arms: dict[str, list[str]]) -> dict[str, Path]:
-    from hydra import compose, initialize_config_module
-
-    import gpuopt.run  # noqa: F401 - registers the schemas
-
-    paths = {}
-    for label, overrides in arms.items():
-        with initialize_config_module(config_module="gpuopt.conf"):
-            cfg = compose("config", overrides=[*TINY, *overrides], return_hydra_config=True)
-        paths[label] = memory_axis.write_probe_config(cfg, tmp_path, f"{label}.yaml")
-    return paths
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live processes in process group `pgid` (the shared process and its DataLoader workers)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
 @pytest.mark.slow
 def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_path) -> None:
     arms = {
@@ -119,11 +85,11 @@ def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_pa
     }
     steady = {"candidate1": {"epoch_steps": 10, "epoch_overhead_s": 1.0}}
     shared = SharedProcess.start(
-        _configs(tmp_path, arms), steady, "throughput_amortized", 0.2, tmp_path
+        probe_configs(tmp_path, arms), steady, "throughput_amortized", 0.2, tmp_path
     )
     assert shared.error is None, (tmp_path / "interleave.log").read_text()[-2000:]
     try:
-        workers = _group_members(shared.process.pid)
+        workers = group_members(shared.process.pid)
         assert len(workers) >= 2  # the process and candidate1's loader worker
         for _ in range(2):
             base, cand = shared.window("baseline"), shared.window("candidate1")
@@ -142,14 +108,14 @@ def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_pa
     finally:
         shared.close()
     assert shared.process.returncode == 0
-    assert _group_members(shared.process.pid) == []  # no worker left behind
+    assert group_members(shared.process.pid) == []  # no worker left behind
 
 
 @pytest.mark.slow
 def test_a_killed_sweep_takes_its_shared_process_with_it(tmp_path) -> None:
     """The sweep dies with SIGKILL mid-confirmation: the shared process (parent-death signal)
     and its DataLoader workers end too."""
-    paths = _configs(tmp_path, {"baseline": ["loader.num_workers=1"]})
+    paths = probe_configs(tmp_path, {"baseline": ["loader.num_workers=1"]})
     script = textwrap.dedent(
         f"""
         import time
@@ -165,13 +131,13 @@ def test_a_killed_sweep_takes_its_shared_process_with_it(tmp_path) -> None:
     sweep = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         child = int(sweep.stdout.readline())
-        assert len(_group_members(child)) >= 2
+        assert len(group_members(child)) >= 2
         os.kill(sweep.pid, signal.SIGKILL)
         sweep.wait()
         deadline = time.monotonic() + 20
-        while _group_members(child) and time.monotonic() < deadline:
+        while group_members(child) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _group_members(child) == []
+        assert group_members(child) == []
     finally:
         if sweep.poll() is None:
             sweep.kill()

@@ -21,6 +21,7 @@ from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, STUDY_CONFIRMATION
 from gpuopt.study.records import IN_PROCESS
 from gpuopt.sweeper.options import RaceOptions, SweepConfigError, SweeperOptions
 from gpuopt.sweeper.race import plan
+from tests.helpers.interleave import group_members, probe_configs
 
 B = plan.BASELINE
 
@@ -145,10 +146,24 @@ def test_a_sweep_that_cannot_race_says_why(changes: dict, why: str) -> None:
     assert why in (_why_not(**changes) or "")
 
 
+def test_only_values_measured_in_fresh_processes_keep_a_resumed_study_out_of_the_race() -> None:
+    def trial(state: TrialState, **attrs: object) -> optuna.trial.FrozenTrial:
+        values = [1.0] if state == TrialState.COMPLETE else None
+        return optuna.trial.create_trial(state=state, values=values, user_attrs=attrs)
+
+    raced = [trial(TrialState.COMPLETE, race={"seconds": 2.0}), trial(TrialState.PRUNED)]
+    failed = trial(TrialState.FAIL)  # no value: nothing to mix
+    assert plan.measured_apart([*raced, failed]) == 0
+    assert plan.measured_apart([*raced, trial(TrialState.COMPLETE)]) == 1
+
+
 def test_race_settings_are_checked_before_anything_runs() -> None:
     assert SweeperOptions.build(race={"finalists": 3}).race == RaceOptions(finalists=3)
     with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.finalists=0"):
         SweeperOptions.build(race={"finalists": 0})
+    assert SweeperOptions.build(race={"screen": 4}).race.screen == 4
+    with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.screen=0.*integer >= 1"):
+        SweeperOptions.build(race={"screen": 0})
     with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.rungs"):
         SweeperOptions.build(race={"rungs": 2})
 
@@ -223,14 +238,35 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     assert confirmed == [baseline.number, finalist.number]
     assert "pruned 2" in done.stdout and "Confirmation:" in done.stdout
 
+    # run again with a larger n_trials: the raced study races on (a new process, its baseline
+    # reused), here in screens of 2, each round told before the next is asked
+    more = [a for a in cmd if not a.startswith("hydra.sweeper.n_trials=")]
+    more += ["hydra.sweeper.n_trials=7", "hydra.sweeper.race.screen=2"]
+    again = subprocess.run(
+        [*more, "hydra.sweeper.confirm.rounds=0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "race: the trials in one process" in again.stdout and "no race" not in again.stdout
+    trials = study.get_trials()
+    assert len(trials) == 7 and sum(bool(t.user_attrs.get(ATTR_BASELINE)) for t in trials) == 1
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert all(ATTR_RACE in t.user_attrs for t in complete)  # no fresh-process value among them
+    first_round, second_round = trials[4:6], trials[6]
+    assert [t.state for t in first_round].count(TrialState.PRUNED) == 1
+    assert second_round.state == TrialState.COMPLETE  # the only one of its screen goes on
+    assert second_round.datetime_start >= max(t.datetime_complete for t in first_round)
+
 
 @pytest.mark.slow
 def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_path: Path) -> None:
     from gpuopt.core.result import TrialResult
     from gpuopt.sweeper.race.process import RaceProcess
-    from tests.test_interleave import _configs, _group_members
 
-    paths = _configs(
+    paths = probe_configs(
         tmp_path, {"base": [], "big": ["loader.batch_size=256", "loader.num_workers=1"]}
     )
     race = RaceProcess.open(tmp_path / "race", "throughput", 0.2)
@@ -238,14 +274,14 @@ def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_pat
         assert race.add("base", paths["base"])["status"] == "ok"
         built = race.add("big", paths["big"])
         assert built["status"] == "ok" and built["config"]["loader"]["batch_size"] == 256
-        assert len(_group_members(race.process.pid)) == 2  # the process and big's worker
+        assert len(group_members(race.process.pid)) == 2  # the process and big's worker
         # a window cut short by its deadline: one step at least, far fewer than asked for
         short = race.command(
             "window", 60, label="big", window_s=0.0, min_steps=10**6, deadline_s=0.2
         )
         assert short["status"] == "ok" and 1 <= short["steps"] < 10**6
         race.drop("big")
-        assert len(_group_members(race.process.pid)) == 1  # its worker gone with it
+        assert len(group_members(race.process.pid)) == 1  # its worker gone with it
         assert race.measure("big", 0.2, 3)["status"] == "error"  # dropped: no such member
         result = race.whole_trial("#1", paths["big"], tmp_path / "trial_1")
         assert result is not None
@@ -259,7 +295,7 @@ def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_pat
         assert race.measure("base", 0.2, 3)["status"] == "ok"  # the others go on
     finally:
         race.close()
-    assert _group_members(race.process.pid) == []
+    assert group_members(race.process.pid) == []
 
 
 def test_only_gpuopts_own_task_function_races() -> None:

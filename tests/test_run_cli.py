@@ -18,25 +18,13 @@ from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.engines._lifecycle import STEAL_WARN_PCT, _process_notes
 from gpuopt.run import print_result, run_config
 from tests.conftest import TINY_TRIAL
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cli(tmp_path, *overrides):
-    # COLUMNS: rich wraps the table's notes to the width, and a wrapped line is no longer a substring
-    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs"), "COLUMNS": "250"}
-    return subprocess.run(
-        [sys.executable, "-m", "gpuopt.run", *overrides],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 def test_one_trial_prints_a_table_and_writes_result_json_in_the_run_dir(tmp_path):
-    proc = _cli(tmp_path, *TINY_TRIAL, "model.width=16", "model.depth=1")
+    proc = run_cli(tmp_path, *TINY_TRIAL, "model.width=16", "model.depth=1")
     assert proc.returncode == 0, proc.stderr
     (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
     result = TrialResult.load(result_file)
@@ -103,7 +91,7 @@ def test_rows_of_what_a_trial_did_not_measure_are_absent_and_a_high_steal_is_war
     ],
 )
 def test_invalid_value_exits_nonzero_with_one_line(tmp_path, override, expected):
-    proc = _cli(tmp_path, override)
+    proc = run_cli(tmp_path, override)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0]
@@ -113,7 +101,7 @@ def test_invalid_value_exits_nonzero_with_one_line(tmp_path, override, expected)
 
 
 def test_unknown_group_option_is_hydras_error_listing_the_options(tmp_path):
-    proc = _cli(tmp_path, "precision=fp8")
+    proc = run_cli(tmp_path, "precision=fp8")
     assert proc.returncode != 0
     assert "precision/fp8" in proc.stderr and "bf16" in proc.stderr
 
@@ -153,14 +141,14 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
         "classes: ${.num_classes}\n"
         "hidden: 7\n"
     )
-    untrusted = _cli(
+    untrusted = run_cli(
         tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", *TINY_TRIAL
     )
     assert untrusted.returncode != 0
     assert "model._target_='tests.helpers.user_models.TinyNet'" in untrusted.stderr
     assert "trust=[tests.helpers.user_models.*]" in untrusted.stderr
 
-    proc = _cli(
+    proc = run_cli(
         tmp_path,
         "--config-dir",
         str(tmp_path / "myconf"),
@@ -176,7 +164,7 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
 
 
 def test_bad_input_is_exit_2_before_the_run_dir_exists(tmp_path):
-    proc = _cli(tmp_path, "model.depth=-2")
+    proc = run_cli(tmp_path, "model.depth=-2")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gpuopt: invalid config: model.depth=-2; allowed: an integer >= 1"
     assert not (tmp_path / "outputs").exists()
@@ -194,7 +182,7 @@ def test_hydra_full_error_set_by_the_user_still_shows_the_full_traceback(tmp_pat
 
 def test_allocator_settings_still_apply_although_validation_imports_torch_first(tmp_path):
     """The callback imports the model (and torch) before the job: it must set THP first."""
-    proc = _cli(tmp_path, *TINY_TRIAL, "cache=cpu_thp")
+    proc = run_cli(tmp_path, *TINY_TRIAL, "cache=cpu_thp")
     assert proc.returncode == 0, proc.stderr
     (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
     result = TrialResult.load(result_file)

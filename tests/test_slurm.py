@@ -9,10 +9,12 @@ limit is an `error` with SLURM's verdict while the sweep goes on.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -131,12 +133,14 @@ def squeue_states(cluster: slurm_helper.SlurmCluster) -> dict[str, SlurmJobState
 def settled_states(
     cluster: slurm_helper.SlurmCluster, timeout_s: float = 30.0
 ) -> dict[str, SlurmJobState]:
-    """squeue's states once no job is COMPLETING any more (slurmd's clean-up after a job's last
-    step: transient, seconds), or as they are at the timeout."""
+    """squeue's states once no job is RUNNING or COMPLETING any more, or as they are at the
+    timeout: a job whose result the sweep has read still runs until its process exits (a
+    distributed trial's ranks first), then slurmd cleans up after its last step (transient, seconds)."""
     deadline = time.monotonic() + timeout_s
     while True:
         states = squeue_states(cluster)
-        if time.monotonic() > deadline or all(s.state != "COMPLETING" for s in states.values()):
+        busy = any(s.state in ("RUNNING", "COMPLETING") for s in states.values())
+        if time.monotonic() > deadline or not busy:
             return states
         time.sleep(0.5)
 
@@ -184,27 +188,70 @@ def test_sweep_runs_its_trials_as_slurm_jobs_to_completion(tmp_path, cluster):
     assert all(f"Starting with JobEnvironment(job_id={k}," in text for k, text in logs.items())
 
 
+def _warned_and_running(tmp_path: Path, cluster: slurm_helper.SlurmCluster) -> set[str]:
+    """The sweep's jobs SLURM's time-limit warning has reached (gpuopt's USR2 line in the job's
+    stderr) that still run."""
+    warned = {
+        path.parent.name
+        for path in tmp_path.glob("sweeps/*/*/.submitit/*/*_0_log.err")
+        if "gpuopt: SLURM sent SIGUSR2" in path.read_text(errors="replace")
+    }
+    states = squeue_states(cluster)
+    return {job for job in warned if job in states and states[job].state == "RUNNING"}
+
+
+def _end_now(cluster: slurm_helper.SlurmCluster, job_id: str) -> datetime:
+    """Move a running job's end time to a second from now, as an administrator shortens its time
+    limit (`scontrol update EndTime=`); slurmctld's next time-limit check (every 30 s) kills it with
+    the TIMEOUT of a job that reached its limit. Returns when the end was set."""
+    now = datetime.now().replace(microsecond=0)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job_id}", "EndTime=now+1"],
+        env={**os.environ, **cluster.env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return now
+
+
 @pytest.mark.slow
 @needs_slurm
 def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp_path, cluster):
-    """Trial #1 hangs, SLURM kills it at timeout_min=1 (slurmctld checks limits every 30 s, so
-    60-90 s); trial #2 still runs. The grid's seed puts the hanging point first."""
-    started = time.monotonic()
-    proc = sweep(
-        tmp_path,
-        cluster,
-        *FAST,
+    """Trial #1 hangs; SLURM's warning (submitit's USR2, signal_delay_s=120 > timeout_min=1: sent at
+    slurmctld's first time-limit check) reaches it and it runs on; then its end time is moved to now
+    and the next check (30 s later, not the minute of timeout_min=1 plus up to 30 s) kills it at its
+    limit; trial #2 still runs. The grid's seed puts the hanging point first."""
+    env = {**os.environ, **cluster.env, "GPUOPT_OUTPUT_DIR": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
+    cmd = [
+        str(HELPERS / "fake_task.py"), "-m", *SLURM_JOB, *FAST,
         "hydra.sweeper.confirm.rounds=0",
+        "hydra.sweeper.profile=false",  # no profiled run of the best at the end
         "hydra.sweeper.study_name=t",
         "hydra.sweeper.max_failure_rate=0.9",
         "hydra/sweeper/sampler=grid",
         "hydra.sweeper.sampler.seed=0",
         "hydra.launcher.timeout_min=1",
         "+case=choice(hang,fine)",
-        app=[str(HELPERS / "fake_task.py")],
-        timeout=170,
-    )
-    elapsed = time.monotonic() - started
+    ]  # fmt: skip
+    out = tmp_path / "sweep.out"
+    with out.open("w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, *cmd], cwd=tmp_path, env=env, stdout=stdout, stderr=subprocess.STDOUT
+        )
+    ended: dict[str, datetime] = {}  # job -> when its end time was moved to now
+    try:
+        deadline = time.monotonic() + 170
+        while proc.poll() is None and time.monotonic() < deadline:
+            for job_id in _warned_and_running(tmp_path, cluster) - set(ended):
+                ended[job_id] = _end_now(cluster, job_id)
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    text = out.read_text()
+    assert proc.returncode == 0, text[-3000:] + cluster.logs()
     trials = trials_of(tmp_path, "t")
     assert [t.params.get("+case") for t in trials] == [None, "hang", "fine"]
     baseline, hung, after = trials
@@ -213,14 +260,16 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
     reason = hung.user_attrs["reason"]
     assert reason.startswith("cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min=1), job ")
     # The job's stderr, slurmstepd's verdict included, is kept with the trial.
-    assert "DUE TO TIME LIMIT" in hung.user_attrs["traceback"]
+    verdict = re.search(r"CANCELLED AT (\S+) DUE TO TIME LIMIT", hung.user_attrs["traceback"])
+    assert verdict, hung.user_attrs["traceback"][-2000:]
     job_id = reason.rsplit("job ", 1)[1]
     assert settled_states(cluster)[job_id].state == "TIMEOUT"
-    # submitit's USR2 (signal_delay_s=120 > the limit: sent at once) did not end or requeue it.
+    # submitit's USR2 did not end or requeue it: it ran on after the warning (until its end time).
     (stderr,) = tmp_path.glob(f"sweeps/*/*/.submitit/{job_id}/{job_id}_0_log.err")
     assert "gpuopt: SLURM sent SIGUSR2" in stderr.read_text()
-    assert "gpuopt sweep summary" in proc.stdout
-    assert elapsed > 55  # the trial did run to SLURM's limit (not cut short by submitit's USR2)
+    assert job_id in ended, (ended, text[-3000:])
+    assert datetime.fromisoformat(verdict.group(1)) >= ended[job_id]
+    assert "gpuopt sweep summary" in text
 
 
 @pytest.mark.slow
