@@ -63,7 +63,7 @@ class Ranks:
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model (on the device already) under DDP or FSDP2, as `distributed.kind` says."""
-        self._checkpoint(model)
+        checkpoint(model, self.conf)
         if self.conf.kind == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(
@@ -81,36 +81,9 @@ class Ranks:
 
     def _fully_shard(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        conf = self.conf
-        mesh = init_device_mesh(self.device.type, (self.world,))
-        param = DTYPES[conf.param_dtype] if conf.param_dtype else None
-        reduce = DTYPES[conf.reduce_dtype] if conf.reduce_dtype else None
-        options: dict[str, Any] = {
-            "mesh": mesh,
-            "reshard_after_forward": conf.reshard_after_forward,
-            "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
-        }
-        children = _named_children(model, conf.shard_modules, "distributed.shard_modules")
-        for child in reversed(children):  # bottom-up: a nested match before the block holding it
-            fully_shard(child, **options)
-        fully_shard(model, **options)
+        shard(model, self.conf, init_device_mesh(self.device.type, (self.world,)))
         return model
-
-    def _checkpoint(self, model: torch.nn.Module) -> None:
-        """`checkpoint_modules`: each named child recomputes its forward in the backward."""
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            apply_activation_checkpointing,
-        )
-
-        names = list(self.conf.checkpoint_modules)
-        if not names:
-            return
-        _named_children(model, names, "distributed.checkpoint_modules")
-        apply_activation_checkpointing(
-            model, check_fn=lambda m: matches_any(type(m).__name__, names)
-        )
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -155,6 +128,39 @@ class Ranks:
         code = torch.tensor([VERDICTS.index(mine) if self.leader else 0], dtype=torch.int64)
         dist.broadcast(code, src=0, group=self.host_group)
         return VERDICTS[int(code.item())]
+
+
+def shard(model: torch.nn.Module, conf: DistributedConf, mesh: Any) -> None:
+    """FSDP2 on `model` over a 1-D data-parallel device mesh: the children `shard_modules`
+    selects one by one, bottom-up (a nested match before the block holding it), then the root;
+    `reshard_after_forward` and the MixedPrecisionPolicy of `param_dtype` / `reduce_dtype`. The
+    one mapping of the FSDP2 knobs, for the native engine (`Ranks.wrap`) and Lightning's
+    ModelParallelStrategy (gpuopt.engines.lightning.strategy)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    param = DTYPES[conf.param_dtype] if conf.param_dtype else None
+    reduce = DTYPES[conf.reduce_dtype] if conf.reduce_dtype else None
+    options: dict[str, Any] = {
+        "mesh": mesh,
+        "reshard_after_forward": conf.reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
+    }
+    for child in reversed(_named_children(model, conf.shard_modules, "distributed.shard_modules")):
+        fully_shard(child, **options)
+    fully_shard(model, **options)
+
+
+def checkpoint(model: torch.nn.Module, conf: DistributedConf) -> None:
+    """`checkpoint_modules`: each named child recomputes its forward in the backward (DDP and
+    FSDP2, both engines)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+
+    names = list(conf.checkpoint_modules)
+    if not _named_children(model, names, "distributed.checkpoint_modules"):
+        return
+    apply_activation_checkpointing(model, check_fn=lambda m: matches_any(type(m).__name__, names))
 
 
 def _named_children(model: torch.nn.Module, names: list[str], key: str) -> list[torch.nn.Module]:

@@ -66,19 +66,14 @@ from gpuopt.engines._ceiling import (
     record_achievable_mfu,
     record_limit,
 )
-from gpuopt.engines._distributed import Ranks
+from gpuopt.engines._distributed import Ranks, checkpoint, shard
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._lifecycle import run_measured
 from gpuopt.engines._loss import model_loss
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, loss_of, record_fit
 from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
-from gpuopt.engines.lightning.strategy import (
-    checkpoint,
-    lightning_strategy,
-    shard,
-    trainer_devices,
-)
+from gpuopt.engines.lightning.strategy import DATA_PARALLEL, lightning_strategy, trainer_devices
 from gpuopt.trial import knobs
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
@@ -127,7 +122,7 @@ class BuiltinModule(pl.LightningModule):
         if conf.kind != "fsdp2" or getattr(self, "_sharded", False):
             return
         checkpoint(self.model, conf)
-        shard(self.model, conf, self.device_mesh)
+        shard(self.model, conf, self.device_mesh[DATA_PARALLEL])
         self._sharded = True
 
 

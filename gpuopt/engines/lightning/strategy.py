@@ -18,8 +18,9 @@ Lightning #11617, #18175, Hydra #2070), and `_init_dist_connection` leaves the g
   (tensor_parallel_size=1): Lightning's strategy for FSDP2's `fully_shard` (its `FSDPStrategy`
   is FSDP1's wrapper class, another implementation: not called fsdp2 here). The sharding itself is
   the LightningModule's `configure_model`: for a plain `nn.Module` gpuopt's `BuiltinModule` applies
-  `shard` (shard_modules, reshard_after_forward, param_dtype / reduce_dtype, like the native
-  engine); a user's LightningModule shards itself in its own configure_model, so gpuopt's FSDP2
+  `gpuopt.engines._distributed.shard` on the mesh's DATA_PARALLEL dimension (the native
+  engine's one mapping of shard_modules, reshard_after_forward, param_dtype / reduce_dtype); a
+  user's LightningModule shards itself in its own configure_model, so gpuopt's FSDP2
   knobs cannot reach it (one-line errors: gpuopt.core.distributed_checks). Lightning 2.6 reduces
   the gradients of every micro-batch under this strategy (its `block_backward_sync` skips only
   DDP's): what a Lightning FSDP2 job with accumulation costs.
@@ -34,9 +35,7 @@ import torch
 from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy
 
-from gpuopt.core.distributed_checks import check_module_patterns, matches_any
 from gpuopt.core.spec import DistributedConf, TrialSpec
-from gpuopt.engines._distributed import DTYPES
 
 # The data-parallel dimension of ModelParallelStrategy's device mesh.
 DATA_PARALLEL = "data_parallel"
@@ -87,49 +86,3 @@ def trainer_devices(spec: TrialSpec, device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         return {"accelerator": "cuda", "devices": [device.index or 0]}
     return {"accelerator": device.type, "devices": 1}
-
-
-def fsdp2_options(conf: DistributedConf, mesh: Any) -> dict[str, Any]:
-    """`fully_shard`'s arguments from the FSDP2 knobs (the native engine's mapping)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    param = DTYPES[conf.param_dtype] if conf.param_dtype else None
-    reduce = DTYPES[conf.reduce_dtype] if conf.reduce_dtype else None
-    return {
-        "mesh": mesh,
-        "reshard_after_forward": conf.reshard_after_forward,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce),
-    }
-
-
-def shard(model: torch.nn.Module, conf: DistributedConf, device_mesh: Any) -> None:
-    """FSDP2 on `model` over the data-parallel mesh of ModelParallelStrategy: the children
-    `shard_modules` selects one by one (innermost first), then the root."""
-    from torch.distributed.fsdp import fully_shard
-
-    options = fsdp2_options(conf, device_mesh[DATA_PARALLEL])
-    for child in reversed(_selected(model, conf.shard_modules, "distributed.shard_modules")):
-        fully_shard(child, **options)
-    fully_shard(model, **options)
-
-
-def checkpoint(model: torch.nn.Module, conf: DistributedConf) -> None:
-    """`checkpoint_modules`: each selected child recomputes its forward in the backward."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        apply_activation_checkpointing,
-    )
-
-    names = list(conf.checkpoint_modules)
-    if not _selected(model, names, "distributed.checkpoint_modules"):
-        return
-    apply_activation_checkpointing(model, check_fn=lambda m: matches_any(type(m).__name__, names))
-
-
-def _selected(model: torch.nn.Module, names: list[str], key: str) -> list[torch.nn.Module]:
-    """The submodules whose class a pattern of `names` matches (one ConfigError for a pattern that
-    matches none, naming the classes the model has)."""
-    if not names:
-        return []
-    children = [m for m in model.modules() if m is not model]
-    check_module_patterns(key, names, [type(m).__name__ for m in children])
-    return [m for m in children if matches_any(type(m).__name__, names)]

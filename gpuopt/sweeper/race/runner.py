@@ -153,16 +153,18 @@ class RaceRunner(TrialRunner):
         """Trial 0 as a whole trial (unless a raced study resumes with it done); then the
         baseline built for the screen. Whether both worked."""
         done = _done_baseline(study)
-        if done is None:
+        if done is not None:  # its stored overrides (a secret in them masked: none in a task's)
+            overrides = list(done.user_attrs.get(ATTR_OVERRIDES) or [])
+        else:
             trials, _ = self._ask(study, 1)
             if not trials:
                 return False
             trial = trials[0]
-            self._whole(study, trial, self._configure(trial, space), space, progress, race)
+            overrides = self._configure(trial, space)
+            self._whole(study, trial, overrides, space, progress, race)
             done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
             return False
-        overrides = list(done.user_attrs.get(ATTR_OVERRIDES) or [])
         answer = race.add(plan.BASELINE, self._config_file(overrides, plan.BASELINE))
         return answer.get("status") == "ok"
 
