@@ -23,6 +23,7 @@ from gpuopt.core.spec import PrecisionConf, register_schemas
 from gpuopt.engines.registry import load_spec
 from gpuopt.trial.measure import measure_step_flops
 from tests.conftest import TINY_TRIAL
+from tests.helpers.lightning_specs import user_spec as _user_spec
 
 pytest.importorskip("lightning")
 
@@ -63,24 +64,6 @@ class Seen:
         return next(
             cb for cb in self.objects["trainer"].callbacks if isinstance(cb, MeasureCallback)
         )
-
-
-def _user_spec(
-    compose_cfg: Any, model: dict[str, Any], *overrides: str, data: dict[str, Any] | None = None
-):
-    """A spec whose model (and data) are user Lightning classes from tests/helpers."""
-    cfg = compose_cfg(
-        "engine=lightning",
-        *TINY_TRIAL[:5],
-        "device=cpu",
-        f"trust=[{HELPERS}.*]",
-        "~data",
-        *overrides,
-    )
-    cfg.model = model
-    if data is not None:
-        cfg.data = data
-    return load_spec(cfg)
 
 
 def _flops_per_sample(module: Any, batch_size: int) -> float:

@@ -30,6 +30,7 @@ from gpuopt.engines.lightning.profile import ProfileWindow
 from gpuopt.engines.registry import load_spec
 from gpuopt.trial.context import Trial
 from gpuopt.trial.numerics import NotGuarded
+from tests.helpers.lightning_specs import user_spec as _user_spec
 
 HELPERS = "tests.helpers.lightning_models"
 BOUND_S = 240  # a trial waiting out a collective timeout would overrun it
@@ -113,19 +114,6 @@ def test_every_rank_profiles_the_same_optimizer_steps_and_the_job_averages_the_s
 
 
 # -- the guard on a module that brings its own data ---------------------------------------------------
-def _user_spec(compose_cfg: Any, model: dict[str, Any], *overrides: str, data: Any = None):
-    cfg = compose_cfg(
-        "engine=lightning",
-        *TINY_TRIAL[:5],
-        "device=cpu",
-        f"trust=[{HELPERS}.*]",
-        "~data",
-        *overrides,
-    )
-    cfg.model = model
-    if data is not None:
-        cfg.data = data
-    return load_spec(cfg)
 
 
 def test_the_guard_of_a_module_with_its_own_loader_says_why_in_one_line(compose_cfg):
