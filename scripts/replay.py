@@ -258,13 +258,13 @@ def _values(grid: Grid, point: GridPoint, objectives: Sequence[str]) -> list[flo
 
 def _told(answers: Sequence[list[float] | None], setup: SearchSetup, direction: str) -> set[int]:
     """Which of a screen's trials the race tells with values: its best `race_finalists` by the
-    first objective (the runner's finalists); the others it tells PRUNED."""
-    ranked = sorted(
-        (i for i, a in enumerate(answers) if a is not None),
-        key=lambda i: answers[i][0],  # type: ignore[index]
-        reverse=direction == "maximize",
-    )
-    return set(ranked[: setup.race_finalists])
+    first objective, chosen as the runner chooses them (`plan.finalists`); the others it tells
+    PRUNED."""
+    from gpuopt.sweeper.race import plan
+
+    sign = 1.0 if direction == "maximize" else -1.0
+    scores = {str(i): sign * a[0] if a is not None else None for i, a in enumerate(answers)}
+    return {int(label) for label in plan.finalists(scores, setup.race_finalists)}
 
 
 def replay(
