@@ -404,8 +404,9 @@ def amortized_throughput(
 ) -> float:
     """Throughput of a long run whose epochs are `epoch_steps` steady-state steps of `step_s` each
     plus `overhead_s` at each boundary: throughput * E*step / (E*step + overhead). Without an
-    epoch length (an endless stream) or a measured overhead, the steady-state throughput."""
-    if not epoch_steps or overhead_s is None or step_s <= 0:
+    epoch length (an endless stream) or a measured overhead, the steady-state throughput; with no
+    overhead exactly that (epoch_s / epoch_s may round one ulp above 1)."""
+    if not epoch_steps or not overhead_s or step_s <= 0:
         return throughput
     epoch_s = epoch_steps * step_s
     return throughput * epoch_s / (epoch_s + overhead_s)
