@@ -238,6 +238,7 @@ class SearchSetup:
     space: dict[str, str] | None = None
     race: int = 0
     race_finalists: int = 2  # a screen's trials told with values; the rest are told PRUNED
+    race_floor: float = 0.0  # ...of those at this ratio to the baseline (the first trial) or above
 
     def batch(self, asked: int, budget: int) -> int:
         """How many trials the next ask takes, `asked` already asked."""
@@ -256,15 +257,30 @@ def _values(grid: Grid, point: GridPoint, objectives: Sequence[str]) -> list[flo
     return values
 
 
-def _told(answers: Sequence[list[float] | None], setup: SearchSetup, direction: str) -> set[int]:
+def _told(
+    answers: Sequence[list[float] | None],
+    setup: SearchSetup,
+    direction: str,
+    baseline: float | None,
+) -> set[int]:
     """Which of a screen's trials the race tells with values: its best `race_finalists` by the
-    first objective, chosen as the runner chooses them (`plan.finalists`); the others it tells
-    PRUNED."""
+    first objective's ratio to the `baseline` value (> 1: faster), of those at `race_floor` or
+    above, chosen as the runner chooses them (`plan.finalists`); the others it tells PRUNED."""
     from gpuopt.sweeper.race import plan
 
     sign = 1.0 if direction == "maximize" else -1.0
-    scores = {str(i): sign * a[0] if a is not None else None for i, a in enumerate(answers)}
-    return {int(label) for label in plan.finalists(scores, setup.race_finalists)}
+    if not baseline or baseline <= 0:  # no baseline reading: ranked by value, no floor
+        scores = {str(i): sign * a[0] if a is not None else None for i, a in enumerate(answers)}
+        return {int(label) for label in plan.finalists(scores, setup.race_finalists)}
+
+    def ratio(values: list[float] | None) -> float | None:
+        if values is None or values[0] <= 0:
+            return None
+        return values[0] / baseline if direction == "maximize" else baseline / values[0]
+
+    scores = {str(i): ratio(a) for i, a in enumerate(answers)}
+    chosen = plan.finalists(scores, setup.race_finalists, setup.race_floor)
+    return {int(label) for label in chosen}
 
 
 def replay(
@@ -306,7 +322,8 @@ def replay(
             answers.append(_values(grid, point, objectives) if point.ok else None)
             run.params.append(dict(trial.params))
             run.values.append(answers[-1][0] if answers[-1] is not None else None)
-        told = _told(answers, setup, grid.direction) if setup.race and len(batch) > 1 else None
+        raced = setup.race and len(batch) > 1
+        told = _told(answers, setup, grid.direction, run.values[0]) if raced else None
         for i, (trial, values) in enumerate(zip(batch, answers, strict=True)):
             if values is None:
                 study.tell(trial, state=TrialState.FAIL)
@@ -415,6 +432,7 @@ class SweeperDefaults:
     race: bool = False  # the trials raced in one process (gpuopt/sweeper/race/)
     race_screen: int = 0  # ...in screens of this many candidates
     race_finalists: int = 2  # ...each screen's best this many measured as whole trials
+    race_floor: float = 0.0  # ...of those the screen reads at this ratio to the baseline or above
 
     def factory(self) -> SamplerFactory:
         from hydra.utils import instantiate
@@ -448,7 +466,6 @@ class SweeperDefaults:
         objectives = self.objectives if self.objectives[0] == grid.objective else (grid.objective,)
         directions = self.directions if objectives == self.objectives else (grid.direction,)
         race = self.race_screen if self.race and self.baseline and self.n_jobs == 1 else 0
-        finalists = self.race_finalists
         return SearchSetup(
             objectives,
             directions,
@@ -456,7 +473,8 @@ class SweeperDefaults:
             enqueue,
             space if space != grid.space else None,
             race=race,
-            race_finalists=finalists,
+            race_finalists=self.race_finalists,
+            race_floor=self.race_floor,
         )
 
 
@@ -541,6 +559,7 @@ def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:
         race=bool((sweeper.get("race") or {}).get("enabled", False)),
         race_screen=int((sweeper.get("race") or {}).get("screen", 0)),
         race_finalists=int((sweeper.get("race") or {}).get("finalists", 2)),
+        race_floor=float((sweeper.get("race") or {}).get("floor", 0.0)),
     )
 
 

@@ -60,6 +60,76 @@ def test_the_best_finalists_by_ratio_go_on() -> None:
     assert plan.rank_of("a", ratios) == 3
 
 
+def test_only_contenders_at_the_floor_or_above_go_on() -> None:
+    ratios = {"a": 0.95, "b": 0.7, "c": 0.89, "d": None}
+    assert plan.finalists(ratios, 2, floor=0.9) == ["a"]  # c is below the floor, d unread
+    assert plan.finalists(ratios, 2, floor=1.0) == []  # no contender: no whole trial
+    assert plan.finalists(ratios, 2) == ["a", "c"]
+
+
+def _raced(number: int, state: TrialState, ratio: float | None = None, **attrs: object) -> object:
+    from optuna.trial import create_trial
+
+    user_attrs: dict[str, object] = dict(attrs)
+    if ratio is not None:
+        user_attrs[ATTR_RACE] = {"ratio": ratio, "floor": 0.9, "rank": 1, "of": 2}
+    values = [100.0] if state == TrialState.COMPLETE else None
+    trial = create_trial(state=state, values=values, params={}, user_attrs=user_attrs)
+    trial.number = number
+    return trial
+
+
+def test_the_summary_says_when_no_candidate_was_a_contender() -> None:
+    baseline = _raced(0, TrialState.COMPLETE, **{ATTR_BASELINE: True})
+    slow = [_raced(1, TrialState.PRUNED, 0.62), _raced(2, TrialState.PRUNED, 0.81)]
+    note = plan.no_contender_note([baseline, *slow])
+    assert note is not None and "no candidate read 0.9x the baseline" in note
+    assert "#2, 0.81x" in note and "keep your configuration" in note
+    finalist = _raced(3, TrialState.COMPLETE)  # a whole trial: the confirmation speaks
+    assert plan.no_contender_note([baseline, *slow, finalist]) is None
+    assert plan.no_contender_note([baseline]) is None  # nothing raced
+    # a contender pruned only for rank (finalists=1): not this note
+    assert plan.no_contender_note([baseline, _raced(4, TrialState.PRUNED, 1.3)]) is None
+
+
+def test_a_race_without_a_contender_answers_keep_your_configuration(tmp_path: Path) -> None:
+    from optuna.trial import create_trial
+
+    from gpuopt.sweeper import outputs
+
+    study = optuna.create_study(directions=["maximize"])
+    study.add_trial(
+        create_trial(
+            state=TrialState.COMPLETE, values=[50.0], params={}, user_attrs={ATTR_BASELINE: True}
+        )
+    )
+    race = {"ratio": 0.7, "floor": 0.9, "rank": 1, "of": 1}
+    study.add_trial(create_trial(state=TrialState.PRUNED, params={}, user_attrs={ATTR_RACE: race}))
+    identity = outputs.SweepIdentity(
+        study_name="s",
+        storage="memory",
+        sweep_dir=tmp_path,
+        names=["throughput"],
+        directions=["maximize"],
+        app_command="python -m gpuopt.run",
+        groups=[],
+    )
+    text = outputs.write_outputs(study, identity, None, 1.0)
+    assert "best      #0" in text  # the baseline is the answer
+    assert "(the closest, #1, 0.70x): keep your configuration; nothing to confirm" in text
+
+
+def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_it() -> None:
+    from gpuopt.sweeper.race.runner import Screened, prune_reason
+
+    entry = Screened(trial=None, overrides=[], label="#1")  # type: ignore[arg-type]
+    race = RaceOptions(finalists=2, floor=0.9)
+    assert "below the race's floor of 0.9x: cannot be an answer" in prune_reason(
+        entry, 0.5, 4, 9, race
+    )
+    assert "the best 2 went on" in prune_reason(entry, 1.4, 3, 9, race)
+
+
 @pytest.mark.parametrize(
     ("key", "shares"),
     [
@@ -164,6 +234,9 @@ def test_race_settings_are_checked_before_anything_runs() -> None:
     assert SweeperOptions.build(race={"screen": 4}).race.screen == 4
     with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.screen=0.*integer >= 1"):
         SweeperOptions.build(race={"screen": 0})
+    assert SweeperOptions.build(race={"floor": 0}).race.floor == 0
+    with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.floor=-1.*\[0, 10\]"):
+        SweeperOptions.build(race={"floor": -1})
     with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.rungs"):
         SweeperOptions.build(race={"rungs": 2})
 
@@ -194,6 +267,7 @@ TINY_RACE = [
     "hydra.sweeper.seeding=false",
     "hydra.sweeper.params={loader.batch_size: 'choice(8,64,256)', precision: 'choice(fp32)'}",
     "hydra.sweeper.device_params={}",
+    "hydra.sweeper.race.floor=0",  # a finalist whatever the screen reads (the floor: unit tests)
     "device.num_threads=1",  # one compute thread everywhere: two collapse on a busy 2-core box
     "measure=quick",
     "measure.time_budget_s=0.3",

@@ -24,6 +24,8 @@ from replay import (
     replay,
 )
 
+from gpuopt.sweeper.options import SweeperOptions
+
 BATCH = [16, 32, 64, 128]
 WORKERS = [0, 1, 2]
 
@@ -162,10 +164,33 @@ def test_a_race_tells_its_baseline_alone_then_asks_the_screen_at_once_and_answer
     )  # without the race: at once
 
 
+def test_a_race_tells_no_candidate_the_screen_reads_below_its_floor() -> None:
+    """The runner's floor: a screen whose candidates all read below `race_floor` of the baseline
+    tells none of them with values (no whole trial); with a floor under them, its best 2."""
+    grid = _encoded_grid()
+    best = grid.best()
+    sampler = _SeenTold(seed=0)
+    floor = 1.0 + 1e-9  # nothing beats the grid's best, which is the baseline here
+    run = replay(
+        grid, sampler, 6, setup=SearchSetup(enqueue=(best.params,), race=5, race_floor=floor)
+    )
+    states = [t.state for t in sampler.study.get_trials()[1:6]]
+    assert run.params[0] == best.params and states == [optuna.trial.TrialState.PRUNED] * 5
+    lowest = min(v for v in run.values[1:6] if v is not None) / best.value
+    low = SearchSetup(enqueue=(best.params,), race=5, race_floor=lowest * 0.99)
+    sampler = _SeenTold(seed=0)
+    replay(grid, sampler, 6, setup=low)
+    told = [
+        t for t in sampler.study.get_trials()[1:6] if t.state == optuna.trial.TrialState.COMPLETE
+    ]
+    assert len(told) == 2
+
+
 def test_gpuopt_default_races_unless_the_race_is_off(grid: Grid) -> None:
     raced = gpuopt_contenders(grid, sampler_only=False)[0].setup
     unraced = gpuopt_contenders(grid, ["hydra.sweeper.race.enabled=false"], sampler_only=False)
     assert raced.race > 1 and unraced[0].setup.race == 0
+    assert raced.race_floor == SweeperOptions().race.floor > 0  # the runner's own floor
 
 
 # -- the shipped, measured grid ------------------------------------------------------------------

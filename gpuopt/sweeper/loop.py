@@ -269,11 +269,12 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             return None
         log.info(
             "race: the trials in one process: the baseline, then each candidate in a %g s window "
-            "between two baseline windows, %d per screen; each screen's best %d measured as whole "
-            "trials, the others pruned",
+            "between two baseline windows, %d per screen; each screen's best %d at %gx the "
+            "baseline or faster measured as whole trials, the others pruned",
             self.options.race.window_s,
             self.options.race.screen,
             self.options.race.finalists,
+            self.options.race.floor,
         )
         runner = self._runner(baseline_point)
         return RaceRunner(

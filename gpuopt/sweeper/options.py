@@ -60,12 +60,16 @@ class RaceOptions:
     the baseline (gpuopt's own task; DataLoader, batch, threads, precision), the trials are raced
     in that one process instead of one fresh process each: every candidate gets a short window
     between two baseline windows, the best `finalists` by that paired ratio are measured as whole
-    trials in the same process, the others are recorded pruned. false: every trial in a fresh
+    trials in the same process (if they read `floor` of the baseline or faster), the others are
+    recorded pruned. false: every trial in a fresh
     process (the protocol before the race)."""
 
     enabled: bool = True
     window_s: float = 0.3  # one screening window (at least 3 steps however long they take)
     finalists: int = 2  # candidates measured as whole trials after each screen
+    # ...of those the screen reads at this share of the baseline or faster (contenders; the rest
+    # cannot be an answer): 0.9 leaves room for the screen's short windows' noise.
+    floor: float = 0.9
     screen: int = 9  # candidates per screen: a longer sweep races in rounds of this many
 
 
@@ -177,6 +181,12 @@ class SweeperOptions:
                 self.race.finalists,
                 _int_at_least(self.race.finalists, 1),
                 "an integer >= 1",
+            ),
+            (
+                "race.floor",
+                self.race.floor,
+                _number_in(self.race.floor, 0.0, 10.0),
+                "a ratio to the baseline in [0, 10] (0: every finalist goes on)",
             ),
             (
                 "race.screen",

@@ -44,6 +44,7 @@ from gpuopt.study.rules import (
 )
 from gpuopt.sweeper import interference
 from gpuopt.sweeper.export import stock_results
+from gpuopt.sweeper.race import plan as race_plan
 from gpuopt.sweeper.space import parser
 from gpuopt.sweeper.summary import answers_lines, render, values_text
 
@@ -132,9 +133,9 @@ def write_outputs(
         answers.append(f"same-training config: {same_yaml}")
         answers.append(f"  reproduce: {sweep.reproduce_experiment('best_same_training')}")
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
-    interfered = interference.summary_note(all_trials)
-    if interfered:
-        notes.append(interfered)
+    for note in (interference.summary_note(all_trials), race_plan.no_contender_note(all_trials)):
+        if note:
+            notes.append(note)
     skipped = [t.user_attrs[ATTR_BASELINE_SKIPPED] for t in all_trials if _skipped(t)]
     text = render(
         study_name=sweep.study_name,

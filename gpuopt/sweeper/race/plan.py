@@ -11,7 +11,8 @@ and a baseline to pair every window with.
 The screen: baseline windows between candidate windows, B c1 B c2 B ... B, so each candidate's
 window sits between two baseline windows and its ratio to their geometric mean cancels the
 machine's linear drift (the confirmation's paired estimator, on one pair). The best `finalists`
-by that ratio go on as whole trials; the others are pruned.
+by that ratio go on as whole trials, if the screen reads them at `race.floor` of the baseline
+or faster (contenders); the others are pruned.
 """
 
 from __future__ import annotations
@@ -162,9 +163,13 @@ def screen_ratios(
     return ratios
 
 
-def finalists(ratios: Mapping[str, float | None], count: int) -> list[str]:
-    """The `count` candidates with the highest ratio (those without one never go on)."""
-    ranked = sorted((r, label) for label, r in ratios.items() if r is not None)
+def finalists(ratios: Mapping[str, float | None], count: int, floor: float = 0.0) -> list[str]:
+    """The `count` candidates with the highest ratio, of those at `floor` or above (those without
+    one never go on). Why a floor: a candidate the screen reads well below the baseline can be
+    neither answer (both are speedups over the baseline), so its whole trial (a window, the
+    ceiling, the profile, the numerics guard: most of a raced sweep's time) buys nothing; a round
+    with no contender ends with every candidate pruned."""
+    ranked = sorted((r, label) for label, r in ratios.items() if r is not None and r >= floor)
     return [label for _, label in reversed(ranked)][:count]
 
 
@@ -173,3 +178,31 @@ def rank_of(label: str, ratios: Mapping[str, float | None]) -> int | None:
     if ratios.get(label) is None:
         return None
     return 1 + sum(1 for r in ratios.values() if r is not None and r > ratios[label])
+
+
+def no_contender_note(trials: Sequence[Any]) -> str | None:
+    """The summary's line when a race measured no candidate as a whole trial because none read
+    its floor (so the answer is the baseline, and there is nothing to confirm); else None."""
+    from optuna.trial import TrialState
+
+    from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE
+
+    whole = [
+        t for t in trials if t.state == TrialState.COMPLETE and not t.user_attrs.get(ATTR_BASELINE)
+    ]
+    screened = [
+        (t.user_attrs[ATTR_RACE]["ratio"], t.number, t.user_attrs[ATTR_RACE].get("floor"))
+        for t in trials
+        if t.state == TrialState.PRUNED
+        and isinstance(t.user_attrs.get(ATTR_RACE), dict)
+        and isinstance(t.user_attrs[ATTR_RACE].get("ratio"), (int, float))
+    ]
+    if whole or not screened:
+        return None
+    ratio, number, floor = max(screened)
+    if not isinstance(floor, (int, float)) or ratio >= floor:
+        return None
+    return (
+        f"race: no candidate read {floor:g}x the baseline or faster in its screen window (the "
+        f"closest, #{number}, {ratio:.2f}x): keep your configuration; nothing to confirm"
+    )

@@ -11,8 +11,10 @@ process (`gpuopt.trial.interleave`, RaceProcess) measures them all:
    turn and measured in one short window (`race.window_s`) between two baseline windows
    (B c1 B c2 ... B; each built only while its turn lasts), ranked by the paired ratio;
 3. the screen's best `race.finalists` measured as whole trials in the same process (told COMPLETE
-   with every metric, as a fresh-process trial is); the others told PRUNED, the screen's reading
-   kept in their `race` user attr (and, for one objective, as Optuna's intermediate value).
+   with every metric, as a fresh-process trial is), of those the screen read at `race.floor` of
+   the baseline or faster; the others told PRUNED, the screen's reading kept in their `race` user
+   attr (and, for one objective, as Optuna's intermediate value). A round without a contender
+   ends with no whole trial: the answer is then the baseline's, without a confirmation.
 
 Steps 2-3 repeat until n_trials: a round's trials are all told before the next round is asked, so
 a sweep longer than one screen is still guided by its sampler (a screen of everything at once
@@ -229,7 +231,7 @@ class RaceRunner(TrialRunner):
             own = entry.window.get(metric) if entry.failure is None else None
             readings += [own, _side(entry, "after")]
         ratios = plan.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
-        chosen = plan.finalists(ratios, self.options.race.finalists)
+        chosen = plan.finalists(ratios, self.options.race.finalists, self.options.race.floor)
         for entry in screened:
             if entry.failure is not None:
                 ret = _returned(entry.failure)
@@ -252,6 +254,7 @@ class RaceRunner(TrialRunner):
             "rank": rank,
             "of": len(ratios),
             "window_s": self.options.race.window_s,
+            "floor": self.options.race.floor,
             "window": entry.window,
         }
         reason = prune_reason(entry, ratio, rank, len(ratios), self.options.race)
@@ -334,10 +337,12 @@ def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int
     if ratio is None:
         why = entry.window.get("reason") or "no window"
         return f"raced out: too slow to screen ({why})"
-    return (
-        f"raced out: {ratio:.2f}x the baseline in a {race.window_s:g} s window "
-        f"(rank {rank} of {of}; the best {race.finalists} went on)"
+    head = (
+        f"raced out: {ratio:.2f}x the baseline in a {race.window_s:g} s window (rank {rank} of {of}"
     )
+    if ratio < race.floor:
+        return f"{head}; below the race's floor of {race.floor:g}x: cannot be an answer)"
+    return f"{head}; the best {race.finalists} went on)"
 
 
 def _side(entry: Screened, which: str) -> float | None:
