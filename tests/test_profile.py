@@ -11,6 +11,7 @@ import pytest
 
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import ATTR_PROFILE, Status, TrialResult, result_user_attrs
+from gpuopt.core.spec import ProfileConf
 from gpuopt.engines.registry import load_spec, run_trial
 from gpuopt.trial.devices import trial_device
 from gpuopt.trial.profile import (
@@ -20,6 +21,7 @@ from gpuopt.trial.profile import (
     Annotation,
     ProfileSummary,
     annotated,
+    steps_within_budget,
 )
 from gpuopt.trial.trace import PHASES, STEP_SPAN, gpu_time_split, load_trace, phase_breakdown
 from tests.conftest import TINY_TRIAL
@@ -57,6 +59,32 @@ def test_profile_override_turns_the_window_on_and_off_is_the_default(compose_cfg
     assert spec.profile.enabled is True and spec.profile.steps == 3
     with pytest.raises(ConfigError, match=r"profile\.steps=0"):
         load_spec(compose_cfg(*MLP, "profile.steps=0"))
+    with pytest.raises(ConfigError, match=r"profile\.max_s=0.*seconds > 0, or null"):
+        load_spec(compose_cfg(*MLP, "profile.max_s=0"))
+    assert load_spec(compose_cfg(*MLP, "profile.max_s=null")).profile.max_s is None
+
+
+def test_slow_steps_are_profiled_fewer_within_the_budget():
+    conf = ProfileConf(enabled=True, steps=5, max_s=2.0)
+    assert steps_within_budget(conf, 900.0).steps == 2  # 2 of 0.9 s fit in 2 s
+    assert steps_within_budget(conf, 5000.0).steps == 1  # at least one
+    assert steps_within_budget(conf, 100.0) is conf  # 5 fast steps fit: as configured
+    assert steps_within_budget(conf, None) is conf  # no timed step to go by
+    unbounded = ProfileConf(enabled=True, steps=5, max_s=None)
+    assert steps_within_budget(unbounded, 5000.0).steps == 5
+
+
+def test_a_trial_of_slow_steps_records_fewer_profiled_steps(compose_cfg, tmp_path, monkeypatch):
+    # a budget below one step: one recorded step (after the profiler's own warm-up step)
+    result, _ = _profiled(
+        compose_cfg,
+        tmp_path,
+        monkeypatch,
+        PROFILE_OVERRIDE,
+        "profile.steps=4",
+        "profile.max_s=1e-6",
+    )
+    assert ProfileSummary.from_dict(result.profile).steps == 1
 
 
 def test_phases_sum_to_the_step_and_the_steps_cover_the_measured_window(profiled):

@@ -232,6 +232,8 @@ def _check_optimizer(optimizer: OptimizerConf) -> None:
 
 def _check_profile(profile: ProfileConf) -> None:
     check_min("profile.steps", profile.steps, 1, "an integer >= 1")
+    if profile.max_s is not None and not profile.max_s > 0:
+        raise ConfigError("profile.max_s", profile.max_s, "seconds > 0, or null (always steps)")
     check_min("profile.warmup_steps", profile.warmup_steps, 0, "an integer >= 0")
     check_min("profile.top_ops", profile.top_ops, 0, "an integer >= 0")
 

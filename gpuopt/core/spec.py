@@ -149,6 +149,9 @@ class ProfileConf:
 
     enabled: bool = False
     steps: int = 5  # profiled steps (each recorded op costs host time: keep it small)
+    # ...fewer when the timed window's steps are slow: about this many seconds of them (at least
+    # one; null: always `steps`). Not in a distributed trial (its ranks must profile alike).
+    max_s: float | None = 2.0
     warmup_steps: int = 1  # steps the profiler records and discards (its own start-up)
     top_ops: int = 10  # operators listed by self time
 

@@ -254,7 +254,7 @@ def profiled_window(
     callables of the step annotated as its phases for these steps only. In a distributed trial every
     rank profiles the same steps after a barrier (they are collectives), its trace named by its
     rank, and its communication share recorded (gpuopt.trial.comm_trace)."""
-    from gpuopt.trial.profile import Annotation, run_profiled_window
+    from gpuopt.trial.profile import Annotation, run_profiled_window, steps_within_budget
 
     phases = [
         Annotation(feed, "next", "next_batch"),
@@ -263,11 +263,14 @@ def profiled_window(
         Annotation(workload, "forward", "forward"),
         Annotation(workload.optimizer, "step", "optimizer"),
     ]
+    conf = trial.spec.profile
+    if ranks is None:  # ranks profile the same steps: their own step times could disagree
+        conf = steps_within_budget(conf, trial.metrics.step_time_ms)
     summary = run_profiled_window(
         lambda: workload.train_step(feed.next_step()),
         phases,
         trial.device,
-        trial.spec.profile,
+        conf,
         rank=ranks.rank if ranks is not None else None,
         align=ranks.barrier if ranks is not None else None,
     )

@@ -85,6 +85,19 @@ RANK_TRACE_FILE = "trace_rank{rank}.json.gz"  # ranks 1.. of a distributed trial
 STEP_COVERAGE_TOLERANCE = 0.10
 
 
+def steps_within_budget(conf: ProfileConf, step_ms: float | None) -> ProfileConf:
+    """`conf` with as many recorded steps as fit in `conf.max_s` of the timed window's steps
+    (`step_ms`, its median step), at least one and at most `conf.steps`. Why: a cnn's batch-256
+    steps of 0.9 s made the default 1 + 5 profiled steps cost a race's finalist 9 s, three times
+    its timed window; one slow step already holds thousands of ops to split into phases."""
+    import dataclasses
+
+    if conf.max_s is None or not step_ms or step_ms <= 0:
+        return conf
+    fitting = max(1, int(conf.max_s * 1000.0 / step_ms))
+    return conf if fitting >= conf.steps else dataclasses.replace(conf, steps=fitting)
+
+
 # -- annotating the engine's step -----------------------------------------------------------------
 @dataclass(frozen=True)
 class Annotation:

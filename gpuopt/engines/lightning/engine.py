@@ -376,10 +376,15 @@ def _profile(
     steps, the recorded ones after a barrier, and its communication share is recorded
     (gpuopt.trial.comm_trace; the trial's result averages the ranks', gpuopt.trial.ranks)."""
     from gpuopt.engines.lightning.profile import profiled_fit
+    from gpuopt.trial.profile import steps_within_budget
 
     spec, device = trial.spec, trial.device
+    profiled = spec
+    if ranks is None:  # ranks profile the same steps: their own step times could disagree
+        conf = steps_within_budget(spec.profile, trial.metrics.step_time_ms)
+        profiled = dataclasses.replace(spec, profile=conf)
     summary = profiled_fit(
-        spec,
+        profiled,
         device,
         module,
         fit_data,
