@@ -9,12 +9,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -263,6 +265,206 @@ def test_a_worker_notices_its_trial_was_failed_as_stale_elsewhere(tmp_path):
     now[0] += 0.6
     assert "failed as stale by another worker" in watch.reason(0)
     assert watch.reason(1) is None
+
+
+# ---- the trial loop on a shared study: what it reads, what it notices ----------------------------
+
+
+class _Launcher:
+    """Hydra's launcher as the trial loop calls it: each job returns 1.0 at once; `during(batch,
+    first_number)` runs while the batch "runs" (what another worker does meanwhile)."""
+
+    def __init__(self, during=None):
+        self.during, self.batches = during, 0
+
+    def launch(self, overrides, initial_job_idx):
+        if self.during is not None:
+            self.during(self.batches, initial_job_idx)
+        self.batches += 1
+        return [
+            JobReturn(overrides=o, status=JobStatus.COMPLETED, _return_value=1.0) for o in overrides
+        ]
+
+
+def _shared_study(tmp_path):
+    """A study on SQLite with heartbeats (the stale check runs between batches), and the storage."""
+    store = storage_mod.open_storage(
+        f"sqlite:///{tmp_path / 's.db'}", heartbeat_interval=1, grace_period=2
+    )
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    return optuna.create_study(study_name="loop", storage=store, sampler=sampler), store
+
+
+def _runner(n_trials, launcher=None, n_jobs=1, files=None):
+    from gpuopt.sweeper.options import SweeperOptions
+    from gpuopt.sweeper.trials import TrialRunner
+
+    return TrialRunner(
+        launcher=launcher,
+        options=SweeperOptions.build(n_jobs=n_jobs, heartbeat_interval=1),
+        config=OmegaConf.create({}),
+        n_trials=n_trials,
+        storage_text="sqlite",
+        ownerless=resume.OwnerlessWatch(60),
+        files=files,
+    )
+
+
+def _run_loop(study, n_trials, launcher, n_jobs=1, files=None):
+    from optuna.distributions import FloatDistribution
+
+    from gpuopt.sweeper.progress import Progress
+    from gpuopt.sweeper.space import SearchSpace
+
+    space = SearchSpace({"x": FloatDistribution(-1.0, 1.0)}, {}, [])
+    progress = Progress(n_trials, ["value"], ["minimize"], done_before=0, t_start=time.monotonic())
+    _runner(n_trials, launcher, n_jobs, files).run(study, n_trials, space, progress)
+
+
+STORAGE_READS = (
+    "get_all_trials",
+    "get_trial",
+    "get_trial_system_attrs",
+    "get_trial_user_attrs",
+    "get_trial_params",
+    "get_study_id_from_name",
+)
+
+
+def _count_gpuopt_reads(study):
+    """Count the study reads gpuopt's own code makes (the caller's module is gpuopt.*): whole-study
+    `get_trials` and the storage's read methods; Optuna's reads inside ask/tell are not counted."""
+    from collections import Counter
+
+    from gpuopt.core._compat import storage_of
+
+    counts: Counter[str] = Counter()
+
+    def counting(name, read):
+        def wrapper(*args, **kwargs):
+            if sys._getframe(1).f_globals.get("__name__", "").startswith("gpuopt."):
+                counts[name] += 1
+            return read(*args, **kwargs)
+
+        return wrapper
+
+    study.get_trials = counting("get_trials", study.get_trials)
+    storage = storage_of(study)
+    for name in STORAGE_READS:
+        setattr(storage, name, counting(name, getattr(storage, name)))
+    return counts
+
+
+@pytest.mark.parametrize(("n_jobs", "per_batch"), [(1, 2), (3, 5)])
+def test_the_trial_loop_reads_the_study_once_after_a_launch_and_once_per_tell(
+    tmp_path, n_jobs, per_batch
+):
+    """Per batch: one read after the launch (failed as stale elsewhere? interference), one after
+    each tell (the progress line, then the next batch's recovery, count and ask), one more when a
+    batch asks several (its own trials are not in the snapshot); no single-trial read, the study's
+    id looked up once. Each read is a storage query: a read added back to the loop fails here."""
+    study, _ = _shared_study(tmp_path)
+    reads = _count_gpuopt_reads(study)
+    _run_loop(study, 6, _Launcher(), n_jobs=n_jobs)
+    trials = optuna.load_study(study_name="loop", storage=study._storage).get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 6
+    assert reads["get_trials"] == 1 + per_batch * (6 // n_jobs)  # 1: the start
+    assert reads["get_study_id_from_name"] == 1
+    assert sum(reads.values()) == reads["get_trials"] + 1, reads
+
+
+def test_the_trial_loop_drops_a_trial_failed_as_stale_elsewhere_and_runs_its_rerun(
+    tmp_path, caplog
+):
+    study, _ = _shared_study(tmp_path)
+
+    def during(batch, number):
+        if batch == 0:  # another worker, seeing no heartbeat for grace_period, fails it
+            assert resume.fail_and_requeue(study, study.trials[number], "interrupted: stale")
+
+    with caplog.at_level("WARNING", logger="gpuopt.sweeper"):
+        _run_loop(study, 1, _Launcher(during))
+    first, rerun = study.get_trials()
+    assert first.state == TrialState.FAIL and first.user_attrs["interrupted"]
+    assert first.user_attrs["reason"] == "interrupted: stale"  # not overwritten by this worker
+    assert rerun.state == TrialState.COMPLETE and rerun.user_attrs["rerun_of"] == 0
+    assert rerun.params == first.params
+    assert "#0 was failed as stale by another worker" in caplog.text
+
+
+def test_the_trial_loop_flags_another_workers_trial_beside_its_own_and_counts_it_once_told(
+    tmp_path, caplog
+):
+    """Another worker on this host starts a trial while this one runs (interference: read after
+    the launch) and tells it while this one records (the progress line: read after the tell)."""
+    study, store = _shared_study(tmp_path)
+    other = optuna.load_study(study_name="loop", storage=store)
+    ppid = os.getppid()  # a live process of this host: the other worker
+    owner = {"host": resume.host_name(), "pid": ppid, "start": lifeline.start_ticks(ppid)}
+    theirs = []
+
+    def during(batch, number):
+        if batch == 0:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Heartbeat ... used with Study.optimize"
+                theirs.append(other.ask())
+            other._storage.set_trial_system_attr(theirs[0]._trial_id, resume.ATTR_OWNER, owner)
+
+    class Files:  # the artifact upload: after the interference check, before the tell
+        def upload_trial(self, study, trial, ret, outcome):
+            if trial.number == 0:
+                other.tell(theirs[0], 5.0)
+
+    with caplog.at_level("INFO", logger="gpuopt.sweeper"):
+        _run_loop(study, 3, _Launcher(during), files=Files())
+    mine, _, last = study.get_trials()
+    assert mine.user_attrs["interference"]["trials"] == [1]
+    assert "interference" not in last.user_attrs  # #1 had ended before #2 started
+    lines = [m for r in caplog.records if re.match(r"trial \d+/", m := r.getMessage())]
+    assert lines[0].startswith("trial 2/3 #0") and lines[0].endswith(
+        f"| worker {resume.host_name()}:{os.getpid()}"
+    )
+    assert lines[1].startswith("trial 3/3 #2")
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_recovery_on_a_snapshot_fails_a_stale_trial_newer_than_it_once(tmp_path):
+    """`resume.recover` given the loop's snapshot: the stale check asks the storage, and a stale
+    trial missing from the snapshot is read anew, failed and re-queued once; it says so."""
+    spec = f"journal://{tmp_path / 'study.log'}"
+    store = storage_mod.open_storage(spec, heartbeat_interval=1, grace_period=2)
+    study = optuna.create_study(study_name="hb", storage=store)
+    before = study.get_trials(deepcopy=False)  # read before the trial below existed
+    dead = study.ask()
+    dead.suggest_int("x", 0, 9)
+    store.set_trial_system_attr(dead._trial_id, storage_mod.ATTR_HEARTBEAT, time.time() - 10)
+    watch = resume.OwnerlessWatch(60)
+    assert resume.recover(study, watch, before) is True
+    trials = study.get_trials()
+    assert trials[dead.number].state == TrialState.FAIL
+    assert trials[dead.number].user_attrs["interrupted"] is True
+    (rerun,) = [t for t in trials if t.user_attrs.get("rerun_of") == dead.number]
+    assert rerun.state == TrialState.WAITING and rerun.system_attrs["fixed_params"] == dead.params
+    assert resume.recover(study, watch, study.get_trials(deepcopy=False)) is False
+
+
+def test_an_ask_is_judged_on_the_snapshot_only_when_a_fresh_read_would_agree(tmp_path):
+    """`_counting`: a snapshot read before the ask that holds every lower-numbered trial and finds
+    the trial not surplus stands (those trials can only stop counting); a surplus verdict is read
+    again (a trial ahead may have died since), and so is an ask past the snapshot's trials."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'c.db'}")  # no heartbeats
+    runner = _runner(n_trials=1)
+    ahead = study.ask()
+    study._storage.set_trial_system_attr(ahead._trial_id, resume.ATTR_OWNER, resume.this_owner())
+    before = study.get_trials(deepcopy=False)  # #0 running, its owner alive: counted
+    assert resume.fail_and_requeue(study, before[0], "interrupted: stale")  # ... then failed
+    trial = study.ask()  # pops #0's re-run: #1, with #0 in the snapshot
+    judged = runner._counting(study, trial, before)
+    assert judged is not before and not resume.is_surplus(trial.number, judged, 1)
+    roomy = _runner(n_trials=3)
+    assert roomy._counting(study, trial, before) is before  # 1 ahead < 3: stands
+    later = study.ask()  # #2: #1 is not in `before`
+    assert roomy._counting(study, later, before) is not before
 
 
 def test_a_worker_that_does_not_confirm_publishes_the_best_so_far_marked_pending(tmp_path):

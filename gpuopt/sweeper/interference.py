@@ -19,7 +19,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from gpuopt.study.keys import ATTR_INTERFERENCE, ATTR_OWNER
-from gpuopt.sweeper.resume import owner_alive
+from gpuopt.sweeper.resume import frozen_of, owner_alive
 
 
 def _interval(trial: Any, now: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
@@ -84,15 +84,21 @@ def summary_note(trials: Sequence[Any]) -> str | None:
     )
 
 
-def flag_outcome(study: Any, trial: Any, outcome: Any) -> None:
+def flag_outcome(study: Any, trial: Any, outcome: Any, trials: Sequence[Any] | None = None) -> None:
     """Other workers' trials ran on this host at the same time as `trial`: say so in the
-    outcome's user attrs and warnings, and in the sweep's log."""
+    outcome's user attrs and warnings, and in the sweep's log.
+
+    `trials`: the study's trials read after `trial`'s run ended (the trial loop's read after the
+    launch, or after the batch's previous tell), None: read here. Either way one read: `trial`'s
+    own record (its owner, its start) is taken from it, not read again."""
     import logging
 
-    from gpuopt.core._compat import storage_of, trial_id
     from gpuopt.study.keys import ATTR_WARNINGS
 
-    attr = flag(storage_of(study).get_trial(trial_id(trial)), study.get_trials(deepcopy=False))
+    if trials is None:
+        trials = study.get_trials(deepcopy=False)
+    frozen = frozen_of(trials, trial.number)
+    attr = flag(frozen, trials) if frozen is not None else None
     if attr is None:
         return
     text = warning_text(attr)

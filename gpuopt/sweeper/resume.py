@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,10 +91,11 @@ def interrupted_trials(trials: Sequence[Any]) -> list[Any]:
     ]
 
 
-def recover_interrupted(study: Any) -> list[int]:
-    """Mark interrupted trials FAIL (reason recorded) and enqueue their params again."""
+def recover_interrupted(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
+    """Mark interrupted trials FAIL (reason recorded) and enqueue their params again. `trials`: the
+    study's trials as read a moment ago (`recover`'s snapshot), None: read here."""
     recovered = []
-    for trial in interrupted_trials(study.get_trials(deepcopy=False)):
+    for trial in interrupted_trials(_read(study, trials)):
         owner = trial.system_attrs.get(ATTR_OWNER) or {}
         reason = (
             f"interrupted: the sweeping process {owner.get('host')}:{owner.get('pid')} ended while "
@@ -104,12 +106,14 @@ def recover_interrupted(study: Any) -> list[int]:
     return recovered
 
 
-def fail_stale(study: Any) -> list[int]:
+def fail_stale(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
     """Fail the RUNNING trials whose worker stopped beating (Optuna's heartbeat) and re-queue them.
 
     The storage decides which trials are stale (`_compat.stale_trial_ids`, what
-    `optuna.storages.fail_stale_trials` uses); gpuopt writes the reason before failing the trial,
-    since a finished trial's attrs cannot change any more.
+    `optuna.storages.fail_stale_trials` uses; always asked, never a snapshot); gpuopt writes the
+    reason before failing the trial, since a finished trial's attrs cannot change any more.
+    `trials`: the study's trials as read a moment ago, where the stale ones are looked up (read
+    again when one is missing from it: a snapshot older than the trial).
     """
     storage = storage_of(study)
     if not isinstance(storage, heartbeat_base()) or not heartbeat_enabled(storage):
@@ -119,10 +123,11 @@ def fail_stale(study: Any) -> list[int]:
         return []
     grace = getattr(unwrap_storage(storage), "grace_period", None)
     grace = grace or 2 * (storage.get_heartbeat_interval() or 0)
+    found = [t for t in _read(study, trials) if trial_id(t) in stale]
+    if len(found) < len(stale) and trials is not None:
+        found = [t for t in study.get_trials(deepcopy=False) if trial_id(t) in stale]
     recovered = []
-    for trial in study.get_trials(deepcopy=False):
-        if trial_id(trial) not in stale:
-            continue
+    for trial in found:
         owner = trial.system_attrs.get(ATTR_OWNER) or {}
         reason = (
             f"interrupted: worker {owner.get('host')}:{owner.get('pid')} sent no heartbeat for "
@@ -146,13 +151,15 @@ class OwnerlessWatch:
         self._clock = clock
         self._first_seen: dict[int, float] = {}
 
-    def fail_dead(self, study: Any) -> list[int]:
+    def fail_dead(self, study: Any, trials: Sequence[Any] | None = None) -> list[int]:
+        """Fail the trials ownerless for grace_s; `trials`: the study's trials as read a moment
+        ago (None: read here)."""
         from optuna.trial import TrialState
 
         now = self._clock()
         ownerless = {
             trial_id(t): t
-            for t in study.get_trials(deepcopy=False)
+            for t in _read(study, trials)
             if t.state == TrialState.RUNNING and ATTR_OWNER not in t.system_attrs
         }
         self._first_seen = {tid: self._first_seen.get(tid, now) for tid in ownerless}
@@ -304,9 +311,17 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
     return storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM) == mine
 
 
+_STUDY_IDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
 def study_id(study: Any) -> int:
-    """The storage's id of a study, by the public name lookup (Study keeps its id private)."""
-    return storage_of(study).get_study_id_from_name(study.study_name)
+    """The storage's id of a study, by the public name lookup (Study keeps its id private); looked
+    up once per Study object, as Study itself does in its constructor (the heartbeat check asked
+    for it between every two batches: one storage query per trial)."""
+    sid = _STUDY_IDS.get(study)
+    if sid is None:
+        sid = _STUDY_IDS[study] = storage_of(study).get_study_id_from_name(study.study_name)
+    return sid
 
 
 def fail_own_running(study: Any, reason: str) -> list[int]:
@@ -342,6 +357,10 @@ class FinishedElsewhere:
         self._interval, self._clock = interval_s, clock
         self._next = clock() + interval_s
         self._done: set[int] = set()
+
+    def seen(self, slot: int) -> bool:
+        """Whether a read of `finished` already found the trial finished elsewhere (no read)."""
+        return slot in self._done
 
     def finished(self, slot: int) -> bool:
         from optuna.trial import TrialState
@@ -380,21 +399,48 @@ def fail_unfinished(study: Any, trials: Sequence[Any], reason: str) -> None:
             log.warning("could not mark trial #%d failed: %s", trial.number, exc)
 
 
-def recover(study: Any, ownerless: OwnerlessWatch) -> None:
+def recover(study: Any, ownerless: OwnerlessWatch, trials: Sequence[Any] | None = None) -> bool:
     """Fail and re-queue trials whose worker died: on this host (pid gone) or anywhere
-    (heartbeat stale, or no owner, for grace_period)."""
+    (heartbeat stale, or no owner, for grace_period); whether it failed any (the study changed).
+
+    `trials`: the study's trials as read a moment ago (the trial loop's read after its last tell),
+    None: read once here; read again after a step failed some (the next step sees them FAIL). A
+    snapshot is enough to find the candidates: a dead worker's trial stays RUNNING until someone
+    fails it, and failing one finished meanwhile does nothing (`fail_and_requeue`)."""
+    trials = _read(study, trials)
     heartbeats = heartbeat_enabled(storage_of(study))
-    for numbers, cause in (
-        (recover_interrupted(study), "a killed sweep on this host"),
-        (fail_stale(study), "a worker whose heartbeat stopped"),
-        (ownerless.fail_dead(study) if heartbeats else [], "a worker that died right after asking"),
-    ):
+    steps: list[tuple[Callable[[Sequence[Any]], list[int]], str]] = [
+        (lambda t: recover_interrupted(study, t), "a killed sweep on this host"),
+        (lambda t: fail_stale(study, t), "a worker whose heartbeat stopped"),
+    ]
+    if heartbeats:
+        steps.append(
+            (lambda t: ownerless.fail_dead(study, t), "a worker that died right after asking")
+        )
+    changed = False
+    for step, cause in steps:
+        numbers = step(trials)
         if numbers:
+            changed = True
+            trials = study.get_trials(deepcopy=False)
             log.warning(
                 "trials %s were interrupted by %s: marked FAIL, their params enqueued again",
                 numbers,
                 cause,
             )
+    return changed
+
+
+def frozen_of(trials: Sequence[Any], number: int) -> Any | None:
+    """Trial `number` of a study's trials (as `get_trials` lists them: by number, from 0)."""
+    if 0 <= number < len(trials) and trials[number].number == number:
+        return trials[number]
+    return next((t for t in trials if t.number == number), None)
+
+
+def _read(study: Any, trials: Sequence[Any] | None) -> Sequence[Any]:
+    """The snapshot the caller passed, or the study's trials read now."""
+    return study.get_trials(deepcopy=False) if trials is None else trials
 
 
 def exit_interrupted(study: Any, what: str) -> None:

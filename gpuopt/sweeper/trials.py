@@ -6,6 +6,18 @@ resume.py's counting rule (a trial with n_trials counted-or-waiting trials below
 void, not run). Each batch runs under Optuna's heartbeats; each trial is recorded as its job is
 read back: a baseline whose task raised is skipped (the study goes on without one; one the
 launcher failed is a failed trial), a measured one enqueues the expert seeds.
+
+The study is read (`get_trials`, a few ms each on SQLite) only where what is read must be fresh,
+and that snapshot is passed on to what needs the study next:
+- after a launch returns (`_run_batch`): was a trial failed as stale by another worker meanwhile
+  (its result is then dropped), which trials of other workers ran beside it (interference);
+- after each tell (`_record`): the progress line counts every worker's trials up to now (the last
+  worker to finish says n/n). The same snapshot then serves the batch's next trial (stale?
+  interference) and the next batch's recovery, count and ask (`_counting`);
+anew only where a snapshot could be wrong: after waiting for other workers, after recovery failed
+trials, and after an ask the snapshot cannot decide (the second of a batch's asks: its own first
+is not in it). So a batch of one trial reads the study twice, one of n_jobs trials n_jobs + 2
+times, with no single-trial reads (tests/test_lifecycle.py counts them).
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ import optuna
 from hydra.core.utils import JobReturn
 from omegaconf import DictConfig
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.trial import Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 
 from gpuopt.core._compat import heartbeat_thread, storage_of, trial_id
 from gpuopt.study import storage as storage_mod
@@ -56,35 +68,45 @@ class TrialRunner:
     files: TrialFiles | None = None  # the artifact store each trial's files go to (artifacts.py)
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
-        """Ask, launch, record until the study holds n_trials counted trials."""
-        progress.start(study.get_trials(deepcopy=False))
+        """Ask, launch, record until the study holds n_trials counted trials (where the study is
+        read: the module docstring)."""
+        trials: list[FrozenTrial] | None = study.get_trials(deepcopy=False)
+        progress.start(trials)
         first, waiting_logged = True, False
         while True:
             if not first:
-                resume.recover(study, self.ownerless)
-                to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+                if trials is None:
+                    trials = study.get_trials(deepcopy=False)
+                if resume.recover(study, self.ownerless, trials):
+                    trials = study.get_trials(deepcopy=False)  # failed and re-queued some
+                to_go = resume.trials_to_go(trials, self.n_trials)
             first = False
             if to_go <= 0:
                 # n_trials are taken; trials of other workers may still be running. With heartbeats
                 # on, stay until they finish: a worker that died under one has its trial re-queued
                 # after grace_period, and this worker runs it.
-                if not self._wait_for_others(study, waiting_logged):
+                if not self._wait_for_others(study, waiting_logged, trials):
                     return
-                waiting_logged = True
+                waiting_logged, trials = True, None  # it waited: the study is read anew
                 continue
-            trials, full = self._ask(study, min(self.options.n_jobs, to_go))
-            if not trials:
+            asked, full = self._ask(study, min(self.options.n_jobs, to_go), trials)
+            if not asked:
                 return
-            self._run_batch(study, trials, space, progress)
+            trials = self._run_batch(study, asked, space, progress)
             progress.check_failure_rate(
                 self.options.max_failure_rate, study.study_name, self.storage_text
             )
             if full:
                 return
 
-    def _wait_for_others(self, study: optuna.Study, logged: bool) -> bool:
-        """Whether to wait (a moment) for other workers' trials; False: this worker is done."""
-        others = resume.running_elsewhere(study.get_trials(deepcopy=False))
+    def _wait_for_others(
+        self, study: optuna.Study, logged: bool, trials: list[FrozenTrial] | None = None
+    ) -> bool:
+        """Whether to wait (a moment) for other workers' trials; False: this worker is done.
+        `trials`: the study's trials as just counted (None: read here)."""
+        if trials is None:
+            trials = study.get_trials(deepcopy=False)
+        others = resume.running_elsewhere(trials)
         if not others or not storage_mod.heartbeat_on(storage_of(study)):
             return False
         if not logged:
@@ -95,9 +117,12 @@ class TrialRunner:
         time.sleep(min(2.0, float(self.options.heartbeat_interval or 2)))
         return True
 
-    def _ask(self, study: optuna.Study, n: int) -> tuple[list[Trial], bool]:
+    def _ask(
+        self, study: optuna.Study, n: int, trials: list[FrozenTrial] | None = None
+    ) -> tuple[list[Trial], bool]:
         """Up to n trials this worker may run, and whether the study is full (see resume.py's rule:
-        a trial with n_trials counted-or-waiting trials below its number is void, not run)."""
+        a trial with n_trials counted-or-waiting trials below its number is void, not run).
+        `trials`: the study's trials read before the asks (`_counting`), None: none."""
         out: list[Trial] = []
         storage, owner = storage_of(study), resume.this_owner()
         while len(out) < n:
@@ -110,7 +135,7 @@ class TrialRunner:
                 # Beat at once: a trial that never beat is invisible to the stale check.
                 storage.record_heartbeat(trial_id(trial))
             storage.set_trial_system_attr(trial_id(trial), ATTR_OWNER, owner)
-            trials = study.get_trials(deepcopy=False)
+            trials = self._counting(study, trial, trials)
             if resume.is_surplus(trial.number, trials, self.n_trials):
                 resume.void(study, trial, f"surplus: other workers hold n_trials={self.n_trials}")
                 log.info("trial #%d not run: the study's n_trials are taken", trial.number)
@@ -123,31 +148,63 @@ class TrialRunner:
             out.append(trial)
         return out, False
 
+    def _counting(
+        self, study: optuna.Study, trial: Trial, before: list[FrozenTrial] | None
+    ) -> list[FrozenTrial]:
+        """The study's trials that the counting rule judges the just-asked `trial` against: read
+        now, unless the snapshot read before the ask already decides it.
+
+        It does when it holds every trial numbered below `trial` (the storage numbers a study's
+        trials 0, 1, ...: `trial.number <= len(before)`) and finds `trial` not surplus. Since the
+        snapshot, those trials can only have stopped counting (a WAITING one that is popped stays
+        ahead; a running one finishes, counted, or its worker dies, not counted; a finished one
+        never changes), so a read now finds `trial` not surplus as well. A surplus verdict may have
+        gone stale (a trial ahead died meanwhile) and is read anew, and so is a baseline's (once
+        per study: the duplicate-baseline check)."""
+        if (
+            before is not None
+            and trial.number <= len(before)
+            and not trial.user_attrs.get(ATTR_BASELINE)
+            and not resume.is_surplus(trial.number, before, self.n_trials)
+        ):
+            return before
+        return study.get_trials(deepcopy=False)
+
     def _run_batch(
         self, study: optuna.Study, trials: list[Trial], space: SearchSpace, progress: Progress
-    ) -> None:
-        """Launch one batch under heartbeats and record each trial as it is read back."""
+    ) -> list[FrozenTrial] | None:
+        """Launch one batch under heartbeats and record each trial as it is read back; the study's
+        trials as read after the last record (None: not read since a trial was dropped).
+
+        Whether another worker failed a trial as stale is read after the launch returned: for the
+        first trial, in one read then; for each next one, in the read after the previous record.
+        A trial failed elsewhere later still (this worker paused while recording) makes its tell
+        raise UpdateFinishedTrialError: not recorded either (`_tell`)."""
         beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
         for beat in beats:
             beat.start()  # records a beat at once, then every heartbeat_interval seconds
         elsewhere = resume.FinishedElsewhere(study, trials)
+        snapshot: list[FrozenTrial] | None = None
         if storage_mod.heartbeat_on(storage_of(study)) and hasattr(self.launcher, "stop_check"):
             self.launcher.stop_check = elsewhere.reason  # a paused worker's stale trial: stop it
         try:
             overrides = [self._configure(t, space) for t in trials]
             launched = profiling.launch_overrides(self.options, trials, overrides)
             returns = launch(self.launcher, launched, [t.number for t in trials])
+            snapshot = study.get_trials(deepcopy=False)
             for slot, (trial, trial_overrides, ret) in enumerate(
                 zip(trials, overrides, returns, strict=False)
             ):
-                if elsewhere.finished(slot) or not still_running(study, trial):
+                now = snapshot if snapshot is not None else study.get_trials(deepcopy=False)
+                if elsewhere.seen(slot) or not still_running(now, trial):
                     log.warning(
                         "trial #%d was failed as stale by another worker while this worker sent "
                         "no heartbeat (paused?): its result is dropped, its re-run counts",
                         trial.number,
                     )
+                    snapshot = None
                     continue
-                self._record(study, trial, trial_overrides, ret, space, progress)
+                snapshot = self._record(study, trial, trial_overrides, ret, space, progress, now)
         except Exception as exc:
             # The sweep stops (a bad custom_search_space, a storage error): none of its trials
             # may stay RUNNING, or every later run of the study would find them in flight.
@@ -158,6 +215,7 @@ class TrialRunner:
                 self.launcher.stop_check = None
             for beat in beats:
                 beat.join()
+        return snapshot
 
     def _record(
         self,
@@ -167,26 +225,30 @@ class TrialRunner:
         ret: Any,
         space: SearchSpace,
         progress: Progress,
-    ) -> None:
+        trials: list[FrozenTrial] | None = None,
+    ) -> list[FrozenTrial] | None:
         """One trial read back: told to the study (a failed baseline skipped), its progress line,
-        and after a measured baseline the expert seeds."""
+        and after a measured baseline the expert seeds.
+
+        `trials`: the study's trials read after the trial's run (None: read here, for the
+        interference check); returns the study's trials as read after the tell (None after a
+        skipped baseline: not read)."""
         outcome = outcome_of(ret, progress.names, progress.directions)
         is_baseline = bool(trial.user_attrs.get(ATTR_BASELINE))
         if is_baseline and outcome.failed and not baseline.launcher_failed(ret):
             baseline.skip(study, trial, overrides, ret, outcome)
-            return
-        self._tell(study, trial, overrides, ret, outcome)
+            return None
+        self._tell(study, trial, overrides, ret, outcome, trials)
+        # Read after the tell: the study's count, pace and best (all workers' trials up to now).
+        after = study.get_trials(deepcopy=False)
         diagnostics = getattr(ret, "gpuopt_diagnostics", None)  # gpuopt's launchers' traceback
         line = progress.record(
-            trial.number,
-            is_baseline,
-            outcome,
-            study.get_trials(deepcopy=False),  # the study's count, pace and best (all workers)
-            getattr(diagnostics, "traceback", None),
+            trial.number, is_baseline, outcome, after, getattr(diagnostics, "traceback", None)
         )
         log.info(line)
         if is_baseline and self.options.seeding:
             baseline.enqueue_seeds(study, trial, outcome, space, self.n_trials)
+        return after
 
     def _configure(self, trial: Trial, space: SearchSpace) -> list[str]:
         """Suggest the trial's params; its overrides. The baseline suggests only the keys it was
@@ -221,8 +283,9 @@ class TrialRunner:
         overrides: list[str],
         ret: Any,
         outcome: TrialOutcome,
+        trials: list[FrozenTrial] | None = None,
     ) -> None:
-        interference.flag_outcome(study, trial, outcome)
+        interference.flag_outcome(study, trial, outcome, trials)
         if self.files is not None:  # before the tell: a finished trial takes no artifact
             self.files.upload_trial(study, trial, ret, outcome)
         try:
@@ -235,9 +298,11 @@ class TrialRunner:
             relabel_plain_objectives(study, len(outcome.values or []))
 
 
-def still_running(study: optuna.Study, trial: Trial) -> bool:
-    """Whether the storage still holds `trial` RUNNING (no other worker finished it meanwhile)."""
-    return storage_of(study).get_trial(trial_id(trial)).state == TrialState.RUNNING
+def still_running(trials: list[FrozenTrial], trial: Trial) -> bool:
+    """Whether the study's trials, read after `trial`'s run, hold it RUNNING (no other worker
+    finished it meanwhile)."""
+    frozen = resume.frozen_of(trials, trial.number)
+    return frozen is not None and frozen.state == TrialState.RUNNING
 
 
 def launch(
