@@ -493,6 +493,32 @@ def test_probe_env_failure_is_reported_not_raised():
     assert probe.error and probe.poor_choices == {}
 
 
+def test_the_env_probe_runs_only_where_it_can_judge_a_searched_key(monkeypatch):
+    from gpuopt.sweeper import task
+    from gpuopt.sweeper.options import SweeperOptions
+
+    calls = []
+    monkeypatch.setattr(
+        hardware, "probe_env", lambda *a, **k: calls.append(1) or hardware.EnvProbe()
+    )
+    task.probe_env(SweeperOptions(), {"x": "range(-5, 5)", "model.width": "choice(8,16)"})
+    assert calls == []  # an app's own keys: nothing to trim, no subprocess importing torch
+    task.probe_env(SweeperOptions(), {"x": "range(-5, 5)", "+loader.batch_size": "choice(8,16)"})
+    assert calls == [1]
+    task.probe_env(SweeperOptions(device_params={"cuda": {"model.width": "choice(8)"}}), {})
+    assert calls == [1, 1]  # device params need the device type
+    task.probe_env(SweeperOptions(device_aware=False), {"precision": "choice(fp32,bf16)"})
+    assert calls == [1, 1]
+
+
+def test_every_key_the_env_probe_can_judge_is_one_the_sweeper_asks_it_for():
+    from gpuopt.sweeper.task import PROBED_KEYS
+    from gpuopt.trial.devices import detect_capabilities
+
+    names = list(detect_capabilities("cpu")["poor_choices"])
+    assert names and all(name.startswith(PROBED_KEYS) for name in names)
+
+
 # ---- resume ------------------------------------------------------------------------------------
 
 

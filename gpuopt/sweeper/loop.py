@@ -177,7 +177,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         open_study.check_storage(self.options.storage, self.config)
         facts = machine.hardware_facts()
         probe = task.check_task_device(
-            self.options, self.config, task.probe_env(self.options, bool(self.params))
+            self.options, self.config, task.probe_env(self.options, self.params)
         )
         device_type = machine.detect_device_type(task.configured_device(self.config), facts)
         if probe.device_type and task.configured_device(self.config) in (None, "auto"):

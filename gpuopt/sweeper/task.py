@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -160,9 +161,18 @@ def _load_option(loader: Any, path: str) -> DictConfig | None:
     return None
 
 
-def probe_env(options: SweeperOptions, has_params: bool) -> machine.EnvProbe:
-    """`python -m gpuopt.env --json` once, for device-aware presets (an empty probe when off)."""
-    if not options.device_aware or not (has_params or options.device_params):
+# What `python -m gpuopt.env`'s poor choices can name (gpuopt.trial.devices.detect_capabilities;
+# tests/test_sweeper_logic.py checks every name it gives starts so): a sweep searching none of these
+# keys has nothing for the probe to trim.
+PROBED_KEYS = ("loader.", "device.", "precision", "compile", "distributed.")
+
+
+def probe_env(options: SweeperOptions, params: Mapping[str, Any] | None) -> machine.EnvProbe:
+    """`python -m gpuopt.env --json` once, for device-aware presets (an empty probe when off, or
+    when no searched key is one it can judge and no device_params ask for the device type: the
+    probe is a subprocess that imports torch, ~3.5 s of an app's sweep of its own keys)."""
+    judged = any(str(k).lstrip("+~").startswith(PROBED_KEYS) for k in params or {})
+    if not options.device_aware or not (judged or options.device_params):
         return machine.EnvProbe()
     probe = machine.probe_env(options.env_timeout_s)
     if probe.error:
