@@ -300,6 +300,9 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
         assert "raced out" in t.user_attrs["reason"]
     finalist = next(t for t in complete if t is not baseline)
     assert finalist.user_attrs[ATTR_RACE]["seconds"] > 0
+    screen = finalist.user_attrs[ATTR_RACE]  # what the screen read of it, beside its whole trial
+    assert screen["rank"] == 1 and screen["of"] == 3 and math.isfinite(screen["ratio"])
+    assert screen["ratio"] >= max(t.user_attrs[ATTR_RACE]["ratio"] for t in pruned)
     assert finalist.user_attrs["throughput"] > 0 and finalist.user_attrs["profile"]  # whole trial
     # every whole trial ran in the race's one process: no launcher job of its own
     sweep_dir = Path(finalist.user_attrs["run_dir"]).parent

@@ -140,7 +140,10 @@ class RaceRunner(TrialRunner):
             chosen = self._decide(study, screened, space, progress)
             for entry in screened:
                 if entry.label in chosen and self.process is not None:
-                    self._whole(study, entry.trial, entry.overrides, space, progress, self.process)
+                    process, record = self.process, chosen[entry.label]
+                    self._whole(
+                        study, entry.trial, entry.overrides, space, progress, process, record
+                    )
         except Exception as exc:
             resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
             raise
@@ -222,8 +225,9 @@ class RaceRunner(TrialRunner):
         screened: list[Screened],
         space: SearchSpace,
         progress: Progress,
-    ) -> list[str]:
-        """The finalists' labels; the others recorded (failed as their failure, else pruned)."""
+    ) -> dict[str, dict[str, Any]]:
+        """The finalists by label, each with what the screen read of it (its `race` user attr);
+        the others recorded (failed as their failure, else pruned)."""
         metric = plan.SCREEN_METRIC[self.objective]
         order = plan.screen_order([entry.label for entry in screened])
         readings = [_side(screened[0], "before")] if screened else [None]
@@ -238,7 +242,19 @@ class RaceRunner(TrialRunner):
                 self._record(study, entry.trial, entry.overrides, ret, space, progress)
             elif entry.label not in chosen:
                 self._prune(study, entry, ratios, progress)
-        return chosen
+        by_label = {entry.label: entry for entry in screened}
+        return {label: self._screen_record(by_label[label], ratios) for label in chosen}
+
+    def _screen_record(self, entry: Screened, ratios: dict[str, float | None]) -> dict[str, Any]:
+        """What the screen read of a candidate: its ratio to the baseline, rank, window."""
+        return {
+            "ratio": ratios.get(entry.label),
+            "rank": plan.rank_of(entry.label, ratios),
+            "of": len(ratios),
+            "window_s": self.options.race.window_s,
+            "floor": self.options.race.floor,
+            "window": entry.window,
+        }
 
     def _prune(
         self,
@@ -248,15 +264,8 @@ class RaceRunner(TrialRunner):
         progress: Progress,
     ) -> None:
         """Told PRUNED, with what the screen read."""
-        ratio, rank = ratios.get(entry.label), plan.rank_of(entry.label, ratios)
-        record = {
-            "ratio": ratio,
-            "rank": rank,
-            "of": len(ratios),
-            "window_s": self.options.race.window_s,
-            "floor": self.options.race.floor,
-            "window": entry.window,
-        }
+        record = self._screen_record(entry, ratios)
+        ratio, rank = record["ratio"], record["rank"]
         reason = prune_reason(entry, ratio, rank, len(ratios), self.options.race)
         attrs = {
             ATTR_OVERRIDES: entry.overrides,
@@ -286,9 +295,12 @@ class RaceRunner(TrialRunner):
         space: SearchSpace,
         progress: Progress,
         race: RaceProcess,
+        screen: dict[str, Any] | None = None,
     ) -> None:
         """`trial` measured as a whole trial of the race process (profiled, when profiling is on:
-        the baseline and the finalists, so the best needs no extra profiled run), recorded."""
+        the baseline and the finalists, so the best needs no extra profiled run), recorded; a
+        finalist's `race` user attr keeps what the screen read of it (`screen`) beside the whole
+        trial's seconds, so the screen's ranking can be set against the whole trials'."""
         launched = (
             [*overrides, profiling.PROFILE_ON] if profiling.enabled(self.options) else overrides
         )
@@ -301,7 +313,8 @@ class RaceRunner(TrialRunner):
         else:
             ret = _returned(TrialResult.from_dict(result), run_dir, self.directory)
             seconds = time.monotonic() - started
-            set_user_attrs(storage_of(study), trial_id(trial), {ATTR_RACE: {"seconds": seconds}})
+            record = {**(screen or {}), "seconds": seconds}
+            set_user_attrs(storage_of(study), trial_id(trial), {ATTR_RACE: record})
         self._record(study, trial, overrides, ret, space, progress)
 
     def _config_file(self, overrides: list[str], stem: str) -> Path:
