@@ -264,6 +264,7 @@ TINY_RACE = [
     "hydra.sweeper.race.window_s=0.2",
     "hydra.sweeper.race.finalists=1",
     "hydra.sweeper.confirm.window_s=0.2",
+    "hydra.sweeper.confirm.target_halfwidth=0.5",  # the protocol, not its precision: few rounds
     "hydra.sweeper.seeding=false",
     "hydra.sweeper.params={loader.batch_size: 'choice(8,64,256)', precision: 'choice(fp32)'}",
     "hydra.sweeper.device_params={}",

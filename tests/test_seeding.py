@@ -158,7 +158,10 @@ def test_seeds_only_fill_the_room_the_study_has_left() -> None:
                 values=[1.0, 1.0],
             )
         )
-    study.ask(dist)  # in flight in another worker (no owner recorded: counted as running)
+    # in flight in another worker (no owner recorded: counted as running); its params fixed, not
+    # sampled: a sampled point equal to the first seed would make enqueue_trial skip that seed
+    study.enqueue_trial({**BASE, "device.num_threads": 2, "loader.batch_size": 128})
+    assert study.ask(dist).params["loader.batch_size"] == 128
     trial = SimpleNamespace(params=dict(BASE))
     baseline.enqueue_seeds(study, trial, _outcome(), space, n_trials=5)
     waiting = study.get_trials(states=[optuna.trial.TrialState.WAITING])
