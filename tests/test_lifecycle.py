@@ -39,6 +39,7 @@ from gpuopt.sweeper.launchers.results import (
 )
 from gpuopt.sweeper.objectives import outcome_from_return
 from gpuopt.sweeper.record import record_trial
+from tests.helpers.sweep_outputs import sweep_identity
 
 HELPERS = Path(__file__).parent / "sweep_helpers"
 QUICK = ["~search", "measure=quick", "hydra.sweeper.device_aware=false"]
@@ -472,15 +473,7 @@ def test_a_worker_that_does_not_confirm_publishes_the_best_so_far_marked_pending
     confirming worker's final file is not replaced by a pending one (a shared sweep dir)."""
     study = optuna.create_study(directions=["maximize"])
     study.add_trial(create_trial(state=TrialState.COMPLETE, values=[5.0], params={}))
-    identity = outputs.SweepIdentity(
-        study_name="s",
-        storage="memory",
-        sweep_dir=tmp_path,
-        names=["throughput"],
-        directions=["maximize"],
-        app_command="python -m gpuopt.run",
-        groups=[],
-    )
+    identity = sweep_identity(tmp_path)
     where = Pending(("h:42",), "the confirmation runs in worker h:42")
     text = outputs.write_outputs(study, identity, None, 1.0, best_pending=where)
     assert f"best: pending: {where.text}; best so far #0: throughput=5" in text
@@ -498,15 +491,7 @@ def test_a_pending_multi_objective_worker_writes_the_pareto_front_so_far(tmp_pat
     study = optuna.create_study(directions=["maximize", "maximize"])
     for values in ([5.0, 1.0], [1.0, 5.0], [0.5, 0.5]):
         study.add_trial(create_trial(state=TrialState.COMPLETE, values=values, params={}))
-    identity = outputs.SweepIdentity(
-        study_name="s",
-        storage="memory",
-        sweep_dir=tmp_path,
-        names=["throughput", "utilization"],
-        directions=["maximize", "maximize"],
-        app_command="python -m gpuopt.run",
-        groups=[],
-    )
+    identity = sweep_identity(tmp_path, "throughput", "utilization")
     with caplog.at_level("INFO", logger="gpuopt.sweeper"):
         outputs.write_outputs(study, identity, None, 1.0, best_pending=Pending(("h:42",), "x"))
     results = OmegaConf.load(tmp_path / "optimization_results.yaml")

@@ -22,6 +22,7 @@ from gpuopt.study.records import IN_PROCESS
 from gpuopt.sweeper.options import RaceOptions, SweepConfigError, SweeperOptions
 from gpuopt.sweeper.race import plan
 from tests.helpers.interleave import group_members, probe_configs
+from tests.helpers.sweep_outputs import sweep_identity
 
 B = plan.BASELINE
 
@@ -105,16 +106,7 @@ def test_a_race_without_a_contender_answers_keep_your_configuration(tmp_path: Pa
     )
     race = {"ratio": 0.7, "floor": 0.9, "rank": 1, "of": 1}
     study.add_trial(create_trial(state=TrialState.PRUNED, params={}, user_attrs={ATTR_RACE: race}))
-    identity = outputs.SweepIdentity(
-        study_name="s",
-        storage="memory",
-        sweep_dir=tmp_path,
-        names=["throughput"],
-        directions=["maximize"],
-        app_command="python -m gpuopt.run",
-        groups=[],
-    )
-    text = outputs.write_outputs(study, identity, None, 1.0)
+    text = outputs.write_outputs(study, sweep_identity(tmp_path), None, 1.0)
     assert "best      #0" in text  # the baseline is the answer
     assert "(the closest, #1, 0.70x): keep your configuration; nothing to confirm" in text
 
