@@ -105,15 +105,40 @@ def test_noisier_pairs_get_more_rounds_until_the_interval_is_narrow_enough():
 
 
 def test_a_candidate_with_its_pairs_leaves_the_rounds():
-    """Two candidates: the quiet one stops after the first stage, the baseline goes on with the
-    noisy one (a round of A and B2 only)."""
+    """Two candidates as fast as each other: the quiet one stops after the first stage, the
+    baseline goes on with the noisy one (a round of A and B2 only)."""
     sigma = {"A": 0.003, "B1": 0.003, "B2": 0.12}
-    machine = ScriptedMachine({"A": 100.0, "B1": 150.0, "B2": 100.0}, sigma, random.Random(5))
+    machine = ScriptedMachine({"A": 100.0, "B1": 150.0, "B2": 150.0}, sigma, random.Random(5))
     record, cfgs = sweep(machine, ["A", "B1", "B2"], max_runs=60)
     assert len(cfgs[1].confirm_values) == 4 < len(cfgs[2].confirm_values)
     assert machine.runs[:6] == ["A", "B1", "B2", "B2", "B1", "A"]
     assert "B1" not in machine.runs[12:] and machine.runs[12:14] in (["A", "B2"], ["B2", "A"])
     assert record["top_two"]["labels"] == ["candidate1", "candidate2"]
+
+
+def test_a_candidate_the_first_stage_shows_slower_than_another_gets_no_more_rounds():
+    """B2 is noisy (it would want many Stein rounds) but clearly slower than B1 in the first
+    stage's paired B2/B1 ratios: it cannot be the answer, so only B1 and the baseline could go on
+    (B1 is quiet: the round ends after the first stage). The answer is B1's."""
+    sigma = {"A": 0.003, "B1": 0.003, "B2": 0.12}
+    machine = ScriptedMachine({"A": 100.0, "B1": 200.0, "B2": 110.0}, sigma, random.Random(5))
+    record, cfgs = sweep(machine, ["A", "B1", "B2"], max_runs=60)
+    assert len(cfgs[1].confirm_values) == len(cfgs[2].confirm_values) == 4
+    assert len(machine.runs) == 12 and record["rounds"] == 4
+    assert Confirmation.from_attr(record).winner == cfgs[1].trial_number
+
+
+def test_a_slower_same_training_candidate_keeps_its_rounds():
+    """The same-training answer is confirmed too: a same-training candidate slower than a
+    batch-changing one is not dropped (no same-training candidate beats it)."""
+    sigma = {"A": 0.003, "B1": 0.003, "B2": 0.12}
+    machine = ScriptedMachine({"A": 100.0, "B1": 200.0, "B2": 110.0}, sigma, random.Random(5))
+    cfgs = configs("A", "B1", "B2")
+    cfgs[2].same_training = True
+    plan = ConfirmPlan(top_k=2, rounds=4, max_runs=60)
+    rule = PairStop("maximize", 0.10)
+    run_rounds(cfgs, plan, "throughput", machine.measure, rule, load=lambda: 0.5)
+    assert len(cfgs[1].confirm_values) == 4 < len(cfgs[2].confirm_values)
 
 
 def test_too_noisy_here_keeps_the_baseline_and_says_why():

@@ -131,6 +131,34 @@ def test_the_reference_is_computed_once_and_cached_in_the_sweep_dir(
     assert cached.is_file()
 
 
+def test_one_reference_on_every_usable_cpu_serves_trials_of_any_thread_count(
+    compose_cfg, monkeypatch
+):
+    """A 1-thread and a 2-thread trial of one global batch share one reference; both
+    trajectories train on every usable CPU (not the trial's count), which is restored after."""
+    from gpuopt.core.host import usable_cpus
+
+    threads = []
+    real = _guard.loss_trajectory
+    monkeypatch.setattr(
+        _guard,
+        "loss_trajectory",
+        lambda spec, *a: (
+            threads.append((spec.precision.mode, torch.get_num_threads())) or real(spec, *a)
+        ),
+    )
+    before = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            _guard.check(_spec(compose_cfg, "precision=bf16"), CPU)
+            assert torch.get_num_threads() == count
+    finally:
+        torch.set_num_threads(before)
+    every = usable_cpus()
+    assert threads == [("fp32", every), ("bf16", every), ("bf16", every)]
+
+
 def test_loss_drift_is_the_largest_relative_deviation():
     assert numerics.loss_drift([2.0, 1.0], [2.0, 1.0]) == 0.0
     assert numerics.loss_drift([2.2, 1.0], [2.0, 1.25]) == pytest.approx(0.2)

@@ -247,6 +247,33 @@ def test_same_training_classification_and_the_change_advice():
     assert [t.number for t in ranked[:2]] == [1, 3] and top_k == 2
 
 
+def test_a_math_change_the_guard_did_not_check_is_not_the_same_training(compose_cfg):
+    """bf16 at the baseline's batch, the guard unable to run (no map-style dataset to draw its
+    fixed batches from): the trial records why, and the rules never call it the same training."""
+    from gpuopt.core.result import result_user_attrs
+    from gpuopt.engines.registry import run_trial
+    from gpuopt.study.rules import same_training, training_change
+
+    spec = _spec(
+        compose_cfg,
+        "precision=bf16",
+        "measure=quick",
+        "measure.ceiling=false",
+        "data._target_=tests.helpers.numerics_models.SampleStream",
+        "trust=[tests.*]",
+    )
+    result = run_trial(spec)
+    assert result.numerics["passed"] is None and "NotGuarded" in result.numerics["not_run"]
+    assert result.numerics["changes"] == ["precision bf16"]
+    base = _frozen(0, 32, 10.0, baseline=True)
+    trial = _frozen(1, 32, 20.0)
+    trial.user_attrs.update(result_user_attrs(result))
+    trial.user_attrs["config"] = {"loader": {"batch_size": 32}, "optimizer": {"lr": 1e-3}}
+    base.number, trial.number = 0, 1
+    assert not same_training(trial, base)
+    assert training_change(base, trial).startswith("numerics not checked (the guard did not run: ")
+
+
 def _reported(number, batch, reported, value, baseline=False):
     """A trial of a task of its own (MeasureCallback-style config): its global batch and lr in
     its metrics when `reported`, else nothing says what it trains on."""

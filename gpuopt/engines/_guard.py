@@ -9,8 +9,8 @@ compares the math of a configuration, not the engine's loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ def guard_numerics(trial: Trial) -> None:
     phases on the trial's clock: `guard` (the fixed batches, the trial's trajectory, the verdict)
     and `guard_reference` (the fp32 reference, from the process's cache when it holds it)."""
     ranks = Ranks.current(trial.spec, trial.device)
+    planned = numerics.math_changes(trial.spec) if trial.spec.guard.enabled else []
     try:
         changes = numerics.changes_to_guard(trial.spec)
         if not changes:
@@ -48,7 +49,7 @@ def guard_numerics(trial: Trial) -> None:
             found = check_ranks(trial.spec, trial.device, ranks, changes, cache, trial.phase)
     except Exception as exc:  # the guard must not turn a measured trial into an error
         if ranks is None or ranks.leader:
-            numerics.record_not_run(trial, exc)
+            numerics.record_not_run(trial, exc, planned)
         return
     if found is not None:
         numerics.record_evidence(trial, found)
@@ -70,7 +71,7 @@ def check(
         batches = fixed_batches(spec, spec.guard.steps)
     with phase("guard_reference"):
         reference = reference_losses(spec, device, batches, cache_dir)
-    with phase("guard"):
+    with phase("guard"), guard_threads():
         losses, skipped = loss_trajectory(spec, device, batches)
         return numerics.evidence(spec, losses, reference, skipped, changes)
 
@@ -123,23 +124,46 @@ def reference_losses(
     Keyed with the process-wide settings it trains under (`reference_settings`), so a cached
     trajectory is the one training it now would give."""
     reference = numerics.reference_spec(spec)
-    key = numerics.reference_key(reference, device, len(batches), settings=reference_settings())
-    cached = numerics.cached_reference(key, cache_dir)
-    if cached is not None:
-        return cached
-    losses, _ = loss_trajectory(reference, device, batches)
+    with guard_threads() as threads:
+        settings = reference_settings(threads)
+        key = numerics.reference_key(reference, device, len(batches), settings=settings)
+        cached = numerics.cached_reference(key, cache_dir)
+        if cached is not None:
+            return cached
+        losses, _ = loss_trajectory(reference, device, batches)
     numerics.store_reference(key, losses, cache_dir)
     return losses
 
 
-def reference_settings() -> dict[str, Any]:
-    """The process-wide settings, left by the trial, that change the reference's last bits: the
-    thread count (a trial's `device.num_threads`: how CPU kernels split their sums) and, on CUDA,
-    cuDNN autotuning (another convolution algorithm). The float32 matmul precision is not one:
-    the reference sets its own (fp32, `knobs.precision_policy`)."""
+@contextmanager
+def guard_threads() -> Iterator[int]:
+    """The guard's two trajectories train on every usable CPU, whatever `device.num_threads` the
+    trial set (restored after). The thread count is no math change the guard checks (only how
+    CPU kernels split their sums: the last bits, against a tolerance of percents); on all CPUs
+    the K steps take the least time, and one reference serves all the trials of a global batch,
+    where keying it by each trial's count trained it again for every count (a 1-thread and a
+    2-thread finalist of a race: 8 fp32 steps of a cnn each, seconds a step). A distributed
+    trial's ranks keep their own count (they share the CPUs)."""
     import torch
 
-    settings: dict[str, Any] = {"threads": torch.get_num_threads()}
+    from gpuopt.core.host import usable_cpus
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(usable_cpus())
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def reference_settings(threads: int) -> dict[str, Any]:
+    """The process-wide settings the reference trains under that change its last bits: the
+    thread count (`guard_threads`: how CPU kernels split their sums) and, on CUDA, cuDNN
+    autotuning (another convolution algorithm), as the trial left it. The float32 matmul
+    precision is not one: the reference sets its own (fp32, `knobs.precision_policy`)."""
+    import torch
+
+    settings: dict[str, Any] = {"threads": threads}
     if torch.cuda.is_available():
         settings["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
     return settings

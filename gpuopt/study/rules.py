@@ -31,6 +31,7 @@ from gpuopt.study.keys import (
     ATTR_BASELINE_SKIPPED,
     ATTR_GRID_ID,
     ATTR_INTERRUPTED,
+    ATTR_NUMERICS,
     ATTR_STATUS,
     ATTR_VOID,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "global_batch_of",
     "leading_trial",
     "lr_of",
+    "numerics_unchecked",
     "outside_space",
     "pick_baseline",
     "pick_best",
@@ -208,6 +210,15 @@ def unknown_training(trial: FrozenTrial) -> str | None:
     return None
 
 
+def numerics_unchecked(trial: FrozenTrial) -> str | None:
+    """Why the guard did not check a trial whose math it changes (its evidence's `not_run`), or
+    None: checked, or nothing to check."""
+    evidence = trial.user_attrs.get(ATTR_NUMERICS)
+    if isinstance(evidence, dict) and evidence.get("passed") is None:
+        return str(evidence.get("not_run") or "no verdict")
+    return None
+
+
 def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
     """Whether `trial` trains what the baseline trains: the same global batch and effective
     learning rate, and no numerics violation (the guard's drift within tolerance). Never without
@@ -217,7 +228,7 @@ def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
         return False
     if trial.number == baseline.number:
         return True
-    if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
+    if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0 or numerics_unchecked(trial):
         return False
     if unknown_training(trial) or unknown_training(baseline):
         return False
@@ -265,6 +276,9 @@ def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> 
         return None
     if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
         return "numerics drift from the fp32 reference over the tolerance: not the same training"
+    unchecked = numerics_unchecked(trial)
+    if unchecked:
+        return f"numerics not checked (the guard did not run: {unchecked}): re-validate"
     missing = unknown_training(baseline) or unknown_training(trial)
     if missing:
         keys = changed_keys(baseline, trial)

@@ -18,7 +18,7 @@ fp32 trajectory on this data; it is not a convergence guarantee, and a drift tha
 thousands of steps (e.g. bf16 weight updates that round to nothing late in training) is not seen.
 
 The reference depends only on the model, data, optimizer, loss, seed, global batch, K, device and
-the thread count the trial left the process at (`reference_key`): it is
+the thread count it trains with (every usable CPU, whatever the trial's: `reference_key`): it is
 computed once per process (`_reference_cache`: a race process's finalists, an in-process sweep's
 trials share it, bit-identical to a recomputation) and, inside a Hydra multirun, cached in the
 sweep dir (`.numerics/<key>.json`), so a sweep's trials share it.
@@ -166,7 +166,7 @@ def reference_key(
     model, data, optimizer (lr, lr scaling, weight decay, ...: every field), loss and seed, the
     global batch its fixed batches hold, the guard's K steps, the device type, and the
     process-wide settings it trains under (`settings`: gpuopt.engines._guard.reference_settings,
-    the thread count). Nothing else reaches the reference: `reference_spec` fixes its precision,
+    the thread count it trains with). Nothing else reaches the reference: `reference_spec` fixes its precision,
     compile, kernels, layout and batching, and the guard's tolerance only reads it."""
     keep = {
         "model": reference.model,
@@ -281,9 +281,13 @@ def record_evidence(trial: Trial, found: GuardEvidence) -> None:
         trial.warnings.append(f"numerics: {found.summary}")
 
 
-def record_not_run(trial: Trial, exc: Exception) -> None:
+def record_not_run(trial: Trial, exc: Exception, changes: list[str] | None = None) -> None:
     """Why the guard did not run, as a warning (the guard never turns a measured trial into an
-    error); an unexpected failure is also logged with its traceback."""
+    error) and as the trial's evidence: `passed` None, so that a trial whose math changed
+    unchecked is never called the same training (gpuopt.study.rules.same_training). An
+    unexpected failure is also logged with its traceback."""
     if not isinstance(exc, NotGuarded) and not is_oom(exc):
         log.warning("numerics guard failed", exc_info=exc)
-    trial.warnings.append(f"numerics guard not run: {type(exc).__name__}: {exc}")
+    why = f"{type(exc).__name__}: {exc}"
+    trial.warnings.append(f"numerics guard not run: {why}")
+    trial.numerics = {"passed": None, "not_run": why, "changes": list(changes or [])}

@@ -17,7 +17,8 @@ The estimator is paired (gpuopt.core.stats.speedup): each round gives one log-ra
 runs made next to each other, so the machine's slow drift cancels within the pair. How many rounds:
 Stein's two-stage procedure (`gpuopt.core.stats.stein_pairs`) - `confirm.rounds` first, then as
 many as the first rounds' spread says the interval needs to reach +-`confirm.target_halfwidth`, up
-to the `confirm.max_share` cap; a candidate leaves the rounds once it has its pairs. Runs are lean
+to the `confirm.max_share` cap; a candidate leaves the rounds once it has its pairs, or once
+the first stage shows another candidate faster than it (`PairStop.beaten`). Runs are lean
 where the objective allows (plan.lean_overrides): no compute-ceiling replay, FLOP count, loader
 pricing.
 
@@ -99,6 +100,34 @@ class PairStop:
             return first
         n = stein_pairs(mean_interval(d)[2], len(d), math.asinh(self.target))
         return first + (n - len(d)) + (n - len(d)) % 2  # whole A B / B A cycles: balanced order
+
+    def beaten(self, cands: Sequence[ConfirmedConfig], first: int) -> dict[str, str]:
+        """The candidates the first stage already shows slower than another one, each with who
+        beats it: the 95% interval of their paired log-ratio (both in the same rounds, next to
+        each other) lies below 0. Such a candidate cannot be the answer, so its Stein rounds
+        would only narrow an interval nobody acts on (a cnn's batch-256 candidate: seconds a
+        window). A same-training candidate is kept unless a same-training one beats it too: it
+        may be the same-training answer."""
+        out: dict[str, str] = {}
+        for cand in cands:
+            rivals = [
+                c for c in cands if c is not cand and (c.same_training or not cand.same_training)
+            ]
+            for rival in rivals:
+                if self._slower(cand, rival, first):
+                    out[cand.label] = rival.label
+                    break
+        return out
+
+    def _slower(self, cand: ConfirmedConfig, rival: ConfirmedConfig, first: int) -> bool:
+        a, b = cand.by_round(), rival.by_round()
+        d = log_ratios(
+            [a.get(r) for r in range(first)], [b.get(r) for r in range(first)], self.direction
+        )
+        if len(d) < 2:
+            return False
+        mean, half, _ = mean_interval(d)
+        return mean + half < 0.0
 
 
 # ---- at the end of a sweep ----------------------------------------------------------------------
@@ -324,6 +353,9 @@ def run_rounds(
         r += 1
         if r == first:
             wanted = {c.label: rule.pairs(c, base, first) for c in cands}
+            for label, by in rule.beaten(cands, first).items():
+                log.info("confirmation: %s is slower than %s: no more rounds for it", label, by)
+                wanted[label] = first
             log.info(
                 "confirmation: rounds wanted for +-%.0f%%: %s",
                 100 * rule.target,
