@@ -56,13 +56,30 @@ def test_heartbeat_interface_thread_and_stale_check(tmp_path):
     assert not _compat.heartbeat_enabled(None)
     with pytest.warns(UserWarning, match="Heartbeat"):
         trial = study.ask()
-    thread = _compat.heartbeat_thread(trial, storage)
-    thread.start()  # beats at once
-    thread.join()
     sid = storage.get_study_id_from_name(study.study_name)
+    storage.record_heartbeat(_compat.trial_id(trial))  # the beat the sweeper records at the ask
+    thread = _compat.heartbeat_thread(trial, storage)
+    thread.start()  # no second beat at once: the first after one interval (1 s)
+    time.sleep(2.5)  # past the ask's beat + grace (1 s): alive only through the thread's beats
     assert _compat.stale_trial_ids(storage, sid) == []
+    thread.join()
     time.sleep(2.2)  # no beat for over grace_period
     assert _compat.stale_trial_ids(storage, sid) == [_compat.trial_id(trial)]
+
+
+def test_the_heartbeat_thread_does_not_beat_again_at_once(tmp_path):
+    """A trial beats once when asked; its thread's first beat comes one interval later."""
+    study = _heartbeat_study(tmp_path, interval=60, grace=120)
+    storage = _compat.storage_of(study)
+    with pytest.warns(UserWarning, match="Heartbeat"):
+        trial = study.ask()
+    beats = []
+    storage.record_heartbeat = beats.append
+    thread = _compat.heartbeat_thread(trial, storage)
+    thread.start()
+    time.sleep(0.2)
+    thread.join()
+    assert beats == []
 
 
 def test_journal_heartbeat_hook_is_called_by_optuna(tmp_path):
@@ -190,3 +207,24 @@ def test_report_as_hydra_prints_the_short_message_and_exits_1(capsys, monkeypatc
         _compat.report_as_hydra(ValueError("a reason only"))
     assert exited.value.code == 1
     assert "a reason only" in capsys.readouterr().err
+
+
+def test_owner_and_first_beat_in_one_transaction(tmp_path):
+    """The sweeper's owner record and first heartbeat of a just-asked trial, one commit: both are
+    there (the stale check sees a trial that beat once), and a storage without RDB heartbeats
+    says it cannot (the caller writes them apart)."""
+    study = _heartbeat_study(tmp_path)
+    storage = _compat.storage_of(study)
+    with pytest.warns(UserWarning, match="Heartbeat"):
+        trial = study.ask()
+    tid, sid = _compat.trial_id(trial), storage.get_study_id_from_name(study.study_name)
+    assert _compat.set_system_attr_and_beat(storage, tid, "owner", {"pid": 1})
+    assert storage.get_trial(tid).system_attrs["owner"] == {"pid": 1}
+    assert _compat.stale_trial_ids(storage, sid) == []
+    time.sleep(2.2)  # no beat since, for over grace_period
+    assert _compat.stale_trial_ids(storage, sid) == [tid]
+    memory = optuna.create_study()
+    other = memory.ask()
+    assert not _compat.set_system_attr_and_beat(
+        _compat.storage_of(memory), _compat.trial_id(other), "k", 1
+    )

@@ -836,3 +836,20 @@ def test_custom_search_space_trusts_the_apps_own_module_without_a_warning(tmp_pa
         "gpuopt.sweeper.*",
     ]
     assert custom_space.extender(None, task) is None
+
+
+def test_the_stale_check_runs_at_once_then_at_most_every_half_interval(monkeypatch):
+    """The storage's stale-trial query runs at the sweep's start and then only when due: not
+    before every trial of a fast sweep (it finds nothing a grace period has not made stale)."""
+    import optuna
+
+    from gpuopt.sweeper import resume
+
+    now, asked = [0.0], []
+    gate = resume.StaleGate(30.0, clock=lambda: now[0])
+    monkeypatch.setattr(resume, "fail_stale", lambda s, t=None: asked.append(now[0]) or [])
+    study, watch = optuna.create_study(), resume.OwnerlessWatch(60)
+    for t in (0.0, 1.0, 29.0, 30.0, 31.0, 61.0):
+        now[0] = t
+        resume.recover(study, watch, [], gate)
+    assert asked == [0.0, 30.0, 61.0]

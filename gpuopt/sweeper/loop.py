@@ -83,6 +83,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         # Same grace as the storage's heartbeat check (Optuna's default: 2 x interval).
         grace = options.grace_period or 2 * (options.heartbeat_interval or 0)
         self._ownerless = resume.OwnerlessWatch(grace)
+        self._stale_gate = resume.StaleGate((options.heartbeat_interval or 0) / 2)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -245,6 +246,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             n_trials=self.n_trials,
             storage_text=storage_mod.display(self.storage),
             ownerless=self._ownerless,
+            stale_gate=self._stale_gate,
             extender=self.custom_search_space_extender,
             baseline_point=baseline_point,
             files=self._files,
@@ -289,7 +291,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     ) -> tuple[int, dict[str, Any] | None]:
         """Recover dead workers' trials, make sure a baseline will run, fit n_trials to a grid;
         how many trials the study still needs, and the grid point to mark baseline (if any)."""
-        resume.recover(study, self._ownerless)
+        resume.recover(study, self._ownerless, stale_gate=self._stale_gate)
         to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
         point = None
         if to_go and self.options.baseline:

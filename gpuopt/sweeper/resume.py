@@ -175,6 +175,26 @@ class OwnerlessWatch:
         ]
 
 
+class StaleGate:
+    """When this worker asks the storage for stale trials again: at once, then at most every
+    `every_s` seconds. A stale trial is one that sent no heartbeat for grace_period (2 x
+    heartbeat_interval by default), so asking before every trial of a fast sweep (a query each,
+    on SQLite a few ms) finds nothing new; asking every half interval finds a dead worker's trial
+    at most that much later than the grace period says."""
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._last: float | None = None
+
+    def due(self) -> bool:
+        now = self._clock()
+        if self._last is not None and now - self._last < self.every_s:
+            return False
+        self._last = now
+        return True
+
+
 def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     """FAIL a RUNNING trial with `reason` and enqueue its params again, once across workers.
 
@@ -399,20 +419,27 @@ def fail_unfinished(study: Any, trials: Sequence[Any], reason: str) -> None:
             log.warning("could not mark trial #%d failed: %s", trial.number, exc)
 
 
-def recover(study: Any, ownerless: OwnerlessWatch, trials: Sequence[Any] | None = None) -> bool:
+def recover(
+    study: Any,
+    ownerless: OwnerlessWatch,
+    trials: Sequence[Any] | None = None,
+    stale_gate: StaleGate | None = None,
+) -> bool:
     """Fail and re-queue trials whose worker died: on this host (pid gone) or anywhere
     (heartbeat stale, or no owner, for grace_period); whether it failed any (the study changed).
 
     `trials`: the study's trials as read a moment ago (the trial loop's read after its last tell),
     None: read once here; read again after a step failed some (the next step sees them FAIL). A
     snapshot is enough to find the candidates: a dead worker's trial stays RUNNING until someone
-    fails it, and failing one finished meanwhile does nothing (`fail_and_requeue`)."""
+    fails it, and failing one finished meanwhile does nothing (`fail_and_requeue`). The storage's
+    stale check only when `stale_gate` says it is due (None: always)."""
     trials = _read(study, trials)
     heartbeats = heartbeat_enabled(storage_of(study))
     steps: list[tuple[Callable[[Sequence[Any]], list[int]], str]] = [
-        (lambda t: recover_interrupted(study, t), "a killed sweep on this host"),
-        (lambda t: fail_stale(study, t), "a worker whose heartbeat stopped"),
+        (lambda t: recover_interrupted(study, t), "a killed sweep on this host")
     ]
+    if stale_gate is None or stale_gate.due():
+        steps.append((lambda t: fail_stale(study, t), "a worker whose heartbeat stopped"))
     if heartbeats:
         steps.append(
             (lambda t: ownerless.fail_dead(study, t), "a worker that died right after asking")

@@ -35,7 +35,12 @@ from omegaconf import DictConfig
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from gpuopt.core._compat import heartbeat_thread, storage_of, trial_id
+from gpuopt.core._compat import (
+    heartbeat_thread,
+    set_system_attr_and_beat,
+    storage_of,
+    trial_id,
+)
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER
 from gpuopt.sweeper import baseline, interference, profiling, resume
@@ -66,6 +71,7 @@ class TrialRunner:
     baseline_point: dict[str, Any] | None = None
     labels_checked: bool = False  # plain values relabelled once per sweep, not per trial
     files: TrialFiles | None = None  # the artifact store each trial's files go to (artifacts.py)
+    stale_gate: resume.StaleGate | None = None  # how often the storage's stale check runs
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """Ask, launch, record until the study holds n_trials counted trials (where the study is
@@ -77,7 +83,7 @@ class TrialRunner:
             if not first:
                 if trials is None:
                     trials = study.get_trials(deepcopy=False)
-                if resume.recover(study, self.ownerless, trials):
+                if resume.recover(study, self.ownerless, trials, self.stale_gate):
                     trials = study.get_trials(deepcopy=False)  # failed and re-queued some
                 to_go = resume.trials_to_go(trials, self.n_trials)
             first = False
@@ -131,10 +137,7 @@ class TrialRunner:
                 # the heartbeat thread itself, around each launch.
                 warnings.simplefilter("ignore")
                 trial = study.ask()
-            if storage_mod.heartbeat_on(storage):
-                # Beat at once: a trial that never beat is invisible to the stale check.
-                storage.record_heartbeat(trial_id(trial))
-            storage.set_trial_system_attr(trial_id(trial), ATTR_OWNER, owner)
+            own_and_beat(storage, trial_id(trial), owner)
             trials = self._counting(study, trial, trials)
             if resume.is_surplus(trial.number, trials, self.n_trials):
                 resume.void(study, trial, f"surplus: other workers hold n_trials={self.n_trials}")
@@ -296,6 +299,18 @@ class TrialRunner:
         if outcome.plain and not outcome.failed and not self.labels_checked:
             self.labels_checked = True  # one study read per sweep, not per trial
             relabel_plain_objectives(study, len(outcome.values or []))
+
+
+def own_and_beat(storage: Any, trial_id_: int, owner: dict[str, Any]) -> None:
+    """A just-asked trial's owner record and, with heartbeats on, its first beat at once (a trial
+    that never beat is invisible to the stale check): one transaction where the storage allows."""
+    if storage_mod.heartbeat_on(storage) and set_system_attr_and_beat(
+        storage, trial_id_, ATTR_OWNER, owner
+    ):
+        return
+    if storage_mod.heartbeat_on(storage):
+        storage.record_heartbeat(trial_id_)
+    storage.set_trial_system_attr(trial_id_, ATTR_OWNER, owner)
 
 
 def still_running(trials: list[FrozenTrial], trial: Trial) -> bool:
