@@ -76,6 +76,36 @@ def test_a_window_of_slow_steps_lasts_its_minimum_steps() -> None:
     assert window_plan(4, 10, [12.0], [1.6, 1.01])[1] == int(120 / 1.305)
 
 
+@pytest.mark.parametrize(
+    ("step_s", "deadline_s", "expected"),
+    [
+        (0.01, None, 5),  # fast steps: min_steps and the window's length (0.05 s)
+        (0.06, None, 3),  # slow steps, no deadline: min_steps however long
+        (0.06, 0.1, 2),  # slow steps past the deadline: ends after the step that passed it
+        (0.3, 0.1, 1),  # one step already past it: one step, never none
+    ],
+)
+def test_a_screen_window_ends_after_one_step_past_its_deadline(
+    step_s, deadline_s, expected, monkeypatch
+):
+    """WindowedTrial's step loop (the drain and the window both): until min_steps and the
+    window's length, or once a deadline passed, after at least one step (on a scripted clock
+    that each step advances)."""
+    from gpuopt.engines import native
+    from gpuopt.engines.native import WindowedTrial
+
+    now = [0.0]
+    monkeypatch.setattr(native.time, "perf_counter", lambda: now[0])
+
+    def step(batch):
+        now[0] += step_s
+
+    windowed = WindowedTrial(
+        None, SimpleNamespace(train_step=step), SimpleNamespace(next_step=lambda: None), None
+    )
+    assert windowed._steps(3, 0.05, deadline_s) == expected
+
+
 @pytest.mark.slow
 def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_path) -> None:
     arms = {

@@ -36,8 +36,11 @@ SCREEN_METRIC["step_time_ms"] = "step_time_ms"
 # seconds a step; the screen only ranks, and the finalists' whole trials measure apart).
 SCREEN_MIN_STEPS = 3
 # ...but its drain and its window each end after one step once they took this many window lengths
-# (a candidate of seconds-long steps is read on fewer steps, not waited for).
-SCREEN_DEADLINE = 10.0
+# (0.9 s at the default 0.3 s window): a candidate of long steps (a cnn's batch 256-512: 1-2 s a
+# step on a 2-core CPU) is read on one or two steps, not waited for. Its loader keeps up with such
+# steps, so a shorter drain leaves no prefetched batch to flatter its window, and one long step
+# varies by a few percent: enough to rank it against the floor and the other candidates.
+SCREEN_DEADLINE = 3.0
 # A candidate whose build or window takes longer than this is pruned: its steps are that slow
 # (fp16 convolutions on some CPUs: minutes a step). The process is restarted without it.
 SCREEN_TIMEOUT_S = 60.0
