@@ -106,6 +106,28 @@ def test_a_screen_window_ends_after_one_step_past_its_deadline(
     assert windowed._steps(3, 0.05, deadline_s) == expected
 
 
+@pytest.mark.parametrize(
+    ("workers", "accumulation", "data_wait", "drained"),
+    [
+        (2, 1, None, 5),  # 2 workers x prefetch 2 queued while idle, then the step that re-warms
+        (2, 2, None, 3),  # two micro-batches an optimizer step
+        (2, 1, 3.0, 5),  # its trial waited for input: the queue would flatter the window
+        (2, 1, 0.2, 1),  # its trial's loader kept up: a full queue is its steady state
+        (0, 1, None, 1),  # no workers, nothing prefetched
+    ],
+)
+def test_a_window_drains_what_the_idle_loader_prefetched_unless_it_keeps_up(
+    workers, accumulation, data_wait, drained
+):
+    from gpuopt.engines.native import WindowedTrial
+
+    loader = SimpleNamespace(num_workers=workers, prefetch_factor=None)
+    trial = SimpleNamespace(spec=SimpleNamespace(loader=loader))
+    workload = SimpleNamespace(accumulation_steps=accumulation)
+    windowed = WindowedTrial(trial, workload, None, None, data_wait=data_wait)
+    assert windowed.queued_steps() == drained
+
+
 @pytest.mark.slow
 def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_path) -> None:
     arms = {
@@ -113,7 +135,8 @@ def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_pa
         "candidate1": ["loader.batch_size=128", "loader.num_workers=1", "device.num_threads=1"],
         "candidate2": ["optimizer=sgd", "optimizer.lr=1e30"],  # diverges in its warm-up
     }
-    steady = {"candidate1": {"epoch_steps": 10, "epoch_overhead_s": 1.0}}
+    # candidate1's trial measured its loader keeping up: no drain of its worker's queue
+    steady = {"candidate1": {"epoch_steps": 10, "epoch_overhead_s": 1.0, "data_wait": 0.1}}
     shared = SharedProcess.start(
         probe_configs(tmp_path, arms), steady, "throughput_amortized", 0.2, tmp_path
     )
@@ -126,6 +149,7 @@ def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_pa
             assert base.status == cand.status == "ok"
             assert cand.user_attrs["steps"] >= interleaved.MIN_STEPS
             assert cand.user_attrs["seconds"] >= 0.2
+            assert cand.user_attrs["drained"] == 1
             # the window's steady throughput, amortized over the measured epoch boundary
             step_s = cand.user_attrs["step_time_ms"] / 1000
             amortized = cand.user_attrs["throughput"] * 10 * step_s / (10 * step_s + 1.0)

@@ -329,6 +329,11 @@ def measure(trial: Trial, process_t0: float) -> None:
 
 
 # -- the sweeper's probing processes (through gpuopt.engines.registry.engine_entry) ---------------
+# A configuration whose trial waited for input less than this share of its window (%) has a
+# loader that keeps up with its steps.
+LOADER_KEEPS_UP = 1.0
+
+
 @dataclass
 class WindowedTrial:
     """One configuration built once and measured in short windows of a process it shares with
@@ -338,12 +343,22 @@ class WindowedTrial:
     workload: Workload
     feed: BatchFeed
     cache: knobs.CachePolicy  # its after_step hook runs in each window
+    # The share of its whole trial's window (%) this configuration waited for input, when known
+    # (the confirmation's arms: their trials measured it).
+    data_wait: float | None = None
+    drained: int = 0  # untimed steps before the last window (its drain)
 
     def queued_steps(self) -> int:
         """Optimizer steps whose batches the idle loader's workers prefetched while another
-        configuration was measured: run untimed, so a window starts at the steady rate."""
+        configuration was measured: run untimed, so a window starts at the steady rate. One
+        step where its trial measured the loader keeping up (data_wait under LOADER_KEEPS_UP):
+        its queue is full in the steady state too, so a full one flatters no window, and draining
+        it cost the confirmation of a cnn's 2-worker candidate 5 untimed steps a window for 3
+        timed ones."""
         loader = self.trial.spec.loader
         prefetched = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
+        if self.data_wait is not None and self.data_wait < LOADER_KEEPS_UP:
+            return 1
         return -(-prefetched // self.workload.accumulation_steps) + 1
 
     def window(
@@ -357,7 +372,7 @@ class WindowedTrial:
         CPU) costs a few steps of the screen, not minutes."""
         trial, workload, feed = self.trial, self.workload, self.feed
         apply_policies(trial.spec, trial.device)
-        self._steps(self.queued_steps(), 0.0, deadline_s)
+        self.drained = self._steps(self.queued_steps(), 0.0, deadline_s)
         synchronize(trial.device)
         feed.reset_counters()
         started = time.perf_counter()

@@ -12,13 +12,15 @@ are process-wide or change what later code runs.
 
 Protocol (one JSON object per line on stdout):
 - SPEC.json: {"configs": {LABEL: CONFIG.yaml}, "window_s": s, "min_steps": n, "steady": {LABEL:
-  {"epoch_steps": n, "epoch_overhead_s": s}}} - CONFIG.yaml a composed task config (as the memory
-  probe reads it); a window lasts window_s and at least min_steps optimizer steps; `steady` the
-  sweep's measured epoch boundary per label, to amortize each window as a trial does.
+  {"epoch_steps": n, "epoch_overhead_s": s, "data_wait": pct}}} - CONFIG.yaml a composed task
+  config (as the memory probe reads it); a window lasts window_s and at least min_steps optimizer
+  steps; `steady` the sweep's measured epoch boundary per label, to amortize each window as a
+  trial does, and its measured data wait (a loader that keeps up needs no drain before a window).
 - after building and warming every configuration: {"ready": [LABEL, ...]} (a configuration that
   failed to build answers its windows with its failure).
 - each stdin line LABEL: one window of that configuration -> {"label", "status", "throughput",
-  "throughput_amortized", "step_time_ms", "steps", "seconds"} or {"label", "status", "reason"}.
+  "throughput_amortized", "step_time_ms", "steps", "seconds", "drained": the untimed steps
+  before it} or {"label", "status", "reason"}.
 - stdin closed (or "quit"): everything is released and the process exits 0.
 - the race (gpuopt/sweeper/race/) also sends JSON commands, one per line:
   {"op": "add", "label", "config"} builds one more configuration -> {"label", "status", "config":
@@ -78,6 +80,7 @@ def build_member(label: str, config_path: str, steady: dict[str, Any]) -> Member
         spec = load_spec(OmegaConf.load(config_path))
         device, _ = trial_device(spec)
         member.built = engine_entry("native", "open_windows")(spec, device)
+        member.built.data_wait = steady.get("data_wait")
     except Exception as exc:  # an OOM or a divergence is this configuration's answer
         member.failure = _failure(exc)
         release(member)
@@ -111,6 +114,7 @@ def window(
         "step_time_ms": 1000.0 * step_s,
         "steps": steps,
         "seconds": seconds,
+        "drained": member.built.drained,
     }
 
 

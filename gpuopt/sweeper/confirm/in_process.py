@@ -55,6 +55,9 @@ MAX_WINDOWS = 400
 READY_TIMEOUT_S = 600.0  # building and warming every member (a GPT-2 124M on CPU: ~2 min)
 WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
 PROGRESS_S = 10.0  # a line this often while an answer takes long: a sweep never looks hung
+# What each arm's trial measured that its windows use: the epoch boundary (amortized as the trial
+# did) and the data wait (a loader that keeps up is not drained before a window).
+STEADY_FACTS = ("epoch_steps", "epoch_overhead_s", "data_wait")
 
 
 def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
@@ -252,7 +255,7 @@ def open_shared(
     for label, trial in zip(labels, trials, strict=True):
         overrides = list(trial.user_attrs.get(ATTR_OVERRIDES) or [])
         paths[label] = write_probe_config(compose(overrides), directory, f"{label}.yaml")
-        steady[label] = {k: trial.user_attrs.get(k) for k in ("epoch_steps", "epoch_overhead_s")}
+        steady[label] = {k: trial.user_attrs.get(k) for k in STEADY_FACTS}
     shared = SharedProcess.start(paths, steady, objective, window_s, directory)
     if shared.error:
         log.warning("confirmation in fresh processes: %s", shared.error)
