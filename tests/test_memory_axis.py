@@ -223,6 +223,8 @@ def test_the_probe_measures_a_growing_peak_on_cpu(tmp_path) -> None:
     probe = memory_axis.run_probe(path, (32, 4096), timeout_s=300)
     assert probe.error is None, probe.error
     assert [b for b, _ in probe.points] == [32, 4096]
+    # One process: no rank peaks (the distributed probe's: tests/test_memory_axis_distributed.py).
+    assert probe.world_size == 1 and probe.rank_peaks == {} and probe.points[0][1] > 0
     model = fit(probe.points)
     assert model is not None and model.per_sample_mb > 0
     assert probe.available_ram_mb and probe.available_ram_mb > 0

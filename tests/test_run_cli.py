@@ -129,7 +129,9 @@ def test_config_error_in_multirun_is_an_error_result(compose_cfg, tmp_path):
 
 
 def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
-    """README "Your own model and dataset": a model YAML in the user's folder, trusted by `trust`."""
+    """README "Your own model and dataset": a model YAML in the user's folder, trusted by `trust`.
+    The trusted run also sets an allocator (`cache=cpu_thp`): the callback imports the user's model
+    (and torch) before the job, and the setting must still apply (set first), one trial for both."""
     model_dir = tmp_path / "myconf" / "model"
     model_dir.mkdir(parents=True)
     (model_dir / "tinynet.yaml").write_text(
@@ -155,12 +157,15 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
         "model=tinynet",
         "trust=[tests.*]",
         *TINY_TRIAL,
+        "cache=cpu_thp",
     )
     assert proc.returncode == 0, proc.stderr
     (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
     result = TrialResult.load(result_file)
     assert result.status is Status.OK and result.metrics.throughput > 0
     assert result.config["model"]["hidden"] == 7 and result.config["data"]["shape"] == [12]
+    assert result.config["cache"]["cpu_thp"] is True  # the allocator setting, as run
+    assert not [w for w in result.warnings if "did not apply" in w], result.warnings
 
 
 def test_bad_input_is_exit_2_before_the_run_dir_exists(tmp_path):
@@ -178,13 +183,3 @@ def test_hydra_full_error_set_by_the_user_still_shows_the_full_traceback(tmp_pat
     )  # fmt: skip
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "MissingConfigException" in proc.stderr
-
-
-def test_allocator_settings_still_apply_although_validation_imports_torch_first(tmp_path):
-    """The callback imports the model (and torch) before the job: it must set THP first."""
-    proc = run_cli(tmp_path, *TINY_TRIAL, "cache=cpu_thp")
-    assert proc.returncode == 0, proc.stderr
-    (result_file,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
-    result = TrialResult.load(result_file)
-    assert result.status is Status.OK
-    assert not [w for w in result.warnings if "did not apply" in w], result.warnings
