@@ -37,8 +37,9 @@ def guard_numerics(trial: Trial) -> None:
     phases on the trial's clock: `guard` (the fixed batches, the trial's trajectory, the verdict)
     and `guard_reference` (the fp32 reference, from the process's cache when it holds it)."""
     ranks = Ranks.current(trial.spec, trial.device)
-    planned = numerics.math_changes(trial.spec) if trial.spec.guard.enabled else []
+    planned: list[str] = []  # what the trial changes in the math, for a guard that cannot run
     try:
+        planned = numerics.math_changes(trial.spec) if trial.spec.guard.enabled else []
         changes = numerics.changes_to_guard(trial.spec)
         if not changes:
             return

@@ -304,13 +304,11 @@ class TrialRunner:
 def own_and_beat(storage: Any, trial_id_: int, owner: dict[str, Any]) -> None:
     """A just-asked trial's owner record and, with heartbeats on, its first beat at once (a trial
     that never beat is invisible to the stale check): one transaction where the storage allows."""
-    if storage_mod.heartbeat_on(storage) and set_system_attr_and_beat(
-        storage, trial_id_, ATTR_OWNER, owner
-    ):
-        return
-    if storage_mod.heartbeat_on(storage):
-        storage.record_heartbeat(trial_id_)
-    storage.set_trial_system_attr(trial_id_, ATTR_OWNER, owner)
+    if not storage_mod.heartbeat_on(storage):
+        storage.set_trial_system_attr(trial_id_, ATTR_OWNER, owner)
+    elif not set_system_attr_and_beat(storage, trial_id_, ATTR_OWNER, owner):
+        storage.record_heartbeat(trial_id_)  # a storage with heartbeats but no RDB transaction
+        storage.set_trial_system_attr(trial_id_, ATTR_OWNER, owner)
 
 
 def still_running(trials: list[FrozenTrial], trial: Trial) -> bool:

@@ -166,8 +166,9 @@ def reference_key(
     model, data, optimizer (lr, lr scaling, weight decay, ...: every field), loss and seed, the
     global batch its fixed batches hold, the guard's K steps, the device type, and the
     process-wide settings it trains under (`settings`: gpuopt.engines._guard.reference_settings,
-    the thread count it trains with). Nothing else reaches the reference: `reference_spec` fixes its precision,
-    compile, kernels, layout and batching, and the guard's tolerance only reads it."""
+    the thread count it trains with). Nothing else reaches the reference: `reference_spec` fixes
+    its precision, compile, kernels, layout and batching, and the guard's tolerance only reads
+    it."""
     keep = {
         "model": reference.model,
         "data": reference.data,
