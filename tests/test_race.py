@@ -93,6 +93,39 @@ def test_the_summary_says_when_no_candidate_was_a_contender() -> None:
     assert plan.no_contender_note([baseline, _raced(4, TrialState.PRUNED, 1.3)]) is None
 
 
+def test_the_finalists_contender_floor_is_the_baselines_throughput_for_a_throughput_goal():
+    attrs = {"throughput": 283.1}
+    assert plan.contender_floor("throughput_amortized", attrs) == 283.1
+    assert plan.contender_floor("throughput", attrs) == 283.1
+    assert plan.contender_floor("step_time_ms", attrs) is None  # a smaller batch can win at less
+    assert plan.contender_floor("throughput", {}) is None
+    assert plan.contender_floor("throughput", {"throughput": 0.0}) is None
+
+
+def test_a_finalist_that_skipped_its_extras_is_no_candidate_for_the_confirmation() -> None:
+    from optuna.distributions import IntDistribution
+
+    from gpuopt.study.keys import ATTR_EXTRAS_SKIPPED
+    from gpuopt.sweeper.confirm.plan import candidates
+
+    def trial(number: int, value: float, batch: int, **attrs: object) -> optuna.trial.FrozenTrial:
+        made = optuna.trial.create_trial(
+            value=value,
+            params={"loader.batch_size": batch},
+            distributions={"loader.batch_size": IntDistribution(1, 1024)},
+            user_attrs=dict(attrs),
+        )
+        made.number = number
+        return made
+
+    baseline = trial(0, 100.0, 32, **{ATTR_BASELINE: True})
+    faster, slower = trial(1, 150.0, 64), trial(2, 90.0, 128)
+    skipped = trial(3, 95.0, 512, **{ATTR_EXTRAS_SKIPPED: "its window read 95 samples/s"})
+    found, ranked, feasible = candidates([baseline, faster, slower, skipped], ["maximize"])
+    assert found is baseline and ranked == [faster, slower]  # only the skipped one is left out
+    assert skipped in feasible  # still a feasible trial of the study
+
+
 def test_a_race_without_a_contender_answers_keep_your_configuration(tmp_path: Path) -> None:
     from optuna.trial import create_trial
 
@@ -296,7 +329,10 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     screen = finalist.user_attrs[ATTR_RACE]  # what the screen read of it, beside its whole trial
     assert screen["rank"] == 1 and screen["of"] == 3 and math.isfinite(screen["ratio"])
     assert screen["ratio"] >= max(t.user_attrs[ATTR_RACE]["ratio"] for t in pruned)
-    assert finalist.user_attrs["throughput"] > 0 and finalist.user_attrs["profile"]  # whole trial
+    # a whole trial with its extras: it (batch 256 of a 1-layer mlp) reads faster than the
+    # baseline (batch 32), the floor of the extras (measure.contender_floor)
+    assert finalist.user_attrs["throughput"] > baseline.user_attrs["throughput"]
+    assert finalist.user_attrs["profile"] and "extras_skipped" not in finalist.user_attrs
     # every whole trial ran in the race's one process: no launcher job of its own
     sweep_dir = Path(finalist.user_attrs["run_dir"]).parent
     assert (sweep_dir / "race" / "interleave.log").is_file()

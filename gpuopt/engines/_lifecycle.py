@@ -150,6 +150,7 @@ def run_measured(
         profile=trial.profile,
         numerics=trial.numerics,
         phases=dict(trial.phases),
+        extras_skipped=trial.extras_skipped,
     )
 
 

@@ -292,3 +292,12 @@ def record_not_run(trial: Trial, exc: Exception, changes: list[str] | None = Non
     why = f"{type(exc).__name__}: {exc}"
     trial.warnings.append(f"numerics guard not run: {why}")
     trial.numerics = {"passed": None, "not_run": why, "changes": list(changes or [])}
+
+
+def record_skipped(trial: Trial, why: str) -> None:
+    """The guard skipped on purpose (a trial that is no answer: gpuopt.engines.native.skip_extras):
+    where it would have checked a math change, the evidence says "not checked" (`passed` None), as
+    `record_not_run` does, so the trial is never called the same training."""
+    changes = math_changes(trial.spec) if trial.spec.guard.enabled else []
+    if changes:
+        trial.numerics = {"passed": None, "not_run": f"skipped: {why}", "changes": changes}

@@ -48,6 +48,21 @@ SCREEN_TIMEOUT_S = 60.0
 SCREEN_WARMUP = "measure.warmup_steps=1"
 
 
+def contender_floor(objective: str, baseline_attrs: Mapping[str, Any]) -> float | None:
+    """The finalists' `measure.contender_floor`: the baseline's whole-trial throughput
+    (samples/s), for an objective that rises with it (throughput, throughput_amortized: the
+    window's throughput bounds the amortized one); None for any other (step_time_ms favours a
+    smaller batch at a lower throughput) or a baseline without it."""
+    value = baseline_attrs.get("throughput")
+    if (
+        objective not in ("throughput", "throughput_amortized")
+        or isinstance(value, bool)
+        or not isinstance(value, (int, float))
+    ):
+        return None
+    return value if value > 0 else None
+
+
 def shareable_key(key: str) -> bool:
     """Whether a searched or fixed key (`loader.batch_size`, `precision`, ...) only changes what
     the shared process re-applies per configuration."""

@@ -12,7 +12,9 @@ process (`gpuopt.trial.interleave`, RaceProcess) measures them all:
    (B c1 B c2 ... B; each built only while its turn lasts), ranked by the paired ratio;
 3. the screen's best `race.finalists` measured as whole trials in the same process (told COMPLETE
    with every metric, as a fresh-process trial is), of those the screen read at `race.floor` of
-   the baseline or faster; the others told PRUNED, the screen's reading kept in their `race` user
+   the baseline or faster; a finalist whose own whole-trial window reads slower than the
+   baseline's skips the extras only an answer needs (profile, compute ceiling, numerics guard:
+   `measure.contender_floor`) and is no candidate for the confirmation; the others told PRUNED, the screen's reading kept in their `race` user
    attr (and, for one objective, as Optuna's intermediate value). A round without a contender
    ends with no whole trial: the answer is then the baseline's, without a confirmation.
 
@@ -87,6 +89,9 @@ class RaceRunner(TrialRunner):
     objective: str = "throughput"
     directory: Path = Path("race")
     process: RaceProcess | None = None  # the race's process, once started
+    # The finalists' measure.contender_floor: the baseline's whole-trial throughput (samples/s),
+    # for a throughput objective; a finalist its whole trial reads slower skips its extras.
+    floor: float | None = None
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """The race; its process stays open (`process`) until the caller closes it."""
@@ -170,6 +175,7 @@ class RaceRunner(TrialRunner):
             done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
             return False
+        self.floor = plan.contender_floor(self.objective, done.user_attrs)
         answer = race.add(plan.BASELINE, self._config_file(overrides, plan.BASELINE))
         return answer.get("status") == "ok"
 
@@ -304,6 +310,8 @@ class RaceRunner(TrialRunner):
         launched = (
             [*overrides, profiling.PROFILE_ON] if profiling.enabled(self.options) else overrides
         )
+        if screen is not None and self.floor is not None:  # a finalist: extras if a contender
+            launched = [*launched, f"++measure.contender_floor={self.floor!r}"]
         run_dir = self.directory.parent / f"trial_{trial.number}"
         config = self._config_file(launched, f"trial{trial.number}")
         started = time.monotonic()
