@@ -14,8 +14,9 @@ process (`gpuopt.trial.interleave`, RaceProcess) measures them all:
    with every metric, as a fresh-process trial is), of those the screen read at `race.floor` of
    the baseline or faster; a finalist whose own whole-trial window reads slower than the
    baseline's skips the extras only an answer needs (profile, compute ceiling, numerics guard:
-   `measure.contender_floor`) and is no candidate for the confirmation; the others told PRUNED, the screen's reading kept in their `race` user
-   attr (and, for one objective, as Optuna's intermediate value). A round without a contender
+   `measure.contender_floor`) and is no candidate for the confirmation; the others told PRUNED,
+   the screen's reading kept in their `race` user attr (and, for one objective, as Optuna's
+   intermediate value). A round without a contender
    ends with no whole trial: the answer is then the baseline's, without a confirmation.
 
 Steps 2-3 repeat until n_trials: a round's trials are all told before the next round is asked, so
