@@ -291,7 +291,7 @@ def record_not_run(trial: Trial, exc: Exception, changes: list[str] | None = Non
         log.warning("numerics guard failed", exc_info=exc)
     why = f"{type(exc).__name__}: {exc}"
     trial.warnings.append(f"numerics guard not run: {why}")
-    trial.numerics = {"passed": None, "not_run": why, "changes": list(changes or [])}
+    trial.numerics = _unchecked(why, changes or [])
 
 
 def record_skipped(trial: Trial, why: str) -> None:
@@ -300,4 +300,9 @@ def record_skipped(trial: Trial, why: str) -> None:
     `record_not_run` does, so the trial is never called the same training."""
     changes = math_changes(trial.spec) if trial.spec.guard.enabled else []
     if changes:
-        trial.numerics = {"passed": None, "not_run": f"skipped: {why}", "changes": changes}
+        trial.numerics = _unchecked(f"skipped: {why}", changes)
+
+
+def _unchecked(why: str, changes: list[str]) -> dict[str, Any]:
+    """The evidence of a math change the guard did not check (gpuopt.study.rules reads it)."""
+    return {"passed": None, "not_run": why, "changes": list(changes)}

@@ -54,11 +54,7 @@ def contender_floor(objective: str, baseline_attrs: Mapping[str, Any]) -> float 
     window's throughput bounds the amortized one); None for any other (step_time_ms favours a
     smaller batch at a lower throughput) or a baseline without it."""
     value = baseline_attrs.get("throughput")
-    if (
-        objective not in ("throughput", "throughput_amortized")
-        or isinstance(value, bool)
-        or not isinstance(value, (int, float))
-    ):
+    if SCREEN_METRIC.get(objective) != "throughput" or not isinstance(value, (int, float)):
         return None
     return value if value > 0 else None
 
