@@ -29,6 +29,13 @@ def test_accelerator_limit_is_the_ceiling_unless_the_loading_cores_cannot_feed_i
     assert limits.accelerator_limit(7.0, 4, None) == limits.Limit(7.0, "compute")
 
 
+def test_the_limit_is_never_below_what_the_window_did():
+    measured = limits.Limit(314.0, "cores")  # a replay slowed by the machine
+    assert limits.at_least_achieved(measured, 368.0) == limits.Limit(368.0, "cores")
+    assert limits.at_least_achieved(measured, 300.0) is measured
+    assert limits.at_least_achieved(measured, None) is measured
+
+
 def test_missing_costs_give_no_limit_and_efficiency_is_a_percentage():
     assert limits.machine_limit("cpu", 2, None, 50e-6, ceiling=1.0) is None
     assert limits.machine_limit("cpu", 2, 50e-6, None, ceiling=1.0) is None

@@ -177,3 +177,26 @@ def test_synthetic_targets_follow_a_fixed_teacher():
     following = torch.from_numpy(tokens._teacher)
     # most next tokens are the teacher's (a random one at TOKEN_NOISE of the positions)
     assert (following[inputs] == targets).float().mean() > 0.7
+
+
+def test_a_batch_change_is_guarded_at_the_baseline_batch_on_one_reference(compose_cfg, monkeypatch):
+    """guard.global_batch (a sweep sets the baseline's): a bf16 trial at another batch is checked
+    at that batch, on the reference a bf16 trial of that batch uses; an accumulating trial keeps
+    its own batch (its split is what the guard checks)."""
+    batches = []
+    real = _guard.loss_trajectory
+    monkeypatch.setattr(
+        _guard,
+        "loss_trajectory",
+        lambda spec, *a: batches.append((spec.precision.mode, spec.global_batch)) or real(spec, *a),
+    )
+    at_baseline = ["guard.global_batch=64", "precision=bf16"]
+    own = _guard.check(_spec(compose_cfg, *at_baseline), CPU)
+    bigger = _guard.check(_spec(compose_cfg, *at_baseline, "loader.batch_size=256"), CPU)
+    assert batches == [("fp32", 64), ("bf16", 64), ("bf16", 64)]  # one reference, no batch 256
+    assert own.trial_global_batch is None and own.global_batch == 64
+    assert bigger.global_batch == 64 and bigger.trial_global_batch == 256
+    assert bigger.passed and "checked at global batch 64, the trial trains 256" in bigger.summary
+    split = _spec(compose_cfg, *at_baseline, "loader.batch_size=64", "train.global_batch=128")
+    assert numerics.guarded_spec(split) is split
+    assert _guard.check(split, CPU).global_batch == 128

@@ -204,6 +204,12 @@ def test_same_training_preset_holds_the_baseline_batch_and_searches_its_divisors
     assert same_training_params({"loader.batch_size": "choice(32,64)"}, plain) == {
         "loader.batch_size": "choice(32,64)"
     }
+    # gpuopt's own task: the guard checks every trial's math changes at the baseline's batch,
+    # unless the user chose a batch for it
+    guarded = OmegaConf.create({"loader": {"batch_size": 32}, "guard": {"global_batch": None}})
+    assert same_training_params({}, guarded) == {"guard.global_batch": "32"}
+    chosen = OmegaConf.create({"loader": {"batch_size": 32}, "guard": {"global_batch": 8}})
+    assert same_training_params({}, chosen) == {}
 
 
 def _frozen(number, batch, value, numerics=0.0, baseline=False):

@@ -212,6 +212,8 @@ def _check_train(typed: GpuoptConf) -> None:
             )
     guard = typed.guard
     check_min("guard.steps", guard.steps, 2, "an integer >= 2")
+    if guard.global_batch is not None:
+        check_min("guard.global_batch", guard.global_batch, 1, "null or >= 1")
     if not guard.loss_tolerance > 0:
         raise ConfigError("guard.loss_tolerance", guard.loss_tolerance, "a relative drift > 0")
 

@@ -118,6 +118,9 @@ class GuardConf:
     enabled: bool = True
     steps: int = 8  # K optimizer steps
     loss_tolerance: float = 0.05  # the largest loss_drift still "the same training"
+    # The global batch the guard checks a trial's math changes at when the trial's own differs
+    # and it accumulates nothing (a sweep sets the baseline's: numerics.guarded_spec); None: its own.
+    global_batch: int | None = None
 
 
 @dataclass

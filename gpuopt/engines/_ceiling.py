@@ -185,6 +185,7 @@ def record_limit(
     )
     if limit is None:
         return
+    limit = limits.at_least_achieved(limit, m.throughput)
     m.limit_throughput, m.limit_bound = limit.throughput, limit.bound
     m.limit_efficiency = limits.limit_efficiency(m.throughput, limit.throughput)
 

@@ -63,18 +63,21 @@ def check(
     cache_dir: Path | None = None,
     clock: Clock | None = None,
 ) -> GuardEvidence:
-    """Train K steps `spec`'s way and the fp32 reference way; compare the loss trajectories.
-    The reference runs first, so the process's matmul precision ends as the trial's. `clock`:
-    the trial's phase clock (`Trial.phase`), if any."""
+    """Train K steps `spec`'s way and the fp32 reference way, at the guard's global batch
+    (numerics.guarded_spec); compare the loss trajectories. The reference runs first, so the
+    process's matmul precision ends as the trial's. `clock`: the trial's phase clock
+    (`Trial.phase`), if any."""
     phase = clock or _unclocked
+    guarded = numerics.guarded_spec(spec)
     with phase("guard"):
-        check_guardable(spec)
-        batches = fixed_batches(spec, spec.guard.steps)
+        check_guardable(guarded)
+        batches = fixed_batches(guarded, guarded.guard.steps)
     with phase("guard_reference"):
-        reference = reference_losses(spec, device, batches, cache_dir)
+        reference = reference_losses(guarded, device, batches, cache_dir)
     with phase("guard"), guard_threads():
-        losses, skipped = loss_trajectory(spec, device, batches)
-        return numerics.evidence(spec, losses, reference, skipped, changes)
+        losses, skipped = loss_trajectory(guarded, device, batches)
+        apart = spec.global_batch if guarded is not spec else None
+        return numerics.evidence(guarded, losses, reference, skipped, changes, apart)
 
 
 def check_ranks(

@@ -302,8 +302,10 @@ def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> 
 def same_training_params(preset: dict[str, str], config: Any) -> dict[str, str]:
     """The preset with its same-training markers resolved against the composed config (the
     baseline): `train.global_batch: baseline` -> its global batch, `loader.batch_size: divisors`
-    -> a choice of that batch's divisors; and, with optimizer.lr_scaling on and no
-    optimizer.reference_batch, the baseline's global batch as every trial's reference."""
+    -> a choice of that batch's divisors; with optimizer.lr_scaling on and no
+    optimizer.reference_batch, the baseline's global batch as every trial's reference; and, for
+    gpuopt's own task, the baseline's global batch as the numerics guard's (guard.global_batch:
+    a trial's math changes checked apart from its batch change)."""
     from omegaconf import OmegaConf
 
     micro = OmegaConf.select(config, "loader.batch_size", default=None)
@@ -320,4 +322,7 @@ def same_training_params(preset: dict[str, str], config: Any) -> dict[str, str]:
     reference = OmegaConf.select(config, "optimizer.reference_batch", default=None)
     if rule not in (None, "none") and reference is None:
         out.setdefault("optimizer.reference_batch", str(held))
+    guard = OmegaConf.select(config, "guard", default=None)
+    if guard is not None and "global_batch" in guard and guard.global_batch is None:
+        out.setdefault("guard.global_batch", str(held))  # numerics.guarded_spec
     return out

@@ -80,14 +80,22 @@ class GuardEvidence:
     losses: list[float] = field(default_factory=list)
     reference_losses: list[float] = field(default_factory=list)
     skipped_steps: int = 0  # fp16 GradScaler steps skipped for inf/NaN gradients
+    # The trial's own global batch, where the guard checked at another (`guarded_spec`).
+    trial_global_batch: int | None = None
 
     @property
     def summary(self) -> str:
         verdict = "within" if self.passed else "over"
         skipped = f", {self.skipped_steps} fp16 step(s) skipped" if self.skipped_steps else ""
+        apart = (
+            f"; checked at global batch {self.global_batch}, the trial trains "
+            f"{self.trial_global_batch}"
+            if self.trial_global_batch not in (None, self.global_batch)
+            else ""
+        )
         return (
             f"loss_drift {self.loss_drift:.3g} {verdict} tolerance {self.tolerance:g} over "
-            f"{self.steps} steps ({', '.join(self.changes)} vs {self.reference}{skipped})"
+            f"{self.steps} steps ({', '.join(self.changes)} vs {self.reference}{skipped}{apart})"
         )
 
 
@@ -122,6 +130,28 @@ def distributed_change(dist: DistributedConf) -> str:
         if dist.kind == "fsdp2" and value is not None
     ]
     return f"{dist.kind} x {dist.world_size} ranks" + (f" ({', '.join(policy)})" if policy else "")
+
+
+def guarded_spec(spec: TrialSpec) -> TrialSpec:
+    """The configuration the guard trains: the trial's own, or its math changes at
+    `guard.global_batch` where that differs from the trial's global batch (a sweep sets the
+    baseline's). Why: a batch change is a training change of its own, reported apart with its
+    learning-rate advice (gpuopt.study.rules.training_change); the guard asks whether precision,
+    compile, kernels or layout keep the math, and at the baseline's batch one fp32 reference
+    serves every trial, where one per searched batch cost a cnn sweep 10-24 s of fp32 steps on the
+    2-core CPU (docs/benchmarks.md). The same lr factor rule applies at that batch (the sweep's
+    reference batch is the baseline's: the baseline's lr). A trial that accumulates
+    micro-batches, or spans ranks, keeps its own batch: its split is what the guard checks."""
+    batch = spec.guard.global_batch
+    if batch is None or batch == spec.global_batch:
+        return spec
+    if spec.accumulation_steps > 1 or spec.distributed.kind != "none":
+        return spec
+    return dataclasses.replace(
+        spec,
+        loader=dataclasses.replace(spec.loader, batch_size=batch),
+        train=TrainConf(global_batch=None),
+    )
 
 
 def reference_spec(spec: TrialSpec) -> TrialSpec:
@@ -247,8 +277,10 @@ def evidence(
     reference: list[float],
     skipped_steps: int,
     changes: list[str] | None = None,
+    trial_global_batch: int | None = None,
 ) -> GuardEvidence:
-    """The guard's verdict on the trial's trajectory against the reference's."""
+    """The guard's verdict on the trial's trajectory against the reference's (`spec`: what the
+    guard trained, `guarded_spec`; `trial_global_batch`: the trial's own, where it differs)."""
     drift = loss_drift(losses, reference)
     return GuardEvidence(
         passed=drift <= spec.guard.loss_tolerance,
@@ -261,6 +293,7 @@ def evidence(
         losses=losses,
         reference_losses=reference,
         skipped_steps=skipped_steps,
+        trial_global_batch=trial_global_batch,
     )
 
 
