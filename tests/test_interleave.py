@@ -126,6 +126,19 @@ def test_a_window_drains_what_the_idle_loader_prefetched_unless_it_keeps_up(
     workload = SimpleNamespace(accumulation_steps=accumulation)
     windowed = WindowedTrial(trial, workload, None, None, data_wait=data_wait)
     assert windowed.queued_steps() == drained
+    # its own steps ran last in the process (its warm-up, its window): no re-warming step
+    assert windowed.queued_steps(warm=True) == drained - 1
+
+
+def test_only_the_configuration_whose_steps_ran_last_is_warm():
+    from gpuopt.trial.interleave import Member, stepped
+
+    members = {name: Member(name, built=object()) for name in ("baseline", "c1")}
+    members["broken"] = Member("broken")  # failed to build: never warm
+    stepped(members, "c1")
+    assert [m.warm for m in members.values()] == [False, True, False]
+    stepped(members, None)  # a whole trial ran in the process
+    assert not any(m.warm for m in members.values())
 
 
 @pytest.mark.slow
@@ -155,6 +168,8 @@ def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_pa
             amortized = cand.user_attrs["throughput"] * 10 * step_s / (10 * step_s + 1.0)
             assert cand.values[0] == pytest.approx(amortized)
             assert base.values[0] == base.user_attrs["throughput"]  # no boundary given: steady
+        # candidate1's own window ran last: its next one has not even the re-warming step
+        assert shared.window("candidate1").user_attrs["drained"] == 0
         failed = shared.window("candidate2")
         assert failed.status == "diverged" and "NaN" in failed.user_attrs["reason"]
         assert shared.window("baseline").status == "ok"  # the others go on

@@ -102,6 +102,16 @@ def test_the_finalists_contender_floor_is_the_baselines_throughput_for_a_through
     assert plan.contender_floor("throughput", {"throughput": 0.0}) is None
 
 
+def test_a_candidate_gives_up_on_its_drain_only_far_below_the_floor():
+    window = {"throughput": 400.0}  # the baseline's last screen window
+    assert plan.give_up_below("throughput_amortized", 0.9, window) == pytest.approx(
+        plan.SCREEN_GIVE_UP * 0.9 * 400.0
+    )
+    assert plan.SCREEN_GIVE_UP < 1.0  # room for the baseline's drift between its windows
+    assert plan.give_up_below("step_time_ms", 0.9, window) is None
+    assert plan.give_up_below("throughput", 0.9, {"status": "error"}) is None
+
+
 def test_a_finalist_that_skipped_its_extras_is_no_candidate_for_the_confirmation() -> None:
     from optuna.distributions import IntDistribution
 
@@ -153,6 +163,11 @@ def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_i
         entry, 0.5, 4, 9, race
     )
     assert "the best 2 went on" in prune_reason(entry, 1.4, 3, 9, race)
+    assert "in a 0.3 s window" in prune_reason(entry, 0.5, 4, 9, race)
+    entry.window = {"read_on_drain": True}
+    assert "0.50x the baseline on its drain steps, its fastest" in prune_reason(
+        entry, 0.5, 4, 9, race
+    )
 
 
 @pytest.mark.parametrize(
@@ -381,6 +396,13 @@ def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_pat
         built = race.add("big", paths["big"])
         assert built["status"] == "ok" and built["config"]["loader"]["batch_size"] == 256
         assert len(group_members(race.process.pid)) == 2  # the process and big's worker
+        # just built (its warm-up ran last) and its drain slower than asked for: read on it
+        hopeless = race.measure("big", 0.2, 3, settle=False, give_up_below=1e12)
+        assert hopeless["read_on_drain"] and hopeless["steps"] == hopeless["drained"] >= 1
+        assert race.measure("base", 0.2, 3)["status"] == "ok"
+        # ...but never after another configuration's steps (cold caches: no upper bound)
+        cold = race.measure("big", 0.2, 3, settle=False, give_up_below=1e12)
+        assert not cold["read_on_drain"] and cold["steps"] >= 3
         # a window cut short by its deadline: one step at least, far fewer than asked for
         short = race.command(
             "window", 60, label="big", window_s=0.0, min_steps=10**6, deadline_s=0.2

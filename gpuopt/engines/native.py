@@ -371,33 +371,56 @@ class WindowedTrial:
     # (the confirmation's arms: their trials measured it).
     data_wait: float | None = None
     drained: int = 0  # untimed steps before the last window (its drain)
+    read_on_drain: bool = False  # the last window was its drain (`window`'s give_up_below)
 
-    def queued_steps(self) -> int:
+    def queued_steps(self, warm: bool = False) -> int:
         """Optimizer steps whose batches the idle loader's workers prefetched while another
-        configuration was measured: run untimed, so a window starts at the steady rate. One
-        step where its trial measured the loader keeping up (data_wait under LOADER_KEEPS_UP):
-        its queue is full in the steady state too, so a full one flatters no window, and draining
-        it cost the confirmation of a cnn's 2-worker candidate 5 untimed steps a window for 3
-        timed ones."""
+        configuration was measured, plus one that re-warms the caches the other one used: run
+        untimed, so a window starts at the steady rate. `warm`: the last steps this process ran
+        were this configuration's (its build's warm-up, or its own window), so no re-warming
+        step: a cnn screen's batch-512 fp32 candidate without workers spent 5 s on it. Only the
+        re-warming step where its trial measured the loader keeping up (data_wait under
+        LOADER_KEEPS_UP): its queue is full in the steady state too, so a full one flatters no
+        window, and draining it cost the confirmation of a cnn's 2-worker candidate 5 untimed
+        steps a window for 3 timed ones."""
         loader = self.trial.spec.loader
         prefetched = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
+        rewarm = 0 if warm else 1
         if self.data_wait is not None and self.data_wait < LOADER_KEEPS_UP:
-            return 1
-        return -(-prefetched // self.workload.accumulation_steps) + 1
+            return rewarm
+        return -(-prefetched // self.workload.accumulation_steps) + rewarm
 
     def window(
-        self, window_s: float, min_steps: int, deadline_s: float | None = None
+        self,
+        window_s: float,
+        min_steps: int,
+        deadline_s: float | None = None,
+        warm: bool = False,
+        give_up_below: float | None = None,
     ) -> tuple[int, float, int]:
         """One window: the process-wide settings of this configuration (threads, matmul
-        precision), the queue drained, then optimizer steps until `window_s` and `min_steps` are
-        both reached; (steps, seconds, samples). Raises on failure (Diverged, OOM, errors).
-        `deadline_s` (the race's screen): the drain and the window each end after at least one
-        step once they took that long, so one configuration of seconds-long steps (fp16 convs on a
-        CPU) costs a few steps of the screen, not minutes."""
+        precision), the queue drained (`queued_steps`), then optimizer steps until `window_s` and
+        `min_steps` are both reached; (steps, seconds, samples). Raises on failure (Diverged,
+        OOM, errors). `deadline_s` (the race's screen): the drain and the window each end after
+        at least one step once they took that long, so one configuration of seconds-long steps
+        (fp16 convs on a CPU) costs a few steps of the screen, not minutes. `give_up_below`
+        (samples/s, the screen's): a `warm` configuration whose drain reads slower than that
+        ends there, the drain's reading its window (`read_on_drain`): steps on prefetched
+        batches right after its own are the fastest it runs, so its window could only read
+        slower (a cnn's batch-512 fp32 candidate: one 5 s step instead of two)."""
         trial, workload, feed = self.trial, self.workload, self.feed
         apply_policies(trial.spec, trial.device)
-        self.drained = self._steps(self.queued_steps(), 0.0, deadline_s)
+        feed.reset_counters()
+        started = time.perf_counter()
+        self.drained = self._steps(self.queued_steps(warm), 0.0, deadline_s)
         synchronize(trial.device)
+        seconds = time.perf_counter() - started
+        self.read_on_drain = bool(
+            warm and give_up_below and self.drained and feed.samples / seconds < give_up_below
+        )
+        if self.read_on_drain:
+            workload.check_finite("an interleaved window")
+            return self.drained, seconds, feed.samples
         feed.reset_counters()
         started = time.perf_counter()
         steps = self._steps(min_steps, window_s, deadline_s, self.cache.after_step)

@@ -24,8 +24,10 @@ Protocol (one JSON object per line on stdout):
 - stdin closed (or "quit"): everything is released and the process exits 0.
 - the race (gpuopt/sweeper/race/) also sends JSON commands, one per line:
   {"op": "add", "label", "config"} builds one more configuration -> {"label", "status", "config":
-  its spec as stored, ...}; {"op": "window", "label", "window_s", "min_steps", "deadline_s", "settle"} one window of that length
-  (settle false: no wait for idle workers after it, for a configuration dropped next);
+  its spec as stored, ...}; {"op": "window", "label", "window_s", "min_steps", "deadline_s",
+  "settle", "give_up_below"} one window of that length (settle false: no wait for idle workers
+  after it, for a configuration dropped next; give_up_below: samples/s under which a drain read
+  right after the configuration's own steps ends the window, `"read_on_drain": true`);
   {"op": "drop", "label"} releases it -> {"label", "status": "dropped"}; {"op": "trial", "label",
   "config", "run_dir"} measures CONFIG.yaml as a whole trial of this process (the engine's one
   route, gpuopt.engines.registry.run_trial: its window, extras and profile), result.json and the
@@ -57,6 +59,9 @@ class Member:
     epoch_steps: int | None = None
     epoch_overhead_s: float | None = None
     failure: dict[str, Any] | None = None  # {"status", "reason"} once it failed
+    # The last steps this process ran were this member's (its build's warm-up, or its window):
+    # its next window needs no re-warming step (WindowedTrial.queued_steps).
+    warm: bool = False
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
@@ -88,7 +93,11 @@ def build_member(label: str, config_path: str, steady: dict[str, Any]) -> Member
 
 
 def window(
-    member: Member, window_s: float, min_steps: int, deadline_s: float | None = None
+    member: Member,
+    window_s: float,
+    min_steps: int,
+    deadline_s: float | None = None,
+    give_up_below: float | None = None,
 ) -> dict[str, Any]:
     """One window of the member's configuration (the engine's `WindowedTrial.window`: its
     process-wide settings, the queue drained, then steps until `window_s` and `min_steps`)."""
@@ -97,7 +106,9 @@ def window(
     if member.failure is not None:
         return {"label": member.label, **member.failure}
     try:
-        steps, seconds, samples = member.built.window(window_s, min_steps, deadline_s)
+        steps, seconds, samples = member.built.window(
+            window_s, min_steps, deadline_s, warm=member.warm, give_up_below=give_up_below
+        )
     except Exception as exc:
         member.failure = _failure(exc)
         release(member)
@@ -115,6 +126,7 @@ def window(
         "steps": steps,
         "seconds": seconds,
         "drained": member.built.drained,
+        "read_on_drain": member.built.read_on_drain,
     }
 
 
@@ -136,6 +148,7 @@ def serve(spec: dict[str, Any], commands: Any) -> None:
         label: build_member(label, path, steady.get(label) or {})
         for label, path in spec["configs"].items()
     }
+    stepped(members, next(reversed(members), None))  # the last one built warmed up last
     emit({"ready": list(members)})
     window_s, min_steps = float(spec.get("window_s", 1.0)), int(spec.get("min_steps", 5))
     for line in commands:
@@ -171,23 +184,32 @@ def answer(
         if label in members:
             release(members.pop(label))
         members[label] = build_member(label, command["config"], command.get("steady") or {})
+        stepped(members, label)
         return added(members[label])
     if op == "trial":
         if label in members:
             release(members.pop(label))
+        stepped(members, None)
         return {"label": label, "result": whole_trial(command["config"], command["run_dir"])}
     if op == "drop" and label in members:
         release(members.pop(label))
         return {"label": label, "status": "dropped"}
     if op == "window" and label in members:
         length, steps = float(command.get("window_s", window_s)), command.get("min_steps")
-        deadline = command.get("deadline_s")
-        out = window(members[label], length, int(steps) if steps else min_steps, deadline)
+        deadline, give_up = command.get("deadline_s"), command.get("give_up_below")
+        out = window(members[label], length, int(steps) if steps else min_steps, deadline, give_up)
+        stepped(members, label)
         if command.get("settle", True):
             out["settle_s"] = wait_for_idle_children()
         return out
     why = command.get("why") or f"no configuration {label!r}"
     return {"label": label, "status": "error", "reason": f"{op}: {why}"}
+
+
+def stepped(members: dict[str, Member], label: str | None) -> None:
+    """`label`'s steps ran last in this process (None: another trial's): it alone stays warm."""
+    for member in members.values():
+        member.warm = member.label == label and member.built is not None
 
 
 def added(member: Member) -> dict[str, Any]:

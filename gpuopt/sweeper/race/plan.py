@@ -41,11 +41,26 @@ SCREEN_MIN_STEPS = 3
 # steps, so a shorter drain leaves no prefetched batch to flatter its window, and one long step
 # varies by a few percent: enough to rank it against the floor and the other candidates.
 SCREEN_DEADLINE = 3.0
+# A just-built candidate whose drain steps (prefetched batches right after its own warm-up: the
+# fastest it runs) read below this share of the race's floor x the baseline's last window is read
+# on them, its window not run: it cannot reach the floor (the 0.8 leaves room for the baseline's
+# drift between its two neighbour windows).
+SCREEN_GIVE_UP = 0.8
 # A candidate whose build or window takes longer than this is pruned: its steps are that slow
 # (fp16 convolutions on some CPUs: minutes a step). The process is restarted without it.
 SCREEN_TIMEOUT_S = 60.0
 # Untimed steps after a screened candidate is built (the whole trials warm up as configured).
 SCREEN_WARMUP = "measure.warmup_steps=1"
+
+
+def give_up_below(objective: str, floor: float, baseline_window: Mapping[str, Any]) -> float | None:
+    """The screen's `give_up_below` for a candidate (samples/s): SCREEN_GIVE_UP x the floor x
+    the baseline's last window; None for an objective that does not rise with throughput, or no
+    such window."""
+    value = baseline_window.get("throughput")
+    if SCREEN_METRIC.get(objective) != "throughput" or not isinstance(value, (int, float)):
+        return None
+    return SCREEN_GIVE_UP * floor * value if value > 0 else None
 
 
 def contender_floor(objective: str, baseline_attrs: Mapping[str, Any]) -> float | None:

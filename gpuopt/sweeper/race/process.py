@@ -27,11 +27,18 @@ class RaceProcess(SharedProcess):
         return process
 
     def measure(
-        self, label: str, window_s: float, min_steps: int, settle: bool = True
+        self,
+        label: str,
+        window_s: float,
+        min_steps: int,
+        settle: bool = True,
+        give_up_below: float | None = None,
     ) -> dict[str, Any]:
         """One window of `label` (`window_s` and at least `min_steps` optimizer steps): {"status",
         "throughput", "step_time_ms", ...}, cut short after SCREEN_DEADLINE x `window_s`; `settle`
-        false for a configuration dropped right after (its workers need not go idle)."""
+        false for a configuration dropped right after (its workers need not go idle);
+        `give_up_below` (samples/s): a just-built configuration whose drain reads slower is read
+        on its drain (`read_on_drain`)."""
         return self.command(
             "window",
             plan.SCREEN_TIMEOUT_S,
@@ -40,6 +47,7 @@ class RaceProcess(SharedProcess):
             min_steps=min_steps,
             deadline_s=plan.SCREEN_DEADLINE * window_s,
             settle=settle,
+            give_up_below=give_up_below,
         )
 
     def drop(self, label: str) -> None:

@@ -189,7 +189,7 @@ class RaceRunner(TrialRunner):
         screened = []
         previous = race.measure(plan.BASELINE, window_s, steps)
         for trial in trials:
-            entry = self._screen_one(trial, space, race)
+            entry = self._screen_one(trial, space, race, previous)
             if race.error:  # too slow, or the process died with it: a new one, the baseline first
                 entry.window = {"status": "slow", "reason": race.error}
                 race = self._restart()
@@ -201,8 +201,12 @@ class RaceRunner(TrialRunner):
             log.info(screen_line(entry, len(screened), len(trials), self.objective))
         return screened
 
-    def _screen_one(self, trial: Trial, space: SearchSpace, race: RaceProcess) -> Screened:
-        """One candidate built (one warm-up step) and measured in one window, then dropped."""
+    def _screen_one(
+        self, trial: Trial, space: SearchSpace, race: RaceProcess, baseline: dict[str, Any]
+    ) -> Screened:
+        """One candidate built (one warm-up step) and measured in one window, then dropped; one
+        whose drain already reads it far below the floor against `baseline` (the baseline's last
+        window) is read on its drain (plan.give_up_below)."""
         overrides = self._configure(trial, space)
         entry = Screened(trial, overrides, f"#{trial.number}")
         screened_as = with_overrides(overrides, [plan.SCREEN_WARMUP])
@@ -210,8 +214,11 @@ class RaceRunner(TrialRunner):
         built = race.add(entry.label, config, timeout_s=plan.SCREEN_TIMEOUT_S)
         entry.config, entry.build_s = built.get("config"), built.get("command_s")
         if built.get("status") == "ok":
-            window_s = self.options.race.window_s
-            entry.window = race.measure(entry.label, window_s, plan.SCREEN_MIN_STEPS, settle=False)
+            options = self.options.race
+            give_up = plan.give_up_below(self.objective, options.floor, baseline)
+            entry.window = race.measure(
+                entry.label, options.window_s, plan.SCREEN_MIN_STEPS, False, give_up
+            )
             race.drop(entry.label)
         else:
             entry.window = built
@@ -359,9 +366,12 @@ def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int
     if ratio is None:
         why = entry.window.get("reason") or "no window"
         return f"raced out: too slow to screen ({why})"
-    head = (
-        f"raced out: {ratio:.2f}x the baseline in a {race.window_s:g} s window (rank {rank} of {of}"
+    where = (
+        "on its drain steps, its fastest"
+        if entry.window.get("read_on_drain")
+        else f"in a {race.window_s:g} s window"
     )
+    head = f"raced out: {ratio:.2f}x the baseline {where} (rank {rank} of {of}"
     if ratio < race.floor:
         return f"{head}; below the race's floor of {race.floor:g}x: cannot be an answer)"
     return f"{head}; the best {race.finalists} went on)"
