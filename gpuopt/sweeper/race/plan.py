@@ -55,12 +55,10 @@ SCREEN_WARMUP = "measure.warmup_steps=1"
 
 def give_up_below(objective: str, floor: float, baseline_window: Mapping[str, Any]) -> float | None:
     """The screen's `give_up_below` for a candidate (samples/s): SCREEN_GIVE_UP x the floor x
-    the baseline's last window; None for an objective that does not rise with throughput, or no
-    such window."""
-    value = baseline_window.get("throughput")
-    if SCREEN_METRIC.get(objective) != "throughput" or not isinstance(value, (int, float)):
-        return None
-    return SCREEN_GIVE_UP * floor * value if value > 0 else None
+    the baseline's last window (read as `contender_floor` reads a whole trial); None where
+    that is."""
+    baseline = contender_floor(objective, baseline_window)
+    return None if baseline is None else SCREEN_GIVE_UP * floor * baseline
 
 
 def contender_floor(objective: str, baseline_attrs: Mapping[str, Any]) -> float | None:

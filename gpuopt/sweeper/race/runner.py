@@ -217,7 +217,11 @@ class RaceRunner(TrialRunner):
             options = self.options.race
             give_up = plan.give_up_below(self.objective, options.floor, baseline)
             entry.window = race.measure(
-                entry.label, options.window_s, plan.SCREEN_MIN_STEPS, False, give_up
+                entry.label,
+                options.window_s,
+                plan.SCREEN_MIN_STEPS,
+                settle=False,
+                give_up_below=give_up,
             )
             race.drop(entry.label)
         else:
