@@ -4,7 +4,7 @@
     python scripts/bench_confirm.py --pairs 20 --windows 80 --json benchmarks/confirm_inprocess_cpu.json
 
 With `--windows N` the same comparisons are also measured as the confirmation's in-process mode
-does (gpuopt.trial.interleave: both arms built once in one process, N rounds of alternating windows of
+does (gpuopt.processes.shared_windows: both arms built once in one process, N rounds of alternating windows of
 `--window-s`), cut into blocks of `--window-block` rounds (8: its first stage), each block one
 confirmation, against the truth of the fresh-process pairs (`batch`) or 1.0 (`same`): the bias of
 the in-process ratio against the fresh-process one, and the coverage of its intervals.
@@ -40,7 +40,7 @@ import benchlib
 
 from gpuopt.core.stats import mean_interval, speedup, stein_pairs
 from gpuopt.sweeper.confirm.in_process import FIRST_STAGE_ROUNDS
-from gpuopt.sweeper.confirm.plan import LEAN_MEASURE
+from gpuopt.sweeper.confirm.schedule import LEAN_MEASURE
 
 # The default sweep's window (conf/search/default.yaml) on the CPU, one compute thread.
 WINDOW = [
@@ -97,7 +97,7 @@ def measure_windows(
         paths[name] = write_probe_config(cfg, directory, f"{name}.yaml")
     shared = SharedProcess.start(paths, {}, "throughput", window_s, directory)
     if shared.error:
-        raise SystemExit(f"gpuopt.trial.interleave: {shared.error}")
+        raise SystemExit(f"gpuopt.processes.shared_windows: {shared.error}")
     values: dict[str, list[float | None]] = {"reference": [], "candidate": []}
     loads: list[float] = []
     try:

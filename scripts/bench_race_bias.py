@@ -7,7 +7,7 @@ mlp default sweep's answer on a CPU with native bf16, batch 512, 2 workers, bf16
 with the default sweep's fixed measure settings. Read as
   1. fresh: `--pairs` fresh-process pairs (`python -m gpuopt.run`, A B / B A): the ground truth a
      fresh-process sweep would give;
-  2. shared: a new shared process (gpuopt.trial.interleave), `--rounds` rounds of alternating
+  2. shared: a new shared process (gpuopt.processes.shared_windows), `--rounds` rounds of alternating
      `--window-s` windows (the in-process confirmation, nothing run before it);
   3. race: the same, in a process that first ran both as whole trials with the profiler on (what
      the race's process has done before its confirmation).

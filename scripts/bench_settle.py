@@ -3,7 +3,7 @@ into the baseline's windows?
 
     python scripts/bench_settle.py --rounds 20 --json benchmarks/settle_cpu.json
 
-Two configurations of the default MLP share one process (gpuopt.trial.interleave, as the race and
+Two configurations of the default MLP share one process (gpuopt.processes.shared_windows, as the race and
 the in-process confirmation run them): the baseline (batch 32, no loader workers, the default
 compute threads) and a candidate (batch 512, `--workers` loader workers, one thread). Rounds of
 B C windows (`--window-s`), in blocks that alternate settle on / off (`settle`: after each window,

@@ -9,7 +9,7 @@ process-to-process noise).
 scripts/bench_agreement.py compares the two in fresh processes, where one process's throughput
 spreads 6-14% on a 2-core VM and five rounds cannot resolve 3%. Here both are built once in one
 process - gpuopt's side as the confirmation's in-process mode builds a trial
-(gpuopt.trial.interleave.build_member: the native engine's model, DataLoader and step), the plain loop's
+(gpuopt.processes.shared_windows.build_member: the native engine's model, DataLoader and step), the plain loop's
 side as bench_agreement.py builds it (hydra.utils.instantiate, its own DataLoader and step) - and
 measured in turns, A B B A: gpuopt's real timed window (`measure_timed_window`: its clock, its
 stability stop, its sample count) against `--steps` plain steps between two perf_counter reads.
@@ -45,8 +45,8 @@ def build_gpuopt(overrides: list[str], directory: Path) -> Any:
     from hydra import compose, initialize_config_module
 
     import gpuopt.run  # noqa: F401 - registers the schemas
+    from gpuopt.processes.shared_windows import build_member
     from gpuopt.sweeper.memory_axis import write_probe_config
-    from gpuopt.trial.interleave import build_member
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # Arms alternate their order every other round, as the sweeper's confirmation round does.
-from gpuopt.sweeper.confirm.plan import round_order
+from gpuopt.sweeper.confirm.schedule import round_order
 
 REPO = Path(__file__).resolve().parent.parent
 # Benchmarks time the training step, not the extras: no ceiling replay, no FLOP counting.
@@ -177,7 +177,7 @@ def write_json(path: str | Path, data: Any) -> None:
 
 def composed_configs(folder: Path, arms: Mapping[str, Sequence[str]]) -> dict[str, Path]:
     """Each arm's overrides composed as gpuopt's app composes a job (Hydra config included) and
-    written as `<label>.yaml` in `folder`: what the shared process (gpuopt.trial.interleave) builds."""
+    written as `<label>.yaml` in `folder`: what the shared process (gpuopt.processes.shared_windows) builds."""
     from hydra import compose, initialize_config_module
 
     import gpuopt.run  # noqa: F401 - registers the schemas

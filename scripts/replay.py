@@ -265,13 +265,13 @@ def _told(
 ) -> set[int]:
     """Which of a screen's trials the race tells with values: its best `race_finalists` by the
     first objective's ratio to the `baseline` value (> 1: faster), of those at `race_floor` or
-    above, chosen as the runner chooses them (`plan.finalists`); the others it tells PRUNED."""
-    from gpuopt.sweeper.race import plan
+    above, chosen as the runner chooses them (`policy.finalists`); the others it tells PRUNED."""
+    from gpuopt.sweeper.race import policy
 
     sign = 1.0 if direction == "maximize" else -1.0
     if not baseline or baseline <= 0:  # no baseline reading: ranked by value, no floor
         scores = {str(i): sign * a[0] if a is not None else None for i, a in enumerate(answers)}
-        return {int(label) for label in plan.finalists(scores, setup.race_finalists)}
+        return {int(label) for label in policy.finalists(scores, setup.race_finalists)}
 
     def ratio(values: list[float] | None) -> float | None:
         if values is None or values[0] <= 0:
@@ -279,7 +279,7 @@ def _told(
         return values[0] / baseline if direction == "maximize" else baseline / values[0]
 
     scores = {str(i): ratio(a) for i, a in enumerate(answers)}
-    chosen = plan.finalists(scores, setup.race_finalists, setup.race_floor)
+    chosen = policy.finalists(scores, setup.race_finalists, setup.race_floor)
     return {int(label) for label in chosen}
 
 

@@ -1,4 +1,4 @@
-"""Trial files in Optuna's artifact store (gpuopt/sweeper/artifacts.py, gpuopt/study/artifacts.py):
+"""Trial files in Optuna's artifact store (gpuopt/sweeper/trial_artifacts.py, gpuopt/study/artifact_store.py):
 where the store is, a user task's returned result as result.json, a failing upload or a storage
 without a file as a warning, and the report page as a study artifact. The sweep through
 optuna-dashboard's HTTP API: tests/test_sweep_e2e.py."""
@@ -17,12 +17,12 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all
 
 from gpuopt.core._compat import storage_of
 from gpuopt.core.result import Metrics, Status, TrialResult
-from gpuopt.study.artifacts import store_page
+from gpuopt.study.artifact_store import store_page
 from gpuopt.study.keys import ATTR_ARTIFACTS, STUDY_ARTIFACT_STORE
-from gpuopt.sweeper.artifacts import TrialFiles, store_dir
 from gpuopt.sweeper.objectives import outcome_from_return
 from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
 from gpuopt.sweeper.record import record_trial
+from gpuopt.sweeper.trial_artifacts import TrialFiles, store_dir
 
 NAMES, DIRECTIONS = ["throughput"], ["maximize"]
 

@@ -14,8 +14,8 @@ import pytest
 from gpuopt.core.stats import mean_interval, speedup, stein_pairs, t_quantile
 from gpuopt.study.answers import speedup_text
 from gpuopt.study.records import Comparison, Confirmation, ConfirmedConfig
-from gpuopt.sweeper.confirm.plan import ConfirmPlan, lean_overrides, with_overrides
 from gpuopt.sweeper.confirm.rounds import PairStop, run_rounds
+from gpuopt.sweeper.confirm.schedule import ConfirmPlan, lean_overrides, with_overrides
 from gpuopt.sweeper.confirm.verdicts import compare
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.trial.comm_trace import collective_name, comm_time
-from gpuopt.trial.profile import RUN_DIR_ENV, TEMP_PREFIX, TRACE_FILE, ProfileSummary
+from gpuopt.trial.profiled_window import RUN_DIR_ENV, TEMP_PREFIX, TRACE_FILE, ProfileSummary
 from gpuopt.trial.ranks import merge_ranks
 from gpuopt.trial.trace import STEP_SPAN
 from tests.conftest import TINY_TRIAL

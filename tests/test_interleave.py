@@ -1,5 +1,5 @@
 """The confirmation's in-process mode: which configurations may share a process, the window budget,
-and the real `python -m gpuopt.trial.interleave` process (gpuopt/trial/interleave.py) driven by the sweeper's
+and the real `python -m gpuopt.processes.shared_windows` process (gpuopt/processes/shared_windows.py) driven by the sweeper's
 SharedProcess (gpuopt/sweeper/confirm/in_process.py): windows, failures as statuses, nothing left behind.
 """
 
@@ -131,7 +131,7 @@ def test_a_window_drains_what_the_idle_loader_prefetched_unless_it_keeps_up(
 
 
 def test_only_the_configuration_whose_steps_ran_last_is_warm():
-    from gpuopt.trial.interleave import Member, stepped
+    from gpuopt.processes.shared_windows import Member, stepped
 
     members = {name: Member(name, built=object()) for name in ("baseline", "c1")}
     members["broken"] = Member("broken")  # failed to build: never warm

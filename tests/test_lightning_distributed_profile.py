@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gpuopt.core.result import Status, TrialResult
-from gpuopt.trial.profile import TEMP_PREFIX, TRACE_FILE, ProfiledSteps, ProfileSummary
+from gpuopt.trial.profiled_window import TEMP_PREFIX, TRACE_FILE, ProfiledSteps, ProfileSummary
 from gpuopt.trial.trace import STEP_SPAN
 from tests.conftest import TINY_TRIAL
 from tests.helpers.cli import run_cli
@@ -26,7 +26,7 @@ pytest.importorskip("lightning")
 
 from gpuopt.core.spec import ProfileConf
 from gpuopt.engines._guard import check, fixed_batches, guard_numerics
-from gpuopt.engines.lightning.profile import ProfileWindow
+from gpuopt.engines.lightning.fit_profile import ProfileWindow
 from gpuopt.engines.registry import load_spec
 from gpuopt.trial.context import Trial
 from gpuopt.trial.numerics import NotGuarded

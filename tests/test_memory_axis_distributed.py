@@ -68,7 +68,7 @@ def test_probe_failure_says_why_and_the_jobs_size(returncode, data, stderr, expe
 
 
 def _fake_python(tmp_path: Path, body: str) -> str:
-    """An executable standing in for `python -m gpuopt.trial.memory_probe CONFIG BATCH`: a real
+    """An executable standing in for `python -m gpuopt.processes.memory_probe CONFIG BATCH`: a real
     subprocess whose stdout is what a probe of a 2-rank job prints ($4 is the batch)."""
     path = tmp_path / "fake-python"
     path.write_text("#!/bin/sh\n" + body)

@@ -1,4 +1,4 @@
-"""The profiled window (gpuopt.trial.profile): a real CPU trial profiled end to end (phases cover the
+"""The profiled window (gpuopt.trial.profiled_window): a real CPU trial profiled end to end (phases cover the
 measured wall time, the trace loads, the annotations are gone afterwards), and the trace readers on
 hand-made events where the arithmetic, not the machine, is under test (the GPU idle split)."""
 
@@ -14,7 +14,7 @@ from gpuopt.core.result import ATTR_PROFILE, Status, TrialResult, result_user_at
 from gpuopt.core.spec import ProfileConf
 from gpuopt.engines.registry import load_spec, run_trial
 from gpuopt.trial.devices import trial_device
-from gpuopt.trial.profile import (
+from gpuopt.trial.profiled_window import (
     PROFILE_OVERRIDE,
     STEP_COVERAGE_TOLERANCE,
     TRACE_FILE,
@@ -30,7 +30,7 @@ MLP = ["model=mlp", "model.width=16", "model.depth=1", "model.input_shape=[12]"]
 
 
 def _profiled(compose_cfg, tmp_path, monkeypatch, *overrides):
-    monkeypatch.setattr("gpuopt.trial.profile.trial_run_dir", lambda: tmp_path)
+    monkeypatch.setattr("gpuopt.trial.profiled_window.trial_run_dir", lambda: tmp_path)
     built = {}
     spec = load_spec(compose_cfg(*TINY_TRIAL, *MLP, "measure.ceiling=false", *overrides))
     device, _ = trial_device(spec)

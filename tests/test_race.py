@@ -20,52 +20,52 @@ from gpuopt.core.host import children_cpu_ticks, wait_for_idle_children
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, STUDY_CONFIRMATION
 from gpuopt.study.records import IN_PROCESS
 from gpuopt.sweeper.options import RaceOptions, SweepConfigError, SweeperOptions
-from gpuopt.sweeper.race import plan
+from gpuopt.sweeper.race import policy
 from tests.helpers.interleave import group_members, probe_configs
 from tests.helpers.sweep_outputs import sweep_identity
 
-B = plan.BASELINE
+B = policy.BASELINE
 
 
 def test_each_candidate_is_paired_with_the_baseline_windows_on_both_sides() -> None:
-    assert plan.screen_order(["a", "b"]) == [B, "a", B, "b", B]
+    assert policy.screen_order(["a", "b"]) == [B, "a", B, "b", B]
 
 
 def test_a_linear_drift_of_the_machine_cancels_in_the_screen_ratio() -> None:
     # the machine slows 10% per window; a is 2x the baseline, b 0.5x, at the moment they ran
-    order = plan.screen_order(["a", "b"])
+    order = policy.screen_order(["a", "b"])
     speed = [1.0, 0.9, 0.81, 0.729, 0.6561]
     truth = {"a": 2.0, "b": 0.5}
     readings = [100 * s * truth.get(label, 1.0) for label, s in zip(order, speed, strict=True)]
-    ratios = plan.screen_ratios(order, readings)
+    ratios = policy.screen_ratios(order, readings)
     assert ratios["a"] == pytest.approx(2.0)
     assert ratios["b"] == pytest.approx(0.5)
 
 
 def test_a_failed_window_has_no_ratio_and_never_goes_on() -> None:
-    order = plan.screen_order(["a", "b", "c"])
-    ratios = plan.screen_ratios(order, [100, None, 100, 300, 100, 150, None])
+    order = policy.screen_order(["a", "b", "c"])
+    ratios = policy.screen_ratios(order, [100, None, 100, 300, 100, 150, None])
     assert ratios == {"a": None, "b": pytest.approx(3.0), "c": pytest.approx(1.5)}  # c: one side
-    assert plan.finalists(ratios, 5) == ["b", "c"]
-    assert plan.rank_of("c", ratios) == 2 and plan.rank_of("a", ratios) is None
+    assert policy.finalists(ratios, 5) == ["b", "c"]
+    assert policy.rank_of("c", ratios) == 2 and policy.rank_of("a", ratios) is None
 
 
 def test_for_step_time_lower_is_faster_and_the_ratio_says_so() -> None:
-    ratios = plan.screen_ratios([B, "a", B], [10.0, 5.0, 10.0], higher_is_better=False)
+    ratios = policy.screen_ratios([B, "a", B], [10.0, 5.0, 10.0], higher_is_better=False)
     assert ratios["a"] == pytest.approx(2.0)
 
 
 def test_the_best_finalists_by_ratio_go_on() -> None:
     ratios = {"a": 1.2, "b": 3.0, "c": 0.4, "d": 2.5}
-    assert plan.finalists(ratios, 2) == ["b", "d"]
-    assert plan.rank_of("a", ratios) == 3
+    assert policy.finalists(ratios, 2) == ["b", "d"]
+    assert policy.rank_of("a", ratios) == 3
 
 
 def test_only_contenders_at_the_floor_or_above_go_on() -> None:
     ratios = {"a": 0.95, "b": 0.7, "c": 0.89, "d": None}
-    assert plan.finalists(ratios, 2, floor=0.9) == ["a"]  # c is below the floor, d unread
-    assert plan.finalists(ratios, 2, floor=1.0) == []  # no contender: no whole trial
-    assert plan.finalists(ratios, 2) == ["a", "c"]
+    assert policy.finalists(ratios, 2, floor=0.9) == ["a"]  # c is below the floor, d unread
+    assert policy.finalists(ratios, 2, floor=1.0) == []  # no contender: no whole trial
+    assert policy.finalists(ratios, 2) == ["a", "c"]
 
 
 def _raced(number: int, state: TrialState, ratio: float | None = None, **attrs: object) -> object:
@@ -83,40 +83,40 @@ def _raced(number: int, state: TrialState, ratio: float | None = None, **attrs: 
 def test_the_summary_says_when_no_candidate_was_a_contender() -> None:
     baseline = _raced(0, TrialState.COMPLETE, **{ATTR_BASELINE: True})
     slow = [_raced(1, TrialState.PRUNED, 0.62), _raced(2, TrialState.PRUNED, 0.81)]
-    note = plan.no_contender_note([baseline, *slow])
+    note = policy.no_contender_note([baseline, *slow])
     assert note is not None and "no candidate read 0.9x the baseline" in note
     assert "#2, 0.81x" in note and "keep your configuration" in note
     finalist = _raced(3, TrialState.COMPLETE)  # a whole trial: the confirmation speaks
-    assert plan.no_contender_note([baseline, *slow, finalist]) is None
-    assert plan.no_contender_note([baseline]) is None  # nothing raced
+    assert policy.no_contender_note([baseline, *slow, finalist]) is None
+    assert policy.no_contender_note([baseline]) is None  # nothing raced
     # a contender pruned only for rank (finalists=1): not this note
-    assert plan.no_contender_note([baseline, _raced(4, TrialState.PRUNED, 1.3)]) is None
+    assert policy.no_contender_note([baseline, _raced(4, TrialState.PRUNED, 1.3)]) is None
 
 
 def test_the_finalists_contender_floor_is_the_baselines_throughput_for_a_throughput_goal():
     attrs = {"throughput": 283.1}
-    assert plan.contender_floor("throughput_amortized", attrs) == 283.1
-    assert plan.contender_floor("throughput", attrs) == 283.1
-    assert plan.contender_floor("step_time_ms", attrs) is None  # a smaller batch can win at less
-    assert plan.contender_floor("throughput", {}) is None
-    assert plan.contender_floor("throughput", {"throughput": 0.0}) is None
+    assert policy.contender_floor("throughput_amortized", attrs) == 283.1
+    assert policy.contender_floor("throughput", attrs) == 283.1
+    assert policy.contender_floor("step_time_ms", attrs) is None  # a smaller batch can win at less
+    assert policy.contender_floor("throughput", {}) is None
+    assert policy.contender_floor("throughput", {"throughput": 0.0}) is None
 
 
 def test_a_candidate_gives_up_on_its_drain_only_far_below_the_floor():
     window = {"throughput": 400.0}  # the baseline's last screen window
-    assert plan.give_up_below("throughput_amortized", 0.9, window) == pytest.approx(
-        plan.SCREEN_GIVE_UP * 0.9 * 400.0
+    assert policy.give_up_below("throughput_amortized", 0.9, window) == pytest.approx(
+        policy.SCREEN_GIVE_UP * 0.9 * 400.0
     )
-    assert plan.SCREEN_GIVE_UP < 1.0  # room for the baseline's drift between its windows
-    assert plan.give_up_below("step_time_ms", 0.9, window) is None
-    assert plan.give_up_below("throughput", 0.9, {"status": "error"}) is None
+    assert policy.SCREEN_GIVE_UP < 1.0  # room for the baseline's drift between its windows
+    assert policy.give_up_below("step_time_ms", 0.9, window) is None
+    assert policy.give_up_below("throughput", 0.9, {"status": "error"}) is None
 
 
 def test_a_finalist_that_skipped_its_extras_is_no_candidate_for_the_confirmation() -> None:
     from optuna.distributions import IntDistribution
 
     from gpuopt.study.keys import ATTR_EXTRAS_SKIPPED
-    from gpuopt.sweeper.confirm.plan import candidates
+    from gpuopt.sweeper.confirm.schedule import candidates
 
     def trial(number: int, value: float, batch: int, **attrs: object) -> optuna.trial.FrozenTrial:
         made = optuna.trial.create_trial(
@@ -186,7 +186,7 @@ def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_i
     ],
 )
 def test_only_keys_the_shared_process_reapplies_can_race(key: str, shares: bool) -> None:
-    assert plan.shareable_key(key) is shares
+    assert policy.shareable_key(key) is shares
 
 
 class LocalLauncher:
@@ -215,7 +215,7 @@ def _why_not(**changes: object) -> str | None:
         "finished_trials": 0,
     }
     given.update(changes)
-    return plan.why_not(**given)  # type: ignore[arg-type]
+    return policy.why_not(**given)  # type: ignore[arg-type]
 
 
 def test_the_default_space_of_gpuopts_own_task_races_whatever_it_fixes() -> None:
@@ -263,8 +263,8 @@ def test_only_values_measured_in_fresh_processes_keep_a_resumed_study_out_of_the
 
     raced = [trial(TrialState.COMPLETE, race={"seconds": 2.0}), trial(TrialState.PRUNED)]
     failed = trial(TrialState.FAIL)  # no value: nothing to mix
-    assert plan.measured_apart([*raced, failed]) == 0
-    assert plan.measured_apart([*raced, trial(TrialState.COMPLETE)]) == 1
+    assert policy.measured_apart([*raced, failed]) == 0
+    assert policy.measured_apart([*raced, trial(TrialState.COMPLETE)]) == 1
 
 
 def test_race_settings_are_checked_before_anything_runs() -> None:
@@ -435,6 +435,6 @@ def test_only_gpuopts_own_task_function_races() -> None:
     origin = importlib.util.find_spec("gpuopt.run").origin
     namespace: dict = {}
     exec(compile("def main(cfg):\n    return cfg\n", origin, "exec"), namespace)
-    assert plan.is_gpuopt_main(namespace["main"])  # the function gpuopt/run.py defines
-    assert not plan.is_gpuopt_main(lambda cfg: cfg)
-    assert not plan.is_gpuopt_main(test_only_gpuopts_own_task_function_races)
+    assert policy.is_gpuopt_main(namespace["main"])  # the function gpuopt/run.py defines
+    assert not policy.is_gpuopt_main(lambda cfg: cfg)
+    assert not policy.is_gpuopt_main(test_only_gpuopts_own_task_function_races)

@@ -231,7 +231,7 @@ def _frozen(number, batch, value, numerics=0.0, baseline=False):
 
 def test_same_training_classification_and_the_change_advice():
     from gpuopt.study.rules import pick_same_training, same_training, training_change
-    from gpuopt.sweeper.confirm.plan import with_same_training_pick
+    from gpuopt.sweeper.confirm.schedule import with_same_training_pick
 
     trials = [
         _frozen(0, 32, 10.0, baseline=True),

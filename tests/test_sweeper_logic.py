@@ -18,12 +18,12 @@ from gpuopt.core import lifeline
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.stats import speedup, t_quantile
 from gpuopt.study import storage
-from gpuopt.study.export import overrides_to_experiment
+from gpuopt.study.experiment import overrides_to_experiment
 from gpuopt.study.keys import ATTR_BASELINE
 from gpuopt.study.records import Confirmation, ConfirmedConfig
 from gpuopt.sweeper import machine as hardware
 from gpuopt.sweeper import resume
-from gpuopt.sweeper.confirm import plan as confirm_plan
+from gpuopt.sweeper.confirm import schedule as confirm_schedule
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.objectives import outcome_from_return, resolve_objectives
 from gpuopt.sweeper.options import SweepConfigError
@@ -393,29 +393,43 @@ def test_speedup_minimized_metric_is_inverted_and_single_points_have_no_ci():
 @pytest.mark.parametrize(
     ("top_k", "rounds", "share", "n_trials", "n_cand", "expected"),
     [
-        (2, 2, 0.25, 40, 5, confirm_plan.ConfirmPlan(2, 2, 10)),  # first stage 6 runs <= 10
-        (2, 4, 1.0, 10, 5, confirm_plan.ConfirmPlan(1, 4, 10)),  # the defaults: one candidate
-        (2, 2, 0.4, 10, 5, confirm_plan.ConfirmPlan(1, 2, 4)),  # two rounds beat a second candidate
-        (2, 3, 0.6, 10, 5, confirm_plan.ConfirmPlan(1, 3, 6)),  # the first stage before candidates
+        (2, 2, 0.25, 40, 5, confirm_schedule.ConfirmPlan(2, 2, 10)),  # first stage 6 runs <= 10
+        (2, 4, 1.0, 10, 5, confirm_schedule.ConfirmPlan(1, 4, 10)),  # the defaults: one candidate
+        (
+            2,
+            2,
+            0.4,
+            10,
+            5,
+            confirm_schedule.ConfirmPlan(1, 2, 4),
+        ),  # two rounds beat a second candidate
+        (
+            2,
+            3,
+            0.6,
+            10,
+            5,
+            confirm_schedule.ConfirmPlan(1, 3, 6),
+        ),  # the first stage before candidates
         (2, 2, 0.25, 12, 5, None),  # 3 runs: no 2 pairs, no interval: off
         (2, 2, 0.25, 8, 5, None),  # 2 runs allowed
         (2, 0, 0.25, 40, 5, None),  # confirm.rounds=0
         (2, 2, 0.25, 40, 0, None),  # nothing to confirm
-        (3, 2, 1.0, 4, 1, confirm_plan.ConfirmPlan(1, 2, 4)),
-        (1, 1, 1.0, 10, 1, confirm_plan.ConfirmPlan(1, 2, 10)),  # an interval needs 2 rounds
+        (3, 2, 1.0, 4, 1, confirm_schedule.ConfirmPlan(1, 2, 4)),
+        (1, 1, 1.0, 10, 1, confirm_schedule.ConfirmPlan(1, 2, 10)),  # an interval needs 2 rounds
     ],
 )
 def test_confirmation_plan_is_capped(top_k, rounds, share, n_trials, n_cand, expected):
     """(Since the two-stage stop: a plan needs 2 rounds, the first stage comes before a second
     candidate, and the plan carries the cap on all runs for the second stage.)"""
-    plan = confirm_plan.plan(top_k, rounds, share, n_trials, n_cand)
+    plan = confirm_schedule.plan(top_k, rounds, share, n_trials, n_cand)
     assert plan == expected
     if plan:
         assert plan.runs <= plan.max_runs <= share * n_trials
 
 
 def test_schedule_interleaves():
-    assert confirm_plan.schedule(["A", "B1", "B2"], 3) == [
+    assert confirm_schedule.schedule(["A", "B1", "B2"], 3) == [
         *("A", "B1", "B2"),
         *("B2", "B1", "A"),  # every other round reversed: no config always first
         *("A", "B1", "B2"),
@@ -789,18 +803,18 @@ def test_sweeper_options_have_one_default_each():
 def test_only_the_baseline_of_gpuopts_own_task_is_launched_profiled():
     from types import SimpleNamespace
 
-    from gpuopt.sweeper import profiling
+    from gpuopt.sweeper import profile_runs
     from gpuopt.sweeper.options import SweeperOptions
 
     trials = [SimpleNamespace(user_attrs={"baseline": True}), SimpleNamespace(user_attrs={})]
     overrides = [["a=1"], ["a=2"]]
     own = SweeperOptions.build(n_trials=4, gpuopt_task=True)
-    assert profiling.launch_overrides(own, trials, overrides) == [["a=1", "profile=on"], ["a=2"]]
+    assert profile_runs.launch_overrides(own, trials, overrides) == [["a=1", "profile=on"], ["a=2"]]
     assert overrides == [["a=1"], ["a=2"]]  # what the trials record stays as it was
     stock = SweeperOptions.build(n_trials=4)  # another app: it has no `profile` group
-    assert profiling.launch_overrides(stock, trials, overrides) == overrides
+    assert profile_runs.launch_overrides(stock, trials, overrides) == overrides
     off = SweeperOptions.build(n_trials=4, gpuopt_task=True, profile=False)
-    assert profiling.launch_overrides(off, trials, overrides) == overrides
+    assert profile_runs.launch_overrides(off, trials, overrides) == overrides
 
 
 # ---- custom_search_space under Hydra's execution whitelist ---------------------------------------

@@ -130,7 +130,7 @@ class TrialResult:
     config: dict[str, Any] = field(default_factory=dict)  # the resolved trial config
     env: dict[str, Any] = field(default_factory=dict)  # the fingerprint (gpuopt.trial.devices)
     warnings: list[str] = field(default_factory=list)  # settings that could not apply, etc.
-    # The profiled window's summary (gpuopt.trial.profile.ProfileSummary.to_dict()), when profiled:
+    # The profiled window's summary (gpuopt.trial.profiled_window.ProfileSummary.to_dict()), when profiled:
     # phases, top operators, GPU split, trace_path. None when the trial was not profiled.
     profile: dict[str, Any] | None = None
     # The numerics guard's evidence (gpuopt.trial.numerics.GuardEvidence as a dict); None: not run.

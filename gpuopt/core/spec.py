@@ -151,7 +151,7 @@ class MeasureConf:
 
 @dataclass
 class ProfileConf:
-    """The profiled window (gpuopt.trial.profile): a few steps under torch.profiler after the timed
+    """The profiled window (gpuopt.trial.profiled_window): a few steps under torch.profiler after the timed
     window, never timed for throughput. Off by default; `profile=on` turns it on for one run."""
 
     enabled: bool = False

@@ -15,7 +15,7 @@ up: gpuopt.trial.distributed started the rank and joined it).
   0's stop rule decides at step counts every rank checks at, and the verdict is broadcast over a
   gloo group (host-side: no device sync inside the window, also under NCCL);
 - `Ranks.barrier`: the profiled window's recorded steps start together on every rank (every rank
-  profiles the same steps: they are collectives), gpuopt.trial.profile.
+  profiles the same steps: they are collectives), gpuopt.trial.profiled_window.
 """
 
 from __future__ import annotations

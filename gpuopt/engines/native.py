@@ -20,7 +20,7 @@ averaged loss trajectory against the single-process reference).
 
 The sweeper's probing processes build their trials here too, through the registry
 (`gpuopt.engines.registry.engine_entry`): `open_windows` for the in-process confirmation
-(gpuopt.trial.interleave), `repeated_step` for the memory probe (gpuopt.trial.memory_probe).
+(gpuopt.processes.shared_windows), `repeated_step` for the memory probe (gpuopt.processes.memory_probe).
 """
 
 from __future__ import annotations
@@ -250,11 +250,11 @@ def compute_ceiling(
 def profiled_window(
     trial: Trial, workload: Workload, feed: BatchFeed, ranks: Ranks | None = None
 ) -> None:
-    """A few steps under torch.profiler, outside the timed window (gpuopt.trial.profile): the
+    """A few steps under torch.profiler, outside the timed window (gpuopt.trial.profiled_window): the
     callables of the step annotated as its phases for these steps only. In a distributed trial every
     rank profiles the same steps after a barrier (they are collectives), its trace named by its
     rank, and its communication share recorded (gpuopt.trial.comm_trace)."""
-    from gpuopt.trial.profile import Annotation, run_profiled_window, steps_within_budget
+    from gpuopt.trial.profiled_window import Annotation, run_profiled_window, steps_within_budget
 
     phases = [
         Annotation(feed, "next", "next_batch"),
@@ -336,7 +336,7 @@ def skip_extras(trial: Trial) -> bool:
     (a warning, `extras_skipped`, and, where its math changed, numerics "not checked": never the
     same training). The race sets the floor to its baseline's throughput for its finalists' whole
     trials: a finalist its own whole trial reads slower than the baseline is no answer
-    (gpuopt.sweeper.confirm.plan.candidates leaves it out), so its guard would decide nothing."""
+    (gpuopt.sweeper.confirm.schedule.candidates leaves it out), so its guard would decide nothing."""
     floor, throughput = trial.spec.measure.contender_floor, trial.metrics.throughput
     if floor is None or throughput is None or throughput >= floor:
         return False
@@ -361,7 +361,7 @@ LOADER_KEEPS_UP = 1.0
 @dataclass
 class WindowedTrial:
     """One configuration built once and measured in short windows of a process it shares with
-    others (gpuopt.trial.interleave, the confirmation's in-process mode)."""
+    others (gpuopt.processes.shared_windows, the confirmation's in-process mode)."""
 
     trial: Trial
     workload: Workload

@@ -9,7 +9,7 @@ Each engine is a module with `measure(trial, process_t0)`; what engines share li
 modules of this package (`_build`, `_batches`, `_loss`, `_step`, `_window`, `_epoch`, `_ceiling`,
 `_guard`, and `_lifecycle`: the route of one trial, its failure handling and clean-up), and engines
 never import each other. The registry is the only way in: a trial through `run_trial`, and the
-sweeper's probing processes (gpuopt.trial.interleave, gpuopt.trial.memory_probe) to the entries the
+sweeper's probing processes (gpuopt.processes.shared_windows, gpuopt.processes.memory_probe) to the entries the
 native engine offers them through `engine_entry`. An engine module is imported only when chosen:
 Lightning is an optional extra (`pip install "gpuopt[lightning]"`) and importing it costs seconds;
 importing this module imports neither torch nor any engine (config validation in the sweeping

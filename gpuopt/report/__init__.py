@@ -7,7 +7,7 @@ Finding and opening the storage is gpuopt.study.storage's (shared with the sweep
 """
 
 from gpuopt.report.build import StudyReport, TrialView, build_report
-from gpuopt.report.errors import ReportError
+from gpuopt.report.report_error import ReportError
 
 __all__ = [
     "ReportError",

@@ -20,7 +20,7 @@ from gpuopt.core.secrets import mask_secrets
 from gpuopt.report.diagnose import Diagnosis, diagnose
 from gpuopt.report.importance import param_importances
 from gpuopt.study.configs import config_of, flatten
-from gpuopt.study.export import override_parser
+from gpuopt.study.experiment import override_parser
 from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_ENV,
@@ -153,7 +153,7 @@ class StudyReport:
     training_unknown: str | None = None  # what the baseline did not report (rules.unknown_training)
     global_batch: int | None = None  # the baseline's
     # The best trial's profiled run (the sweeper profiles the best after the sweep:
-    # gpuopt.sweeper.profiling), when the best trial itself was not profiled.
+    # gpuopt.sweeper.profile_runs), when the best trial itself was not profiled.
     best_profile: dict[str, Any] | None = None
     # The machine's limit as far as the study measured it: the highest of its trials' limits.
     highest_limit: HighestLimit | None = None

@@ -12,11 +12,11 @@ from rich.table import Table
 
 from gpuopt.core.fmt import metric as fmt
 from gpuopt.report.build import StudyReport, build_report, config_diff
-from gpuopt.report.errors import ReportError
-from gpuopt.report.export import compose_experiment, export_experiment
+from gpuopt.report.export_best import compose_experiment, export_experiment
 from gpuopt.report.page import PLOTLY_HINT, plotly_available, write_html
+from gpuopt.report.report_error import ReportError
 from gpuopt.report.text import render, trial_detail
-from gpuopt.study.artifacts import store_page
+from gpuopt.study.artifact_store import store_page
 from gpuopt.study.storage import (
     StorageError,
     StudyEntry,

@@ -24,8 +24,8 @@ from gpuopt.report.build import (
     config_diff,
 )
 from gpuopt.report.diagnose import Diagnosis, diagnose
-from gpuopt.report.errors import ReportError
 from gpuopt.report.evidence import PHASE_ORDER
+from gpuopt.report.report_error import ReportError
 from gpuopt.study.keys import ATTR_PROFILE
 
 GPU_SHARES = ("kernel", "memcpy", "idle", "host_wait", "kernel_wait")

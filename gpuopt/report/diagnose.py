@@ -24,7 +24,7 @@ above and the helpers that cite evidence and suggest settings are gpuopt/report/
 Utilization only counts as evidence on CUDA devices, where it is NVML's sampled
 `utilization.gpu`; elsewhere it is derived from data_wait and says nothing new.
 
-A profiled trial (gpuopt.trial.profile; the user attribute `profile`) adds its phase breakdown: every
+A profiled trial (gpuopt.trial.profiled_window; the user attribute `profile`) adds its phase breakdown: every
 verdict then cites the shares of the step ("53% of the step in next(loader)"), the evidence lists
 all phases, and phase-specific tips come first ("optimizer 18% of the step: try
 optimizer.fused=true"). On CUDA its GPU time split adds a rule of its own, before NVML's: GPU idle

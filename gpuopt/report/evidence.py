@@ -173,7 +173,7 @@ class Facts:
 
 
 def _profile_facts(profile: Any) -> dict[str, Any]:
-    """Facts' profile fields from the `profile` user attribute (gpuopt.trial.profile.ProfileSummary)."""
+    """Facts' profile fields from the `profile` user attribute (gpuopt.trial.profiled_window.ProfileSummary)."""
     if not isinstance(profile, Mapping):
         return {}
     phases = profile.get("phases_pct")

@@ -16,7 +16,7 @@ from gpuopt.core.fmt import metric as fmt
 from gpuopt.core.result import METRIC_GOALS
 from gpuopt.report.build import COMPARED_METRICS, StudyReport, TrialView
 from gpuopt.report.diagnose import Bottleneck, Diagnosis
-from gpuopt.report.export import experiment_text
+from gpuopt.report.export_best import experiment_text
 from gpuopt.study.answers import STRONG, WARNING, confirmation_lines, two_answers
 from gpuopt.study.configs import flatten
 

@@ -85,7 +85,7 @@ ATTR_VOID = "void"  # why a trial was asked but never run (surplus, duplicate ba
 # Such a trial also has ATTR_VOID: it never counts towards n_trials, the failure rate or best.
 ATTR_BASELINE_SKIPPED = "baseline_skipped"
 # {file name: artifact id}: the trial's files in Optuna's artifact store (result.json,
-# trace.json.gz; gpuopt/sweeper/artifacts.py); Optuna's own `artifacts:<id>` system attrs list them
+# trace.json.gz; gpuopt/sweeper/trial_artifacts.py); Optuna's own `artifacts:<id>` system attrs list them
 # for optuna-dashboard and `optuna.artifacts.get_all_artifact_meta`.
 ATTR_ARTIFACTS = "artifacts"
 
@@ -107,7 +107,7 @@ STUDY_CONFIRMATION = "confirmation"
 # {"trial": n, "profile": {...}}: the best trial's profiled run (sweeper/profiling.py)
 STUDY_BEST_PROFILE = "best_profile"
 # The directory of the FileSystemArtifactStore holding the trials' files and the report page
-# (`optuna-dashboard <storage> --artifact-dir <it>`; gpuopt/sweeper/artifacts.py)
+# (`optuna-dashboard <storage> --artifact-dir <it>`; gpuopt/sweeper/trial_artifacts.py)
 STUDY_ARTIFACT_STORE = "artifact_store"
 STUDY_SEEDS = "seeds"  # the expert seeds enqueued after the baseline, once (sweeper/baseline.py)
 

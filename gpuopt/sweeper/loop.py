@@ -33,7 +33,6 @@ from gpuopt.study import storage as storage_mod
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import same_training_params
 from gpuopt.sweeper import (
-    artifacts,
     baseline,
     custom_space,
     launcher_choice,
@@ -41,16 +40,17 @@ from gpuopt.sweeper import (
     memory_axis,
     open_study,
     outputs,
-    profiling,
+    profile_runs,
     resume,
     task,
+    trial_artifacts,
 )
 from gpuopt.sweeper import progress as progress_mod
 from gpuopt.sweeper.confirm import rounds
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.progress import Progress
-from gpuopt.sweeper.race import plan as race_plan
+from gpuopt.sweeper.race import policy as race_policy
 from gpuopt.sweeper.race.runner import RaceRunner
 from gpuopt.sweeper.record import outcome_of
 from gpuopt.sweeper.space import (
@@ -91,7 +91,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         if launcher_choice.wants_fresh_process(self.options, hydra_context.config_loader, config):
             launcher_choice.use_fresh_process(config)
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        self._own_task = race_plan.is_gpuopt_main(task_function)
+        self._own_task = race_policy.is_gpuopt_main(task_function)
         trust = config.get("trust") if self.options.gpuopt_task else None
         self.custom_search_space_extender = custom_space.extender(
             self.options.custom_search_space, task_function, list(trust or [])
@@ -129,7 +129,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         facts, probe, space = self._plan(arguments)
         study, url, created = self._open_study(names, directions, facts, probe, space)
         names = task.study_metric_names(study, names)
-        self._files = artifacts.for_sweep(self.options, self.storage, study)
+        self._files = trial_artifacts.for_sweep(self.options, self.storage, study)
         task.check_sampler(self.sampler, directions)
 
         to_go, baseline_point = self._trials_to_go(study, space, created)
@@ -154,7 +154,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             study, confirmation, directions, self.options.confirm, self.n_trials
         )
         if not pending:  # the best is final here: where its time goes
-            profiling.profile_best(study, self.options, directions, confirmation, measure)
+            profile_runs.profile_best(study, self.options, directions, confirmation, measure)
             if self._files is not None:
                 self._files.upload_best_trace(study)
         clock.lap("profile")
@@ -260,9 +260,9 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         baseline_point: dict[str, Any] | None,
     ) -> RaceRunner | None:
         """The race's runner when this sweep can race (sweeper/race/), else None (logged why)."""
-        finished = race_plan.measured_apart(study.get_trials(deepcopy=False))
-        composed = race_plan.task_config(self.config)
-        why = race_plan.why_not(self.options, self.launcher, composed, space, objective, finished)
+        finished = race_policy.measured_apart(study.get_trials(deepcopy=False))
+        composed = race_policy.task_config(self.config)
+        why = race_policy.why_not(self.options, self.launcher, composed, space, objective, finished)
         if why is None and not getattr(self, "_own_task", False):
             why = "the app's own task function (the race measures with gpuopt's engines)"
         if why is not None:

@@ -3,7 +3,7 @@
 A preset's fixed `choice(32,...,512)` is a ceiling of the search on a large accelerator and mostly
 out-of-memory trials on a small one. Peak memory grows about linearly in the micro-batch (weights,
 gradients and optimizer state are fixed; activations scale per sample), so two measured peaks
-(`python -m gpuopt.trial.memory_probe`, run in subprocesses before the study: the sweeper never imports
+(`python -m gpuopt.processes.memory_probe`, run in subprocesses before the study: the sweeper never imports
 torch) give fixed + per-sample memory, and with the device's memory (or a configured cap) the
 largest micro-batch that fits with a margin. The batch axis becomes the powers of two up to it.
 The prediction is a prior, not a wall: the sampler still learns the true boundary, because an OOM
@@ -189,7 +189,7 @@ def preset_batches(params: Mapping[str, str], key: str = BATCH_KEY) -> list[int]
 
 @dataclass
 class MemoryProbe:
-    """What `python -m gpuopt.trial.memory_probe` measured: (micro-batch, peak MiB) points. A
+    """What `python -m gpuopt.processes.memory_probe` measured: (micro-batch, peak MiB) points. A
     distributed config's probe ran its `world_size` ranks, each at the micro-batch: a point's
     peak is the largest rank's (the budget is per device), every rank's in `rank_peaks`."""
 
@@ -245,7 +245,7 @@ def run_probe(
         cmd = [
             python or sys.executable,
             "-m",
-            "gpuopt.trial.memory_probe",
+            "gpuopt.processes.memory_probe",
             str(config_path),
             str(batch),
         ]
@@ -264,7 +264,7 @@ def run_probe(
 
 
 def write_probe_config(config: Any, directory: Path, name: str = "memory_probe.yaml") -> Path:
-    """The composed task config (no hydra node, resolved), as the probe and gpuopt.trial.interleave
+    """The composed task config (no hydra node, resolved), as the probe and gpuopt.processes.shared_windows
     read it."""
     from omegaconf import OmegaConf
 

@@ -153,7 +153,7 @@ class SweeperOptions:
         return self.gpuopt_task or any(n in METRIC_GOALS for n in self.objectives or ())
 
     def validate_artifacts(self) -> None:
-        """hydra.sweeper.artifacts: auto, a directory, or null (gpuopt/sweeper/artifacts.py)."""
+        """hydra.sweeper.artifacts: auto, a directory, or null (gpuopt/sweeper/trial_artifacts.py)."""
         if self.artifacts is not None and not (isinstance(self.artifacts, str) and self.artifacts):
             raise SweepConfigError(
                 f"{KEY}.artifacts",

@@ -28,7 +28,7 @@ import optuna
 from omegaconf import OmegaConf
 
 from gpuopt.core.limits import highest_limit
-from gpuopt.study.export import overrides_to_experiment, write_experiment
+from gpuopt.study.experiment import overrides_to_experiment, write_experiment
 from gpuopt.study.keys import ATTR_BASELINE_SKIPPED, ATTR_OVERRIDES, STUDY_OBJECTIVES
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import (
@@ -43,9 +43,9 @@ from gpuopt.study.rules import (
     training_change,
 )
 from gpuopt.sweeper import interference
-from gpuopt.sweeper.export import stock_results
-from gpuopt.sweeper.race import plan as race_plan
+from gpuopt.sweeper.race import policy as race_policy
 from gpuopt.sweeper.space import parser
+from gpuopt.sweeper.stock_results import stock_results
 from gpuopt.sweeper.summary import answers_lines, render, values_text
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def write_outputs(
         answers.append(f"same-training config: {same_yaml}")
         answers.append(f"  reproduce: {sweep.reproduce_experiment('best_same_training')}")
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
-    for note in (interference.summary_note(all_trials), race_plan.no_contender_note(all_trials)):
+    for note in (interference.summary_note(all_trials), race_policy.no_contender_note(all_trials)):
         if note:
             notes.append(note)
     skipped = [t.user_attrs[ATTR_BASELINE_SKIPPED] for t in all_trials if _skipped(t)]

@@ -151,7 +151,7 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     profile: bool = _DEFAULTS.profile  # profile the baseline and the best (gpuopt's own task)
     # Each trial's result.json and profiled trace.json.gz in Optuna's artifact store, listed on the
     # trial by optuna-dashboard (--artifact-dir): auto = artifacts/ beside the study's SQLite or
-    # journal file; a directory; null: off (gpuopt/sweeper/artifacts.py).
+    # journal file; a directory; null: off (gpuopt/sweeper/trial_artifacts.py).
     artifacts: str | None = _DEFAULTS.artifacts
     # Several workers on one study (README: "Several workers (hosts) on one study"): each running
     # trial's worker writes a heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING

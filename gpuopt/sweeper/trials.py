@@ -43,14 +43,14 @@ from gpuopt.core._compat import (
 )
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER
-from gpuopt.sweeper import baseline, interference, profiling, resume
-from gpuopt.sweeper.artifacts import TrialFiles
+from gpuopt.sweeper import baseline, interference, profile_runs, resume
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.open_study import relabel_plain_objectives
 from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
 from gpuopt.sweeper.progress import Progress
 from gpuopt.sweeper.record import outcome_of, record_trial
 from gpuopt.sweeper.space import SearchSpace, override_text, suggest
+from gpuopt.sweeper.trial_artifacts import TrialFiles
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -192,7 +192,7 @@ class TrialRunner:
             self.launcher.stop_check = elsewhere.reason  # a paused worker's stale trial: stop it
         try:
             overrides = [self._configure(t, space) for t in trials]
-            launched = profiling.launch_overrides(self.options, trials, overrides)
+            launched = profile_runs.launch_overrides(self.options, trials, overrides)
             returns = launch(self.launcher, launched, [t.number for t in trials])
             snapshot = study.get_trials(deepcopy=False)
             for slot, (trial, trial_overrides, ret) in enumerate(

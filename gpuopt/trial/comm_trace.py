@@ -1,5 +1,5 @@
 """The communication share of a distributed trial's profiled step, read from one rank's Chrome
-trace (gpuopt.trial.profile records it; gpuopt.trial.trace reads the phases): how much of the step
+trace (gpuopt.trial.profiled_window records it; gpuopt.trial.trace reads the phases): how much of the step
 a collective was in flight, and how much of that the training thread spent blocked on it
 (exposed) rather than computing beside it (overlapped).
 

@@ -36,7 +36,9 @@ class Trial:
     # What the engine built and must let go of at the trial's end (closed first where it has a
     # close()), so the device cache can be given back even after a failure.
     resources: list[Any] = field(default_factory=list)
-    profile: dict[str, Any] | None = None  # the profiled window's summary (gpuopt.trial.profile)
+    profile: dict[str, Any] | None = (
+        None  # the profiled window's summary (gpuopt.trial.profiled_window)
+    )
     # Steps the engine asks for once the trial measured ok and what it built was released (the
     # numerics guard, gpuopt.engines._guard): run by gpuopt.engines._lifecycle.run_measured, in
     # order, before the result is built. Each takes the trial and never raises.

@@ -17,11 +17,11 @@ result for the whole job (gpuopt.trial.ranks merges the ranks' results).
 Each rank writes its own `TrialResult` (rank_N.json) into a scratch folder and its stdout/stderr
 into the launcher's log folder, so a rank that crashed without a result (killed, a segfault) is
 still reported with its stderr's head and tail. The ranks run outside Hydra, so the trial's run
-directory is handed down to them (as $GPUOPT_RUN_DIR, gpuopt.trial.profile.RUN_DIR_ENV): what a
+directory is handed down to them (as $GPUOPT_RUN_DIR, gpuopt.trial.profiled_window.RUN_DIR_ENV): what a
 rank writes into the run directory (its profiled trace) lands there directly. The rank's work
 itself is the caller's `entry(spec, device)`: a trial's gpuopt.engines.registry.run_rank, handed
 in by the registry, which this module never imports, or the memory probe's rank
-(gpuopt.trial.memory_probe.probe_rank).
+(gpuopt.processes.memory_probe.probe_rank).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from gpuopt.core.lifeline import set_parent_death_signal
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import MODEL_META_KEYS, TrialSpec
 from gpuopt.trial import numerics
-from gpuopt.trial.profile import RUN_DIR_ENV, known_run_dir
+from gpuopt.trial.profiled_window import RUN_DIR_ENV, known_run_dir
 from gpuopt.trial.ranks import RankFailure, merge_ranks
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ def rank_main(
     after writing it, so the launcher stops the others instead of leaving them in a collective.
     Hydra is not set up in a rank, so the trial hands down `guard_cache` (the sweep's cache of
     numerics references) and `run_dir` (its run directory, as $GPUOPT_RUN_DIR: the profiled
-    window writes the rank's trace there, gpuopt.trial.profile.known_run_dir)."""
+    window writes the rank's trace there, gpuopt.trial.profiled_window.known_run_dir)."""
     set_parent_death_signal()
     if os.getppid() != parent:  # the trial died before the signal was set
         os._exit(1)

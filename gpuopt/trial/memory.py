@@ -2,7 +2,7 @@
 one-off steps' (the FLOP count, compilation, cuDNN autotuning).
 
 Shared by every engine's timed window and by the sweeper's memory probe
-(`python -m gpuopt.trial.memory_probe`), so the peak the batch axis is fitted against is the peak a
+(`python -m gpuopt.processes.memory_probe`), so the peak the batch axis is fitted against is the peak a
 trial reports.
 """
 

@@ -17,7 +17,7 @@ optimizer steps in a timed window that started at a barrier (gpuopt.engines._dis
 A failure is the trial's status: the rank that failed first (its own OOM, error or divergence),
 or one that died without a result (killed, a segfault) with its stderr's head and tail; ranks that
 failed after it (a peer's closed connection, a collective timing out) are its consequence.
-Torch-free: pure data, but for moving the ranks' traces (gpuopt.trial.profile.place_trace).
+Torch-free: pure data, but for moving the ranks' traces (gpuopt.trial.profiled_window.place_trace).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuopt.core.result import Metrics, Status, TrialResult
-from gpuopt.trial.profile import place_trace
+from gpuopt.trial.profiled_window import place_trace
 
 # The per-rank row of a distributed result (`TrialResult.ranks`).
 RANK_FIELDS = (

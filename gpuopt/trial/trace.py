@@ -1,6 +1,6 @@
 """What a profiled window's trace says: gpuopt's per-step phase breakdown (from its `gpuopt:*`
 spans), the GPU's time split (on CUDA) and the top operators. It reads the Chrome trace that
-torch.profiler exported, as JSON. Recording it, and what each phase holds: `gpuopt.trial.profile`.
+torch.profiler exported, as JSON. Recording it, and what each phase holds: `gpuopt.trial.profiled_window`.
 
 HolisticTraceAnalysis computes the same temporal and idle breakdowns, but version 0.5.0 requires
 jupyterlab, pytest, pandas, networkx and pydot at run time: too heavy for a trial process, so the

@@ -1,5 +1,5 @@
 """Profiled trials for the report tests: the CPU loader study of `report_studies` with a profiled
-window's summary (`gpuopt.trial.profile.ProfileSummary`, as a dict) on the baseline and the best, set
+window's summary (`gpuopt.trial.profiled_window.ProfileSummary`, as a dict) on the baseline and the best, set
 as the `profile` user attribute the sweeper records from `TrialResult.profile`."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def _check_without_fake_keys(cfg: DictConfig, cpus: int | None = None) -> None:
 gpuopt.core.checks.check_composed = _check_without_fake_keys
 
 # The confirmation re-measures in fresh processes here: its in-process mode builds the real engine
-# (gpuopt.trial.interleave), whose numbers are not this stand-in's. tests/test_interleave.py and the
+# (gpuopt.processes.shared_windows), whose numbers are not this stand-in's. tests/test_interleave.py and the
 # real-engine sweep in tests/test_sweep_e2e.py test that mode.
 gpuopt.sweeper.confirm.in_process.open_shared = lambda *args, **kwargs: None
 

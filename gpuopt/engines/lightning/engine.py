@@ -372,11 +372,11 @@ def _profile(
     ranks: Ranks | None,
 ) -> None:
     """The profiled window: a short extra fit of the fitted module under torch.profiler
-    (gpuopt.engines.lightning.profile). In a distributed trial's rank every rank fits the same
+    (gpuopt.engines.lightning.fit_profile). In a distributed trial's rank every rank fits the same
     steps, the recorded ones after a barrier, and its communication share is recorded
     (gpuopt.trial.comm_trace; the trial's result averages the ranks', gpuopt.trial.ranks)."""
-    from gpuopt.engines.lightning.profile import profiled_fit
-    from gpuopt.trial.profile import steps_within_budget
+    from gpuopt.engines.lightning.fit_profile import profiled_fit
+    from gpuopt.trial.profiled_window import steps_within_budget
 
     spec, device = trial.spec, trial.device
     profiled = spec

@@ -1,6 +1,6 @@
 """The confirmation's in-process mode, sweeper side (torch-free): which candidates may share one
 process with the baseline (`shareable`), how many windows the budget buys (`window_plan`), and the
-process of `python -m gpuopt.trial.interleave` driven one window at a time (`SharedProcess`), each
+process of `python -m gpuopt.processes.shared_windows` driven one window at a time (`SharedProcess`), each
 window's answer a TrialOutcome like a fresh-process run's.
 
 Fresh-process pairs stay the mode for everything else: a task of its own (gpuopt cannot build it),
@@ -102,7 +102,7 @@ def window_plan(
 
 
 class SharedProcess:
-    """`python -m gpuopt.trial.interleave` with every configuration built once, asked for one window
+    """`python -m gpuopt.processes.shared_windows` with every configuration built once, asked for one window
     at a time; it dies with the sweep (parent-death signal) and is killed, with its DataLoader
     workers (its own process group), on close or a timeout."""
 
@@ -111,7 +111,9 @@ class SharedProcess:
         self._selector = selectors.DefaultSelector()
         self._selector.register(process.stdout, selectors.EVENT_READ)
         self.error: str | None = None
-        self.what = "gpuopt.trial.interleave"  # what the progress lines name (the last command)
+        self.what = (
+            "gpuopt.processes.shared_windows"  # what the progress lines name (the last command)
+        )
 
     @classmethod
     def start(
@@ -130,7 +132,7 @@ class SharedProcess:
         path.write_text(json.dumps(spec, indent=1))
         stderr = open(directory / "interleave.log", "w")  # noqa: SIM115 - the child writes to it
         process = subprocess.Popen(
-            [python or sys.executable, "-m", "gpuopt.trial.interleave", str(path)],
+            [python or sys.executable, "-m", "gpuopt.processes.shared_windows", str(path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -160,11 +162,11 @@ class SharedProcess:
                 continue
             line = self.process.stdout.readline()
             if not line:
-                self._fail(f"gpuopt.trial.interleave exited {self.process.wait()}")
+                self._fail(f"gpuopt.processes.shared_windows exited {self.process.wait()}")
                 return None
             with suppress(json.JSONDecodeError):
                 return json.loads(line)
-        self._fail(f"gpuopt.trial.interleave gave no answer within {timeout_s:g} s")
+        self._fail(f"gpuopt.processes.shared_windows gave no answer within {timeout_s:g} s")
         return None
 
     def _fail(self, why: str) -> None:
@@ -172,7 +174,7 @@ class SharedProcess:
         self.close()
 
     def command(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
-        """Send one JSON command (gpuopt/trial/interleave.py's protocol); its answer, or
+        """Send one JSON command (gpuopt/processes/shared_windows.py's protocol); its answer, or
         {"status": "error", "reason"} once the process failed."""
         self.what = f"{fields.get('label', '')} ({op})"
         if not self.error:
@@ -180,7 +182,7 @@ class SharedProcess:
                 self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
                 self.process.stdin.flush()
             except OSError as exc:
-                self._fail(f"gpuopt.trial.interleave: {exc}")
+                self._fail(f"gpuopt.processes.shared_windows: {exc}")
         answer = self._read(timeout_s)
         if answer is None:
             return {"status": "error", "reason": self.error or "no answer"}
@@ -206,7 +208,7 @@ class SharedProcess:
                 self.process.stdin.write(label + "\n")
                 self.process.stdin.flush()
             except OSError as exc:
-                self._fail(f"gpuopt.trial.interleave: {exc}")
+                self._fail(f"gpuopt.processes.shared_windows: {exc}")
         answer = self._read(WINDOW_TIMEOUT_S)
         if answer is None:
             return error_outcome(self.error or "no answer")

@@ -1,7 +1,7 @@
 """The confirmation round: re-measure the baseline and the top candidates, interleaved, in pairs.
 
 `confirm_if_last` runs it at the end of a sweep: which trials are candidates and how many runs
-the budget allows (plan.py), the interleaved rounds with their two-stage stop (`run_rounds`,
+the budget allows (schedule.py), the interleaved rounds with their two-stage stop (`run_rounds`,
 `PairStop`), and the verdict (verdicts.py; the winner rule is
 gpuopt.study.records.Confirmation.winner: the best pick reads it). `elsewhere` tells a worker that does not confirm where the
 result comes from (`Pending`).
@@ -19,7 +19,7 @@ Stein's two-stage procedure (`gpuopt.core.stats.stein_pairs`) - `confirm.rounds`
 many as the first rounds' spread says the interval needs to reach +-`confirm.target_halfwidth`, up
 to the `confirm.max_share` cap; a candidate leaves the rounds once it has its pairs, or once
 the first stage shows another candidate faster than it (`PairStop.beaten`). Runs are lean
-where the objective allows (plan.lean_overrides): no compute-ceiling replay, FLOP count, loader
+where the objective allows (schedule.lean_overrides): no compute-ceiling replay, FLOP count, loader
 pricing.
 
 Verdicts (gpuopt.core.stats.verdict): faster / slower (the interval excludes 1.0x), same (it
@@ -61,7 +61,7 @@ from gpuopt.study.records import (
 from gpuopt.study.rules import plain_names
 from gpuopt.sweeper import resume
 from gpuopt.sweeper.confirm import in_process
-from gpuopt.sweeper.confirm.plan import (
+from gpuopt.sweeper.confirm.schedule import (
     WINDOW_OBJECTIVES,
     ConfirmPlan,
     candidates,

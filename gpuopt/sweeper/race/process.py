@@ -1,4 +1,4 @@
-"""The race's one process, sweeper side: `python -m gpuopt.trial.interleave` (the confirmation's
+"""The race's one process, sweeper side: `python -m gpuopt.processes.shared_windows` (the confirmation's
 shared process) started with no configuration, then told to build configurations one at a time
 (`add`), to measure windows of a given length, to release a configuration (`drop`), and to measure
 one as a whole trial of that process (`trial`: the engine's one route, extras and profile
@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt.sweeper.confirm.in_process import SharedProcess
-from gpuopt.sweeper.race import plan
+from gpuopt.sweeper.race import policy
 
 TRIAL_TIMEOUT_S = 1200.0  # one whole trial (the fresh-process launcher's default timeout_s)
 
 
 class RaceProcess(SharedProcess):
-    """The shared process, driven by JSON commands (gpuopt/trial/interleave.py's protocol)."""
+    """The shared process, driven by JSON commands (gpuopt/processes/shared_windows.py's protocol)."""
 
     @classmethod
     def open(cls, directory: Path, objective: str, window_s: float) -> RaceProcess:
@@ -41,17 +41,17 @@ class RaceProcess(SharedProcess):
         on its drain (`read_on_drain`)."""
         return self.command(
             "window",
-            plan.SCREEN_TIMEOUT_S,
+            policy.SCREEN_TIMEOUT_S,
             label=label,
             window_s=window_s,
             min_steps=min_steps,
-            deadline_s=plan.SCREEN_DEADLINE * window_s,
+            deadline_s=policy.SCREEN_DEADLINE * window_s,
             settle=settle,
             give_up_below=give_up_below,
         )
 
     def drop(self, label: str) -> None:
-        self.command("drop", plan.SCREEN_TIMEOUT_S, label=label)
+        self.command("drop", policy.SCREEN_TIMEOUT_S, label=label)
 
     def whole_trial(self, label: str, config: Path, run_dir: Path) -> dict[str, Any] | None:
         """`config` measured as a whole trial of this process; its TrialResult as a dict, or None

@@ -2,8 +2,8 @@
 
 Why: a trial in a fresh process pays its imports and build (~5 s on the 2-core CPU) for a 1-2 s
 window, and fresh processes differ by 4-14% from one another, so the sweep's single reading per
-configuration is noisy too. Where every configuration can share a process (plan.why_not), one
-process (`gpuopt.trial.interleave`, RaceProcess) measures them all:
+configuration is noisy too. Where every configuration can share a process (policy.why_not), one
+process (`gpuopt.processes.shared_windows`, RaceProcess) measures them all:
 
 1. the baseline as a whole trial (window, compute ceiling, loader cost, FLOPs, numerics guard,
    profile): the study's trial 0, whose facts enqueue the expert seeds;
@@ -55,13 +55,13 @@ from gpuopt.study.keys import (
     ATTR_REASON,
     ATTR_STATUS,
 )
-from gpuopt.sweeper import profiling, resume
-from gpuopt.sweeper.confirm.plan import with_overrides
+from gpuopt.sweeper import profile_runs, resume
+from gpuopt.sweeper.confirm.schedule import with_overrides
 from gpuopt.sweeper.launchers.results import TrialDiagnostics
 from gpuopt.sweeper.memory_axis import write_probe_config
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.progress import Progress
-from gpuopt.sweeper.race import plan
+from gpuopt.sweeper.race import policy
 from gpuopt.sweeper.race.process import RaceProcess
 from gpuopt.sweeper.space import SearchSpace
 from gpuopt.sweeper.trials import TrialRunner
@@ -176,26 +176,26 @@ class RaceRunner(TrialRunner):
             done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
             return False
-        self.floor = plan.contender_floor(self.objective, done.user_attrs)
-        answer = race.add(plan.BASELINE, self._config_file(overrides, plan.BASELINE))
+        self.floor = policy.contender_floor(self.objective, done.user_attrs)
+        answer = race.add(policy.BASELINE, self._config_file(overrides, policy.BASELINE))
         return answer.get("status") == "ok"
 
     # ---- 2. the screen ------------------------------------------------------------------------
     def _screen(self, trials: list[Trial], space: SearchSpace, race: RaceProcess) -> list[Screened]:
         """B c1 B c2 ... B, each candidate built only for its turn; one that takes longer than
         SCREEN_TIMEOUT_S costs the process, which starts again with the baseline."""
-        window_s, steps = self.options.race.window_s, plan.SCREEN_MIN_STEPS
-        metric = plan.SCREEN_METRIC[self.objective]
+        window_s, steps = self.options.race.window_s, policy.SCREEN_MIN_STEPS
+        metric = policy.SCREEN_METRIC[self.objective]
         screened = []
-        previous = race.measure(plan.BASELINE, window_s, steps)
+        previous = race.measure(policy.BASELINE, window_s, steps)
         for trial in trials:
             entry = self._screen_one(trial, space, race, previous)
             if race.error:  # too slow, or the process died with it: a new one, the baseline first
                 entry.window = {"status": "slow", "reason": race.error}
                 race = self._restart()
-                previous = race.measure(plan.BASELINE, window_s, steps)
+                previous = race.measure(policy.BASELINE, window_s, steps)
             entry.window["baseline_before"] = previous.get(metric)
-            previous = race.measure(plan.BASELINE, window_s, steps)
+            previous = race.measure(policy.BASELINE, window_s, steps)
             entry.window["baseline_after"] = previous.get(metric)
             screened.append(entry)
             log.info(screen_line(entry, len(screened), len(trials), self.objective))
@@ -206,20 +206,20 @@ class RaceRunner(TrialRunner):
     ) -> Screened:
         """One candidate built (one warm-up step) and measured in one window, then dropped; one
         whose drain already reads it far below the floor against `baseline` (the baseline's last
-        window) is read on its drain (plan.give_up_below)."""
+        window) is read on its drain (policy.give_up_below)."""
         overrides = self._configure(trial, space)
         entry = Screened(trial, overrides, f"#{trial.number}")
-        screened_as = with_overrides(overrides, [plan.SCREEN_WARMUP])
+        screened_as = with_overrides(overrides, [policy.SCREEN_WARMUP])
         config = self._config_file(screened_as, f"trial{trial.number}")
-        built = race.add(entry.label, config, timeout_s=plan.SCREEN_TIMEOUT_S)
+        built = race.add(entry.label, config, timeout_s=policy.SCREEN_TIMEOUT_S)
         entry.config, entry.build_s = built.get("config"), built.get("command_s")
         if built.get("status") == "ok":
             options = self.options.race
-            give_up = plan.give_up_below(self.objective, options.floor, baseline)
+            give_up = policy.give_up_below(self.objective, options.floor, baseline)
             entry.window = race.measure(
                 entry.label,
                 options.window_s,
-                plan.SCREEN_MIN_STEPS,
+                policy.SCREEN_MIN_STEPS,
                 settle=False,
                 give_up_below=give_up,
             )
@@ -234,7 +234,7 @@ class RaceRunner(TrialRunner):
         """A new race process with the baseline built (after a candidate too slow to screen)."""
         race = RaceProcess.open(self.directory, self.objective, self.options.race.window_s)
         self.process = race
-        race.add(plan.BASELINE, self.directory / f"{plan.BASELINE}.yaml")
+        race.add(policy.BASELINE, self.directory / f"{policy.BASELINE}.yaml")
         return race
 
     def _decide(
@@ -246,14 +246,14 @@ class RaceRunner(TrialRunner):
     ) -> dict[str, dict[str, Any]]:
         """The finalists by label, each with what the screen read of it (its `race` user attr);
         the others recorded (failed as their failure, else pruned)."""
-        metric = plan.SCREEN_METRIC[self.objective]
-        order = plan.screen_order([entry.label for entry in screened])
+        metric = policy.SCREEN_METRIC[self.objective]
+        order = policy.screen_order([entry.label for entry in screened])
         readings = [_side(screened[0], "before")] if screened else [None]
         for entry in screened:
             own = entry.window.get(metric) if entry.failure is None else None
             readings += [own, _side(entry, "after")]
-        ratios = plan.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
-        chosen = plan.finalists(ratios, self.options.race.finalists, self.options.race.floor)
+        ratios = policy.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
+        chosen = policy.finalists(ratios, self.options.race.finalists, self.options.race.floor)
         for entry in screened:
             if entry.failure is not None:
                 ret = _returned(entry.failure)
@@ -267,7 +267,7 @@ class RaceRunner(TrialRunner):
         """What the screen read of a candidate: its ratio to the baseline, rank, window."""
         return {
             "ratio": ratios.get(entry.label),
-            "rank": plan.rank_of(entry.label, ratios),
+            "rank": policy.rank_of(entry.label, ratios),
             "of": len(ratios),
             "window_s": self.options.race.window_s,
             "floor": self.options.race.floor,
@@ -293,7 +293,7 @@ class RaceRunner(TrialRunner):
             ATTR_RACE: record,
         }
         set_user_attrs(storage_of(study), trial_id(entry.trial), attrs)
-        reading = entry.window.get(plan.SCREEN_METRIC[self.objective])
+        reading = entry.window.get(policy.SCREEN_METRIC[self.objective])
         if len(study.directions) == 1 and isinstance(reading, (int, float)):
             entry.trial.report(float(reading), step=0)  # Optuna's intermediate value
         with warnings.catch_warnings():
@@ -320,7 +320,9 @@ class RaceRunner(TrialRunner):
         finalist's `race` user attr keeps what the screen read of it (`screen`) beside the whole
         trial's seconds, so the screen's ranking can be set against the whole trials'."""
         launched = (
-            [*overrides, profiling.PROFILE_ON] if profiling.enabled(self.options) else overrides
+            [*overrides, profile_runs.PROFILE_ON]
+            if profile_runs.enabled(self.options)
+            else overrides
         )
         if screen is not None and self.floor is not None:  # a finalist: extras if a contender
             launched = [*launched, f"++measure.contender_floor={self.floor!r}"]
@@ -358,7 +360,7 @@ def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
         return f"{head} {entry.failure.status.value}: {entry.failure.reason}"
     if entry.window.get("status") == "slow":
         return f"{head}: too slow to screen ({entry.window.get('reason')})"
-    metric = plan.SCREEN_METRIC[objective]
+    metric = policy.SCREEN_METRIC[objective]
     reading, sides = entry.window.get(metric), [_side(entry, "before"), _side(entry, "after")]
     known = [s for s in sides if s]
     ratio = f" ({reading / (sum(known) / len(known)):.2f}x the baseline's)" if known else ""

@@ -1,4 +1,4 @@
-"""The profiled window under `engine=lightning` (gpuopt.trial.profile): a short extra fit of the fitted
+"""The profiled window under `engine=lightning` (gpuopt.trial.profiled_window): a short extra fit of the fitted
 module, after the timed window, with Lightning's own profiler hook naming the phases.
 
 Lightning calls `trainer.profiler.profile(action)` around each part of its loop; `PhaseSpans`
@@ -40,7 +40,7 @@ from lightning.pytorch.profilers import Profiler
 
 from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._distributed import Ranks
-from gpuopt.trial.profile import ProfiledSteps, ProfileSummary, summarize, trace_file
+from gpuopt.trial.profiled_window import ProfiledSteps, ProfileSummary, summarize, trace_file
 from gpuopt.trial.trace import SPAN_PREFIX
 
 

@@ -1,6 +1,6 @@
 """--export-best: the best trial's overrides as a Hydra experiment config, verified by composing it.
 
-The overrides -> experiment conversion is gpuopt.study.export's (one implementation for the report
+The overrides -> experiment conversion is gpuopt.study.experiment's (one implementation for the report
 and the sweep's own best.yaml). This module adds what the report needs around it: which keys are
 config groups of gpuopt's packaged conf/, and a check that the written file composes to the
 trial's resolved config.
@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from gpuopt.study.export import overrides_to_experiment, write_experiment
+from gpuopt.study.experiment import overrides_to_experiment, write_experiment
 
 CONF_PACKAGE = "gpuopt.conf"
 

@@ -1,6 +1,6 @@
 """optimization_results.yaml: what hydra-optuna-sweeper writes at the end of a sweep, in its shape.
 
-The experiment config that reproduces a trial (`experiment/best.yaml`) is gpuopt.study.export's,
+The experiment config that reproduces a trial (`experiment/best.yaml`) is gpuopt.study.experiment's,
 shared with the report's `--export-best`.
 """
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from gpuopt.core._compat import submitit_executor_kind
 from gpuopt.sweeper.confirm.in_process import SHAREABLE, shareable
-from gpuopt.sweeper.confirm.plan import WINDOW_OBJECTIVES
+from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
 
 BASELINE = "baseline"
 # Config groups whose options only change keys under their own name (all shareable).

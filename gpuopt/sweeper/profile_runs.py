@@ -27,7 +27,9 @@ from gpuopt.sweeper.options import SweeperOptions
 
 log = logging.getLogger("gpuopt.sweeper")
 
-PROFILE_ON = "profile=on"  # gpuopt.trial.profile.PROFILE_OVERRIDE (that module imports torch)
+PROFILE_ON = (
+    "profile=on"  # gpuopt.trial.profiled_window.PROFILE_OVERRIDE (that module imports torch)
+)
 BEST_PROFILE_JOB = 20_000  # job index of the best's profiled run (confirmation runs: 10_000+)
 
 

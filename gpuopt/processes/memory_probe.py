@@ -1,4 +1,4 @@
-"""`python -m gpuopt.trial.memory_probe CONFIG.yaml BATCH`: a training step's peak memory at one
+"""`python -m gpuopt.processes.memory_probe CONFIG.yaml BATCH`: a training step's peak memory at one
 micro-batch, as one JSON line (the sweeper's memory-aware batch axis, gpuopt/sweeper/memory_axis.py).
 
 Run in a fresh process per micro-batch by the sweeper before the study (it never imports torch),
@@ -95,7 +95,7 @@ def step_peak_mb(spec: TrialSpec, device: torch.device) -> float | None:
 def measure_rank_peaks(spec: TrialSpec, device: torch.device, batch: int) -> dict[str, Any]:
     """The distributed job's probe: its ranks started as a trial's (launch_ranks), each running
     `probe_rank`; the largest rank's peak, every rank's, or the job's failure as `error`."""
-    from gpuopt.trial import memory_probe  # by its name: a rank unpickles probe_rank from it
+    from gpuopt.processes import memory_probe  # by its name: a rank unpickles probe_rank from it
     from gpuopt.trial.distributed import launch_ranks
 
     result = launch_ranks(spec, device, memory_probe.probe_rank)
@@ -134,7 +134,7 @@ def probe_rank(spec: TrialSpec, device: torch.device) -> TrialResult:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or not args[1].isdigit():
-        print("usage: python -m gpuopt.trial.memory_probe CONFIG.yaml BATCH", file=sys.stderr)
+        print("usage: python -m gpuopt.processes.memory_probe CONFIG.yaml BATCH", file=sys.stderr)
         return 2
     try:
         data = measure_peak(args[0], int(args[1]))

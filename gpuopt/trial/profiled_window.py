@@ -10,7 +10,7 @@ Phases. The native engine names which of its callables are which phase (`Annotat
 window only, each is shadowed on its owner by a wrapper that enters
 `torch.profiler.record_function` (spans `gpuopt:*` in the trace), and restored afterwards. The
 timed window's step therefore enters no annotation at all: annotating costs nothing when not
-profiling. (Under Lightning, its own profiler hook names the phases: gpuopt.engines.lightning.profile.)
+profiling. (Under Lightning, its own profiler hook names the phases: gpuopt.engines.lightning.fit_profile.)
 Each step is one `gpuopt:step` span; each phase is the self time of its spans (their duration less
 the gpuopt spans nested in them, `SPAN_PHASES`):
 
@@ -179,7 +179,7 @@ TEMP_PREFIX = "gpuopt-profile-"
 
 def known_run_dir() -> Path | None:
     """Hydra's run directory for this trial, else $GPUOPT_RUN_DIR (set by the process that runs
-    trials outside Hydra: gpuopt.trial.interleave), else None."""
+    trials outside Hydra: gpuopt.processes.shared_windows), else None."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:

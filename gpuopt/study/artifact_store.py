@@ -1,6 +1,6 @@
 """A study's artifact store, as its sweep recorded it: where the report keeps its page.
 
-The sweeper keeps each trial's files in Optuna's artifact store (gpuopt/sweeper/artifacts.py) and
+The sweeper keeps each trial's files in Optuna's artifact store (gpuopt/sweeper/trial_artifacts.py) and
 records the store's directory in the study user attr `artifact_store`; `store_page` puts the
 report page there too, as a study artifact (optuna-dashboard lists it on the study;
 `optuna.artifacts.download_artifact` gets it back). A study without a store, or a store this

@@ -1,6 +1,6 @@
 """A trial's overrides as a Hydra experiment config that reproduces it: one conversion for the
 sweep's own `experiment/best.yaml` (gpuopt/sweeper/outputs.py) and the report's `--export-best`
-(gpuopt/report/export.py).
+(gpuopt/report/export_best.py).
 
 The trial ran as the primary config plus a list of overrides (the user attr `ATTR_OVERRIDES`). The
 export turns those overrides into an experiment config (`# @package _global_`): config-group

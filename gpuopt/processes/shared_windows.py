@@ -1,4 +1,4 @@
-"""`python -m gpuopt.trial.interleave SPEC.json`: several configurations of gpuopt's own task built in one
+"""`python -m gpuopt.processes.shared_windows SPEC.json`: several configurations of gpuopt's own task built in one
 process and measured in short alternating windows, one window per command (the confirmation's
 in-process mode: gpuopt/sweeper/confirm/in_process.py drives it, gpuopt/sweeper/confirm/rounds.py decides when).
 
@@ -232,7 +232,7 @@ def whole_trial(config_path: str, run_dir: str) -> dict[str, Any]:
     from gpuopt.core.errors import ConfigError
     from gpuopt.core.result import Status, TrialResult
     from gpuopt.engines.registry import load_spec, run_trial
-    from gpuopt.trial.profile import RUN_DIR_ENV
+    from gpuopt.trial.profiled_window import RUN_DIR_ENV
 
     folder = Path(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,7 @@ def whole_trial(config_path: str, run_dir: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m gpuopt.trial.interleave SPEC.json", file=sys.stderr)
+        print("usage: python -m gpuopt.processes.shared_windows SPEC.json", file=sys.stderr)
         return 2
     from gpuopt.core.lifeline import set_parent_death_signal
 
