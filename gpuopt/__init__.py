@@ -6,6 +6,8 @@ The public Python API (README, "Tune your own training"):
   measured like a built-in trial (gpuopt.engines.user_step).
 - `MeasureCallback`: the same measurement inside your own `lightning.Trainer`
   (gpuopt.engines.lightning.callback; needs the `[lightning]` extra).
+- `HFMeasureCallback`: the same measurement of the Hugging Face `Trainer`'s loop
+  (gpuopt.engines.hf_trainer; needs the `[hf]` extra).
 - `run_trial(spec)`: one configuration of gpuopt's own config tree (gpuopt.engines.registry).
 - `TrialResult`, `Metrics`, `Status`: what they return (gpuopt.core.result).
 
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuopt.core.result import Metrics, Status, TrialResult
+    from gpuopt.engines.hf_trainer import HFMeasureCallback
     from gpuopt.engines.lightning.callback import UserMeasureCallback as MeasureCallback
     from gpuopt.engines.registry import run_trial
     from gpuopt.engines.user_step import measure_step
@@ -30,13 +33,22 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, str]] = {
     "measure_step": ("gpuopt.engines.user_step", "measure_step"),
     "MeasureCallback": ("gpuopt.engines.lightning.callback", "UserMeasureCallback"),
+    "HFMeasureCallback": ("gpuopt.engines.hf_trainer", "HFMeasureCallback"),
     "run_trial": ("gpuopt.engines.registry", "run_trial"),
     "TrialResult": ("gpuopt.core.result", "TrialResult"),
     "Metrics": ("gpuopt.core.result", "Metrics"),
     "Status": ("gpuopt.core.result", "Status"),
 }
 
-__all__ = ["MeasureCallback", "Metrics", "Status", "TrialResult", "measure_step", "run_trial"]
+__all__ = [
+    "HFMeasureCallback",
+    "MeasureCallback",
+    "Metrics",
+    "Status",
+    "TrialResult",
+    "measure_step",
+    "run_trial",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,8 @@
 """`python -m gpuopt.env`: the devices, fingerprint, matmul peak and poor choices of this machine.
 
 `--json` is for the sweeper: it runs this in a subprocess (so that its own process never imports
-torch) and drops the poor choices from preset search spaces. A thin command over
+torch) and judges its preset's choices by these facts with the knob catalogue's rules
+(gpuopt.core.knobs), the rules this command prints one row each. A thin command over
 `gpuopt.trial.devices` (the facts) and `gpuopt.trial.matmul_peak` (the measured peak).
 """
 
@@ -12,8 +13,8 @@ import json
 import sys
 from typing import Any
 
+from gpuopt.core.knobs import poor_rows
 from gpuopt.trial.devices import (
-    add_slow_precisions,
     detect_capabilities,
     fingerprint,
     list_devices,
@@ -29,9 +30,7 @@ def _print_human(data: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title="Devices gpuopt sees")
-    for column in ("device", "name", "details"):
-        table.add_column(column)
+    table = Table("device", "name", "details", title="Devices gpuopt sees")
     for d in data["devices"]:
         details = ", ".join(f"{k}={v}" for k, v in d.items() if k not in ("device", "name"))
         table.add_row(d["device"], d["name"], details)
@@ -50,14 +49,10 @@ def _print_human(data: dict[str, Any]) -> None:
         console.print(f"[yellow]No accelerator visible:[/yellow] {data['accelerator']['why']}")
         console.print(f"  What to do: {data['accelerator']['what_to_do']}")
     if data["poor_choices"]:
-        poor = Table(title=f"Poor choices on {data['device']} (dropped from preset search spaces)")
-        for column in ("key", "value", "why"):
-            poor.add_column(column)
-        for key, values in data["poor_choices"].items():
-            if key in ("precision", "compile", "loader.num_workers", "device.num_threads"):
-                continue  # duplicates of precision.mode / compile.mode; long count lists
-            for value, reason in values.items():
-                poor.add_row(key, value, reason)
+        title = f"Poor choices on {data['device']} (dropped from preset search spaces)"
+        poor = Table("key", "values", "why", title=title)  # one row per rule (gpuopt.core.knobs)
+        for row in data["poor_choices"]:
+            poor.add_row(row["key"], row["values"], row["why"])
         console.print(poor)
 
 
@@ -79,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             mode: probed_peak_flops(device, mode, data["fingerprint"])
             for mode in supported_modes(device)
         }
-        add_slow_precisions(data)
     data["devices"] = list_devices()
     data["accelerator"] = why_no_accelerator()
+    data["poor_choices"] = poor_rows(data)  # one row per rule that applies here
     if args.json:
         print(json.dumps(data, indent=2))
     else:

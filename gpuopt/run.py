@@ -1,11 +1,11 @@
 """`python -m gpuopt.run [overrides]`: measure one training configuration (or, with -m, a sweep).
 
-One route per trial: the composed config -> the allocator environment (torch reads it when it is
-imported) -> `prepare_trial`: `load_spec` (the values checked, the targets imported: the one
-TrialSpec) and `trial_device` (the device checked and resolved, once) ->
-`gpuopt.engines.registry.run_trial(spec, device)` -> the one `TrialResult`: a table, and
-result.json in the run directory. It is returned for the sweeper. torch is imported only inside
-functions: the sweeper process imports this module too and must stay light.
+One route per trial: the composed config -> `gpuopt.trial.prepare.prepare_trial` (the one
+validation: the values checked, the allocator environment set, the targets imported, the device
+checked and resolved, once) -> `gpuopt.engines.registry.run_trial(spec, device)` -> the one
+`TrialResult`: a table, and result.json in the run directory. It is returned for the sweeper.
+torch is imported only inside functions: the sweeper process imports this module too and must
+stay light.
 
 Bad input ends the command with one line on stderr and exit status 2, before anything is created:
 `cli()` parses the arguments itself (argparse's usage block would be many lines), turns Hydra's
@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,20 +31,18 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from gpuopt.core._compat import hydra_args_parser, report_as_hydra
-from gpuopt.core.checks import Checked, check_values, check_writable_path
-from gpuopt.core.errors import ConfigError, ConfigFileError, config_error_from_omegaconf
+from gpuopt.core.errors import ConfigError, config_error_from_hydra
 from gpuopt.core.fmt import fixed, limit_share
-from gpuopt.core.host import usable_cpus
+from gpuopt.core.metrics import Metric, Metrics, run_rows
+from gpuopt.core.metrics import Row as MetricRow
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.core.spec import register_schemas
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
+from gpuopt.trial.prepare import PreparedTrial, prepare_trial
 
 if TYPE_CHECKING:
-    import torch
     from rich.console import Console
-
-    from gpuopt.core.spec import TrialSpec
 
 log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
@@ -74,16 +72,6 @@ def _resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
-@dataclass(frozen=True)
-class PreparedTrial:
-    """A composed config validated and on its device: what the route hands the engine."""
-
-    composed: dict[str, Any]  # the config as written (no `hydra` node): which config this is
-    spec: TrialSpec
-    device: torch.device
-    warnings: list[str]  # the allocator's and the device's
-
-
 def _as_written(cfg: DictConfig) -> dict[str, Any]:
     """The trial's settings as composed, unresolved, without Hydra's own node (the callback sees
     it, the task does not)."""
@@ -92,37 +80,16 @@ def _as_written(cfg: DictConfig) -> dict[str, Any]:
     return {key: value for key, value in container.items() if key != "hydra"}
 
 
-def apply_allocator_settings(cfg: DictConfig) -> list[str]:
-    """`cache.cuda_alloc_conf` and `cache.cpu_thp` into the environment, which torch reads when it
-    is imported: before `load_spec`, which imports the model's module, hence torch."""
-    from gpuopt.trial.knobs import apply_allocator_env
-
-    return apply_allocator_env(cfg.cache.cuda_alloc_conf, bool(cfg.cache.cpu_thp))
-
-
-def prepare_trial(
-    cfg: DictConfig, warnings: list[str], checked: Checked | None = None
-) -> PreparedTrial:
-    """The trial's one validation (`load_spec`: the values unless already `checked`, then the
-    targets) and its device, resolved once (`trial_device`); `warnings` (the allocator's) travel
-    with them. Raises ConfigError. The allocator settings must already be applied
-    (`apply_allocator_settings`)."""
-    from gpuopt.trial.devices import trial_device
-
-    spec = load_spec(cfg, checked)
-    device, device_warnings = trial_device(spec)
-    return PreparedTrial(_as_written(cfg), spec, device, [*warnings, *device_warnings])
-
-
-# What the callback prepared for the task it runs before (a single run: the same process).
-_prepared: PreparedTrial | None = None
+# What the callback prepared for the task it runs before (a single run: the same process), with
+# the config as written (no `hydra` node): which config it is.
+_prepared: tuple[dict[str, Any], PreparedTrial] | None = None
 
 
 def _take_prepared(cfg: DictConfig) -> PreparedTrial | None:
     """The callback's prepared trial if it is this config's (once), else None."""
     global _prepared
     prepared, _prepared = _prepared, None
-    return prepared if prepared is not None and prepared.composed == _as_written(cfg) else None
+    return prepared[1] if prepared is not None and prepared[0] == _as_written(cfg) else None
 
 
 def run_config(
@@ -135,13 +102,12 @@ def run_config(
     """
     prepared = _take_prepared(cfg)
     if prepared is None:
-        warnings = apply_allocator_settings(cfg)
         try:
-            prepared = prepare_trial(cfg, warnings)
+            prepared = prepare_trial(cfg)
         except ConfigError as exc:
             if not multirun:
                 fail(exc)
-            return _error_result(exc, cfg, warnings, output_dir)
+            return _error_result(exc, cfg, output_dir)
 
     result = run_trial(prepared.spec, device=prepared.device)
     result.warnings = prepared.warnings + result.warnings
@@ -153,13 +119,9 @@ def run_config(
     return result
 
 
-def _error_result(
-    exc: ConfigError, cfg: DictConfig, warnings: list[str], output_dir: Path | None
-) -> TrialResult:
+def _error_result(exc: ConfigError, cfg: DictConfig, output_dir: Path | None) -> TrialResult:
     """A sweep's trial with a bad config: an `error` result (saved like any other)."""
-    result = TrialResult(
-        status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg), warnings=warnings
-    )
+    result = TrialResult(status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg))
     if output_dir is not None:
         result.save(output_dir / RESULT_FILE)
     return result
@@ -210,72 +172,103 @@ def print_result(
 
 
 Row = tuple[str, str, str]
+DEVICE_AFTER = "cpu_steal_pct"  # the device's row (not a metric) follows this metric's place
 
 
 def _result_rows(result: TrialResult) -> list[Row]:
-    """The table's rows, in reading order. What not every trial measures (a user step has no
-    limit, a host without /proc/stat no steal) has a row only where it was measured; the limit's
-    words are the sweep summary's and the report's (gpuopt.core.fmt.limit_share)."""
-    m = result.metrics
-    ci = f"± {m.throughput_ci * 100:.1f}% (95% CI)" if m.throughput_ci is not None else ""
-    epoch = (
-        f"over {fixed(m.epoch_steps)}-step epochs (boundary {fixed(m.epoch_overhead_s, ' s', 2)})"
-    )
-    share = limit_share(dataclasses.asdict(m))
-    rows = [
-        ("throughput", fixed(m.throughput, " samples/s", 1), ci),
-        *_if_measured(m.throughput_amortized,
-                      ("throughput (amortized)", fixed(m.throughput_amortized, " samples/s", 1), epoch)),
-        ("step time (median)", fixed(m.step_time_ms, " ms", 3),
-         (f"p10 {fixed(m.step_time_p10_ms, ' ms', 3)}, p90 {fixed(m.step_time_p90_ms, ' ms', 3)}, "
-          f"cv {fixed(m.step_time_cv, '', 3)}")),
-        ("data wait", fixed(m.data_wait, " %", 1), "CUDA: GPU idle for input; CPU: host wait"),
-        ("host data wait", fixed(m.host_data_wait, " %", 1), "host time in next(loader)"),
-        ("utilization", fixed(m.utilization, " %", 1), "NVML on NVIDIA; CPU: 100 - data wait"),
-        ("compute ceiling", fixed(m.ceiling_throughput, " samples/s", 1), "one on-device batch, no loader"),
-        ("input efficiency", fixed(m.input_efficiency, " %", 1), "throughput / ceiling"),
-        *_if_measured(share, ("machine limit", fixed(m.limit_throughput, " samples/s", 1), f"at {share}")),
-        ("MFU", fixed(m.mfu, " %", 2), "of the device's dense peak for the dtype"),
-        *_if_measured(m.mfu_achievable,
-                      ("MFU (achievable)", fixed(m.mfu_achievable, " %", 2), "of the measured matmul peak")),
-        ("FLOPs / sample", fixed(m.flops_per_sample, "", 0), "forward + backward"),
-        ("peak memory", fixed(m.peak_memory_mb, " MB", 1), ""),
-        ("power", fixed(m.power_w, " W", 1), ""),
-        ("energy / sample", fixed(m.energy_per_sample_j, " J", 4), ""),
-        ("compile time", fixed(m.compile_time_s, " s", 2), "first step through torch.compile"),
-        ("warm-up time", fixed(m.warmup_time_s, " s", 2), ""),
-        ("startup time", fixed(m.startup_time_s, " s", 2), "process start -> first timed step"),
-        ("timed window", f"{fixed(m.timed_steps)} steps in {fixed(m.timed_seconds, ' s', 2)}",
-         f"stopped: {m.stop_reason or '-'}"),
-        *_if_measured(m.cpu_steal_pct,
-                      ("CPU steal", fixed(m.cpu_steal_pct, " %", 1), "CPU time the hypervisor gave other guests")),
-        ("device", str(result.env.get("device_name", "-")), str(result.env.get("device", ""))),
-    ]  # fmt: skip
-    if m.world_size:  # a distributed trial: one result for the whole job
-        rows.append(_ranks_row(result))
-    if m.comm_share is not None:  # its profiled window (profile=on): the ranks' mean
-        note = (
-            f"exposed {fixed(m.comm_exposed, ' %', 1)}, overlapped "
-            f"{fixed(m.comm_overlapped, ' %', 1)} of the profiled step (mean over ranks)"
-        )
-        rows.append(("communication", fixed(m.comm_share, " %", 1), note))
+    """The table's rows: the catalogue's (gpuopt.core.metrics: label, unit, digits, order), with
+    the notes below that combine several metrics. What not every trial measures (a user step has
+    no limit, a host without /proc/stat no steal, one process no ranks) has a row only where it
+    was measured; the limit's words are the sweep summary's and the report's (fmt.limit_share)."""
+    rows: list[Row] = []
+    for metric, row in run_rows():
+        value = getattr(result.metrics, metric.name)
+        note = _NOTES[metric.name](result.metrics) if metric.name in _NOTES else row.note
+        if not row.optional or (value is not None and note is not None):
+            rows.append((row.label, _cell(result, metric, row), note or ""))
+        if metric.name == DEVICE_AFTER:
+            env = result.env
+            rows.append(("device", str(env.get("device_name", "-")), str(env.get("device", ""))))
     return rows
 
 
-def _if_measured(value: object, row: Row) -> list[Row]:
-    """`row` where its metric was measured; none, rather than a "-", where it was not."""
-    return [row] if value is not None else []
+def _cell(result: TrialResult, metric: Metric, row: MetricRow) -> str:
+    if metric.name in _CELLS:
+        return _CELLS[metric.name](result)
+    unit = metric.unit if row.unit is None else row.unit
+    return fixed(getattr(result.metrics, metric.name), f" {unit}" if unit else "", row.digits)
 
 
-def _ranks_row(result: TrialResult) -> tuple[str, str, str]:
-    """A distributed trial's ranks: how many, the straggler, how far step times and peaks spread."""
-    m = result.metrics
-    note = (
+def _limit_note(m: Metrics) -> str | None:
+    share = limit_share(dataclasses.asdict(m))
+    return None if share is None else f"at {share}"
+
+
+# The notes (None: no row) and cells that combine several metrics, by their row's metric: each
+# registered by the function that writes it (`_note`, `_cell_of`), beside its code.
+_NOTES: dict[str, Callable[[Metrics], str | None]] = {}
+_CELLS: dict[str, Callable[[TrialResult], str]] = {}
+
+
+def _note(metric: str) -> Callable[[Callable[[Metrics], str | None]], Any]:
+    return lambda writer: _NOTES.setdefault(metric, writer)
+
+
+def _cell_of(metric: str) -> Callable[[Callable[[TrialResult], str]], Any]:
+    return lambda writer: _CELLS.setdefault(metric, writer)
+
+
+@_note("throughput")
+def _ci_note(m: Metrics) -> str:
+    return "" if m.throughput_ci is None else f"± {m.throughput_ci * 100:.1f}% (95% CI)"
+
+
+@_note("throughput_amortized")
+def _epoch_note(m: Metrics) -> str:
+    boundary = fixed(m.epoch_overhead_s, " s", 2)
+    return f"over {fixed(m.epoch_steps)}-step epochs (boundary {boundary})"
+
+
+@_note("step_time_ms")
+def _spread_note(m: Metrics) -> str:
+    p10, p90 = fixed(m.step_time_p10_ms, " ms", 3), fixed(m.step_time_p90_ms, " ms", 3)
+    return f"p10 {p10}, p90 {p90}, cv {fixed(m.step_time_cv, '', 3)}"
+
+
+@_note("limit_throughput")
+def _limit_note(m: Metrics) -> str | None:
+    share = limit_share(dataclasses.asdict(m))
+    return None if share is None else f"at {share}"
+
+
+@_note("timed_steps")
+def _stop_note(m: Metrics) -> str:
+    return f"stopped: {m.stop_reason or '-'}"
+
+
+@_note("world_size")
+def _ranks_note(m: Metrics) -> str:
+    return (
         f"straggler rank {fixed(m.straggler_rank)}, step time spread "
         f"{fixed(m.step_time_spread, ' %', 1)}, peak memory spread "
         f"{fixed(m.peak_memory_spread_mb, ' MB', 1)}"
     )
-    return ("ranks", f"{m.world_size} ({result.env.get('backend', '-')})", note)
+
+
+@_note("comm_share")
+def _comm_note(m: Metrics) -> str:
+    exposed, overlapped = fixed(m.comm_exposed, " %", 1), fixed(m.comm_overlapped, " %", 1)
+    return f"exposed {exposed}, overlapped {overlapped} of the profiled step (mean over ranks)"
+
+
+@_cell_of("timed_steps")
+def _window_cell(r: TrialResult) -> str:
+    return f"{fixed(r.metrics.timed_steps)} steps in {fixed(r.metrics.timed_seconds, ' s', 2)}"
+
+
+@_cell_of("world_size")
+def _ranks_cell(r: TrialResult) -> str:
+    return f"{r.metrics.world_size} ({r.env.get('backend', '-')})"
 
 
 # --- bad input: one line on stderr, exit status 2, nothing created --------------------------------
@@ -302,13 +295,11 @@ def _restore_full_error() -> None:
 
 
 def check_before_run(config: DictConfig) -> None:
-    """Everything a single run can get wrong, before Hydra creates its run directory: the values
-    (torch-free, so the common mistakes fail fast), where the run writes, then the trial prepared
-    (the targets import, the device is here and runs the settings), for the task to measure."""
+    """Everything a single run can get wrong, before Hydra creates its run directory: the trial
+    prepared (its one validation, where the run writes among it; the device resolved), for the
+    task to measure."""
     global _prepared
-    checked = check_values(config, usable_cpus())
-    check_writable_path("hydra.run.dir", str(config.hydra.run.dir), directory=True)
-    _prepared = prepare_trial(config, apply_allocator_settings(config), checked)
+    _prepared = (_as_written(config), prepare_trial(config, run_dir=True))
 
 
 class ValidateBeforeRun(Callback):
@@ -326,93 +317,6 @@ class ValidateBeforeRun(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _restore_full_error()  # the sweeper validates the composed config itself
-
-
-def _parsed_overrides(overrides: list[str]) -> list[Any]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # the parse error itself is reported from Hydra's own exception
-        return []
-
-
-def _override_error(message: str, overrides: list[str], multirun: bool) -> ConfigError | None:
-    """A composition error without an OmegaConf cause, pinned to the override it names."""
-    for override in _parsed_overrides(overrides):
-        key = override.key_or_group
-        if f"'{key}" not in message:
-            continue
-        value = override.value() if not override.is_delete() else None
-        if override.is_sweep_override() and not multirun:
-            return ConfigError(
-                key,
-                override.input_line.split("=", 1)[-1],
-                "one value in a single run (sweep with "
-                "-m; a list is [a,b]; a string with commas is quoted)",
-            )
-        if override.is_add():
-            return ConfigError(
-                key, value, f"{key}=... without '+' (the key exists), or ++{key}=... to force it"
-            )
-        if override.is_delete():
-            return ConfigError(key, "~", "deleting only a key or group the config has")
-        return ConfigError(key, value, " ".join(message.split()))
-    return None
-
-
-def config_error_from_hydra(
-    exc: BaseException, overrides: list[str], multirun: bool = False
-) -> ConfigError | None:
-    """Hydra's composition errors as one `ConfigError`, from their attributes; None for others."""
-    import yaml
-    from hydra.errors import (
-        ConfigCompositionException,
-        MissingConfigException,
-        OverrideParseException,
-        SearchPathException,
-    )
-    from omegaconf.errors import OmegaConfBaseException
-
-    if isinstance(exc, ConfigError):
-        return exc
-    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
-        mark = exc.problem_mark
-        return ConfigFileError(mark.name, mark.line + 1, mark.column + 1, str(exc.problem))
-    if isinstance(exc, MissingConfigException):
-        missing = exc.missing_cfg_file or "?"
-        if exc.options is None:  # the primary config
-            return ConfigError("--config-name", missing, "a config in the config search path")
-        group, _, option = missing.rpartition("/")
-        allowed = " | ".join(exc.options) or "no options found"
-        return ConfigError(group, option, f"{allowed} (no {missing}.yaml in the search path)")
-    if isinstance(exc, OverrideParseException):
-        key, _, value = exc.override.partition("=")
-        lines = exc.message.splitlines()  # the parser's reason is the second line
-        reason = lines[1] if len(lines) > 1 else lines[0]
-        return ConfigError(
-            key,
-            value,
-            f"Hydra's override grammar ({' '.join(reason.split())}; see "
-            "https://hydra.cc/docs/advanced/override_grammar/basic)",
-        )
-    if isinstance(exc, SearchPathException):
-        return ConfigError(
-            "--config-dir",
-            str(exc).split("'")[1] if "'" in str(exc) else "?",
-            "an existing directory",
-        )
-    if isinstance(exc.__cause__, OmegaConfBaseException):
-        error = config_error_from_omegaconf(exc.__cause__)
-        values = {o.key_or_group: o.value() for o in _parsed_overrides(overrides)}
-        return ConfigError(error.key, values.get(error.key, error.value), error.allowed)
-    if isinstance(exc, OmegaConfBaseException):
-        return config_error_from_omegaconf(exc)
-    if isinstance(exc, ConfigCompositionException):
-        return _override_error(str(exc), overrides, multirun) or ConfigError(
-            "overrides", " ".join(overrides), " ".join(str(exc).split())
-        )
-    return None
 
 
 def _check_arguments(argv: list[str]) -> Any:

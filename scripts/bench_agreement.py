@@ -76,7 +76,7 @@ COMPUTE_SPAN_S = 2.0
 
 def _apply_flags(conf: dict[str, Any]) -> None:
     """The process-wide flags gpuopt's trial sets, written out here with torch's own API (not
-    gpuopt.trial.knobs, so the loop stays independent): fp32 turns TF32 off for matmuls and cuDNN
+    gpuopt.trial.policies, so the loop stays independent): fp32 turns TF32 off for matmuls and cuDNN
     convolutions alike (cuDNN's default allows TF32), tf32 turns it on, and cudnn.benchmark
     follows cache.cudnn_benchmark. PyTorch's defaults would compare a different setup on CUDA."""
     import torch

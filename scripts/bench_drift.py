@@ -64,8 +64,8 @@ def check(overrides: list[str]) -> dict[str, Any]:
 
     import gpuopt.run  # noqa: F401  (registers the config schema)
     from gpuopt.engines import _guard
-    from gpuopt.engines.registry import load_spec
     from gpuopt.trial.devices import resolve_device
+    from gpuopt.trial.prepare import load_spec
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose(config_name="config", overrides=overrides)

@@ -77,11 +77,11 @@ def shared(rounds: int, window_s: float, candidate: list[str], whole_first: bool
             for label, path in configs(folder, candidate, profile=True).items():
                 assert race.whole_trial(label, path, folder / label) is not None, race.error
         for label, path in configs(folder, candidate, profile=False).items():
-            assert race.add(label, path)["status"] == "ok", race.error
+            assert race.add(label, path).status == "ok", race.error
         values: dict[str, list[float]] = {"base": [], "cand": []}
         for r in range(rounds):
             for label in ["base", "cand"] if r % 2 == 0 else ["cand", "base"]:
-                values[label].append(race.measure(label, window_s, 3)["throughput"])
+                values[label].append(race.measure(label, window_s, 3).throughput)
     finally:
         race.close()
     return as_text(speedup(values["cand"], values["base"]))

@@ -61,11 +61,11 @@ def main() -> int:
     }
     try:
         for label, path in configs(folder, args.workers).items():
-            assert race.add(label, path)["status"] == "ok", race.error
+            assert race.add(label, path).status == "ok", race.error
         for i in range(2 * args.rounds):
             settle = (i // args.block) % 2 == 0
-            b = race.measure("baseline", args.window_s, 3, settle=settle)["throughput"]
-            c = race.measure("candidate", args.window_s, 3, settle=settle)["throughput"]
+            b = race.measure("baseline", args.window_s, 3, settle=settle).throughput
+            c = race.measure("candidate", args.window_s, 3, settle=settle).throughput
             mode = readings[settle]
             mode["b"].append(b)
             mode["c"].append(c)

@@ -131,7 +131,7 @@ def find_batch_size(
     from gpuopt.core.spec import MODEL_META_KEYS
     from gpuopt.engines._build import instantiate_trusted as _instantiate
     from gpuopt.engines.lightning.engine import BuiltinModule
-    from gpuopt.engines.registry import load_spec
+    from gpuopt.trial.prepare import load_spec
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose(

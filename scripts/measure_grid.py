@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 from replay import DEFAULT_GRID_PATH, Grid, GridPoint
 
+from gpuopt.core.knobs import canonical, judge
 from gpuopt.sweeper.machine import probe_env
 
 # The reference space: the keys the default preset (conf/search/default.yaml) searches on a CPU
@@ -63,6 +64,16 @@ def grid_configs(space: dict[str, str]) -> list[dict[str, object]]:
         dict(zip(dists, combo, strict=False))
         for combo in itertools.product(*(d.choices for d in dists.values()))
     ]  # type: ignore[attr-defined]
+
+
+def poor_choices(facts: dict, configs: list[dict]) -> dict[str, dict[str, str]]:
+    """The grid's values the knob catalogue's rules call poor on this machine: {key: {value: why}}
+    (what replay.py's device-aware setup drops)."""
+    poor: dict[str, dict[str, str]] = {}
+    for key, value in {(k, canonical(v)) for c in configs for k, v in c.items()}:
+        if why := judge(key, value, facts):
+            poor.setdefault(key, {})[value] = why
+    return poor
 
 
 def override(key: str, value: object) -> str:
@@ -107,7 +118,7 @@ def main() -> None:
         "how": "in-process run_config per configuration (one warm process), seeded random order",
         "load_before": benchlib.load(),
         # what `python -m gpuopt.env --json` flags as poor here: the sweeper's device-aware trimming
-        "poor_choices": probe_env().poor_choices,
+        "poor_choices": poor_choices(probe_env().data, configs),
     }
     print(
         f"{len(configs)} configurations, {len(done)} already measured, {len(todo)} to go; load {benchlib.load()}"

@@ -450,9 +450,13 @@ class SweeperDefaults:
             return SearchSetup(n_jobs=self.n_jobs)
         space = dict(grid.space)
         if self.device_aware and grid.meta.get("poor_choices"):
+            from gpuopt.core.knobs import canonical
             from gpuopt.sweeper.space import drop_poor_choices
 
-            space = drop_poor_choices(space, grid.meta["poor_choices"]).params
+            poor = grid.meta["poor_choices"]  # {key: {value: why}}, as the grid's machine judged
+            space = drop_poor_choices(
+                space, lambda key, value: poor.get(key, {}).get(canonical(value))
+            ).params
         enqueue: tuple[dict[str, Any], ...] = ()
         if self.baseline:
             from gpuopt.sweeper.space import baseline_params

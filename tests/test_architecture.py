@@ -158,9 +158,9 @@ def test_the_parser_sees_module_level_deferred_and_submodule_imports() -> None:
     assert ("gpuopt.engines._lifecycle", True) in registry
     # ... but not its `if TYPE_CHECKING:` imports.
     assert not any(i.target == "gpuopt.core.result" for i in imports_of("gpuopt.engines.registry"))
-    # `from gpuopt.trial import knobs` (a submodule) and `from gpuopt.trial.measure import X` (names).
+    # `from gpuopt.trial import policies` (a submodule) and `from gpuopt.trial.measure import X` (names).
     native = {i.target for i in imports_of("gpuopt.engines.native") if not i.deferred}
-    assert {"gpuopt.trial.knobs", "gpuopt.trial.measure", "torch"} <= native
+    assert {"gpuopt.trial.policies", "gpuopt.trial.measure", "torch"} <= native
     assert folder("gpuopt.core.spec") == "core" and folder("gpuopt.run") is None
     assert folder("gpuopt.sweeper.confirm.rounds") == "sweeper" and folder("gpuopt.core") == "core"
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -224,13 +224,11 @@ def test_engines_are_peers_that_share_only_private_building_blocks() -> None:
         peers = {
             t for t in used if not t.rpartition(".")[2].startswith("_") and not t.startswith(own)
         }
-        if module == "gpuopt.engines.registry":
-            peers -= {"gpuopt.engines.lightning.engine"}  # brings_own_data asks Lightning's engine
         assert not peers, f"{module} imports {sorted(peers)}"
 
 
 def test_trial_is_a_layer_under_the_engines() -> None:
-    """trial/ (devices, knobs, the window, monitors, profiles, the guard's decisions) is what an
+    """trial/ (devices, policies, the window, monitors, profiles, the guard's decisions) is what an
     engine calls; it never imports engines/, not even deferred. The processes that drive engines
     (the shared measuring process, the memory probe) live in processes/, above both."""
     for module in sorted(m for m in modules() if folder(m) == "trial"):
@@ -324,3 +322,71 @@ def test_long_function_allowances_are_still_needed() -> None:
     lengths = function_lengths()
     stale = sorted(n for n in LONG_FUNCTIONS_ALLOWED if lengths.get(n, 0) <= MAX_FUNCTION_LINES)
     assert not stale, f"drop these from LONG_FUNCTIONS_ALLOWED: {stale}"
+
+
+# The two catalogues (docs/architecture.md, "Where to make a change"): every table of metric
+# names or knob keys derives from them, so a literal one elsewhere is a parallel table regrowing.
+CATALOGUES = ("gpuopt.core.metrics", "gpuopt.core.knobs")
+TABLE_MIN = 3  # names in one literal that make it a table
+# How a trial is measured, not a knob of what it trains (the confirmation's lean overrides).
+NOT_KNOBS = ("measure.", "profile.")
+
+
+@cache
+def catalogue_terms() -> tuple[frozenset[str], frozenset[str]]:
+    """(metric names, knob keys: a key, or a group's prefix ending in a dot)."""
+    import dataclasses
+
+    from gpuopt.core import knobs, metrics
+
+    names = frozenset(f.name for f in dataclasses.fields(metrics.Metrics))
+    keys = frozenset(k.key for k in knobs.KNOBS if not k.key.startswith(NOT_KNOBS))
+    return names, keys
+
+
+def is_catalogued(text: str) -> bool:
+    """A metric name, or a knob key (also as an override: `loader.pin_memory=true`)."""
+    names, keys = catalogue_terms()
+    key = text.lstrip("+~").split("=", 1)[0]
+    prefixes = tuple(k for k in keys if k.endswith("."))
+    return key in names or key in keys or (key.startswith(prefixes) and key not in prefixes)
+
+
+def literal_tables(source: str) -> list[tuple[int, list[str]]]:
+    """(line, names) of each tuple, list, set or dict literal in `source` holding TABLE_MIN or
+    more catalogued names among its elements (a dict: its keys)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            elements = node.elts
+        elif isinstance(node, ast.Dict):
+            elements = [key for key in node.keys if key is not None]
+        else:
+            continue
+        texts = [e.value for e in elements if isinstance(e, ast.Constant)]
+        hits = [text for text in texts if isinstance(text, str) and is_catalogued(text)]
+        if len(hits) >= TABLE_MIN:
+            found.append((node.lineno, hits))
+    return found
+
+
+def test_the_rule_sees_a_table_of_metric_names_or_knob_keys() -> None:
+    assert is_catalogued("step_time_ms") and is_catalogued("loader.pin_memory=true")
+    assert is_catalogued("model.channels_last") and is_catalogued("loader.prefetch_factor")
+    assert not is_catalogued("measure.ceiling") and not is_catalogued("throughputs")
+    table = ("throughput", "data_wait", "mfu")
+    assert [hits for _, hits in literal_tables(repr(table))] == [list(table)]
+    assert literal_tables("{'loader.num_workers': 1, 'device.num_threads': 2, 'x': 3}") == []
+    assert literal_tables("f(throughput=1, data_wait=2, mfu=3)") == []  # names, not strings
+
+
+def test_no_table_of_metric_names_or_knob_keys_outside_the_two_catalogues() -> None:
+    tables = {
+        f"{module}:{line}": hits
+        for module in sorted(set(modules()) - set(CATALOGUES))
+        for line, hits in literal_tables(modules()[module].read_text())
+    }
+    assert not tables, (
+        "literal tables of metric names or knob keys (derive them from gpuopt.core.metrics / "
+        f"gpuopt.core.knobs): {tables}"
+    )

@@ -16,7 +16,8 @@ from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
 from gpuopt.engines._batches import batch_samples, move_batch
 from gpuopt.engines._loss import model_loss
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
+from gpuopt.trial.prepare import load_spec
 from tests.conftest import TINY_TRIAL
 
 Pair = namedtuple("Pair", ["left", "right"])

@@ -17,7 +17,7 @@ from gpuopt.core.checks import (
     per_cpu_limit,
 )
 from gpuopt.core.errors import ConfigError
-from gpuopt.engines.registry import load_spec
+from gpuopt.trial.prepare import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

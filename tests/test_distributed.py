@@ -315,15 +315,16 @@ def test_the_rank_that_failed_first_is_the_reason_and_a_silent_crash_keeps_its_s
 
 def test_the_search_drops_what_this_cpu_cannot_run_from_the_distributed_knobs():
     from gpuopt.core.host import usable_cpus
+    from gpuopt.core.knobs import judge
     from gpuopt.sweeper.space import drop_poor_choices
     from gpuopt.trial.devices import detect_capabilities
 
-    poor = detect_capabilities("cpu")["poor_choices"]
+    facts = detect_capabilities("cpu")
     params = {
         "distributed.backend": "choice(gloo,nccl)",
         "distributed.nproc_per_node": f"choice(1,2,{2 * usable_cpus()})",
     }
-    kept = drop_poor_choices(params, poor).params
+    kept = drop_poor_choices(params, lambda key, value: judge(key, value, facts)).params
     assert kept == {
         "distributed.backend": "choice(gloo)",
         "distributed.nproc_per_node": "choice(1,2)",
@@ -420,7 +421,8 @@ def test_run_trial_in_process_measures_the_job_and_leaves_the_signal_handlers_as
     own signal handlers do not outlive the trial. Its job is FSDP2 on GPT-2 (tiny, from its
     config), each GPT2Block a shard of its own: one job of ranks for both checks, not two (the
     command line's distributed route is the tests' above)."""
-    from gpuopt.engines.registry import load_spec, run_trial
+    from gpuopt.engines.registry import run_trial
+    from gpuopt.trial.prepare import load_spec
 
     hf = importlib.util.find_spec("transformers") is not None  # the `hf` extra; else the MLP
     model = ["model=hf_gpt2_tiny", "distributed.shard_modules=[GPT2Block]"] if hf else MLP
@@ -437,8 +439,8 @@ def test_run_trial_in_process_measures_the_job_and_leaves_the_signal_handlers_as
 
 
 def test_the_guards_reference_is_one_process_on_the_jobs_global_batch(compose_cfg):
-    from gpuopt.engines.registry import load_spec
     from gpuopt.trial.numerics import reference_spec
+    from gpuopt.trial.prepare import load_spec
 
     overrides = ["loader.batch_size=8", "train.global_batch=32", "optimizer.lr_scaling=linear"]
     spec = load_spec(compose_cfg("distributed=ddp", *overrides))

@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 from gpuopt.core.checks import check_composed
-from gpuopt.core.distributed_checks import check_lightning_module_sharding
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import DistributedConf
+from gpuopt.trial.prepare import check_lightning_module_sharding
 from tests.conftest import TINY_TRIAL
 
 pytest.importorskip("lightning")
 
 from gpuopt.engines.lightning.strategy import ddp_kwargs, lightning_strategy, trainer_devices
-from gpuopt.engines.registry import load_spec
+from gpuopt.trial.prepare import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = "tests.helpers.lightning_models"

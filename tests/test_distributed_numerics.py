@@ -10,11 +10,12 @@ import re
 import pytest
 import torch
 
-from gpuopt.core.distributed_checks import check_module_patterns
+from gpuopt.core.checks import check_module_patterns
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
 from gpuopt.engines import _guard
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
+from gpuopt.trial.prepare import load_spec
 from gpuopt.workload.models import MLP
 
 # A small MLP that learns within the guard's K=8 steps; global batch 128 = 32 x 2 x 2 ranks.

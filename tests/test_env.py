@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from gpuopt import env
+from gpuopt.core import knobs
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.host import usable_cpus
-from gpuopt.engines.registry import load_spec
 from gpuopt.trial import devices, matmul_peak
-from gpuopt.trial.knobs import apply_allocator_env
+from gpuopt.trial.policies import apply_allocator_env
+from gpuopt.trial.prepare import load_spec
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 
@@ -23,21 +24,26 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GP
 def test_cpu_capabilities_shape_for_the_sweeper():
     caps = devices.detect_capabilities("cpu")
     assert caps["device"] == "cpu"
-    poor = caps["poor_choices"]
-    json.dumps(caps)  # JSON-friendly
+    json.dumps(caps)  # JSON-friendly: the facts the sweeper judges choices by
+
+    def poor(key: str, values: tuple) -> set:
+        return {str(v) for v in values if knobs.judge(key, v, caps)}
+
+    modes, compiles = ("fp32", "tf32", "bf16", "fp16"), ("off", "default", "reduce-overhead", "max-autotune")  # fmt: skip
     # Values are override strings; group keys mirror the mode keys.
-    assert "tf32" in poor["precision.mode"] and poor["precision"] == poor["precision.mode"]
-    assert ("bf16" in poor["precision.mode"]) == (not devices.cpu_bf16_native())
+    assert "tf32" in poor("precision.mode", modes) and poor("precision", modes) == poor("precision.mode", modes)  # fmt: skip
+    assert ("bf16" in poor("precision.mode", modes)) == (not devices.cpu_native("bf16"))
     assert (
-        set(poor["compile"])
+        poor("compile", compiles)
         == {"default", "reduce-overhead", "max-autotune"}
-        == set(poor["compile.mode"])
+        == poor("compile.mode", compiles)
     )
-    assert "true" in poor["loader.pin_memory"]
+    assert "true" in poor("loader.pin_memory", ("true", "false"))
     cores = usable_cpus()
-    assert poor["device.num_threads"] and all(int(n) > cores for n in poor["device.num_threads"])
-    assert str(cores) not in poor["device.num_threads"]
-    assert all(isinstance(v, str) for values in poor.values() for v in values.values())
+    threads = poor("device.num_threads", range(1, 4 * cores + 1))
+    assert threads and all(int(n) > cores for n in threads)
+    assert str(cores) not in threads
+    assert all(isinstance(row["why"], str) for row in knobs.poor_rows(caps))
 
 
 def test_fingerprint_names_machine_and_software():
@@ -55,7 +61,7 @@ def test_env_json_cli_reports_devices_capabilities_and_why_no_accelerator():
     data = json.loads(out.stdout)
     assert data["device"] == "cpu" and data["devices"][0]["device"] == "cpu"
     assert data["fingerprint"]["torch"] == torch.__version__
-    assert "precision.mode" in data["poor_choices"]
+    assert "precision.mode" in {row["key"] for row in data["poor_choices"]}  # one row per rule
     if torch.version.cuda is None:
         assert "CPU-only build" in data["accelerator"]["why"]
         assert "pip install torch" in data["accelerator"]["what_to_do"]
@@ -86,7 +92,7 @@ def test_cuda_requested_without_a_gpu_is_a_config_error(compose_cfg):
 def test_allocator_settings_apply_before_torch_is_imported():
     code = (
         "import os, sys\n"
-        "from gpuopt.trial.knobs import apply_allocator_env\n"
+        "from gpuopt.trial.policies import apply_allocator_env\n"
         "assert 'torch' not in sys.modules\n"
         "assert apply_allocator_env('expandable_segments:True', True) == []\n"
         "print(os.environ['PYTORCH_CUDA_ALLOC_CONF'], os.environ['PYTORCH_ALLOC_CONF'], os.environ['THP_MEM_ALLOC_ENABLE'])\n"
@@ -170,25 +176,30 @@ def test_env_cli_shows_the_measured_peak_per_dtype(tmp_path):
     assert set(peaks) == {"fp32", "bf16", "fp16"} and all(v > 0 for v in peaks.values())
     assert (tmp_path / "peak_flops.json").exists()
     # a low precision the probe measured no faster than fp32 is a poor choice here, named so
-    poor = data["poor_choices"].get("precision", {})
     for mode in ("bf16", "fp16"):
-        if peaks[mode] < devices.LOW_PRECISION_GAIN * peaks["fp32"]:
-            assert mode in poor and poor == data["poor_choices"]["precision.mode"]
+        if peaks[mode] < knobs.LOW_PRECISION_GAIN * peaks["fp32"]:
+            poor = knobs.judge("precision", mode, data)
+            assert poor and poor == knobs.judge("precision.mode", mode, data)
 
 
 def test_a_low_precision_measured_no_faster_than_fp32_is_a_poor_choice() -> None:
     """AVX512-FP16 without AMX-FP16: native fp16 instructions, fp16 matmul at fp32's speed."""
     peaks = {"fp32": 3.6e11, "bf16": 2.0e12, "fp16": 3.6e11}
-    assert set(devices.slow_precisions(peaks)) == {"fp16"}
-    assert "1.00x fp32's" in devices.slow_precisions(peaks)["fp16"]
-    data = {"peak_flops": peaks, "poor_choices": {"precision": {"tf32": "no GPU"}}}
-    data["poor_choices"]["precision.mode"] = {"tf32": "no GPU"}
-    devices.add_slow_precisions(data)
-    assert set(data["poor_choices"]["precision"]) == {"tf32", "fp16"}
-    assert data["poor_choices"]["precision.mode"] == data["poor_choices"]["precision"]
+    native = {"device": "cpu", "bf16_native": True, "fp16_native": True, "tf32": False}
+
+    def slow(facts: dict) -> dict:
+        modes = ("bf16", "fp16")
+        return {m: why for m in modes if (why := knobs.judge("precision.mode", m, facts))}
+
+    assert set(slow({**native, "peak_flops": peaks})) == {"fp16"}
+    assert "1.00x fp32's" in slow({**native, "peak_flops": peaks})["fp16"]
+    data = {**native, "peak_flops": peaks}
+    judged = {m for m in ("tf32", "fp16", "bf16") if knobs.judge("precision", m, data)}
+    assert judged == {"tf32", "fp16"}
+    assert all(knobs.judge("precision.mode", m, data) == knobs.judge("precision", m, data) for m in judged)  # fmt: skip
     # a reason already given (no native fp16 at all) is kept; a GPU's fast fp16 is no poor choice
-    kept = {"peak_flops": peaks, "poor_choices": {"precision": {"fp16": "no native fp16"}}}
-    devices.add_slow_precisions(kept)
-    assert kept["poor_choices"]["precision"]["fp16"] == "no native fp16"
-    assert devices.slow_precisions({"fp32": 6.7e13, "bf16": 9.9e14, "fp16": 9.9e14}) == {}
-    assert devices.slow_precisions({"fp32": 3.6e11}) == {}  # nothing measured: nothing said
+    kept = {**native, "fp16_native": False, "peak_flops": peaks}
+    assert "no native fp16" in knobs.judge("precision", "fp16", kept)
+    gpu = {"device": "cuda", "bf16_native": True, "tf32": True}
+    assert slow({**gpu, "peak_flops": {"fp32": 6.7e13, "bf16": 9.9e14, "fp16": 9.9e14}}) == {}
+    assert slow({**native, "peak_flops": {"fp32": 3.6e11}}) == {}  # nothing measured: nothing said

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from gpuopt.core.result import Status
-from gpuopt.engines.registry import load_spec
 from gpuopt.trial.devices import trial_device
+from gpuopt.trial.prepare import load_spec
 
 pytestmark = [
     pytest.mark.gpu,

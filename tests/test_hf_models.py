@@ -12,7 +12,8 @@ import torch
 
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
+from gpuopt.trial.prepare import load_spec
 from gpuopt.workload.data import SyntheticDataset
 from tests.conftest import TINY_TRIAL
 

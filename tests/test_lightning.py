@@ -20,8 +20,8 @@ from omegaconf import OmegaConf
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
 from gpuopt.core.spec import PrecisionConf, register_schemas
-from gpuopt.engines.registry import load_spec
 from gpuopt.trial.measure import measure_step_flops
+from gpuopt.trial.prepare import load_spec
 from tests.conftest import TINY_TRIAL
 from tests.helpers.lightning_specs import user_spec as _user_spec
 
@@ -338,7 +338,7 @@ def test_peak_mode_is_the_precision_the_fit_runs(compose_cfg, mode, override, ex
 def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(compose_cfg) -> None:
     from lightning.pytorch.utilities.compile import from_compiled
 
-    from gpuopt.trial.knobs import CachePolicy
+    from gpuopt.trial.policies import CachePolicy
 
     compiled_graphs = []
 

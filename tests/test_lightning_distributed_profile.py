@@ -27,9 +27,9 @@ pytest.importorskip("lightning")
 from gpuopt.core.spec import ProfileConf
 from gpuopt.engines._guard import check, fixed_batches, guard_numerics
 from gpuopt.engines.lightning.fit_profile import ProfileWindow
-from gpuopt.engines.registry import load_spec
 from gpuopt.trial.context import Trial
 from gpuopt.trial.numerics import NotGuarded
+from gpuopt.trial.prepare import load_spec
 from tests.helpers.lightning_specs import user_spec as _user_spec
 
 HELPERS = "tests.helpers.lightning_models"

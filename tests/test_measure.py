@@ -374,13 +374,13 @@ def _workload(compose_cfg, losses):
     loss's dtype)."""
     from gpuopt.engines._batches import BatchFeed
     from gpuopt.engines._step import build_workload
-    from gpuopt.engines.registry import load_spec
-    from gpuopt.trial import knobs
+    from gpuopt.trial import policies
+    from gpuopt.trial.prepare import load_spec
     from tests.conftest import TINY_TRIAL
 
     spec = load_spec(compose_cfg(*TINY_TRIAL, "device=cpu", "optimizer=sgd"))
     cpu = torch.device("cpu")
-    precision = knobs.precision_policy(spec.precision, cpu)
+    precision = policies.precision_policy(spec.precision, cpu)
     workload = build_workload(spec, torch.nn.Linear(6, 3), cpu, precision, non_blocking=False)
     calls = itertools.count()
 

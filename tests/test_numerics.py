@@ -10,9 +10,10 @@ import torch
 
 from gpuopt.core.result import Status
 from gpuopt.engines import _guard
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
 from gpuopt.sweeper.objectives import outcome_from_return
 from gpuopt.trial import numerics
+from gpuopt.trial.prepare import load_spec
 from gpuopt.workload.data import SyntheticDataset
 
 CPU = torch.device("cpu")

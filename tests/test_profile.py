@@ -12,8 +12,9 @@ import pytest
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import ATTR_PROFILE, Status, TrialResult, result_user_attrs
 from gpuopt.core.spec import ProfileConf
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
 from gpuopt.trial.devices import trial_device
+from gpuopt.trial.prepare import load_spec
 from gpuopt.trial.profiled_window import (
     PROFILE_OVERRIDE,
     STEP_COVERAGE_TOLERANCE,

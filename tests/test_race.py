@@ -16,6 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from gpuopt.core import knobs
 from gpuopt.core.host import children_cpu_ticks, wait_for_idle_children
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, STUDY_CONFIRMATION
 from gpuopt.study.records import IN_PROCESS
@@ -155,6 +156,7 @@ def test_a_race_without_a_contender_answers_keep_your_configuration(tmp_path: Pa
 
 
 def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_it() -> None:
+    from gpuopt.core.shared_protocol import Reading
     from gpuopt.sweeper.race.runner import Screened, prune_reason
 
     entry = Screened(trial=None, overrides=[], label="#1")  # type: ignore[arg-type]
@@ -164,7 +166,7 @@ def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_i
     )
     assert "the best 2 went on" in prune_reason(entry, 1.4, 3, 9, race)
     assert "in a 0.3 s window" in prune_reason(entry, 0.5, 4, 9, race)
-    entry.window = {"read_on_drain": True}
+    entry.window = Reading("#1", 1.0, 1.0, 1.0, steps=1, seconds=0.3, read_on_drain=True)
     assert "0.50x the baseline on its drain steps, its fastest" in prune_reason(
         entry, 0.5, 4, 9, race
     )
@@ -186,7 +188,7 @@ def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_i
     ],
 )
 def test_only_keys_the_shared_process_reapplies_can_race(key: str, shares: bool) -> None:
-    assert policy.shareable_key(key) is shares
+    assert knobs.shareable(key) is shares
 
 
 class LocalLauncher:
@@ -385,7 +387,7 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
 
 @pytest.mark.slow
 def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_path: Path) -> None:
-    from gpuopt.core.result import TrialResult
+    from gpuopt.core.shared_protocol import Window
     from gpuopt.sweeper.race.process import RaceProcess
 
     paths = probe_configs(
@@ -393,35 +395,32 @@ def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_pat
     )
     race = RaceProcess.open(tmp_path / "race", "throughput", 0.2)
     try:
-        assert race.add("base", paths["base"])["status"] == "ok"
+        assert race.add("base", paths["base"]).status == "ok"
         built = race.add("big", paths["big"])
-        assert built["status"] == "ok" and built["config"]["loader"]["batch_size"] == 256
+        assert built.status == "ok" and built.config["loader"]["batch_size"] == 256
         assert len(group_members(race.process.pid)) == 2  # the process and big's worker
         # just built (its warm-up ran last) and its drain slower than asked for: read on it
         hopeless = race.measure("big", 0.2, 3, settle=False, give_up_below=1e12)
-        assert hopeless["read_on_drain"] and hopeless["steps"] == hopeless["drained"] >= 1
-        assert race.measure("base", 0.2, 3)["status"] == "ok"
+        assert hopeless.read_on_drain and hopeless.steps == hopeless.drained >= 1
+        assert race.measure("base", 0.2, 3).status == "ok"
         # ...but never after another configuration's steps (cold caches: no upper bound)
         cold = race.measure("big", 0.2, 3, settle=False, give_up_below=1e12)
-        assert not cold["read_on_drain"] and cold["steps"] >= 3
+        assert not cold.read_on_drain and cold.steps >= 3
         # a window cut short by its deadline: one step at least, far fewer than asked for
-        short = race.command(
-            "window", 60, label="big", window_s=0.0, min_steps=10**6, deadline_s=0.2
-        )
-        assert short["status"] == "ok" and 1 <= short["steps"] < 10**6
+        short = race.command(Window("big", window_s=0.0, min_steps=10**6, deadline_s=0.2), 60)
+        assert short.status == "ok" and 1 <= short.steps < 10**6
         race.drop("big")
         assert len(group_members(race.process.pid)) == 1  # its worker gone with it
-        assert race.measure("big", 0.2, 3)["status"] == "error"  # dropped: no such member
-        result = race.whole_trial("#1", paths["big"], tmp_path / "trial_1")
-        assert result is not None
-        whole = TrialResult.from_dict(result)
+        assert race.measure("big", 0.2, 3).status == "error"  # dropped: no such member
+        whole = race.whole_trial("#1", paths["big"], tmp_path / "trial_1")
+        assert whole is not None
         assert (
             whole.ok
             and whole.metrics.throughput > 0
             and whole.config["loader"]["batch_size"] == 256
         )
         assert (tmp_path / "trial_1" / "result.json").is_file()
-        assert race.measure("base", 0.2, 3)["status"] == "ok"  # the others go on
+        assert race.measure("base", 0.2, 3).status == "ok"  # the others go on
     finally:
         race.close()
     assert group_members(race.process.pid) == []

@@ -16,8 +16,9 @@ from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
 from gpuopt.engines._build import apply_policies, build_optimizer
 from gpuopt.engines.native import build
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
 from gpuopt.trial.context import Trial
+from gpuopt.trial.prepare import load_spec
 from tests.conftest import TINY_TRIAL
 
 # A small MLP on the learnable synthetic vectors, SGD with momentum (its update is linear in the
@@ -370,7 +371,7 @@ def test_sweep_summary_and_report_give_both_answers_and_best_reproduces(tmp_path
     # the exported configs reproduce global batch, accumulation and LR scaling
     from omegaconf import OmegaConf
 
-    from gpuopt.engines.registry import load_spec
+    from gpuopt.trial.prepare import load_spec
 
     for name, batch in (("best", 256), ("best_same_training", 32)):
         composed = _compose([f"+experiment={name}", f"hydra.searchpath=[file://{folder}]"])

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from gpuopt.core import lifeline
+from gpuopt.core import knobs, lifeline
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.stats import speedup, t_quantile
 from gpuopt.study import storage
@@ -179,11 +179,9 @@ def test_plain_float_single_objective():
 
 # ---- search space ------------------------------------------------------------------------------
 
-POOR = {
-    "precision": {"bf16": "no native bf16", "tf32": "no tensor cores"},
-    "loader.pin_memory": {"true": "no accelerator"},
-    "device.num_threads": {"4": "2 cores", "8": "2 cores"},
-}
+# A 2-core CPU without native bf16: the knob catalogue's rules call bf16 and tf32, pinned memory and
+# more threads than cores poor there.
+FACTS = {"device": "cpu", "cpus": 2, "bf16_native": False, "fp16_native": True, "tf32": False}
 
 
 @pytest.mark.parametrize(
@@ -214,7 +212,7 @@ POOR = {
     ],
 )
 def test_drop_poor_choices(params, expected, dropped, removed):
-    out = drop_poor_choices(params, POOR)
+    out = drop_poor_choices(params, lambda key, value: knobs.judge(key, value, FACTS))
     assert out.params == expected
     assert len(out.dropped) == dropped and out.removed_keys == removed
     assert all(reason for _, _, reason in out.dropped)
@@ -504,7 +502,7 @@ def test_default_storage_is_the_output_dirs_gpuopt_db(tmp_path, monkeypatch):
 
 def test_probe_env_failure_is_reported_not_raised():
     probe = hardware.probe_env(python=sys.executable + "-does-not-exist")
-    assert probe.error and probe.poor_choices == {}
+    assert probe.error and probe.data == {}  # no facts: nothing judged poor
 
 
 def test_the_env_probe_runs_only_where_it_can_judge_a_searched_key(monkeypatch):
@@ -526,11 +524,11 @@ def test_the_env_probe_runs_only_where_it_can_judge_a_searched_key(monkeypatch):
 
 
 def test_every_key_the_env_probe_can_judge_is_one_the_sweeper_asks_it_for():
-    from gpuopt.sweeper.task import PROBED_KEYS
     from gpuopt.trial.devices import detect_capabilities
 
-    names = list(detect_capabilities("cpu")["poor_choices"])
-    assert names and all(name.startswith(PROBED_KEYS) for name in names)
+    names = [row["key"] for row in knobs.poor_rows(detect_capabilities("cpu"))]
+    names += [k.group for k in knobs.KNOBS if k.poor and k.group]
+    assert names and all(knobs.probed(name) for name in names)
 
 
 # ---- resume ------------------------------------------------------------------------------------

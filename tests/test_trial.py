@@ -15,8 +15,9 @@ from omegaconf import open_dict
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Metrics, Status
 from gpuopt.engines._ceiling import CeilingReplay
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
 from gpuopt.trial.devices import trial_device
+from gpuopt.trial.prepare import load_spec
 from tests.conftest import TINY_TRIAL
 
 FAMILIES = {
@@ -182,7 +183,7 @@ def test_real_cpu_out_of_memory_is_an_oom_result_and_the_next_trial_runs(compose
 
 
 def test_num_threads_applies_and_null_restores_the_default():
-    from gpuopt.trial.knobs import set_num_threads
+    from gpuopt.trial.policies import set_num_threads
 
     set_num_threads(None)
     default = torch.get_num_threads()

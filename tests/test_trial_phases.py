@@ -13,9 +13,10 @@ import torch
 
 from gpuopt.core.result import ATTR_PHASES, Status, TrialResult, result_user_attrs
 from gpuopt.engines import _guard, native
-from gpuopt.engines.registry import load_spec, run_trial
+from gpuopt.engines.registry import run_trial
 from gpuopt.trial import numerics
 from gpuopt.trial.context import Trial
+from gpuopt.trial.prepare import load_spec
 from tests.conftest import TINY_TRIAL
 
 CPU = torch.device("cpu")

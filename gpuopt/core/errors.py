@@ -1,6 +1,7 @@
 """The one error a bad configuration raises, in every process (key, bad value, what is allowed),
-and the ways gpuopt raises it: a value outside a list or under a minimum, and OmegaConf's schema
-errors (unknown key, wrong type) said in the same words.
+and the ways gpuopt raises it: a value outside a list, under a minimum or over a per-core cap; and
+OmegaConf's schema errors (unknown key, wrong type) and Hydra's composition errors (a missing config,
+an override the grammar or the config refuses: `python -m gpuopt.run`'s one line) in the same words.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import dataclasses
 from typing import Any
 
 from omegaconf.errors import OmegaConfBaseException
+
+from gpuopt.core.spec import PER_CPU_LIMIT, PER_CPU_LIMIT_FLOOR
 
 
 class ConfigError(ValueError):
@@ -41,6 +44,23 @@ def check_min(key: str, value: Any, minimum: float, allowed: str | None = None) 
     """ConfigError unless `value` is at least `minimum` (`allowed` says it in words)."""
     if value is None or value < minimum:
         raise ConfigError(key, value, allowed or f"a number >= {minimum}")
+
+
+def per_cpu_limit(cpus: int) -> int:
+    """The most loader workers (or compute threads, or ranks) accepted on `cpus` usable cores."""
+    return max(PER_CPU_LIMIT * cpus, PER_CPU_LIMIT_FLOOR)
+
+
+def check_per_cpu(key: str, value: int, minimum: int, cpus: int, what: str) -> None:
+    """ConfigError unless `minimum <= value <= per_cpu_limit(cpus)` (a typo of 1000 workers)."""
+    limit = per_cpu_limit(cpus)
+    if not minimum <= value <= limit:
+        raise ConfigError(
+            key,
+            value,
+            f"an integer >= {minimum} and <= {limit} ({what}: at most {PER_CPU_LIMIT} per usable CPU "
+            f"core, {cpus} here, or {PER_CPU_LIMIT_FLOOR})",
+        )
 
 
 _TYPE_WORDS = {
@@ -90,3 +110,89 @@ def config_error_from_omegaconf(
         known = ", ".join(parent + n for n in fields)
         return ConfigError(key, value, f"a key of {schema.__name__}: {known}")
     return ConfigError(key, value, str(getattr(exc, "msg", exc)).splitlines()[0])
+
+
+def _parsed_overrides(overrides: list[str]) -> list[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # the parse error itself is reported from Hydra's own exception
+        return []
+
+
+def _override_error(message: str, overrides: list[str], multirun: bool) -> ConfigError | None:
+    """A composition error without an OmegaConf cause, pinned to the override it names."""
+    for override in _parsed_overrides(overrides):
+        key = override.key_or_group
+        if f"'{key}" not in message:
+            continue
+        value = override.value() if not override.is_delete() else None
+        if override.is_sweep_override() and not multirun:
+            return ConfigError(
+                key,
+                override.input_line.split("=", 1)[-1],
+                "one value in a single run (sweep with "
+                "-m; a list is [a,b]; a string with commas is quoted)",
+            )
+        if override.is_add():
+            return ConfigError(
+                key, value, f"{key}=... without '+' (the key exists), or ++{key}=... to force it"
+            )
+        if override.is_delete():
+            return ConfigError(key, "~", "deleting only a key or group the config has")
+        return ConfigError(key, value, " ".join(message.split()))
+    return None
+
+
+def config_error_from_hydra(
+    exc: BaseException, overrides: list[str], multirun: bool = False
+) -> ConfigError | None:
+    """Hydra's composition errors as one `ConfigError`, from their attributes; None for others."""
+    import yaml
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+        SearchPathException,
+    )
+
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return ConfigFileError(mark.name, mark.line + 1, mark.column + 1, str(exc.problem))
+    if isinstance(exc, MissingConfigException):
+        missing = exc.missing_cfg_file or "?"
+        if exc.options is None:  # the primary config
+            return ConfigError("--config-name", missing, "a config in the config search path")
+        group, _, option = missing.rpartition("/")
+        allowed = " | ".join(exc.options) or "no options found"
+        return ConfigError(group, option, f"{allowed} (no {missing}.yaml in the search path)")
+    if isinstance(exc, OverrideParseException):
+        key, _, value = exc.override.partition("=")
+        lines = exc.message.splitlines()  # the parser's reason is the second line
+        reason = lines[1] if len(lines) > 1 else lines[0]
+        return ConfigError(
+            key,
+            value,
+            f"Hydra's override grammar ({' '.join(reason.split())}; see "
+            "https://hydra.cc/docs/advanced/override_grammar/basic)",
+        )
+    if isinstance(exc, SearchPathException):
+        return ConfigError(
+            "--config-dir",
+            str(exc).split("'")[1] if "'" in str(exc) else "?",
+            "an existing directory",
+        )
+    if isinstance(exc.__cause__, OmegaConfBaseException):
+        error = config_error_from_omegaconf(exc.__cause__)
+        values = {o.key_or_group: o.value() for o in _parsed_overrides(overrides)}
+        return ConfigError(error.key, values.get(error.key, error.value), error.allowed)
+    if isinstance(exc, OmegaConfBaseException):
+        return config_error_from_omegaconf(exc)
+    if isinstance(exc, ConfigCompositionException):
+        return _override_error(str(exc), overrides, multirun) or ConfigError(
+            "overrides", " ".join(overrides), " ".join(str(exc).split())
+        )
+    return None

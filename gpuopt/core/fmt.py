@@ -10,21 +10,7 @@ import math
 from typing import Any
 
 from gpuopt.core.limits import HighestLimit, higher_elsewhere
-
-# Display unit per metric; percentages are differences in points, the rest ratios.
-METRIC_UNITS = {
-    "throughput": "samples/s",
-    "ceiling_throughput": "samples/s",
-    "step_time_ms": "ms",
-    "utilization": "%",
-    "data_wait": "%",
-    "mfu": "%",
-    "input_efficiency": "%",
-    "peak_memory_mb": "MB",
-    "energy_per_sample_j": "J",
-    "power_w": "W",
-    "compile_time_s": "s",
-}
+from gpuopt.core.metrics import unit as unit_of
 
 
 def value(value: Any) -> str:
@@ -39,11 +25,11 @@ def value(value: Any) -> str:
 
 
 def metric(name: str, number: float | None, unit: bool = True) -> str:
-    """A metric value with its unit (METRIC_UNITS); `unit=False` in table cells whose header
-    names the unit. Percentages to 0.1, large numbers with thousands separators."""
+    """A metric value with its unit (gpuopt.core.metrics); `unit=False` in table cells whose
+    header names the unit. Percentages to 0.1, large numbers with thousands separators."""
     if number is None:
         return "-"
-    suffix = METRIC_UNITS.get(name, "")
+    suffix = unit_of(name)
     if suffix == "%":
         return f"{number:.1f}%"
     text = f"{number:,.0f}" if abs(number) >= 100 else f"{number:.3g}"

@@ -1,8 +1,8 @@
 """What one trial produced: the contract between the trial engine and everything that reads it.
 
 The task function returns a `TrialResult`; the sweeper turns it into Optuna values, constraints and
-user attributes; the report reads those attributes back. Metric names here are the public output
-contract (README, "Metrics").
+user attributes; the report reads those attributes back. `Metrics`, each metric with its record,
+is gpuopt.core.metrics (the metric catalogue); its names are the public output contract.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from gpuopt.core.metrics import Metrics, goals
+
 
 class Status(str, Enum):
     """How a trial ended. Only `error` counts as a failure of the sweep's machinery."""
@@ -23,101 +25,6 @@ class Status(str, Enum):
     OOM = "oom"  # ran out of device (or host) memory: an infeasible configuration
     DIVERGED = "diverged"  # loss became NaN/inf: an infeasible configuration
     ERROR = "error"  # anything else: a bug, a crash, a bad user model
-
-
-# Which way is better for each metric. The sweeper derives Optuna directions from this table,
-# and an objective must be one of these names.
-METRIC_GOALS: dict[str, str] = {
-    "throughput": "maximize",  # samples/s over the timed window (steady state)
-    # samples/s of a long run: the steady state with each epoch boundary's cost amortized over the
-    # user's epoch length (data.epoch_steps, or the dataset's length / batch size)
-    "throughput_amortized": "maximize",
-    "utilization": "maximize",  # % (NVML GPU utilization; on CPU 100 - data_wait)
-    "mfu": "maximize",  # % of the device's dense peak FLOP/s for the dtype (model FLOPs)
-    "hfu": "maximize",  # the same with hardware FLOPs (activation-checkpoint recompute included)
-    "mfu_achievable": "maximize",  # model FLOP/s % of this machine's measured matmul peak
-    "limit_efficiency": "maximize",  # throughput / limit_throughput, %
-    "input_efficiency": "maximize",  # throughput / ceiling_throughput, %
-    "ceiling_throughput": "maximize",  # samples/s with the batch already on the device
-    "step_time_ms": "minimize",  # median step time
-    "data_wait": "minimize",  # % of timed wall time the device starved of input
-    "host_data_wait": "minimize",  # % of timed wall time the host spent in next(loader)
-    "peak_memory_mb": "minimize",
-    "peak_reserved_mb": "minimize",
-    "power_w": "minimize",
-    "energy_per_sample_j": "minimize",
-    "compile_time_s": "minimize",
-}
-
-
-@dataclass
-class Metrics:
-    """Measured numbers. `None` means "not measurable here", never zero."""
-
-    throughput: float | None = None
-    throughput_amortized: float | None = None  # over the user's epoch (README, "Steady state")
-    epoch_overhead_s: float | None = None  # what one epoch boundary costs beyond steady state
-    epoch_steps: int | None = None  # the epoch length it is amortized over
-    step_time_ms: float | None = None
-    step_time_p10_ms: float | None = None
-    step_time_p90_ms: float | None = None
-    step_time_cv: float | None = None  # std/mean of step times in the timed window
-    throughput_ci: float | None = None  # relative half-width of the 95% CI of throughput
-    # % of the machine's CPU time the hypervisor gave other guests during the window (Linux)
-    cpu_steal_pct: float | None = None
-    # % of the window the device starved of input (CUDA: on the GPU timeline; else host wait)
-    data_wait: float | None = None
-    host_data_wait: float | None = None  # % of the window the host spent in next(loader)
-    utilization: float | None = None
-    peak_memory_mb: float | None = None
-    peak_reserved_mb: float | None = None  # CUDA: the caching allocator's reserved peak
-    mfu: float | None = None  # model FLOPs vs the documented dense peak (null where unknown)
-    hfu: float | None = None  # hardware FLOPs (recompute included) vs the documented peak
-    mfu_achievable: float | None = None  # model FLOPs vs the measured matmul peak
-    flops_per_sample: float | None = None  # model FLOPs (forward + backward, no recompute)
-    hardware_flops_per_sample: float | None = None  # what the device ran, recompute included
-    peak_flops_measured: float | None = None  # the matmul probe's FLOP/s for the dtype
-    ceiling_throughput: float | None = None
-    input_efficiency: float | None = None
-    loader_cost_us: float | None = None  # core-microseconds of input pipeline per sample
-    compute_cost_us: float | None = None  # core-microseconds of compute per sample (CPU)
-    limit_throughput: float | None = None  # the most this machine can do for the workload
-    limit_bound: str | None = None  # what bounds it: cores (CPU) | loader | compute
-    limit_efficiency: float | None = None  # throughput / limit_throughput, %
-    compile_time_s: float | None = None
-    warmup_time_s: float | None = None
-    startup_time_s: float | None = None  # process start -> first timed step
-    power_w: float | None = None
-    energy_per_sample_j: float | None = None
-    # How NVML's numbers were obtained (gpuopt.trial.monitor): "device samples" | "polled", and
-    # "energy counter" | "polled mean"; None without NVML.
-    utilization_source: str | None = None
-    power_source: str | None = None
-    timed_steps: int | None = None
-    timed_seconds: float | None = None
-    stop_reason: str | None = None  # stable | budget | max_steps
-    # What one optimizer step trains on (one timed step = one optimizer step); None where the task
-    # did not report it (then no trial is "the same training": gpuopt.study.rules.unknown_training).
-    global_batch: int | None = None  # samples per optimizer step
-    micro_batch: int | None = None  # samples per forward/backward (loader.batch_size)
-    accumulation_steps: int | None = None  # micro-batches per optimizer step
-    lr_scale: float | None = None  # the factor optimizer.lr_scaling applied to optimizer.lr
-    # A distributed trial (distributed=ddp | fsdp2, gpuopt.trial.ranks): the ranks it ran on, the
-    # slowest one by median step time, how far the ranks' step times and peaks spread.
-    world_size: int | None = None
-    straggler_rank: int | None = None
-    step_time_spread: float | None = None  # (slowest - fastest median step) / fastest, %
-    peak_memory_spread_mb: float | None = None  # largest - smallest rank's peak memory
-    # Its profiled window (profile=on; gpuopt.trial.comm_trace), % of the step: a collective in
-    # flight, and of that the part the training thread waited for (exposed; on CUDA: no other
-    # kernel ran) and the part it computed beside (overlapped). The job's: the mean over ranks.
-    comm_share: float | None = None
-    comm_exposed: float | None = None
-    comm_overlapped: float | None = None
-    lr: float | None = None  # the learning rate it trained with (the optimizer's, scaling applied)
-    # The numerics guard (gpuopt.trial.numerics): the largest relative loss deviation from the fp32
-    # reference over guard.steps optimizer steps; None when the guard did not run.
-    loss_drift: float | None = None
 
 
 @dataclass
@@ -135,8 +42,8 @@ class TrialResult:
     profile: dict[str, Any] | None = None
     # The numerics guard's evidence (gpuopt.trial.numerics.GuardEvidence as a dict); None: not run.
     numerics: dict[str, Any] | None = None
-    # A distributed trial's ranks, one row each (rank, status, throughput, step_time_ms, data_wait,
-    # host_data_wait, peak_memory_mb, timed_seconds); None for a single-process trial.
+    # A distributed trial's ranks, one row each (rank, status and the metrics whose record says
+    # rank_row, gpuopt.core.metrics); None for a single-process trial.
     ranks: list[dict[str, Any]] | None = None
     # The trial's phase clock (gpuopt.trial.context.Trial.phase): seconds per phase of the whole
     # trial (build, flops, warmup, window, ..., guard, other), summing to its wall time in
@@ -151,8 +58,8 @@ class TrialResult:
         return self.status is Status.OK
 
     def metric(self, name: str) -> float | None:
-        if name not in METRIC_GOALS and not hasattr(self.metrics, name):
-            raise KeyError(f"unknown metric {name!r}; known: {', '.join(sorted(METRIC_GOALS))}")
+        if name not in goals() and not hasattr(self.metrics, name):
+            raise KeyError(f"unknown metric {name!r}; known: {', '.join(sorted(goals()))}")
         value = getattr(self.metrics, name)
         return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 

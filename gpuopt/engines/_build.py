@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import torch
 
     from gpuopt.engines._loss import LossFunction
-    from gpuopt.trial.knobs import CachePolicy, PrecisionPolicy
+    from gpuopt.trial.policies import CachePolicy, PrecisionPolicy
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,11 @@ class TrialPolicies:
 def apply_policies(spec: TrialSpec, device: torch.device) -> TrialPolicies:
     """The process-wide settings (threads, float32 matmul precision / TF32, cuDNN autotuning),
     applied before anything is built."""
-    from gpuopt.trial import knobs
+    from gpuopt.trial import policies
 
-    knobs.set_num_threads(spec.device.num_threads)
-    precision = knobs.precision_policy(spec.precision, device)
-    cache = knobs.CachePolicy(spec.cache, device)
+    policies.set_num_threads(spec.device.num_threads)
+    precision = policies.precision_policy(spec.precision, device)
+    cache = policies.CachePolicy(spec.cache, device)
     cache.apply()
     return TrialPolicies(precision, cache)
 

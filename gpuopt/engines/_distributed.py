@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuopt.core.distributed_checks import check_module_patterns, matches_any
+from gpuopt.core.checks import check_module_patterns, matches_any
 from gpuopt.core.spec import DistributedConf, TrialSpec
 from gpuopt.trial.measure import StepClock, StopRule
 

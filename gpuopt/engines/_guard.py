@@ -164,7 +164,7 @@ def reference_settings(threads: int) -> dict[str, Any]:
     """The process-wide settings the reference trains under that change its last bits: the
     thread count (`guard_threads`: how CPU kernels split their sums) and, on CUDA, cuDNN
     autotuning (another convolution algorithm), as the trial left it. The float32 matmul
-    precision is not one: the reference sets its own (fp32, `knobs.precision_policy`)."""
+    precision is not one: the reference sets its own (fp32, `policies.precision_policy`)."""
     import torch
 
     settings: dict[str, Any] = {"threads": threads}
@@ -226,13 +226,13 @@ def loss_trajectory(
     losses: `Ranks.mean` averages them)."""
     import torch
 
-    from gpuopt.trial import knobs
+    from gpuopt.trial import policies
 
     torch.manual_seed(spec.seed)
     model = instantiate_model(spec)
     if hasattr(model, "training_step"):  # a LightningModule: its own step, not gpuopt's
         raise NotGuarded(f"{type(model).__name__} trains through its own training_step")
-    precision = knobs.precision_policy(spec.precision, device)
+    precision = policies.precision_policy(spec.precision, device)
     _check_pairs(batches)
     wrap = ranks.wrap if ranks is not None else None
     workload = build_workload(spec, model, device, precision, non_blocking=False, wrap=wrap)

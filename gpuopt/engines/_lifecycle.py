@@ -182,7 +182,7 @@ def _process_notes(trial: Trial, earlier_trial: bool) -> list[str]:
 def release(trial: Trial, status: Status) -> None:
     """Let go of what the trial built and give the allocator's cache back as the cache policy
     says (always after an OOM). In-process clean-up between trials belongs here."""
-    from gpuopt.trial.knobs import CachePolicy, empty_device_cache
+    from gpuopt.trial.policies import CachePolicy, empty_device_cache
 
     for resource_ in trial.resources:
         close = getattr(resource_, "close", None)

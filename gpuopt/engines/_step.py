@@ -25,7 +25,7 @@ from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._batches import move_batch
 from gpuopt.engines._build import build_loss, build_optimizer
 from gpuopt.engines._loss import LossFunction, model_loss
-from gpuopt.trial import knobs
+from gpuopt.trial import policies
 from gpuopt.trial.failures import NonFiniteLoss
 
 # A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
@@ -40,7 +40,7 @@ class Workload:
     model: torch.nn.Module  # eager module (FLOP counting, checkpointing)
     forward: Callable[..., Any]  # the module, or its torch.compile wrapper
     optimizer: torch.optim.Optimizer
-    precision: knobs.PrecisionPolicy
+    precision: policies.PrecisionPolicy
     loss: str | LossFunction  # a built-in loss name, or the user's loss function
     device: torch.device
     channels_last: bool
@@ -123,7 +123,7 @@ def build_workload(
     spec: TrialSpec,
     model: torch.nn.Module,
     device: torch.device,
-    precision: knobs.PrecisionPolicy,
+    precision: policies.PrecisionPolicy,
     non_blocking: bool,
     wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> Workload:
@@ -140,7 +140,7 @@ def build_workload(
     model.train()
     return Workload(
         model=model,
-        forward=knobs.compile_function(model, spec.compile),
+        forward=policies.compile_function(model, spec.compile),
         optimizer=build_optimizer(spec, model.parameters()),
         precision=precision,
         loss=build_loss(spec),

@@ -48,7 +48,7 @@ from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._step import Batch, Workload, build_workload
 from gpuopt.engines._window import flop_notes, measure_timed_window
-from gpuopt.trial import knobs, numerics
+from gpuopt.trial import numerics, policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import StepFlops, measure_step_flops, synchronize
 from gpuopt.trial.memory import MemoryBaseline
@@ -191,7 +191,7 @@ def timed_window(
     trial: Trial,
     workload: Workload,
     feed: BatchFeed,
-    cache_policy: knobs.CachePolicy,
+    cache_policy: policies.CachePolicy,
     memory: MemoryBaseline,
     process_t0: float,
     ranks: Ranks | None = None,
@@ -366,7 +366,7 @@ class WindowedTrial:
     trial: Trial
     workload: Workload
     feed: BatchFeed
-    cache: knobs.CachePolicy  # its after_step hook runs in each window
+    cache: policies.CachePolicy  # its after_step hook runs in each window
     # The share of its whole trial's window (%) this configuration waited for input, when known
     # (the confirmation's arms: their trials measured it).
     data_wait: float | None = None

@@ -29,7 +29,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,11 +40,15 @@ from gpuopt.engines._batches import BatchFeed, SampleCount, batch_samples, move_
 from gpuopt.engines._ceiling import CeilingReplay
 from gpuopt.engines._lifecycle import measuring_spec, run_measured
 from gpuopt.engines._loss import outputs_loss
+from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
 from gpuopt.engines._window import measure_timed_window
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.measure import measure_step_flops, synchronize
 from gpuopt.trial.memory import MemoryBaseline
+
+if TYPE_CHECKING:
+    from gpuopt.engines._distributed import Ranks
 
 ENGINE_NAME = "user_step"
 
@@ -104,6 +108,7 @@ class UserStep:
     nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
     global_batch: int | None = None  # samples per optimizer step, as the user gave it
     counter: OptimizerSteps | None = None  # counts them from the optimizer's steps
+    ranks: Ranks | None = None  # the user's initialized process group (gpuopt.engines._user_job)
 
     def train(self, batch: Any) -> int:
         """One step on `batch`; its sample count. The loss (a tensor, or an HF-style output with
@@ -147,10 +152,14 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     user.nonfinite.check("warm-up")
 
     mode = trial.spec.precision.mode
-    measure_timed_window(trial, lambda: user.train(feed.next()), feed, memory, mode, process_t0)
+    align = user.ranks.align if user.ranks is not None else None
+    run_step = lambda: user.train(feed.next())  # noqa: E731
+    measure_timed_window(trial, run_step, feed, memory, mode, process_t0, align=align)
     user.nonfinite.check("the timed window")
     record_training(user, micro_batch, m, trial.warnings)
-    if user.ceiling:
+    if user.ceiling and user.ranks is not None:  # each replayed step would be a collective
+        trial.warnings.append("no compute ceiling in a multi-rank job (its replay is per rank)")
+    elif user.ceiling:
         feed.close()
         ceiling = CeilingReplay.for_trial(trial.spec, device)
         ceiling.run(lambda: user.train(first_batch))
@@ -162,7 +171,7 @@ def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list
     """What one optimizer step trained on, as given or counted; None where neither says."""
     counted = user.counter.typical() if user.counter is not None else None
     if counted is not None:
-        counted = (counted[0] * _world_size(), counted[1])  # every rank steps with the others
+        counted = (counted[0] * world_size(), counted[1])  # every rank steps with the others
     m.micro_batch = micro_batch
     m.global_batch = user.global_batch or (counted[0] if counted else None)
     if counted is not None:
@@ -180,14 +189,6 @@ def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list
             warnings.append(
                 "the optimizer never stepped during the measurement: its global batch is unknown"
             )
-
-
-def _world_size() -> int:
-    """Ranks of the initialized torch.distributed process group (1 without one)."""
-    distributed = torch.distributed
-    if distributed.is_available() and distributed.is_initialized():
-        return distributed.get_world_size()
-    return 1
 
 
 def _now(device: torch.device) -> float:
@@ -265,6 +266,13 @@ def measure_step(
     step calls `.step()` on): the samples between its steps are counted (times the world size of
     an initialized torch.distributed group) and its learning rate recorded. Without either the
     result's global_batch and lr are None, and a sweep calls no trial the same training.
+
+    Under an initialized torch.distributed process group (a torchrun-style script, or a sweep's
+    `hydra.launcher.nproc_per_node`), call it on every rank: the ranks' windows start together and
+    stop after the same step, and every rank gets the job's result (global throughput over the
+    slowest rank's window, the straggler; gpuopt.engines._user_job). A rank whose step fails raises
+    `RankFailed` (its `result` says why) so that the launcher ends the job: its peers would wait
+    in the step's collective otherwise.
     """
     if global_batch is not None and (isinstance(global_batch, bool) or global_batch < 1):
         raise ValueError(f"global_batch={global_batch!r}: a sample count >= 1, or None")
@@ -283,8 +291,10 @@ def measure_step(
         ceiling=ceiling,
         global_batch=global_batch,
         counter=OptimizerSteps(optimizer) if optimizer is not None else None,
+        ranks=user_ranks(resolved),
     )
     spec = _spec(resolved, conf, user, precision)
+    started = time.time()
     if user.counter is not None:
         user.counter.attach()
     try:
@@ -293,4 +303,6 @@ def measure_step(
         if user.counter is not None:
             user.counter.detach()
     result.config = _describe(user, resolved, spec)
-    return result
+    if not result.ok and user.ranks is not None:
+        raise RankFailed(result)
+    return job_result(result, user.ranks, started)

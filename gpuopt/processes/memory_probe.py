@@ -59,14 +59,13 @@ def measure_peak(config_path: str, batch: int) -> dict[str, Any]:
     distributed config: its ranks, each at `batch` (`measure_rank_peaks`)."""
     from omegaconf import OmegaConf
 
-    from gpuopt.engines.registry import load_spec
-    from gpuopt.trial.devices import trial_device
+    from gpuopt.trial.prepare import prepare_trial
 
     cfg = OmegaConf.load(config_path)
     cfg.loader.batch_size = batch
     cfg.loader.num_workers = 0
-    spec = load_spec(cfg)
-    device, _ = trial_device(spec)
+    prepared = prepare_trial(cfg, allocator=False)  # every probe in the environment the sweep gave
+    spec, device = prepared.spec, prepared.device
     if spec.distributed.kind != "none":
         return measure_rank_peaks(spec, device, batch)
     out: dict[str, Any] = {"batch": batch, "device": device.type, "world_size": 1}

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpuopt.core.limits import HighestLimit, highest_limit
+from gpuopt.core.metrics import compared
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.report.diagnose import Diagnosis, diagnose
 from gpuopt.report.importance import param_importances
@@ -48,17 +49,7 @@ from gpuopt.study.rules import (
 STATUS_ORDER = ("ok", "oom", "diverged", "error", "running")
 
 # The metrics compared between the baseline and the best trial, in display order.
-COMPARED_METRICS = (
-    "throughput",
-    "step_time_ms",
-    "utilization",
-    "data_wait",
-    "mfu",
-    "input_efficiency",
-    "ceiling_throughput",
-    "peak_memory_mb",
-    "energy_per_sample_j",
-)
+COMPARED_METRICS = compared()
 # Keys of the resolved config that never describe the measured configuration.
 IGNORED_CONFIG_KEYS = ("hydra", "output_dir")
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from gpuopt.core.knobs import MICRO_BATCH, THREADS
 from gpuopt.core.limits import HighestLimit
 from gpuopt.report.evidence import (
     MFU_HIGH_PCT,
@@ -166,7 +167,7 @@ RULES: tuple[Rule, ...] = (
         Bottleneck.COMPUTE,
         cpu_compute_summary,
         cpu_evidence,
-        lambda f: ["compute threads: device.num_threads", "larger batch: loader.batch_size"],
+        lambda f: [f"compute threads: {THREADS.key}", f"larger batch: {MICRO_BATCH.key}"],
     ),
     Rule(
         "launch-bound (profiled)",
@@ -225,7 +226,7 @@ RULES: tuple[Rule, ...] = (
         Bottleneck.COMPUTE,
         "the GPU is busy with useful math; no single cause stands out",
         gpu_evidence,
-        lambda f: ["larger loader.batch_size or lower precision may still help"],
+        lambda f: [f"{MICRO_BATCH.tip} or lower precision may still help"],
     ),
 )
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuopt.core import knobs
 from gpuopt.core.limits import HighestLimit, higher_elsewhere
 
 # A step that spends this much of the timed window blocked on `next(loader)` is input-bound.
@@ -73,22 +74,17 @@ def _is_cuda(device_type: str | None) -> bool:
 
 
 def input_suggestions(config: Mapping[str, Any], cuda: bool) -> list[str]:
-    workers = _get(config, "loader.num_workers")
-    tips = [
-        f"more DataLoader workers: loader.num_workers (now {workers})"
-        if workers is not None
-        else "more DataLoader workers: loader.num_workers"
-    ]
-    if cuda and _get(config, "loader.pin_memory") is not True:
-        tips.append("pinned memory + async copies: loader.pin_memory=true loader.non_blocking=true")
-    if workers and _get(config, "loader.persistent_workers") is not True:
-        tips.append("keep workers between epochs: loader.persistent_workers=true")
+    """The suggestions name knobs as the knob catalogue words them (gpuopt.core.knobs, `tip`)."""
+    workers = _get(config, knobs.WORKERS.key)
+    now = f" (now {workers})" if workers is not None else ""
+    tips = [f"more DataLoader workers: {knobs.WORKERS.tip}{now}"]
+    if cuda and _get(config, knobs.PIN_MEMORY.key) is not True:
+        tips.append(f"pinned memory + async copies: {knobs.PIN_MEMORY.tip}")
+    if workers and _get(config, knobs.PERSISTENT_WORKERS.key) is not True:
+        tips.append(f"keep workers between epochs: {knobs.PERSISTENT_WORKERS.tip}")
     tips.append("cheaper per-sample transforms, or pre-process/cache the dataset once")
     if not cuda:
-        tips.append(
-            "on CPU, loader workers share cores with compute: tune loader.num_workers "
-            "and device.num_threads together"
-        )
+        tips.append(f"on CPU, loader workers share cores with compute: {knobs.THREADS.tip}")
     return tips
 
 
@@ -244,28 +240,16 @@ def phase_suggestions(f: Facts) -> list[str]:
     """Tips read off the profiled phases, most specific first."""
     tips = []
     host = f.gpu_share("host_wait")
-    if (
-        host is not None
-        and host >= HOST_WAIT_HIGH_PCT
-        and f.setting("compile.mode")
-        in (
-            None,
-            "off",
-            "default",
-        )
-    ):
-        tips.append(f"{idle_citation(f)}: launch-bound, try compile=reduce-overhead")
+    if host is not None and host >= HOST_WAIT_HIGH_PCT and _uncompiled(f, "default"):
+        tips.append(f"{idle_citation(f)}: launch-bound, try {knobs.COMPILE.tip}")
     optimizer = f.phase("optimizer")
-    unfused = f.setting("optimizer.fused") is not True
+    unfused = f.setting(knobs.FUSED.key) is not True
     if optimizer is not None and optimizer >= OPTIMIZER_HIGH_PCT and unfused:
-        tips.append(f"optimizer {optimizer:.0f}% of the step: try optimizer.fused=true")
+        tips.append(f"optimizer {optimizer:.0f}% of the step: try {knobs.FUSED.tip}")
     copy = f.phase("h2d_copy")
-    synchronous = not (f.setting("loader.pin_memory") and f.setting("loader.non_blocking"))
+    synchronous = not (f.setting(knobs.PIN_MEMORY.key) and f.setting(knobs.NON_BLOCKING.key))
     if copy is not None and copy >= COPY_HIGH_PCT and f.cuda and synchronous:
-        tips.append(
-            f"host-to-device copy {copy:.0f}% of the step: "
-            "try loader.pin_memory=true loader.non_blocking=true"
-        )
+        tips.append(f"host-to-device copy {copy:.0f}% of the step: try {knobs.PIN_MEMORY.tip}")
     return tips
 
 
@@ -340,25 +324,29 @@ def gpu_evidence(f: Facts) -> list[str]:
 
 
 # -- suggestions: what to try next, as config keys -----------------------------------------------
+def _uncompiled(f: Facts, *also: str) -> bool:
+    return f.setting(knobs.COMPILE.key) in (None, "off", *also)
+
+
 def host_suggestions(f: Facts) -> list[str]:
     tips = []
-    if f.setting("compile.mode") in (None, "off", "default"):
-        tips.append("fewer kernel launches: compile=reduce-overhead (torch.compile + CUDA graphs)")
-    tips.append("more work per launch: larger loader.batch_size")
-    if f.setting("optimizer.fused") is not True:
-        tips.append("fused optimizer step: optimizer.fused=true")
+    if _uncompiled(f, "default"):
+        tips.append(f"fewer kernel launches: {knobs.COMPILE.tip} (torch.compile + CUDA graphs)")
+    tips.append(f"more work per launch: {knobs.MICRO_BATCH.tip}")
+    if f.setting(knobs.FUSED.key) is not True:
+        tips.append(f"fused optimizer step: {knobs.FUSED.tip}")
     return tips
 
 
 def memory_suggestions(f: Facts) -> list[str]:
     tips = []
-    if f.setting("precision.mode") in (None, "fp32", "tf32"):
-        tips.append("half the bytes per value: precision=bf16 (or fp16)")
-    if f.setting("model.input") == "images" and f.setting("model.channels_last") is not True:
-        tips.append("NHWC convolutions: model.channels_last=true")
-    tips.append("bigger kernels: larger loader.batch_size")
-    if f.setting("compile.mode") in (None, "off"):
-        tips.append("fuse elementwise ops: compile=default")
+    if f.setting(knobs.PRECISION.key) in (None, "fp32", "tf32"):
+        tips.append(f"half the bytes per value: {knobs.PRECISION.tip}")
+    if f.setting("model.input") == "images" and f.setting(knobs.CHANNELS_LAST.key) is not True:
+        tips.append(f"NHWC convolutions: {knobs.CHANNELS_LAST.tip}")
+    tips.append(f"bigger kernels: {knobs.MICRO_BATCH.tip}")
+    if _uncompiled(f):
+        tips.append(f"fuse elementwise ops: {knobs.COMPILE.group}=default")
     return tips
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import optuna
 
+from gpuopt.core.metrics import columns
 from gpuopt.report.build import StudyReport, TrialView
 from gpuopt.report.charts import figures, phases_figure, speedup_figure
 from gpuopt.study.records import Comparison
@@ -163,8 +164,8 @@ def trials_table(report: StudyReport) -> str:
     first = report.objectives[0] if report.objectives else "value"
     # The first objective's column; throughput has its own whatever the objective.
     objective = [] if first == "throughput" else [first]
-    head = ["#", "status", *objective, "throughput", "step ms", "data wait %", "bottleneck",
-            "parameters"]  # fmt: skip
+    shown = columns("page")
+    head = ["#", "status", *objective, *(c.header for _, c in shown), "bottleneck", "parameters"]
     rows = []
     best = report.best.number if report.best is not None else None
     for t in report.trials:
@@ -176,15 +177,14 @@ def trials_table(report: StudyReport) -> str:
             f'<td class="num" data-value="{t.number}">{t.number}{_e(mark)}</td>',
             f"<td>{_e(t.status)}</td>",
             *([_cell(value)] if objective else []),
-            _cell(t.metric("throughput"), 0),
-            _cell(t.metric("step_time_ms"), 2),
-            _cell(t.metric("data_wait")),
+            *(_cell(t.metric(name), c.digits) for name, c in shown),
             f"<td>{_e(t.diagnosis.bottleneck.value) if t.status == 'ok' else '-'}</td>",
             f"<td>{_e(params)}</td>",
         ]
         css = ' class="best"' if t.number == best else ""
         rows.append(f"<tr{css}>{''.join(cells)}</tr>")
-    widths = (9, 8, *([10] if objective else []), 10, 8, 8, 14, 35 - (10 if objective else 0))
+    widths = (9, 8, *([10] if objective else []), *(c.width for _, c in shown), 14,
+              35 - (10 if objective else 0))  # fmt: skip
     cols = "".join(f'<col style="width:{w}%">' for w in widths)
     header = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (

@@ -11,9 +11,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from gpuopt.core.fmt import METRIC_UNITS, limit_share
+from gpuopt.core.fmt import limit_share
 from gpuopt.core.fmt import metric as fmt
-from gpuopt.core.result import METRIC_GOALS
+from gpuopt.core.metrics import columns, goals, unit
 from gpuopt.report.build import COMPARED_METRICS, StudyReport, TrialView
 from gpuopt.report.diagnose import Bottleneck, Diagnosis
 from gpuopt.report.export_best import experiment_text
@@ -46,7 +46,7 @@ def change(name: str, base: float | None, best: float | None) -> str:
     """Best vs baseline: points for percentages, else a ratio; green/red by the metric's goal."""
     if base is None or best is None:
         return ""
-    if METRIC_UNITS.get(name) == "%":
+    if unit(name) == "%":
         delta = best - base
         text = f"{delta:+.1f} pts"
     else:
@@ -54,7 +54,7 @@ def change(name: str, base: float | None, best: float | None) -> str:
             return ""
         delta = best / base - 1.0
         text = f"x{best / base:.2f}"
-    goal = METRIC_GOALS.get(name)
+    goal = goals().get(name)
     if goal is None or abs(delta) < 1e-12:
         return text
     better = (delta > 0) == (goal == "maximize")
@@ -90,13 +90,6 @@ HARDWARE_KEYS = (
     "machine",
 )
 MAX_HARDWARE_FACTS = 14
-# (column header, metric) of the trials table.
-DIAGNOSTIC_COLUMNS = (
-    ("util", "utilization"),
-    ("wait", "data_wait"),
-    ("mfu", "mfu"),
-    ("in_eff", "input_efficiency"),
-)
 
 
 def header(report: StudyReport) -> Panel:
@@ -335,9 +328,7 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
     shown = list(ranked if limit is None else ranked[:limit])
     if report.baseline is not None and report.baseline not in shown:
         shown.append(report.baseline)
-    units = ", ".join(
-        f"{n} in {METRIC_UNITS[n]}" for n in report.objectives if METRIC_UNITS.get(n, "%") != "%"
-    )
+    units = ", ".join(f"{n} in {unit(n)}" for n in report.objectives if unit(n) not in ("", "%"))
     table = Table(
         title="Trials (best first; B = baseline, * = best" + (f"; {units}" if units else "") + ")",
         title_justify="left",
@@ -346,9 +337,9 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
     for name in report.objectives:
         table.add_column(name, justify="right", no_wrap=True)
     # Diagnostic metrics next to the objectives, unless already shown as one.
-    extra = [(h, m) for h, m in DIAGNOSTIC_COLUMNS if m not in report.objectives]
-    for header_name, _ in extra:
-        table.add_column(header_name, justify="right", no_wrap=True)
+    extra = [(name, column) for name, column in columns("column") if name not in report.objectives]
+    for _, column in extra:
+        table.add_column(column.header, justify="right", no_wrap=True)
     # ok trials: their bottleneck; the others: how they ended (oom, error, running, ...)
     table.add_column("bottleneck", min_width=len("bottleneck"))
     # One column per sampled parameter (headed by its last dotted part) while they fit; else, and
@@ -378,7 +369,7 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
         table.add_row(
             f"{trial.number}{mark}",
             *(fmt(n, v, unit=False) for n, v in zip(report.objectives, values, strict=False)),
-            *(fmt(metric, trial.metric(metric)) for _, metric in extra),
+            *(fmt(name, trial.metric(name)) for name, _ in extra),
             verdict,
             *params,
         )

@@ -8,7 +8,7 @@ The attrs a trial's own `TrialResult` is stored under (status, reason, env, conf
 profile, numerics, ranks, phases, extras_skipped: `gpuopt.core.result.result_user_attrs`) are named in core/result.py, which
 writes them and imports nothing of the study; they are listed here too, so that every reader takes
 every key from this module. Every metric is stored flat under its own name (`throughput`, ...:
-`gpuopt.core.result.Metrics`).
+the metric catalogue, `gpuopt.core.metrics.Metrics`).
 """
 
 from __future__ import annotations

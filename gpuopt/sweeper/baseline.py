@@ -19,6 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
+from gpuopt.core import knobs
 from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_BASELINE_SKIPPED,
@@ -31,7 +32,7 @@ from gpuopt.study.keys import (
     STUDY_SEEDS,
 )
 from gpuopt.sweeper import resume
-from gpuopt.sweeper.seeding import SeedFacts, describe_split, expert_seeds
+from gpuopt.sweeper.seeding import LOW_PRECISION, SeedFacts, describe_split, expert_seeds
 from gpuopt.sweeper.space import SearchSpace, baseline_params, current_value
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -156,7 +157,7 @@ def seed_facts(baseline_attrs: dict[str, Any], study_attrs: dict[str, Any]) -> S
     hardware attr), as seeding's facts."""
     env = baseline_attrs.get("env") or {}
     probe = (study_attrs.get("hardware") or {}).get("env") or {}
-    poor = ((study_attrs.get("hardware") or {}).get("poor_choices") or {}).get("precision") or {}
+    poor = knobs.judge(knobs.PRECISION.key, LOW_PRECISION, probe)  # emulated, or slow here
     return SeedFacts(
         device_type=str(env.get("device") or probe.get("device") or "cpu").split(":")[0],
         cores=int(env.get("usable_cpus") or probe.get("cpus") or 1),
@@ -164,7 +165,7 @@ def seed_facts(baseline_attrs: dict[str, Any], study_attrs: dict[str, Any]) -> S
         compute_cost_us=baseline_attrs.get("compute_cost_us"),
         ceiling_throughput=baseline_attrs.get("ceiling_throughput"),
         limit_bound=baseline_attrs.get("limit_bound"),
-        native_low_precision=bool(probe.get("bf16_native")) and "bf16" not in poor,
+        native_low_precision=bool(probe.get("bf16_native")) and not poor,
     )
 
 

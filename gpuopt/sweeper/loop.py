@@ -26,6 +26,7 @@ import optuna
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from gpuopt.core import knobs
 from gpuopt.core._compat import stock_sweeper_impl, submitit_executor_kind
 from gpuopt.core.lifeline import terminate_as_interrupt
 from gpuopt.core.secrets import mask_config_secrets
@@ -171,13 +172,12 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     # ---- the steps -----------------------------------------------------------------------------
 
     def _plan(self, arguments: list[str]) -> tuple[dict[str, Any], machine.EnvProbe, SearchSpace]:
-        """gpuopt's own task checked (its values, then against the machine), before anything
+        """gpuopt's own task checked once (its values, against the machine), before anything
         exists; the machine's facts, the env probe and the search space for its device. The
         storage is checked before the machine is probed: a refused login is the first line."""
-        task.check_task_config(self.options, self.config)
         open_study.check_storage(self.options.storage, self.config)
         facts = machine.hardware_facts()
-        probe = task.check_task_device(
+        probe = task.check_task(
             self.options, self.config, task.probe_env(self.options, self.params)
         )
         device_type = machine.detect_device_type(task.configured_device(self.config), facts)
@@ -199,9 +199,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             isinstance(self.sampler, functools.partial)
             and self.sampler.func == optuna.samplers.GridSampler
         )
-        poor = probe.poor_choices if self.options.device_aware else None
+        aware = self.options.device_aware and probe.data  # the knob catalogue's rules, its facts
+        judge = functools.partial(knobs.judge, facts=probe.data) if aware else None
         axis = memory_axis.plan_for_sweep(self.config, self.options, preset, arguments, device_type)
-        space = build_search_space(preset, arguments, poor, grid=is_grid, batch_axis=axis)
+        space = build_search_space(preset, arguments, judge, grid=is_grid, batch_axis=axis)
         if space.grid is not None:
             self.sampler = self.sampler(space.grid)
         return space

@@ -1,7 +1,7 @@
 """What machine the study measures, without importing torch in the sweeping process.
 
-- `probe_env`: `python -m gpuopt.env --json` once, in a subprocess (its `poor_choices` drive the
-  device-aware presets; torch is imported there, not here).
+- `probe_env`: `python -m gpuopt.env --json` once, in a subprocess (its facts, judged by the knob
+  catalogue's rules, drive the device-aware presets; torch is imported there, not here).
 - `hardware_id`: a stable short id of the hardware (CPU model, core count, GPU names through NVML),
   part of the default study name, so one study never mixes machines.
 - `default_study_name`: the study's name when the user does not give one (where it lives:
@@ -38,19 +38,9 @@ class EnvProbe:
     error: str | None = None
 
     @property
-    def poor_choices(self) -> dict[str, dict[str, str]]:
-        value = self.data.get("poor_choices") or {}
-        return {str(k): dict(v) for k, v in value.items() if isinstance(v, dict)}
-
-    @property
     def device_type(self) -> str | None:
-        for key in ("device_type", "device"):
-            value = self.data.get(key)
-            if isinstance(value, dict):
-                value = value.get("type")
-            if isinstance(value, str) and value:
-                return value.split(":")[0]
-        return None
+        """The facts' device type (cpu | cuda | mps: gpuopt.trial.devices.detect_capabilities)."""
+        return self.data.get("device") or None
 
 
 def probe_env(timeout_s: float = 120.0, python: str | None = None) -> EnvProbe:

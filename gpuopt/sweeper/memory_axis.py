@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuopt.core import knobs
+
 log = logging.getLogger(__name__)
 
-BATCH_KEY = "loader.batch_size"
+BATCH_KEY = knobs.MICRO_BATCH.key  # the micro-batch the axis sizes to the memory
 # The share of the budget kept free: allocator fragmentation, cudnn workspaces, the loader's
 # pinned buffers, and the fit's error between the two measured sizes and the predicted one.
 DEFAULT_MARGIN = 0.15

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.core.result import METRIC_GOALS, Metrics, Status, TrialResult, result_user_attrs
+from gpuopt.core.metrics import goals
+from gpuopt.core.result import Metrics, Status, TrialResult, result_user_attrs
 from gpuopt.sweeper.options import SweepConfigError
 
 DEFAULT_OBJECTIVES = ("throughput_amortized", "utilization")
@@ -41,8 +42,8 @@ def resolve_objectives(
 ) -> tuple[list[str], list[str]]:
     """(metric names, directions) from the sweeper config; raises SweepConfigError.
 
-    - objectives given: directions come from METRIC_GOALS unless `direction` is given too (then
-      its length must match); a name outside METRIC_GOALS (a metric of the task's own, returned in
+    - objectives given: directions come from each metric's goal (gpuopt.core.metrics) unless
+      `direction` is given too (then its length must match); a name without one (a metric of the task's own, returned in
       its dict) needs `direction`.
     - only a stock `direction` given: the first len(direction) default objectives.
     - neither: throughput_amortized and utilization, both maximized.
@@ -61,7 +62,7 @@ def resolve_objectives(
     if objectives is None:
         if directions is None:
             names = list(DEFAULT_OBJECTIVES)
-            return names, [METRIC_GOALS[n] for n in names]
+            return names, [goals()[n] for n in names]
         if len(directions) > len(DEFAULT_OBJECTIVES):
             raise SweepConfigError(
                 "hydra.sweeper.direction",
@@ -75,27 +76,27 @@ def resolve_objectives(
     names = [str(n) for n in objectives]
     if not names:
         raise SweepConfigError(
-            "hydra.sweeper.objectives", [], f"one or more of {', '.join(METRIC_GOALS)}"
+            "hydra.sweeper.objectives", [], f"one or more of {', '.join(goals())}"
         )
-    unknown = [n for n in names if n not in METRIC_GOALS]
+    unknown = [n for n in names if n not in goals()]
     if unknown and (directions is None or len(directions) != len(names)):
         # A metric of the task's own (a returned dict's `val_acc`) has no known goal: say it.
         raise SweepConfigError(
             "hydra.sweeper.objectives",
             unknown[0],
-            f"gpuopt's metric names ({', '.join(METRIC_GOALS)}), or a metric your task returns "
+            f"gpuopt's metric names ({', '.join(goals())}), or a metric your task returns "
             f"with hydra.sweeper.direction giving one direction per objective ({len(names)})",
         )
     if len(set(names)) != len(names):
         raise SweepConfigError("hydra.sweeper.objectives", names, "each metric at most once")
     if directions is None:
-        return names, [METRIC_GOALS[n] for n in names]
+        return names, [goals()[n] for n in names]
     if len(directions) != len(names):
         raise SweepConfigError(
             "hydra.sweeper.direction",
             directions,
             f"{len(names)} direction(s), one per objective {names} (or leave direction unset: "
-            "it follows METRIC_GOALS)",
+            "it follows each metric's goal)",
         )
     return names, directions
 
@@ -189,13 +190,13 @@ def _outcome_from_result(
     if result.status is Status.OK:
         values: list[float] = []
         for name in objectives:
-            metric = result.metric(name) if name in METRIC_GOALS else _own_metric(own, name)
+            metric = result.metric(name) if name in goals() else _own_metric(own, name)
             if metric is None:
                 attrs["status"] = Status.ERROR.value
                 attrs["reason"] = (
                     f"objective {name!r} was not measured in this trial (None): it is not measurable "
                     f"on this device; choose other hydra.sweeper.objectives"
-                    if name in METRIC_GOALS
+                    if name in goals()
                     else f"objective {name!r} is not a number in the metrics the task returned"
                 )
                 return TrialOutcome(status=Status.ERROR.value, values=None, user_attrs=attrs)

@@ -241,7 +241,7 @@ def record_new_study(
         "id": hardware_id,
         **facts,
         "env": env,
-        "poor_choices": probe.poor_choices,
+        "poor_choices": probe.data.get("poor_choices") or [],  # the env's rows: one per rule
         "dropped": [list(d) for d in dropped],
     }
     study.set_user_attr(STUDY_HARDWARE, json.loads(json.dumps(hardware_attr, default=str)))

@@ -148,9 +148,9 @@ class SweeperOptions:
         """Whether gpuopt measures the app's task: its own task, or an app whose objectives name
         one of gpuopt's metrics (`throughput`, `data_wait`, ...). Such a sweep is fair by default:
         a baseline, trials in fresh processes (launcher_choice.py), a confirmation round."""
-        from gpuopt.core.result import METRIC_GOALS
+        from gpuopt.core.metrics import goals
 
-        return self.gpuopt_task or any(n in METRIC_GOALS for n in self.objectives or ())
+        return self.gpuopt_task or any(n in goals() for n in self.objectives or ())
 
     def validate_artifacts(self) -> None:
         """hydra.sweeper.artifacts: auto, a directory, or null (gpuopt/sweeper/trial_artifacts.py)."""

@@ -103,7 +103,7 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     defaults: list[Any] = field(default_factory=lambda: [{"sampler": "gpuopt_tpe"}])
 
     # Stock keys whose defaults differ for gpuopt:
-    # null: derived from `objectives` (METRIC_GOALS). Given without `objectives` (a stock config):
+    # null: each objective's goal (gpuopt.core.metrics). Given without `objectives` (a stock config):
     # the first len(direction) default objectives, or the task's plain float/list return values.
     direction: Any = _DEFAULTS.direction
     # null: in-memory, nothing kept (the stock meaning; "memory" says the same). gpuopt's own
@@ -123,7 +123,7 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     max_failure_rate: float = _DEFAULTS.max_failure_rate
 
     # gpuopt additions
-    # Metric names of gpuopt.core.result.METRIC_GOALS, in Optuna's value order. null: throughput_amortized, utilization.
+    # Metric names with a goal (gpuopt.core.metrics), in Optuna's value order. null: throughput_amortized, utilization.
     objectives: list[str] | None = None  # (SweeperOptions.objectives)
     # Drop choices that `python -m gpuopt.env --json` flags as poor on this machine from the
     # preset's params (command-line sweep arguments are always taken as written).

@@ -28,11 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-WORKERS = "loader.num_workers"
-THREADS = "device.num_threads"
-BATCH = "loader.batch_size"
-PRECISION = "precision"
-PIN_MEMORY = "loader.pin_memory"
+from gpuopt.core import knobs
+
+WORKERS, THREADS, BATCH = knobs.WORKERS.key, knobs.THREADS.key, knobs.MICRO_BATCH.key
+PRECISION, PIN_MEMORY = knobs.PRECISION.group, knobs.PIN_MEMORY.key  # the group presets search
 LOW_PRECISION = "bf16"
 DRIVER_CORES = 1  # as gpuopt.core.limits: the core that drives an accelerator does not load
 MAX_SEEDS = 4  # of the default 10 trials: the baseline, 4 seeds, 5 for the sampler

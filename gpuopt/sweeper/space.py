@@ -8,17 +8,19 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, Transformer
 
+from gpuopt.core import knobs
 from gpuopt.sweeper.options import SweepConfigError
 
 log = logging.getLogger(__name__)
 
+Judge = Callable[[str, Any], str | None]  # (key, choice) -> why it is poor here, or None
 _PLAIN = re.compile(r"^[A-Za-z0-9_\-./:+@]+$")
 _parser: OverridesParser | None = None
 
@@ -71,15 +73,6 @@ def override_text(key: str, value: Any) -> str:
     return f"{key}={choice_text(value)}"
 
 
-def canonical(value: Any) -> str:
-    """How a choice is named in `gpuopt.env`'s poor_choices: true, null, 4, bf16."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value).lower()
-
-
 @dataclass
 class Filtered:
     """The result of device-aware trimming of the preset's params."""
@@ -89,41 +82,29 @@ class Filtered:
     removed_keys: list[str] = field(default_factory=list)  # every choice was poor: not searched
 
 
-def drop_poor_choices(
-    params: Mapping[str, Any], poor_choices: Mapping[str, Mapping[str, str]]
-) -> Filtered:
-    """Remove the choices `gpuopt.env` flags as poor on this machine from choice() lists.
+def drop_poor_choices(params: Mapping[str, Any], judge: Judge) -> Filtered:
+    """Remove from choice() lists the choices `judge` calls poor here (gpuopt.core.knobs.judge).
 
     A key whose every choice is poor is not searched at all (the configured value stays). Ranges,
     intervals and fixed values are left as written.
     """
     out: dict[str, str] = {}
     result = Filtered(params=out)
-    poor_lower = {
-        str(k): {str(c).lower(): str(r) for c, r in v.items()} for k, v in poor_choices.items() if v
-    }
     for key, text in params.items():
         key, text = str(key), str(text)
-        poor = poor_lower.get(key.lstrip("+~"))
-        if not poor:
-            out[key] = text
-            continue
         override = parse_entry(key, text, "hydra.sweeper.params")
         value = override.value()
-        if (
-            not (override.is_choice_sweep() and isinstance(value, ChoiceSweep))
-            or value.shuffle
-            or value.tags
-        ):
+        plain = override.is_choice_sweep() and isinstance(value, ChoiceSweep)
+        if not plain or value.shuffle or value.tags:
             out[key] = text
             continue
         kept = []
         for choice in override.sweep_iterator(transformer=Transformer.identity):
-            reason = poor.get(canonical(choice))
+            reason = judge(key.lstrip("+~"), choice)
             if reason is None:
                 kept.append(choice)
             else:
-                result.dropped.append((key, canonical(choice), reason))
+                result.dropped.append((key, knobs.canonical(choice), reason))
         if not kept:
             result.removed_keys.append(key)
             continue
@@ -271,12 +252,12 @@ class SearchSpace:
 def build_search_space(
     preset: dict[str, str],
     arguments: list[str],
-    poor_choices: Mapping[str, Mapping[str, str]] | None,
+    judge: Judge | None,
     grid: bool,
     batch_axis: Any = None,  # memory_axis.BatchAxis (not imported: it imports this module)
 ) -> SearchSpace:
     """The preset's params (the batch axis from the memory model when given, memory_axis.py;
-    device-trimmed by `poor_choices` when given) plus the command line's sweep arguments (which
+    device-trimmed by `judge` when given) plus the command line's sweep arguments (which
     always win), as Optuna distributions; SweepConfigError when malformed."""
     from gpuopt.core._compat import create_params_from_overrides, grid_choices
 
@@ -286,8 +267,8 @@ def build_search_space(
     if batch_axis is not None and batch_axis.key in preset:
         preset = batch_axis.rewrite(preset)
         dropped += [(batch_axis.key, str(c), why) for c, why in batch_axis.dropped]
-    if poor_choices:
-        filtered = drop_poor_choices(preset, poor_choices)
+    if judge is not None:
+        filtered = drop_poor_choices(preset, judge)
         for key, choice, reason in filtered.dropped:
             log.info("device-aware: dropped %s=%s from the search (%s)", key, choice, reason)
         for key in filtered.removed_keys:

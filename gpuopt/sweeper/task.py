@@ -19,7 +19,8 @@ from typing import Any
 import optuna
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from gpuopt.core.result import METRIC_GOALS
+from gpuopt.core import knobs
+from gpuopt.core.metrics import goals
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.rules import plain_labels, plain_names
 from gpuopt.sweeper import machine
@@ -50,12 +51,12 @@ def objectives(options: SweeperOptions, direction: Any) -> tuple[list[str], list
     the stock sweeper's: its `direction` (default minimize), values labelled value/value_i."""
     if options.objectives is not None or options.gpuopt_task:
         names, directions = resolve_objectives(options.objectives, direction)
-        own = [n for n in names if n not in METRIC_GOALS]
+        own = [n for n in names if n not in goals()]
         if own and options.gpuopt_task:  # gpuopt's own task returns only gpuopt's metrics
             raise SweepConfigError(
                 "hydra.sweeper.objectives",
                 own[0],
-                f"gpuopt's metric names ({', '.join(METRIC_GOALS)})",
+                f"gpuopt's metric names ({', '.join(goals())})",
             )
         return names, directions
     directions = stock_directions(direction)
@@ -86,29 +87,22 @@ def study_name(
     return machine.default_study_name(workload, search or None, hw_id)
 
 
-def check_task_config(options: SweeperOptions, config: DictConfig) -> None:
-    """gpuopt's own task: every value of the composed config, once, before the study (the
-    trials would each fail on a bad fixed value); one line, exit 2 (plugin.py)."""
-    if options.gpuopt_task:
-        from gpuopt.core.checks import check_composed
-
-        check_composed(config)
-
-
-def check_task_device(
+def check_task(
     options: SweeperOptions, config: DictConfig, probe: machine.EnvProbe
 ) -> machine.EnvProbe:
-    """What the trials' device must offer (device.type=cuda on a CPU machine, tf32, workers
-    per core), against `python -m gpuopt.env --json` of that machine; the probe used."""
+    """gpuopt's own task: the composed config checked once, before the study (the trials would
+    each fail on a bad fixed value), its device against `python -m gpuopt.env --json` of the
+    machine the trials run on (device.type=cuda on a CPU machine, tf32, workers per core): the
+    validation route's one entry point (gpuopt.core.checks); one line, exit 2 (plugin.py). The
+    probe used: `probe`, or the one made here."""
     if not options.gpuopt_task:
         return probe
     if not probe.data:
         probe = machine.probe_env(options.env_timeout_s)
-    if probe.data:
-        from gpuopt.core.checks import check_device_facts
+    from gpuopt.core.checks import check_composed
 
-        check_device_facts(config, probe.data)
-    else:
+    check_composed(config, facts=probe.data or None)
+    if not probe.data:
         log.warning("device checks skipped: %s", probe.error)
     return probe
 
@@ -161,17 +155,11 @@ def _load_option(loader: Any, path: str) -> DictConfig | None:
     return None
 
 
-# What `python -m gpuopt.env`'s poor choices can name (gpuopt.trial.devices.detect_capabilities;
-# tests/test_sweeper_logic.py checks every name it gives starts so): a sweep searching none of these
-# keys has nothing for the probe to trim.
-PROBED_KEYS = ("loader.", "device.", "precision", "compile", "distributed.")
-
-
 def probe_env(options: SweeperOptions, params: Mapping[str, Any] | None) -> machine.EnvProbe:
     """`python -m gpuopt.env --json` once, for device-aware presets (an empty probe when off, or
     when no searched key is one it can judge and no device_params ask for the device type: the
     probe is a subprocess that imports torch, ~3.5 s of an app's sweep of its own keys)."""
-    judged = any(str(k).lstrip("+~").startswith(PROBED_KEYS) for k in params or {})
+    judged = any(knobs.probed(str(k)) for k in params or {})
     if not options.device_aware or not (judged or options.device_params):
         return machine.EnvProbe()
     probe = machine.probe_env(options.env_timeout_s)

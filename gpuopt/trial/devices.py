@@ -1,6 +1,6 @@
 """The devices of a trial's process, on the torch side: resolving the one a trial runs on (once,
 `trial_device`), what it is (`fingerprint`, `list_devices`, `why_no_accelerator`) and what it does
-well (`detect_capabilities`: the poor choices the sweeper drops from preset search spaces).
+natively (`detect_capabilities`: the facts gpuopt.core.knobs' poor-choice rules judge).
 
 The fingerprint goes into every result, so numbers from different machines or software never mix
 silently. The sweeper reads these facts through `python -m gpuopt.env --json` in a subprocess (so
@@ -14,21 +14,19 @@ import platform
 import socket
 import subprocess
 import sys
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gpuopt
-from gpuopt.core.distributed_checks import check_distributed_device
-from gpuopt.core.errors import ConfigError
+from gpuopt.core import knobs
+from gpuopt.core.checks.device import check_device_facts
 from gpuopt.core.host import cpu_model, usable_cpus
 
 if TYPE_CHECKING:
     import torch
 
     from gpuopt.core.spec import TrialSpec
-
-# Values of count-like knobs the capabilities check rates against the core count.
-_THREAD_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 def resolve_device(device_type: str) -> torch.device:
@@ -185,236 +183,73 @@ def _nvidia_smi_works() -> bool:
         return False
 
 
-def cpu_bf16_native() -> bool:
+def cpu_native(dtype: str) -> bool:
+    """Whether this CPU does `bf16` | `fp16` math natively (oneDNN's check; older torch: no fp16's)."""
     import torch
 
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def cpu_fp16_native() -> bool:
-    import torch
-
-    check = getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", None)
+    check = getattr(torch.ops.mkldnn, f"_is_mkldnn_{dtype}_supported", None)
     return bool(check()) if check is not None else False
 
 
-def _cpu_choices(
-    caps: dict[str, Any],
-    precision: dict[str, str],
-    compile_modes: dict[str, str],
-    poor: dict[str, dict[str, str]],
-) -> None:
-    """detect_capabilities on a CPU: native bf16/fp16 math, and what does nothing without an
-    accelerator (filled into detect_capabilities' tables)."""
-    bf16, fp16 = cpu_bf16_native(), cpu_fp16_native()
-    caps.update(bf16_native=bf16, fp16_native=fp16, tf32=False)
-    if not bf16:
-        precision["bf16"] = (
-            "this CPU has no native bf16 (no AVX512-BF16/AMX): autocast emulates it, "
-            "measured 3-15x slower than fp32"
-        )
-    if not fp16:
-        precision["fp16"] = (
-            "this CPU has no native fp16 math (no AMX-FP16): fp16 autocast plus loss scaling "
-            "is slower than fp32"
-        )
-    precision["tf32"] = "TF32 needs an NVIDIA GPU with compute capability >= 8.0"
-    poor["loader.pin_memory"] = {
-        "true": "no accelerator: pinned memory is a no-op here (PyTorch warns)"
-    }
-    poor["loader.non_blocking"] = {"true": "no accelerator: there is no host-to-device copy"}
-    compile_modes["default"] = (
-        "torch.compile costs ~30 s cold per process on CPU (measured 27-38 s on 2 cores) and "
-        "gave no measurable speed-up for these models"
-    )
-    compile_modes["reduce-overhead"] = "CUDA graphs: needs a CUDA device to pay off"
-    compile_modes["max-autotune"] = "autotunes GPU kernels: needs a CUDA device to pay off"
-
-
-# A low precision whose measured matmul peak is under this many times fp32's buys no compute here.
-LOW_PRECISION_GAIN = 1.2
-
-
-def slow_precisions(peak_flops: dict[str, float]) -> dict[str, str]:
-    """The low precisions (bf16, fp16) that the measured matmul peaks (`python -m gpuopt.env`'s
-    probe, gpuopt.trial.matmul_peak) say are no faster than fp32 here, with the reason.
-
-    Why measured, not read off CPU flags: a CPU can have native fp16 instructions (AVX512-FP16)
-    and still no faster fp16 matrix math (AMX-FP16 is a later chip), so fp16 autocast only adds
-    rounding and conversions - and its convolutions have no fast kernel at all (on a 2-core Xeon
-    with AVX512-FP16, a 3x3 conv's forward and backward took 2.2 s in fp16 vs 60 ms in fp32:
-    docs/searching.md, "Device-aware choices"). A trial of such a configuration costs a sweep minutes for nothing."""
-    fp32 = peak_flops.get("fp32")
-    slow = {}
-    for mode in ("bf16", "fp16"):
-        peak = peak_flops.get(mode)
-        if fp32 and peak and peak < LOW_PRECISION_GAIN * fp32:
-            slow[mode] = (
-                f"measured matmul peak {peak / 1e12:.3g} TFLOP/s, {peak / fp32:.2f}x fp32's: "
-                "no faster math here to pay for its rounding"
-            )
-    return slow
-
-
-def add_slow_precisions(data: dict[str, Any]) -> None:
-    """`detect_capabilities`' poor choices, with the precisions the measured peaks in
-    `data["peak_flops"]` say are slow here (those not already poor for another reason)."""
-    slow = slow_precisions(data.get("peak_flops") or {})
-    poor = data.setdefault("poor_choices", {})
-    for key in ("precision.mode", "precision"):
-        listed = poor.setdefault(key, {})
-        for mode, why in slow.items():
-            listed.setdefault(mode, why)
-        if not listed:
-            del poor[key]
-
-
 def detect_capabilities(device: torch.device | str | None = None) -> dict[str, Any]:
-    """What the device does well, and `poor_choices`: {config key: {override value: reason}}.
-
-    Values are strings as they would appear in a Hydra override. Group options (`precision=bf16`,
-    `compile=max-autotune`) are listed under the group name too, so a sweeper searching groups
-    and one searching keys read the same answer.
-    """
+    """What the device is and does natively: the facts the knob catalogue's poor-choice rules
+    judge values by (gpuopt.core.knobs.judge), here and in the torch-free sweeper alike."""
     import torch
 
     if device is None or isinstance(device, str):
         device = resolve_device(device or "auto")
-    cores = usable_cpus()
-    precision: dict[str, str] = {}
-    compile_modes: dict[str, str] = {}
-    poor: dict[str, dict[str, str]] = {}
-    caps: dict[str, Any] = {
-        "device": device.type,
-        "device_name": device_name(device),
-        "cpus": cores,
-    }
-
+    facts = {"device": device.type, "device_name": device_name(device), "cpus": usable_cpus()}
     if device.type == "cpu":
-        _cpu_choices(caps, precision, compile_modes, poor)
+        facts.update(bf16_native=cpu_native("bf16"), fp16_native=cpu_native("fp16"), tf32=False)
     elif device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        caps.update(compute_capability=f"{major}.{minor}", tf32=major >= 8, bf16_native=major >= 8)
-        if major < 8:
-            precision["tf32"] = (
-                f"TF32 needs compute capability >= 8.0; this GPU has {major}.{minor}"
-            )
-            precision["bf16"] = (
-                f"no native bf16 below compute capability 8.0 (this GPU: {major}.{minor}): emulated, slow"
-            )
+        facts.update(compute_capability=f"{major}.{minor}", tf32=major >= 8, bf16_native=major >= 8)
+        facts["gpu_count"] = torch.cuda.device_count()
     elif device.type == "mps":
-        caps.update(tf32=False)
-        precision["tf32"] = "TF32 needs an NVIDIA GPU with compute capability >= 8.0"
-        compile_modes["reduce-overhead"] = "CUDA graphs: needs a CUDA device to pay off"
-        compile_modes["max-autotune"] = "autotunes GPU kernels: needs a CUDA device to pay off"
-
-    # Compute threads and loader workers share the CPU cores (with an accelerator too, where
-    # workers compete with the thread that launches kernels).
-    poor["device.num_threads"] = {
-        str(n): f"only {cores} usable CPU core(s): more threads than cores oversubscribe"
-        for n in _THREAD_CANDIDATES
-        if n > cores
-    }
-    poor["loader.num_workers"] = {
-        str(n): f"only {cores} usable CPU core(s): more workers than cores compete with compute"
-        for n in _THREAD_CANDIDATES
-        if n > cores
-    }
-    _distributed_choices(device, caps, cores, poor)
-    if precision:
-        poor["precision.mode"] = precision
-        poor["precision"] = dict(precision)
-    if compile_modes:
-        poor["compile.mode"] = compile_modes
-        poor["compile"] = dict(compile_modes)
-    caps["poor_choices"] = {key: value for key, value in poor.items() if value}
-    return caps
-
-
-def _distributed_choices(
-    device: torch.device, caps: dict[str, Any], cores: int, poor: dict[str, dict[str, str]]
-) -> None:
-    """What a distributed trial cannot do well here (`distributed=ddp | fsdp2`): NCCL without CUDA,
-    more ranks than GPUs (or, on CPU, than cores), bf16 shards without native bf16."""
-    import torch
-
-    if device.type == "cuda":
-        ranks, what = torch.cuda.device_count(), "GPU(s)"
-    else:
-        ranks, what = cores, "usable CPU core(s)"
-        poor["distributed.backend"] = {"nccl": "NCCL needs CUDA GPUs"}
-    poor["distributed.nproc_per_node"] = {
-        str(n): f"only {ranks} {what}: one rank each" for n in _THREAD_CANDIDATES if n > ranks
-    }
-    if not caps.get("bf16_native"):
-        why = "no native bf16 on this device: bf16 shards run emulated, slowly"
-        poor["distributed.param_dtype"] = {"bf16": why}
-        poor["distributed.reduce_dtype"] = {"bf16": why}
+        facts.update(tf32=False)
+    return facts
 
 
 def trial_device(spec: TrialSpec) -> tuple[torch.device, list[str]]:
     """The device a trial runs on, resolved once (`resolve_device`), with the warnings for settings
     that run but do nothing there. Raises ConfigError for a device that is not here and for settings
-    it cannot run (the same lines `gpuopt.core.checks.check_device_facts` gives from facts)."""
-    import torch
-
-    requested = spec.device.type
-    _check_present(requested)
-    device = resolve_device(requested)
-    mode = spec.precision.mode
-    if mode == "tf32" and (
-        device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8
-    ):
-        raise ConfigError(
-            "precision.mode",
-            mode,
-            f"fp32 | fp16 | bf16 on {device} (tf32 needs an NVIDIA GPU "
-            "with compute capability >= 8.0)",
-        )
-    if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("precision.mode", mode, f"fp32 | fp16 on {device_name(device)} (no bf16)")
-    cuda = device.type == "cuda"
-    check_distributed_device(
-        spec.distributed,
-        device.type,
-        torch.cuda.device_count() if cuda else 0,
-        torch.cuda.is_bf16_supported() if cuda else True,  # a CPU emulates bf16 (slowly)
-    )
+    it cannot run: the sweeper's rules (gpuopt.core.checks.device), against this process's facts."""
+    check_device_facts(spec, _device_facts(spec))
+    device = resolve_device(spec.device.type)
     return device, _no_effect_warnings(spec, device)
 
 
-def _check_present(requested: str) -> None:
-    """A requested CUDA or MPS device must be visible here (ConfigError naming what is)."""
+def _device_facts(spec: TrialSpec) -> dict[str, Any]:
+    """This process's devices as `check_device_facts` reads them, read from torch as cheaply as the
+    trial allows: GPUs only where it may run on one (a CPU trial creates no CUDA context), the bf16
+    of the GPU it asks for only where it asks for bf16 (torch's answer may put a tensor there),
+    why none is visible only where one is asked for (that may run nvidia-smi)."""
     import torch
 
-    if requested.startswith("cuda"):
-        if not torch.cuda.is_available():
-            why = why_no_accelerator() or {"why": "CUDA is not available"}
-            raise ConfigError("device.type", requested, f"cpu | auto here ({why['why']})")
-        count = torch.cuda.device_count()
-        if (torch.device(requested).index or 0) >= count:
-            listed = [f"cuda:{index}" for index in range(count)]
-            raise ConfigError("device.type", requested, " | ".join([*listed, "cpu", "auto"]))
-    if requested == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device.type", requested, "cpu | auto here (MPS is not available)")
+    requested, dist = spec.device.type, spec.distributed
+    devices: list[dict[str, Any]] = [{"device": "cpu"}]
+    count = torch.cuda.device_count() if requested not in ("cpu", "mps") else 0
+    wanted = (torch.device(requested).index or 0) if requested.startswith("cuda") else None
+    bf16 = "bf16" in (spec.precision.mode, dist.param_dtype, dist.reduce_dtype)
+    for index in sorted(range(count), key=lambda i: i != torch.cuda.current_device()):
+        props = torch.cuda.get_device_properties(index)
+        fact = {"device": f"cuda:{index}", "name": props.name}
+        fact["compute_capability"] = f"{props.major}.{props.minor}"
+        if bf16 and index == (torch.cuda.current_device() if wanted is None else wanted):
+            with torch.cuda.device(index):
+                fact["bf16"] = torch.cuda.is_bf16_supported()
+        devices.append(fact)
+    if requested in ("mps", "auto") and torch.backends.mps.is_available():
+        devices.append({"device": "mps"})
+    why = None
+    if requested.startswith("cuda") and not count:
+        why = why_no_accelerator() or {"why": "CUDA is not available"}
+    return {"devices": devices, "accelerator": why}
 
 
 def _no_effect_warnings(spec: TrialSpec, device: torch.device) -> list[str]:
-    """Settings that run on `device` but do nothing there (or run emulated)."""
-    warnings = []
-    if device.type == "cpu":
-        if spec.loader.pin_memory:
-            warnings.append("loader.pin_memory=true has no effect without an accelerator")
-        if spec.loader.non_blocking:
-            warnings.append(
-                "loader.non_blocking=true has no effect on CPU (no host-to-device copy)"
-            )
-        if spec.precision.mode == "bf16" and not cpu_bf16_native():
-            warnings.append(
-                "precision.mode=bf16 on a CPU without native bf16: emulated, expect it slow"
-            )
-    if spec.compile.mode in ("reduce-overhead", "max-autotune") and device.type != "cuda":
-        warnings.append(
-            f"compile.mode={spec.compile.mode} targets CUDA; on {device.type} expect no gain"
-        )
-    return warnings
+    """The settings the knob catalogue's rules judge poor on `device` (a no-op there, emulated,
+    more than its cores), each with the rule's reason: the sweep's trimming, said to one trial."""
+    facts = detect_capabilities(device)
+    values = {k.key: knobs.canonical(attrgetter(k.key)(spec)) for k in knobs.KNOBS if k.poor}
+    return [f"{key}={v}: {why}" for key, v in values.items() if (why := knobs.judge(key, v, facts))]

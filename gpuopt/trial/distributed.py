@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuopt.core.distributed_checks import check_module_patterns
+from gpuopt.core.checks import check_module_patterns
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.lifeline import set_parent_death_signal

@@ -45,7 +45,7 @@ class MemoryBaseline:
 
     def release_cache(self) -> None:
         """Give cached, unused device blocks back (outside the window: before the warm-up steps)."""
-        from gpuopt.trial.knobs import empty_device_cache
+        from gpuopt.trial.policies import empty_device_cache
 
         empty_device_cache(self.device)
 

@@ -14,6 +14,9 @@ optimizer steps in a timed window that started at a barrier (gpuopt.engines._dis
 - each rank's own row is kept (`TrialResult.ranks`), and each rank's profiled trace is moved into
   the trial's run directory (trace.json.gz for rank 0, trace_rank{N}.json.gz).
 
+Each metric's record in the catalogue (gpuopt.core.metrics: `ranks`, `rank_row`) says which of
+these applies to it, and whether it is in the ranks' rows.
+
 A failure is the trial's status: the rank that failed first (its own OOM, error or divergence),
 or one that died without a result (killed, a segfault) with its stderr's head and tail; ranks that
 failed after it (a peer's closed connection, a collective timing out) are its consequence.
@@ -26,24 +29,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from gpuopt.core.metrics import names
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.trial.profiled_window import place_trace
-
-# The per-rank row of a distributed result (`TrialResult.ranks`).
-RANK_FIELDS = (
-    "throughput",
-    "step_time_ms",
-    "data_wait",
-    "host_data_wait",
-    "peak_memory_mb",
-    "timed_seconds",
-    "timed_steps",
-    "comm_share",
-    "comm_exposed",
-    "comm_overlapped",
-)
-# The ranks' mean for the job (each a % of that rank's profiled step).
-MEAN_FIELDS = ("comm_share", "comm_exposed", "comm_overlapped")
 
 
 @dataclass(frozen=True)
@@ -115,7 +103,7 @@ def _first_failure(
 
 def _rank_row(rank: int, result: TrialResult) -> dict[str, object]:
     row: dict[str, object] = {"rank": rank, "status": result.status.value}
-    row.update({name: getattr(result.metrics, name) for name in RANK_FIELDS})
+    row.update({name: getattr(result.metrics, name) for name in names(rank_row=True)})
     return row
 
 
@@ -149,52 +137,57 @@ def _spread(values: list[float]) -> float | None:
 
 
 def _global_metrics(m: Metrics, ranks: list[Metrics]) -> None:
-    """Rank 0's metrics `m` turned into the job's: global throughput over the slowest window, the
-    slowest rank's step time, the worst data wait, the largest peak."""
+    """Rank 0's metrics `m` turned into the job's, as each metric's record says (its `ranks`):
+    the merges below by name, then what is computed for the job from its ranks."""
+    steps = [r.step_time_ms for r in ranks]
+    timed = all(s is not None for s in steps)
+    straggler = max(range(len(ranks)), key=lambda i: steps[i] or 0.0) if timed else None
+    for how in MERGED:
+        for name in names(ranks=how):
+            values = [getattr(r, name) for r in ranks]
+            setattr(m, name, _merged(how, values, straggler, getattr(m, name)))
     walls = [r.timed_seconds or 0.0 for r in ranks]
     samples = sum((r.throughput or 0.0) * (r.timed_seconds or 0.0) for r in ranks)
-    slowest_window = max(walls)
-    rank0_throughput = m.throughput
-    if slowest_window > 0:
-        m.throughput = samples / slowest_window
-        m.timed_seconds = slowest_window
-    steps = [r.step_time_ms for r in ranks]
-    if all(s is not None for s in steps):
-        straggler = max(range(len(ranks)), key=lambda i: steps[i] or 0.0)
-        slow = ranks[straggler]
+    if max(walls) > 0:
+        m.throughput = samples / max(walls)
+    if straggler is not None:
         m.straggler_rank = straggler
-        m.step_time_ms, m.step_time_p10_ms = slow.step_time_ms, slow.step_time_p10_ms
-        m.step_time_p90_ms, m.step_time_cv = slow.step_time_p90_ms, slow.step_time_cv
         m.step_time_spread = _spread([s for s in steps if s is not None])
-    for name in ("data_wait", "host_data_wait", "startup_time_s", "throughput_ci"):
-        values = [v for r in ranks if (v := getattr(r, name)) is not None]
-        setattr(m, name, max(values) if values else None)
-    if m.data_wait is not None and m.utilization is not None and m.power_w is None:
+    if m.data_wait is not None and m.utilization is not None and ranks[0].power_w is None:
         m.utilization = 100.0 - m.data_wait  # CPU: 100 - data wait, as for one process
-    for name in MEAN_FIELDS:
-        values = [v for r in ranks if (v := getattr(r, name)) is not None]
-        setattr(m, name, sum(values) / len(values) if len(values) == len(ranks) else None)
     peaks = [r.peak_memory_mb for r in ranks if r.peak_memory_mb is not None]
-    if peaks:
-        m.peak_memory_mb, m.peak_memory_spread_mb = max(peaks), max(peaks) - min(peaks)
-    _scale_rates(m, ranks, rank0_throughput)
+    m.peak_memory_spread_mb = max(peaks) - min(peaks) if peaks else m.peak_memory_spread_mb
+    _scale_rates(m, len(ranks), ranks[0].throughput)
 
 
-def _scale_rates(m: Metrics, ranks: list[Metrics], rank0_throughput: float | None) -> None:
+# The merges (gpuopt.core.metrics.Merge) done by name; the others are rank 0's value, or computed
+# for the job in `_global_metrics` and `_scale_rates`.
+MERGED = ("largest", "mean", "sum", "slowest", "dropped")
+
+
+def _merged(how: str, values: list[Any], straggler: int | None, own: Any) -> Any:
+    """The job's value from every rank's; `own` is rank 0's, `straggler` the slowest rank."""
+    present = [v for v in values if v is not None]
+    every = bool(present) and len(present) == len(values)
+    if how == "largest":
+        return max(present, default=None)
+    if how == "mean":
+        return sum(present) / len(present) if every else None
+    if how == "sum":
+        return sum(present) if every else None
+    if how == "slowest":
+        return own if straggler is None else values[straggler]
+    return None  # dropped: a single process's limits describe one rank's share, not the job
+
+
+def _scale_rates(m: Metrics, world: int, rank0_throughput: float | None) -> None:
     """What rank 0 measured per its own throughput, at the job's: MFU/HFU per device (the global
-    FLOP/s over the world size's peaks), the amortized throughput; power over every rank."""
-    world = len(ranks)
+    FLOP/s over the world size's peaks), the amortized throughput; the energy per sample."""
     if rank0_throughput and m.throughput:
         per_device = m.throughput / world / rank0_throughput
-        m.mfu = m.mfu * per_device if m.mfu is not None else None
-        m.hfu = m.hfu * per_device if m.hfu is not None else None
-        m.mfu_achievable = m.mfu_achievable * per_device if m.mfu_achievable is not None else None
-        ratio = m.throughput / rank0_throughput
+        for name in names(ranks="per device"):
+            value = getattr(m, name)
+            setattr(m, name, None if value is None else value * per_device)
         if m.throughput_amortized is not None:
-            m.throughput_amortized *= ratio
-    powers = [r.power_w for r in ranks if r.power_w is not None]
-    m.power_w = sum(powers) if len(powers) == world else None
+            m.throughput_amortized *= m.throughput / rank0_throughput
     m.energy_per_sample_j = m.power_w / m.throughput if m.power_w and m.throughput else None
-    # The single-process limits describe one rank's share, not the job: left out.
-    m.limit_throughput = m.limit_efficiency = m.limit_bound = None
-    m.ceiling_throughput = m.input_efficiency = None

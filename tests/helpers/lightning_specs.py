@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuopt.engines.registry import load_spec
+from gpuopt.trial.prepare import load_spec
 from tests.conftest import TINY_TRIAL
 
 HELPERS = "tests.helpers.lightning_models"

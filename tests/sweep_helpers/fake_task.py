@@ -20,6 +20,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -38,8 +39,10 @@ FAKE_KEYS = ("case", "pid_dir", "sleep_s", "env_digest")
 _check_composed = gpuopt.core.checks.check_composed
 
 
-def _check_without_fake_keys(cfg: DictConfig, cpus: int | None = None) -> None:
-    _check_composed(OmegaConf.masked_copy(cfg, [k for k in cfg if k not in FAKE_KEYS]), cpus)
+def _check_without_fake_keys(cfg: DictConfig, *args: Any, **kwargs: Any) -> Any:
+    return _check_composed(
+        OmegaConf.masked_copy(cfg, [k for k in cfg if k not in FAKE_KEYS]), *args, **kwargs
+    )
 
 
 gpuopt.core.checks.check_composed = _check_without_fake_keys

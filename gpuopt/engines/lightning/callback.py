@@ -22,7 +22,7 @@ from gpuopt.core.spec import EngineConf, MeasureConf, TrialSpec
 from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, record_fit
 from gpuopt.engines.lightning.precision import PEAK_MODE
-from gpuopt.trial import knobs
+from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import classify_failure
 from gpuopt.trial.memory import MemoryBaseline
@@ -103,7 +103,7 @@ class UserMeasureCallback(pl.Callback):
         self._memory = MemoryBaseline.take(device)
         self._process_t0 = process_start_time() or time.time()
         self._timer = FetchTimer(device)
-        cache_policy = knobs.CachePolicy(spec.cache, device)
+        cache_policy = policies.CachePolicy(spec.cache, device)
         self._meter = MeasureCallback(spec, device, self._timer, cache_policy, self._trial.warnings)
         self.result = None
         self._micro_batch = self._lr = None

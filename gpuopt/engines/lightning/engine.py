@@ -1,20 +1,16 @@
 """The Lightning engine (`engine=lightning`): the trial runs through `lightning.Trainer.fit`, measured
 by a Callback with the same clocks, stop rule, monitors and metrics as gpuopt's own loop.
 
-gpuopt's groups map onto Lightning's own knobs:
-
-- precision: fp32 -> `precision="32-true"` (matmul precision "highest"), tf32 -> "32-true" with
-  matmul precision "high", bf16 -> "bf16-mixed", fp16 -> "16-mixed"; `engine.precision` overrides
-  the mapping with any Lightning precision string (e.g. "bf16-true").
-- compile: `torch.compile(LightningModule)`; Lightning compiles its forward and training_step.
-- loader: gpuopt's DataLoader (`gpuopt.engines._batches.build_loader`) for a Dataset; for a
-  LightningDataModule, the loader knobs its constructor accepts (batch_size, num_workers, ...).
-- device: accelerator/devices; cache.cudnn_benchmark -> `Trainer(benchmark=...)`.
-- distributed (ddp | fsdp2): each rank of gpuopt's own launch (gpuopt.trial.distributed) fits with
-  Lightning's DDPStrategy or ModelParallelStrategy in the launcher's TorchElasticEnvironment,
-  the window aligned across ranks by the meter (gpuopt.engines.lightning.strategy); every rank
-  runs the profiled window's extra fit (the same steps, after a barrier: its trace and its
-  communication share), and the compute ceiling is left out, as by the native engine.
+gpuopt's keys map onto Lightning's own knobs as the knob catalogue's `lightning` fields say
+(gpuopt.core.knobs; tests/test_knobs.py checks them against Trainer's signature): precision ->
+`Trainer(precision=...)` (gpuopt.engines.lightning.precision; `engine.precision` overrides it),
+compile -> `torch.compile(LightningModule)`, loader.* -> gpuopt's DataLoader for a Dataset, the
+arguments a LightningDataModule's constructor takes for one. Distributed (ddp | fsdp2): each
+rank of gpuopt's own launch (gpuopt.trial.distributed) fits with Lightning's DDPStrategy or
+ModelParallelStrategy in the launcher's TorchElasticEnvironment, the window aligned across ranks
+by the meter (gpuopt.engines.lightning.strategy); every rank runs the profiled window's extra fit
+(the same steps, after a barrier: its trace and its communication share), and the compute ceiling
+is left out, as by the native engine.
 
 The model is either a built-in (or any) `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and
 optimizer config, or the user's own `LightningModule`, run as is: its training_step,
@@ -74,7 +70,7 @@ from gpuopt.engines._loss import model_loss
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, loss_of, record_fit
 from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
 from gpuopt.engines.lightning.strategy import DATA_PARALLEL, lightning_strategy, trainer_devices
-from gpuopt.trial import knobs
+from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.memory import MemoryBaseline
@@ -331,7 +327,7 @@ def measure(trial: Trial, process_t0: float) -> None:
     trial.show("module", module)
     trial.show("fit_data", fit_data)
     # Lightning recognises the compiled wrapper and compiles forward and training_step.
-    fit_module = knobs.compile_function(module, spec.compile)
+    fit_module = policies.compile_function(module, spec.compile)
     fetch_timer = FetchTimer(device)
     meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings, memory, ranks)
     own_loader = "train_dataloaders" in fit_data

@@ -40,7 +40,7 @@ from gpuopt.engines._window import (
     record_window,
 )
 from gpuopt.engines.lightning.precision import peak_mode
-from gpuopt.trial import knobs
+from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.measure import (
@@ -126,7 +126,7 @@ class MeasureCallback(pl.Callback):
         spec: TrialSpec,
         device: torch.device,
         fetch_timer: FetchTimer,
-        cache_policy: knobs.CachePolicy,
+        cache_policy: policies.CachePolicy,
         notes: list[str],
         memory: MemoryBaseline | None = None,
         ranks: Ranks | None = None,

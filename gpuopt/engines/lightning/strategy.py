@@ -21,7 +21,7 @@ Lightning #11617, #18175, Hydra #2070), and `_init_dist_connection` leaves the g
   `gpuopt.engines._distributed.shard` on the mesh's DATA_PARALLEL dimension (the native
   engine's one mapping of shard_modules, reshard_after_forward, param_dtype / reduce_dtype); a
   user's LightningModule shards itself in its own configure_model, so gpuopt's FSDP2
-  knobs cannot reach it (one-line errors: gpuopt.core.distributed_checks). Lightning 2.6 reduces
+  knobs cannot reach it (one-line errors: gpuopt.core.checks). Lightning 2.6 reduces
   the gradients of every micro-batch under this strategy (its `block_backward_sync` skips only
   DDP's): what a Lightning FSDP2 job with accumulation costs.
 """

@@ -25,25 +25,15 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from gpuopt.core import knobs
+from gpuopt.core import shared_protocol as protocol
+from gpuopt.core.metrics import names
 from gpuopt.study.configs import config_of, flatten
 from gpuopt.study.keys import ATTR_OVERRIDES
 from gpuopt.sweeper.objectives import TrialOutcome, error_outcome
 
 log = logging.getLogger("gpuopt.sweeper")
 
-# Spec keys (gpuopt.engines._lifecycle.spec_to_dict) in which two configurations may differ and still
-# share a process: each member builds its own loader and model, and the process-wide settings
-# (threads, float32 matmul precision) are re-applied before each window.
-SHAREABLE = (
-    "loader.",
-    "precision.",
-    "train.",
-    "device.num_threads",
-    "optimizer.lr",
-    "model.activation_checkpointing",
-)
-# How a trial is measured, not what it trains: the shared process has its own windows.
-NOT_COMPARED = ("measure.", "profile.")
 FIRST_STAGE_ROUNDS = 8  # windows are cheap: a first stage with more df narrows Stein's interval
 # ...as many of those rounds as fit in this many seconds (at least confirm.rounds): 8 rounds of
 # 0.5 s windows take ~12 s, of a cnn's 3-step windows of 0.3 s steps ~30 s, and the spread of
@@ -57,7 +47,7 @@ WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
 PROGRESS_S = 10.0  # a line this often while an answer takes long: a sweep never looks hung
 # What each arm's trial measured that its windows use: the epoch boundary (amortized as the trial
 # did) and the data wait (a loader that keeps up is not drained before a window).
-STEADY_FACTS = ("epoch_steps", "epoch_overhead_s", "data_wait")
+STEADY_FACTS = names(window="uses")
 
 
 def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
@@ -73,7 +63,9 @@ def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str 
             return "a distributed trial starts its own ranks"
     a, b = flatten(dict(baseline)), flatten(dict(candidate))
     differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    apart = [k for k in differing if not k.startswith(SHAREABLE + NOT_COMPARED)]
+    # Shareable knobs: each member builds its own loader, model and optimizer, and the process-wide
+    # settings (threads, matmul precision) are re-applied before each window (gpuopt.core.knobs).
+    apart = [k for k in differing if not knobs.shareable(k)]
     return f"{apart[0]} differs" if apart else None
 
 
@@ -125,11 +117,10 @@ class SharedProcess:
         directory: Path,
         python: str | None = None,
     ) -> SharedProcess:
-        spec: dict[str, Any] = {"configs": {k: str(v) for k, v in configs.items()}}
-        spec.update(window_s=window_s, min_steps=MIN_STEPS)
-        spec["steady"] = {k: dict(v) for k, v in steady.items()}
+        files = {k: str(v) for k, v in configs.items()}
+        facts = {k: protocol.Steady.from_json(dict(v)) for k, v in steady.items()}
         path = directory / "interleave.json"
-        path.write_text(json.dumps(spec, indent=1))
+        protocol.Spec(files, window_s, MIN_STEPS, facts).write(path)
         stderr = open(directory / "interleave.log", "w")  # noqa: SIM115 - the child writes to it
         process = subprocess.Popen(
             [python or sys.executable, "-m", "gpuopt.processes.shared_windows", str(path)],
@@ -173,52 +164,47 @@ class SharedProcess:
         self.error = why
         self.close()
 
-    def command(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
-        """Send one JSON command (gpuopt/processes/shared_windows.py's protocol); its answer, or
-        {"status": "error", "reason"} once the process failed."""
-        self.what = f"{fields.get('label', '')} ({op})"
+    def command(self, command: protocol.Command, timeout_s: float) -> protocol.Answer:
+        """Send one command (gpuopt.core.shared_protocol); its answer, or a Failure ("error")
+        once the process failed."""
+        self.what = f"{command.label} ({command.op})"
         if not self.error:
             try:
-                self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+                self.process.stdin.write(json.dumps(command.to_json()) + "\n")
                 self.process.stdin.flush()
             except OSError as exc:
                 self._fail(f"gpuopt.processes.shared_windows: {exc}")
         answer = self._read(timeout_s)
         if answer is None:
-            return {"status": "error", "reason": self.error or "no answer"}
-        return answer
+            return protocol.Failure(command.label, "error", self.error or "no answer")
+        return protocol.answer_from_json(answer, command.answer)
 
     def add(
         self,
         label: str,
         config: Path,
-        steady: Mapping[str, Any] | None = None,
+        steady: protocol.Steady | None = None,
         timeout_s: float = READY_TIMEOUT_S,
-    ) -> dict:
+    ) -> protocol.Added | protocol.Failure:
         """Build `config` (a composed job config) as `label`, warmed up (one it had is released
-        first): {"status", "config": its stored spec} or {"status", "reason"}."""
-        return self.command(
-            "add", timeout_s, label=label, config=str(config), steady=dict(steady or {})
+        first)."""
+        answer = self.command(
+            protocol.Add(label, str(config), steady or protocol.Steady()), timeout_s
         )
+        assert isinstance(answer, (protocol.Added, protocol.Failure))
+        return answer
 
     def window(self, label: str) -> TrialOutcome:
-        """One window of `label`, as the TrialOutcome of its objective."""
-        if not self.error:
-            try:
-                self.process.stdin.write(label + "\n")
-                self.process.stdin.flush()
-            except OSError as exc:
-                self._fail(f"gpuopt.processes.shared_windows: {exc}")
-        answer = self._read(WINDOW_TIMEOUT_S)
-        if answer is None:
-            return error_outcome(self.error or "no answer")
-        if answer.get("status") != "ok":
-            reason = answer.get("reason") or "failed"
-            return TrialOutcome(answer.get("status", "error"), None, user_attrs={"reason": reason})
-        value = answer.get(self.objective)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
+        """One window of `label` (the spec's length), as the TrialOutcome of its objective."""
+        answer = self.command(protocol.Window(label), WINDOW_TIMEOUT_S)
+        if isinstance(answer, protocol.Failure):
+            if self.error:
+                return error_outcome(answer.reason)
+            return TrialOutcome(answer.status, None, user_attrs={"reason": answer.reason})
+        value = answer.value(self.objective) if isinstance(answer, protocol.Reading) else None
+        if value is None or not math.isfinite(value):
             return error_outcome(f"no {self.objective} in {answer}")
-        return TrialOutcome("ok", [float(value)], user_attrs=answer)
+        return TrialOutcome("ok", [float(value)], user_attrs=answer.to_json())
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuopt.core.metrics import window_metrics
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_EXTRAS_SKIPPED, ATTR_OVERRIDES
 from gpuopt.study.records import ConfirmedConfig
 from gpuopt.study.rules import feasible_trials, same_training
@@ -106,7 +107,7 @@ def schedule(labels: Sequence[str], rounds: int) -> list[str]:
 
 # Objectives read from the timed window (and the epoch boundary) alone: for these the confirmation
 # runs skip the extras measured beside the window. Any other objective keeps every measurement.
-WINDOW_OBJECTIVES = frozenset({"throughput", "throughput_amortized", "step_time_ms"})
+WINDOW_OBJECTIVES = window_metrics()
 LEAN_MEASURE = (
     "measure.ceiling=false",
     "measure.count_flops=false",

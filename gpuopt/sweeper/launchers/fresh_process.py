@@ -31,32 +31,27 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, filter_overrides
+from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
 
 from gpuopt.core import lifeline
 from gpuopt.core._compat import job_process, local_executor_class
 from gpuopt.core.fmt import duration
-from gpuopt.core.secrets import masked_singleton_state
 from gpuopt.sweeper.launchers import gpus as gpus_mod
-from gpuopt.sweeper.launchers import main_task
+from gpuopt.sweeper.launchers import submitit_base as base
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
     attach_diagnostics,
     describe_exit,
     failed_return,
     job_return,
-    log_excerpt,
     log_tail,
-    with_traceback,
 )
 
 log = logging.getLogger(__name__)
@@ -84,12 +79,7 @@ class FreshProcessConf(LocalQueueConf):
     setup: list[str] | None = None
 
 
-# `hydra/launcher=fresh_process` in any app (gpuopt's own conf/hydra/launcher/fresh_process.yaml,
-# first on its search path, composes the same node); `gpuopt_local` is the same launcher.
-for _name in ("gpuopt_local", "fresh_process"):
-    ConfigStore.instance().store(
-        group="hydra/launcher", name=_name, node=FreshProcessConf, provider="gpuopt"
-    )
+base.register(FreshProcessConf, "gpuopt_local", "fresh_process")  # the same launcher, two names
 
 
 def _start_controller(
@@ -121,14 +111,12 @@ def _executor_class() -> type:
     return local_executor_class(_start_controller)
 
 
-class FreshProcessLauncher(LocalLauncher):
+class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
     """submitit local mode with a per-trial deadline and per-trial failure records."""
 
     def __init__(self, timeout_s: float = 1200.0, pin_gpus: bool = True, **params: Any) -> None:
         super().__init__(**params)
-        if not timeout_s or float(timeout_s) <= 0:
-            raise ValueError(f"hydra.launcher.timeout_s={timeout_s!r}; allowed: seconds > 0")
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = base.positive_seconds("timeout_s", timeout_s)
         self.pin_gpus = bool(pin_gpus)
         # The sweeping process, pickled with each job: the trial's watchdog ends it with the sweep.
         self.sweep_process: lifeline.SweepProcess | None = None
@@ -141,23 +129,9 @@ class FreshProcessLauncher(LocalLauncher):
         state["stop_check"] = None  # a closure over the study: stays in the sweeping process
         return state
 
-    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
-        # A task of the main script is found again by name in the trial process, not pickled by
-        # value with the script's classes (gpuopt.sweeper.launchers.main_task).
-        super().setup(
-            hydra_context=hydra_context,
-            task_function=main_task.for_main(task_function),
-            config=config,
-        )
-
-    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        # Runs in the trial process: a segfault or abort leaves a Python traceback in the .err log,
-        # and the trial ends with its sweep and by its own deadline (gpuopt.core.lifeline).
-        import faulthandler
-
-        faulthandler.enable()
+    def in_trial(self) -> None:
+        # The trial ends with its sweep and by its own deadline (gpuopt.core.lifeline).
         lifeline.guard_trial(self.sweep_process, self.timeout_s)
-        return with_traceback(super().__call__(*args, **kwargs))
 
     def _device_plan(self, n_jobs: int) -> list[str | None]:
         """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process;
@@ -181,12 +155,8 @@ class FreshProcessLauncher(LocalLauncher):
             log.warning(warning)
         return [gpus_mod.assign(gpus, n_jobs, slot, per_job) for slot in range(n_jobs)]
 
-    def launch(
-        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
-    ) -> Sequence[JobReturn]:
-        assert self.config is not None and len(job_overrides) > 0
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+    def run_batch(self, jobs: list[base.TrialJob], started: list[Any]) -> list[JobReturn]:
+        """Every job submitted at once, each with its GPUs; then each collected by its deadline."""
         params = dict(self.params)
         # submitit's own limit (whole minutes) stays above the per-trial deadline.
         params["timeout_min"] = max(
@@ -199,71 +169,37 @@ class FreshProcessLauncher(LocalLauncher):
             params.pop(key, None)  # cluster-only keys: meaningless for a local process
         user_setup = list(params.pop("setup", None) or [])
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-        plan = self._device_plan(len(job_overrides))
+        plan = self._device_plan(len(jobs))
         self.sweep_process = lifeline.SweepProcess.this()
-
-        started: list[tuple[Any, float, str | None]] = []
-        try:
-            with lifeline.terminate_as_interrupt():
-                return self._run_batch(
-                    executor, job_overrides, initial_job_idx, user_setup, plan, started
-                )
-        except BaseException:
-            # Ctrl-C or SIGTERM: the trials run in sessions of their own, so no signal reaches
-            # them; without this they would go on (and hold the GPU) after the sweep is gone.
-            for job, _, _ in started:
-                self._kill(job)
-            raise
-
-    def _run_batch(
-        self,
-        executor: Any,
-        job_overrides: Sequence[Sequence[str]],
-        initial_job_idx: int,
-        user_setup: list[str],
-        plan: list[str | None],
-        started: list[tuple[Any, float, str | None]],
-    ) -> list[JobReturn]:
-        for slot, overrides in enumerate(job_overrides):
-            idx = initial_job_idx + slot
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            device = plan[slot]
-            setup = (
-                user_setup if device == "<submitit>" else [*user_setup, gpus_mod.setup_line(device)]
-            )
-            executor.update_parameters(setup=setup)
-            job = executor.submit(
-                self,
-                list(overrides),
-                "hydra.sweep.dir",
-                idx,
-                f"job_id_for_{idx}",
-                masked_singleton_state(Singleton.get_state()),
-            )
+        for trial, device in zip(jobs, plan, strict=True):
+            own = [] if device == "<submitit>" else [gpus_mod.setup_line(device)]
+            executor.update_parameters(setup=[*user_setup, *own])
+            job = executor.submit(self, *trial.args())
             started.append((job, time.monotonic(), None if device == "<submitit>" else device))
         returns = []
-        for slot, ((job, t0, device), overrides) in enumerate(
-            zip(started, job_overrides, strict=False)
-        ):
-            ret = self._collect(job, t0, list(overrides), slot, initial_job_idx + slot)
+        for slot, ((job, t0, device), trial) in enumerate(zip(started, jobs, strict=True)):
+            ret = self._collect(job, t0, trial.overrides, slot, trial.number)
             ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
-            attach_diagnostics(ret, job, self._run_dir_of(list(overrides), initial_job_idx + slot))
+            attach_diagnostics(ret, job, self._run_dir_of(trial))
             returns.append(ret)
         return returns
 
-    def _run_dir_of(self, overrides: list[str], job_num: int) -> str | None:
+    def stop(self, started: list[Any]) -> None:
+        for job, _, _ in started:
+            self._kill(job)
+
+    def _run_dir_of(self, trial: base.TrialJob) -> str | None:
         """The job's output dir as Hydra's run_job derives it (for a trial that died before it
         could report it); None when it cannot be told here."""
-        try:
-            from omegaconf import OmegaConf, open_dict
+        from omegaconf import OmegaConf, open_dict
 
-            assert self.hydra_context is not None and self.config is not None
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        try:
+            cfg = self.trial_config(trial)
             with open_dict(cfg.hydra.job):
-                cfg.hydra.job.num = job_num
+                cfg.hydra.job.num = trial.number
             sweep_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir"))
             return str(Path(sweep_dir) / str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
-        except Exception:
+        except Exception:  # no config (None), or no sweep dir in it
             return None
 
     def _collect(
@@ -287,23 +223,15 @@ class FreshProcessLauncher(LocalLauncher):
                 return failed_return(overrides, TrialProcessError(stop, "", str(job.paths.stderr)))
             if time.monotonic() > deadline:
                 self._kill(job)
-                return failed_return(
-                    overrides,
-                    TrialProcessError(
-                        f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s): "
-                        "the trial process was killed",
-                        log_excerpt(job.paths.stderr),
-                        str(job.paths.stderr),
-                    ),
-                )
+                limit = f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s)"
+                return base.resultless(job, overrides, f"{limit}: the trial process was killed")
             time.sleep(POLL_S)
         if job.paths.result_pickle.exists():
             return job_return(job, overrides)
         codes = _exit_codes(job)
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
-        excerpt = log_excerpt(job.paths.stderr)
         reason = lifeline.reason_from_log(log_tail(job.paths.stderr)) or describe_exit(code)
-        return failed_return(overrides, TrialProcessError(reason, excerpt, str(job.paths.stderr)))
+        return base.resultless(job, overrides, reason)
 
     @staticmethod
     def _kill(job: Any) -> None:

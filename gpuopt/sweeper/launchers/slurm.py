@@ -35,29 +35,15 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, filter_overrides
+from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf
 
-from gpuopt.core.lifeline import terminate_as_interrupt
-from gpuopt.core.secrets import masked_singleton_state
-from gpuopt.sweeper.launchers import main_task
-from gpuopt.sweeper.launchers.results import (
-    TrialProcessError,
-    attach_diagnostics,
-    describe_exit,
-    failed_return,
-    job_return,
-    log_excerpt,
-    log_tail,
-    with_traceback,
-)
+from gpuopt.sweeper.launchers import submitit_base as base
+from gpuopt.sweeper.launchers.results import attach_diagnostics, describe_exit, job_return, log_tail
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +78,7 @@ class GpuoptSlurmConf(SlurmQueueConf):
     poll_s: float = 5.0
 
 
-# `hydra/launcher=slurm` in any app (gpuopt's own conf/hydra/launcher/slurm.yaml, first on its
-# search path, adds its defaults to the same node); `gpuopt_slurm` is the same launcher.
-for _name in ("gpuopt_slurm", "slurm"):
-    ConfigStore.instance().store(
-        group="hydra/launcher", name=_name, node=GpuoptSlurmConf, provider="gpuopt"
-    )
+base.register(GpuoptSlurmConf, "gpuopt_slurm", "slurm")  # the same launcher, two names
 
 
 @dataclass(frozen=True)
@@ -197,32 +178,16 @@ def end_reason(state: SlurmJobState, params: dict[str, Any], exit_code: int | No
     return f"SLURM {job} ended {name}{detail}: {describe_exit(exit_code)}"
 
 
-class GpuoptSlurmLauncher(SlurmLauncher):
+class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
     """submitit's SLURM mode, where a job that ends without a result is a failed trial."""
 
     def __init__(self, poll_s: float = 5.0, **params: Any) -> None:
         super().__init__(**params)
-        if not poll_s or float(poll_s) <= 0:
-            raise ValueError(f"hydra.launcher.poll_s={poll_s!r}; allowed: seconds > 0")
-        self.poll_s = float(poll_s)
+        self.poll_s = base.positive_seconds("poll_s", poll_s)
 
-    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
-        # A task of the main script is found again by name in the trial process, not pickled by
-        # value with the script's classes (gpuopt.sweeper.launchers.main_task).
-        super().setup(
-            hydra_context=hydra_context,
-            task_function=main_task.for_main(task_function),
-            config=config,
-        )
-
-    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        # Runs in the trial job: a segfault leaves a Python traceback in the job's stderr, and
+    def in_trial(self) -> None:
         # submitit's USR2 handler (checkpoint + requeue, or raise) is replaced by a log line.
-        import faulthandler
-
-        faulthandler.enable()
         signal.signal(signal.SIGUSR2, _warn_time_limit)
-        return with_traceback(super().__call__(*args, **kwargs))
 
     def _executor(self, extra: dict[str, Any] | None = None) -> Any:
         """submitit's SlurmExecutor built from the launcher's params, as the stock launch does
@@ -242,64 +207,32 @@ class GpuoptSlurmLauncher(SlurmLauncher):
         )
         return executor
 
-    def launch(
-        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
-    ) -> Sequence[JobReturn]:
-        assert self.config is not None and len(job_overrides) > 0
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        if "mode" in self.config.hydra.sweep:
-            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
-        job_params = []
-        for slot, overrides in enumerate(job_overrides):
-            idx = initial_job_idx + slot
-            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            job_params.append(
-                (
-                    list(overrides),
-                    "hydra.sweep.dir",
-                    idx,
-                    f"job_id_for_{idx}",
-                    masked_singleton_state(Singleton.get_state()),
-                )
-            )
-        jobs: dict[int, Any] = {}
-        try:
-            with terminate_as_interrupt():
-                for extra, slots in self._resource_groups(job_overrides).items():
-                    submitted = self._executor(dict(extra)).map_array(
-                        self, *zip(*[job_params[k] for k in slots], strict=True)
-                    )
-                    jobs.update(zip(slots, submitted, strict=True))
-                ordered = [jobs[k] for k in range(len(job_params))]
-                log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in ordered))
-                return self._collect(ordered, [list(o) for o in job_overrides])
-        except BaseException:
-            # Ctrl-C or SIGTERM: without this the trials would run on (and hold GPUs) after the
-            # sweep is gone.
-            pending = [job for job in jobs.values() if not job.paths.result_pickle.exists()]
-            _scancel([job.job_id for job in pending])
-            raise
+    def run_batch(self, jobs: list[base.TrialJob], started: list[Any]) -> list[JobReturn]:
+        """One job array per group of trials with the same needs; then all collected."""
+        submitted: dict[int, Any] = {}
+        for extra, slots in self._resource_groups(jobs).items():
+            args = [jobs[k].args() for k in slots]
+            array = self._executor(dict(extra)).map_array(self, *zip(*args, strict=True))
+            started += array
+            submitted.update(zip(slots, array, strict=True))
+        ordered = [submitted[k] for k in range(len(jobs))]
+        log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in ordered))
+        return self._collect(ordered, [trial.overrides for trial in jobs])
+
+    def stop(self, started: list[Any]) -> None:
+        pending = [job for job in started if not job.paths.result_pickle.exists()]
+        _scancel([job.job_id for job in pending])
 
     def _resource_groups(
-        self, job_overrides: Sequence[Sequence[str]]
+        self, jobs: list[base.TrialJob]
     ) -> dict[tuple[tuple[str, Any], ...], list[int]]:
         """The batch's slots grouped by what their trials need beyond the launcher's params
         (`trial_resources`): one job array per group, in slot order."""
         groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
-        for slot, overrides in enumerate(job_overrides):
-            extra = trial_resources(self._trial_config(overrides), self.params)
+        for slot, trial in enumerate(jobs):
+            extra = trial_resources(self.trial_config(trial), self.params)
             groups.setdefault(tuple(sorted(extra.items())), []).append(slot)
         return groups
-
-    def _trial_config(self, overrides: Sequence[str]) -> Any:
-        """The trial's composed config, as its job will compose it (None if it does not compose:
-        the job then fails with Hydra's own error)."""
-        assert self.hydra_context is not None and self.config is not None
-        try:
-            return self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        except Exception:
-            return None
 
     def _collect(self, jobs: list[Any], overrides: list[list[str]]) -> list[JobReturn]:
         """Wait until every job has a result or an end; a JobReturn for each, in order."""
@@ -345,10 +278,7 @@ class GpuoptSlurmLauncher(SlurmLauncher):
         exit_code = query_exit_code(job.job_id) if state.state in ("FAILED", "COMPLETED") else None
         reason = end_reason(state, self.params, exit_code)
         log.warning("trial job %s: %s", job.job_id, reason)
-        return failed_return(
-            overrides,
-            TrialProcessError(reason, log_excerpt(job.paths.stderr), str(job.paths.stderr)),
-        )
+        return base.resultless(job, overrides, reason)
 
 
 def trial_resources(cfg: Any, params: dict[str, Any]) -> dict[str, Any]:

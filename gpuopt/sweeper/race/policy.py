@@ -3,7 +3,7 @@
 A race needs every configuration of the space to share one process with the baseline: gpuopt's own
 task on its native engine, no torch.compile, no distributed trial, and only knobs that the shared
 process re-applies per configuration (the DataLoader's, batch and accumulation, compute threads,
-precision; `gpuopt.sweeper.confirm.in_process.SHAREABLE`). It also needs a fresh study (values
+precision: the knob catalogue's, gpuopt.core.knobs.shareable). It also needs a fresh study (values
 measured in a warm shared process must never meet values of fresh processes), one worker on this
 machine (a SLURM or multi-worker sweep spreads its trials), a first objective a window measures,
 and a baseline to pair every window with.
@@ -22,16 +22,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuopt.core import knobs
 from gpuopt.core._compat import submitit_executor_kind
-from gpuopt.sweeper.confirm.in_process import SHAREABLE, shareable
+from gpuopt.core.metrics import metric
+from gpuopt.sweeper.confirm.in_process import shareable
 from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
 
 BASELINE = "baseline"
-# Config groups whose options only change keys under their own name (all shareable).
-SHAREABLE_GROUPS = ("loader", "precision", "train", "measure", "profile")
-# What the screen ranks on, per first objective: a window's own reading of it.
-SCREEN_METRIC = {"throughput": "throughput", "throughput_amortized": "throughput"}
-SCREEN_METRIC["step_time_ms"] = "step_time_ms"
+# What the screen ranks on, per first objective: a window's own reading of it (or the one its
+# record names: a candidate's epoch boundary is not measured yet).
+SCREEN_METRIC = {name: metric(name).screen or name for name in sorted(WINDOW_OBJECTIVES)}
 # A screening window is at least this many optimizer steps (a large batch of a slow model takes
 # seconds a step; the screen only ranks, and the finalists' whole trials measure apart).
 SCREEN_MIN_STEPS = 3
@@ -72,13 +72,6 @@ def contender_floor(objective: str, baseline_attrs: Mapping[str, Any]) -> float 
     return value if value > 0 else None
 
 
-def shareable_key(key: str) -> bool:
-    """Whether a searched or fixed key (`loader.batch_size`, `precision`, ...) only changes what
-    the shared process re-applies per configuration."""
-    name = key.lstrip("+~")
-    return name.split(".", 1)[0] in SHAREABLE_GROUPS or name.startswith(SHAREABLE)
-
-
 def why_not(
     options: Any,
     launcher: Any,
@@ -110,7 +103,7 @@ def why_not(
             return why
     # Only what is searched: fixed params and overrides are the same for every trial, the
     # baseline included (`model=cnn` on the command line races the cnn).
-    apart = [k for k in space.distributions if not shareable_key(k)]
+    apart = [k for k in space.distributions if not knobs.shareable(k)]
     if apart:
         return f"{apart[0]} cannot change inside one process"
     return shareable(composed, composed)

@@ -8,8 +8,9 @@ and is killed with its loader workers on close (SharedProcess)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from gpuopt.core.result import TrialResult
+from gpuopt.core.shared_protocol import Drop, Failure, Reading, Trial, TrialDone, Window
 from gpuopt.sweeper.confirm.in_process import SharedProcess
 from gpuopt.sweeper.race import policy
 
@@ -17,7 +18,7 @@ TRIAL_TIMEOUT_S = 1200.0  # one whole trial (the fresh-process launcher's defaul
 
 
 class RaceProcess(SharedProcess):
-    """The shared process, driven by JSON commands (gpuopt/processes/shared_windows.py's protocol)."""
+    """The shared process, driven by the race's commands (gpuopt.core.shared_protocol)."""
 
     @classmethod
     def open(cls, directory: Path, objective: str, window_s: float) -> RaceProcess:
@@ -33,31 +34,22 @@ class RaceProcess(SharedProcess):
         min_steps: int,
         settle: bool = True,
         give_up_below: float | None = None,
-    ) -> dict[str, Any]:
-        """One window of `label` (`window_s` and at least `min_steps` optimizer steps): {"status",
-        "throughput", "step_time_ms", ...}, cut short after SCREEN_DEADLINE x `window_s`; `settle`
-        false for a configuration dropped right after (its workers need not go idle);
-        `give_up_below` (samples/s): a just-built configuration whose drain reads slower is read
-        on its drain (`read_on_drain`)."""
-        return self.command(
-            "window",
-            policy.SCREEN_TIMEOUT_S,
-            label=label,
-            window_s=window_s,
-            min_steps=min_steps,
-            deadline_s=policy.SCREEN_DEADLINE * window_s,
-            settle=settle,
-            give_up_below=give_up_below,
-        )
+    ) -> Reading | Failure:
+        """One window of `label` (`window_s` and at least `min_steps` optimizer steps), cut short
+        after SCREEN_DEADLINE x `window_s`; `settle` false for a configuration dropped right after
+        (its workers need not go idle); `give_up_below` (samples/s): a just-built configuration
+        whose drain reads slower is read on its drain (`read_on_drain`)."""
+        deadline_s = policy.SCREEN_DEADLINE * window_s
+        command = Window(label, window_s, min_steps, deadline_s, settle, give_up_below)
+        answer = self.command(command, policy.SCREEN_TIMEOUT_S)
+        assert isinstance(answer, (Reading, Failure))
+        return answer
 
     def drop(self, label: str) -> None:
-        self.command("drop", policy.SCREEN_TIMEOUT_S, label=label)
+        self.command(Drop(label), policy.SCREEN_TIMEOUT_S)
 
-    def whole_trial(self, label: str, config: Path, run_dir: Path) -> dict[str, Any] | None:
-        """`config` measured as a whole trial of this process; its TrialResult as a dict, or None
-        when the process failed (`error` says why)."""
-        answer = self.command(
-            "trial", TRIAL_TIMEOUT_S, label=label, config=str(config), run_dir=str(run_dir)
-        )
-        result = answer.get("result")
-        return result if isinstance(result, dict) else None
+    def whole_trial(self, label: str, config: Path, run_dir: Path) -> TrialResult | None:
+        """`config` measured as a whole trial of this process; its TrialResult, or None when the
+        process failed (`error` says why)."""
+        answer = self.command(Trial(label, str(config), str(run_dir)), TRIAL_TIMEOUT_S)
+        return answer.result if isinstance(answer, TrialDone) else None

@@ -36,7 +36,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import Trial, TrialState
 
 from gpuopt.core._compat import heartbeat_thread, storage_of, trial_id
-from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.result import TrialResult
+from gpuopt.core.shared_protocol import Added, Failure, Reading
 from gpuopt.study.attrs import set_user_attrs
 from gpuopt.study.keys import (
     ATTR_BASELINE,
@@ -71,13 +72,16 @@ log = logging.getLogger("gpuopt.sweeper")
 
 @dataclass
 class Screened:
-    """One candidate of the screen: its trial, overrides, the stored spec and its window."""
+    """One candidate of the screen: its trial, overrides, the stored spec, its window and the
+    baseline's readings in the windows on either side of it."""
 
     trial: Trial
     overrides: list[str]
     label: str
     config: dict[str, Any] | None = None
-    window: dict[str, Any] = field(default_factory=dict)
+    window: Reading | Failure | None = None
+    baseline_before: float | None = None
+    baseline_after: float | None = None
     failure: TrialResult | None = None  # it failed to build or in its window
     build_s: float | None = None  # how long its build took (the progress line)
 
@@ -178,7 +182,7 @@ class RaceRunner(TrialRunner):
             return False
         self.floor = policy.contender_floor(self.objective, done.user_attrs)
         answer = race.add(policy.BASELINE, self._config_file(overrides, policy.BASELINE))
-        return answer.get("status") == "ok"
+        return answer.status == "ok"
 
     # ---- 2. the screen ------------------------------------------------------------------------
     def _screen(self, trials: list[Trial], space: SearchSpace, race: RaceProcess) -> list[Screened]:
@@ -191,18 +195,18 @@ class RaceRunner(TrialRunner):
         for trial in trials:
             entry = self._screen_one(trial, space, race, previous)
             if race.error:  # too slow, or the process died with it: a new one, the baseline first
-                entry.window = {"status": "slow", "reason": race.error}
+                entry.window = Failure(entry.label, "slow", race.error)
                 race = self._restart()
                 previous = race.measure(policy.BASELINE, window_s, steps)
-            entry.window["baseline_before"] = previous.get(metric)
+            entry.baseline_before = _value(previous, metric)
             previous = race.measure(policy.BASELINE, window_s, steps)
-            entry.window["baseline_after"] = previous.get(metric)
+            entry.baseline_after = _value(previous, metric)
             screened.append(entry)
             log.info(screen_line(entry, len(screened), len(trials), self.objective))
         return screened
 
     def _screen_one(
-        self, trial: Trial, space: SearchSpace, race: RaceProcess, baseline: dict[str, Any]
+        self, trial: Trial, space: SearchSpace, race: RaceProcess, baseline: Reading | Failure
     ) -> Screened:
         """One candidate built (one warm-up step) and measured in one window, then dropped; one
         whose drain already reads it far below the floor against `baseline` (the baseline's last
@@ -212,10 +216,10 @@ class RaceRunner(TrialRunner):
         screened_as = with_overrides(overrides, [policy.SCREEN_WARMUP])
         config = self._config_file(screened_as, f"trial{trial.number}")
         built = race.add(entry.label, config, timeout_s=policy.SCREEN_TIMEOUT_S)
-        entry.config, entry.build_s = built.get("config"), built.get("command_s")
-        if built.get("status") == "ok":
-            options = self.options.race
-            give_up = policy.give_up_below(self.objective, options.floor, baseline)
+        entry.build_s = built.command_s
+        if isinstance(built, Added):
+            entry.config, options = built.config, self.options.race
+            give_up = policy.give_up_below(self.objective, options.floor, baseline.to_json())
             entry.window = race.measure(
                 entry.label,
                 options.window_s,
@@ -226,8 +230,8 @@ class RaceRunner(TrialRunner):
             race.drop(entry.label)
         else:
             entry.window = built
-        if entry.window.get("status") not in ("ok", None) and not race.error:
-            entry.failure = _failure_result(entry.window, entry.config)
+        if isinstance(entry.window, Failure) and not race.error:
+            entry.failure = entry.window.result(entry.config)
         return entry
 
     def _restart(self) -> RaceProcess:
@@ -248,10 +252,9 @@ class RaceRunner(TrialRunner):
         the others recorded (failed as their failure, else pruned)."""
         metric = policy.SCREEN_METRIC[self.objective]
         order = policy.screen_order([entry.label for entry in screened])
-        readings = [_side(screened[0], "before")] if screened else [None]
+        readings = [screened[0].baseline_before] if screened else [None]
         for entry in screened:
-            own = entry.window.get(metric) if entry.failure is None else None
-            readings += [own, _side(entry, "after")]
+            readings += [_value(entry.window, metric), entry.baseline_after]
         ratios = policy.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
         chosen = policy.finalists(ratios, self.options.race.finalists, self.options.race.floor)
         for entry in screened:
@@ -271,7 +274,11 @@ class RaceRunner(TrialRunner):
             "of": len(ratios),
             "window_s": self.options.race.window_s,
             "floor": self.options.race.floor,
-            "window": entry.window,
+            "window": {
+                **(entry.window.to_json() if entry.window else {}),
+                "baseline_before": entry.baseline_before,
+                "baseline_after": entry.baseline_after,
+            },
         }
 
     def _prune(
@@ -293,7 +300,7 @@ class RaceRunner(TrialRunner):
             ATTR_RACE: record,
         }
         set_user_attrs(storage_of(study), trial_id(entry.trial), attrs)
-        reading = entry.window.get(policy.SCREEN_METRIC[self.objective])
+        reading = _value(entry.window, policy.SCREEN_METRIC[self.objective])
         if len(study.directions) == 1 and isinstance(reading, (int, float)):
             entry.trial.report(float(reading), step=0)  # Optuna's intermediate value
         with warnings.catch_warnings():
@@ -333,7 +340,7 @@ class RaceRunner(TrialRunner):
         if result is None:
             ret: Any = RuntimeError(f"the race process failed: {race.error}")
         else:
-            ret = _returned(TrialResult.from_dict(result), run_dir, self.directory)
+            ret = _returned(result, run_dir, self.directory)
             seconds = time.monotonic() - started
             record = {**(screen or {}), "seconds": seconds}
             set_user_attrs(storage_of(study), trial_id(trial), {ATTR_RACE: record})
@@ -358,10 +365,10 @@ def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
     head = f"race: screened {done}/{total} #{entry.trial.number}"
     if entry.failure is not None:
         return f"{head} {entry.failure.status.value}: {entry.failure.reason}"
-    if entry.window.get("status") == "slow":
-        return f"{head}: too slow to screen ({entry.window.get('reason')})"
+    if isinstance(entry.window, Failure):  # too slow to screen
+        return f"{head}: too slow to screen ({entry.window.reason})"
     metric = policy.SCREEN_METRIC[objective]
-    reading, sides = entry.window.get(metric), [_side(entry, "before"), _side(entry, "after")]
+    reading, sides = _value(entry.window, metric), [entry.baseline_before, entry.baseline_after]
     known = [s for s in sides if s]
     ratio = f" ({reading / (sum(known) / len(known)):.2f}x the baseline's)" if known else ""
     return f"{head}: {metric}={reading:.4g}{ratio}, built in {entry.build_s or 0.0:.1f} s"
@@ -370,11 +377,11 @@ def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
 def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int, race: Any) -> str:
     """Why a candidate went no further, as its `reason` user attr says it."""
     if ratio is None:
-        why = entry.window.get("reason") or "no window"
+        why = entry.window.reason if isinstance(entry.window, Failure) else "no window"
         return f"raced out: too slow to screen ({why})"
     where = (
         "on its drain steps, its fastest"
-        if entry.window.get("read_on_drain")
+        if isinstance(entry.window, Reading) and entry.window.read_on_drain
         else f"in a {race.window_s:g} s window"
     )
     head = f"raced out: {ratio:.2f}x the baseline {where} (rank {rank} of {of}"
@@ -383,18 +390,9 @@ def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int
     return f"{head}; the best {race.finalists} went on)"
 
 
-def _side(entry: Screened, which: str) -> float | None:
-    value = entry.window.get(f"baseline_{which}")
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _failure_result(answer: dict[str, Any], config: dict[str, Any] | None) -> TrialResult:
-    """A candidate that failed to build or in its window, as the trial result it is."""
-    try:
-        status = Status(answer.get("status", "error"))
-    except ValueError:
-        status = Status.ERROR
-    return TrialResult(status=status, reason=answer.get("reason"), config=config or {})
+def _value(answer: Reading | Failure | None, metric: str) -> float | None:
+    """What a window read of `metric`; None for a failed one."""
+    return answer.value(metric) if isinstance(answer, Reading) else None
 
 
 def _returned(result: TrialResult, run_dir: Path | None = None, logs: Path | None = None) -> Any:

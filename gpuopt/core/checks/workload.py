@@ -1,12 +1,16 @@
-"""The checks of a config's workload, torch-free: the model and data configs are present, trusted
-and agree on the input kind; gpuopt's own models and dataset against their schemas and ranges; a
-`_target_` is trusted (without importing it) and, where the torch side asks, importable.
+"""The workload's checks, torch-free: the model, data and loss configs (`check_workload`, from
+gpuopt.core.checks.check_composed) are present, trusted by name (without importing them) and agree
+on the input kind, gpuopt's own models and dataset against their schemas and ranges; and what
+only a built model can answer, where it exists (in each rank; before the ranks for gpuopt's own
+models: gpuopt.trial.distributed): the module patterns of `shard_modules` / `checkpoint_modules`
+(`check_module_patterns`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import importlib.util
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -20,6 +24,7 @@ from gpuopt.core.spec import (
     HF_TARGET_PREFIX,
     INPUT_KINDS,
     INPUT_RANKS,
+    LOSSES,
     GPTConf,
     GpuoptConf,
     SyntheticDataConf,
@@ -39,29 +44,22 @@ def check_trusted(key: str, target: Any, trusted: tuple[str, ...]) -> None:
         )
 
 
-def check_target(key: str, target: Any, trusted: tuple[str, ...]) -> None:
-    """A `_target_` must be trusted and importable; checked without calling it."""
-    check_trusted(key, target, trusted)
-    import logging
-
-    from hydra.utils import get_object
-
-    # get_object logs its failure at ERROR before raising: quiet that, the ConfigError says it.
-    hydra_log = logging.getLogger("hydra.utils")
-    was_disabled, hydra_log.disabled = hydra_log.disabled, True
-    try:
-        get_object(target)
-    except Exception as exc:  # ImportError, AttributeError, or the module failing on import
-        raise ConfigError(key, target, f"an importable class or function ({exc})") from None
-    finally:
-        hydra_log.disabled = was_disabled
+def check_workload(
+    container: dict[str, Any], typed: GpuoptConf
+) -> tuple[dict[str, Any], dict[str, Any] | None, tuple[str, ...]]:
+    """The model and data configs, then the loss; with the trusted target patterns of the trial
+    (the trust list, and what gpuopt's Hugging Face builder returns). `data` is None when a
+    LightningModule may bring its own (gpuopt.trial.prepare asks it once its module is imported)."""
+    model, data = _model_and_data(container, typed)
+    _check_loss(typed)
+    return model, data, BUILTIN_TRUSTED_TARGETS + _builder_results(model) + tuple(typed.trust)
 
 
-def check_workload_values(
+def _model_and_data(
     container: dict[str, Any], typed: GpuoptConf
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Model and data configs: present, trusted, agreeing on the input kind; gpuopt's own
-    workloads also against their schemas. `data` is None when a LightningModule may bring its own."""
+    workloads also against their schemas."""
     trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
     model = container.get("model")
     data = container.get("data")
@@ -70,7 +68,7 @@ def check_workload_values(
     check_trusted("model._target_", model["_target_"], trusted)
     _check_hf_extra(model)
     if data is None and typed.engine.name == "lightning":
-        return model, None  # `load_spec` asks the LightningModule whether it has its own data
+        return model, None
     if not isinstance(data, dict) or "_target_" not in data:
         raise ConfigError("data", data, "a dataset config with _target_ (conf/data/ or your own)")
     check_trusted("data._target_", data["_target_"], trusted)
@@ -103,7 +101,17 @@ def check_workload_values(
     return model, data
 
 
-def builder_results(model: dict[str, Any]) -> tuple[str, ...]:
+def _check_loss(typed: GpuoptConf) -> None:
+    """`loss`: a built-in name, or a trusted `_target_` (imported later, with the other targets)."""
+    if isinstance(typed.loss, dict):
+        trusted = BUILTIN_TRUSTED_TARGETS + tuple(typed.trust)
+        check_trusted("loss._target_", typed.loss.get("_target_"), trusted)
+        return
+    if typed.loss not in LOSSES:
+        raise ConfigError("loss", typed.loss, " | ".join(LOSSES) + " | {_target_: a loss function}")
+
+
+def _builder_results(model: dict[str, Any]) -> tuple[str, ...]:
     """What gpuopt's Hugging Face builder returns (Hydra 1.4 also checks a target's result against
     the whitelist): the transformers model classes, trusted for that builder only."""
     return ("transformers.models.*",) if str(model["_target_"]).startswith(HF_TARGET_PREFIX) else ()
@@ -111,8 +119,6 @@ def builder_results(model: dict[str, Any]) -> tuple[str, ...]:
 
 def _check_hf_extra(model: dict[str, Any]) -> None:
     """A Hugging Face model (conf/model/hf_*) needs `transformers`: found without importing it."""
-    import importlib.util
-
     target = str(model["_target_"])
     if target.startswith(HF_TARGET_PREFIX) and importlib.util.find_spec("transformers") is None:
         name = model.get("architecture", target)
@@ -153,3 +159,31 @@ def _check_builtin_workload(group: str, node: dict[str, Any]) -> None:
     if isinstance(typed, SyntheticDataConf):
         check_min("data.sample_cost", typed.sample_cost, 0.0, "a number >= 0")
         check_min("data.seed", typed.seed, 0, "an integer >= 0")
+
+
+# The most class names a "no submodule matches" error lists (a Hugging Face model has dozens).
+MAX_NAMED_CLASSES = 24
+
+
+def check_module_patterns(key: str, patterns: list[str], classes: list[str]) -> None:
+    """`distributed.shard_modules` / `checkpoint_modules` against the class names of the model's
+    submodules (the root excluded): each pattern (a class name or an fnmatch pattern such as
+    `*Block`) must match one, else one ConfigError naming the key, the patterns matching nothing and
+    the classes there are. It needs the built model, so it runs where the model exists (in each
+    rank; before the ranks for gpuopt's built-in models: gpuopt.trial.distributed)."""
+    names = sorted(set(classes))
+    unmatched = [p for p in patterns if not any(matches_any(n, [p]) for n in names)]
+    if not unmatched:
+        return
+    shown = names[:MAX_NAMED_CLASSES] + (["..."] if len(names) > MAX_NAMED_CLASSES else [])
+    raise ConfigError(
+        key,
+        unmatched,
+        "class names or fnmatch patterns of the model's submodules: "
+        + (", ".join(shown) or "none (the model has no submodules)"),
+    )
+
+
+def matches_any(name: str, patterns: list[str]) -> bool:
+    """Whether a submodule's class name is one `check_module_patterns` accepted patterns select."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)

@@ -1,0 +1,244 @@
+"""THE knob catalogue: one record per config key gpuopt searches (or per group of keys alike),
+with all the package asks of a knob, so that a knob is its YAML, its record here, and where it
+takes effect. Its poor-choice rules judge values from the facts `python -m gpuopt.env` measures,
+so that the torch-free sweeper's trimming, a trial's warnings and the env command's table (one row
+per rule) read the same rules. Torch-free, importing no other gpuopt folder: the sweeper, the
+report and the trial side all read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Facts = Mapping[str, Any]  # python -m gpuopt.env --json (gpuopt.trial.devices.detect_capabilities)
+GLOBAL_BATCH = "global batch"  # samples per optimizer step: micro-batch x accumulation x ranks
+NUMERICS = "numerics"  # the same math in another order or precision: the numerics guard checks it
+LR = "lr"  # the learning rate the optimizer steps with
+WHAT = "what is trained"  # another model or optimizer: never the same training
+# A low precision whose measured matmul peak is under this many times fp32's buys no compute here.
+LOW_PRECISION_GAIN = 1.2
+NO = (False, None)  # a fact that is false or missing
+CPU, CUDA, NOT_CUDA = {"device": ("cpu",)}, {"device": ("cuda",)}, {"device": ("cpu", "mps")}
+
+
+def _derived(facts: Facts) -> dict[str, Any]:
+    """The facts, with each low precision's measured matmul peak against fp32's (`bf16_slow`)."""
+    out = dict(facts)
+    peaks = facts.get("peak_flops") or {}
+    for mode in ("bf16", "fp16"):
+        if peaks.get("fp32") and peaks.get(mode):
+            out[f"{mode}_gain"] = gain = peaks[mode] / peaks["fp32"]
+            out[f"{mode}_slow"] = gain < LOW_PRECISION_GAIN
+            out[f"{mode}_tflops"] = peaks[mode] / 1e12
+    return out
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One poor choice, one row: `values` (override strings), or every count `above` a fact (its
+    name: `cpus`), cost a sweep trials for nothing on a machine whose facts match `when` (each
+    named fact one of its values), because `why` (formatted with the facts)."""
+
+    values: tuple[str, ...]
+    when: Mapping[str, tuple[Any, ...]]
+    why: str
+    above: str = ""
+
+    def reason(self, facts: Facts, value: str | None = None) -> str | None:
+        """Why `value` (None: the rule's values) is poor on this machine; None where it is not."""
+        known, limit = _derived(facts), facts.get(self.above) or 0
+        counted = self.above and value and value.isdigit() and int(value) > limit
+        if value is not None and value not in self.values and not counted:
+            return None
+        applies = all(known.get(name) in allowed for name, allowed in self.when.items())
+        return self.why.format(**known) if applies and (limit or not self.above) else None
+
+    def shown(self, facts: Facts) -> str:
+        """The values as the env command's row names them: `bf16`, `> 2`."""
+        return " | ".join(self.values) or f"> {facts[self.above]}"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A config key (`loader.pin_memory`) or, ending in a dot, the keys of a group without a record
+    of their own (`model.`). `group`: the config group whose options set the key (`precision=bf16`
+    sets precision.mode), so that a sweep of the group reads the key's record."""
+
+    key: str
+    help: str
+    shareable: bool = False  # may differ within one measuring process (race, confirmation)
+    training: tuple[str, ...] = ()  # how it changes the training (GLOBAL_BATCH, ...); (): not
+    poor: tuple[Rule, ...] = ()  # values that cost a sweep trials for nothing, per device facts
+    lightning: str | None = None  # the Trainer / LightningDataModule argument it becomes
+    tip: str | None = None  # the setting a diagnosis's "Try:" line names (it says why)
+    group: str | None = None
+
+
+def _slower_than_fp32(mode: str) -> Rule:
+    """Measured, not read off CPU flags: a CPU can have native fp16 instructions (AVX512-FP16) and
+    no faster fp16 matrix math (AMX-FP16 is a later chip), where fp16 autocast only adds rounding,
+    and its convolutions have no fast kernel (a 3x3 conv's forward and backward took 2.2 s in fp16
+    vs 60 ms in fp32 on a 2-core Xeon: docs/searching.md, "Device-aware choices")."""
+    why = f"measured matmul peak {{{mode}_tflops:.3g}} TFLOP/s, {{{mode}_gain:.2f}}x fp32's: "
+    why += "no faster math here to pay for its rounding"
+    return Rule((mode,), {f"{mode}_slow": (True,)}, why)
+
+
+# fmt: off
+_NO_TF32 = "TF32 needs an NVIDIA GPU with compute capability >= 8.0"
+_PRECISION_RULES = (
+    Rule(("tf32",), NOT_CUDA, _NO_TF32),
+    Rule(("tf32",), {**CUDA, "tf32": NO}, _NO_TF32 + " ({compute_capability} here)"),
+    Rule(("bf16",), {**CPU, "bf16_native": NO}, "this CPU has no native bf16 (no AVX512-BF16/AMX): "
+         "autocast emulates it, measured 3-15x slower than fp32"),
+    Rule(("bf16",), {**CUDA, "bf16_native": NO}, "no native bf16 below compute capability 8.0 "
+         "(this GPU: {compute_capability}): emulated, slow"),
+    Rule(("fp16",), {**CPU, "fp16_native": NO}, "this CPU has no native fp16 math (no AMX-FP16): "
+         "fp16 autocast plus loss scaling is slower than fp32"),
+    _slower_than_fp32("bf16"),
+    _slower_than_fp32("fp16"),
+)
+_COMPILE_RULES = (
+    Rule(("default",), CPU, "torch.compile costs ~30 s cold per process on CPU (measured 27-38 s "
+         "on 2 cores) and gave no measurable speed-up for these models"),
+    Rule(("reduce-overhead",), NOT_CUDA, "CUDA graphs: needs a CUDA device to pay off"),
+    Rule(("max-autotune",), NOT_CUDA, "autotunes GPU kernels: needs a CUDA device to pay off"),
+)
+_NO_BF16 = (Rule(("bf16",), {"bf16_native": NO}, "no native bf16 on this device: bf16 shards run "
+                 "emulated, slowly"),)
+_CORES = "only {cpus} usable CPU core(s): more "
+_DATAMODULE = "LightningDataModule(<same name>=...), where its constructor takes it"
+
+MICRO_BATCH = Knob("loader.batch_size", "samples per micro-batch (per rank)", True,
+                   (GLOBAL_BATCH, NUMERICS), lightning=_DATAMODULE, tip="larger loader.batch_size")
+WORKERS = Knob("loader.num_workers", "DataLoader workers, sharing the cores with the compute", True,
+               poor=(Rule((), {}, _CORES + "workers than cores compete with compute", "cpus"),),
+               lightning=_DATAMODULE, tip="loader.num_workers")
+PIN_MEMORY = Knob("loader.pin_memory", "page-locked batches: async host-to-device copies", True,
+                  poor=(Rule(("true",), CPU, "no accelerator: pinned memory is a no-op here "
+                             "(PyTorch warns)"),), lightning=_DATAMODULE,
+                  tip="loader.pin_memory=true loader.non_blocking=true")
+NON_BLOCKING = Knob("loader.non_blocking", "host-to-device copies with non_blocking=True", True,
+                    poor=(Rule(("true",), CPU, "no accelerator: there is no host-to-device copy"),))
+PERSISTENT_WORKERS = Knob("loader.persistent_workers", "workers kept between epochs", True,
+                          lightning=_DATAMODULE, tip="loader.persistent_workers=true")
+PRECISION = Knob("precision.mode", "fp32 | tf32 | bf16 (autocast) | fp16 (+ GradScaler)", True,
+                 (NUMERICS,), _PRECISION_RULES, "Trainer(precision=32-true|bf16-mixed|16-mixed)",
+                 "precision=bf16 (or fp16)", group="precision")
+COMPILE = Knob("compile.mode", "torch.compile: off | default | reduce-overhead | max-autotune",
+               False, (NUMERICS,), _COMPILE_RULES, "torch.compile(LightningModule)",
+               "compile=reduce-overhead", group="compile")
+THREADS = Knob("device.num_threads", "torch.set_num_threads: compute threads", True,
+               poor=(Rule((), {}, _CORES + "threads than cores oversubscribe", "cpus"),),
+               tip="tune loader.num_workers and device.num_threads together")
+ACCUMULATION = Knob("train.global_batch", "samples per optimizer step (accumulated micro-batches)",
+                    True, (GLOBAL_BATCH, NUMERICS),
+                    lightning="Trainer(accumulate_grad_batches=global_batch / loader.batch_size)")
+FUSED = Knob("optimizer.fused", "the fused optimizer kernel", training=(NUMERICS,),
+             tip="optimizer.fused=true")
+CHANNELS_LAST = Knob("model.channels_last", "NHWC convolutions", training=(NUMERICS,),
+                     tip="model.channels_last=true")
+NPROC = Knob("distributed.nproc_per_node", "ranks on this node (one per GPU on CUDA)",
+             training=(GLOBAL_BATCH, NUMERICS),
+             poor=(Rule((), NOT_CUDA, "only {cpus} usable CPU core(s): one rank each", "cpus"),
+                   Rule((), CUDA, "only {gpu_count} GPU(s): one rank each", "gpu_count")))
+
+KNOBS: tuple[Knob, ...] = (
+    MICRO_BATCH, WORKERS, PIN_MEMORY, NON_BLOCKING, PERSISTENT_WORKERS,
+    Knob("loader.", "the DataLoader's other arguments (prefetch_factor, drop_last)", True,
+         lightning=_DATAMODULE),
+    PRECISION, COMPILE, THREADS,
+    Knob("device.type", "auto | cpu | cuda | cuda:N | mps",
+         lightning="Trainer(accelerator=..., devices=...)"),
+    Knob("cache.cudnn_benchmark", "cuDNN's autotuner", lightning="Trainer(benchmark=...)"),
+    Knob("cache.", "the caching allocator's settings and emptying: set per process"),
+    ACCUMULATION,
+    Knob("optimizer.lr", "the learning rate (each configuration builds its own optimizer)", True,
+         (LR,)),
+    Knob("optimizer.lr_scaling", "lr x (global batch / reference batch), or its root", True, (LR,)),
+    Knob("optimizer.reference_batch", "the global batch optimizer.lr was tuned for", False, (LR,)),
+    FUSED,
+    Knob("optimizer.foreach", "the multi-tensor optimizer kernels", training=(NUMERICS,)),
+    Knob("optimizer.", "the optimizer and its other hyperparameters", training=(WHAT,)),
+    Knob("model.activation_checkpointing", "recompute activations: memory for time", True),
+    CHANNELS_LAST,
+    Knob("model.", "the model itself (width, depth, ...)", training=(WHAT,)),
+    Knob("engine.precision", "a Lightning precision string", training=(NUMERICS,),
+         lightning="Trainer(precision=...)"),
+    Knob("distributed.kind", "none | ddp | fsdp2: gradients reduced over ranks", False, (NUMERICS,),
+         lightning="Trainer(strategy=DDPStrategy | ModelParallelStrategy)", group="distributed"),
+    NPROC,
+    Knob("distributed.backend", "auto | gloo | nccl",
+         poor=(Rule(("nccl",), NOT_CUDA, "NCCL needs CUDA GPUs"),)),
+    Knob("distributed.param_dtype", "FSDP2's parameter dtype", training=(NUMERICS,), poor=_NO_BF16),
+    Knob("distributed.reduce_dtype", "FSDP2's reduce dtype", training=(NUMERICS,), poor=_NO_BF16),
+    Knob("measure.", "how a trial is measured (windows, budgets): never compared", True),
+    Knob("profile.", "the profiled window after the timed one: never compared", True),
+)
+# fmt: on
+
+
+def find(key: str) -> Knob | None:
+    """The record of a key (`+`/`~` prefixes ignored): its own, else its group's (`loader.` for
+    loader.drop_last); a config group's name (`precision`) finds the key its options set."""
+    name = key.lstrip("+~")
+    best = None
+    for knob in KNOBS:
+        if name in (knob.key, knob.group):
+            return knob
+        if knob.key.endswith(".") and name.startswith(knob.key):
+            best = knob
+    return best
+
+
+def shareable(key: str) -> bool:
+    """Whether configurations differing in `key` may share one measuring process; a config group
+    (`loader`, `precision`) when every key of it is shareable."""
+    name = key.lstrip("+~")
+    knob = find(name)
+    if knob is None and "." not in name:
+        under = [k for k in KNOBS if k.key.startswith(name + ".")]
+        return bool(under) and all(k.shareable for k in under)
+    return knob is not None and knob.shareable
+
+
+def probed(key: str) -> bool:
+    """Whether the env probe judges `key` or the keys of its group: a sweep of none of them has
+    nothing for `python -m gpuopt.env` (a subprocess that imports torch) to trim."""
+    group = key.lstrip("+~").split(".", 1)[0]
+    return any(k.poor and k.key.split(".", 1)[0] == group for k in KNOBS)
+
+
+def keys(change: str) -> tuple[str, ...]:
+    """The keys that change the training this way: `keys(GLOBAL_BATCH)` hold the global batch
+    (micro-batch x accumulation x ranks), `keys(NUMERICS)` are what the guard must check."""
+    return tuple(k.key for k in KNOBS if change in k.training)
+
+
+def canonical(value: Any) -> str:
+    """A value as the rules name it: true, null, 4, bf16."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value).lower()
+
+
+def judge(key: str, value: Any, facts: Facts) -> str | None:
+    """Why `value` of `key` is a poor choice on a machine with these facts, or None; the first
+    rule that applies gives the reason; no facts, no reason."""
+    knob = find(key)
+    if knob is None or not facts.get("device"):
+        return None
+    text = canonical(value)
+    return next((why for rule in knob.poor if (why := rule.reason(facts, text))), None)
+
+
+def poor_rows(facts: Facts) -> list[dict[str, str]]:
+    """The rules that apply on this machine, one row each: {key, values, why}."""
+    rules = [(k, r) for k in KNOBS for r in k.poor] if facts.get("device") else []
+    return [
+        {"key": k.key, "values": r.shown(facts), "why": why}
+        for k, r in rules
+        if (why := r.reason(facts))
+    ]

@@ -1,0 +1,225 @@
+"""`gpuopt.HFMeasureCallback`: gpuopt's measurement of the Hugging Face `Trainer`'s own training
+loop, as a `transformers.TrainerCallback` (the `[hf]` extra).
+
+    meter = gpuopt.HFMeasureCallback(measure="quick")
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[meter])
+    result = meter.train(trainer)  # a TrialResult; never raises for a failing configuration
+
+One timed step is one optimizer step (`on_step_end`: every micro-batch of the accumulation), as in
+gpuopt's own trials. The Trainer fetches all of a step's micro-batches at once
+(`Trainer.get_batch_samples`, which also moves them to the device through accelerate's loader):
+that call's time is the data wait. Its `training_step` returns each micro-batch's loss, which the
+Trainer's `logging_nan_inf_filter` would otherwise hide: a NaN/inf loss is the trial's `diverged`.
+Both methods are wrapped on the trainer instance only while `train` runs (`_TrainerMethods`: the
+one place this module reaches past the callback API). The window, warm-up, FLOP count and stop
+rule are gpuopt.engines._hook_meter's; once the rule stops, `control.should_training_stop` ends
+the training.
+
+What one optimizer step trains on comes from the TrainingArguments and the batches: the micro-batch
+seen, `gradient_accumulation_steps`, the world size; the learning rate is `learning_rate`.
+`auto_find_batch_size` may halve the batch after an OOM, changing the global batch without saying
+so: the result reports the batch that trained, and a warning says it changed.
+
+Under torchrun (or a sweep's `hydra.launcher.nproc_per_node`) every rank runs the callback, the
+ranks' windows are aligned and every rank's `train` returns the job's result
+(gpuopt.engines._user_job).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from gpuopt.core.checks import measure_conf
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.spec import EngineConf, MeasureConf
+from gpuopt.engines._batches import batch_samples
+from gpuopt.engines._hook_meter import HookMeter
+from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
+from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
+from gpuopt.trial.context import Trial
+from gpuopt.trial.failures import classify_failure
+
+ENGINE_NAME = "hf_trainer"
+# The TrainingArguments a throughput sweep changes, recorded with the result (its `config`).
+RECORDED_ARGS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "dataloader_num_workers",
+    "dataloader_pin_memory",
+    "bf16",
+    "fp16",
+    "tf32",
+    "torch_compile",
+    "optim",
+    "gradient_checkpointing",
+    "auto_find_batch_size",
+)
+
+
+def peak_mode(args: Any) -> str:
+    """The dtype whose documented peak MFU is read against."""
+    if args.bf16:
+        return "bf16"
+    if args.fp16:
+        return "fp16"
+    return "tf32" if args.tf32 else "fp32"
+
+
+class _TrainerMethods:
+    """The Trainer's `get_batch_samples` (a step's micro-batches fetched) and `training_step`
+    (a micro-batch's loss) seen by the meter, wrapped on the instance while it trains."""
+
+    def __init__(self, trainer: Trainer, callback: HFMeasureCallback) -> None:
+        self.trainer, self.callback = trainer, callback
+
+    def __enter__(self) -> None:
+        fetch, train = self.trainer.get_batch_samples, self.trainer.training_step
+
+        def get_batch_samples(*args: Any, **kwargs: Any) -> Any:
+            meter = self.callback.meter
+            if meter is not None:
+                meter.fetch_started()
+            batches, items = fetch(*args, **kwargs)
+            self.callback.fetched(batches)
+            return batches, items
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            loss = train(*args, **kwargs)
+            if self.callback.meter is not None and isinstance(loss, torch.Tensor):
+                self.callback.meter.nonfinite.update(loss)
+            return loss
+
+        self.trainer.get_batch_samples = get_batch_samples  # type: ignore[method-assign]
+        self.trainer.training_step = training_step  # type: ignore[method-assign]
+
+    def __exit__(self, *exc: object) -> None:
+        for name in ("get_batch_samples", "training_step"):
+            self.trainer.__dict__.pop(name, None)
+
+
+class HFMeasureCallback(TrainerCallback):
+    """`gpuopt.HFMeasureCallback`: add it to your `Trainer(callbacks=[...])` and train with
+    `meter.train(trainer)` to measure the Trainer's own loop the way a gpuopt trial is measured:
+    the first step apart as compile time under `torch_compile`, `measure.warmup_steps` more (the
+    first under FlopCounterMode for MFU), then the timed window until the stability stop, which
+    ends the training. `measure`: a conf/measure/ preset name ("quick", "default"), a dict of its
+    fields, or a MeasureConf. No compute ceiling (it needs the batch replayed outside the Trainer:
+    gpuopt.measure_step measures one)."""
+
+    def __init__(self, measure: MeasureConf | dict[str, Any] | str | None = None) -> None:
+        self.measure = measure_conf(measure)
+        self.result: TrialResult | None = None
+        self.meter: HookMeter | None = None
+        self._trial: Trial | None = None
+        self._micro_batch: int | None = None
+        self._args: Any = None  # the TrainingArguments, once training began
+        self._process_t0 = 0.0
+
+    def train(self, trainer: Trainer, **train_kwargs: Any) -> TrialResult:
+        """`trainer.train(**train_kwargs)` measured; a failing configuration comes back as the
+        status (in a multi-rank job a failing rank raises `RankFailed` instead, so that its
+        launcher ends the job rather than its peers waiting in a collective)."""
+        started, self.result = time.time(), None
+        try:
+            with _TrainerMethods(trainer, self):
+                trainer.train(**train_kwargs)
+        except Exception as exc:
+            if self.result is None or self.result.ok:
+                self.result = self._failed(exc)
+        if self.result is None:  # no on_train_end: trained nothing
+            self.result = self._failed(RuntimeError("the Trainer did not train"))
+        if not self.result.ok and world_size() > 1:
+            raise RankFailed(self.result)
+        ranks = self.meter.ranks if self.meter is not None else None
+        return job_result(self.result, ranks, started)
+
+    # -- the Trainer's hooks -----------------------------------------------------------------
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        device = args.device
+        compile_mode = "default" if args.torch_compile else "off"
+        measure = self.measure
+        if args.torch_compile and measure.count_flops:  # a compiled step hides its kernels
+            measure = dataclasses.replace(measure, count_flops=False)
+        engine = EngineConf(name=ENGINE_NAME)
+        spec = measuring_spec(device, measure, engine, peak_mode(args), compile_mode)
+        self._trial = Trial(spec, device)
+        self.meter = HookMeter(self._trial, user_ranks(device))
+        self._process_t0 = process_start_time() or time.time()
+        self._micro_batch, self._args = None, args
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.meter is not None:
+            self.meter.step_started()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.meter is not None and self.meter.step_ended() is not None:
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.meter is None or self._trial is None or self.result is not None:
+            return
+        try:
+            self.meter.record(peak_mode(args), self._process_t0)
+            self._record_training(args)
+            self.result = self._finished(Status.OK, None)
+        except Exception as exc:
+            self.result = self._failed(exc)
+
+    def fetched(self, batches: list[Any]) -> None:
+        """A step's micro-batches, as `get_batch_samples` returned them."""
+        counts = [batch_samples(batch, None) for batch in batches]
+        if self._micro_batch is None and counts:
+            self._micro_batch = counts[0]
+        if self.meter is not None:
+            self.meter.samples_fetched(sum(counts))
+
+    # -- the result --------------------------------------------------------------------------
+    def _record_training(self, args: Any) -> None:
+        """Global batch = the micro-batch that trained x gradient_accumulation_steps x world size."""
+        assert self._trial is not None
+        m, accumulate = self._trial.metrics, int(args.gradient_accumulation_steps)
+        m.micro_batch, m.accumulation_steps, m.lr = (
+            self._micro_batch,
+            accumulate,
+            args.learning_rate,
+        )
+        if self._micro_batch is not None:
+            m.global_batch = self._micro_batch * accumulate * world_size()
+            if self._micro_batch != args.per_device_train_batch_size:
+                self._trial.warnings.append(
+                    f"trained at micro-batch {self._micro_batch}, not per_device_train_batch_size="
+                    f"{args.per_device_train_batch_size} (auto_find_batch_size after an OOM?): "
+                    "the global batch reported is the one that trained"
+                )
+
+    def _failed(self, exc: Exception) -> TrialResult:
+        status, reason = classify_failure(exc)
+        if self.meter is not None:
+            self.meter.stop()
+        if status is Status.OOM and self._trial is not None:
+            release(self._trial, status)
+        return self._finished(status, reason)
+
+    def _finished(self, status: Status, reason: str | None) -> TrialResult:
+        from gpuopt.trial.devices import fingerprint
+
+        trial, args = self._trial, self._args
+        recorded = {name: getattr(args, name, None) for name in RECORDED_ARGS} if args else {}
+        return TrialResult(
+            status=status,
+            metrics=trial.metrics if trial is not None else TrialResult(status).metrics,
+            reason=reason,
+            config={
+                "engine": {"name": ENGINE_NAME},
+                "measure": dataclasses.asdict(self.measure),
+                "trainer": recorded,
+            },
+            env=fingerprint(trial.device) if trial is not None else {},
+            warnings=trial.warnings if trial is not None else [],
+        )
