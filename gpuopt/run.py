@@ -112,6 +112,7 @@ def run_config(
     result = run_trial(prepared.spec, device=prepared.device)
     result.warnings = prepared.warnings + result.warnings
     result.config = _resolved_config(cfg)
+    with_run_spread(result)
     if output_dir is not None:
         result.save(output_dir / RESULT_FILE)
     if not multirun:
@@ -220,7 +221,57 @@ def _cell_of(metric: str) -> Callable[[Callable[[TrialResult], str]], Any]:
 
 @_note("throughput")
 def _ci_note(m: Metrics) -> str:
-    return "" if m.throughput_ci is None else f"± {m.throughput_ci * 100:.1f}% (95% CI)"
+    if m.throughput_ci is None:
+        return ""
+    return f"± {m.throughput_ci * 100:.1f}% (95% CI over this window's steps)"
+
+
+SPREAD_HINT = "python scripts/bench_noise.py --spread-only measures it"
+
+
+def with_run_spread(result: TrialResult) -> None:
+    """The run-to-run spread of this workload on this machine (gpuopt.core.machine_cache, which
+    scripts/bench_noise.py fills) and, in words, what each interval covers: the window's CI is
+    over its own steps, while fresh processes of one configuration read 4-25% apart on a 2-core
+    CPU, which only a measurement across processes can say."""
+    from gpuopt.core.machine_cache import read_spread
+
+    m = result.metrics
+    if not result.ok or m.throughput is None:
+        return
+    spread = read_spread(result.env, result.config)
+    window = (
+        "throughput_ci: not measured"
+        if m.throughput_ci is None
+        else f"throughput_ci: 95% over the {m.timed_steps} steps of this one window, not "
+        "between processes"
+    )
+    if spread is None:
+        m.intervals = (
+            f"{window}; run to run: not known for this machine and workload ({SPREAD_HINT})"
+        )
+        return
+    m.run_spread, m.run_spread_runs = spread.cv, spread.runs
+    by = " ".join(part for part in (spread.by, spread.date) if part)
+    m.intervals = (
+        f"{window}; run to run: {spread.cv * 100:.1f}% (coefficient of variation between "
+        f"{spread.runs} fresh processes, {by})"
+    )
+
+
+@_note("run_spread")
+def _run_spread_note(m: Metrics) -> str:
+    if m.run_spread is None:  # the command that measures it (result.json's `intervals` says more)
+        return "scripts/bench_noise.py --spread-only" if m.intervals else ""
+    return f"CV between {m.run_spread_runs} fresh processes (scripts/bench_noise.py)"
+
+
+@_cell_of("run_spread")
+def _run_spread_cell(r: TrialResult) -> str:
+    spread = r.metrics.run_spread
+    if spread is None:
+        return "not known" if r.metrics.intervals else "-"
+    return f"± {spread * 100:.1f}%"
 
 
 @_note("throughput_amortized")

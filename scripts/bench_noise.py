@@ -10,7 +10,16 @@ Reports both throughputs, their ratio, both coefficients of variation across pro
 startup overhead (process start -> first timed step). Targets: gpuopt within 3% of the independent
 timing; gpuopt's CV no worse than the independent one; the default measurement <= 15 s per trial.
 
-Usage: python scripts/bench_noise.py [--rounds 5] [--budget 8] [-- extra hydra overrides]
+It then stores gpuopt's run-to-run spread (the coefficient of variation of its throughput across
+the fresh processes) for this machine and workload in gpuopt's cache folder
+(gpuopt.core.machine_cache, beside the matmul peak): `python -m gpuopt.run` reports it beside
+the window's own interval, and a sweep's summary and report use it to say which trials are
+within noise of each other (`--no-save`: keep nothing).
+
+`--spread-only` measures the spread of any workload (the overrides given, e.g. `model=cnn`, on
+the device they pick) without the independent loop, which rebuilds only the default MLP.
+
+Usage: python scripts/bench_noise.py [--rounds 5] [--budget 8] [--spread-only] [-- extra hydra overrides]
 """
 
 from __future__ import annotations
@@ -94,11 +103,11 @@ def independent_child(budget_s: float) -> None:
                       "seconds": elapsed, "startup_s": startup}))  # fmt: skip
 
 
-def run_gpuopt(out_dir: Path, extra: list[str]) -> dict:
+def run_gpuopt(out_dir: Path, extra: list[str], forced: list[str] = GPUOPT_OVERRIDES) -> dict:
     env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(out_dir)}
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "gpuopt.run", *GPUOPT_OVERRIDES, *extra],
+        [sys.executable, "-m", "gpuopt.run", *forced, *extra],
         cwd=REPO, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     wall = time.perf_counter() - started
@@ -113,7 +122,8 @@ def run_gpuopt(out_dir: Path, extra: list[str]) -> dict:
     return {"throughput": m["throughput"], "steps": m["timed_steps"], "seconds": m["timed_seconds"],
             "stop": m["stop_reason"], "ci": m["throughput_ci"], "startup_s": m["startup_time_s"],
             "amortized": m.get("throughput_amortized"), "limit_efficiency": m.get("limit_efficiency"),
-            "process_wall_s": wall, "measure_s": measured, "status": result["status"]}  # fmt: skip
+            "process_wall_s": wall, "measure_s": measured, "status": result["status"],
+            "env": result["env"], "config": result["config"]}  # fmt: skip
 
 
 def run_independent(budget_s: float) -> dict:
@@ -131,6 +141,40 @@ def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.mean(values) if len(values) > 1 else 0.0
 
 
+MIN_SAVED_RUNS = 3  # a spread from two processes is one difference: not stored
+
+
+def save_spread(runs: list[dict]) -> None:
+    """Store gpuopt's run-to-run spread for this machine and workload (the first run's recorded
+    fingerprint and resolved config name both: gpuopt.core.machine_cache.spread_key)."""
+    from gpuopt.core.machine_cache import RunSpread
+    from gpuopt.core.machine_cache import save_spread as store
+
+    if len(runs) < MIN_SAVED_RUNS:
+        print(f"spread not stored: {len(runs)} runs (at least {MIN_SAVED_RUNS})")
+        return
+    spread = RunSpread(cv([r["throughput"] for r in runs]), len(runs), time.strftime("%Y-%m-%d"))
+    path = store(runs[0]["env"], runs[0]["config"], spread)
+    print(f"run-to-run spread {100 * spread.cv:.1f}% over {spread.runs} fresh processes stored in "
+          f"{path}: python -m gpuopt.run and the sweep's summary read it")  # fmt: skip
+
+
+def spread_only(rounds: int, overrides: list[str], save: bool) -> None:
+    """Fresh gpuopt processes of one workload, nothing else: its run-to-run spread here."""
+    print(f"# bench_noise --spread-only: {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()}: "
+          f"python -m gpuopt.run {' '.join(overrides)}, {rounds} fresh processes")  # fmt: skip
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            runs.append(run_gpuopt(Path(tmp), overrides, forced=[]))
+            r = runs[-1]
+            print(f"run {i + 1}: {r['throughput']:8.1f} samples/s ({r['steps']} steps, "
+                  f"ci {100 * (r['ci'] or 0):.1f}%)", flush=True)  # fmt: skip
+    print(f"CV across processes: {100 * cv([r['throughput'] for r in runs]):.1f}%")
+    if save:
+        save_spread(runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -138,10 +182,17 @@ def main() -> None:
         "--budget", type=float, default=8.0, help="independent loop's timed seconds"
     )
     parser.add_argument("--independent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--spread-only", action="store_true", help="gpuopt's runs only: the workload's spread"
+    )
+    parser.add_argument("--no-save", action="store_true", help="do not store the spread")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the gpuopt run")
     args = parser.parse_args()
     if args.independent:
         independent_child(args.budget)
+        return
+    if args.spread_only:
+        spread_only(args.rounds, args.overrides, save=not args.no_save)
         return
 
     print(f"# bench_noise: {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()}, {os.cpu_count()} CPUs, "
@@ -195,6 +246,8 @@ def main() -> None:
     )
     print(f"startup (process start -> first timed step): gpuopt {summary['gpuopt_startup_s']:.1f} s, "
           f"independent {summary['independent_startup_s']:.1f} s")  # fmt: skip
+    if not args.no_save:
+        save_spread(gp)
 
 
 if __name__ == "__main__":

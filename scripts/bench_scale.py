@@ -52,7 +52,7 @@ def run(storage: str, workers: int, trials: int, trial_s: float, name: str) -> t
             f"hydra.sweeper.storage={storage}",
             f"hydra.sweeper.study_name={name}",
             f"hydra.sweeper.n_trials={trials}",
-            f"+sleep_s={trial_s}",
+            f"model.sleep_s={trial_s}",
         ]
         procs = [
             subprocess.Popen(

@@ -126,6 +126,14 @@ class Grid:
         pick = max if self.direction == "maximize" else min
         return pick(feasible, key=lambda p: p.value)  # type: ignore[arg-type,return-value]
 
+    def best_where(self, keep: Callable[[Mapping[str, Any]], bool]) -> GridPoint:
+        """The best feasible point whose params `keep` accepts (e.g. the same training)."""
+        feasible = [p for p in self.points if p.ok and keep(p.params)]
+        if not feasible:
+            raise ValueError("no feasible grid point is accepted")
+        pick = max if self.direction == "maximize" else min
+        return pick(feasible, key=lambda p: p.value)  # type: ignore[arg-type,return-value]
+
     def target(self, fraction: float) -> float:
         """The value that counts as reaching `fraction` of the grid optimum."""
         best = self.best().value
@@ -192,6 +200,10 @@ class ReplayRun:
     direction: str = "maximize"
     # A race: the trial counts at which its rounds end (a round's best is known at its end only).
     round_ends: list[int] = field(default_factory=list)
+    # Per trial: told with its values (a whole trial; a race prunes the rest), and whether it keeps
+    # the baseline's global batch (the setup's rule; the first trial, the baseline, always does).
+    whole: list[bool] = field(default_factory=list)
+    same: list[bool] = field(default_factory=list)
 
     def best_so_far(self) -> list[float | None]:
         best: float | None = None
@@ -213,6 +225,18 @@ class ReplayRun:
             ):
                 return next((end for end in self.round_ends if end >= n), n)
         return None
+
+    def same_training_best(self, upto: int) -> float | None:
+        """The best value of the first `upto` trials that answer (a) can be: whole trials (told
+        with values, so measured and confirmable) that keep the baseline's global batch."""
+        values = [
+            v
+            for v, whole, same in zip(self.values[:upto], self.whole, self.same, strict=False)
+            if v is not None and whole and same
+        ]
+        if not values:
+            return None
+        return max(values) if self.direction == "maximize" else min(values)
 
     def distinct_configs(self, upto: int | None = None) -> int:
         return len({json.dumps(p, sort_keys=True, default=str) for p in self.params[:upto]})
@@ -239,6 +263,10 @@ class SearchSetup:
     race: int = 0
     race_finalists: int = 2  # a screen's trials told with values; the rest are told PRUNED
     race_floor: float = 0.0  # ...of those at this ratio to the baseline (the first trial) or above
+    # Which configurations keep the baseline's global batch (gpuopt.sweeper.global_batch.BatchRule):
+    # answer (a) is read from them; None: no rule.
+    rule: Any = None
+    race_same_training: bool = True  # the race keeps the best of them as one more finalist
 
     def batch(self, asked: int, budget: int) -> int:
         """How many trials the next ask takes, `asked` already asked."""
@@ -262,11 +290,15 @@ def _told(
     setup: SearchSetup,
     direction: str,
     baseline: float | None,
+    same: Sequence[bool] = (),
 ) -> set[int]:
     """Which of a screen's trials the race tells with values: its best `race_finalists` by the
     first objective's ratio to the `baseline` value (> 1: faster), of those at `race_floor` or
-    above, chosen as the runner chooses them (`policy.finalists`); the others it tells PRUNED."""
+    above, and the best that keeps the training (`same`) when none of those does, chosen as the
+    runner chooses them (`policy.finalists`); the others it tells PRUNED."""
     from gpuopt.sweeper.race import policy
+
+    keeps = {str(i) for i, kept in enumerate(same) if kept and setup.race_same_training}
 
     sign = 1.0 if direction == "maximize" else -1.0
     if not baseline or baseline <= 0:  # no baseline reading: ranked by value, no floor
@@ -279,7 +311,7 @@ def _told(
         return values[0] / baseline if direction == "maximize" else baseline / values[0]
 
     scores = {str(i): ratio(a) for i, a in enumerate(answers)}
-    chosen = policy.finalists(scores, setup.race_finalists, setup.race_floor)
+    chosen = policy.finalists(scores, setup.race_finalists, setup.race_floor, keeps)
     return {int(label) for label in chosen}
 
 
@@ -316,14 +348,17 @@ def replay(
     run = ReplayRun(sampler=name, seed=seed, params=[], values=[], direction=grid.direction)
     while len(run.values) < n_trials:
         batch = [study.ask(distributions) for _ in range(setup.batch(len(run.values), n_trials))]
-        answers = []
+        answers, same = [], []
         for trial in batch:
             point = grid.lookup(trial.params)
             answers.append(_values(grid, point, objectives) if point.ok else None)
             run.params.append(dict(trial.params))
             run.values.append(answers[-1][0] if answers[-1] is not None else None)
+            same.append(not run.same or (setup.rule is not None and setup.rule.holds(trial.params)))
+            run.same.append(same[-1])
         raced = setup.race and len(batch) > 1
-        told = _told(answers, setup, grid.direction, run.values[0]) if raced else None
+        told = _told(answers, setup, grid.direction, run.values[0], same) if raced else None
+        run.whole += [told is None or i in told for i in range(len(batch))]
         for i, (trial, values) in enumerate(zip(batch, answers, strict=True)):
             if values is None:
                 study.tell(trial, state=TrialState.FAIL)
@@ -404,6 +439,39 @@ def compare_samplers(
     return summaries
 
 
+@dataclass
+class SameTrainingReach:
+    """Answer (a) on a grid: per seed, the best same-training whole trial of a `budget`-trial
+    search against the grid's best same-training point (the baseline's global batch)."""
+
+    sampler: str
+    budget: int
+    optimum: GridPoint  # the grid's best configuration that keeps the baseline's global batch
+    found: list[float | None]  # per seed
+
+    def reached(self, fraction: float = 0.95) -> int:
+        """Seeds whose (a) reached `fraction` of the grid's best same-training value."""
+        assert self.optimum.value is not None
+        return sum(v is not None and v >= fraction * self.optimum.value for v in self.found)
+
+
+def same_training_reach(
+    grid: Grid, contender: Contender, seeds: Iterable[int], budget: int = 10
+) -> SameTrainingReach:
+    """Replay `contender` (its setup must have a rule: gpuopt's full default) with each seed for
+    `budget` trials and read what answer (a) could be: the best whole trial that keeps the
+    baseline's global batch (the baseline itself among them). Maximized objectives only."""
+    rule = contender.setup.rule
+    if rule is None or grid.direction != "maximize":
+        raise ValueError("same-training reach needs a rule and a maximized objective")
+    found = []
+    for seed in seeds:
+        run = replay(grid, contender.factory(seed), budget, setup=contender.setup, seed=seed)
+        found.append(run.same_training_best(budget))
+    optimum = grid.best_where(rule.holds)
+    return SameTrainingReach(contender.name, budget, optimum, found)
+
+
 def optuna_contenders() -> list[Contender]:
     """Optuna's samplers with their library defaults, seeded, single-objective on the grid's
     objective: what a user of plain Optuna (or hydra-optuna-sweeper) gets."""
@@ -464,9 +532,12 @@ class SweeperDefaults:
             fitting, _outside = baseline_params(
                 self.config, Grid(space=space, points=[]).distributions()
             )
-            enqueue = (fitting,)
+            # The baseline as it runs: a key it leaves unset runs torch's default (threads = the
+            # cores), not a value the sampler would pick for it (seeding.as_run).
+            enqueue = (as_run(grid, space, fitting),)
             if self.seeding:
-                enqueue += tuple(s.params for s in grid_seeds(grid, space, fitting))
+                seeds = grid_seeds(grid, space, fitting, self.n_trials - 1)
+                enqueue += tuple(s.params for s in seeds)
         objectives = self.objectives if self.objectives[0] == grid.objective else (grid.objective,)
         directions = self.directions if objectives == self.objectives else (grid.direction,)
         race = self.race_screen if self.race and self.baseline and self.n_jobs == 1 else 0
@@ -479,6 +550,7 @@ class SweeperDefaults:
             race=race,
             race_finalists=self.race_finalists,
             race_floor=self.race_floor,
+            rule=grid_rule(grid, self.config) if self.baseline else None,
         )
 
 
@@ -512,16 +584,14 @@ def point_costs(point: GridPoint) -> tuple[float | None, float | None]:
     return loader_us / batch, (step * 1e3 - loader_us) * threads / batch
 
 
-def grid_seeds(grid: Grid, space: Mapping[str, str], baseline: Mapping[str, Any]) -> list[Any]:
-    """The expert seeds the sweeper would enqueue after this grid's baseline (seeding.py), from
-    the baseline point's costs, the grid machine's cores and the device-aware poor choices."""
-    from gpuopt.sweeper.seeding import SeedFacts, expert_seeds
+def _facts(grid: Grid, point: GridPoint | None) -> Any:
+    """seeding's facts of a grid's machine and its baseline point's costs."""
+    from gpuopt.sweeper.seeding import SeedFacts
 
     cores = int((grid.meta.get("machine") or {}).get("cpus") or 1)
-    point = baseline_point(grid, baseline, cores)
     loader, compute = point_costs(point) if point is not None else (None, None)
     poor = (grid.meta.get("poor_choices") or {}).get("precision") or {}
-    facts = SeedFacts(
+    return SeedFacts(
         device_type=str(grid.meta.get("device_type", "cpu")),
         cores=cores,
         loader_cost_us=loader,
@@ -530,12 +600,46 @@ def grid_seeds(grid: Grid, space: Mapping[str, str], baseline: Mapping[str, Any]
         limit_bound=point.extra.get("limit_bound") if point else None,
         native_low_precision=bool(grid.meta.get("bf16_native")) and "bf16" not in poor,
     )
-    choices = {
+
+
+def _choices(space: Mapping[str, str]) -> dict[str, list[Any]]:
+    return {
         k: list(d.choices)
         for k, d in Grid(space=dict(space), points=[]).distributions().items()
         if hasattr(d, "choices")
     }
-    return expert_seeds(facts, choices, baseline)
+
+
+def as_run(grid: Grid, space: Mapping[str, str], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """The baseline's params as its trial runs them (seeding.as_run: the threads it leaves unset
+    are torch's default, one per core), so the replay measures the point the sweep does."""
+    from gpuopt.sweeper.seeding import as_run as run_as
+
+    return run_as(_facts(grid, None), _choices(space), baseline)
+
+
+def grid_rule(grid: Grid, config: Any) -> Any:
+    """gpuopt's own task's rule of the global batch (sweeper/global_batch.py) for a sweep of the
+    grid's space from `config` (the composed config, the grid's fixed overrides in it)."""
+    from gpuopt.sweeper.global_batch import for_sweep
+
+    return for_sweep(None, True, config, {}, list(grid.space))
+
+
+def grid_seeds(
+    grid: Grid, space: Mapping[str, str], baseline: Mapping[str, Any], room: int | None = None
+) -> list[Any]:
+    """The expert seeds the sweeper would enqueue after this grid's baseline (seeding.py), from
+    the baseline point's costs, the grid machine's cores and the device-aware poor choices;
+    `room`: the trials left after the baseline (the same-training share is a share of them)."""
+    from gpuopt.sweeper.global_batch import gpuopt_rule
+    from gpuopt.sweeper.seeding import plan_seeds
+
+    cores = int((grid.meta.get("machine") or {}).get("cpus") or 1)
+    facts = _facts(grid, baseline_point(grid, baseline, cores))
+    choices = _choices(space)
+    held = {k: baseline.get(k) for k in gpuopt_rule({}).keys}
+    return plan_seeds(facts, choices, baseline, gpuopt_rule(held), room)
 
 
 def sweeper_defaults(overrides: Sequence[str] = ()) -> SweeperDefaults:

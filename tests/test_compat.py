@@ -47,24 +47,41 @@ def _heartbeat_study(tmp_path, interval=1, grace=1):
     return optuna.create_study(storage=storage)
 
 
+def _until(condition, timeout_s: float = 30.0) -> bool:
+    """Whether `condition()` comes true within `timeout_s`, polled: the storage's own clock says
+    when a beat is past its grace (SQLite's CURRENT_TIMESTAMP, whole seconds), not a sleep of ours."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_heartbeat_interface_thread_and_stale_check(tmp_path):
-    study = _heartbeat_study(tmp_path)
+    # grace 2 s, a beat every 1 s: the thread's beats keep a trial alive unless one is over a
+    # second late; a trial asked beside it that only beat at its ask (`control`) says, on the
+    # storage's clock, when the ask's beat alone would be stale
+    study = _heartbeat_study(tmp_path, interval=1, grace=2)
     storage = _compat.storage_of(study)
     assert isinstance(storage, _compat.heartbeat_base())
     assert _compat.heartbeat_enabled(storage)
     assert not _compat.heartbeat_enabled(_compat.storage_of(optuna.create_study()))
     assert not _compat.heartbeat_enabled(None)
     with pytest.warns(UserWarning, match="Heartbeat"):
-        trial = study.ask()
+        trial, control = study.ask(), study.ask()
     sid = storage.get_study_id_from_name(study.study_name)
-    storage.record_heartbeat(_compat.trial_id(trial))  # the beat the sweeper records at the ask
+    tid, control_id = _compat.trial_id(trial), _compat.trial_id(control)
+    for beaten in (tid, control_id):
+        storage.record_heartbeat(beaten)  # the beat the sweeper records at the ask
     thread = _compat.heartbeat_thread(trial, storage)
     thread.start()  # no second beat at once: the first after one interval (1 s)
-    time.sleep(2.5)  # past the ask's beat + grace (1 s): alive only through the thread's beats
-    assert _compat.stale_trial_ids(storage, sid) == []
+    assert _until(lambda: control_id in _compat.stale_trial_ids(storage, sid))
+    # past the ask's beat + grace: alive only through the thread's beats
+    assert _compat.stale_trial_ids(storage, sid) == [control_id]
     thread.join()
-    time.sleep(2.2)  # no beat for over grace_period
-    assert _compat.stale_trial_ids(storage, sid) == [_compat.trial_id(trial)]
+    assert _until(lambda: tid in _compat.stale_trial_ids(storage, sid))  # no beat since
+    assert sorted(_compat.stale_trial_ids(storage, sid)) == sorted([tid, control_id])
 
 
 def test_the_heartbeat_thread_does_not_beat_again_at_once(tmp_path):
@@ -180,7 +197,7 @@ def test_local_executor_controller_and_job_process(tmp_path):
     process = _compat.job_process(job)
     assert process is not None and process.wait(timeout=30) == 0
     codes = json.loads((job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}").read_text())
-    assert codes == [0]
+    assert codes["codes"] == [0] and len(codes["pids"]) == 1  # each task's status and pid
 
 
 def test_constraints_key_is_what_optuna_reads_as_constraints():
@@ -221,8 +238,7 @@ def test_owner_and_first_beat_in_one_transaction(tmp_path):
     assert _compat.set_system_attr_and_beat(storage, tid, "owner", {"pid": 1})
     assert storage.get_trial(tid).system_attrs["owner"] == {"pid": 1}
     assert _compat.stale_trial_ids(storage, sid) == []
-    time.sleep(2.2)  # no beat since, for over grace_period
-    assert _compat.stale_trial_ids(storage, sid) == [tid]
+    assert _until(lambda: _compat.stale_trial_ids(storage, sid) == [tid])  # no beat since
     memory = optuna.create_study()
     other = memory.ask()
     assert not _compat.set_system_attr_and_beat(

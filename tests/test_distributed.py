@@ -219,7 +219,11 @@ def test_kill_9_of_the_trial_leaves_no_rank_behind(tmp_path):
         ),
         (["distributed=fsdp2", "distributed.param_dtype=fp8"], "distributed.param_dtype", "fp32"),
         (["distributed=ddp", "distributed.timeout_s=0"], "distributed.timeout_s", "seconds > 0"),
-        (["distributed=ddp", "distributed.nnodes=2"], "distributed.nnodes", "not supported yet"),
+        (  # several nodes need a place to meet (docs/distributed.md, "Several nodes")
+            ["distributed=ddp", "distributed.nnodes=2"],
+            "distributed.nnodes",
+            "distributed.rdzv_endpoint=host:port",
+        ),
         (
             ["distributed=ddp", "distributed.rdzv_endpoint=nohost"],
             "distributed.rdzv_endpoint",

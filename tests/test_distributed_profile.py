@@ -25,7 +25,11 @@ from tests.conftest import TINY_TRIAL
 from tests.helpers.cli import run_cli
 
 BOUND_S = 240
-SLEEP_S = 0.04  # rank 1's extra time in each forward
+# Rank 1's extra time in each forward: rank 0 reaches each all-reduce that much earlier and waits
+# there, rank 1 waits only for a rank 0 that fell more than this behind in one step. A sleep, so
+# other processes on the cores (a CPU burner, other tests) do not shorten it; long beside the
+# steps' few ms of compute, so that they would have to stall rank 0 for 0.1 s a step to reverse it.
+SLEEP_S = 0.1
 
 
 class SlowOnRank(nn.Module):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from gpuopt.core.fmt import limit_share
 from gpuopt.core.limits import HighestLimit, higher_elsewhere, highest_limit
-from gpuopt.study.answers import two_answers
+from gpuopt.study.answers import Shown, TwoAnswers, two_answers
 from gpuopt.study.records import Confirmation
 from gpuopt.sweeper.summary import render
 
@@ -92,10 +92,19 @@ def test_two_answers_name_each_confirmation_and_the_change():
              "halfwidth": 0.067, "distinguishable": True, "verdict": "confirmed"}
         ]
     })  # fmt: skip
-    lines = two_answers("global batch 32", (3, "A"), (4, "B"), confirmation, 0, "batch 32 -> 64")
+    b, a = Shown(4, "B", ("loader.batch_size=64",)), Shown(3, "A", ("loader.num_workers=2",))
+    lines = two_answers(TwoAnswers("global batch 32", b, a, 0, confirmation, "batch 32 -> 64"))
     assert lines[1] == "  (a) same training: #3 A: not confirmed (single measurement)"
-    assert lines[2].startswith("  (b) best overall: #4 B: confirmed 1.500x")
-    assert lines[3] == "      changes the training: batch 32 -> 64"
-    same = two_answers("global batch 32", (0, "A"), (0, "A"), confirmation, 0, None)
-    assert same[1].endswith(": the baseline itself") and "the same trial" in same[2]
-    assert "no feasible trial" in two_answers("g", None, (4, "B"), None, 0, None)[1]
+    assert lines[2] == "      change to apply: loader.num_workers=2"
+    assert lines[3].startswith("  (b) best overall: #4 B: confirmed 1.500x")
+    assert lines[4] == "      change to apply: loader.batch_size=64"
+    assert lines[5] == "      changes the training: batch 32 -> 64"
+    kept = TwoAnswers("global batch 32", Shown(0, "A"), Shown(0, "A"), 0, confirmation,
+                      evidence="no trial held global batch 32")  # fmt: skip
+    keep = two_answers(kept)
+    assert keep[1] == (
+        "  (a) same training: no same-training configuration is measurably faster: keep your "
+        "configuration"
+    )
+    assert keep[2] == "      (no trial held global batch 32)" and "the same trial" in keep[3]
+    assert "no feasible trial" in two_answers(TwoAnswers("g", b, None, 0))[1]

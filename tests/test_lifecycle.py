@@ -539,8 +539,8 @@ def test_a_killed_sweep_takes_its_hanging_trial_down(tmp_path, sig):
         f"hydra.sweeper.study_name=k{int(sig)}",
         "hydra.sweeper.n_trials=1",
         "hydra.launcher.timeout_s=40",
-        "+case=hang",
-        f"+pid_dir={pid_dir}",
+        "model.case=hang",
+        f"model.pid_dir={pid_dir}",
     )
     trial = _trial_pid(pid_dir, sweep)
     sweep.send_signal(sig)
@@ -562,8 +562,8 @@ def test_a_trial_ends_at_its_own_timeout_while_its_sweep_is_stopped(tmp_path):
         "hydra.sweeper.baseline=false",
         "hydra.sweeper.max_failure_rate=1.0",
         "hydra.launcher.timeout_s=3",
-        "+case=hang",
-        f"+pid_dir={pid_dir}",
+        "model.case=hang",
+        f"model.pid_dir={pid_dir}",
     )
     trial = _trial_pid(pid_dir, sweep)
     os.killpg(sweep.pid, signal.SIGSTOP)  # the sweep cannot enforce anything now
@@ -584,8 +584,8 @@ def test_sigterm_marks_the_running_trial_interrupted_at_once_in_one_line(tmp_pat
         tmp_path,
         "hydra.sweeper.study_name=term",
         "hydra.sweeper.n_trials=1",
-        "+case=hang",
-        f"+pid_dir={pid_dir}",
+        "model.case=hang",
+        f"model.pid_dir={pid_dir}",
     )
     trial = _trial_pid(pid_dir, sweep)
     sweep.send_signal(signal.SIGTERM)
@@ -610,10 +610,10 @@ def test_crash_diagnostics_keep_the_fatal_error_the_logs_and_the_run_dir(tmp_pat
         "hydra.sweeper.study_name=diag",
         "hydra.sweeper.baseline=false",
         "hydra.sweeper.max_failure_rate=1.0",
-        "+case=choice(segfault,valueerror)",
+        "model.case=choice(segfault,valueerror)",
     )
     assert sweep.wait(timeout=120) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
-    by = {t.params["+case"]: t.user_attrs for t in _trials(tmp_path, "diag")}
+    by = {t.params["model.case"]: t.user_attrs for t in _trials(tmp_path, "diag")}
     seg, val = by["segfault"], by["valueerror"]
     assert seg["traceback"].startswith("Fatal Python error: Segmentation fault")
     assert "in fake_result" in seg["traceback"]  # the user's frame

@@ -20,8 +20,10 @@ from gpuopt.core import knobs
 from gpuopt.core.host import children_cpu_ticks, wait_for_idle_children
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, STUDY_CONFIRMATION
 from gpuopt.study.records import IN_PROCESS
+from gpuopt.sweeper import resume
 from gpuopt.sweeper.options import RaceOptions, SweepConfigError, SweeperOptions
 from gpuopt.sweeper.race import policy
+from tests.helpers.fixed_speed import FIXED_SPEED
 from tests.helpers.interleave import group_members, probe_configs
 from tests.helpers.sweep_outputs import sweep_identity
 
@@ -284,12 +286,15 @@ def test_race_settings_are_checked_before_anything_runs() -> None:
 
 
 def test_the_wait_for_idle_workers_ends_once_they_stop_using_cpu() -> None:
-    # a child that computes for 0.4 s, then sleeps: the wait outlasts the computing, then ends
+    # a child that computes for 0.4 s of CPU, then sleeps: the wait outlasts the computing, then
+    # ends. Its quiet span is 50 clock ticks: a computing child that other processes on the cores
+    # (a CPU burner, other tests) leave under 2% of a core for half a second is all that could
+    # look idle to it (0.1 s was 10 ticks: one tick per 10 ms of CPU, a child at 10% of a core)
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
     child = subprocess.Popen([sys.executable, "-c", busy + "time.sleep(30)"])
     try:
         time.sleep(0.05)
-        waited = wait_for_idle_children(max_s=20.0, quiet_s=0.1)
+        waited = wait_for_idle_children(max_s=20.0, quiet_s=0.5)
         after = children_cpu_ticks()
         time.sleep(0.2)
         assert children_cpu_ticks() == after  # idle when the wait returned
@@ -301,34 +306,48 @@ def test_the_wait_for_idle_workers_ends_once_they_stop_using_cpu() -> None:
 
 
 # ---- one real raced sweep -----------------------------------------------------------------------
+# On a workload of fixed speed (tests/helpers/fixed_speed.py): a step sleeps 30 ms + 0.1 ms a
+# sample, so a larger batch is faster by construction (32 -> ~960, 64 -> ~1,760, 256 -> ~4,600
+# samples/s), whatever else runs on the cores, and equal batches read the same.
 TINY_RACE = [
+    *FIXED_SPEED,
     "hydra.sweeper.n_trials=4",
     "hydra.sweeper.race.window_s=0.2",
     "hydra.sweeper.race.finalists=1",
     "hydra.sweeper.confirm.window_s=0.2",
     "hydra.sweeper.confirm.target_halfwidth=0.5",  # the protocol, not its precision: few rounds
     "hydra.sweeper.seeding=false",
-    # batches above the baseline's 32 only: whichever goes on reads faster than the baseline
-    "hydra.sweeper.params={loader.batch_size: 'choice(64,256)', precision: 'choice(fp32)'}",
+    # batches above the baseline's 32 only: each candidate is faster than the baseline; no loader
+    # workers (processes of their own, started again at each epoch); lr: a second knob that leaves
+    # the speed as it is (6 configurations for the 6 candidates of the two runs)
+    "hydra.sweeper.params={loader.batch_size: 'choice(64,128,256)', loader.num_workers: "
+    "'choice(0)', precision: 'choice(fp32)'}",
+    "optimizer.lr=choice(0.001,0.002)",
     "hydra.sweeper.device_params={}",
     "hydra.sweeper.race.floor=0",  # a finalist whatever the screen reads (the floor: unit tests)
     "device.num_threads=1",  # one compute thread everywhere: two collapse on a busy 2-core box
     "measure=quick",
     "measure.time_budget_s=0.3",
-    "model.depth=1",
     "data.size=2048",  # 8+ steps an epoch: a loader's epoch boundary is no window of its own
 ]
+ROOT = Path(__file__).resolve().parents[1]  # the trial processes import tests.helpers from here
+
+
+def _counted(study: optuna.Study) -> list:
+    """The study's trials that count towards n_trials (a sampled repeat of a measured
+    configuration is void: not run, an unmeasured one instead)."""
+    return [t for t in study.get_trials() if resume.counted(t)]
 
 
 @pytest.mark.slow
 def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Path) -> None:
     env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
     cmd = [sys.executable, "-m", "gpuopt.run", "-m", "device=cpu", *TINY_RACE]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "race: the trials in one process" in done.stdout
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'gpuopt.db'}")
-    trials = study.get_trials()
+    trials = _counted(study)
     assert len(trials) == 4
     baseline = trials[0]
     assert baseline.user_attrs[ATTR_BASELINE] and baseline.state == TrialState.COMPLETE
@@ -347,8 +366,11 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     screen = finalist.user_attrs[ATTR_RACE]  # what the screen read of it, beside its whole trial
     assert screen["rank"] == 1 and screen["of"] == 3 and math.isfinite(screen["ratio"])
     assert screen["ratio"] >= max(t.user_attrs[ATTR_RACE]["ratio"] for t in pruned)
-    # a whole trial with its extras: it (batch 64 or 256 of a 1-layer mlp) reads faster than
-    # the baseline (batch 32), the floor of the extras (measure.contender_floor)
+    # the screen's best is the largest batch of the screen (fixed speeds: the fastest, or equal to
+    # it); a whole trial with its extras: it reads faster than the baseline (batch 32), the floor
+    # of the extras (measure.contender_floor)
+    batches = [t.params["loader.batch_size"] for t in trials[1:]]
+    assert finalist.params["loader.batch_size"] == max(batches)
     assert finalist.user_attrs["throughput"] > baseline.user_attrs["throughput"]
     assert finalist.user_attrs["profile"] and "extras_skipped" not in finalist.user_attrs
     # every whole trial ran in the race's one process: no launcher job of its own
@@ -368,6 +390,7 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     more += ["hydra.sweeper.n_trials=7", "hydra.sweeper.race.screen=2"]
     again = subprocess.run(
         [*more, "hydra.sweeper.confirm.rounds=0"],
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -375,7 +398,7 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "race: the trials in one process" in again.stdout and "no race" not in again.stdout
-    trials = study.get_trials()
+    trials = _counted(study)
     assert len(trials) == 7 and sum(bool(t.user_attrs.get(ATTR_BASELINE)) for t in trials) == 1
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert all(ATTR_RACE in t.user_attrs for t in complete)  # no fresh-process value among them
@@ -437,3 +460,65 @@ def test_only_gpuopts_own_task_function_races() -> None:
     assert policy.is_gpuopt_main(namespace["main"])  # the function gpuopt/run.py defines
     assert not policy.is_gpuopt_main(lambda cfg: cfg)
     assert not policy.is_gpuopt_main(test_only_gpuopts_own_task_function_races)
+
+
+# ---- answer (a) in the race: a same-training finalist (issue 34) --------------------------------
+
+
+def test_the_best_same_training_candidate_goes_on_when_no_finalist_keeps_the_training() -> None:
+    ratios = {"big": 2.1, "bigger": 1.9, "same": 1.23, "same_slow": 1.05, "low": 0.7}
+    keeps = {"same", "same_slow", "low"}
+    assert policy.finalists(ratios, 2, 0.9, keeps) == ["big", "bigger", "same"]
+    # one finalist serves both answers when the best overall keeps the training
+    assert policy.finalists({**ratios, "same": 2.5}, 2, 0.9, keeps) == ["same", "big"]
+    # never one the screen read below the floor
+    assert policy.finalists(ratios, 2, 0.9, {"low"}) == ["big", "bigger"]
+    assert policy.finalists(ratios, 2, 0.9) == ["big", "bigger"]
+
+
+def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[str], optuna.Study]:
+    """`RaceRunner._decide` on a study with a measured baseline (batch 32, no workers, 100
+    samples/s in every baseline window) and one screened candidate per (batch, workers, reading):
+    the finalists it keeps, the study after it told the others pruned. Fixed readings."""
+    from gpuopt.core.shared_protocol import Reading
+    from gpuopt.sweeper import global_batch, resume
+    from gpuopt.sweeper.progress import Progress
+    from gpuopt.sweeper.race.runner import RaceRunner, Screened
+    from gpuopt.sweeper.space import build_search_space
+
+    space = build_search_space(
+        {"loader.batch_size": "choice(32,256,512)", "loader.num_workers": "choice(0,1,2)"},
+        [],
+        None,
+        grid=False,
+    )
+    study = optuna.create_study(direction="maximize")
+    global_batch.record(study, global_batch.gpuopt_rule({"loader.batch_size": 32}))
+    study.enqueue_trial({"loader.batch_size": 32, "loader.num_workers": 0}, {ATTR_BASELINE: True})
+    study.tell(study.ask(dict(space.distributions)), 100.0)
+    screened = []
+    for batch, workers, reading in batches_and_readings:
+        study.enqueue_trial({"loader.batch_size": batch, "loader.num_workers": workers})
+        trial = study.ask(dict(space.distributions))
+        window = Reading("#", throughput=reading, throughput_amortized=reading,
+                         step_time_ms=1.0, steps=3, seconds=0.3)  # fmt: skip
+        screened.append(Screened(trial, [], f"#{trial.number}", {}, window, 100.0, 100.0))
+    runner = RaceRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+    progress = Progress(10, ["throughput"], ["maximize"], 1, time.monotonic())
+    chosen = runner._decide(study, screened, space, progress)
+    return list(chosen), study
+
+
+def test_the_race_keeps_a_same_training_finalist_and_records_which_candidates_keep_it() -> None:
+    """The cnn sweep of issue 34: batch 32 with 2 workers screened 1.23x and was pruned behind two
+    batch-256 candidates; now it goes on as a third whole trial, and the pruned candidate at the
+    baseline's batch says it held the training (the summary's evidence for answer (a))."""
+    chosen, study = _decided([(256, 1, 212.0), (512, 1, 190.0), (32, 2, 123.0), (32, 1, 110.0)])
+    assert chosen == ["#1", "#2", "#3"]
+    pruned = study.trials[4]
+    assert pruned.state == TrialState.PRUNED
+    assert pruned.user_attrs[ATTR_RACE]["same_training"] is True
+    assert pruned.user_attrs[ATTR_RACE]["ratio"] == pytest.approx(1.1)
+    # the best overall at the baseline's batch: one finalist serves both answers
+    chosen, _ = _decided([(32, 2, 250.0), (256, 1, 212.0), (32, 1, 123.0)])
+    assert chosen == ["#1", "#2"]

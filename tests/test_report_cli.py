@@ -62,7 +62,7 @@ def test_default_storage_lists_studies_and_reports_the_latest(output_dir, tmp_pa
     out = proc.stdout
     assert "Studies" in out and GPU_STUDY in out and f"{CPU_STUDY} <" in out  # the latest, marked
     assert f"Study {CPU_STUDY}" in out and f"Study {GPU_STUDY}" not in out
-    assert "Speedup over the baseline: 2.50x throughput" in out
+    assert "read 2.50x the baseline's throughput" in out
     assert "Traceback" not in proc.stderr
 
 
@@ -164,7 +164,7 @@ def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(output_d
     )
     assert proc.returncode == 0, proc.stderr
     assert f"Study {CPU_STUDY}" in proc.stdout
-    assert "Speedup over the baseline: 2.50x throughput" in proc.stdout
+    assert "read 2.50x the baseline's throughput" in proc.stdout
 
     missing = tmp_path / "nope.log"
     proc = run(

@@ -32,7 +32,8 @@ def page(tmp_path_factory) -> Iterator[tuple[Path, str]]:
     with fast_storage_dir(tmp_path_factory.mktemp("page")) as folder:
         url = f"sqlite:///{folder / 'gpuopt.db'}"
         rdb = optuna.storages.RDBStorage(url)
-        build_profiled_cpu_study(rdb, study_attrs={"confirmation": confirmation_record()})
+        record = confirmation_record(same_training=True)  # (a) #9 and (b) #1 both confirmed
+        build_profiled_cpu_study(rdb, study_attrs={"confirmation": record})
         rdb.remove_session()
         path = tmp_path_factory.mktemp("html") / "report.html"
         assert main(["--storage", url, "--html", str(path)]) == 0
@@ -57,6 +58,39 @@ def test_answer_shows_the_confirmed_speedup_with_its_interval(page):
     assert "Speedup over the baseline (re-measured, 95% interval)" in text
     assert "loader.batch_size=64 loader.num_workers=2" in text  # the change to apply
     assert "53% of the step in next(loader)" in text  # the baseline's diagnosis cites its phases
+
+
+def test_the_answer_gives_both_answers_above_the_fold(page):
+    """Issue 34: the page used to show only (b), batch 64 here, as "the change to apply", with
+    nothing above the fold saying it changes the training. Now (a) and (b) each come with their
+    interval and change to apply, (b) with what it changes, before any chart of the search."""
+    path, url = page
+    report = build_report(load_study(open_existing(url), url, None), url)
+    text = path.read_text()
+    answer = text[text.index("<h2>The answer</h2>") : text.index("<h2>Where the time goes</h2>")]
+    assert report.same_training.number == 9 and report.best.number == 1
+    for number, label in ((9, "(a) same training"), (1, "(b) best overall")):
+        entry = report.confirmation.comparison_of(number)
+        assert f"{label} (trial #{number})" in answer
+        assert f"{entry.ratio:.2f}x" in answer
+        assert f"95% CI {entry.ci_low:.2f}-{entry.ci_high:.2f}x" in answer
+    assert "Change to apply: <code>loader.num_workers=2</code>" in answer  # (a)
+    assert "Change to apply: <code>loader.batch_size=64 loader.num_workers=2</code>" in answer
+    assert "Changes the training</b>: global batch 32 -&gt; 64 (x2)" in answer
+    assert answer.index("(a) Same training") < answer.index("(b) Best overall")
+    assert "trial #9 (a: same training)" in text and "trial #1 (b: best)" in text  # the chart
+
+
+def test_throughput_vs_batch_ticks_are_the_batch_sizes(page):
+    """A log axis with plotly's own ticks read "3 4 5 6 7 8 9 100 2": the ticks are the batches."""
+    from gpuopt.report.charts import figures
+
+    _, url = page
+    study = load_study(open_existing(url), url, None)
+    charts = dict(figures(study, build_report(study, url)))
+    axis = charts["Throughput vs batch size, by precision"].layout.xaxis
+    assert axis.type == "log" and list(axis.tickvals) == [32, 64, 128, 256]
+    assert list(axis.ticktext) == ["32", "64", "128", "256"]
 
 
 def test_phase_bars_show_baseline_and_best(page):

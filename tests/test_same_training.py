@@ -213,14 +213,16 @@ def test_same_training_preset_holds_the_baseline_batch_and_searches_its_divisors
     assert same_training_params({}, chosen) == {}
 
 
-def _frozen(number, batch, value, numerics=0.0, baseline=False):
+def _frozen(number, batch, value, numerics=0.0, baseline=False, workers=0):
     import optuna
 
+    choices = optuna.distributions.CategoricalDistribution
     return optuna.trial.create_trial(
         value=value,
-        params={"loader.batch_size": batch},
+        params={"loader.batch_size": batch, "loader.num_workers": workers},
         distributions={
-            "loader.batch_size": optuna.distributions.CategoricalDistribution([32, 64, 256])
+            "loader.batch_size": choices([32, 64, 256]),
+            "loader.num_workers": choices([0, 1, 2]),
         },
         user_attrs={
             "baseline": baseline,
@@ -237,8 +239,8 @@ def test_same_training_classification_and_the_change_advice():
     trials = [
         _frozen(0, 32, 10.0, baseline=True),
         _frozen(1, 256, 80.0),
-        _frozen(2, 32, 30.0, numerics=1.0),
-        _frozen(3, 32, 20.0),
+        _frozen(2, 32, 30.0, numerics=1.0, workers=1),
+        _frozen(3, 32, 20.0, workers=2),  # another configuration at the baseline's batch
     ]
     for number, trial in enumerate(trials):
         trial.number = number
@@ -309,7 +311,7 @@ def _reported(number, batch, reported, value, baseline=False):
 
 def test_an_unreported_global_batch_is_unknown_never_the_same_training():
     """Issue 22: null == null is no evidence; the answers say so and name the changed keys."""
-    from gpuopt.study.answers import two_answers
+    from gpuopt.study.answers import Shown, TwoAnswers, two_answers
     from gpuopt.study.rules import (
         pick_same_training,
         same_training,
@@ -326,8 +328,9 @@ def test_an_unreported_global_batch_is_unknown_never_the_same_training():
         "(64 -> 256), data.num_workers (0 -> 1)"
     )
     same = pick_same_training([base, wide], base, ["maximize"], None)
-    said = two_answers("the baseline's global batch", (same.number, "[64]"), (1, "[256]"),
-                       None, 0, change, unknown_training(base))  # fmt: skip
+    said = two_answers(TwoAnswers("the baseline's global batch", Shown(1, "[256]"),
+                                  Shown(same.number, "[64]"), 0, None, change,
+                                  unknown_training(base)))  # fmt: skip
     assert said[1] == "  (a) same training: unknown: the task did not report its global batch"
     assert said[3] == f"      changes the training: {change}"
     # Reported by the task (measure_step(optimizer=...) / MeasureCallback): the rules apply.
@@ -403,3 +406,126 @@ def _report_text(report_main, tmp_path, name):
         except SystemExit as exc:
             assert not exc.code
     return buffer.getvalue()
+
+
+# ---- both answers confirmed and said first, each with its change to apply (issue 34) -------------
+
+
+def _trial(number, params, value, baseline=False, state=None, race=None, drift=0.0):
+    """A stored trial of gpuopt's own task: its params, overrides, resolved batch and lr."""
+    import optuna
+
+    batch = params["loader.batch_size"]
+    attrs = {
+        "baseline": baseline,
+        "overrides": [f"{k}={v}" for k, v in params.items()],
+        "config": {"loader": {"batch_size": batch}, "optimizer": {"lr": 1e-3}},
+        **({"race": race} if race else {}),
+    }
+    dist = optuna.distributions.CategoricalDistribution
+    trial = optuna.trial.create_trial(
+        state=state or optuna.trial.TrialState.COMPLETE,
+        value=None if state else value,
+        params=params,
+        distributions={"loader.batch_size": dist([32, 256]), "loader.num_workers": dist([0, 1, 2])},
+        user_attrs=attrs,
+        constraints={"oom": 0.0, "diverged": 0.0, "numerics": drift},
+    )
+    trial.number = number
+    return trial
+
+
+def _confirmed(trials, again):
+    """The confirmation record of `trials` (the baseline first), re-measured as `again` says:
+    built by the sweeper's own code (gpuopt/sweeper/confirm/)."""
+    from gpuopt.study.records import Confirmation
+    from gpuopt.sweeper.confirm.schedule import confirmed_configs
+    from gpuopt.sweeper.confirm.verdicts import compare
+
+    configs = confirmed_configs(trials, trials)
+    for config, values in zip(configs, again, strict=True):
+        config.confirm_values = list(values)
+    record = {"configs": [vars(c) for c in configs], **compare(configs, "maximize")}
+    return Confirmation.from_attr(record)
+
+
+def _answers(trials, confirmation):
+    from gpuopt.study.rules import pick_best, pick_same_training, training_change
+    from gpuopt.sweeper.summary import answers_lines
+
+    pool = [t for t in trials if t.values]
+    base = trials[0]
+    best = pick_best(pool, [], ["maximize"], confirmation)
+    same = pick_same_training(pool, base, ["maximize"], confirmation)
+    change = training_change(base, best)
+    return answers_lines(["throughput"], base, best, same, change, confirmation, 32, trials)
+
+
+def test_the_summary_gives_both_confirmed_answers_each_with_its_change_to_apply():
+    """Issue 34's cnn sweep: (a), batch 32 with 2 workers, confirmed faster beside (b), batch
+    256; each with its interval and what to apply, (b) with what it changes in the training."""
+    trials = [
+        _trial(0, {"loader.batch_size": 32, "loader.num_workers": 0}, 100.0, baseline=True),
+        _trial(1, {"loader.batch_size": 256, "loader.num_workers": 1}, 212.0),
+        _trial(2, {"loader.batch_size": 32, "loader.num_workers": 2}, 123.0),
+    ]
+    confirmation = _confirmed(trials, [[100, 101, 99, 100], [210, 212, 208, 211],
+                                       [121, 124, 120, 123]])  # fmt: skip
+    lines = _answers(trials, confirmation)
+    assert lines[1].startswith("  (a) same training: #2 throughput=123")
+    assert lines[1].endswith(": confirmed 1.220x [95% CI 1.204-1.237, +-1.4%, 4 pairs]")
+    assert lines[2] == "      change to apply: loader.num_workers=2"
+    assert lines[3].startswith("  (b) best overall: #1 ") and "confirmed 2.1" in lines[3]
+    assert lines[4] == "      change to apply: loader.batch_size=256 loader.num_workers=1"
+    assert lines[5].startswith("      changes the training: global batch 32 -> 256 (x8)")
+
+
+def test_keep_your_configuration_says_what_the_search_saw_of_the_same_training():
+    import optuna
+
+    base = _trial(0, {"loader.batch_size": 32, "loader.num_workers": 0}, 100.0, baseline=True)
+    best = _trial(1, {"loader.batch_size": 256, "loader.num_workers": 1}, 212.0)
+    # screened below the race's floor at the baseline's batch, pruned
+    race = {"ratio": 0.77, "floor": 0.9, "same_training": True}
+    pruned = _trial(2, {"loader.batch_size": 32, "loader.num_workers": 1}, None,
+                    state=optuna.trial.TrialState.PRUNED, race=race)  # fmt: skip
+    confirmation = _confirmed([base, best], [[100, 101, 99, 100], [210, 212, 208, 211]])
+    lines = _answers([base, best, pruned], confirmation)
+    assert lines[1] == (
+        "  (a) same training: no same-training configuration is measurably faster: keep your "
+        "configuration"
+    )
+    assert lines[2] == (
+        "      (no same-training candidate screened at the race's floor of 0.9x or faster: the "
+        "closest, #2, 0.77x)"
+    )
+    # re-measured and no faster: the confirmation's own verdict is the evidence
+    same = _trial(3, {"loader.batch_size": 32, "loader.num_workers": 2}, 104.0)
+    trials = [base, best, same]
+    again = _confirmed(trials, [[100, 101, 99, 100], [210, 212, 208, 211], [99, 102, 100, 101]])
+    lines = _answers(trials, again)
+    assert "keep your configuration" in lines[1] and "same-training #3 re-measured 1.0" in lines[2]
+    # nothing at the baseline's global batch at all
+    assert "(no trial held global batch 32)" in _answers([base, best], None)[2]
+    # the same-training finalist's bf16 drifted: the guard said no
+    bf16 = _trial(4, {"loader.batch_size": 32, "loader.num_workers": 2}, 150.0, drift=1.0,
+                  race={"ratio": 1.4, "floor": 0.9, "same_training": True})  # fmt: skip
+    assert _answers([base, best, bf16], confirmation)[2] == (
+        "      (#4 held the global batch: numerics drift from the fp32 reference over the "
+        "tolerance: not the same training)"
+    )
+
+
+def test_the_confirmation_keeps_both_answers_in_fewer_rounds_where_the_cap_is_tight():
+    """An app's 8-trial sweep in fresh processes (cap 8 runs): 4 rounds of the baseline and two
+    candidates do not fit, so the plan used to drop the second, the same-training one; now both
+    stay, in 2 rounds (Stein's second stage has the rest)."""
+    from gpuopt.sweeper.confirm.schedule import answers_among, plan
+
+    base = _trial(0, {"loader.batch_size": 32, "loader.num_workers": 0}, 100.0, baseline=True)
+    best = _trial(1, {"loader.batch_size": 256, "loader.num_workers": 1}, 212.0)
+    same = _trial(2, {"loader.batch_size": 32, "loader.num_workers": 2}, 123.0)
+    assert answers_among([best, same], base) == 2 and answers_among([best], base) == 1
+    assert plan(2, 4, 1.0, 8, 2, keep=2).top_k == 2 and plan(2, 4, 1.0, 8, 2, keep=2).rounds == 2
+    assert plan(2, 4, 1.0, 8, 2).top_k == 1  # nothing to keep: the weakest goes, as before
+    assert plan(2, 4, 1.0, 5, 2, keep=2).top_k == 1  # not even 2 rounds of both: the best stays

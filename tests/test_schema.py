@@ -138,7 +138,7 @@ def test_schema_and_sweeper_do_not_import_torch():
 
 def test_best_pick_agrees_with_optuna_on_a_real_study():
     study = optuna.create_study(direction="maximize")
-    for v in (3.0, 7.0, 5.0):
-        study.add_trial(trial(0, value=v))
+    for number, v in enumerate((3.0, 7.0, 5.0)):  # three configurations (params b=0, 1, 2)
+        study.add_trial(trial(number, value=v))
     pool = schema.feasible_trials(study.get_trials())
     assert schema.pick_best(pool, [], ["maximize"], None).number == study.best_trial.number

@@ -232,7 +232,7 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
         "hydra/sweeper/sampler=grid",
         "hydra.sweeper.sampler.seed=0",
         "hydra.launcher.timeout_min=1",
-        "+case=choice(hang,fine)",
+        "model.case=choice(hang,fine)",
     ]  # fmt: skip
     out = tmp_path / "sweep.out"
     with out.open("w") as stdout:
@@ -253,7 +253,7 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
     text = out.read_text()
     assert proc.returncode == 0, text[-3000:] + cluster.logs()
     trials = trials_of(tmp_path, "t")
-    assert [t.params.get("+case") for t in trials] == [None, "hang", "fine"]
+    assert [t.params.get("model.case") for t in trials] == [None, "hang", "fine"]
     baseline, hung, after = trials
     assert baseline.user_attrs["status"] == "ok" and after.user_attrs["status"] == "ok"
     assert hung.state == TrialState.FAIL and hung.user_attrs["status"] == "error"
@@ -279,7 +279,7 @@ def test_terminated_sweep_cancels_its_running_trial_jobs(tmp_path, cluster):
     env = {**os.environ, **cluster.env, "GPUOPT_OUTPUT_DIR": str(tmp_path)}
     before = set(squeue_states(cluster))
     cmd = [sys.executable, str(HELPERS / "fake_task.py"), "-m", *SLURM_JOB, *FAST]
-    cmd += ["hydra.sweeper.confirm.rounds=0", "hydra.launcher.timeout_min=5", "+case=hang"]
+    cmd += ["hydra.sweeper.confirm.rounds=0", "hydra.launcher.timeout_min=5", "model.case=hang"]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

@@ -117,6 +117,7 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     study = load(tmp_path, name)
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == 4  # no repeat: the space once
 
     baseline = trials[0]
     assert baseline.user_attrs[ATTR_BASELINE] is True
@@ -392,7 +393,7 @@ def test_statuses_are_recorded_and_the_sweep_survives_a_dying_trial(tmp_path):
             "hydra/sweeper/sampler=grid",
             "hydra.sweeper.study_name=s",
             "hydra.sweeper.max_failure_rate=0.9",
-            "+case=choice(crash,die,diverge)",
+            "model.case=choice(crash,die,diverge)",
             timeout=300,
         )
     )
@@ -404,7 +405,7 @@ def test_statuses_are_recorded_and_the_sweep_survives_a_dying_trial(tmp_path):
         and baseline.params == {}
         and baseline.user_attrs["status"] == "ok"
     )
-    by = {t.params.get("+case"): t for t in trials[1:]}
+    by = {t.params.get("model.case"): t for t in trials[1:]}
     assert set(by) == {"crash", "die", "diverge"}
     diverged = by["diverge"]
     assert diverged.state == TrialState.COMPLETE and diverged.user_attrs["status"] == "diverged"
@@ -439,7 +440,7 @@ def test_too_many_errors_stop_the_sweep_with_a_clear_message(tmp_path):
         "hydra.sweeper.study_name=f",
         "hydra.sweeper.n_trials=6",
         "hydra.sweeper.baseline=false",
-        "+case=choice(crash)",
+        "model.case=choice(crash)",
         timeout=120,
     )
     assert proc.returncode == 1

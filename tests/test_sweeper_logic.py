@@ -753,14 +753,17 @@ def test_bad_sweeper_options_are_one_line_errors(settings, key):
     ],
 )
 def test_good_sweeper_options_build(settings):
+    """Every setting given is kept, every other one is its default (nothing given: the defaults;
+    `baseline: null` becomes off: gpuopt does not measure this app, no objectives of its own)."""
+    import dataclasses
+
     from gpuopt.sweeper.options import SweeperOptions
 
     options = SweeperOptions.build(**settings)
-    for key, value in settings.items():
-        if key != "confirm":
-            assert getattr(options, key) == value
-    for key, value in settings.get("confirm", {}).items():
-        assert getattr(options.confirm, key) == value
+    defaults = SweeperOptions()
+    given = {k: v for k, v in settings.items() if k != "confirm"}
+    confirm = dataclasses.replace(defaults.confirm, **settings.get("confirm", {}))
+    assert vars(options) == {**vars(defaults), "baseline": False, **given, "confirm": confirm}
 
 
 def test_sweeper_options_have_one_default_each():

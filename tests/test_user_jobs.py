@@ -6,7 +6,9 @@ the real Trainer on a GPT-2 built from a config, gloo at world size 2 on the 2 c
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,10 +34,21 @@ def _run(tmp_path: Path, script: str, nproc: int = 0, **env: str) -> tuple[Trial
         command += ["--standalone", str(path)]
     environ = {**os.environ, "RESULT": str(result), "OUT": str(tmp_path / "out"), **env}
     environ["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(
-        command, env=environ, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    process = subprocess.Popen(
+        command,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
     )
-    return (TrialResult.load(result) if result.exists() else None), done.stdout + done.stderr
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:  # the launcher and every rank it started: none outlives the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return (TrialResult.load(result) if result.exists() else None), output
 
 
 def test_the_hf_trainer_is_measured_in_optimizer_steps_with_its_global_batch(tmp_path):

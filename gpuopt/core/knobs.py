@@ -17,6 +17,7 @@ GLOBAL_BATCH = "global batch"  # samples per optimizer step: micro-batch x accum
 NUMERICS = "numerics"  # the same math in another order or precision: the numerics guard checks it
 LR = "lr"  # the learning rate the optimizer steps with
 WHAT = "what is trained"  # another model or optimizer: never the same training
+FACTOR, TOTAL = "factor", "total"  # Knob.batch: how a GLOBAL_BATCH key makes the global batch
 # A low precision whose measured matmul peak is under this many times fp32's buys no compute here.
 LOW_PRECISION_GAIN = 1.2
 NO = (False, None)  # a fact that is false or missing
@@ -74,6 +75,11 @@ class Knob:
     lightning: str | None = None  # the Trainer / LightningDataModule argument it becomes
     tip: str | None = None  # the setting a diagnosis's "Try:" line names (it says why)
     group: str | None = None
+    # How a GLOBAL_BATCH key makes the global batch: FACTOR (it multiplies in: the micro-batch,
+    # the ranks) or TOTAL (set, it is the global batch itself, the micro-batches accumulating to
+    # it: train.global_batch). sweeper/global_batch.py reads it, so that which configurations hold
+    # a baseline's global batch follows from these records.
+    batch: str | None = None
 
 
 def _slower_than_fp32(mode: str) -> Rule:
@@ -112,7 +118,8 @@ _CORES = "only {cpus} usable CPU core(s): more "
 _DATAMODULE = "LightningDataModule(<same name>=...), where its constructor takes it"
 
 MICRO_BATCH = Knob("loader.batch_size", "samples per micro-batch (per rank)", True,
-                   (GLOBAL_BATCH, NUMERICS), lightning=_DATAMODULE, tip="larger loader.batch_size")
+                   (GLOBAL_BATCH, NUMERICS), lightning=_DATAMODULE, tip="larger loader.batch_size",
+                   batch=FACTOR)
 WORKERS = Knob("loader.num_workers", "DataLoader workers, sharing the cores with the compute", True,
                poor=(Rule((), {}, _CORES + "workers than cores compete with compute", "cpus"),),
                lightning=_DATAMODULE, tip="loader.num_workers")
@@ -135,7 +142,8 @@ THREADS = Knob("device.num_threads", "torch.set_num_threads: compute threads", T
                tip="tune loader.num_workers and device.num_threads together")
 ACCUMULATION = Knob("train.global_batch", "samples per optimizer step (accumulated micro-batches)",
                     True, (GLOBAL_BATCH, NUMERICS),
-                    lightning="Trainer(accumulate_grad_batches=global_batch / loader.batch_size)")
+                    lightning="Trainer(accumulate_grad_batches=global_batch / loader.batch_size)",
+                    batch=TOTAL)
 FUSED = Knob("optimizer.fused", "the fused optimizer kernel", training=(NUMERICS,),
              tip="optimizer.fused=true")
 CHANNELS_LAST = Knob("model.channels_last", "NHWC convolutions", training=(NUMERICS,),
@@ -143,7 +151,8 @@ CHANNELS_LAST = Knob("model.channels_last", "NHWC convolutions", training=(NUMER
 NPROC = Knob("distributed.nproc_per_node", "ranks on this node (one per GPU on CUDA)",
              training=(GLOBAL_BATCH, NUMERICS),
              poor=(Rule((), NOT_CUDA, "only {cpus} usable CPU core(s): one rank each", "cpus"),
-                   Rule((), CUDA, "only {gpu_count} GPU(s): one rank each", "gpu_count")))
+                   Rule((), CUDA, "only {gpu_count} GPU(s): one rank each", "gpu_count")),
+             batch=FACTOR)
 
 KNOBS: tuple[Knob, ...] = (
     MICRO_BATCH, WORKERS, PIN_MEMORY, NON_BLOCKING, PERSISTENT_WORKERS,
@@ -215,6 +224,12 @@ def keys(change: str) -> tuple[str, ...]:
     """The keys that change the training this way: `keys(GLOBAL_BATCH)` hold the global batch
     (micro-batch x accumulation x ranks), `keys(NUMERICS)` are what the guard must check."""
     return tuple(k.key for k in KNOBS if change in k.training)
+
+
+def batch_keys(role: str) -> tuple[str, ...]:
+    """The GLOBAL_BATCH keys with this role (FACTOR: they multiply into the global batch, the
+    micro-batch first; TOTAL: set, the key is the global batch itself)."""
+    return tuple(k.key for k in KNOBS if GLOBAL_BATCH in k.training and k.batch == role)
 
 
 def canonical(value: Any) -> str:

@@ -94,7 +94,7 @@ class Metrics:
         window="reads", run=Row(1, "throughput"), compared=1, page=Column(1, "throughput", 0, 10),
         meaning="samples / wall time of the timed window (warm-up and compile excluded)")
     throughput_amortized: float | None = record("samples/s", goal=MAX, ranks="global",
-        window="reads", screen="throughput", run=Row(2, "throughput (amortized)", optional=True),
+        window="reads", screen="throughput", run=Row(3, "throughput (amortized)", optional=True),
         meaning="`throughput` of a long run: each epoch boundary's cost (`epoch_overhead_s`) "
         "amortized over the real epoch (`epoch_steps`); see "
         "[Steady state](limits.md#steady-state-and-the-epoch-boundary)")
@@ -103,7 +103,7 @@ class Metrics:
     epoch_steps: int | None = record("steps", window="uses", meaning="the epoch length it is "
         "amortized over (`data.epoch_steps`, else dataset length / batch)")
     step_time_ms: float | None = record("ms", goal=MIN, ranks="slowest", rank_row=True,
-        window="reads", run=Row(3, "step time (median)", 3), compared=2,
+        window="reads", run=Row(4, "step time (median)", 3), compared=2,
         page=Column(2, "step ms", 2, 8), meaning="median step time")
     step_time_p10_ms: float | None = record("ms", ranks="slowest",
         meaning="the window's 10th percentile step time")
@@ -112,40 +112,50 @@ class Metrics:
     step_time_cv: float | None = record("", ranks="slowest",
         meaning="std / mean of the timed window's step times")
     throughput_ci: float | None = record("fraction", ranks="largest",
-        meaning="relative half-width of `throughput`'s 95% confidence interval")
-    cpu_steal_pct: float | None = record("%", run=Row(20, "CPU steal", optional=True,
+        meaning="relative half-width of `throughput`'s 95% confidence interval over the steps of "
+        "this one timed window: not how far apart another process reads (`run_spread`)")
+    run_spread: float | None = record("fraction", run=Row(2, "run to run"), meaning="how far "
+        "apart fresh processes of this workload read on this machine: the coefficient of "
+        "variation of their `throughput`, as `scripts/bench_noise.py` measured and stored it "
+        "(per hardware and workload, in gpuopt's cache folder); null: not measured here")
+    run_spread_runs: int | None = record("processes",
+        meaning="how many fresh processes `run_spread` was measured over")
+    intervals: str | None = record("", meaning="what the intervals cover, in words: "
+        "`throughput_ci` over this window's steps, and the run-to-run spread or that it is not "
+        "known for this machine and workload")
+    cpu_steal_pct: float | None = record("%", run=Row(21, "CPU steal", optional=True,
         note="CPU time the hypervisor gave other guests"), meaning="share of the machine's CPU "
         "time the hypervisor gave other guests during the window (`/proc/stat` steal; Linux VMs)")
     data_wait: float | None = record("%", goal=MIN, ranks="largest", rank_row=True, window="uses",
-        run=Row(4, "data wait", note="CUDA: GPU idle for input; CPU: host wait"), compared=4,
+        run=Row(5, "data wait", note="CUDA: GPU idle for input; CPU: host wait"), compared=4,
         column=Column(2, "wait"), page=Column(3, "data wait %", 1, 8), meaning="share of the "
         "timed window the device starved of input (CUDA: on the GPU timeline; CPU/MPS: the host's "
         "time in `next(loader)`); the input-bound diagnosis reads it")
     host_data_wait: float | None = record("%", goal=MIN, ranks="largest", rank_row=True,
-        run=Row(5, "host data wait", note="host time in next(loader)"), meaning="share of the "
+        run=Row(6, "host data wait", note="host time in next(loader)"), meaning="share of the "
         "timed window the host spent in `next(loader)` (the loader's time, overlapped with GPU "
         "work or not); equals `data_wait` on CPU")
-    utilization: float | None = record("%", goal=MAX, ranks="job", run=Row(6, "utilization",
+    utilization: float | None = record("%", goal=MAX, ranks="job", run=Row(7, "utilization",
         note="NVML on NVIDIA; CPU: 100 - data wait"), compared=3, column=Column(1, "util"),
         meaning="NVIDIA: NVML `utilization.gpu` during the timed window (\"a kernel was "
         "running\", not \"useful math\"); CPU: 100 - `data_wait`")
     peak_memory_mb: float | None = record("MB", goal=MIN, ranks="largest", rank_row=True,
-        run=Row(13, "peak memory"), compared=8, meaning="CUDA: `max_memory_allocated` over the "
+        run=Row(14, "peak memory"), compared=8, meaning="CUDA: `max_memory_allocated` over the "
         "timed window; CPU: growth of the main process's peak RSS from before the build")
     peak_reserved_mb: float | None = record("MB", goal=MIN, meaning="CUDA: `max_memory_reserved` "
         "over the timed window (allocated + cached: what the device must hold; shows "
         "fragmentation and `expandable_segments`); null elsewhere")
-    mfu: float | None = record("%", goal=MAX, ranks="per device", run=Row(10, "MFU", 2,
+    mfu: float | None = record("%", goal=MAX, ranks="per device", run=Row(11, "MFU", 2,
         note="of the device's dense peak for the dtype"), compared=5, column=Column(3, "mfu"),
         meaning="model FLOPs x steps/s / the device's documented dense peak for the dtype the "
         "step runs in; null where the peak is unknown (CPUs)")
     hfu: float | None = record("%", goal=MAX, ranks="per device", meaning="the same with hardware "
         "FLOPs (an activation-checkpointed forward recomputed in the backward included)")
     mfu_achievable: float | None = record("%", goal=MAX, ranks="per device",
-        run=Row(11, "MFU (achievable)", 2, note="of the measured matmul peak", optional=True),
+        run=Row(12, "MFU (achievable)", 2, note="of the measured matmul peak", optional=True),
         meaning="model FLOP/s against this machine's measured matmul peak for the dtype "
         "(`peak_flops_measured`): also on CPUs")
-    flops_per_sample: float | None = record("FLOP", run=Row(12, "FLOPs / sample", 0, unit="",
+    flops_per_sample: float | None = record("FLOP", run=Row(13, "FLOPs / sample", 0, unit="",
         note="forward + backward"), meaning="model FLOPs per sample (forward + backward, no "
         "recompute), counted once outside the timed window")
     hardware_flops_per_sample: float | None = record("FLOP", meaning="what the device ran per "
@@ -154,40 +164,40 @@ class Metrics:
     peak_flops_measured: float | None = record("FLOP/s", meaning="the matmul probe's peak for the "
         "dtype (cached per machine; `python -m gpuopt.env` shows it)")
     ceiling_throughput: float | None = record("samples/s", goal=MAX, ranks="dropped",
-        run=Row(7, "compute ceiling", note="one on-device batch, no loader"), compared=7,
+        run=Row(8, "compute ceiling", note="one on-device batch, no loader"), compared=7,
         meaning="the same step replayed on one batch already on the device: the compute-only "
         "limit")
     input_efficiency: float | None = record("%", goal=MAX, ranks="dropped", compared=6,
-        run=Row(8, "input efficiency", note="throughput / ceiling"), column=Column(4, "in_eff"),
+        run=Row(9, "input efficiency", note="throughput / ceiling"), column=Column(4, "in_eff"),
         meaning="`throughput` / `ceiling_throughput`: what the input pipeline costs")
     loader_cost_us: float | None = record("core-µs",
         meaning="per sample: the input pipeline (a worker-like loop, CPU clock)")
     compute_cost_us: float | None = record("core-µs",
         meaning="per sample: the compute (CPU time of the ceiling replay; CPU only)")
     limit_throughput: float | None = record("samples/s", ranks="dropped",
-        run=Row(9, "machine limit", optional=True), meaning="the most this machine can do for "
+        run=Row(10, "machine limit", optional=True), meaning="the most this machine can do for "
         "this workload; see [How far from the limit](limits.md#how-far-from-the-limit)")
     limit_bound: str | None = record("", ranks="dropped",
         meaning="what bounds it: `cores` (CPU), `loader` or `compute`")
     limit_efficiency: float | None = record("%", goal=MAX, ranks="dropped",
         meaning="`throughput` / `limit_throughput`")
-    compile_time_s: float | None = record("s", goal=MIN, run=Row(16, "compile time", 2,
+    compile_time_s: float | None = record("s", goal=MIN, run=Row(17, "compile time", 2,
         note="first step through torch.compile"), meaning="first step through `torch.compile`")
-    warmup_time_s: float | None = record("s", run=Row(17, "warm-up time", 2),
+    warmup_time_s: float | None = record("s", run=Row(18, "warm-up time", 2),
         meaning="the warm-up steps")
-    startup_time_s: float | None = record("s", ranks="largest", run=Row(18, "startup time", 2,
+    startup_time_s: float | None = record("s", ranks="largest", run=Row(19, "startup time", 2,
         note="process start -> first timed step"), meaning="process start to the first timed "
         "step (imports, build, compile, warm-up)")
-    power_w: float | None = record("W", goal=MIN, ranks="sum", run=Row(14, "power"),
+    power_w: float | None = record("W", goal=MIN, ranks="sum", run=Row(15, "power"),
         meaning="NVML power (total-energy counter / window seconds where supported); null "
         "without NVML")
     energy_per_sample_j: float | None = record("J", goal=MIN, ranks="job", compared=9,
-        run=Row(15, "energy / sample", 4), meaning="`power_w` / `throughput`; null without NVML")
+        run=Row(16, "energy / sample", 4), meaning="`power_w` / `throughput`; null without NVML")
     utilization_source: str | None = record("", meaning="how NVML's utilization was obtained: "
         "`device samples` or `polled`; null without NVML")
     power_source: str | None = record("", meaning="how NVML's power was obtained: "
         "`energy counter` or `polled mean`; null without NVML")
-    timed_steps: int | None = record("steps", rank_row=True, run=Row(19, "timed window"),
+    timed_steps: int | None = record("steps", rank_row=True, run=Row(20, "timed window"),
         meaning="the timed window's optimizer steps")
     timed_seconds: float | None = record("s", ranks="largest", rank_row=True,
         meaning="the timed window's seconds")
@@ -201,7 +211,7 @@ class Metrics:
     accumulation_steps: int | None = record("", meaning="micro-batches per optimizer step")
     lr_scale: float | None = record("",
         meaning="the factor `optimizer.lr_scaling` applied to `optimizer.lr`")
-    world_size: int | None = record("", ranks="job", run=Row(21, "ranks", optional=True),
+    world_size: int | None = record("", ranks="job", run=Row(22, "ranks", optional=True),
         meaning="a distributed trial's ranks ([distributed.md](distributed.md)); null for one "
         "process")
     straggler_rank: int | None = record("", ranks="job",
@@ -211,7 +221,7 @@ class Metrics:
     peak_memory_spread_mb: float | None = record("MB", ranks="job",
         meaning="largest - smallest rank's peak memory")
     comm_share: float | None = record("%", ranks="mean", rank_row=True,
-        run=Row(22, "communication", optional=True), meaning="with `profile=on`: the share of "
+        run=Row(23, "communication", optional=True), meaning="with `profile=on`: the share of "
         "the profiled step a collective was in flight (the ranks' mean)")
     comm_exposed: float | None = record("%", ranks="mean", rank_row=True, meaning="the part of "
         "`comm_share` the training thread waited (on CUDA: no other kernel ran)")

@@ -184,7 +184,7 @@ class DistributedConf:
 
     kind: str = "none"  # none | ddp (DistributedDataParallel) | fsdp2 (fully_shard)
     nproc_per_node: int = 1  # ranks on this node (one per GPU on CUDA)
-    nnodes: int = 1  # nodes per trial: 1 (several: not supported yet, a one-line error)
+    nnodes: int = 1  # nodes per trial (several: rdzv_endpoint, or a SLURM job of one task per node)
     rdzv_endpoint: str | None = None  # host:port of the rendezvous; null: localhost, a free port
     backend: str = "auto"  # auto (nccl on CUDA, gloo on CPU) | gloo | nccl
     timeout_s: float = 60.0  # rendezvous and collective timeout: a hung rank fails the trial

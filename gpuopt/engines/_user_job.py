@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from gpuopt.core.rank_files import write_rank_result
 from gpuopt.core.result import TrialResult
 from gpuopt.core.spec import DistributedConf
 from gpuopt.trial.ranks import merge_ranks
@@ -37,12 +38,22 @@ if TYPE_CHECKING:
 class RankFailed(RuntimeError):
     """This rank's measurement failed (`result`: its OOM, divergence or error) in a multi-rank job:
     raised rather than returned, so that the rank exits and its launcher ends its peers, which
-    would otherwise wait in the step's collective until the group's timeout. A sweep's rank
-    records `result` as its own before it exits (gpuopt.sweeper.launchers)."""
+    would otherwise wait in the step's collective until the group's timeout. In a sweep's trial
+    the rank writes `result` into the trial's `ranks/` folder first (gpuopt.core.rank_files): the
+    launcher may kill the trial's process next (Lightning's does), and this rank's own error must
+    still be the trial's reason."""
 
     def __init__(self, result: TrialResult) -> None:
         super().__init__(result.reason or result.status.value)
         self.result = result
+        write_rank_result(result, rank=_rank())
+
+
+def _rank() -> int | None:
+    """This rank's number in the initialized group (None: the launcher's environment says)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 
 def world_size() -> int:

@@ -16,12 +16,13 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpuopt.core.limits import HighestLimit, highest_limit
-from gpuopt.core.metrics import compared
+from gpuopt.core.metrics import compared, goals
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.report.diagnose import Diagnosis, diagnose
 from gpuopt.report.importance import param_importances
+from gpuopt.study.answers import same_training_evidence
 from gpuopt.study.configs import config_of, flatten
-from gpuopt.study.experiment import override_parser
+from gpuopt.study.experiment import override_diff
 from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_ENV,
@@ -31,6 +32,7 @@ from gpuopt.study.keys import (
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
 )
+from gpuopt.study.noise import NoiseView, noise_view
 from gpuopt.study.records import Confirmation, read_confirmation
 from gpuopt.study.rules import (
     feasible,
@@ -143,6 +145,9 @@ class StudyReport:
     training_change: str | None = None
     training_unknown: str | None = None  # what the baseline did not report (rules.unknown_training)
     global_batch: int | None = None  # the baseline's
+    same_changes: list[str] = field(default_factory=list)  # (a)'s overrides not in the baseline's
+    # (a) is the baseline itself: what the search saw of the same training (answers.py)
+    same_evidence: str | None = None
     # The best trial's profiled run (the sweeper profiles the best after the sweep:
     # gpuopt.sweeper.profile_runs), when the best trial itself was not profiled.
     best_profile: dict[str, Any] | None = None
@@ -150,6 +155,9 @@ class StudyReport:
     highest_limit: HighestLimit | None = None
     # A stored confirmation attr that is no confirmation record gpuopt wrote (shown as it is).
     unread_confirmation: Any = None
+    # Which trials the measurements cannot tell apart (gpuopt.study.noise): the front and the
+    # ranking in noise groups; None for an app's own (exact) values.
+    noise: NoiseView | None = None
 
     @property
     def multi_objective(self) -> bool:
@@ -187,28 +195,6 @@ def config_diff(baseline: dict[str, Any], best: dict[str, Any]) -> list[ConfigCh
         for k in keys
         if base_flat.get(k, _ABSENT) != best_flat.get(k, _ABSENT)
     ]
-
-
-def _override_map(overrides: list[str]) -> dict[str, tuple[str, str]]:
-    """key (no +/++ prefix) -> (normalized value, the override as written), by Hydra's parser."""
-    result: dict[str, tuple[str, str]] = {}
-    for override, line in zip(
-        override_parser().parse_overrides(overrides), overrides, strict=False
-    ):
-        key = override.key_or_group + (f"@{override.package}" if override.package else "")
-        value = "~" if override.is_delete() else override.get_value_element_as_str()
-        result[key] = (value, line)
-    return result
-
-
-def override_diff(baseline: list[str], best: list[str]) -> tuple[list[str], list[str]]:
-    """(best overrides that differ from the baseline's, baseline overrides the best one drops)."""
-    base_map, best_map = _override_map(baseline), _override_map(best)
-    changed = [
-        line for key, (value, line) in best_map.items() if base_map.get(key, (None,))[0] != value
-    ]
-    dropped = [line for key, (_, line) in base_map.items() if key not in best_map]
-    return changed, dropped
 
 
 def trial_view(
@@ -289,6 +275,8 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
 
     changes, reverted, config_changes = _changes(baseline, best)
     same = pick_same_training(pool, base_trial, directions, confirmation)
+    same_view = by_number[same.number] if same is not None else None
+    global_batch = global_batch_of(base_trial) if base_trial is not None else None
 
     ok_numbers = {v.number for v in views if v.status == "ok"}
     importances, note = param_importances(
@@ -313,16 +301,41 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         config_changes=config_changes,
         importances=importances,
         importance_note=note,
-        same_training=by_number[same.number] if same is not None else None,
+        same_training=same_view,
         training_change=training_change(base_trial, picked),
         training_unknown=unknown_training(base_trial) if base_trial is not None else None,
-        global_batch=global_batch_of(base_trial) if base_trial is not None else None,
+        global_batch=global_batch,
+        same_changes=_changes(baseline, same_view)[0] if same_view is not baseline else [],
+        same_evidence=_same_evidence(frozen, base_trial, same, confirmation, global_batch),
         best_profile=_best_profile(study, best),
         highest_limit=highest,
         unread_confirmation=(
             study.user_attrs.get(STUDY_CONFIRMATION) if confirmation is None else None
         ),
+        noise=_noise(pool, objectives, directions),
     )
+
+
+def _noise(pool: list[FrozenTrial], names: list[str], directions: list[str]) -> NoiseView | None:
+    """The sweep summary's noise groups (gpuopt.study.noise), where an objective is one of
+    gpuopt's metrics (a noisy timing); an app's own values are exact."""
+    if not pool or not any(name in goals() for name in names):
+        return None
+    return noise_view(pool, names, directions)
+
+
+def _same_evidence(
+    trials: list[FrozenTrial],
+    baseline: FrozenTrial | None,
+    same: FrozenTrial | None,
+    confirmation: Confirmation | None,
+    global_batch: int | None,
+) -> str | None:
+    """Where answer (a) is the baseline itself, what the search saw of the same training."""
+    if same is None or baseline is None or same.number != baseline.number:
+        return None
+    held = f"global batch {global_batch}" if global_batch else "the baseline's global batch"
+    return same_training_evidence(trials, baseline, confirmation, held)
 
 
 def _best_profile(study: optuna.Study, best: TrialView | None) -> dict[str, Any] | None:

@@ -40,8 +40,7 @@ def speedup_figure(report: StudyReport) -> Any:
     rows = [e for e in confirmation.comparisons if e.measured] if confirmation is not None else []
     figure = go.Figure()
     if rows:
-        best = report.best.number if report.best is not None else None
-        labels = [f"trial #{e.trial_number}" + (" (best)" if e.trial_number == best else "") for e in rows]  # fmt: skip
+        labels = [_answer_label(report, e.trial_number) for e in rows]
         ratios = [e.ratio for e in rows]
         upper = [(e.ci_high or e.ratio) - e.ratio for e in rows]
         lower = [e.ratio - (e.ci_low or e.ratio) for e in rows]
@@ -75,10 +74,20 @@ def speedup_figure(report: StudyReport) -> Any:
         title={"text": title, "font": {"size": 14}},
         xaxis={"title": "throughput vs baseline (x)", "rangemode": "tozero"},
         height=max(200, 110 + 45 * max(1, len(rows))),
-        margin={"l": 130, "r": 30, "t": 50, "b": 45},
+        margin={"l": 200, "r": 30, "t": 50, "b": 45},
         showlegend=False,
     )
     return figure
+
+
+def _answer_label(report: StudyReport, number: int) -> str:
+    """A confirmed candidate's row: its trial and which answer it is, (a) and/or (b)."""
+    roles = [
+        role
+        for role, trial in (("a: same training", report.same_training), ("b: best", report.best))
+        if trial is not None and trial.number == number
+    ]
+    return f"trial #{number}" + (f" ({', '.join(roles)})" if roles else "")
 
 
 def phases_figure(report: StudyReport) -> Any:
@@ -187,8 +196,11 @@ def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:
             )
         )
     if by_precision:
+        # Ticks at the batch sizes themselves: plotly's own on a log axis read "3 4 5 ... 100 2".
+        sizes = sorted({p[0] for points in by_precision.values() for p in points})
+        ticks = {"tickmode": "array", "tickvals": sizes, "ticktext": [f"{b:g}" for b in sizes]}
         scatter.update_layout(
-            xaxis={"title": "loader.batch_size", "type": "log"},
+            xaxis={"title": "loader.batch_size", "type": "log", **ticks},
             yaxis={"title": "throughput (samples/s)"},
             legend_title_text="precision",
         )

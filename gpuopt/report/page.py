@@ -1,14 +1,20 @@
 """The report page (`python -m gpuopt.report --html PATH`): one self-contained file, read top down.
 
-1. The answer: baseline vs best throughput, the speedup drawn with its confidence interval (the
+1. The answer: both of them (docs/same-training.md), (a) the best that keeps the baseline's
+   training and (b) the best overall, each with its speedup and confidence interval (the
    sweeper's confirmation round; without one, the single-measurement ratio and a note saying it
-   has no interval), the share of the machine's limit reached (metric `limit_efficiency`, once
-   trials record it), the change to apply, and each side's diagnosis in one line.
+   has no interval) and its change to apply, (b) with what it changes in the training (global
+   batch, learning-rate advice); "keep your configuration" where nothing same-training is
+   measurably faster; the share of the machine's limit reached (metric `limit_efficiency`, once
+   trials record it) and each side's diagnosis in one line.
 2. Where the time goes: stacked bars of the profiled step phases (ms per step), baseline vs best
    (trials profiled with `profile=on`; the sweeper profiles both by default).
 3. The search: optimization history, Pareto front, importances, parallel coordinates, throughput
    vs batch size (`gpuopt.report.charts.figures`, optuna.visualization and plotly).
-4. The trials: a table sortable by any column (a few lines of inline JavaScript).
+   Below the charts, the Pareto front in noise groups: trials within noise of each other are one
+   choice, never trade-offs (gpuopt.study.noise; Optuna's own chart draws every front trial).
+4. The trials: a table sortable by any column (a few lines of inline JavaScript), with each
+   ok trial's noise group (one number: no measurable difference) where a group holds several.
 The full terminal report follows, folded.
 
 Offline: plotly.js is inlined once with the first chart; no external script, font or style. Laid
@@ -29,6 +35,8 @@ import optuna
 from gpuopt.core.metrics import columns
 from gpuopt.report.build import StudyReport, TrialView
 from gpuopt.report.charts import figures, phases_figure, speedup_figure
+from gpuopt.report.noise_tables import front_text, group_cell
+from gpuopt.study.answers import KEEP_SAME
 from gpuopt.study.records import Comparison
 
 PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
@@ -45,6 +53,10 @@ h1 { font-size: 1.5em; margin: 0.3em 0; } h2 { margin-top: 1.6em; border-bottom:
 .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 0.8em 1em; }
 .card .label { color: #666; font-size: 0.85em; } .card .value { font-size: 1.6em; font-weight: 600; }
 .card .note { color: #666; font-size: 0.85em; }
+.answers { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 1em; margin: 1em 0; }
+@media (max-width: 1100px) { .answers { grid-template-columns: minmax(0, 1fr); } }
+.answer { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 0.3em 1em; }
+.answer h3 { font-size: 1em; margin: 0.5em 0; } p.change { color: #8a3b12; }
 .grid { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 1em; }
 @media (max-width: 1100px) { .grid { grid-template-columns: minmax(0, 1fr); } }
 .chart { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 0.5em; min-width: 0; }
@@ -96,9 +108,14 @@ def _e(value: Any) -> str:
 def best_comparison(report: StudyReport) -> Comparison | None:
     """The confirmation's verdict on the best trial vs the baseline (ratio, ci_low, ci_high), if
     it has one."""
-    if report.confirmation is None or report.best is None:
+    return _comparison(report, report.best)
+
+
+def _comparison(report: StudyReport, trial: TrialView | None) -> Comparison | None:
+    """The confirmation's measured verdict on `trial` vs the baseline, if it was a candidate."""
+    if report.confirmation is None or trial is None:
         return None
-    entry = report.confirmation.comparison_of(report.best.number)
+    entry = report.confirmation.comparison_of(trial.number)
     return entry if entry is not None and entry.measured else None
 
 
@@ -116,34 +133,77 @@ def _throughput(trial: TrialView | None) -> str:
     return "-" if value is None else f"{value:,.0f}<small> samples/s</small>"
 
 
-def answer_cards(report: StudyReport) -> str:
-    base, best = report.baseline, report.best
-    confirmed = best_comparison(report)
-    cards = [
-        _card("baseline" + (f" (trial #{base.number})" if base else ""), _throughput(base)),
-        _card("best" + (f" (trial #{best.number})" if best else ""), _throughput(best)),
-    ]
+def _speedup_card(report: StudyReport, label: str, trial: TrialView | None) -> str:
+    """One answer's card: its confirmed speedup with the 95% interval, else the one-measurement
+    ratio (said so), "keep" for the baseline itself."""
+    if trial is None:
+        return _card(label, "-", "no feasible trial")
+    if trial is report.baseline:
+        return _card(f"{label}: the baseline", "keep", "nothing measurably faster")
+    named = f"{label} (trial #{trial.number})"
+    confirmed = _comparison(report, trial)
     if confirmed is not None:
         low, high = confirmed.ci_low, confirmed.ci_high
         interval = f"95% CI {low:.2f}-{high:.2f}x" if low is not None and high is not None else ""
-        cards.append(_card("speedup (re-measured)", f"{confirmed.ratio:.2f}x", _e(interval)))
-    elif report.speedup is not None:
-        cards.append(_card("speedup", f"{report.speedup:.2f}x", "one measurement each"))
+        return _card(named, f"{confirmed.ratio:.2f}x", _e(f"re-measured, {interval}"))
+    base, own = report.baseline, trial.metric("throughput")
+    ratio = own / base.metric("throughput") if base and own and base.metric("throughput") else None
+    value = "-" if ratio is None else f"{ratio:.2f}x"
+    return _card(named, value, "one measurement each: no interval")
+
+
+def answer_cards(report: StudyReport) -> str:
+    """The baseline's throughput, then (a) and (b) with their speedups, the share of the limit."""
+    base, best, same = report.baseline, report.best, report.same_training
+    cards = [
+        _card("baseline" + (f" (trial #{base.number})" if base else ""), _throughput(base)),
+        _speedup_card(report, "(a) same training", same),
+    ]
+    if best is not same:
+        cards.append(_speedup_card(report, "(b) best overall", best))
     limit = best.metric("limit_efficiency") if best is not None else None
     if limit is not None:
         cards.append(_card("of this machine's limit", f"{limit:.0f}%", "best trial"))
     return f'<div class="cards">{"".join(cards)}</div>'
 
 
+def _apply(changes: list[str]) -> str:
+    return f"<p>Change to apply: <code>{_e(' '.join(changes))}</code></p>" if changes else ""
+
+
 def answer_text(report: StudyReport) -> str:
-    parts = []
-    if report.override_changes:
-        overrides = " ".join(report.override_changes)
-        parts.append(f"<p>Change to apply: <code>{_e(overrides)}</code></p>")
-    elif report.best is not None and report.best is report.baseline:
+    """(a) and (b), each with its change to apply; (b) with what it changes in the training."""
+    same, best, base = report.same_training, report.best, report.baseline
+    head = "<h3>(a) Same training: nothing to re-validate</h3>"
+    parts = [f'<div class="answers"><div class="answer">{head}']
+    if same is not None and same is base:
+        evidence = f" ({_e(report.same_evidence)})" if report.same_evidence else ""
+        parts.append(f"<p><b>{_e(KEEP_SAME)}</b>{evidence}.</p>")
+    elif same is not None:
+        parts.append(_apply(report.same_changes))
+    else:
+        why = f"Unknown: {report.training_unknown}" if report.training_unknown else "No answer"
+        parts.append(f"<p>{_e(why)}.</p>")
+    parts.append('</div><div class="answer"><h3>(b) Best overall</h3>')
+    if best is not None and best is same:
+        parts.append("<p>The same configuration: it keeps the training.</p>")
+    elif best is not None and best is base:
         parts.append("<p>Nothing beat the baseline: keep it.</p>")
-    for name, trial in (("Baseline", report.baseline), ("Best", report.best)):
-        if trial is not None and (name == "Baseline" or trial is not report.baseline):
+    else:
+        parts.append(_apply(report.override_changes))
+        if report.training_change:
+            change = _e(report.training_change)
+            parts.append(f'<p class="change"><b>Changes the training</b>: {change}</p>')
+    parts.append("</div></div>")
+    return "\n".join(parts)
+
+
+def diagnosis_text(report: StudyReport) -> str:
+    """Each side's diagnosis in one line, with what to try."""
+    base, best = report.baseline, report.best
+    parts = []
+    for name, trial in (("Baseline", base), ("Best", best)):
+        if trial is not None and (name == "Baseline" or trial is not base):
             d = trial.diagnosis
             parts.append(
                 f"<p><b>{name} #{trial.number}: {_e(d.bottleneck.value)}</b>: {_e(d.summary)}"
@@ -165,7 +225,11 @@ def trials_table(report: StudyReport) -> str:
     # The first objective's column; throughput has its own whatever the objective.
     objective = [] if first == "throughput" else [first]
     shown = columns("page")
-    head = ["#", "status", *objective, *(c.header for _, c in shown), "bottleneck", "parameters"]
+    # The noise group (gpuopt.study.noise): trials of one group cannot be told apart.
+    grouped = report.best is not None and group_cell(report, report.best) is not None
+    noise = ["noise group"] if grouped else []
+    head = ["#", "status", *noise, *objective, *(c.header for _, c in shown), "bottleneck",
+            "parameters"]  # fmt: skip
     rows = []
     best = report.best.number if report.best is not None else None
     for t in report.trials:
@@ -176,6 +240,7 @@ def trials_table(report: StudyReport) -> str:
         cells = [
             f'<td class="num" data-value="{t.number}">{t.number}{_e(mark)}</td>',
             f"<td>{_e(t.status)}</td>",
+            *([_group_cell(group_cell(report, t))] if grouped else []),
             *([_cell(value)] if objective else []),
             *(_cell(t.metric(name), c.digits) for name, c in shown),
             f"<td>{_e(t.diagnosis.bottleneck.value) if t.status == 'ok' else '-'}</td>",
@@ -183,14 +248,35 @@ def trials_table(report: StudyReport) -> str:
         ]
         css = ' class="best"' if t.number == best else ""
         rows.append(f"<tr{css}>{''.join(cells)}</tr>")
-    widths = (9, 8, *([10] if objective else []), *(c.width for _, c in shown), 14,
-              35 - (10 if objective else 0))  # fmt: skip
+    widths = (9, 8, *([6] if grouped else []), *([10] if objective else []),
+              *(c.width for _, c in shown), 14,
+              35 - (10 if objective else 0) - (6 if grouped else 0))  # fmt: skip
     cols = "".join(f'<col style="width:{w}%">' for w in widths)
     header = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (
         f'<table class="trials"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
+
+
+def _group_cell(place: str | None) -> str:
+    return f'<td class="num" data-value="{place}">{place}</td>' if place else _cell(None)
+
+
+def noise_section(report: StudyReport) -> str:
+    """Below the search's charts: the Pareto front in noise groups (what Optuna's front chart
+    draws as trade-offs may be one configuration's noise) and what "within noise" meant."""
+    noise = report.noise
+    if noise is None or not noise.front:
+        return ""
+
+    def shown(trial: TrialView) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        return f"({params or 'as configured'})"
+
+    lines = front_text(report, shown)
+    items = "".join(f"<li>{_e(line.strip())}</li>" for line in lines[1:])
+    return f"<p><b>{_e(lines[0])}</b></p><ul>{items}</ul>"
 
 
 class _Charts:
@@ -231,8 +317,9 @@ def render_page(
         f'<p class="sub">{_e(_subtitle(report))}</p>',
         "<h2>The answer</h2>",
         answer_cards(report),
-        charts.div("", speedup) if speedup is not None else ("" if plotly else no_plotly),
         answer_text(report),
+        charts.div("", speedup) if speedup is not None else ("" if plotly else no_plotly),
+        diagnosis_text(report),
         "<h2>Where the time goes</h2>",
         charts.div("Profiled step, baseline vs best", phases)
         if phases is not None
@@ -247,6 +334,7 @@ def render_page(
     else:
         divs = "".join(charts.div(title, figure) for title, figure in search_figures)
         sections.append(f'<div class="grid">{divs}</div>')
+    sections.append(noise_section(report))
     sections += [
         "<h2>Trials</h2>",
         trials_table(report),

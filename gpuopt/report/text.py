@@ -17,7 +17,15 @@ from gpuopt.core.metrics import columns, goals, unit
 from gpuopt.report.build import COMPARED_METRICS, StudyReport, TrialView
 from gpuopt.report.diagnose import Bottleneck, Diagnosis
 from gpuopt.report.export_best import experiment_text
-from gpuopt.study.answers import STRONG, WARNING, confirmation_lines, two_answers
+from gpuopt.report.noise_tables import GROUP_HEADER, best_noise_lines, front_table, group_cell
+from gpuopt.study.answers import (
+    STRONG,
+    WARNING,
+    Shown,
+    TwoAnswers,
+    confirmation_lines,
+    two_answers,
+)
 from gpuopt.study.configs import flatten
 
 # Bottleneck labels short enough for a table column.
@@ -170,10 +178,12 @@ def speedup_lines(report: StudyReport) -> list[str]:
         lines.append(f"The baseline ended as {report.baseline.status}: speedup unknown.")
     elif report.best is report.baseline:
         pass  # nothing beat it: confirmation_lines (or the change section) says so
-    elif report.speedup is not None:
+    elif report.speedup is not None and not _confirmed(report):
+        # one reading each and no confirmation: a ratio to read, never an answer's speedup
         lines.append(
-            f"[bold]Speedup over the baseline: {report.speedup:.2f}x throughput[/] "
-            f"(trial #{report.best.number} vs #{report.baseline.number}, one measurement each)"  # type: ignore[union-attr]
+            f"Not confirmed: trial #{report.best.number} read {report.speedup:.2f}x the "  # type: ignore[union-attr]
+            f"baseline's throughput (#{report.baseline.number}), one measurement each: no "
+            "answer until re-measured"
         )
     for label, trial in (("baseline", report.baseline), ("best", report.best)):
         share = (
@@ -185,6 +195,10 @@ def speedup_lines(report: StudyReport) -> list[str]:
             lines.append(f"The {label} (trial #{trial.number}) is at {escape(share)}.")  # type: ignore[union-attr]
     lines += confirmation_section(report)
     return lines
+
+
+def _confirmed(report: StudyReport) -> bool:
+    return report.confirmation is not None and bool(report.confirmation.comparisons)
 
 
 def confirmation_section(report: StudyReport) -> list[str]:
@@ -218,23 +232,26 @@ def two_answers_lines(report: StudyReport) -> list[str]:
         return []
     held = f"global batch {report.global_batch}" if report.global_batch else "the same batch"
 
-    def shown(trial: TrialView) -> tuple[int, str]:
-        return trial.number, f"({_values_text(report, trial)})"
+    def shown(trial: TrialView, apply: list[str]) -> Shown:
+        return Shown(trial.number, f"({_values_text(report, trial)})", tuple(apply))
 
     said = two_answers(
-        held,
-        None if same is None else shown(same),
-        shown(best),
-        report.confirmation,
-        report.baseline.number,
-        report.training_change,
-        report.training_unknown,
+        TwoAnswers(
+            held,
+            shown(best, report.override_changes),
+            None if same is None else shown(same, report.same_changes),
+            report.baseline.number,
+            report.confirmation,
+            report.training_change,
+            report.training_unknown,
+            report.same_evidence,
+        )
     )
     lines = [f"[bold]Two answers[/]{escape(said[0][len('two answers') :])}"]
-    lines += [
-        f"[yellow]{escape(line)}[/]" if line.lstrip().startswith("changes") else escape(line)
-        for line in said[1:]
-    ]
+    style = {"changes the training": "yellow", "change to apply": "bold"}
+    for line in said[1:]:
+        tag = next((v for k, v in style.items() if line.lstrip().startswith(k)), None)
+        lines.append(f"[{tag}]{escape(line)}[/]" if tag else escape(line))
     optimizer = best.config.get("optimizer") or {}
     if optimizer.get("lr_scaling") not in (None, "none"):
         lines.append(
@@ -249,6 +266,11 @@ def two_answers_lines(report: StudyReport) -> list[str]:
 
 
 def pareto_table(report: StudyReport) -> Table:
+    """The Pareto front: in noise groups where the objectives are gpuopt's metrics (noise is
+    never a trade-off: gpuopt.report.noise_tables), else every trial on Optuna's front."""
+    grouped = front_table(report, _params_text)
+    if grouped is not None:
+        return grouped
     table = Table(title=f"Pareto front ({len(report.pareto)} trials)", title_justify="left")
     table.add_column("#", justify="right")
     for name, direction in zip(report.objectives, report.directions, strict=False):
@@ -329,11 +351,20 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
     if report.baseline is not None and report.baseline not in shown:
         shown.append(report.baseline)
     units = ", ".join(f"{n} in {unit(n)}" for n in report.objectives if unit(n) not in ("", "%"))
+    grouped = report.best is not None and group_cell(report, report.best) is not None
+    noise = (
+        f"; {GROUP_HEADER} = noise group: one number, no measurable difference" if grouped else ""
+    )
     table = Table(
-        title="Trials (best first; B = baseline, * = best" + (f"; {units}" if units else "") + ")",
+        title="Trials (best first; B = baseline, * = best"
+        + (f"; {units}" if units else "")
+        + noise
+        + ")",
         title_justify="left",
     )
     table.add_column("#", justify="right", no_wrap=True)
+    if grouped:
+        table.add_column(GROUP_HEADER, justify="right", no_wrap=True)
     for name in report.objectives:
         table.add_column(name, justify="right", no_wrap=True)
     # Diagnostic metrics next to the objectives, unless already shown as one.
@@ -368,6 +399,7 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
             params = [escape(_params_text(trial))]
         table.add_row(
             f"{trial.number}{mark}",
+            *([group_cell(report, trial) or ""] if grouped else []),
             *(fmt(n, v, unit=False) for n, v in zip(report.objectives, values, strict=False)),
             *(fmt(name, trial.metric(name)) for name, _ in extra),
             verdict,
@@ -404,9 +436,9 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
             console.print(table)
         return
     console.print(comparison_table(report))
-    for line in speedup_lines(report):
+    for line in two_answers_lines(report):  # both answers first, then the confirmation
         console.print(line)
-    for line in two_answers_lines(report):
+    for line in speedup_lines(report) + best_noise_lines(report):
         console.print(line)
     if report.multi_objective:
         console.print(pareto_table(report))

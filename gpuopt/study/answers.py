@@ -6,7 +6,10 @@
 - `confirmation_lines`: the confirmation round, each candidate against the baseline, the top two
   against each other, "keep your configuration" when none is measurably faster;
 - `two_answers`: (a) the best that keeps the baseline's training math, (b) the best overall and
-  what it changes, each with its own confirmation.
+  what it changes, each with its own confirmation and its change to apply; where (a) is the
+  baseline itself, "keep your configuration" with what the search saw of the same training
+  (`same_training_evidence`: a candidate re-measured no faster, none screened at the race's
+  floor, or none tried).
 
 Plain text; a `Line`'s `emphasis` says which lines a terminal may set off (the report makes them
 bold or yellow).
@@ -14,12 +17,19 @@ bold or yellow).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from optuna.trial import TrialState
 
 from gpuopt.core.stats import TOO_NOISY
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_EXTRAS_SKIPPED, ATTR_RACE
 from gpuopt.study.records import IN_PROCESS, Comparison, Confirmation
+from gpuopt.study.rules import feasible_trials, same_training, training_change
 
 KEEP_BASELINE = "no candidate is measurably faster than the baseline: keep your configuration"
+KEEP_SAME = "no same-training configuration is measurably faster: keep your configuration"
 STRONG = "strong"  # the best trial's verdict, "keep your configuration"
 WARNING = "warning"  # re-measurements that failed
 
@@ -125,33 +135,117 @@ def confirmed(confirmation: Confirmation | None, number: int, baseline_number: i
     return f"confirmed {speedup_text(entry)}" if entry else "not confirmed (single measurement)"
 
 
-def two_answers(
-    held: str,
-    same: tuple[int, str] | None,
-    best: tuple[int, str],
-    confirmation: Confirmation | None,
-    baseline_number: int | None,
-    change: str | None,
-    unknown: str | None = None,
-) -> list[str]:
+@dataclass(frozen=True)
+class Shown:
+    """A trial as an answer names it: its number, how the caller shows it (values, params) and
+    the change to apply (its overrides the baseline's lack)."""
+
+    number: int
+    text: str
+    apply: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TwoAnswers:
+    """What the two answers say, from the study (the sweep summary and the report fill it).
+
+    `held`: the global batch the same training keeps, in words; `change`: what (b) changes in the
+    training (gpuopt.study.rules.training_change); `unknown`: what the baseline did not report
+    (then (a) is unknown, never a guess); `evidence`: where (a) is the baseline, what the search
+    saw (`same_training_evidence`); `hint`: how an app declares its batch keys."""
+
+    held: str
+    best: Shown
+    same: Shown | None
+    baseline_number: int | None
+    confirmation: Confirmation | None = None
+    change: str | None = None
+    unknown: str | None = None
+    evidence: str | None = None
+    hint: str | None = None
+
+
+def two_answers(a: TwoAnswers) -> list[str]:
     """The two answers, as the sweep summary and the report both say them: (a) the best trial
-    that keeps the baseline's training math, (b) the best overall and what it changes, each with
-    its own confirmation. `same` / `best`: (trial number, how to show it); `unknown`: what the
-    baseline did not report (gpuopt.study.rules.unknown_training): then (a) is unknown, never a
-    guess."""
-    lines = [f"two answers (same training = {held}, same lr, numerics within tolerance):"]
-    if unknown is not None and best[0] != baseline_number:
-        lines.append(f"  (a) same training: unknown: {unknown}")
-    elif same is None:
+    that keeps the baseline's training math, (b) the best overall and what it changes in the
+    training, each with its own confirmation and its change to apply."""
+    lines = [f"two answers (same training = {a.held}, same lr, numerics within tolerance):"]
+    if a.unknown is not None and a.best.number != a.baseline_number:
+        lines.append(f"  (a) same training: unknown: {a.unknown}")
+    elif a.same is None:
         lines.append("  (a) same training: no feasible trial keeps the baseline's training")
+    elif a.same.number == a.baseline_number:
+        lines.append(f"  (a) same training: {KEEP_SAME}")
+        if a.evidence:
+            lines.append(f"      ({a.evidence})")
     else:
-        said = confirmed(confirmation, same[0], baseline_number)
-        lines.append(f"  (a) same training: #{same[0]} {same[1]}: {said}")
-    if same is not None and best[0] == same[0]:
+        said = confirmed(a.confirmation, a.same.number, a.baseline_number)
+        lines.append(f"  (a) same training: #{a.same.number} {a.same.text}: {said}")
+        lines.extend(_apply(a.same))
+    if a.hint:
+        lines.append(f"      {a.hint}")
+    if a.same is not None and a.best.number == a.same.number:
         lines.append("  (b) best overall: the same trial (it keeps the training)")
         return lines
-    said = confirmed(confirmation, best[0], baseline_number)
-    lines.append(f"  (b) best overall: #{best[0]} {best[1]}: {said}")
-    if change:
-        lines.append(f"      changes the training: {change}")
+    said = confirmed(a.confirmation, a.best.number, a.baseline_number)
+    lines.append(f"  (b) best overall: #{a.best.number} {a.best.text}: {said}")
+    lines.extend(_apply(a.best))
+    if a.change:
+        lines.append(f"      changes the training: {a.change}")
     return lines
+
+
+def _apply(shown: Shown) -> list[str]:
+    return [f"      change to apply: {' '.join(shown.apply)}"] if shown.apply else []
+
+
+def same_training_evidence(
+    trials: Sequence[Any], baseline: Any, confirmation: Confirmation | None, held: str
+) -> str:
+    """Why answer (a) is the baseline itself, from what the search saw of the same training: the
+    best same-training candidate the confirmation re-measured, one measured once and no faster,
+    the closest the race's screen read below its floor, or no trial at `held` at all."""
+    same = [
+        t
+        for t in feasible_trials(trials)
+        if not t.user_attrs.get(ATTR_BASELINE) and same_training(t, baseline)
+    ]
+    numbers = {t.number for t in same}
+    if confirmation is not None:
+        entries = [e for e in confirmation.comparisons if e.trial_number in numbers and e.measured]
+        if entries:
+            entry = max(entries, key=lambda e: e.ratio or 0.0)
+            return f"same-training #{entry.trial_number} re-measured {speedup_text(entry)}"
+    if same and confirmation is not None:
+        return f"same-training #{same[0].number} was not re-measured"
+    if same:
+        return f"same-training #{same[0].number} measured once, no faster than the baseline"
+    return _screened_evidence(trials, baseline) or f"no trial held {held}"
+
+
+def _screened_evidence(trials: Sequence[Any], baseline: Any) -> str | None:
+    """What the race read of its candidates that held the training by their params (their
+    `race` record's flag): a finalist whose whole-trial window read slower, one the numerics
+    guard turned down, or the closest the screen read below its floor."""
+    records = [
+        (t, t.user_attrs[ATTR_RACE])
+        for t in trials
+        if isinstance(t.user_attrs.get(ATTR_RACE), dict)
+        and t.user_attrs[ATTR_RACE].get("same_training")
+    ]
+    slower = [t for t, _ in records if t.user_attrs.get(ATTR_EXTRAS_SKIPPED)]
+    if slower:
+        return f"same-training #{slower[0].number} read slower than the baseline in its whole trial"
+    whole = [t for t, _ in records if t.state == TrialState.COMPLETE]
+    if whole:  # held the global batch, but not the training: the guard said no
+        return f"#{whole[0].number} held the global batch: {training_change(baseline, whole[0])}"
+    screened = [
+        (r["ratio"], t.number, r.get("floor"))
+        for t, r in records
+        if t.state == TrialState.PRUNED and isinstance(r.get("ratio"), (int, float))
+    ]
+    if not screened:
+        return None
+    ratio, number, floor = max(screened)
+    below = f"at the race's floor of {floor:g}x or faster" if floor else "faster"
+    return f"no same-training candidate screened {below}: the closest, #{number}, {ratio:.2f}x"

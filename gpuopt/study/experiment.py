@@ -6,6 +6,8 @@ The trial ran as the primary config plus a list of overrides (the user attr `ATT
 export turns those overrides into an experiment config (`# @package _global_`): config-group
 choices become `defaults: - override /group: option`, other keys nested values, so
 `python -m gpuopt.run --config-dir <sweep_dir> +experiment=best` composes the same config.
+`override_diff`: a trial's overrides against the baseline's, the change to apply that both answers
+name (the sweep summary and the report).
 """
 
 from __future__ import annotations
@@ -22,6 +24,29 @@ def override_parser() -> Any:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
+
+
+def _override_map(overrides: list[str]) -> dict[str, tuple[str, str]]:
+    """key (no +/++ prefix) -> (normalized value, the override as written), by Hydra's parser."""
+    result: dict[str, tuple[str, str]] = {}
+    for override, line in zip(
+        override_parser().parse_overrides(overrides), overrides, strict=False
+    ):
+        key = override.key_or_group + (f"@{override.package}" if override.package else "")
+        value = "~" if override.is_delete() else override.get_value_element_as_str()
+        result[key] = (value, line)
+    return result
+
+
+def override_diff(baseline: list[str], best: list[str]) -> tuple[list[str], list[str]]:
+    """(best overrides that differ from the baseline's, baseline overrides the best one drops):
+    the change to apply, as the report page and both answers of the sweep summary name it."""
+    base_map, best_map = _override_map(baseline), _override_map(best)
+    changed = [
+        line for key, (value, line) in best_map.items() if base_map.get(key, (None,))[0] != value
+    ]
+    dropped = [line for key, (_, line) in base_map.items() if key not in best_map]
+    return changed, dropped
 
 
 def overrides_to_experiment(

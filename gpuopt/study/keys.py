@@ -47,6 +47,8 @@ __all__ = [
     "ATTR_RACE",
     "ATTR_RANKS",
     "ATTR_REASON",
+    "ATTR_REPLACES",
+    "ATTR_REPLICATE_OF",
     "ATTR_RERUN_OF",
     "ATTR_RUN_DIR",
     "ATTR_SEARCH_SPACE",
@@ -56,6 +58,7 @@ __all__ = [
     "ATTR_VOID",
     "ATTR_WARNINGS",
     "STUDY_ARTIFACT_STORE",
+    "STUDY_BATCH_RULE",
     "STUDY_BEST_PROFILE",
     "STUDY_CONFIRMATION",
     "STUDY_CONFIRM_CLAIM",
@@ -81,6 +84,13 @@ ATTR_RERUN_OF = "rerun_of"  # on the re-enqueued trial: number of the interrupte
 # {"ratio" (its window over the baseline's), "rank", "of", "window_s", "window"}
 ATTR_RACE = "race"
 ATTR_VOID = "void"  # why a trial was asked but never run (surplus, duplicate baseline)
+# A configuration measured again (the space had none left unmeasured, or it was enqueued on
+# purpose): the number of the first trial that measured it; its reading is pooled with that one's
+# (gpuopt/sweeper/repeats.py, gpuopt/study/noise.py)
+ATTR_REPLICATE_OF = "replicate_of"
+# On a trial whose sampler asked a measured configuration again, an unmeasured one run instead:
+# {"asked": the repeat's params as text, "repeat_of": the first trial of that configuration}
+ATTR_REPLACES = "replaces"
 # On a baseline that could not run as composed (e.g. a key only custom_search_space adds): why.
 # Such a trial also has ATTR_VOID: it never counts towards n_trials, the failure rate or best.
 ATTR_BASELINE_SKIPPED = "baseline_skipped"
@@ -110,6 +120,9 @@ STUDY_BEST_PROFILE = "best_profile"
 # (`optuna-dashboard <storage> --artifact-dir <it>`; gpuopt/sweeper/trial_artifacts.py)
 STUDY_ARTIFACT_STORE = "artifact_store"
 STUDY_SEEDS = "seeds"  # the expert seeds enqueued after the baseline, once (sweeper/baseline.py)
+# {"factors", "total", "baseline", "declared"}: which keys make the global batch, and the
+# baseline's values of them (sweeper/global_batch.py): the seeds, the race and the summary read it
+STUDY_BATCH_RULE = "global_batch_rule"
 
 # ---- study system attrs -------------------------------------------------------------------------
 STUDY_CONFIRM_CLAIM = "gpuopt:confirm_claim"  # {"owner", "after_trials"}: who runs the confirmation

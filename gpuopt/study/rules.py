@@ -25,6 +25,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from gpuopt.study import noise
 from gpuopt.study.configs import config_of
 from gpuopt.study.keys import (
     ATTR_BASELINE,
@@ -137,10 +138,27 @@ def pick_best(
         match = next((t for t in feasible_pool if t.number == number), None)
         if match is not None:
             return match
-    sign = 1 if directions[0] == "maximize" else -1
     pool = [t for t in (pareto or feasible_pool) if not outside_space(t)]
     pool = pool or [t for t in feasible_pool if not outside_space(t)]
-    return max(pool, key=lambda t: sign * t.values[0]) if pool else None
+    return _best_configuration(pool, feasible_pool, directions)
+
+
+def _best_configuration(
+    pool: Sequence[FrozenTrial], feasible_pool: Sequence[FrozenTrial], directions: Sequence[str]
+) -> FrozenTrial | None:
+    """The best configuration among `pool`'s by its pooled first objective (a configuration read
+    several times, replicates or a sampler's repeats: its readings' geometric mean), as its first
+    trial: a repeat of the baseline's configuration is the baseline, never a "best" of its own
+    (gpuopt.study.noise)."""
+    if not pool:
+        return None
+    configs = noise.configurations(feasible_pool)
+    of = {t.number: c for c in configs for t in c.trials}
+    candidates = {of[t.number].number: of[t.number] for t in pool if t.number in of}
+    if not candidates:
+        return None
+    sign = 1 if directions[0] == "maximize" else -1
+    return max(candidates.values(), key=lambda c: sign * c.values[0]).first
 
 
 def outside_space(trial: FrozenTrial) -> bool:
@@ -265,8 +283,7 @@ def pick_same_training(
     match = next((t for t in pool if t.number == number), None)
     if match is not None:
         return match
-    sign = 1 if directions[0] == "maximize" else -1
-    return max(pool, key=lambda t: sign * t.values[0])
+    return _best_configuration(pool, feasible_pool, directions)
 
 
 def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> str | None:

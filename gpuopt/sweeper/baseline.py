@@ -31,8 +31,8 @@ from gpuopt.study.keys import (
     ATTR_VOID,
     STUDY_SEEDS,
 )
-from gpuopt.sweeper import resume
-from gpuopt.sweeper.seeding import LOW_PRECISION, SeedFacts, describe_split, expert_seeds
+from gpuopt.sweeper import global_batch, resume
+from gpuopt.sweeper.seeding import LOW_PRECISION, SeedFacts, describe_split, plan_seeds
 from gpuopt.sweeper.space import SearchSpace, baseline_params, current_value
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -187,19 +187,23 @@ def enqueue_seeds(
 
     Only as many as the study still has room for (`seed_room`): a queued trial runs before any new
     one (resume.is_surplus), but trials other workers already run count, and a seed past n_trials
-    would wait in the study forever (a baseline re-run after its worker died came back late)."""
+    would wait in the study forever (a baseline re-run after its worker died came back late).
+    Which keys hold the global batch (the same-training seeds') is the study's rule, recorded
+    when the sweep started (sweeper/global_batch.py)."""
     if space.is_grid or not outcome.feasible or STUDY_SEEDS in study.user_attrs:
         return
     facts = seed_facts(outcome.user_attrs, study.user_attrs)
-    seeds = expert_seeds(facts, categorical_choices(space), dict(trial.params))
-    room = len(seeds) if n_trials is None else seed_room(study.get_trials(deepcopy=False), n_trials)
-    study.set_user_attr(STUDY_SEEDS, [{"params": s.params, "why": s.why} for s in seeds[:room]])
+    room = None if n_trials is None else seed_room(study.get_trials(deepcopy=False), n_trials)
+    rule = global_batch.read(study.user_attrs)
+    seeds = plan_seeds(facts, categorical_choices(space), dict(trial.params), rule, room)
+    study.set_user_attr(STUDY_SEEDS, [{"params": s.params, "why": s.why} for s in seeds])
     log.info("seeding: %s", describe_split(facts))
-    for seed in seeds[:room]:
-        study.enqueue_trial(seed.params, user_attrs={"seed": seed.why}, skip_if_exists=True)
+    for seed in seeds:
+        # a partial seed (the batch keys only) may repeat: each is one of the sampler's trials
+        study.enqueue_trial(
+            seed.params, user_attrs={"seed": seed.why}, skip_if_exists=not seed.partial
+        )
         log.info("seeding: enqueued %s (%s)", seed.params, seed.why)
-    for seed in seeds[room:]:
-        log.info("seeding: %s not enqueued: the study's n_trials are taken", seed.params)
 
 
 def seed_room(trials: Sequence[FrozenTrial], n_trials: int) -> int:

@@ -36,6 +36,7 @@ from gpuopt.study.rules import same_training_params
 from gpuopt.sweeper import (
     baseline,
     custom_space,
+    global_batch,
     launcher_choice,
     machine,
     memory_axis,
@@ -128,7 +129,15 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         clock = PhaseClock()
         names, directions = task.objectives(self.options, self.direction)
         facts, probe, space = self._plan(arguments)
+        rule = global_batch.for_sweep(  # which configurations hold the global batch (answer a)
+            self.options.batch_keys,
+            self.options.gpuopt_task,
+            self.config,
+            space.fixed_params,
+            list(space.distributions),
+        )
         study, url, created = self._open_study(names, directions, facts, probe, space)
+        global_batch.record(study, rule)
         names = task.study_metric_names(study, names)
         self._files = trial_artifacts.for_sweep(self.options, self.storage, study)
         task.check_sampler(self.sampler, directions)
@@ -309,7 +318,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     def _confirm(
         self, study: optuna.Study, names: list[str], directions: list[str], measure: Any
     ) -> Confirmation | None:
-        """The confirmation round, in the last worker to finish; its record."""
+        """The confirmation round, in the last worker to finish; its record. Its in-process mode
+        builds gpuopt's engine from the composed configs: only for gpuopt's own task function (as
+        the race); an app with a task of its own on gpuopt's configs confirms in fresh processes."""
+        own = self.options.gpuopt_task and getattr(self, "_own_task", False)
         return rounds.confirm_if_last(
             study,
             self.options.confirm,
@@ -318,7 +330,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             n_trials=self.n_trials,
             sweep_dir=str(self.config.hydra.sweep.dir),
             measure=measure,
-            compose=self._compose if self.options.gpuopt_task else None,
+            compose=self._compose if own else None,
             app_config=OmegaConf.to_container(self.config, resolve=False),
         )
 

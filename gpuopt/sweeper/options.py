@@ -108,6 +108,11 @@ class SweeperOptions:
     seeding: bool = True
     # gpuopt's own task: profile the baseline trial and (one extra run) the best (profiling.py).
     profile: bool = True
+    # An app's keys whose product is its global batch per rank, the micro-batch first
+    # ([data.batch_size, trainer.accumulate_grad_batches]): its sweep then seeds, races and
+    # confirms the same-training answer at the baseline's global batch (global_batch.py). null:
+    # gpuopt's own task knows its keys (the knob catalogue); an app's (a) is read after the fact.
+    batch_keys: tuple[str, ...] | None = None
     # Each trial's result.json and trace.json.gz in Optuna's artifact store (artifacts.py): auto
     # (artifacts/ beside the study's file), a directory, or null (off).
     artifacts: str | None = "auto"
@@ -132,6 +137,8 @@ class SweeperOptions:
         race = _nested(values.pop("race", None), RaceOptions, "race")
         if values.get("objectives") is not None:
             values["objectives"] = tuple(str(n) for n in values["objectives"])
+        if values.get("batch_keys") is not None:
+            values["batch_keys"] = _batch_keys(values["batch_keys"])
         options = cls(**values, confirm=ConfirmOptions(**confirm), race=race)
         if options.baseline is None:
             options = dataclasses.replace(options, baseline=options.measured)
@@ -281,6 +288,15 @@ class SweeperOptions:
 _CONFIRM_KEYS = ", ".join(f.name for f in dataclasses.fields(ConfirmOptions))
 
 
+def _batch_keys(given: Any) -> tuple[str, ...]:
+    """hydra.sweeper.batch_keys: a non-empty list of config keys (global_batch.py)."""
+    if isinstance(given, str) or not isinstance(given, (list, tuple)) or not given:
+        raise SweepConfigError(f"{KEY}.batch_keys", given, "a list of config keys, or null")
+    if not all(isinstance(k, str) and k.strip() for k in given):
+        raise SweepConfigError(f"{KEY}.batch_keys", given, "a list of config keys, or null")
+    return tuple(k.strip() for k in given)
+
+
 def _nested(given: Any, kind: type, name: str) -> Any:
     """A nested settings object (`hydra.sweeper.race`) from its mapping; unknown keys refused."""
     given = given or {}
@@ -295,7 +311,7 @@ def _nested(given: Any, kind: type, name: str) -> Any:
 # Keys whose null means something (so a null given is kept, not replaced by the default).
 _NULLABLE = frozenset(
     {"direction", "storage", "study_name", "custom_search_space", "params", "objectives"}
-    | {"heartbeat_interval", "grace_period", "memory_cap_mb", "baseline", "artifacts"}
+    | {"heartbeat_interval", "grace_period", "memory_cap_mb", "baseline", "artifacts", "batch_keys"}
 )
 
 

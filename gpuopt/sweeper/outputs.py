@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from gpuopt.core.limits import highest_limit
 from gpuopt.study.experiment import overrides_to_experiment, write_experiment
 from gpuopt.study.keys import ATTR_BASELINE_SKIPPED, ATTR_OVERRIDES, STUDY_OBJECTIVES
+from gpuopt.study.noise import NoiseView, noise_view
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import (
     feasible,
@@ -42,11 +43,12 @@ from gpuopt.study.rules import (
     status_counts,
     training_change,
 )
-from gpuopt.sweeper import interference
+from gpuopt.sweeper import global_batch, interference
+from gpuopt.sweeper.global_batch import DECLARE_HINT
 from gpuopt.sweeper.race import policy as race_policy
 from gpuopt.sweeper.space import parser
 from gpuopt.sweeper.stock_results import stock_results
-from gpuopt.sweeper.summary import answers_lines, render, values_text
+from gpuopt.sweeper.summary import answers_lines, render, repeats_lines, values_text
 
 if TYPE_CHECKING:
     from gpuopt.sweeper.confirm.rounds import Pending
@@ -88,6 +90,15 @@ class SweepIdentity:
         return f"{self.app_command} --config-dir {self.sweep_dir} {plus}{EXPERIMENT_GROUP}={name}"
 
 
+def _declare_hint(study: optuna.Study, sweep: SweepIdentity, baseline: Any) -> str | None:
+    """How an app measured by gpuopt declares its batch keys, when it did not (no rule on the
+    study: its same-training answer is read from what each trial reports, after the fact)."""
+    from gpuopt.core.metrics import goals
+
+    measured = baseline is not None and any(name in goals() for name in sweep.names)
+    return DECLARE_HINT if measured and global_batch.read(study.user_attrs) is None else None
+
+
 def write_outputs(
     study: optuna.Study,
     sweep: SweepIdentity,
@@ -127,12 +138,15 @@ def write_outputs(
         training_change(baseline, best),
         confirmation,
         global_batch_of(baseline) if baseline is not None else None,
+        all_trials,
+        _declare_hint(study, sweep, baseline),
     )
     if same is not None and baseline is not None and same.number != baseline.number:
         same_yaml = write_best_config(sweep, same, "best_same_training")
         answers.append(f"same-training config: {same_yaml}")
         answers.append(f"  reproduce: {sweep.reproduce_experiment('best_same_training')}")
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
+    notes += repeats_lines(all_trials)
     for note in (interference.summary_note(all_trials), race_policy.no_contender_note(all_trials)):
         if note:
             notes.append(note)
@@ -157,9 +171,20 @@ def write_outputs(
         best_pending=_pending_text(best_pending, so_far, sweep.names),
         answers=answers,
         highest_limit=highest_limit((t.number, t.user_attrs) for t in pool),
+        noise=_noise(pool, sweep),
     )
     (sweep.sweep_dir / "summary.txt").write_text(text + "\n")
     return text
+
+
+def _noise(pool: list[Any], sweep: SweepIdentity) -> NoiseView | None:
+    """Which trials cannot be told apart, where an objective is one of gpuopt's metrics (noisy
+    timings); an app's own values are exact and keep the plain front."""
+    from gpuopt.core.metrics import goals
+
+    if not pool or not sweep.metrics_named or not any(n in goals() for n in sweep.names):
+        return None
+    return noise_view(pool, sweep.names, sweep.directions)
 
 
 def _pending_text(pending: Pending | None, so_far: Any | None, names: list[str]) -> str | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from hydra_plugins.hydra_optuna_sweeper import config as _stock_config  # noqa: F401  (sampler nodes)
 from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf, TPESamplerConfig
@@ -149,6 +150,12 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     memory_cap_mb: float | None = _DEFAULTS.memory_cap_mb
     seeding: bool = _DEFAULTS.seeding
     profile: bool = _DEFAULTS.profile  # profile the baseline and the best (gpuopt's own task)
+    # An app's keys whose product is its global batch per rank, the micro-batch first, e.g.
+    # [data.batch_size, trainer.accumulate_grad_batches]: the sweep then seeds, races and
+    # confirms the same-training answer at the baseline's global batch (docs/same-training.md).
+    # null: gpuopt's own task knows its keys; an app's same-training answer is read from the
+    # global batch each trial reports.
+    batch_keys: list[str] | None = None
     # Each trial's result.json and profiled trace.json.gz in Optuna's artifact store, listed on the
     # trial by optuna-dashboard (--artifact-dir): auto = artifacts/ beside the study's SQLite or
     # journal file; a directory; null: off (gpuopt/sweeper/trial_artifacts.py).
@@ -183,6 +190,12 @@ class GpuoptSweeper(OptunaSweeper):
         sampler = instantiate(sampler, _execution_whitelist_=SAMPLER_WHITELIST)
         self.sweeper = GpuoptSweeperImpl(sampler, options)
 
+    def setup(self, **kwargs: Any) -> None:
+        """The stock setup (it instantiates the launcher); a bad launcher setting
+        (`hydra.launcher.nproc_per_node=0`) is one line, exit 2, before anything is created."""
+        with _one_line_errors():
+            super().setup(**kwargs)
+
     def sweep(self, arguments: list[str]) -> None:
         """Run the sweep; a bad setting or too many failed trials ends it with one clear line."""
         with _one_line_errors():
@@ -203,6 +216,11 @@ def _one_line_errors() -> Iterator[None]:
         yield
     except ConfigError as exc:
         print(f"gpuopt: {mask_secrets(str(exc))}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except InstantiationException as exc:  # Hydra's wrapper of a plugin's own ConfigError
+        if not isinstance(exc.__cause__, ConfigError):
+            raise
+        print(f"gpuopt: {mask_secrets(str(exc.__cause__))}", file=sys.stderr, flush=True)
         sys.exit(2)
     except SweepAborted as exc:
         if exc.failure:  # the last failing trial's exception, as the stock sweeper re-raises it

@@ -18,6 +18,17 @@ space's choices) and the sampler refines from there:
   one below it (per-step overheads amortize with the batch, caches may prefer the smaller);
 - native low precision (bf16) when the device has it, and pinned memory on an accelerator.
 
+Those change the global batch, so they can only be answer (b) (docs/same-training.md). Answer (a),
+the one a user can apply without re-validating the training, is looked for on purpose too, at the
+baseline's global batch (which keys hold it: sweeper/global_batch.py, from the knob catalogue or
+the app's `batch_keys`):
+
+- same-training seeds: the baseline's micro-batch with the same core splits and precision, and,
+  where the baseline accumulates, the largest micro-batch of the space that still makes its global
+  batch (fewer accumulation steps; the memory axis already kept only what fits);
+- a share of the sampler's trials (SAME_SHARE) enqueued with only the batch keys fixed at such an
+  assignment: the sampler chooses the other knobs.
+
 Pure: facts in, a list of param dicts out (tests/test_seeding.py). baseline.py enqueues them.
 """
 
@@ -29,12 +40,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuopt.core import knobs
+from gpuopt.sweeper.global_batch import BatchRule
 
 WORKERS, THREADS, BATCH = knobs.WORKERS.key, knobs.THREADS.key, knobs.MICRO_BATCH.key
 PRECISION, PIN_MEMORY = knobs.PRECISION.group, knobs.PIN_MEMORY.key  # the group presets search
 LOW_PRECISION = "bf16"
 DRIVER_CORES = 1  # as gpuopt.core.limits: the core that drives an accelerator does not load
-MAX_SEEDS = 4  # of the default 10 trials: the baseline, 4 seeds, 5 for the sampler
+MAX_SEEDS = 4  # of the default 10 trials: the baseline, 4 seeds, 2 same-training seeds, 3 more
+MAX_SAME_SEEDS = 2  # same-training seeds: the baseline's global batch, the core splits
+# The share of the sampler's trials enqueued at the baseline's global batch (batch keys fixed, the
+# rest the sampler's): the default 10-trial sweep has 3 trials left after its seeds, 1 of them.
+SAME_SHARE = 1 / 3
 # A loader needing less of a core than this is also tried without workers: a worker process then
 # idles most of a core the compute could use (measured: benchmarks/grid_cpu_cnn.json, where the
 # optimum loads inline at a loader share of 0.36; docs/benchmarks.md, "Search efficiency").
@@ -60,6 +76,7 @@ class Seed:
 
     params: dict[str, Any]
     why: str
+    partial: bool = False  # only the batch keys fixed: the sampler chooses the rest
 
 
 def loader_share(facts: SeedFacts) -> float | None:
@@ -146,48 +163,138 @@ def as_run(
     return ran
 
 
+def _space_splits(facts: SeedFacts, space: Mapping[str, Sequence[Any]]) -> list[tuple[Any, Any]]:
+    """The core splits snapped to the space's choices, best guess first; [(None, None)] where
+    there is none to seed (no measured costs, or neither key searched)."""
+    if not core_splits(facts) or (WORKERS not in space and THREADS not in space):
+        return [(None, None)]
+    return list(
+        dict.fromkeys(
+            (
+                snap(w, space[WORKERS]) if WORKERS in space else None,
+                snap(t, space[THREADS], down=True) if t and THREADS in space else None,
+            )
+            for w, t in core_splits(facts)
+        )
+    )
+
+
+def _seed(base: dict[str, Any], why: list[str], split: tuple[Any, Any], index: int) -> Seed:
+    """`base` with a core split set, and why."""
+    params, why = dict(base), list(why)
+    workers, threads = split
+    if workers is not None:
+        params[WORKERS] = workers
+        why.append(f"{workers} workers" + (" (the alternative split)" if index else ""))
+    if threads is not None:
+        params[THREADS] = threads
+        why.append(f"{threads} threads")
+    return Seed(params, ", ".join(why))
+
+
 def expert_seeds(
     facts: SeedFacts,
     space: Mapping[str, Sequence[Any]],
     baseline: Mapping[str, Any],
     max_seeds: int = MAX_SEEDS,
+    rule: BatchRule | None = None,
 ) -> list[Seed]:
     """Up to `max_seeds` configurations (keys of `space` only, values among its choices), each
     different from the baseline and from each other; [] when the costs were not measured and the
-    space has nothing else to seed."""
+    space has nothing else to seed. `rule`: which key is the micro-batch (gpuopt's
+    loader.batch_size without one), and which of its sizes make a global batch that runs."""
     common, why_common = common_params(facts, space, baseline)
-    splits: list[tuple[Any, Any]] = [(None, None)]
-    if core_splits(facts) and (WORKERS in space or THREADS in space):
-        splits = list(
-            dict.fromkeys(
-                (
-                    snap(w, space[WORKERS]) if WORKERS in space else None,
-                    snap(t, space[THREADS], down=True) if t and THREADS in space else None,
-                )
-                for w, t in core_splits(facts)
-            )
-        )
-    batches = _batches(space.get(BATCH, ())) or [None]
+    micro = rule.micro if rule is not None else BATCH
+    sizes = _batches([b for b in space.get(micro, ()) if rule is None or rule.of({micro: b})])
+    batches = sizes or [None]
     seeds: list[Seed] = []
     seen = [dict(baseline), as_run(facts, space, baseline)]
     for batch in batches:
-        for index, (workers, threads) in enumerate(splits):
-            params = dict(common)
-            why = list(why_common)
-            if batch is not None:
-                params[BATCH] = batch
-                why.append(f"batch {batch} (largest{'' if batch == batches[0] else ' but one'})")
-            if workers is not None:
-                params[WORKERS] = workers
-                why.append(f"{workers} workers" + (" (the alternative split)" if index else ""))
-            if threads is not None:
-                params[THREADS] = threads
-                why.append(f"{threads} threads")
-            if params in seen:
-                continue
-            seen.append(params)
-            seeds.append(Seed(params, ", ".join(why)))
+        base, why = dict(common), list(why_common)
+        if batch is not None:
+            base[micro] = batch
+            why.append(f"batch {batch} (largest{'' if batch == batches[0] else ' but one'})")
+        for index, split in enumerate(_space_splits(facts, space)):
+            seed = _seed(base, why, split, index)
+            if seed.params not in seen:
+                seen.append(seed.params)
+                seeds.append(seed)
     return seeds[:max_seeds]
+
+
+def _held_assignments(
+    rule: BatchRule, space: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The assignments of the searched batch keys that hold the baseline's global batch, in the
+    order they are seeded: the largest micro-batch (fewest accumulation steps), the baseline's
+    own micro-batch, then the others largest first. [] when no batch key is searched (then
+    every configuration of the space holds it already)."""
+    found = rule.combinations(space)  # the largest micro-batch first
+    own = [c for c in found if all(baseline.get(k) == v for k, v in c.items())]
+    if not own:
+        return found
+    larger = found[: found.index(own[0])]  # fewer accumulation steps than the baseline's
+    return [*larger[:1], *own, *larger[1:], *found[found.index(own[0]) + 1 :]]
+
+
+def same_training_seeds(
+    facts: SeedFacts,
+    space: Mapping[str, Sequence[Any]],
+    baseline: Mapping[str, Any],
+    rule: BatchRule,
+    taken: Sequence[Mapping[str, Any]] = (),
+    max_seeds: int = MAX_SAME_SEEDS,
+) -> list[Seed]:
+    """Up to `max_seeds` configurations at the baseline's global batch: its held assignments of
+    the batch keys with the native precision and the core splits (the first split at each
+    assignment first), none equal to the baseline, its default threads or one of `taken`."""
+    common, why_common = common_params(facts, space, baseline)
+    held = _held_assignments(rule, space, baseline)
+    seen = [dict(baseline), as_run(facts, space, baseline), *map(dict, taken)]
+    seeds: list[Seed] = []
+    for index, split in enumerate(_space_splits(facts, space)):
+        for assignment in held:
+            why = [f"same training (global batch {rule.held} held: {_shown(assignment)})"]
+            seed = _seed({**common, **assignment}, why + why_common, split, index)
+            if seed.params not in seen:
+                seen.append(seed.params)
+                seeds.append(seed)
+    return seeds[:max_seeds]
+
+
+def _shown(assignment: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in assignment.items())
+
+
+def held_batch_trials(
+    space: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any], rule: BatchRule, count: int
+) -> list[Seed]:
+    """`count` trials with only the batch keys fixed at a held assignment (cycling through them,
+    the baseline's own micro-batch first): the sampler chooses every other knob."""
+    held = _held_assignments(rule, space, baseline)
+    own = [c for c in held if all(baseline.get(k) == v for k, v in c.items())]
+    cycle = [*own, *(c for c in held if c not in own)]
+    why = f"same training (global batch {rule.held} held; the sampler chooses the rest)"
+    return [Seed(dict(cycle[i % len(cycle)]), why, True) for i in range(count)] if cycle else []
+
+
+def plan_seeds(
+    facts: SeedFacts,
+    space: Mapping[str, Sequence[Any]],
+    baseline: Mapping[str, Any],
+    rule: BatchRule | None,
+    room: int | None = None,
+) -> list[Seed]:
+    """What is enqueued after the baseline, in this order (a study with little room keeps the
+    first): two overall seeds, the same-training seeds, the other overall seeds, then SAME_SHARE
+    of the trials left (at least one where any are left) with only the batch keys held."""
+    overall = expert_seeds(facts, space, baseline, rule=rule)
+    if rule is None:
+        return overall[:room]
+    same = same_training_seeds(facts, space, baseline, rule, [s.params for s in overall])
+    seeds = [*overall[:2], *same, *overall[2:]][:room]
+    left = 0 if room is None else room - len(seeds)
+    return seeds + held_batch_trials(space, baseline, rule, math.ceil(SAME_SHARE * left - 1e-9))
 
 
 def describe_split(facts: SeedFacts) -> str:

@@ -11,7 +11,16 @@ from typing import Any
 from gpuopt.core.fmt import duration, limit_share
 from gpuopt.core.fmt import value as fmt
 from gpuopt.core.limits import HighestLimit
-from gpuopt.study.answers import confirmation_lines, two_answers
+from gpuopt.study.answers import (
+    Shown,
+    TwoAnswers,
+    confirmation_lines,
+    same_training_evidence,
+    two_answers,
+)
+from gpuopt.study.experiment import override_diff
+from gpuopt.study.keys import ATTR_OVERRIDES, ATTR_REPLACES, ATTR_REPLICATE_OF
+from gpuopt.study.noise import NoiseView, front_lines, runner_up_text
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import unknown_training
 
@@ -69,10 +78,13 @@ def render(
     best_pending: str | None = None,
     answers: Sequence[str] = (),
     highest_limit: HighestLimit | None = None,
+    noise: NoiseView | None = None,
 ) -> str:
     """The end-of-sweep summary. `storage` None: an in-memory study (nothing to review later);
     `speedups` False: the values are an app's own (value, value_0, ...), not gpuopt's metrics;
-    `highest_limit` the study's highest measured limit (gpuopt.core.limits.highest_limit)."""
+    `highest_limit` the study's highest measured limit (gpuopt.core.limits.highest_limit);
+    `noise` which trials the measurements cannot tell apart (gpuopt.study.noise: the front in
+    noise groups, the best's runner-up, an unconfirmed best said as no answer)."""
     lines = [
         "",
         "=" * 78,
@@ -103,9 +115,10 @@ def render(
         lines.append(
             f"best: pending: {best_pending}" if best_pending else "best: no feasible trial"
         )
+    lines.extend(answers)  # both answers first, then the confirmation they come from
     lines.extend(_comparison_lines(confirmation, baseline, best, names, directions, speedups))
-    lines.extend(answers)
-    lines.extend(_pareto_lines(names, pareto))
+    lines.extend(_noise_lines(confirmation, baseline, best, names, directions, noise))
+    lines.extend(_pareto_lines(names, pareto, noise))
     lines.extend(notes)
     lines.append(f"sweep dir: {sweep_dir}")
     if best_yaml:
@@ -125,7 +138,18 @@ def _limit_lines(trial: Any, highest: HighestLimit | None) -> list[str]:
 PARETO_SHOWN = 10
 
 
-def _pareto_lines(names: Sequence[str], pareto: Sequence[Any]) -> list[str]:
+def _pareto_lines(
+    names: Sequence[str], pareto: Sequence[Any], noise: NoiseView | None = None
+) -> list[str]:
+    """The Pareto front: with `noise`, in noise groups (configurations within noise of each other
+    on every objective are one choice, never trade-offs); else every trial on it (an app's own,
+    exact values)."""
+    if noise is not None and len(names) > 1:
+
+        def shown(trial: Any) -> str:
+            return f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
+
+        return front_lines(noise, names, shown, PARETO_SHOWN)
     if len(names) < 2 or not pareto:
         return []
     shown = list(pareto)[:PARETO_SHOWN]
@@ -178,11 +202,64 @@ def _comparison_lines(
         ]
     if b and c and b > 0 and c > 0:
         ratio = c / b if directions[0] == "maximize" else b / c
+        # Not an answer: one reading each, no confirmation (never "speedup over baseline").
         return [
-            f"speedup over baseline ({names[0]}): {ratio:.3f}x (single measurements, no "
-            "confirmation round)"
+            f"not confirmed (no confirmation round): #{best.number} read {ratio:.3f}x the "
+            f"baseline's {names[0]}, single readings: no answer until re-measured "
+            "(hydra.sweeper.confirm.rounds)"
         ]
     return []
+
+
+def _noise_lines(
+    confirmation: Confirmation | None,
+    baseline: Any | None,
+    best: Any | None,
+    names: Sequence[str],
+    directions: Sequence[str],
+    noise: NoiseView | None,
+) -> list[str]:
+    """What noise says of the best pick where no confirmation said it: an unconfirmed best within
+    noise of the baseline, and a best the sweep's readings cannot tell from its runner-up (the
+    confirmation's top-two line says it where one ran)."""
+    if noise is None or best is None:
+        return []
+    lines = []
+    confirmed = confirmation is not None and bool(confirmation.comparisons)
+    unconfirmed = not confirmed and baseline is not None and best.number != baseline.number
+    if unconfirmed and noise.apart(best.number, baseline.number) is False:
+        lines.append("  within noise of the baseline: nothing here is measurably faster")
+    if not confirmed or confirmation.top_two is None:  # type: ignore[union-attr]
+        runner_up = runner_up_text(noise, best.number)
+        if runner_up:
+            lines.append(runner_up)
+    if lines and len(names) < 2:  # several objectives: the front's lines say it
+        lines.append(f"  within noise: {noise.spread.text()}")
+    return lines
+
+
+def repeats_lines(trials: Sequence[Any]) -> list[str]:
+    """What became of the sampler's repeats (gpuopt/sweeper/repeats.py): those replaced by an
+    unmeasured configuration, and the replicates run (their readings pooled with the first's)."""
+    lines = []
+    replaced = [t for t in trials if isinstance(t.user_attrs.get(ATTR_REPLACES), dict)]
+    if replaced:
+        pairs = ", ".join(
+            f"#{t.number} instead of #{t.user_attrs[ATTR_REPLACES].get('repeat_of')}'s"
+            for t in replaced
+        )
+        lines.append(
+            f"repeats: the sampler asked {len(replaced)} measured configuration(s) again; "
+            f"unmeasured ones ran instead ({pairs})"
+        )
+    replicas = [t for t in trials if isinstance(t.user_attrs.get(ATTR_REPLICATE_OF), int)]
+    if replicas:
+        pairs = ", ".join(f"#{t.number} of #{t.user_attrs[ATTR_REPLICATE_OF]}" for t in replicas)
+        lines.append(
+            f"replicates: {len(replicas)} ({pairs}): no unmeasured configuration was left, or "
+            "one was enqueued; each reading pooled with its configuration's first"
+        )
+    return lines
 
 
 def answers_lines(
@@ -193,22 +270,35 @@ def answers_lines(
     change: str | None,
     confirmation: Confirmation | None,
     global_batch: int | None,
+    trials: Sequence[Any] = (),
+    hint: str | None = None,
 ) -> list[str]:
-    """The two answers (issue 13): (a) the best that keeps the baseline's training math, (b) the
-    best overall with what it changes; each with its own confirmation."""
+    """The two answers (issue 13, 34): (a) the best that keeps the baseline's training math, (b)
+    the best overall with what it changes; each with its own confirmation and its change to
+    apply; (a) the baseline itself with what the search saw (`trials`); `hint`: how an app
+    declares the keys of its global batch."""
     if baseline is None or best is None:
         return []
     held = f"global batch {global_batch}" if global_batch else "the baseline's global batch"
+    before = list(baseline.user_attrs.get(ATTR_OVERRIDES) or [])
 
-    def shown(trial: Any) -> str:
-        return f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
+    def shown(trial: Any) -> Shown:
+        after = list(trial.user_attrs.get(ATTR_OVERRIDES) or [])
+        apply = override_diff(before, after)[0] if trial.number != baseline.number else []
+        text = f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
+        return Shown(trial.number, text, tuple(apply))
 
+    keep = same is not None and same.number == baseline.number
     return two_answers(
-        held,
-        None if same is None else (same.number, shown(same)),
-        (best.number, shown(best)),
-        confirmation,
-        baseline.number,
-        change,
-        unknown_training(baseline),
+        TwoAnswers(
+            held,
+            shown(best),
+            None if same is None else shown(same),
+            baseline.number,
+            confirmation,
+            change,
+            unknown_training(baseline),
+            same_training_evidence(trials, baseline, confirmation, held) if keep else None,
+            hint,
+        )
     )

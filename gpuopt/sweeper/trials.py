@@ -17,7 +17,10 @@ and that snapshot is passed on to what needs the study next:
 anew only where a snapshot could be wrong: after waiting for other workers, after recovery failed
 trials, and after an ask the snapshot cannot decide (the second of a batch's asks: its own first
 is not in it). So a batch of one trial reads the study twice, one of n_jobs trials n_jobs + 2
-times, with no single-trial reads (tests/test_lifecycle.py counts them).
+times, with no single-trial reads (tests/test_lifecycle.py counts them). Where gpuopt measures the
+app, a trial's params are suggested at its ask, by a sampler that draws no repeat of a measured
+configuration (sweeper/repeats.py): it reads the study once more per trial, inside the suggest,
+as Optuna's own samplers do.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -42,8 +45,8 @@ from gpuopt.core._compat import (
     trial_id,
 )
 from gpuopt.study import storage as storage_mod
-from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER
-from gpuopt.sweeper import baseline, interference, profile_runs, resume
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER, ATTR_REPLICATE_OF
+from gpuopt.sweeper import baseline, interference, profile_runs, repeats, resume
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.open_study import relabel_plain_objectives
 from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
@@ -72,6 +75,9 @@ class TrialRunner:
     labels_checked: bool = False  # plain values relabelled once per sweep, not per trial
     files: TrialFiles | None = None  # the artifact store each trial's files go to (artifacts.py)
     stale_gate: resume.StaleGate | None = None  # how often the storage's stale check runs
+    # Each trial's overrides once its params are suggested (at its ask: `_no_blind_repeat`), so
+    # that the launch (or the race's screen) calls no custom_search_space function a second time.
+    configured: dict[int, list[str]] = field(default_factory=dict)
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """Ask, launch, record until the study holds n_trials counted trials (where the study is
@@ -95,7 +101,7 @@ class TrialRunner:
                     return
                 waiting_logged, trials = True, None  # it waited: the study is read anew
                 continue
-            asked, full = self._ask(study, min(self.options.n_jobs, to_go), trials)
+            asked, full = self._ask(study, min(self.options.n_jobs, to_go), trials, space)
             if not asked:
                 return
             trials = self._run_batch(study, asked, space, progress)
@@ -124,11 +130,17 @@ class TrialRunner:
         return True
 
     def _ask(
-        self, study: optuna.Study, n: int, trials: list[FrozenTrial] | None = None
+        self,
+        study: optuna.Study,
+        n: int,
+        trials: list[FrozenTrial] | None = None,
+        space: SearchSpace | None = None,
     ) -> tuple[list[Trial], bool]:
         """Up to n trials this worker may run, and whether the study is full (see resume.py's rule:
         a trial with n_trials counted-or-waiting trials below its number is void, not run).
-        `trials`: the study's trials read before the asks (`_counting`), None: none."""
+        `trials`: the study's trials read before the asks (`_counting`), None: none. With the
+        `space`, each asked trial's params are suggested here, never a configuration already
+        measured while one is left, else marked a replicate (`_no_blind_repeat`)."""
         out: list[Trial] = []
         storage, owner = storage_of(study), resume.this_owner()
         while len(out) < n:
@@ -148,8 +160,43 @@ class TrialRunner:
             ):
                 resume.void(study, trial, "duplicate baseline (enqueued by two workers at once)")
                 continue
+            if space is not None:
+                self._no_blind_repeat(study, trial, trials, out, space)
             out.append(trial)
         return out, False
+
+    def _no_blind_repeat(
+        self,
+        study: optuna.Study,
+        trial: Trial,
+        trials: list[FrozenTrial],
+        asked: list[Trial],
+        space: SearchSpace,
+    ) -> None:
+        """Suggest `trial`'s params now, through a sampler that draws no configuration the study
+        holds while one is left unmeasured (sweeper/repeats.py); a repeat that still runs (none
+        left, or enqueued on purpose) is marked a replicate of the first. Not for the baseline,
+        a grid (its points are handed out once each) or an app gpuopt does not measure; with a
+        custom_search_space (keys the space does not list) repeats are marked, not replaced."""
+        if trial.user_attrs.get(ATTR_BASELINE) or space.is_grid or not self.options.measured:
+            return
+        if self.extender is None:
+            repeats.install(study, space.distributions)
+        try:
+            self._configure(trial, space)
+        except Exception as exc:  # a bad custom_search_space: none of these may stay RUNNING
+            reason = f"the sweep stopped: {type(exc).__name__}: {exc}"
+            resume.fail_unfinished(study, [*asked, trial], reason)
+            raise
+        first = repeats.replicate_of(trial, repeats.taken(trials, asked))
+        if first is not None:
+            trial.set_user_attr(ATTR_REPLICATE_OF, first)
+            log.info(
+                "trial #%d repeats #%d's configuration (none unmeasured is left, or it was "
+                "enqueued): measured as its replicate, the readings pooled",
+                trial.number,
+                first,
+            )
 
     def _counting(
         self, study: optuna.Study, trial: Trial, before: list[FrozenTrial] | None
@@ -254,8 +301,13 @@ class TrialRunner:
         return after
 
     def _configure(self, trial: Trial, space: SearchSpace) -> list[str]:
-        """Suggest the trial's params; its overrides. The baseline suggests only the keys it was
-        enqueued with (the others keep their configured value)."""
+        """Suggest the trial's params; its overrides (once per trial: `configured`). The baseline
+        suggests only the keys it was enqueued with (the others keep their configured value)."""
+        if trial.number not in self.configured:
+            self.configured[trial.number] = self._suggest(trial, space)
+        return self.configured[trial.number]
+
+    def _suggest(self, trial: Trial, space: SearchSpace) -> list[str]:
         is_baseline = bool(trial.user_attrs.get(ATTR_BASELINE))
         pinned = baseline.pinned_params(trial) if is_baseline else {}
         for name, dist in space.distributions.items():

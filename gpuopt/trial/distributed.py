@@ -4,7 +4,11 @@ ranks with torch.distributed's elastic launcher (the API behind `torchrun`:
 result for the whole job (gpuopt.trial.ranks merges the ranks' results).
 
 - Rendezvous on a free port chosen per trial (never a fixed one: parallel trials never collide on
-  29500), or `distributed.rdzv_endpoint` when several nodes join one trial.
+  29500). Over several nodes (`distributed.nnodes > 1`) each node's trial process is one agent
+  of torch's c10d rendezvous at `distributed.rdzv_endpoint`, or, in a SLURM job of one task per
+  node (hydra/launcher=slurm), on the job's first node at a port of the job's
+  (gpuopt.core.rendezvous); every node's trial merges every rank's result, read from the shared
+  run directory once the launcher's exit barrier says all ranks ended.
 - A short timeout (`distributed.timeout_s`, seconds, not NCCL's ten minutes) for the rendezvous and
   every collective; no restarts: a failed rank is the trial's answer, not something to retry.
 - Every rank ends with the trial: each asks the kernel for SIGKILL when its parent (this process)
@@ -46,6 +50,8 @@ from gpuopt.core.checks import check_module_patterns
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.lifeline import set_parent_death_signal
+from gpuopt.core.rank_files import RANKS_FOLDER, RESULT_FILE
+from gpuopt.core.rendezvous import slurm_endpoint
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import MODEL_META_KEYS, TrialSpec
 from gpuopt.trial import numerics
@@ -56,8 +62,6 @@ if TYPE_CHECKING:
     import torch
 
 RankEntry = Callable[[TrialSpec, "torch.device"], TrialResult]
-RESULT_FILE = "rank_{rank}.json"
-RANKS_FOLDER = "ranks"  # in the run directory: each rank's result and stdout/stderr logs
 # The launcher's grace between SIGTERM and SIGKILL when it ends the other ranks of a failed trial.
 SHUTDOWN_TIMEOUT_S = 5
 # Lines of a crashed rank's stderr kept at each end in the reason.
@@ -95,18 +99,19 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
     dist = spec.distributed
     try:
         check_builtin_modules(spec)
+        endpoint = rendezvous_endpoint(dist)
     except ConfigError as exc:  # the trial's answer, before any rank started
         return TrialResult(status=Status.ERROR, reason=str(exc))
-    scratch, keep = _rank_folder()
+    scratch, keep = _rank_folder(dist.nnodes)
     try:
-        config = _launch_config(spec, scratch)
+        config = _launch_config(spec, scratch, endpoint)
         started = time.time()
         try:
-            with _quiet_launcher(), _own_signal_handlers():
+            with quiet_launcher(), own_signal_handlers():
                 _elastic_launch(config, entry, spec, device, scratch)
             crashed: dict[int, RankFailure] = {}
         except ChildFailedError as exc:
-            crashed = _crashes(exc, scratch)
+            crashed = crashes_of(exc, scratch, dist.nproc_per_node)
         except SignalException:  # the trial itself was told to stop: not a result
             raise
         except Exception as exc:  # the rendezvous timed out, the launcher failed to start
@@ -115,8 +120,8 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
                 reason=f"the ranks did not start ({type(exc).__name__}: {exc})",
                 warnings=[f"distributed={dist.kind}: no rank measured"],
             )
-        _keep_logs(scratch)
-        results = _rank_results(scratch, dist.nproc_per_node)
+        keep_logs(scratch, dist.nnodes)
+        results = _rank_results(scratch, dist.world_size)
         return merge_ranks(results, crashed, backend_for(spec, device), time.time() - started)
     finally:
         if not keep:
@@ -150,40 +155,76 @@ def check_builtin_modules(spec: TrialSpec) -> None:
         check_module_patterns(f"distributed.{key}", list(patterns), classes)
 
 
-def _rank_folder() -> tuple[Path, bool]:
+def _rank_folder(nnodes: int = 1) -> tuple[Path, bool]:
     """Where the ranks write their results and logs, and whether it stays: `ranks/` in the run's
     directory under Hydra (kept with the run, also when the trial is killed), else a temporary
-    folder removed afterwards."""
+    folder removed afterwards. Over several nodes the run directory is every node's (a shared
+    file system): no node clears what another's ranks may have written already."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
         folder = Path(HydraConfig.get().runtime.output_dir) / RANKS_FOLDER
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier trial in this run directory
-        folder.mkdir(parents=True)
+        if nnodes == 1:
+            shutil.rmtree(folder, ignore_errors=True)  # an earlier trial in this run directory
+        folder.mkdir(parents=True, exist_ok=True)
         return folder, True
     return Path(tempfile.mkdtemp(prefix="gpuopt-ranks-")), False
 
 
-def _launch_config(spec: TrialSpec, scratch: Path) -> Any:
+def rendezvous_endpoint(dist: Any) -> str:
+    """`host:port` the trial's ranks meet at: a free local port for one node; over several nodes
+    `distributed.rdzv_endpoint`, else the SLURM job's (ConfigError outside one)."""
+    if dist.nnodes == 1:
+        return dist.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    endpoint = dist.rdzv_endpoint or slurm_endpoint(os.environ)
+    if endpoint is None:
+        raise ConfigError(
+            "distributed.nnodes",
+            dist.nnodes,
+            "1, or several with distributed.rdzv_endpoint=host:port (the first node's) or "
+            "in a SLURM job of one task per node (hydra/launcher=slurm)",
+        )
+    return endpoint
+
+
+def launch_config(
+    nproc: int, nnodes: int, endpoint: str, timeout_s: float, logs: Path, run_id: str
+) -> Any:
+    """torch's elastic launch as gpuopt starts ranks: the c10d rendezvous at `endpoint` (waiting
+    `timeout_s` for every node), no restarts, spawned ranks, each rank's output in `logs`."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
-    dist = spec.distributed
-    endpoint = dist.rdzv_endpoint or f"127.0.0.1:{free_port()}"
-    timeout = int(dist.timeout_s + RENDEZVOUS_START_S)
+    timeout = int(timeout_s)
     return LaunchConfig(
-        min_nodes=dist.nnodes,
-        max_nodes=dist.nnodes,
-        nproc_per_node=dist.nproc_per_node,
-        run_id=f"gpuopt-{uuid.uuid4().hex[:12]}" if dist.nnodes == 1 else endpoint,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=nproc,
+        run_id=run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
         rdzv_configs={"timeout": timeout, "join_timeout": timeout},
         max_restarts=0,
         start_method="spawn",  # never fork a process that may hold a CUDA context
-        logs_specs=DefaultLogsSpecs(log_dir=str(scratch / "logs"), redirects=Std.ALL),
+        logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
+
+
+def _launch_config(spec: TrialSpec, scratch: Path, endpoint: str) -> Any:
+    dist = spec.distributed
+    job = os.environ.get("SLURM_JOB_ID")
+    run_id = f"gpuopt-{uuid.uuid4().hex[:12]}"
+    if dist.nnodes > 1:  # every node's agent names the same run
+        run_id = f"gpuopt-slurm-{job}" if job and not dist.rdzv_endpoint else endpoint
+    logs = scratch / "logs" if dist.nnodes == 1 else scratch / "logs" / f"node_{_node_tag()}"
+    timeout = dist.timeout_s + RENDEZVOUS_START_S
+    return launch_config(dist.nproc_per_node, dist.nnodes, endpoint, timeout, logs, run_id)
+
+
+def _node_tag() -> str:
+    """This node's agent, in its log folder's name (several nodes share the run directory)."""
+    return os.environ.get("SLURM_PROCID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _elastic_launch(
@@ -200,7 +241,7 @@ def _elastic_launch(
 
 
 @contextlib.contextmanager
-def _quiet_launcher() -> Iterator[None]:
+def quiet_launcher() -> Iterator[None]:
     """The launcher logs every rank failure with its traceback into this process's stderr; the
     trial reports the failure itself (its reason), so those lines stay quiet."""
     loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
@@ -215,7 +256,7 @@ def _quiet_launcher() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _own_signal_handlers() -> Iterator[None]:
+def own_signal_handlers() -> Iterator[None]:
     """The launcher installs handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT (they raise its
     SignalException) and leaves them; this process's own come back once the ranks ended."""
     if threading.current_thread() is not threading.main_thread():
@@ -232,9 +273,9 @@ def _own_signal_handlers() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
-def _crashes(exc: Any, scratch: Path) -> dict[int, RankFailure]:
+def crashes_of(exc: Any, scratch: Path, nproc_per_node: int) -> dict[int, RankFailure]:
     """What the launcher saw of each failed rank: its exit (code or signal), its exception
-    message when it raised, and its stderr's head and tail."""
+    message when it raised, and its stderr's head and tail (its log is by local rank)."""
     crashed = {}
     for rank, failure in exc.failures.items():
         exit_code = failure.exitcode
@@ -245,22 +286,25 @@ def _crashes(exc: Any, scratch: Path) -> dict[int, RankFailure]:
         crashed[int(rank)] = RankFailure(
             how=how,
             message=message if message and "Signal" not in str(message) else None,
-            stderr=_stderr_excerpt(scratch, int(rank)),
+            stderr=_stderr_excerpt(scratch, int(rank) % nproc_per_node),
             at=float(failure.timestamp or 0),
         )
     return crashed
 
 
-def _keep_logs(scratch: Path) -> None:
+def keep_logs(scratch: Path, nnodes: int = 1) -> None:
     """Each rank's stdout/stderr copied out of the launcher's attempt folder (which the launcher
-    clears when it shuts down) as rank_N.stdout.log / rank_N.stderr.log, kept with the run."""
+    clears when it shuts down) as rank_N.stdout.log / rank_N.stderr.log, kept with the run (over
+    several nodes node_K.rank_N...: N is the rank on its node)."""
     for log in (scratch / "logs").glob("**/attempt_*/*/std*.log"):
-        shutil.copyfile(log, scratch / f"rank_{log.parent.name}.{log.name}")
+        node = next((p.name for p in log.parents if p.name.startswith("node_")), None)
+        prefix = f"{node}." if nnodes > 1 and node else ""
+        shutil.copyfile(log, scratch / f"{prefix}rank_{log.parent.name}.{log.name}")
 
 
 def _stderr_excerpt(scratch: Path, rank: int) -> str | None:
     """The head and tail of a rank's stderr log (the launcher's redirect), or None."""
-    logs = sorted((scratch / "logs").glob(f"**/attempt_*/{rank}/stderr.log"))
+    logs = sorted((scratch / "logs").glob(f"**/attempt_*/{rank}/stderr.log"))  # this node's
     if not logs:
         return None
     lines = logs[-1].read_text(errors="replace").splitlines()

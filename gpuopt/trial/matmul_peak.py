@@ -1,16 +1,20 @@
 """The measured matmul peak: a short probe per device and precision mode, cached per hardware
 fingerprint, so that MFU has an achievable reference beside the datasheet's (and CPUs get one at
 all). `python -m gpuopt.env` shows it; a trial reads it after its timed spans (mfu_achievable).
+The cache folder and its file helpers are gpuopt.core.machine_cache's (the run-to-run spread
+lives there too).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.host import usable_cpus
+from gpuopt.core.machine_cache import HARDWARE_KEYS, cache_dir
+from gpuopt.core.machine_cache import read_json as _read_cache
+from gpuopt.core.machine_cache import write_json as _write_cache
 from gpuopt.trial.devices import fingerprint
 
 if TYPE_CHECKING:
@@ -28,25 +32,6 @@ PROBE_BUDGET_S = 0.2  # per dtype, first measurement on a machine; later calls r
 PROBE_SIZES = {"cpu": (128, 2048)}
 PROBE_DEFAULT_SIZES = (1024, 8192)
 PROBE_REPS = 5  # timed repetitions per size (best of)
-# The fingerprint fields that name the hardware (and driver) a probe ran on.
-HARDWARE_KEYS = (
-    "device_name",
-    "cpu_model",
-    "usable_cpus",
-    "compute_capability",
-    "device_memory_mb",
-    "driver",
-    "hostname",
-)
-
-
-def cache_dir() -> Path:
-    """Where gpuopt caches measurements of the machine: $GPUOPT_CACHE_DIR, else
-    $XDG_CACHE_HOME/gpuopt, else ~/.cache/gpuopt."""
-    explicit = os.environ.get("GPUOPT_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpuopt"
 
 
 def probe_key(fp: dict[str, Any], mode: str, threads: int) -> str:
@@ -109,25 +94,6 @@ def measure_peak_flops(device: torch.device, mode: str, budget_s: float = PROBE_
             n *= 2
     finally:
         torch.set_float32_matmul_precision(previous)
-
-
-def _read_cache(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, data: dict[str, Any]) -> None:
-    """Atomically (trials in parallel processes may write at once: the last writer wins)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: the probe is re-run next time, nothing else breaks
 
 
 def probed_peak_flops(

@@ -240,11 +240,13 @@ def build_gpu_study(storage: str | optuna.storages.BaseStorage, name: str = GPU_
     )
 
 
-def confirmation_record(tie: bool = False) -> dict[str, Any]:
+def confirmation_record(tie: bool = False, same_training: bool = False) -> dict[str, Any]:
     """The sweeper's confirmation attribute for CPU_TRIALS, built with its own code
     (gpuopt/sweeper/confirm/verdicts.py, as the round records it): trial #5's first measurement
     was lucky, re-measured #1 is faster, so the confirmed winner is #1. `tie`: both candidates
-    re-measure like the baseline, so the baseline stays the best."""
+    re-measure like the baseline, so the baseline stays the best. `same_training`: #9 (the
+    baseline's batch, 2 workers) is a candidate too, flagged same training and faster than the
+    baseline: answer (a), beside #1's (b)."""
     from gpuopt.study.records import ConfirmedConfig
     from gpuopt.sweeper.confirm.verdicts import compare
 
@@ -265,6 +267,9 @@ def confirmation_record(tie: bool = False) -> dict[str, Any]:
         config("candidate1", 5, 2500.0, [1005.0, 975.0] if tie else [1500.0, 1550.0]),
         config("candidate2", 1, 1800.0, [1020.0, 960.0] if tie else [1950.0, 2000.0]),
     ]
+    if same_training:
+        configs.append(config("candidate3", 9, 1300.0, [1270.0, 1290.0]))
+        configs[-1].same_training = True
     record = {
         "objective": "throughput",
         "direction": "maximize",

@@ -1,16 +1,24 @@
-"""A stand-in trial engine for sweeper tests: gpuopt's real configs, a deterministic TrialResult.
+"""A stand-in task for sweeper tests: gpuopt's real configs, a deterministic TrialResult.
 
 No torch: each trial costs only Hydra's composition, so the sweeper's handling of every status
-(ok / oom / diverged / error / a process that dies) is tested in seconds. What it returns:
+(ok / oom / diverged / error / a process that dies) is tested in seconds. The stand-in is the task
+only: the sweeper runs unpatched, as for any app on gpuopt's configs with a task of its own (its
+composed config checked once before the study; no race, and a confirmation in fresh processes
+through the sweep's launcher: only gpuopt's own task can be rebuilt in one measuring process).
+
+Its switches are its model's keys (conf/model/fake.yaml: a user model's constructor arguments,
+which gpuopt's schema leaves to the model). What it returns:
 - throughput (= throughput_amortized) = loader.batch_size * (1 + loader.num_workers), utilization = 50 + 10 * num_workers
-- model.width >= 1_000_000 or +case=oom -> oom; optimizer.lr >= 10 or +case=diverge -> diverged
-- +case=crash -> the task raises (error); +case=die -> the process exits without a result
-- +case=segfault / abort / hang -> SIGSEGV, os.abort() (SIGABRT), sleeps for an hour
-- +case=valueerror -> an error result after logging the traceback (as gpuopt's engine does)
-- +pid_dir=D -> the trial process writes its pid as a file name in D (to find it from a test)
-- +sleep_s=S -> the trial takes S seconds (for concurrent workers); env records the
+- model.width >= 1_000_000 or model.case=oom -> oom; optimizer.lr >= 10 or model.case=diverge -> diverged
+- model.case=crash -> the task raises (error); model.case=die -> the process exits without a result
+- model.case=segfault / abort / hang -> SIGSEGV, os.abort() (SIGABRT), sleeps for an hour
+- model.case=valueerror -> an error result after logging the traceback (as gpuopt's engine does)
+- model.pid_dir=D -> the trial process writes its pid as a file name in D (to find it from a test)
+- model.await_pids=N (with pid_dir) -> the trial waits (at most AWAIT_S) until D names N processes:
+  several workers' first trials overlap by construction, whatever their start-up skew
+- model.sleep_s=S -> the trial takes S seconds (for concurrent workers); env records the
   CUDA_VISIBLE_DEVICES the trial process saw
-- +env_digest=NAME -> env records the sha256 of the trial's environment variable NAME
+- model.env_digest=NAME -> env records the sha256 of the trial's environment variable NAME
 """
 
 from __future__ import annotations
@@ -20,44 +28,35 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-import gpuopt.core.checks
-import gpuopt.sweeper.confirm.in_process
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.spec import register_schemas
 
-register_schemas()
-
-# The keys above (`+case`, `+pid_dir`, `+sleep_s`, `+env_digest`) are this stand-in's, not gpuopt's schema: the
-# sweeper's one check of the composed config (gpuopt.core.checks.check_composed) sees the config
-# without them, and checks everything else as it does for `python -m gpuopt.run -m`.
-FAKE_KEYS = ("case", "pid_dir", "sleep_s", "env_digest")
-_check_composed = gpuopt.core.checks.check_composed
+register_schemas()  # gpuopt's typed schema, which its conf/config.yaml composes (as gpuopt.run)
+AWAIT_S = 60.0
 
 
-def _check_without_fake_keys(cfg: DictConfig, *args: Any, **kwargs: Any) -> Any:
-    return _check_composed(
-        OmegaConf.masked_copy(cfg, [k for k in cfg if k not in FAKE_KEYS]), *args, **kwargs
-    )
+class FakeModel:
+    """The stand-in's `model._target_` (conf/model/fake.yaml), trusted by name as any user model;
+    never built: the stand-in task measures nothing."""
 
 
-gpuopt.core.checks.check_composed = _check_without_fake_keys
-
-# The confirmation re-measures in fresh processes here: its in-process mode builds the real engine
-# (gpuopt.processes.shared_windows), whose numbers are not this stand-in's. tests/test_interleave.py and the
-# real-engine sweep in tests/test_sweep_e2e.py test that mode.
-gpuopt.sweeper.confirm.in_process.open_shared = lambda *args, **kwargs: None
+def _await_pids(pid_dir: Path, count: int) -> None:
+    deadline = time.monotonic() + AWAIT_S
+    while len(list(pid_dir.iterdir())) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def fake_result(cfg: DictConfig) -> TrialResult:
     config = OmegaConf.to_container(cfg, resolve=True)
-    case = cfg.get("case")
-    if cfg.get("pid_dir"):
-        (Path(cfg.pid_dir) / str(os.getpid())).touch()
+    fake = cfg.model
+    case = fake.case
+    if fake.pid_dir:
+        (Path(fake.pid_dir) / str(os.getpid())).touch()
+        _await_pids(Path(fake.pid_dir), int(fake.await_pids))
     if case == "crash":
         raise RuntimeError("fake crash")
     if case == "die":
@@ -76,9 +75,9 @@ def fake_result(cfg: DictConfig) -> TrialResult:
         except ValueError as exc:
             logging.getLogger("gpuopt.engines").warning("trial failed", exc_info=exc)
             return TrialResult(status=Status.ERROR, reason=f"ValueError: {exc}", config=config)
-    if cfg.get("sleep_s"):
-        time.sleep(float(cfg.sleep_s))
-    if cfg.model.width >= 1_000_000 or case == "oom":
+    if fake.sleep_s:
+        time.sleep(float(fake.sleep_s))
+    if fake.width >= 1_000_000 or case == "oom":
         return TrialResult(status=Status.OOM, reason="fake: out of memory", config=config)
     if cfg.optimizer.lr >= 10 or case == "diverge":
         return TrialResult(status=Status.DIVERGED, reason="fake: loss is nan", config=config)
@@ -92,13 +91,13 @@ def fake_result(cfg: DictConfig) -> TrialResult:
         peak_memory_mb=float(cfg.loader.batch_size),
     )
     env = {"device": "fake", "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-    if cfg.get("env_digest"):  # what the trial got in that variable, as a digest (never the value)
-        value = os.environ.get(str(cfg.env_digest), "")
+    if fake.env_digest:  # what the trial got in that variable, as a digest (never the value)
+        value = os.environ.get(str(fake.env_digest), "")
         env["digest"] = hashlib.sha256(value.encode()).hexdigest()
     return TrialResult(status=Status.OK, metrics=metrics, config=config, env=env)
 
 
-@hydra.main(config_path="pkg://gpuopt.conf", config_name="config")
+@hydra.main(config_path="conf", config_name="fake")
 def main(cfg: DictConfig) -> TrialResult:
     return fake_result(cfg)
 

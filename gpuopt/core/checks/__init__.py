@@ -64,6 +64,7 @@ def check_composed(
     except OmegaConfBaseException as exc:  # a key the schema lacks, a value of the wrong type
         raise config_error_from_omegaconf(exc, container) from None
     check_values(typed, usable_cpus() if cpus is None else cpus)
+    check_nodes(typed.distributed, cfg)
     model, data, trusted = check_workload(container, typed)
     if facts is not None:
         check_device_facts(typed, facts)
@@ -88,6 +89,44 @@ def check_composed(
         guard=typed.guard,
         distributed=typed.distributed,
     )
+
+
+# The launchers whose job spans several nodes (gpuopt.sweeper.launchers.slurm's two names).
+MULTI_NODE_LAUNCHERS = ("slurm", "gpuopt_slurm")
+
+
+def check_nodes(dist: Any, cfg: DictConfig) -> None:
+    """A trial over several nodes (`distributed.nnodes > 1`) needs a place for its nodes to meet:
+    `distributed.rdzv_endpoint` (the first node's host:port), or a SLURM job (hydra/launcher=slurm
+    sizes it one task per node; its first node hosts the rendezvous). Anywhere else its one node
+    would wait for the others until the rendezvous timed out."""
+    if (
+        dist.kind == "none"
+        or dist.nnodes == 1
+        or dist.rdzv_endpoint
+        or "SLURM_JOB_ID" in os.environ
+    ):
+        return
+    if _launcher_choice(cfg) in MULTI_NODE_LAUNCHERS:
+        return
+    raise ConfigError(
+        "distributed.nnodes",
+        dist.nnodes,
+        "1, or several with distributed.rdzv_endpoint=host:port (the first node's) or "
+        "hydra/launcher=slurm (one task per node)",
+    )
+
+
+def _launcher_choice(cfg: DictConfig) -> str | None:
+    """The composed `hydra/launcher` choice: from the config's Hydra node, else Hydra's."""
+    choice = OmegaConf.select(cfg, "hydra.runtime.choices", default=None)
+    if choice is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return None
+        choice = HydraConfig.get().runtime.choices
+    return choice.get("hydra/launcher")
 
 
 def _resolved_container(cfg: DictConfig) -> dict[str, Any]:

@@ -237,9 +237,5 @@ def _check_distributed(dist: DistributedConf, engine: EngineConf) -> None:
         value = getattr(dist, key)
         if value is not None:
             check_choice(f"distributed.{key}", value, SHARD_DTYPES)
-    if dist.nnodes > 1:  # each node's trial would merge only its own ranks' results
-        raise ConfigError(
-            "distributed.nnodes", dist.nnodes, "1 (several nodes per trial: not supported yet)"
-        )
     if dist.rdzv_endpoint is not None and not ENDPOINT_PATTERN.match(dist.rdzv_endpoint):
         raise ConfigError("distributed.rdzv_endpoint", dist.rdzv_endpoint, "null or host:port")

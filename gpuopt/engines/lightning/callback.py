@@ -3,6 +3,14 @@
 
 It wraps the engine's meter (gpuopt.engines.lightning.meter): the same clocks, warm-up, FLOP count
 and stop rule as a trial, with data wait read by a profiler beside the user's own (`_TeeProfiler`).
+
+Under a multi-device strategy (`strategy="ddp"`, FSDP, ModelParallelStrategy on `devices=N`,
+however its ranks started: Lightning's own re-launch of the script, torchrun, a sweep's
+`hydra.launcher.nproc_per_node`) every rank runs the callback: the ranks' windows start at a
+barrier and stop after the same optimizer step, and every rank's result is the job's
+(gpuopt.engines._user_job: global throughput over the slowest rank's window, the straggler, the
+global batch x world size). A rank whose fit failed raises `RankFailed` from `fit` so that the
+job ends rather than its peers waiting in a collective.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf, TrialSpec
 from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
+from gpuopt.engines._user_job import RankFailed, job_result, user_ranks
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, record_fit
 from gpuopt.engines.lightning.precision import PEAK_MODE
 from gpuopt.trial import policies
@@ -79,15 +88,21 @@ class UserMeasureCallback(pl.Callback):
         self._user_profiler: Profiler | None = None
         self._micro_batch: int | None = None
         self._lr: float | None = None
+        self._ranks: Any = None  # gpuopt.engines._distributed.Ranks under a multi-device strategy
+        self._started = time.time()
 
     def fit(self, trainer: pl.Trainer, model: pl.LightningModule, **fit_kwargs: Any) -> TrialResult:
-        """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status."""
+        """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status (in a
+        multi-rank job a failing rank raises `RankFailed` instead, so that its launcher ends the
+        job rather than its peers waiting in a collective)."""
         try:
             trainer.fit(model, **fit_kwargs)
         except Exception as exc:
             if self.result is None or self.result.ok:
                 self.result = self._failed(exc)
         assert self.result is not None
+        if not self.result.ok and int(trainer.world_size) > 1:
+            raise RankFailed(self.result)
         return self.result
 
     # -- hooks -------------------------------------------------------------------------------
@@ -102,9 +117,14 @@ class UserMeasureCallback(pl.Callback):
         self._trial = Trial(spec, device)
         self._memory = MemoryBaseline.take(device)
         self._process_t0 = process_start_time() or time.time()
+        self._started = time.time()
         self._timer = FetchTimer(device)
         cache_policy = policies.CachePolicy(spec.cache, device)
-        self._meter = MeasureCallback(spec, device, self._timer, cache_policy, self._trial.warnings)
+        # The strategy's process group is up by now (Lightning's setup_environment runs first).
+        self._ranks = user_ranks(device)
+        self._meter = MeasureCallback(
+            spec, device, self._timer, cache_policy, self._trial.warnings, ranks=self._ranks
+        )
         self.result = None
         self._micro_batch = self._lr = None
         self._user_profiler = trainer.profiler
@@ -154,6 +174,8 @@ class UserMeasureCallback(pl.Callback):
                 self.result = self._finished(Status.OK, None)
             except Exception as exc:
                 self.result = self._failed(exc)
+            if self.result.ok:  # every rank got here: the job's one result (a collective)
+                self.result = job_result(self.result, self._ranks, self._started)
 
     # -- the result --------------------------------------------------------------------------
     def _record_training(self, trainer: pl.Trainer, m: Metrics) -> None:

@@ -64,6 +64,7 @@ from gpuopt.sweeper.confirm import in_process
 from gpuopt.sweeper.confirm.schedule import (
     WINDOW_OBJECTIVES,
     ConfirmPlan,
+    answers_among,
     candidates,
     confirmed_configs,
     labels,
@@ -179,9 +180,15 @@ def run(
     if baseline is None:
         return None
     ranked, top_k = with_same_training_pick(ranked, baseline, settings.top_k)
-    confirm_plan = plan(top_k, settings.rounds, settings.max_share, n_trials, len(ranked))
+    keep = answers_among(ranked, baseline)  # both answers confirmed, in fewer rounds if need be
+    confirm_plan = plan(top_k, settings.rounds, settings.max_share, n_trials, len(ranked), keep)
     if confirm_plan is None:
-        if settings.rounds > 0 and ranked:
+        if settings.rounds > 0 and not ranked:  # the summary then says its best is unconfirmed
+            log.info(
+                "confirmation round skipped: no feasible candidate other than the baseline's own "
+                "configuration"
+            )
+        elif settings.rounds > 0:
             log.info(
                 "confirmation round skipped: %.0f%% of n_trials=%d allows fewer than 2 rounds "
                 "(hydra.sweeper.confirm.max_share)",

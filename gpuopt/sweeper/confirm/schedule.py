@@ -4,7 +4,7 @@
   params; `with_same_training_pick` makes sure the best same-training candidate is among them (both
   answers get their own confirmation);
 - `plan`: how many candidates and first-stage rounds the budget (`confirm.max_share` of n_trials
-  runs) allows;
+  runs) allows, both answers kept where two rounds of them fit (`answers_among`);
 - `round_order` / `schedule`: the interleaved order of each round (A B1 B2, B2 B1 A, ...);
 - `lean_overrides`: the measure.* overrides that shorten a run without changing its objective;
 - `confirmed_configs`: the record's entry for each chosen trial.
@@ -59,6 +59,13 @@ def with_same_training_pick(ranked: list[Any], baseline: Any, top_k: int) -> tup
     return [rest[0], same[0], *rest[1:]], max(top_k, 2)
 
 
+def answers_among(ranked: Sequence[Any], baseline: Any) -> int:
+    """How many of the first candidates `plan` must keep so that both answers are confirmed:
+    up to the best same-training one (with_same_training_pick puts it first or second)."""
+    same = next((i for i, t in enumerate(ranked) if same_training(t, baseline)), None)
+    return 1 if same is None else min(same + 1, 2)
+
+
 @dataclass(frozen=True)
 class ConfirmPlan:
     top_k: int
@@ -72,11 +79,18 @@ class ConfirmPlan:
 
 
 def plan(
-    top_k: int, rounds: int, max_share: float, n_trials: int, n_candidates: int
+    top_k: int,
+    rounds: int,
+    max_share: float,
+    n_trials: int,
+    n_candidates: int,
+    keep: int = 1,
 ) -> ConfirmPlan | None:
     """Size the round to at most max_share * n_trials runs. An interval needs 2 pairs, so
     candidates are dropped (the weakest first) until the first stage (`rounds`, at least 2) fits;
-    the rest of the cap is for the second stage.
+    the first `keep` candidates (both answers: `answers_among`) are dropped only where not even
+    2 rounds of them fit: the first stage gets fewer rounds instead. The rest of the cap is for
+    the second stage.
 
     None when it is off (rounds=0 or top_k=0), there is nothing to confirm, or the cap does not
     allow two rounds of the baseline and one candidate.
@@ -85,7 +99,9 @@ def plan(
     if rounds <= 0 or k <= 0:
         return None
     budget = math.floor(max_share * n_trials + 1e-9)
-    while k > 1 and (k + 1) * max(rounds, 2) > budget:
+    while k > max(1, min(keep, k)) and (k + 1) * max(rounds, 2) > budget:
+        k -= 1
+    while k > 1 and 2 * (k + 1) > budget:
         k -= 1
     if 2 * (k + 1) > budget:
         return None

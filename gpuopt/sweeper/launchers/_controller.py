@@ -24,7 +24,9 @@ class ExitCodeController(local_controller_class()):  # type: ignore[misc]
         codes = super().wait(freq)
         folder = JobPaths(self.folder, self.pid, 0).folder
         with contextlib.suppress(OSError):
-            (folder / f"{self.pid}{EXIT_CODES_SUFFIX}").write_text(json.dumps(list(codes)))
+            pids = [task.pid for task in self.tasks]
+            record = {"codes": list(codes), "pids": pids}
+            (folder / f"{self.pid}{EXIT_CODES_SUFFIX}").write_text(json.dumps(record))
         return codes
 
 

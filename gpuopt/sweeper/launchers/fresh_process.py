@@ -10,7 +10,10 @@ controller, its logs under `.submitit/`) and changes what happens around each jo
 - a job that ends without a result (a segfault, os.abort(), the kernel's OOM killer) is recorded
   from its exit status ("killed by signal SIGSEGV") with the tail of its stderr log;
 - with several jobs in a batch (hydra.sweeper.n_jobs > 1) each one gets its own GPU(s) through
-  CUDA_VISIBLE_DEVICES (gpuopt.sweeper.launchers.gpus.assign), recorded on the trial.
+  CUDA_VISIBLE_DEVICES (gpuopt.sweeper.launchers.gpus.assign), recorded on the trial;
+- `nproc_per_node=N` runs each trial's task as the N ranks of one job, started in the trial's
+  process by torch's elastic launcher (gpuopt.sweeper.launchers.trial_task): a torchrun-style
+  script swept as `torchrun --nproc_per_node N` runs it.
 
 A failed job is a `JobReturn` with status FAILED holding a `TrialProcessError`
 (gpuopt.sweeper.launchers.results, shared with the slurm launcher), so the sweeper records it like
@@ -45,6 +48,7 @@ from gpuopt.core._compat import job_process, local_executor_class
 from gpuopt.core.fmt import duration
 from gpuopt.sweeper.launchers import gpus as gpus_mod
 from gpuopt.sweeper.launchers import submitit_base as base
+from gpuopt.sweeper.launchers.oom_evidence import OomWatch
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
     attach_diagnostics,
@@ -53,6 +57,7 @@ from gpuopt.sweeper.launchers.results import (
     job_return,
     log_tail,
 )
+from gpuopt.sweeper.launchers.trial_task import RankPlan
 
 log = logging.getLogger(__name__)
 # The sweep's own lines (gpuopt.sweeper.progress, trials): a trial still running is one of them.
@@ -77,6 +82,11 @@ class FreshProcessConf(LocalQueueConf):
     pin_gpus: bool = True
     # Shell lines run before each trial process (module loads, env vars).
     setup: list[str] | None = None
+    # Each trial's task as this many ranks of one job (torch's elastic launcher, the env://
+    # variables torchrun sets): for a script that calls torch.distributed.init_process_group.
+    nproc_per_node: int = 1
+    # Seconds the ranks of a trial may take to meet (they import torch and the script first).
+    rdzv_timeout_s: float = 120.0
 
 
 base.register(FreshProcessConf, "gpuopt_local", "fresh_process")  # the same launcher, two names
@@ -114,15 +124,25 @@ def _executor_class() -> type:
 class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
     """submitit local mode with a per-trial deadline and per-trial failure records."""
 
-    def __init__(self, timeout_s: float = 1200.0, pin_gpus: bool = True, **params: Any) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 1200.0,
+        pin_gpus: bool = True,
+        nproc_per_node: int = 1,
+        rdzv_timeout_s: float = 120.0,
+        **params: Any,
+    ) -> None:
         super().__init__(**params)
         self.timeout_s = base.positive_seconds("timeout_s", timeout_s)
         self.pin_gpus = bool(pin_gpus)
+        self.nproc_per_node = base.positive_int("nproc_per_node", nproc_per_node)
+        self.rdzv_timeout_s = base.positive_seconds("rdzv_timeout_s", rdzv_timeout_s)
         # The sweeping process, pickled with each job: the trial's watchdog ends it with the sweep.
         self.sweep_process: lifeline.SweepProcess | None = None
         # Set by the sweep loop around a batch: slot -> why to stop that job now (its trial was
         # failed as stale by another worker), else None. Never pickled into a job.
         self.stop_check: Callable[[int], str | None] | None = None
+        self._oom_watch = OomWatch(None, None)  # the cgroup's OOM-kill count at the batch's start
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -132,6 +152,9 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
     def in_trial(self) -> None:
         # The trial ends with its sweep and by its own deadline (gpuopt.core.lifeline).
         lifeline.guard_trial(self.sweep_process, self.timeout_s)
+
+    def rank_plan(self) -> RankPlan:
+        return RankPlan(self.nproc_per_node, self.rdzv_timeout_s)
 
     def _device_plan(self, n_jobs: int) -> list[str | None]:
         """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process;
@@ -171,6 +194,7 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
         plan = self._device_plan(len(jobs))
         self.sweep_process = lifeline.SweepProcess.this()
+        self._oom_watch = OomWatch.start()
         for trial, device in zip(jobs, plan, strict=True):
             own = [] if device == "<submitit>" else [gpus_mod.setup_line(device)]
             executor.update_parameters(setup=[*user_setup, *own])
@@ -178,9 +202,10 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
             started.append((job, time.monotonic(), None if device == "<submitit>" else device))
         returns = []
         for slot, ((job, t0, device), trial) in enumerate(zip(started, jobs, strict=True)):
-            ret = self._collect(job, t0, trial.overrides, slot, trial.number)
+            run_dir = self.run_dir_of(trial)
+            ret = self._collect(job, t0, trial.overrides, slot, trial.number, run_dir)
             ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
-            attach_diagnostics(ret, job, self._run_dir_of(trial))
+            attach_diagnostics(ret, job, run_dir)
             returns.append(ret)
         return returns
 
@@ -188,25 +213,18 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
         for job, _, _ in started:
             self._kill(job)
 
-    def _run_dir_of(self, trial: base.TrialJob) -> str | None:
-        """The job's output dir as Hydra's run_job derives it (for a trial that died before it
-        could report it); None when it cannot be told here."""
-        from omegaconf import OmegaConf, open_dict
-
-        try:
-            cfg = self.trial_config(trial)
-            with open_dict(cfg.hydra.job):
-                cfg.hydra.job.num = trial.number
-            sweep_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir"))
-            return str(Path(sweep_dir) / str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
-        except Exception:  # no config (None), or no sweep dir in it
-            return None
-
     def _collect(
-        self, job: Any, t0: float, overrides: list[str], slot: int = 0, number: int = 0
+        self,
+        job: Any,
+        t0: float,
+        overrides: list[str],
+        slot: int = 0,
+        number: int = 0,
+        run_dir: str | None = None,
     ) -> JobReturn:
         """Wait for one job (trial #`number`) until its deadline, saying every PROGRESS_S that it
-        is still running; a JobReturn whatever happened to it."""
+        is still running; a JobReturn whatever happened to it (a rank's own failure first, where
+        one of its ranks wrote it into `run_dir`: base.resultless)."""
         deadline = t0 + self.timeout_s
         next_note = t0 + PROGRESS_S
         while not job.done():
@@ -224,14 +242,18 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
             if time.monotonic() > deadline:
                 self._kill(job)
                 limit = f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s)"
-                return base.resultless(job, overrides, f"{limit}: the trial process was killed")
+                reason = f"{limit}: the trial process was killed"
+                return base.resultless(job, overrides, reason, run_dir)
             time.sleep(POLL_S)
         if job.paths.result_pickle.exists():
             return job_return(job, overrides)
-        codes = _exit_codes(job)
+        codes, pids = _exit_codes(job)
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
-        reason = lifeline.reason_from_log(log_tail(job.paths.stderr)) or describe_exit(code)
-        return base.resultless(job, overrides, reason)
+        evidence = self._oom_watch.evidence(pids) if code == -signal.SIGKILL else None
+        reason = lifeline.reason_from_log(log_tail(job.paths.stderr)) or describe_exit(
+            code, evidence
+        )
+        return base.resultless(job, overrides, reason, run_dir)
 
     @staticmethod
     def _kill(job: Any) -> None:
@@ -247,11 +269,13 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
             log.warning("job %s did not end after SIGKILL", job.job_id)
 
 
-def _exit_codes(job: Any) -> list[int | None]:
+def _exit_codes(job: Any) -> tuple[list[int | None], list[int]]:
+    """The job's tasks' exit statuses and process ids, as gpuopt's controller wrote them."""
     path = job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}"
     try:
-        return list(json.loads(path.read_text()))
-    except (OSError, ValueError):
+        record = json.loads(path.read_text())
+        return list(record["codes"]), [int(pid) for pid in record.get("pids", [])]
+    except (OSError, ValueError, KeyError, TypeError):
         process = job_process(job)
         poll = process.poll() if process is not None else None
-        return [poll]  # the controller itself died: its own status is all there is
+        return [poll], []  # the controller itself died: its own status is all there is

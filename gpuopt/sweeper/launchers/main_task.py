@@ -77,8 +77,11 @@ class MainTask:
         except BaseException:
             del sys.modules[MAIN_ALIAS]
             raise
-        # As in a spawned process: `__main__` is the script, so DataLoader workers started with
-        # spawn or forkserver import it again (and find its Dataset class) by the same rule.
+        # As under `python train.py`: `__main__` is the script, without a spec, so DataLoader
+        # workers started with spawn or forkserver import it again by its path (and find its
+        # Dataset class under the same name), and a training that re-runs "the program" for its
+        # other ranks (Lightning's DDP) runs it by path (gpuopt.sweeper.launchers.trial_task).
+        module.__spec__ = None
         sys.modules["__main__"] = module
         return module
 

@@ -1,8 +1,10 @@
 """What the sweeper gets back for one trial job, from either launcher (fresh_process, slurm).
 
-A job that returned is its own `JobReturn` (read from submitit's result pickle). A job that ended
-without one (a segfault, os.abort(), the kernel's OOM killer, a timeout, SLURM's verdict) becomes
-a `JobReturn` with status FAILED holding a `TrialProcessError`, whose message is the whole reason;
+A job that returned is its own `JobReturn` (read from submitit's result pickle; task 0's in a job
+of several tasks, each one rank). A job that ended without one (a segfault, os.abort(), the
+kernel's OOM killer, a timeout, SLURM's verdict) becomes a `JobReturn` with status FAILED holding a
+`TrialProcessError`, whose message is the whole reason, or, where one of its ranks wrote its
+failure first, a COMPLETED one holding that rank's failure (gpuopt.core.rank_files);
 the sweeper records it like any failing task and the other jobs of the batch keep their results.
 Either way the return carries `gpuopt_diagnostics` (`TrialDiagnostics`): the job's logs, its run
 dir and its traceback, stored on the trial by gpuopt.sweeper.record.
@@ -43,8 +45,11 @@ class TrialProcessError(RuntimeError):
         self.log_path = log_path  # the whole log
 
 
-def describe_exit(code: int | None) -> str:
-    """A trial process's exit status in words."""
+def describe_exit(code: int | None, oom_evidence: str | None = None) -> str:
+    """A trial process's exit status in words. A SIGKILL is the kernel's OOM killer's only with
+    `oom_evidence` (gpuopt.sweeper.launchers.oom_evidence: the cgroup's OOM-kill count rose, or
+    the kernel log names the process); SIGKILL has other senders (a launcher ending a failed
+    job's processes, a watchdog, `kill -9`)."""
     if code is None:
         return "ended without an exit status"
     if code < 0:
@@ -53,8 +58,8 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             name = f"signal {-code}"
         text = f"killed by signal {name}"
-        if name == "SIGKILL":
-            text += " (the kernel's OOM killer sends it when host memory runs out)"
+        if name == "SIGKILL" and oom_evidence:
+            text += f" by the kernel's OOM killer ({oom_evidence})"
         return text
     return f"exited with code {code} without a result"
 
@@ -139,12 +144,22 @@ def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
 def job_return(job: Any, overrides: list[str]) -> JobReturn:
     """The job's JobReturn from its result pickle; a failed one if submitit itself failed."""
     try:
-        ret = job.results()[0]
+        # A job of several tasks is one rank per task: task 0 holds rank 0's return (read alone:
+        # `results()` would wait for every task, also one that SLURM ended without a result).
+        ret = (job.task(0) if getattr(job, "num_tasks", 1) > 1 else job).results()[0]
         if isinstance(ret, JobReturn):
             return ret
         raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
     except Exception as exc:
         return failed_return(overrides, exc)
+
+
+def completed_return(overrides: list[str], value: Any) -> JobReturn:
+    """A COMPLETED JobReturn holding `value`, as if the task had returned it (a trial process
+    killed after one of its ranks wrote its failure: that failure is the trial's result)."""
+    ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
+    ret.return_value = value
+    return ret
 
 
 def failed_return(overrides: list[str], exc: BaseException) -> JobReturn:

@@ -19,8 +19,15 @@ and logs under `.submitit/`) and changes what happens around each job:
   SLURM ends it at its limit;
 - Ctrl-C or SIGTERM of the sweep cancels the batch's jobs (scancel) before the sweep exits;
 - a distributed trial (`distributed=ddp | fsdp2`) is one job of one task holding a GPU per rank
-  (`trial_resources`); the trial starts its ranks itself. A batch mixing trials of different
-  needs is submitted as one job array per need.
+  (`trial_resources`); the trial starts its ranks itself. Over several nodes
+  (`distributed.nnodes`) it is one task per node, each node's trial an agent of the rendezvous
+  on the job's first node. A batch mixing trials of different needs is submitted as one job
+  array per need;
+- a user's task over several ranks (`nproc_per_node` x `nodes`): one task per rank, each task's
+  process one rank with its env:// variables from SLURM's environment
+  (gpuopt.sweeper.launchers.slurm_ranks); task 0's result is the trial's, and whatever still
+  runs of the job once it is in is cancelled. `srun --kill-on-bad-exit=1` ends every task when
+  one rank fails.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -44,6 +51,7 @@ from omegaconf import OmegaConf
 
 from gpuopt.sweeper.launchers import submitit_base as base
 from gpuopt.sweeper.launchers.results import attach_diagnostics, describe_exit, job_return, log_tail
+from gpuopt.sweeper.launchers.trial_task import RankPlan
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +69,13 @@ ENDED_STATES = frozenset(
         "TIMEOUT",
     }
 )
+# srun's option that ends every task of a job step once one exits non-zero: a failed rank.
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 # After SLURM says COMPLETED or FAILED, the job's result pickle may still be on its way through a
 # shared file system: wait this long for it before calling the job resultless.
 RESULT_GRACE_S = 15.0
+# A job of several ranks whose rank 0 returned: how long its other ranks may take to end.
+LEFTOVER_GRACE_S = 10.0
 # slurmstepd's line in the job's stderr when SLURM ends it: "*** JOB 7 ON node CANCELLED AT
 # 2026-12-01T08:39:03 DUE TO TIME LIMIT ***" (or "... CANCELLED AT ... ***" for scancel).
 _STEPD_LINE = re.compile(
@@ -76,6 +88,9 @@ class GpuoptSlurmConf(SlurmQueueConf):
     _target_: str = "gpuopt.sweeper.launchers.slurm.GpuoptSlurmLauncher"
     # Seconds between two `squeue` calls while the batch's jobs run (one call for the batch).
     poll_s: float = 5.0
+    # Each trial's task as this many ranks per node (x nodes): one SLURM task per rank, its
+    # env:// variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) from SLURM's environment.
+    nproc_per_node: int = 1
 
 
 base.register(GpuoptSlurmConf, "gpuopt_slurm", "slurm")  # the same launcher, two names
@@ -181,9 +196,22 @@ def end_reason(state: SlurmJobState, params: dict[str, Any], exit_code: int | No
 class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
     """submitit's SLURM mode, where a job that ends without a result is a failed trial."""
 
-    def __init__(self, poll_s: float = 5.0, **params: Any) -> None:
+    def __init__(self, poll_s: float = 5.0, nproc_per_node: int = 1, **params: Any) -> None:
         super().__init__(**params)
         self.poll_s = base.positive_seconds("poll_s", poll_s)
+        self.nproc_per_node = base.positive_int("nproc_per_node", nproc_per_node)
+        if self.nproc_per_node > 1:  # one task per rank
+            self.params["tasks_per_node"] = self.nproc_per_node
+        if self.ranks_per_job() > 1:
+            self.params["srun_args"] = [*(self.params.get("srun_args") or []), KILL_ON_BAD_EXIT]
+
+    def ranks_per_job(self) -> int:
+        """The SLURM tasks of one trial's job as the launcher sizes it (each one rank)."""
+        nodes = int(self.params.get("nodes") or 1)
+        return nodes * int(self.params.get("tasks_per_node") or 1)
+
+    def rank_plan(self) -> RankPlan:
+        return RankPlan(self.nproc_per_node, slurm=True)
 
     def in_trial(self) -> None:
         # submitit's USR2 handler (checkpoint + requeue, or raise) is replaced by a log line.
@@ -217,7 +245,8 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
             submitted.update(zip(slots, array, strict=True))
         ordered = [submitted[k] for k in range(len(jobs))]
         log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in ordered))
-        return self._collect(ordered, [trial.overrides for trial in jobs])
+        run_dirs = [self.run_dir_of(trial) for trial in jobs]
+        return self._collect(ordered, [trial.overrides for trial in jobs], run_dirs)
 
     def stop(self, started: list[Any]) -> None:
         pending = [job for job in started if not job.paths.result_pickle.exists()]
@@ -234,8 +263,11 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
             groups.setdefault(tuple(sorted(extra.items())), []).append(slot)
         return groups
 
-    def _collect(self, jobs: list[Any], overrides: list[list[str]]) -> list[JobReturn]:
-        """Wait until every job has a result or an end; a JobReturn for each, in order."""
+    def _collect(
+        self, jobs: list[Any], overrides: list[list[str]], run_dirs: list[str | None]
+    ) -> list[JobReturn]:
+        """Wait until every job has a result or an end; a JobReturn for each, in order. A job of
+        several tasks (ranks) is over once task 0's result is in: the rest is cancelled."""
         returns: dict[int, JobReturn] = {}
         ended_at: dict[int, float] = {}
         last_query = float("-inf")
@@ -249,7 +281,7 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
                     continue
                 if job.paths.result_pickle.exists():
                     returns[k] = job_return(job, overrides[k])
-                    attach_diagnostics(returns[k], job, None)
+                    attach_diagnostics(returns[k], job, run_dirs[k])
                     continue
                 if states is None:
                     continue
@@ -259,10 +291,11 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
                 first = ended_at.setdefault(k, time.monotonic())
                 grace = RESULT_GRACE_S if state.state in ("COMPLETED", "FAILED") else 0.0
                 if time.monotonic() - first >= grace:
-                    returns[k] = self._resultless(job, state, overrides[k])
-                    attach_diagnostics(returns[k], job, None)
+                    returns[k] = self._resultless(job, state, overrides[k], run_dirs[k])
+                    attach_diagnostics(returns[k], job, run_dirs[k])
             if len(returns) < len(jobs):
                 time.sleep(min(1.0, self.poll_s))
+        _end_leftover_ranks([job.job_id for job in jobs if getattr(job, "num_tasks", 1) > 1])
         return [returns[k] for k in range(len(jobs))]
 
     @staticmethod
@@ -274,25 +307,32 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
             or SlurmJobState(job.job_id, "FAILED", "purged from slurmctld, no accounting")
         )
 
-    def _resultless(self, job: Any, state: SlurmJobState, overrides: list[str]) -> JobReturn:
+    def _resultless(
+        self, job: Any, state: SlurmJobState, overrides: list[str], run_dir: str | None
+    ) -> JobReturn:
         exit_code = query_exit_code(job.job_id) if state.state in ("FAILED", "COMPLETED") else None
         reason = end_reason(state, self.params, exit_code)
         log.warning("trial job %s: %s", job.job_id, reason)
-        return base.resultless(job, overrides, reason)
+        return base.resultless(job, overrides, reason, run_dir)
 
 
 def trial_resources(cfg: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """The sbatch parameters a trial needs beyond the launcher's: a distributed trial
-    (`distributed.kind` ddp | fsdp2) is one task that starts its `nproc_per_node` ranks itself
-    (the trial's own elastic launch, as on any node), holding one GPU per rank: `tasks_per_node`
-    1 and `gpus_per_task` (or `gpus_per_node`) = nproc_per_node where the launcher asks for GPUs
-    by count (with `gres` the user sizes it), at least one CPU per rank. Not one SLURM task per rank: submitit
-    runs the whole trial function in every task, so each would be a trial of its own."""
+    """The sbatch parameters a trial of gpuopt's app needs beyond the launcher's: a distributed
+    trial (`distributed.kind` ddp | fsdp2) is one task per node (`distributed.nnodes`) that
+    starts its `nproc_per_node` ranks itself (the trial's own elastic launch, as on any node),
+    holding one GPU per rank: `tasks_per_node` 1 and `gpus_per_task` (or `gpus_per_node`) =
+    nproc_per_node where the launcher asks for GPUs by count (with `gres` the user sizes it), at
+    least one CPU per rank. Not one SLURM task per rank: each node's trial is the agent of its
+    ranks, as torchrun is on each node of a multi-node job."""
     kind = OmegaConf.select(cfg, "distributed.kind", default="none") if cfg is not None else None
     if kind in (None, "none"):
         return {}
     ranks = int(OmegaConf.select(cfg, "distributed.nproc_per_node", default=1) or 1)
+    nodes = int(OmegaConf.select(cfg, "distributed.nnodes", default=1) or 1)
     extra: dict[str, Any] = {"tasks_per_node": 1}
+    if nodes > 1:
+        extra["nodes"] = nodes
+        extra["srun_args"] = (*(params.get("srun_args") or []), KILL_ON_BAD_EXIT)
     for key in ("gpus_per_task", "gpus_per_node"):  # one task per trial: the same count
         if params.get(key) is not None:
             extra[key] = ranks
@@ -308,6 +348,22 @@ def _warn_time_limit(signum: int, frame: Any) -> None:
         f"gpuopt: SLURM sent {signal.Signals(signum).name}: its time limit (or a preemption) is "
         "near; the trial goes on until it ends or SLURM ends it\n".encode(),
     )
+
+
+def _end_leftover_ranks(job_ids: list[str]) -> None:
+    """Jobs of several tasks (one rank each) whose task 0's result is in: the trial is over. A
+    rank still running LEFTOVER_GRACE_S later (in a collective with a rank that failed, without
+    --kill-on-bad-exit's help) is cancelled, so that no rank outlives its trial."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    running = list(job_ids)
+    while running and time.monotonic() < deadline:
+        states = query_squeue(running) or {}
+        running = [j for j in running if j in states and not states[j].ended]
+        if running:
+            time.sleep(0.5)
+    if running:
+        log.warning("trial job(s) %s: rank 0's result is in, other ranks still ran", running)
+        _scancel(running)
 
 
 def _scancel(job_ids: list[str]) -> None:

@@ -1,7 +1,10 @@
 """What gpuopt's two submitit launchers (fresh_process, slurm) share: `TrialJobLauncher`, which
 keeps hydra-submitit-launcher's pickled job and makes each job one trial whose failure is a result
 (gpuopt.sweeper.launchers.results). Each launcher holds only what differs: what its trial process
-sets up first (`in_trial`), how it submits and collects a batch (`run_batch`), how it stops one.
+sets up first (`in_trial`), how it submits and collects a batch (`run_batch`), how it stops one,
+and how a trial's ranks start (`rank_plan`: `hydra.launcher.nproc_per_node`). The task each job
+runs is a `trial_task.TrialTask`: the app's task as a single run of its script, in one process or
+as the ranks of one job.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -20,11 +23,15 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
+from gpuopt.core import rank_files
+from gpuopt.core.errors import ConfigError
 from gpuopt.core.lifeline import terminate_as_interrupt
+from gpuopt.core.result import TrialResult
 from gpuopt.core.secrets import masked_singleton_state
-from gpuopt.sweeper.launchers import main_task
+from gpuopt.sweeper.launchers import trial_task
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
+    completed_return,
     failed_return,
     log_excerpt,
     with_traceback,
@@ -43,15 +50,34 @@ def register(node: type, *names: str) -> None:
 
 
 def positive_seconds(key: str, value: Any) -> float:
-    """A launcher's seconds setting, checked: `hydra.launcher.<key>` must be > 0."""
-    if not value or float(value) <= 0:
-        raise ValueError(f"hydra.launcher.{key}={value!r}; allowed: seconds > 0")
+    """A launcher's seconds setting, checked: `hydra.launcher.<key>` must be > 0 (one line, exit
+    2, before anything is created: gpuopt.sweeper.plugin)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"hydra.launcher.{key}", value, "seconds > 0")
     return float(value)
 
 
-def resultless(job: Any, overrides: list[str], reason: str) -> JobReturn:
-    """A FAILED JobReturn for a job that ended (or was ended) without a result: `reason` with the
+def positive_int(key: str, value: Any) -> int:
+    """A launcher's count setting, checked: `hydra.launcher.<key>` must be an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"hydra.launcher.{key}", value, "an integer >= 1")
+    return value
+
+
+def resultless(
+    job: Any, overrides: list[str], reason: str, run_dir: str | None = None
+) -> JobReturn:
+    """The JobReturn of a job that ended (or was ended) without a result. Where one of its ranks
+    wrote its failure first (in `run_dir`'s ranks/: gpuopt.core.rank_files), that rank's own
+    error is the trial's result ("rank 1: ...", then how the trial process ended: a launcher
+    such as Lightning's kills it once a rank failed); else a FAILED return: `reason` with the
     head and tail of its stderr log."""
+    first = rank_files.first_failure(Path(run_dir) / rank_files.RANKS_FOLDER if run_dir else None)
+    if first is not None:
+        result = TrialResult(
+            first.status, reason=f"{first.text} (then the trial process: {reason})"
+        )
+        return completed_return(overrides, result)
     error = TrialProcessError(reason, log_excerpt(job.paths.stderr), str(job.paths.stderr))
     return failed_return(overrides, error)
 
@@ -74,12 +100,27 @@ class TrialJobLauncher(BaseSubmititLauncher):
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         # A task of the main script is found again by name in the trial process, not pickled by
-        # value with the script's classes (gpuopt.sweeper.launchers.main_task).
+        # value with the script's classes (gpuopt.sweeper.launchers.main_task), and runs there as
+        # a single run of the script, in one process or as the ranks of one job (trial_task).
+        from omegaconf import OmegaConf
+
+        plan = self.rank_plan()
+        if plan.nproc_per_node > 1 and OmegaConf.select(config, "hydra.sweeper.gpuopt_task"):
+            raise ConfigError(  # each rank would run a whole single-process trial of its own
+                "hydra.launcher.nproc_per_node",
+                plan.nproc_per_node,
+                "1 for gpuopt's own app (distributed=ddp distributed.nproc_per_node=N starts ranks)",
+            )
+        entry = trial_task.EntryPoint.of_this_process()
         super().setup(
             hydra_context=hydra_context,
-            task_function=main_task.for_main(task_function),
+            task_function=trial_task.trial_task(task_function, entry, plan),
             config=config,
         )
+
+    def rank_plan(self) -> trial_task.RankPlan:
+        """How a trial's ranks start (`hydra.launcher.nproc_per_node`): one process by default."""
+        return trial_task.RankPlan()
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
         # Runs in the trial process: a segfault or abort leaves a Python traceback in its stderr.
@@ -91,6 +132,20 @@ class TrialJobLauncher(BaseSubmititLauncher):
 
     def in_trial(self) -> None:
         """What the trial process sets up before its task runs."""
+
+    def run_dir_of(self, trial: TrialJob) -> str | None:
+        """The job's output dir as Hydra's run_job derives it (for a trial that died before it
+        could report it); None when it cannot be told here."""
+        from omegaconf import OmegaConf, open_dict
+
+        try:
+            cfg = self.trial_config(trial)
+            with open_dict(cfg.hydra.job):
+                cfg.hydra.job.num = trial.number
+            sweep_dir = str(OmegaConf.select(cfg, "hydra.sweep.dir"))
+            return str(Path(sweep_dir) / str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
+        except Exception:  # no config (None), or no sweep dir in it
+            return None
 
     def trial_config(self, trial: TrialJob) -> Any:
         """The trial's composed config, as its job will compose it (None if it does not compose:

@@ -18,7 +18,7 @@ or faster (contenders); the others are pruned.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,14 +183,27 @@ def screen_ratios(
     return ratios
 
 
-def finalists(ratios: Mapping[str, float | None], count: int, floor: float = 0.0) -> list[str]:
+def finalists(
+    ratios: Mapping[str, float | None],
+    count: int,
+    floor: float = 0.0,
+    same_training: Collection[str] = (),
+) -> list[str]:
     """The `count` candidates with the highest ratio, of those at `floor` or above (those without
-    one never go on). Why a floor: a candidate the screen reads well below the baseline can be
-    neither answer (both are speedups over the baseline), so its whole trial (a window, the
-    ceiling, the profile, the numerics guard: most of a raced sweep's time) buys nothing; a round
-    with no contender ends with every candidate pruned."""
+    one never go on), and, when none of them keeps the baseline's training, the best of the
+    `same_training` candidates at the floor or above as one more (answer (a) is then measured
+    and confirmed, not pruned for being slower than a larger batch: docs/same-training.md).
+
+    Why a floor: a candidate the screen reads well below the baseline can be neither answer
+    (both are speedups over the baseline), so its whole trial (a window, the ceiling, the
+    profile, the numerics guard: most of a raced sweep's time) buys nothing; a round with no
+    contender ends with every candidate pruned."""
     ranked = sorted((r, label) for label, r in ratios.items() if r is not None and r >= floor)
-    return [label for _, label in reversed(ranked)][:count]
+    order = [label for _, label in reversed(ranked)]
+    chosen = order[:count]
+    if not any(label in same_training for label in chosen):
+        chosen += [label for label in order if label in same_training][:1]
+    return chosen
 
 
 def rank_of(label: str, ratios: Mapping[str, float | None]) -> int | None:

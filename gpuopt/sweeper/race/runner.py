@@ -12,7 +12,9 @@ process (`gpuopt.processes.shared_windows`, RaceProcess) measures them all:
    (B c1 B c2 ... B; each built only while its turn lasts), ranked by the paired ratio;
 3. the screen's best `race.finalists` measured as whole trials in the same process (told COMPLETE
    with every metric, as a fresh-process trial is), of those the screen read at `race.floor` of
-   the baseline or faster; a finalist whose own whole-trial window reads slower than the
+   the baseline or faster, and, when none of them keeps the baseline's training (its global
+   batch and lr: sweeper/global_batch.py), the best candidate that does as one more, so that
+   answer (a) is measured and confirmed rather than pruned behind a larger batch; a finalist whose own whole-trial window reads slower than the
    baseline's skips the extras only an answer needs (profile, compute ceiling, numerics guard:
    `measure.contender_floor`) and is no candidate for the confirmation; the others told PRUNED,
    the screen's reading kept in their `race` user attr (and, for one objective, as Optuna's
@@ -36,7 +38,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,8 @@ from gpuopt.study.keys import (
     ATTR_REASON,
     ATTR_STATUS,
 )
-from gpuopt.sweeper import profile_runs, resume
+from gpuopt.study.rules import pick_baseline
+from gpuopt.sweeper import global_batch, profile_runs, resume
 from gpuopt.sweeper.confirm.schedule import with_overrides
 from gpuopt.sweeper.launchers.results import TrialDiagnostics
 from gpuopt.sweeper.memory_axis import write_probe_config
@@ -91,6 +94,8 @@ class RaceRunner(TrialRunner):
     """A TrialRunner whose trials run in one shared process (the module's protocol)."""
 
     compose: Callable[[list[str]], Any] | None = None  # a job's config as the launcher composes it
+    # This round's candidates that keep the baseline's training by their params (_decide)
+    same_training: set[str] = field(default_factory=set)
     objective: str = "throughput"
     directory: Path = Path("race")
     process: RaceProcess | None = None  # the race's process, once started
@@ -124,7 +129,8 @@ class RaceRunner(TrialRunner):
             super().run(study, to_go, space, progress)
             return
         while to_go > 0 and self.process is not None:
-            trials, full = self._ask(study, min(to_go, self.options.race.screen))
+            # asked with the space: a repeat of a measured configuration is replaced (repeats.py)
+            trials, full = self._ask(study, min(to_go, self.options.race.screen), space=space)
             if not trials:
                 return
             self._round(study, trials, space, progress, self.process)
@@ -256,7 +262,16 @@ class RaceRunner(TrialRunner):
         for entry in screened:
             readings += [_value(entry.window, metric), entry.baseline_after]
         ratios = policy.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
-        chosen = policy.finalists(ratios, self.options.race.finalists, self.options.race.floor)
+        self.same_training = _keeping_training(study, screened)
+        race = self.options.race
+        chosen = policy.finalists(ratios, race.finalists, race.floor, self.same_training)
+        if len(chosen) > race.finalists:
+            log.info(
+                "race: %s goes on as the same-training finalist (%.2fx the baseline): the best "
+                "overall ones change the global batch",
+                chosen[-1],
+                ratios[chosen[-1]] or 0.0,
+            )
         for entry in screened:
             if entry.failure is not None:
                 ret = _returned(entry.failure)
@@ -274,6 +289,7 @@ class RaceRunner(TrialRunner):
             "of": len(ratios),
             "window_s": self.options.race.window_s,
             "floor": self.options.race.floor,
+            "same_training": entry.label in self.same_training,  # holds the global batch and lr
             "window": {
                 **(entry.window.to_json() if entry.window else {}),
                 "baseline_before": entry.baseline_before,
@@ -350,6 +366,22 @@ class RaceRunner(TrialRunner):
         """The job config the launcher would compose for `overrides`, as `<stem>.yaml`."""
         assert self.compose is not None
         return write_probe_config(self.compose(list(overrides)), self.directory, f"{stem}.yaml")
+
+
+def _keeping_training(study: optuna.Study, screened: list[Screened]) -> set[str]:
+    """The labels of the screened candidates that keep the baseline's training by their params
+    (its global batch by the study's rule, its learning rate: global_batch.keeps_training); the
+    guard checks their numerics in their whole trial."""
+    rule = global_batch.read(study.user_attrs)
+    baseline = pick_baseline(study.get_trials(deepcopy=False))
+    if rule is None or baseline is None:
+        return set()
+    return {
+        entry.label
+        for entry in screened
+        if entry.failure is None
+        and global_batch.keeps_training(rule, entry.trial.params, baseline.params)
+    }
 
 
 def _done_baseline(study: optuna.Study) -> Any:

@@ -1,0 +1,135 @@
+"""`python -m gpuopt.processes.user_ranks JOB`: a trial's task run as the ranks of one job
+(`hydra.launcher.nproc_per_node=N`), started by the trial's process
+(gpuopt.sweeper.launchers.trial_task.run_ranks), which reads back `outcome.pkl` beside `JOB`.
+
+The ranks start as gpuopt's own distributed trials start theirs (gpuopt.trial.distributed's
+pieces): torch.distributed's elastic launcher, the API behind `torchrun`, so each rank finds the
+env:// variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, TORCHELASTIC_RUN_ID: a script's `dist.init_process_group("gloo")` joins as under
+`torchrun`, Lightning finds its TorchElasticEnvironment and starts no process of its own) and,
+as torchrun does with several ranks, OMP_NUM_THREADS=1 unless set; the c10d rendezvous on a free
+port of this machine, its timeout `hydra.launcher.rdzv_timeout_s`; no restarts (a failed rank is
+the trial's answer); every rank ends with this process, which ends with the trial (the kernel's
+parent-death signal at each step). The launcher ends the other ranks at once when one fails.
+
+Each rank restores what the task expects of a Hydra job (HydraConfig, the working directory, the
+trial's `sys.path`) and calls the task with the trial's config. Rank 0's return value is the
+trial's; a failing rank's own result (`RankFailed`, or its exception classified as a trial's:
+out of memory -> `oom`) is written to `ranks/rank_N.json` before it exits, and the failure of the
+rank that failed first is the trial's result (gpuopt.trial.ranks.merge_ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from gpuopt.core import rank_files
+from gpuopt.core.lifeline import set_parent_death_signal
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.trial.distributed import (
+    crashes_of,
+    free_port,
+    keep_logs,
+    launch_config,
+    own_signal_handlers,
+    quiet_launcher,
+)
+from gpuopt.trial.ranks import RankFailure, merge_ranks
+
+OUTCOME_FILE = "outcome.pkl"  # gpuopt.sweeper.launchers.trial_task reads it
+RETURN_FILE = "rank_0.return.pkl"  # rank 0's return value
+
+
+def _load(job_path: Path) -> Any:
+    return cloudpickle.loads(job_path.read_bytes())
+
+
+def launch(job_path: Path) -> tuple[str, Any]:
+    """Start the job's ranks and wait for them: ("return", rank 0's value pickled) or ("result",
+    the failed job's TrialResult as a dict)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    job, folder = _load(job_path), job_path.parent
+    endpoint = f"127.0.0.1:{free_port()}"
+    run_id = f"gpuopt-user-{os.getpid()}"
+    config = launch_config(job.nproc_per_node, 1, endpoint, job.timeout_s, folder / "logs", run_id)
+    if job.nproc_per_node > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks
+    started = time.time()
+    crashed: dict[int, RankFailure] = {}
+    try:
+        with quiet_launcher(), own_signal_handlers():
+            elastic_launch(config, user_rank)(str(job_path), os.getpid())
+    except ChildFailedError as exc:
+        crashed = crashes_of(exc, folder, job.nproc_per_node)
+    except SignalException:
+        raise
+    except Exception as exc:  # the rendezvous timed out, the launcher failed to start
+        reason = f"the ranks did not start ({type(exc).__name__}: {exc})"
+        return "result", TrialResult(Status.ERROR, reason=reason).to_dict()
+    keep_logs(folder)
+    if not crashed and (folder / RETURN_FILE).exists():
+        return "return", (folder / RETURN_FILE).read_bytes()
+    failed = {rank: _result_of(folder, rank) for rank in range(job.nproc_per_node)}
+    results = {rank: result for rank, result in failed.items() if result is not None}
+    merged = merge_ranks(results, crashed, "user", time.time() - started)
+    return "result", merged.to_dict()
+
+
+def _result_of(folder: Path, rank: int) -> TrialResult | None:
+    path = folder / rank_files.RESULT_FILE.format(rank=rank)
+    return TrialResult.load(path) if path.exists() else None
+
+
+def user_rank(job_path: str, parent: int) -> None:
+    """One rank (spawned by the launcher): end with the launching process, become the trial's
+    Hydra job again, run the task; rank 0 keeps its return value. A failure is written (its
+    `RankFailed` did so already) and raised, so that the launcher ends the other ranks."""
+    set_parent_death_signal()
+    if os.getppid() != parent:  # the launching process died before the signal was set
+        os._exit(1)
+    path = Path(job_path)
+    job = _load(path)  # unpickling a task of the main script extends sys.path (main_task)
+    os.environ[rank_files.RANKS_DIR_ENV] = str(path.parent)
+    _become_the_job(job)
+    rank = int(os.environ["RANK"])
+    try:
+        value = job.task(job.cfg)
+    except Exception as exc:
+        if type(exc).__name__ != "RankFailed":  # its result is written already
+            from gpuopt.trial.failures import classify_failure
+
+            status, reason = classify_failure(exc)
+            rank_files.write_rank_result(TrialResult(status, reason=reason), rank)
+        raise
+    if rank == 0:
+        (path.parent / RETURN_FILE).write_bytes(cloudpickle.dumps(value))
+
+
+def _become_the_job(job: Any) -> None:
+    """Hydra's view of the trial (HydraConfig, as the task's `HydraConfig.get()` reads it) and its
+    working directory, in a rank the launcher spawned outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = job.hydra_cfg  # as the trial's run_job left it
+    os.chdir(job.cwd)
+
+
+def main(argv: list[str]) -> int:
+    set_parent_death_signal()  # ends with the trial; its ranks end with this process
+    job_path = Path(argv[0])
+    kind, value = launch(job_path)
+    (job_path.parent / OUTCOME_FILE).write_bytes(cloudpickle.dumps((kind, value)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

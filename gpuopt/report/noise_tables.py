@@ -1,0 +1,94 @@
+"""The report's noise groups (gpuopt.study.noise), as the terminal shows them: the Pareto front
+with configurations within noise of each other as one choice, the trials table's group column,
+and what noise says of the best pick, in the sweep summary's words.
+
+Why apart from text.py: the same groups and words serve the text report and the page
+(gpuopt.report.page), and text.py is long enough already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.markup import escape
+from rich.table import Table
+
+from gpuopt.core.fmt import metric as fmt
+from gpuopt.report.build import StudyReport, TrialView
+from gpuopt.study.noise import front_lines, runner_up_text, within_text
+
+GROUP_HEADER = "≈"  # the trials table's noise-group column
+
+
+def front_table(report: StudyReport, params_text: Callable[[TrialView], str]) -> Table | None:
+    """The Pareto front in noise groups: one row per choice (its best trial), the trials within
+    noise of it beside it; None without noise groups (an app's own values)."""
+    noise = report.noise
+    if noise is None or not noise.front:
+        return None
+    groups = noise.front
+    trials = sum(g.size for g in groups)
+    title = (
+        f"Pareto front: no trade-off beyond noise ({groups[0].size} trials, one choice)"
+        if len(groups) == 1 and groups[0].size > 1
+        else f"Pareto front ({len(groups)} choices beyond noise, {trials} trials)"
+    )
+    table = Table(title=title, title_justify="left", caption=f"within noise: {noise.spread.text()}")
+    table.add_column("#", justify="right")
+    for name, direction in zip(report.objectives, report.directions, strict=False):
+        table.add_column(f"{name} ({'max' if direction == 'maximize' else 'min'})", justify="right")
+    grouped = any(g.size > 1 for g in groups)
+    if grouped:
+        table.add_column("within noise of it", overflow="fold")
+    table.add_column("parameters", overflow="fold")
+    by_number = {t.number: t for t in report.trials}
+    for group in groups:
+        leader = by_number[group.leader.number]
+        within = within_text(group, report.objectives) if group.size > 1 else "-"
+        table.add_row(
+            str(leader.number),
+            *(fmt(n, v) for n, v in zip(report.objectives, leader.values or (), strict=False)),
+            *([escape(within)] if grouped else []),
+            escape(params_text(leader)),
+        )
+    return table
+
+
+def front_text(report: StudyReport, shown: Callable[[TrialView], str]) -> list[str]:
+    """The front in plain lines (the page), as the sweep summary says it."""
+    if report.noise is None:
+        return []
+    by_number = {t.number: t for t in report.trials}
+    return front_lines(report.noise, report.objectives, lambda t: shown(by_number[t.number]))
+
+
+def group_cell(report: StudyReport, trial: TrialView) -> str | None:
+    """The trials table's noise group of `trial` ("1": within noise of the best; None: no
+    column), or "" for a trial without one (not ok)."""
+    noise = report.noise
+    if noise is None or all(len(g.configs) == 1 for g in noise.ranked):
+        return None
+    place = noise.group_of(trial.number) if trial.status == "ok" else None
+    return "" if place is None else str(place)
+
+
+def best_noise_lines(report: StudyReport) -> list[str]:
+    """What noise says of the best pick where no confirmation said it: an unconfirmed best the
+    sweep's readings cannot tell from the baseline, and one they cannot tell from its
+    runner-up (the confirmation's top-two line says it where one ran)."""
+    noise, best, base = report.noise, report.best, report.baseline
+    if noise is None or best is None:
+        return []
+    confirmation = report.confirmation
+    confirmed = confirmation is not None and bool(confirmation.comparisons)
+    lines = []
+    unconfirmed = not confirmed and base is not None and base is not best
+    if unconfirmed and noise.apart(best.number, base.number) is False:  # type: ignore[union-attr]
+        lines.append("Within noise of the baseline: nothing here is measurably faster.")
+    if not confirmed or confirmation.top_two is None:  # type: ignore[union-attr]
+        runner_up = runner_up_text(noise, best.number)
+        if runner_up:
+            lines.append(runner_up[0].upper() + runner_up[1:] + ".")
+    if lines and not noise.front:  # several objectives: the front's caption says it
+        lines.append(f"Within noise: {noise.spread.text()}.")
+    return [escape(line) for line in lines]

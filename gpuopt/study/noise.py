@@ -1,0 +1,356 @@
+"""Which trials the measurements cannot tell apart: noise said as noise, never shown as choice.
+
+A sweep reads each configuration once (or a few times: replicates, gpuopt/sweeper/repeats.py),
+and fresh processes of one configuration read 4-25% apart on a 2-core CPU (an A/A sweep, eight
+trials of one configuration: 4,397-5,645 samples/s, and 7 of them on the Pareto front as
+"trade-offs"). A trial's own interval (`throughput_ci`) covers the steps of its one window and is
+far narrower than that, so it cannot say whether two trials differ. What can:
+
+- the run-to-run spread of one reading (`spread_of`, a `Spread`): measured for this machine and
+  workload by scripts/bench_noise.py (the trials' `run_spread` metric, gpuopt.core.machine_cache),
+  else this study's own replicates (configurations read more than once, when they give at least
+  MIN_REPLICATE_DF degrees of freedom), else DEFAULT_SPREAD; the summary and report say which;
+- two configurations are measurably apart on an objective when their pooled readings (a
+  configuration's trials, geometric mean) differ on the log scale by more than the 95% quantile x
+  spread x sqrt(1/n_a + 1/n_b) (`apart`): the interval of their difference excludes zero;
+- the first objective's ranking in noise groups (`ranked_groups`: each group every configuration
+  within noise of its best one), and the Pareto front without noise as trade-offs
+  (`front_groups`: configurations no other one beats measurably on one objective without being
+  measurably worse on another, grouped when they are within noise of each other on every
+  objective).
+
+Objectives that are not gpuopt metrics (an app's own value, deterministic) are compared exactly.
+The words are here, so the sweep summary and the report say the same (`front_lines`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuopt.core.fmt import metric as fmt_metric
+from gpuopt.core.metrics import goals
+from gpuopt.core.stats import t_quantile
+from gpuopt.study.keys import ATTR_BASELINE
+
+# One reading's run-to-run spread where nothing measured it: fresh processes of one fixed
+# configuration varied 4-14% (CV) on the 2-core development CPUs (docs/benchmarks.md), and an A/A
+# sweep read 25% apart; 10% is the middle of that, so two single readings within ~28% of each
+# other are "within noise" until a measurement says otherwise.
+DEFAULT_SPREAD = 0.10
+MIN_REPLICATE_DF = 2  # one replicate pair is one difference: too few to estimate a spread from
+Z95 = 1.959964  # a stated default is taken as known: the normal quantile
+MEASURED, REPLICATES, DEFAULT = "measured", "replicates", "default"
+SPREAD_HINT = "python scripts/bench_noise.py --spread-only measures it"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One reading's run-to-run spread (coefficient of variation, on the log scale), where it
+    comes from, and its degrees of freedom (None: a stated default, taken as known)."""
+
+    cv: float
+    source: str  # MEASURED | REPLICATES | DEFAULT
+    df: int | None = None
+    runs: int | None = None  # MEASURED: fresh processes
+
+    @property
+    def quantile(self) -> float:
+        return Z95 if self.df is None else t_quantile(0.975, self.df)
+
+    def threshold(self, n_a: int = 1, n_b: int = 1) -> float:
+        """The log-scale difference two configurations read n_a and n_b times must exceed."""
+        return self.quantile * self.cv * math.sqrt(1.0 / n_a + 1.0 / n_b)
+
+    def text(self) -> str:
+        """What "within noise" meant, and where its spread came from."""
+        factor = math.exp(self.threshold())
+        within = f"{100 * (factor - 1):.0f}%" if factor < 2 else f"a factor of {factor:.3g}"
+        head = (
+            f"run-to-run spread {100 * self.cv:.1f}% per reading: two single readings within "
+            f"{within} are noise"
+        )
+        if self.source == MEASURED:
+            return (
+                f"{head} (measured for this machine and workload by scripts/bench_noise.py, "
+                f"{self.runs} fresh processes)"
+            )
+        if self.source == REPLICATES:
+            return f"{head} (from this study's replicates, {self.df} degrees of freedom)"
+        return f"{head} (a default: not measured for this machine and workload; {SPREAD_HINT})"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: its trials (the first first) and their pooled values."""
+
+    trials: tuple[Any, ...]
+    values: tuple[float, ...]
+
+    @property
+    def first(self) -> Any:
+        return self.trials[0]
+
+    @property
+    def number(self) -> int:
+        return int(self.first.number)
+
+    @property
+    def n(self) -> int:
+        return len(self.trials)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Configurations within noise of its first (the leader): one choice."""
+
+    configs: tuple[Config, ...]
+
+    @property
+    def leader(self) -> Config:
+        return self.configs[0]
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        return tuple(t.number for c in self.configs for t in c.trials)
+
+    @property
+    def size(self) -> int:
+        return len(self.numbers)
+
+
+@dataclass(frozen=True)
+class NoiseView:
+    """What the summary, the report and the page say about noise in a study."""
+
+    spread: Spread
+    ranked: tuple[Group, ...]  # every configuration by the first objective, best first
+    front: tuple[Group, ...]  # several objectives: the front, noise grouped; () for one
+    replicates: tuple[int, ...]  # trials that read a configuration measured before
+    configs: tuple[Config, ...] = ()
+    noisy: tuple[bool, ...] = ()  # per objective: a gpuopt metric (noisy) or an exact value
+
+    def config_of(self, number: int) -> Config | None:
+        return next((c for c in self.configs if number in (t.number for t in c.trials)), None)
+
+    def apart(self, a: int, b: int, k: int = 0) -> bool | None:
+        """Whether trials `a` and `b` (their configurations' pooled readings) are measurably
+        apart on objective k; None when either is not among the feasible trials."""
+        first, second = self.config_of(a), self.config_of(b)
+        if first is None or second is None:
+            return None
+        return apart_rule(self.spread, self.noisy)(first, second, k)
+
+    def group_of(self, number: int) -> int | None:
+        """The 1-based place of the ranked group trial `number` is in (None: not ranked)."""
+        for place, group in enumerate(self.ranked, 1):
+            if number in group.numbers:
+                return place
+        return None
+
+    def runner_up_within(self, number: int) -> list[int]:
+        """The other configurations (their first trials), best first, within noise of trial
+        `number`'s on the first objective."""
+        own = self.config_of(number)
+        if own is None:
+            return []
+        apart = apart_rule(self.spread, self.noisy)
+        ordered = [c for group in self.ranked for c in group.configs]
+        return [c.number for c in ordered if c is not own and not apart(own, c, 0)]
+
+
+def config_key(params: dict[str, Any]) -> tuple:
+    """Trials with the same params are one configuration."""
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
+def pooled(values: Sequence[float]) -> float:
+    """Several readings of one value: their geometric mean (a ratio scale), else their mean."""
+    if all(v > 0 for v in values):
+        return math.exp(sum(math.log(v) for v in values) / len(values))
+    return sum(values) / len(values)
+
+
+def configurations(trials: Sequence[Any]) -> list[Config]:
+    """Feasible trials (with values) grouped by configuration, in the order first measured."""
+    by_key: dict[tuple, list[Any]] = {}
+    for trial in sorted(trials, key=lambda t: t.number):
+        if trial.values:
+            by_key.setdefault(config_key(dict(trial.params)), []).append(trial)
+    return [
+        Config(tuple(group), tuple(pooled(v) for v in zip(*(t.values for t in group), strict=True)))
+        for group in by_key.values()
+    ]
+
+
+def _log_readings(config: Config) -> list[float]:
+    return [math.log(t.values[0]) for t in config.trials if t.values[0] > 0]
+
+
+def spread_of(trials: Sequence[Any]) -> Spread:
+    """The spread the study's comparisons use: measured (a trial's `run_spread`, the baseline's
+    first), else its replicates', else DEFAULT_SPREAD."""
+    ordered = sorted(trials, key=lambda t: not t.user_attrs.get(ATTR_BASELINE))
+    for trial in ordered:
+        cv, runs = trial.user_attrs.get("run_spread"), trial.user_attrs.get("run_spread_runs")
+        if isinstance(cv, (int, float)) and cv > 0 and isinstance(runs, int) and runs >= 2:
+            return Spread(float(cv), MEASURED, runs - 1, runs)
+    squares, df = 0.0, 0
+    for config in configurations(trials):
+        logs = _log_readings(config)
+        if len(logs) > 1:
+            mean = sum(logs) / len(logs)
+            squares += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+    if df >= MIN_REPLICATE_DF and squares > 0:
+        return Spread(math.sqrt(squares / df), REPLICATES, df)
+    return Spread(DEFAULT_SPREAD, DEFAULT)
+
+
+def distance(a: float, b: float) -> float:
+    """How far apart two readings are, relatively: log ratio (relative difference at or below 0)."""
+    if a > 0 and b > 0:
+        return abs(math.log(a / b))
+    scale = max(abs(a), abs(b))
+    return 0.0 if scale == 0 else abs(a - b) / scale
+
+
+Apart = Callable[[Config, Config, int], bool]
+
+
+def apart_rule(spread: Spread, noisy: Sequence[bool]) -> Apart:
+    """Whether two configurations are measurably apart on objective k (`noisy[k]` False: an
+    exact value, apart when it differs)."""
+
+    def apart(a: Config, b: Config, k: int) -> bool:
+        if not noisy[k]:
+            return a.values[k] != b.values[k]
+        return distance(a.values[k], b.values[k]) > spread.threshold(a.n, b.n)
+
+    return apart
+
+
+def _better(a: Config, b: Config, k: int, directions: Sequence[str], apart: Apart) -> bool:
+    higher = a.values[k] > b.values[k]
+    return apart(a, b, k) and higher == (directions[k] == "maximize")
+
+
+def _ordered(configs: Sequence[Config], directions: Sequence[str]) -> list[Config]:
+    sign = -1 if directions[0] == "maximize" else 1
+    return sorted(configs, key=lambda c: sign * c.values[0])
+
+
+def _leader_groups(configs: Sequence[Config], within: Callable[[Config, Config], bool]) -> list:
+    """Configurations (best first) in groups: each group its leader and the rest within it."""
+    groups, left = [], list(configs)
+    while left:
+        leader = left.pop(0)
+        members = [c for c in left if within(leader, c)]
+        left = [c for c in left if c not in members]
+        groups.append(Group((leader, *members)))
+    return groups
+
+
+def ranked_groups(configs: Sequence[Config], directions: Sequence[str], apart: Apart) -> list:
+    """The first objective's ranking, best first, in groups within noise of their best."""
+    return _leader_groups(_ordered(configs, directions), lambda a, b: not apart(a, b, 0))
+
+
+def front_groups(configs: Sequence[Config], directions: Sequence[str], apart: Apart) -> list:
+    """The Pareto front without noise as trade-offs: the configurations no other one measurably
+    dominates (better beyond noise on an objective, worse beyond noise on none), grouped when
+    within noise of each other on every objective."""
+    objectives = range(len(directions))
+
+    def dominates(a: Config, b: Config) -> bool:
+        return any(_better(a, b, k, directions, apart) for k in objectives) and not any(
+            _better(b, a, k, directions, apart) for k in objectives
+        )
+
+    front = [c for c in configs if not any(dominates(o, c) for o in configs if o is not c)]
+    front = front or list(configs)  # never empty (a cycle cannot form; kept safe regardless)
+    return _leader_groups(
+        _ordered(front, directions), lambda a, b: not any(apart(a, b, k) for k in objectives)
+    )
+
+
+def noise_view(trials: Sequence[Any], names: Sequence[str], directions: Sequence[str]) -> NoiseView:
+    """The study's noise groups over its feasible trials (`trials`)."""
+    spread = spread_of(trials)
+    configs = configurations(trials)
+    apart = apart_rule(spread, [name in goals() for name in names])
+    front = front_groups(configs, directions, apart) if len(directions) > 1 else []
+    replicates = tuple(t.number for c in configs for t in c.trials[1:])
+    ranked = tuple(ranked_groups(configs, directions, apart))
+    noisy = tuple(name in goals() for name in names)
+    return NoiseView(spread, ranked, tuple(front), replicates, tuple(configs), noisy)
+
+
+# ---- in words (the sweep summary and the report) -------------------------------------------------
+
+
+def group_range(group: Group, names: Sequence[str]) -> str:
+    """Each objective's lowest-highest reading in a group: `throughput 4,397-5,645 samples/s`."""
+    parts = []
+    for k, name in enumerate(names):
+        values = [t.values[k] for c in group.configs for t in c.trials]
+        low, high = fmt_metric(name, min(values), unit=False), fmt_metric(name, max(values))
+        parts.append(f"{name} {low}-{high}")
+    return ", ".join(parts)
+
+
+def members_text(group: Group, limit: int = 12) -> str:
+    """`#3, #2+#4, #0, ...`: the group's configurations (a configuration read several times as
+    its trials joined by +), cut after `limit`."""
+    shown = ["+".join(f"#{t.number}" for t in c.trials) for c in group.configs[:limit]]
+    left = len(group.configs) - limit
+    return ", ".join(shown) + (f", ... {left} more" if left > 0 else "")
+
+
+def within_text(group: Group, names: Sequence[str]) -> str:
+    """`7 trials within noise of each other: one choice (#3, #0, ...; throughput ...)`."""
+    configs = len(group.configs)
+    if configs == 1:
+        head = f"1 configuration read {group.size} times"
+    else:
+        of = f" ({configs} configurations)" if configs != group.size else ""
+        head = f"{group.size} trials{of} within noise of each other"
+    return f"{head}: one choice ({members_text(group)}; {group_range(group, names)})"
+
+
+def runner_up_text(view: NoiseView, number: int) -> str | None:
+    """Whether the best (trial `number`) is told apart from the runner-up on the first objective
+    in the sweep's own readings: None when it is, or alone."""
+    within = view.runner_up_within(number)
+    if not within:
+        return None
+    others = ", ".join(f"#{n}" for n in within[:8]) + (", ..." if len(within) > 8 else "")
+    return (
+        f"best #{number} is within noise of {others} in the sweep's readings: not "
+        "distinguishable from the runner-up"
+    )
+
+
+def front_lines(
+    view: NoiseView, names: Sequence[str], shown: Callable[[Any], str], limit: int = 10
+) -> list[str]:
+    """The Pareto front, noise grouped: each choice's leader (`shown(trial)`) and what is within
+    noise of it; one group of several trials is said to be no trade-off at all."""
+    groups = list(view.front)
+    if not groups:
+        return []
+    if len(groups) == 1 and groups[0].size > 1:
+        lines = [f"Pareto front: no trade-off beyond noise: {within_text(groups[0], names)}"]
+        lines.append(f"  #{groups[0].leader.number}: {shown(groups[0].leader.first)}")
+    else:
+        trials = sum(g.size for g in groups)
+        cut = f", {limit} of {len(groups)} shown" if len(groups) > limit else ""
+        lines = [f"Pareto front ({len(groups)} choice(s) beyond noise, {trials} trial(s){cut}):"]
+        for group in groups[:limit]:
+            lines.append(f"  #{group.leader.number}: {shown(group.leader.first)}")
+            if group.size > 1:
+                lines.append(f"      {within_text(group, names)}")
+    lines.append(f"  within noise: {view.spread.text()}")
+    return lines

@@ -1,0 +1,269 @@
+"""The task a trial process runs: the app's task, presented as a single run of its script, and run
+as one process or as the ranks of one job.
+
+**A single run of the script.** Inside a trial, the running program is submitit's job and
+`sys.argv` the sweep's (with `-m`); a user's training that starts more processes from "the
+program" then starts the wrong one. Lightning's DDP launcher (also FSDP's and
+ModelParallelStrategy's on `devices=N`) re-runs the program for each extra rank, as
+`python <sys.argv[0]> <sys.argv[1:]>` (or `-m <__main__.__spec__.name>`) plus
+`hydra.run.dir=<HydraConfig's run.dir> hydra.job.name=train_ddp_process_N hydra.output_subdir=null`
+(Lightning 2.6, `_hydra_subprocess_cmd`), which in a trial read `python -m __mp_main__` or a new
+sweep. While the task runs, `single_run` makes the trial look like `python train.py <the trial's
+overrides>`: `sys.argv` names gpuopt's rank entry (gpuopt.sweeper.launchers.relaunched_rank)
+with the script, its config options and the trial's overrides, `__main__` has no spec (as under
+`python train.py`, so multiprocessing's spawn also re-imports the script by path), and
+`hydra.run.dir` is the trial's run directory. A re-launched rank therefore runs the trial's own
+config, writes into the trial's run directory, ends with the trial and leaves its own error in
+`ranks/` (gpuopt.core.rank_files).
+
+**The ranks of one job** (`hydra.launcher.nproc_per_node=N`): the task runs as N ranks started
+by torch's elastic launcher in a process of the trial's (`python -m gpuopt.processes.user_ranks`:
+the env:// variables torchrun sets, a free rendezvous port, the short rendezvous timeout, no
+restarts, every rank ending with the trial), each calling the task with the trial's config; rank
+0's return value is the trial's. On SLURM the ranks are the job's tasks
+(`tasks_per_node` x `nodes`): each task's process is one rank, its env:// variables taken from
+SLURM's environment (gpuopt.sweeper.launchers.slurm_ranks).
+
+A rank's failure is the trial's result, whichever rank it was: the one that failed first
+(gpuopt.core.rank_files), `rank N: <its own error>`.
+
+Hydra imports the launchers on every run (plugin discovery): no torch here, no submitit at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuopt.core import rank_files
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.sweeper.launchers import main_task
+
+# The Hydra options that say which config a script composes (kept for a re-launched rank).
+CONFIG_OPTIONS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+# Hydra overrides of the sweep's command line that mean nothing to a single run (or that the
+# re-launch sets itself).
+NOT_FOR_A_RUN = (
+    "hydra.mode",
+    "hydra.sweeper",
+    "hydra/sweeper",
+    "hydra.launcher",
+    "hydra/launcher",
+    "hydra.sweep.",
+)
+RELAUNCHED_BY = ("hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
+RELAUNCH_ENTRY = str(Path(__file__).with_name("relaunched_rank.py"))
+RANKS_PROCESS = "gpuopt.processes.user_ranks"
+JOB_FILE = "job.pkl"  # the task and its config, for the ranks (cloudpickle)
+OUTCOME_FILE = "outcome.pkl"  # ("return", rank 0's value) | ("result", the failed job's result)
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """How the sweep's program was started: its script (or module) and its config options."""
+
+    script: str | None = None
+    module: str | None = None
+    config_args: tuple[str, ...] = ()
+
+    @classmethod
+    def of_this_process(cls) -> EntryPoint:
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        args = config_arguments(sys.argv[1:])
+        if spec is not None and spec.name and spec.name != "__main__":
+            return cls(module=spec.name, config_args=args)
+        path = getattr(main, "__file__", None)
+        return cls(script=os.path.abspath(path) if path else None, config_args=args)
+
+    def target(self) -> list[str]:
+        if self.script is not None:
+            return ["--gpuopt-script", self.script]
+        return ["--gpuopt-module", self.module] if self.module else []
+
+
+def config_arguments(argv: list[str]) -> tuple[str, ...]:
+    """The config options of a Hydra command line (`-cp DIR`, `--config-name=x`, ...)."""
+    kept: list[str] = []
+    for k, arg in enumerate(argv):
+        name = arg.split("=", 1)[0]
+        if name in CONFIG_OPTIONS:
+            kept.append(arg)
+            if "=" not in arg and k + 1 < len(argv):
+                kept.append(argv[k + 1])
+    return tuple(kept)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """A trial run as the ranks of one job: `nproc_per_node` ranks started in the trial's process
+    (`slurm=False`), or, on SLURM, each of the job's tasks one rank (`slurm=True`)."""
+
+    nproc_per_node: int = 1
+    timeout_s: float = 60.0  # the rendezvous's timeout
+    slurm: bool = False
+
+    @property
+    def started_here(self) -> bool:
+        return not self.slurm and self.nproc_per_node > 1
+
+
+@dataclass(frozen=True)
+class TrialTask:
+    """The app's task (`task`: a `main_task.MainTask` or the function itself) in a trial process."""
+
+    task: Any
+    entry: EntryPoint
+    ranks: RankPlan = RankPlan()
+
+    def __call__(self, cfg: Any) -> Any:
+        from hydra.core.hydra_config import HydraConfig
+
+        folder = Path(str(HydraConfig.get().runtime.output_dir)) / rank_files.RANKS_FOLDER
+        if not self.ranks.slurm or os.environ.get("SLURM_PROCID", "0") == "0":
+            rank_files.clear(folder)
+        with single_run(self.entry, folder):
+            if self.ranks.started_here:
+                return run_ranks(self.task, cfg, folder, self.ranks)
+            if self.ranks.slurm:
+                from gpuopt.sweeper.launchers.slurm_ranks import run_as_slurm_rank
+
+                return run_as_slurm_rank(lambda: own_rank(self.task, cfg, folder), folder)
+            return own_rank(self.task, cfg, folder)
+
+
+def trial_task(task_function: Any, entry: EntryPoint, ranks: RankPlan) -> TrialTask:
+    """What a launcher pickles for its trials: the task (found again by name where it lives in the
+    main script: gpuopt.sweeper.launchers.main_task) in a `TrialTask`."""
+    return TrialTask(main_task.for_main(task_function), entry, ranks)
+
+
+def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
+    """The task in this process; a rank failure it raises (`RankFailed`: its result, written to
+    `folder` first) is the trial's result: the failure of the rank that failed first."""
+    try:
+        return task(cfg)
+    except Exception as exc:
+        own = getattr(exc, "result", None)
+        if type(exc).__name__ != "RankFailed" or not isinstance(own, TrialResult):
+            raise
+        return failed_job(own, folder)
+
+
+def failed_job(own: TrialResult, folder: Path) -> TrialResult:
+    """`own` (this rank's failed result) as the job's: the reason and status of the rank that
+    failed first (this one, or a peer whose failure made this one fail)."""
+    first = rank_files.first_failure(folder)
+    if first is not None:
+        own.status, own.reason = first.status, first.text
+    return own
+
+
+@contextlib.contextmanager
+def single_run(entry: EntryPoint, folder: Path) -> Iterator[None]:
+    """While the task runs: `sys.argv`, `__main__` and `hydra.run.dir` as for a single run of the
+    script with the trial's overrides, and the environment a re-launched rank reads."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict, read_write
+
+    hydra = HydraConfig.get()
+    with read_write(hydra), open_dict(hydra):
+        hydra.run.dir = str(hydra.runtime.output_dir)
+    argv, main = sys.argv, sys.modules.get("__main__")
+    environ = {k: os.environ.get(k) for k in (rank_files.RANKS_DIR_ENV, rank_files.TRIAL_PID_ENV)}
+    sys.argv = [RELAUNCH_ENTRY, *entry.target(), "--", *entry.config_args, *run_overrides(hydra)]
+    sys.modules["__main__"] = _spec_free_main(main)
+    os.environ[rank_files.RANKS_DIR_ENV] = str(folder)
+    os.environ[rank_files.TRIAL_PID_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        sys.argv = argv
+        if main is not None and sys.modules.get("__main__") is not main:
+            _restore_main(main)
+        for key, value in environ.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_overrides(hydra: Any) -> list[str]:
+    """The trial's overrides as a single run of the script takes them: its task overrides and the
+    command line's Hydra overrides that still mean something there."""
+    task = [str(o) for o in hydra.overrides.task]
+    own = [str(o) for o in hydra.overrides.hydra]
+    kept = [o for o in own if not o.lstrip("+~").startswith((*NOT_FOR_A_RUN, *RELAUNCHED_BY))]
+    return [*task, *kept]
+
+
+def _spec_free_main(main: types.ModuleType | None) -> types.ModuleType:
+    """A `__main__` without a spec, as under `python train.py`: the script's module (its
+    `__spec__` dropped: multiprocessing's spawn and Lightning then go by path), else a stand-in
+    (the task lives in an importable module) whose file is the rank entry."""
+    if main is not None and getattr(main, "__name__", "") == main_task.MAIN_ALIAS:
+        main.__spec__ = None
+        return main
+    stand_in = types.ModuleType("__main__")
+    stand_in.__file__ = RELAUNCH_ENTRY
+    stand_in.__spec__ = None
+    return stand_in
+
+
+def _restore_main(main: types.ModuleType) -> None:
+    """`__main__` back to the trial's program, unless the script took its place meanwhile (a
+    task of the main script loads it as `__main__`: gpuopt.sweeper.launchers.main_task)."""
+    current = sys.modules.get("__main__")
+    if getattr(current, "__name__", "") != main_task.MAIN_ALIAS:
+        sys.modules["__main__"] = main
+
+
+# -- the ranks of one job, started in this trial (hydra.launcher.nproc_per_node) --------------------
+@dataclass(frozen=True)
+class RankJob:
+    """What each rank needs to run the trial's task: pickled into the trial's `ranks/` folder."""
+
+    task: Any
+    cfg: Any  # the task's config (without Hydra's node)
+    hydra_cfg: Any  # Hydra's config of the trial (HydraConfig in each rank)
+    cwd: str
+    nproc_per_node: int
+    timeout_s: float
+
+
+def run_ranks(task: Any, cfg: Any, folder: Path, plan: RankPlan) -> Any:
+    """The task as `plan.nproc_per_node` ranks (gpuopt.processes.user_ranks); rank 0's return
+    value, or the failed job's `TrialResult`."""
+    import cloudpickle
+    from hydra.core.hydra_config import HydraConfig
+
+    from gpuopt.sweeper.launchers.results import describe_exit, log_tail
+
+    folder.mkdir(parents=True, exist_ok=True)
+    job = RankJob(
+        task, cfg, HydraConfig.instance().cfg, os.getcwd(), plan.nproc_per_node, plan.timeout_s
+    )
+    (folder / JOB_FILE).write_bytes(cloudpickle.dumps(job))
+    (folder / OUTCOME_FILE).unlink(missing_ok=True)
+    log = folder / "launcher.log"
+    with open(log, "wb") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", RANKS_PROCESS, str(folder / JOB_FILE)],
+            stdout=out, stderr=subprocess.STDOUT, check=False,
+        )  # fmt: skip
+    try:
+        kind, value = cloudpickle.loads((folder / OUTCOME_FILE).read_bytes())
+    except (OSError, ValueError, EOFError) as exc:
+        reason = f"the ranks' launcher ended without an outcome ({describe_exit(done.returncode)})"
+        tail = log_tail(log)
+        return TrialResult(Status.ERROR, reason=f"{reason}: {tail.strip() or exc}")
+    if kind == "result":
+        return TrialResult.from_dict(value)
+    return cloudpickle.loads(value)

@@ -1,0 +1,282 @@
+"""A/A: how often gpuopt claims a difference that is not there, each way it compares, measured
+exactly as a sweep makes the comparison; and, with a step made 10% slower on purpose, how often
+it confirms a real one (the power).
+
+    python scripts/bench_aa.py --workloads mlp cnn transformer --json benchmarks/aa_cpu.json
+
+The ways (each with the sweep's own code and constants):
+- screen: a race process as the race runs one (gpuopt.sweeper.race): the baseline as a whole
+  trial, then identical candidates, each built and read in one window between two baseline
+  windows (`policy.SCREEN_*`); the ratio to the baseline windows' geometric mean. A claim: an
+  identical candidate read below the race's floor (pruned as "cannot be an answer").
+- whole: the same configuration as whole trials of that process (the race's finalists) against
+  the baseline's whole trial. A claim: a finalist read below `measure.contender_floor` (its
+  extras skipped: "no answer"), or above 1/floor.
+- in-process: the confirmation's rounds (`rounds.run_rounds`, Stein's two-stage stop) in a
+  shared process of the baseline and an identical candidate, its plan sized as the default
+  sweep's; `verdicts.compare`. A claim: the 95% interval excludes 1.0x.
+- fresh: the same rounds in fresh processes (a user app's confirmation).
+- power: the in-process confirmation of the baseline against the same model made 10% slower
+  (scripts/slowed.py): how often the interval excludes 1.0x on the right side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
+from gpuopt.study.records import ConfirmedConfig
+from gpuopt.sweeper.confirm import in_process, schedule
+from gpuopt.sweeper.confirm.rounds import PairStop, run_rounds
+from gpuopt.sweeper.confirm.verdicts import compare
+from gpuopt.sweeper.objectives import TrialOutcome
+from gpuopt.sweeper.options import ConfirmOptions, RaceOptions
+from gpuopt.sweeper.race import policy
+from gpuopt.sweeper.race.process import RaceProcess
+
+SCRIPTS = Path(__file__).resolve().parent
+# The default sweep's fixed measure settings (conf/search/default.yaml).
+FIXED = [
+    "device=cpu",
+    "measure.warmup_steps=3",
+    "measure.time_budget_s=2.0",
+    "measure.min_time_s=1.0",
+    "measure.ceiling_steps=10",
+]
+OBJECTIVE = "throughput_amortized"
+MODELS = {
+    "mlp": "gpuopt.workload.models.MLP",
+    "cnn": "gpuopt.workload.models.SmallCNN",
+    "transformer": "gpuopt.workload.models.TinyTransformer",
+}
+DEFAULT_TRIALS = 10  # the default sweep's n_trials: the confirmation's run cap follows it
+
+
+def arms(model: str, slowdown: float = 0.0) -> dict[str, list[str]]:
+    base = [*FIXED, f"model={model}"]
+    arms = {"baseline": base, "candidate1": list(base)}
+    if slowdown:
+        arms["candidate1"] += [
+            "model._target_=slowed.build",
+            f"+model.inner={MODELS[model]}",
+            f"+model.slowdown={slowdown}",
+            "trust=[slowed.*]",
+        ]
+    return arms
+
+
+def screen_and_whole(model: str, per_run: int, whole: int) -> dict[str, list[float]]:
+    """One race process: the screen's ratios of `per_run` identical candidates, then `whole`
+    whole trials of the same configuration against the baseline's."""
+    folder = Path(tempfile.mkdtemp(prefix="gpuopt-aa-"))
+    race_options, window_s = RaceOptions(), RaceOptions().window_s
+    base = [*FIXED, f"model={model}"]
+    paths = benchlib.composed_configs(
+        folder,
+        {
+            "trial0": [*base, "profile=on"],
+            "baseline": base,
+            "candidate": [*base, policy.SCREEN_WARMUP],
+        },
+    )
+    race = RaceProcess.open(folder, "throughput", window_s)
+    ratios, wholes = [], []
+    try:
+        first = race.whole_trial("#0", paths["trial0"], folder / "trial_0")
+        assert first is not None and first.ok, race.error or first
+        floor = policy.contender_floor(OBJECTIVE, first.metrics.__dict__)
+        assert race.add(policy.BASELINE, paths["baseline"]).status == "ok", race.error
+        before = race.measure(policy.BASELINE, window_s, policy.SCREEN_MIN_STEPS)
+        for i in range(per_run):
+            label = f"#{i + 1}"
+            assert race.add(label, paths["candidate"]).status == "ok", race.error
+            give_up = policy.give_up_below(OBJECTIVE, race_options.floor, before.to_json())
+            own = race.measure(label, window_s, policy.SCREEN_MIN_STEPS, False, give_up)
+            race.drop(label)
+            after = race.measure(policy.BASELINE, window_s, policy.SCREEN_MIN_STEPS)
+            ratios.append(own.throughput / math.sqrt(before.throughput * after.throughput))
+            before = after
+        race.drop(policy.BASELINE)
+        for i in range(whole):
+            config = benchlib.composed_configs(
+                folder, {f"whole{i}": [*base, f"++measure.contender_floor={floor!r}"]}
+            )[f"whole{i}"]
+            result = race.whole_trial(f"w{i}", config, folder / f"whole_{i}")
+            assert result is not None and result.ok, race.error or result
+            wholes.append(result.metrics.throughput / first.metrics.throughput)
+    finally:
+        race.close()
+    return {"screen": ratios, "whole": wholes}
+
+
+def _configs() -> list[ConfirmedConfig]:
+    return [
+        ConfirmedConfig(label, i, {}, [], []) for i, label in enumerate(schedule.labels([0, 1]))
+    ]
+
+
+def confirmation(
+    measure: Callable[[ConfirmedConfig, int], Any], plan: schedule.ConfirmPlan, how: str
+) -> dict[str, Any]:
+    """The confirmation's rounds and verdict, as the sweep's end runs them."""
+    options = ConfirmOptions()
+    configs = _configs()
+    rule = PairStop("maximize", options.target_halfwidth)
+    done = run_rounds(configs, plan, OBJECTIVE, measure, rule, how=how)
+    verdict = compare(configs, "maximize", options.target_halfwidth, plan.rounds, done.loads)
+    return verdict["comparisons"][0]
+
+
+def in_process_confirmation(model: str, slowdown: float, trial_s: float) -> dict[str, Any]:
+    """The baseline and candidate1 in one shared process, windows as the confirmation's."""
+    options = ConfirmOptions()
+    folder = Path(tempfile.mkdtemp(prefix="gpuopt-aa-confirm-"))
+    paths = benchlib.composed_configs(folder, arms(model, slowdown))
+    shared = in_process.SharedProcess.start(paths, {}, OBJECTIVE, options.window_s, folder)
+    try:
+        fresh = schedule.plan(options.top_k, options.rounds, options.max_share, DEFAULT_TRIALS, 1)
+        assert fresh is not None
+        first, cap = in_process.window_plan(
+            fresh.rounds, fresh.max_runs, [trial_s] * DEFAULT_TRIALS, [options.window_s] * 2
+        )
+        plan = schedule.ConfirmPlan(1, first, cap)
+        return confirmation(lambda cfg, job: shared.window(cfg.label), plan, "in-process")
+    finally:
+        shared.close()
+
+
+def fresh_confirmation(model: str) -> dict[str, Any]:
+    """The rounds in fresh processes (`python -m gpuopt.run`), the fresh-process plan."""
+    options = ConfirmOptions()
+    overrides = arms(model)
+    plan = schedule.plan(options.top_k, options.rounds, options.max_share, DEFAULT_TRIALS, 1)
+    assert plan is not None
+
+    def measure(cfg: ConfirmedConfig, job: int) -> TrialOutcome:
+        result = benchlib.run_fresh(overrides[cfg.label])
+        value = (result.get("metrics") or {}).get(OBJECTIVE)
+        return TrialOutcome("ok", [value]) if value else TrialOutcome("error", None)
+
+    return confirmation(measure, plan, "fresh processes")
+
+
+def claimed(entry: dict[str, Any]) -> bool:
+    return bool(entry.get("distinguishable"))
+
+
+def summary(values: Sequence[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def race_ways(model: str, runs: int, per_run: int, whole: int, log: Callable) -> dict[str, Any]:
+    floor = RaceOptions().floor
+    per_run_medians, screen, wholes = [], [], []
+    for r in range(runs):
+        out = screen_and_whole(model, per_run, whole)
+        screen += out["screen"]
+        wholes += out["whole"]
+        per_run_medians.append(statistics.median(out["screen"]))
+        log(
+            f"{model} race run {r + 1}/{runs}: screen {fmt(out['screen'])}, whole {fmt(out['whole'])}"
+        )
+    return {
+        "screen": {
+            **summary(screen),
+            "run_medians": per_run_medians,
+            "run_median_spread": max(per_run_medians) - min(per_run_medians),
+            "claims": sum(1 for x in screen if x < floor),
+            "ratios": screen,
+        },
+        "whole": {
+            **summary(wholes),
+            "claims": sum(1 for x in wholes if x < floor or x > 1 / floor),
+            "ratios": wholes,
+        },
+    }
+
+
+def confirm_way(name: str, run: Callable[[], dict[str, Any]], n: int, log: Callable) -> dict:
+    entries = []
+    for i in range(n):
+        entries.append(run())
+        e = entries[-1]
+        log(f"{name} {i + 1}/{n}: {e.get('ratio', 0):.3f}x [{e.get('ci_low')}-{e.get('ci_high')}]")
+    ratios = [e["ratio"] for e in entries if e.get("ratio")]
+    return {
+        **summary(ratios),
+        "claims": sum(1 for e in entries if claimed(e)),
+        "claim_rate": sum(1 for e in entries if claimed(e)) / max(1, len(entries)),
+        "entries": entries,
+    }
+
+
+def fmt(values: Sequence[float]) -> str:
+    return " ".join(f"{v:.2f}" for v in values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", nargs="+", default=["mlp", "cnn", "transformer"])
+    parser.add_argument("--ways", nargs="+", default=["race", "in-process", "fresh", "power"])
+    parser.add_argument("--runs", type=int, default=4, help="race processes per workload")
+    parser.add_argument("--per-run", type=int, default=5, help="screened candidates per run")
+    parser.add_argument("--whole", type=int, default=5, help="whole trials per run")
+    parser.add_argument("--confirmations", type=int, default=20)
+    parser.add_argument("--fresh", type=int, default=20, help="fresh-process confirmations (mlp)")
+    parser.add_argument("--slowdown", type=float, default=0.1)
+    parser.add_argument("--trial-s", type=float, default=5.0, help="a trial's seconds (the plan)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    # the shared processes import scripts/slowed.py (the power's slowed model)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")])
+    )
+    out: dict[str, Any] = {"date": benchlib.now(), "load_before": benchlib.load()}
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    for model in args.workloads:
+        ways: dict[str, Any] = {}
+        if "race" in args.ways:
+            ways.update(race_ways(model, args.runs, args.per_run, args.whole, log))
+        if "in-process" in args.ways:
+            run = functools.partial(in_process_confirmation, model, 0.0, args.trial_s)
+            ways["in-process"] = confirm_way("in-process", run, args.confirmations, log)
+        if "fresh" in args.ways and model == "mlp":
+            run = functools.partial(fresh_confirmation, model)
+            ways["fresh"] = confirm_way("fresh", run, args.fresh, log)
+        if "power" in args.ways:
+            run = functools.partial(in_process_confirmation, model, args.slowdown, args.trial_s)
+            ways["power"] = confirm_way("power", run, args.confirmations, log)
+        out[model] = ways
+        print(
+            model,
+            {k: {m: v[m] for m in ("n", "median", "claims") if m in v} for k, v in ways.items()},
+        )
+    if args.json:
+        out.update(machine=benchlib.machine(), command=benchlib.command_line())
+        benchlib.write_json(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

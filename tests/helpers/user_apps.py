@@ -1,0 +1,236 @@
+"""A user's multi-rank training as a Hydra app that gpuopt sweeps, one per kind, as
+docs/your-training.md writes them (tiny models, measure=quick): a Lightning script whose Trainer
+runs `strategy="ddp"` on `devices=2` (Lightning re-launches the script for rank 1), a
+torchrun-style script (its own `dist.init_process_group("gloo")`, DDP, DistributedSampler,
+`gpuopt.measure_step`) swept with `hydra.launcher.nproc_per_node=2`, and the Hugging Face
+`Trainer` on a small GPT-2 built from its config, also with `nproc_per_node=2`.
+
+Each script's rank `$FAIL_RANK` fails in its training step ("rank 1 broke on purpose"), and each
+process notes its pid in the trial's run directory (`pids/<pid>`), so a test can tell which
+processes a trial had.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Every script: the failing rank and the pid note.
+_COMMON = """
+import os
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+
+FAIL_RANK = int(os.environ.get("FAIL_RANK", "-1"))
+
+
+def note_pid():
+    pids = Path(HydraConfig.get().runtime.output_dir) / "pids"
+    pids.mkdir(exist_ok=True)
+    (pids / str(os.getpid())).touch()
+"""
+
+LIGHTNING = (
+    _COMMON
+    + """
+import hydra
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import gpuopt
+
+
+class Net(L.LightningModule):
+    def __init__(self, hidden, lr):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, 4))
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == FAIL_RANK:
+            raise RuntimeError(f"rank {FAIL_RANK} broke on purpose")
+        x, y = batch
+        return nn.functional.cross_entropy(self.layers(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+@hydra.main(config_path="conf", config_name="config")
+def main(cfg):
+    note_pid()
+    data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+    loader = DataLoader(data, batch_size=cfg.batch_size)
+    meter = gpuopt.MeasureCallback(measure="quick")
+    trainer = L.Trainer(
+        accelerator="cpu", strategy="ddp", devices=2, max_epochs=100, callbacks=[meter],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return meter.fit(trainer, Net(cfg.hidden, cfg.lr), train_dataloaders=loader)
+
+
+if __name__ == "__main__":
+    main()
+"""
+)
+
+TORCHRUN = (
+    _COMMON
+    + """
+import hydra
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import gpuopt
+
+
+@hydra.main(config_path="conf", config_name="config")
+def main(cfg):
+    note_pid()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, 4))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
+    data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+    loader = DataLoader(data, batch_size=cfg.batch_size, sampler=DistributedSampler(data))
+
+    def step(batch):
+        if dist.get_rank() == FAIL_RANK:
+            raise RuntimeError(f"rank {FAIL_RANK} broke on purpose")
+        x, y = batch
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    result = gpuopt.measure_step(step, loader, model=model, optimizer=opt, measure="quick")
+    dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()
+"""
+)
+
+HF = (
+    _COMMON
+    + """
+import hydra
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+import gpuopt
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2048
+
+    def __getitem__(self, i):
+        if int(os.environ.get("RANK", "0")) == FAIL_RANK:
+            raise RuntimeError(f"rank {FAIL_RANK} broke on purpose")
+        ids = torch.randint(0, 256, (32,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+@hydra.main(config_path="conf", config_name="config")
+def main(cfg):
+    note_pid()
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=64, vocab_size=256, n_positions=32)
+    args = TrainingArguments(
+        output_dir=HydraConfig.get().runtime.output_dir,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        max_steps=500, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )
+    meter = gpuopt.HFMeasureCallback(measure="quick")
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Tokens(),
+                      callbacks=[meter])
+    return meter.train(trainer)
+
+
+if __name__ == "__main__":
+    main()
+"""
+)
+
+_SWEEPER = """
+  sweeper:
+    objectives: [throughput]
+    storage: ${gpuopt.sqlite:gpuopt.db}
+    study_name: mine
+    n_trials: 20
+"""
+
+LIGHTNING_CONFIG = (
+    """
+defaults:
+  - override hydra/sweeper: gpuopt
+  - _self_
+batch_size: 32
+hidden: 64
+lr: 0.1
+hydra:"""
+    + _SWEEPER
+    + """    params:
+      batch_size: choice(32, 64)
+"""
+)
+
+TORCHRUN_CONFIG = (
+    """
+defaults:
+  - override hydra/sweeper: gpuopt
+  - override hydra/launcher: fresh_process
+  - _self_
+batch_size: 32
+hidden: 64
+lr: 0.1
+hydra:
+  launcher:
+    nproc_per_node: 2"""
+    + _SWEEPER
+    + """    params:
+      batch_size: choice(32, 64)
+"""
+)
+
+HF_CONFIG = (
+    """
+defaults:
+  - override hydra/sweeper: gpuopt
+  - override hydra/launcher: fresh_process
+  - _self_
+per_device_train_batch_size: 8
+gradient_accumulation_steps: 2
+hydra:
+  launcher:
+    nproc_per_node: 2"""
+    + _SWEEPER
+    + """    params:
+      per_device_train_batch_size: choice(8, 16)
+"""
+)
+
+APPS = {
+    "lightning": (LIGHTNING, LIGHTNING_CONFIG),
+    "torchrun": (TORCHRUN, TORCHRUN_CONFIG),
+    "hf_trainer": (HF, HF_CONFIG),
+}
+
+
+def write_app(folder: Path, kind: str) -> Path:
+    """The app of `kind` (lightning | torchrun | hf_trainer) in `folder`; its script's path."""
+    script, config = APPS[kind]
+    (folder / "conf").mkdir(parents=True, exist_ok=True)
+    (folder / "train.py").write_text(script)
+    (folder / "conf" / "config.yaml").write_text(config)
+    return folder / "train.py"
