@@ -6,8 +6,9 @@ it confirms a real one (the power).
 
 The ways (each with the sweep's own code and constants):
 - screen: a race process as the race runs one (gpuopt.sweeper.race): the baseline as a whole
-  trial, then identical candidates, each built and read in one window between two baseline
-  windows (`policy.SCREEN_*`); the ratio to the baseline windows' geometric mean. A claim: an
+  trial, then the round's control and identical candidates, each built and read in one window
+  between two baseline windows (`policy.SCREEN_*`); the ratio to the baseline windows' geometric
+  mean, over the control's (`policy.calibrated`; the raw ratio kept beside it). A claim: an
   identical candidate read below the race's floor (pruned as "cannot be an answer").
 - whole: the same configuration as whole trials of that process (the race's finalists) against
   the baseline's whole trial. A claim: a finalist read below `measure.contender_floor` (its
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import statistics
 import sys
@@ -77,10 +77,11 @@ def arms(model: str, slowdown: float = 0.0) -> dict[str, list[str]]:
 
 
 def screen_and_whole(model: str, per_run: int, whole: int) -> dict[str, list[float]]:
-    """One race process: the screen's ratios of `per_run` identical candidates, then `whole`
-    whole trials of the same configuration against the baseline's."""
+    """One race process: the screen's ratios of `per_run` identical candidates (raw, and over
+    the round's control as the race reads them: policy.CONTROL), then `whole` whole trials of the
+    same configuration against the baseline's."""
     folder = Path(tempfile.mkdtemp(prefix="gpuopt-aa-"))
-    race_options, window_s = RaceOptions(), RaceOptions().window_s
+    window_s = RaceOptions().window_s
     base = [*FIXED, f"model={model}"]
     paths = benchlib.composed_configs(
         folder,
@@ -91,33 +92,44 @@ def screen_and_whole(model: str, per_run: int, whole: int) -> dict[str, list[flo
         },
     )
     race = RaceProcess.open(folder, "throughput", window_s)
-    ratios, wholes = [], []
     try:
         first = race.whole_trial("#0", paths["trial0"], folder / "trial_0")
         assert first is not None and first.ok, race.error or first
-        floor = policy.contender_floor(OBJECTIVE, first.metrics.__dict__)
         assert race.add(policy.BASELINE, paths["baseline"]).status == "ok", race.error
-        before = race.measure(policy.BASELINE, window_s, policy.SCREEN_MIN_STEPS)
-        for i in range(per_run):
-            label = f"#{i + 1}"
+        labels = [policy.CONTROL, *(f"#{i + 1}" for i in range(per_run))]
+        readings = [race.measure(policy.BASELINE, window_s, policy.SCREEN_MIN_STEPS).throughput]
+        for label in labels:
             assert race.add(label, paths["candidate"]).status == "ok", race.error
-            give_up = policy.give_up_below(OBJECTIVE, race_options.floor, before.to_json())
-            own = race.measure(label, window_s, policy.SCREEN_MIN_STEPS, False, give_up)
+            own = race.measure(label, window_s, policy.SCREEN_MIN_STEPS, False)
             race.drop(label)
             after = race.measure(policy.BASELINE, window_s, policy.SCREEN_MIN_STEPS)
-            ratios.append(own.throughput / math.sqrt(before.throughput * after.throughput))
-            before = after
+            readings += [own.throughput, after.throughput]
+        raw = policy.screen_ratios(policy.screen_order(labels), readings)
+        ratios, _ = policy.calibrated(raw)
         race.drop(policy.BASELINE)
-        for i in range(whole):
-            config = benchlib.composed_configs(
-                folder, {f"whole{i}": [*base, f"++measure.contender_floor={floor!r}"]}
-            )[f"whole{i}"]
-            result = race.whole_trial(f"w{i}", config, folder / f"whole_{i}")
-            assert result is not None and result.ok, race.error or result
-            wholes.append(result.metrics.throughput / first.metrics.throughput)
+        wholes = whole_trials(race, folder, base, first, whole)
     finally:
         race.close()
-    return {"screen": ratios, "whole": wholes}
+    return {
+        "screen": [ratios[label] for label in labels[1:]],
+        "screen_raw": [raw[label] for label in labels[1:]],
+        "whole": wholes,
+    }
+
+
+def whole_trials(race: RaceProcess, folder: Path, base: list[str], first: Any, n: int) -> list:
+    """`n` whole trials of the baseline's configuration, as the race's finalists run, over the
+    baseline's own (trial 0)."""
+    floor = policy.contender_floor(OBJECTIVE, first.metrics.__dict__, RaceOptions().floor)
+    wholes = []
+    for i in range(n):
+        config = benchlib.composed_configs(
+            folder, {f"whole{i}": [*base, f"++measure.contender_floor={floor!r}"]}
+        )[f"whole{i}"]
+        result = race.whole_trial(f"w{i}", config, folder / f"whole_{i}")
+        assert result is not None and result.ok, race.error or result
+        wholes.append(result.metrics.throughput / first.metrics.throughput)
+    return wholes
 
 
 def _configs() -> list[ConfirmedConfig]:
@@ -188,19 +200,22 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
 
 def race_ways(model: str, runs: int, per_run: int, whole: int, log: Callable) -> dict[str, Any]:
     floor = RaceOptions().floor
-    per_run_medians, screen, wholes = [], [], []
+    per_run_medians, raw_medians, screen, wholes = [], [], [], []
     for r in range(runs):
         out = screen_and_whole(model, per_run, whole)
         screen += out["screen"]
         wholes += out["whole"]
         per_run_medians.append(statistics.median(out["screen"]))
+        raw_medians.append(statistics.median(out["screen_raw"]))
         log(
-            f"{model} race run {r + 1}/{runs}: screen {fmt(out['screen'])}, whole {fmt(out['whole'])}"
+            f"{model} race run {r + 1}/{runs}: screen {fmt(out['screen'])} "
+            f"(raw {fmt(out['screen_raw'])}), whole {fmt(out['whole'])}"
         )
     return {
         "screen": {
             **summary(screen),
             "run_medians": per_run_medians,
+            "raw_run_medians": raw_medians,
             "run_median_spread": max(per_run_medians) - min(per_run_medians),
             "claims": sum(1 for x in screen if x < floor),
             "ratios": screen,

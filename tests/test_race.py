@@ -58,6 +58,19 @@ def test_for_step_time_lower_is_faster_and_the_ratio_says_so() -> None:
     assert ratios["a"] == pytest.approx(2.0)
 
 
+def test_every_candidates_ratio_is_read_over_the_rounds_control() -> None:
+    """The control (the baseline's configuration built as a candidate) read 1.2x the baseline's
+    windows: a build made now gains that much, so a candidate read 1.2x is the baseline's
+    equal; a failed candidate window stays without a ratio."""
+    raw = {"#1": 1.2, "#2": 1.5, "#3": None, policy.CONTROL: 1.2}
+    ratios, control = policy.calibrated(raw)
+    assert control == 1.2 and set(ratios) == {"#1", "#2", "#3"}
+    assert ratios["#1"] == pytest.approx(1.0) and ratios["#2"] == pytest.approx(1.25)
+    assert ratios["#3"] is None
+    # the control's own window failed: the ratios as read, none of them its
+    assert policy.calibrated({"#1": 1.2, policy.CONTROL: None}) == ({"#1": 1.2}, None)
+
+
 def test_the_best_finalists_by_ratio_go_on() -> None:
     ratios = {"a": 1.2, "b": 3.0, "c": 0.4, "d": 2.5}
     assert policy.finalists(ratios, 2) == ["b", "d"]
@@ -96,10 +109,11 @@ def test_the_summary_says_when_no_candidate_was_a_contender() -> None:
     assert policy.no_contender_note([baseline, _raced(4, TrialState.PRUNED, 1.3)]) is None
 
 
-def test_the_finalists_contender_floor_is_the_baselines_throughput_for_a_throughput_goal():
+def test_the_finalists_contender_floor_is_the_races_floor_of_the_baselines_throughput():
     attrs = {"throughput": 283.1}
-    assert policy.contender_floor("throughput_amortized", attrs) == 283.1
+    assert policy.contender_floor("throughput_amortized", attrs, 0.9) == pytest.approx(254.79)
     assert policy.contender_floor("throughput", attrs) == 283.1
+    assert policy.contender_floor("throughput", attrs, 0.0) is None  # race.floor=0: no floor
     assert policy.contender_floor("step_time_ms", attrs) is None  # a smaller batch can win at less
     assert policy.contender_floor("throughput", {}) is None
     assert policy.contender_floor("throughput", {"throughput": 0.0}) is None
@@ -365,6 +379,7 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     assert finalist.user_attrs[ATTR_RACE]["seconds"] > 0
     screen = finalist.user_attrs[ATTR_RACE]  # what the screen read of it, beside its whole trial
     assert screen["rank"] == 1 and screen["of"] == 3 and math.isfinite(screen["ratio"])
+    assert screen["control"] > 0  # the round's control was built and read: ratios over it
     assert screen["ratio"] >= max(t.user_attrs[ATTR_RACE]["ratio"] for t in pruned)
     # the screen's best is the largest batch of the screen (fixed speeds: the fastest, or equal to
     # it); a whole trial with its extras: it reads faster than the baseline (batch 32), the floor

@@ -88,9 +88,10 @@ def test_the_clock_leaves_out_what_a_trial_did_not_run_and_keeps_a_failures_phas
 
 
 def test_a_window_below_the_contender_floor_skips_the_extras_only_an_answer_needs(compose_cfg):
-    """measure.contender_floor (the race's baseline throughput): a finalist slower in its own
-    window gets no profile, compute ceiling or numerics guard, says so, and its math change is
-    "not checked" (never the same training); at or above the floor every extra runs."""
+    """measure.contender_floor (the race's floor of its baseline's throughput): a finalist
+    slower in its own window gets no profile, compute ceiling or numerics guard, says so, and
+    its math change is "not checked" (never the same training); at or above the floor every
+    extra runs."""
     import optuna
 
     from gpuopt.study.rules import numerics_unchecked

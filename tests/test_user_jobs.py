@@ -1,6 +1,7 @@
 """A user's own training measured as one trial however it runs: the Hugging Face Trainer
-(gpuopt.HFMeasureCallback) in one process and under torchrun, and a torchrun-style script that
-initialized its own process group (gpuopt.measure_step returns the job's result). Real parts:
+(gpuopt.HFMeasureCallback) in one process, and a torchrun-style script that initialized its own
+process group (gpuopt.measure_step returns the job's result). The Trainer under torchrun and a
+failing rank are swept in tests/test_user_sweeps.py (one run of each path, not two). Real parts:
 the real Trainer on a GPT-2 built from a config, gloo at world size 2 on the 2 cores, torch's own
 `torch.distributed.run` (torchrun) starting the ranks."""
 
@@ -76,17 +77,6 @@ def test_a_trainer_that_diverges_or_ends_too_soon_is_a_status_not_an_exception(t
     assert short.status is Status.ERROR and "before the timed window did" in (short.reason or "")
 
 
-def test_the_hf_trainer_under_torchrun_reports_the_jobs_result(tmp_path):
-    result, output = _run(tmp_path, HF_SCRIPT, nproc=2)
-    assert result is not None, output
-    assert result.status is Status.OK, result.reason
-    m = result.metrics
-    assert m.world_size == 2 and m.global_batch == 8 * 2 * 2
-    assert result.ranks is not None and [r["rank"] for r in result.ranks] == [0, 1]
-    # aligned windows: every rank stopped after the same optimizer step
-    assert len({r["timed_steps"] for r in result.ranks}) == 1
-
-
 def test_a_torchrun_script_gets_the_jobs_result_from_measure_step(tmp_path):
     result, output = _run(tmp_path, TORCHRUN_SCRIPT, nproc=2)
     assert result is not None, output
@@ -95,9 +85,3 @@ def test_a_torchrun_script_gets_the_jobs_result_from_measure_step(tmp_path):
     assert m.world_size == 2 and m.global_batch == 32 and m.straggler_rank in (0, 1)
     assert len({r["timed_steps"] for r in result.ranks or []}) == 1
     assert "no compute ceiling in a multi-rank job" in " ".join(result.warnings)
-
-
-def test_a_failing_rank_of_a_torchrun_script_ends_the_job_with_its_own_error(tmp_path):
-    result, output = _run(tmp_path, TORCHRUN_SCRIPT, nproc=2, FAIL_RANK="1")
-    assert result is None  # rank 0 never got a result: the launcher ended it
-    assert "rank 1 broke on purpose" in output

@@ -334,15 +334,16 @@ def skip_extras(trial: Trial) -> bool:
     then it skips the extras only an answer needs (the profiled window, the compute ceiling, the
     numerics guard: seconds each on a large batch, the guard's fp32 reference most), and says so
     (a warning, `extras_skipped`, and, where its math changed, numerics "not checked": never the
-    same training). The race sets the floor to its baseline's throughput for its finalists' whole
-    trials: a finalist its own whole trial reads slower than the baseline is no answer
+    same training). The race sets the floor to race.floor x its baseline's throughput for its
+    finalists' whole trials: a finalist its own whole trial reads below that is no answer
     (gpuopt.sweeper.confirm.schedule.candidates leaves it out), so its guard would decide nothing."""
     floor, throughput = trial.spec.measure.contender_floor, trial.metrics.throughput
     if floor is None or throughput is None or throughput >= floor:
         return False
     why = (
         f"its window read {throughput:.4g} samples/s, below measure.contender_floor={floor:.4g} "
-        "(the race's baseline): no answer, so no profile, compute ceiling or numerics guard"
+        "(the race's floor of its baseline): no answer, so no profile, compute ceiling or "
+        "numerics guard"
     )
     trial.extras_skipped = why
     trial.warnings.append(f"extras skipped: {why}")

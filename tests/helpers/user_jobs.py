@@ -1,7 +1,7 @@
 """Scripts of a user's own multi-rank training, as a user writes them from docs/your-training.md:
 a torchrun-style script (its own process group, DDP, DistributedSampler, gpuopt.measure_step) and
 a Hugging Face Trainer script (gpuopt.HFMeasureCallback) on a small GPT-2 built from its config.
-Each saves rank 0's result to the path in $RESULT; `FAIL_RANK=N` makes rank N's step raise."""
+Each saves rank 0's result to the path in $RESULT."""
 
 TORCHRUN_SCRIPT = """
 import os, sys
@@ -16,11 +16,8 @@ ddp = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
 data = TensorDataset(torch.randn(2048, 32), torch.randint(0, 4, (2048,)))
 loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
-fail_rank = int(os.environ.get("FAIL_RANK", "-1"))
 
 def step(batch):
-    if dist.get_rank() == fail_rank:
-        raise RuntimeError(f"rank {fail_rank} broke on purpose")
     x, y = batch
     loss = torch.nn.functional.cross_entropy(ddp(x), y)
     opt.zero_grad()

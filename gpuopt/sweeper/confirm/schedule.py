@@ -28,8 +28,9 @@ def candidates(
 ) -> tuple[Any | None, list[Any], list[Any]]:
     """(the feasible baseline, the other feasible trials best first with one per distinct params
     and none with the baseline's, every feasible trial). A trial that skipped its extras (its
-    window read slower than the race's baseline: `extras_skipped`, gpuopt.engines.native) is no
-    candidate: it is no answer, and its math change went unchecked."""
+    window read below the race's floor of its baseline: `extras_skipped`,
+    gpuopt.engines.native) is no candidate: it is no answer, and its math change went
+    unchecked."""
     feasible = feasible_trials(trials)
     baseline = next((t for t in feasible if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is None:

@@ -99,9 +99,14 @@ class RaceRunner(TrialRunner):
     objective: str = "throughput"
     directory: Path = Path("race")
     process: RaceProcess | None = None  # the race's process, once started
-    # The finalists' measure.contender_floor: the baseline's whole-trial throughput (samples/s),
-    # for a throughput objective; a finalist its whole trial reads slower skips its extras.
+    # The finalists' measure.contender_floor: race.floor x the baseline's whole-trial throughput
+    # (samples/s), for a throughput objective; a finalist its whole trial reads slower skips its
+    # extras.
     floor: float | None = None
+    baseline_overrides: list[str] = field(default_factory=list)  # the baseline trial's
+    # This round's control (policy.CONTROL): the baseline's configuration built as a candidate,
+    # its ratio to the baseline's windows; every candidate's is read over it.
+    control: float | None = None
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """The race; its process stays open (`process`) until the caller closes it."""
@@ -186,7 +191,10 @@ class RaceRunner(TrialRunner):
             done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
             return False
-        self.floor = policy.contender_floor(self.objective, done.user_attrs)
+        self.floor = policy.contender_floor(
+            self.objective, done.user_attrs, self.options.race.floor
+        )
+        self.baseline_overrides = overrides
         answer = race.add(policy.BASELINE, self._config_file(overrides, policy.BASELINE))
         return answer.status == "ok"
 
@@ -197,7 +205,7 @@ class RaceRunner(TrialRunner):
         window_s, steps = self.options.race.window_s, policy.SCREEN_MIN_STEPS
         metric = policy.SCREEN_METRIC[self.objective]
         screened = []
-        previous = race.measure(policy.BASELINE, window_s, steps)
+        previous = self._screen_control(race, race.measure(policy.BASELINE, window_s, steps))
         for trial in trials:
             entry = self._screen_one(trial, space, race, previous)
             if race.error:  # too slow, or the process died with it: a new one, the baseline first
@@ -210,6 +218,35 @@ class RaceRunner(TrialRunner):
             screened.append(entry)
             log.info(screen_line(entry, len(screened), len(trials), self.objective))
         return screened
+
+    def _screen_control(self, race: RaceProcess, before: Reading | Failure) -> Reading | Failure:
+        """The round's control (policy.CONTROL) built and read between two baseline windows as a
+        candidate is; the second baseline window."""
+        window_s, steps = self.options.race.window_s, policy.SCREEN_MIN_STEPS
+        screened_as = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
+        config = self._config_file(screened_as, policy.CONTROL)
+        built = race.add(policy.CONTROL, config, timeout_s=policy.SCREEN_TIMEOUT_S)
+        own = (
+            race.measure(policy.CONTROL, window_s, steps, settle=False)
+            if built.status == "ok"
+            else built
+        )
+        race.drop(policy.CONTROL)
+        after = race.measure(policy.BASELINE, window_s, steps)
+        metric = policy.SCREEN_METRIC[self.objective]
+        readings = [_value(before, metric), _value(own, metric), _value(after, metric)]
+        order = [policy.BASELINE, policy.CONTROL, policy.BASELINE]
+        self.control = policy.screen_ratios(order, readings, metric != "step_time_ms")[
+            policy.CONTROL
+        ]
+        if self.control is not None:
+            log.info(
+                "race: the baseline's own configuration, built as a candidate, read %.2fx the "
+                "baseline's windows: every candidate is read over it (where a build's tensors "
+                'land sets its speed: docs/searching.md, "The race")',
+                self.control,
+            )
+        return after
 
     def _screen_one(
         self, trial: Trial, space: SearchSpace, race: RaceProcess, baseline: Reading | Failure
@@ -225,7 +262,8 @@ class RaceRunner(TrialRunner):
         entry.build_s = built.command_s
         if isinstance(built, Added):
             entry.config, options = built.config, self.options.race
-            give_up = policy.give_up_below(self.objective, options.floor, baseline.to_json())
+            floor = options.floor * (self.control or 1.0)  # the floor, as a build here reads it
+            give_up = policy.give_up_below(self.objective, floor, baseline.to_json())
             entry.window = race.measure(
                 entry.label,
                 options.window_s,
@@ -261,7 +299,8 @@ class RaceRunner(TrialRunner):
         readings = [screened[0].baseline_before] if screened else [None]
         for entry in screened:
             readings += [_value(entry.window, metric), entry.baseline_after]
-        ratios = policy.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
+        raw = policy.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
+        ratios, _ = policy.calibrated({**raw, policy.CONTROL: self.control})
         self.same_training = _keeping_training(study, screened)
         race = self.options.race
         chosen = policy.finalists(ratios, race.finalists, race.floor, self.same_training)
@@ -289,6 +328,7 @@ class RaceRunner(TrialRunner):
             "of": len(ratios),
             "window_s": self.options.race.window_s,
             "floor": self.options.race.floor,
+            "control": self.control,  # the ratio is over the control's (policy.CONTROL)
             "same_training": entry.label in self.same_training,  # holds the global batch and lr
             "window": {
                 **(entry.window.to_json() if entry.window else {}),
