@@ -537,3 +537,84 @@ def test_the_race_keeps_a_same_training_finalist_and_records_which_candidates_ke
     # the best overall at the baseline's batch: one finalist serves both answers
     chosen, _ = _decided([(32, 2, 250.0), (256, 1, 212.0), (32, 1, 123.0)])
     assert chosen == ["#1", "#2"]
+
+
+# ---- the round's control: built, read between baseline windows, dropped ---------------------------
+
+
+class _ScriptedRace:
+    """A race process that reads each label at a set throughput; `dies_on` a label's window
+    ends the process (its `error` set, as a real one's is)."""
+
+    def __init__(self, readings: dict[str, float], dies_on: str | None = None) -> None:
+        self.readings, self.dies_on, self.error = readings, dies_on, None
+        self.calls: list[tuple[str, str]] = []
+
+    def add(self, label, config, timeout_s=None):
+        from gpuopt.core.shared_protocol import Added
+
+        self.calls.append(("add", label))
+        return Added(label, config={})
+
+    def measure(self, label, window_s, min_steps, settle=True, give_up_below=None):
+        from gpuopt.core.shared_protocol import Failure, Reading
+
+        self.calls.append(("measure", label))
+        if label == self.dies_on:
+            self.error = "the race process died"
+            return Failure(label, status="error", reason=self.error)
+        value = self.readings[label]
+        return Reading(label, throughput=value, throughput_amortized=value, step_time_ms=1.0,
+                       steps=3, seconds=0.3)  # fmt: skip
+
+    def drop(self, label):
+        self.calls.append(("drop", label))
+
+
+def _control_runner(tmp_path: Path, monkeypatch, restarted: list):
+    from gpuopt.sweeper.race.runner import RaceRunner
+
+    runner = RaceRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+    monkeypatch.setattr(runner, "_config_file", lambda overrides, name: tmp_path / f"{name}.yaml")
+    fresh = _ScriptedRace({policy.BASELINE: 90.0})
+    monkeypatch.setattr(runner, "_restart", lambda: restarted.append(fresh) or fresh)
+    return runner
+
+
+def test_the_control_is_read_between_two_baseline_windows_and_dropped(tmp_path, monkeypatch):
+    restarted: list = []
+    runner = _control_runner(tmp_path, monkeypatch, restarted)
+    race = _ScriptedRace({policy.BASELINE: 100.0, policy.CONTROL: 80.0})
+    before = race.measure(policy.BASELINE, 0.3, 3)
+    same, after = runner._screen_control(race, before)
+    assert same is race and not restarted and after.throughput == 100.0
+    assert runner.control == pytest.approx(0.8)  # candidates are read over 0.8x from here on
+    assert race.calls[1:] == [("add", policy.CONTROL), ("measure", policy.CONTROL),
+                              ("drop", policy.CONTROL), ("measure", policy.BASELINE)]  # fmt: skip
+
+
+def test_a_control_that_costs_the_process_leaves_the_round_uncalibrated(tmp_path, monkeypatch):
+    """The process died in the control's window: a new one (the baseline built first), its
+    baseline window the next candidate's neighbour, and no control for the round."""
+    restarted: list = []
+    runner = _control_runner(tmp_path, monkeypatch, restarted)
+    runner.control = 1.3  # a previous round's: not carried over
+    race = _ScriptedRace({policy.BASELINE: 100.0}, dies_on=policy.CONTROL)
+    new, after = runner._screen_control(race, race.measure(policy.BASELINE, 0.3, 3))
+    assert restarted == [new] and new is not race and after.throughput == 90.0
+    assert runner.control is None
+    assert ("drop", policy.CONTROL) not in race.calls
+
+
+def test_the_screens_progress_line_gives_the_ratio_the_race_decides_on() -> None:
+    """Read over the round's control, as `_decide` reads it: the log and the pruned trial's
+    reason never disagree."""
+    from gpuopt.core.shared_protocol import Reading
+    from gpuopt.sweeper.race.runner import Screened, screen_line
+
+    window = Reading("#3", throughput=200.0, throughput_amortized=200.0, step_time_ms=1.0,
+                     steps=3, seconds=0.3)  # fmt: skip
+    entry = Screened(SimpleNamespace(number=3), [], "#3", {}, window, 100.0, 100.0)
+    line = screen_line(entry, 2, 9, "throughput_amortized", control=0.8)
+    assert line.startswith("race: screened 2/9 #3: throughput=200 (2.50x the baseline)")
+    assert "(2.00x the baseline)" in screen_line(entry, 2, 9, "throughput_amortized")

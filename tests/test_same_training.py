@@ -309,6 +309,30 @@ def _reported(number, batch, reported, value, baseline=False):
     return trial
 
 
+def test_another_compute_dtype_no_guard_checked_is_not_the_same_training():
+    """A Trainer's `bf16=true` at the baseline's global batch and lr (a task of its own: no
+    numerics guard runs there) trains in another dtype: no evidence it trains the same thing. The
+    same dtype is, and so is a dtype change the guard checked and passed."""
+    from gpuopt.study.rules import pick_same_training, same_training, training_change
+
+    base, fp32, bf16 = (
+        _reported(n, 64, True, v, baseline=n == 0) for n, v in enumerate((10, 12, 20))
+    )
+    base.user_attrs["compute_dtype"] = fp32.user_attrs["compute_dtype"] = "fp32"
+    bf16.user_attrs["compute_dtype"] = "bf16"
+    assert same_training(fp32, base) and not same_training(bf16, base)
+    assert training_change(base, bf16) == (
+        "computes in another dtype (fp32 -> bf16) and no numerics guard checked it (gpuopt's "
+        "guard runs in its own app): re-validate the training"
+    )
+    assert pick_same_training([base, fp32, bf16], base, ["maximize"], None) is fp32
+    bf16.user_attrs["numerics"] = {"passed": True, "changes": ["precision bf16"]}
+    assert same_training(bf16, base)
+    base.user_attrs["compute_dtype"] = None  # an older study: nothing to compare
+    bf16.user_attrs.pop("numerics")
+    assert same_training(bf16, base)
+
+
 def test_an_unreported_global_batch_is_unknown_never_the_same_training():
     """Issue 22: null == null is no evidence; the answers say so and name the changed keys."""
     from gpuopt.study.answers import Shown, TwoAnswers, two_answers
@@ -529,3 +553,20 @@ def test_the_confirmation_keeps_both_answers_in_fewer_rounds_where_the_cap_is_ti
     assert plan(2, 4, 1.0, 8, 2, keep=2).top_k == 2 and plan(2, 4, 1.0, 8, 2, keep=2).rounds == 2
     assert plan(2, 4, 1.0, 8, 2).top_k == 1  # nothing to keep: the weakest goes, as before
     assert plan(2, 4, 1.0, 5, 2, keep=2).top_k == 1  # not even 2 rounds of both: the best stays
+
+
+def test_a_same_training_finalist_below_the_floor_in_its_whole_trial_is_the_evidence_for_keep():
+    """The race kept #1 (batch 32, bf16) as its same-training finalist; its whole trial read below
+    the race's floor of the baseline, so it skipped its extras, the guard among them: answer (a)
+    is the baseline, and the evidence says why with the floor it missed."""
+    from gpuopt.study.answers import same_training_evidence
+
+    base, finalist = _frozen(0, 32, 10.0, baseline=True), _frozen(1, 32, 8.0)
+    base.number, finalist.number = 0, 1
+    finalist.user_attrs.update(
+        race={"same_training": True, "floor": 0.9, "ratio": 1.02},
+        extras_skipped="its window read 8 samples/s, below measure.contender_floor=9",
+        numerics={"passed": None, "not_run": "extras skipped", "changes": ["precision bf16"]},
+    )
+    evidence = same_training_evidence([base, finalist], base, None, "global batch 32")
+    assert evidence == "same-training #1 read below 0.9x the baseline in its whole trial"

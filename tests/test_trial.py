@@ -56,6 +56,7 @@ def _assert_measured(result, max_steps=6):
     assert m.flops_per_sample > 0 and m.mfu is None  # no documented peak for a CPU
     assert m.peak_memory_mb >= 0 and m.startup_time_s > 0 and m.warmup_time_s > 0
     assert m.compile_time_s == 0.0
+    assert m.compute_dtype == result.config["precision"]["mode"]  # the guard's evidence needs it
     assert m.power_w is None and m.energy_per_sample_j is None  # no NVML on CPU
     # /proc/stat's steal share; unknown (None) only for a window no clock tick (10 ms) fell in.
     if m.cpu_steal_pct is None:

@@ -59,6 +59,7 @@ def test_the_hf_trainer_is_measured_in_optimizer_steps_with_its_global_batch(tmp
     m = result.metrics
     # 8 per device x 2 accumulated micro-batches, one process: what one optimizer step trains on
     assert (m.micro_batch, m.accumulation_steps, m.global_batch) == (8, 2, 16)
+    assert m.compute_dtype == "fp32"  # no bf16/fp16/tf32 in its arguments
     assert m.lr == pytest.approx(5e-5)
     assert m.timed_steps and m.timed_steps >= 5 and m.throughput and m.throughput > 0
     assert m.data_wait is not None and 0 <= m.data_wait < 100

@@ -203,6 +203,10 @@ class Metrics:
         meaning="the timed window's seconds")
     stop_reason: str | None = record("",
         meaning="why the window stopped: `stable`, `budget`, `max_steps`")
+    compute_dtype: str | None = record("", meaning="the dtype the step computes in (`fp32`, "
+        "`tf32`, `bf16`, `fp16`: gpuopt's `precision`, a Trainer's or HF arguments' precision, "
+        "`measure_step(precision=...)`); a trial whose dtype is not the baseline's is [the same "
+        "training](same-training.md) only where the numerics guard checked it")
     global_batch: int | None = record("samples", meaning="samples per optimizer step (one timed "
         "step = one optimizer step); null where the task did not report it: then no trial is "
         "[the same training](same-training.md)")

@@ -218,6 +218,7 @@ def record_window(
     import torch
 
     m.timed_steps, m.timed_seconds, m.stop_reason = window.steps, window.wall_s, window.stop_reason
+    m.compute_dtype = precision_mode
     m.throughput = samples / window.wall_s
     m.startup_time_s = window.first_step_at - process_t0
     stats = step_stats(window.step_times)

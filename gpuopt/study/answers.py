@@ -233,9 +233,12 @@ def _screened_evidence(trials: Sequence[Any], baseline: Any) -> str | None:
         if isinstance(t.user_attrs.get(ATTR_RACE), dict)
         and t.user_attrs[ATTR_RACE].get("same_training")
     ]
-    slower = [t for t, _ in records if t.user_attrs.get(ATTR_EXTRAS_SKIPPED)]
+    slower = [(t, r) for t, r in records if t.user_attrs.get(ATTR_EXTRAS_SKIPPED)]
     if slower:
-        return f"same-training #{slower[0].number} read slower than the baseline in its whole trial"
+        trial, record = slower[0]
+        floor = record.get("floor")
+        below = f"{floor:g}x the baseline" if isinstance(floor, int | float) else "the baseline"
+        return f"same-training #{trial.number} read below {below} in its whole trial"
     whole = [t for t, _ in records if t.state == TrialState.COMPLETE]
     if whole:  # held the global batch, but not the training: the guard said no
         return f"#{whole[0].number} held the global batch: {training_change(baseline, whole[0])}"

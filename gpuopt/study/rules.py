@@ -237,16 +237,33 @@ def numerics_unchecked(trial: FrozenTrial) -> str | None:
     return None
 
 
+def dtype_unchecked(trial: FrozenTrial, baseline: FrozenTrial) -> str | None:
+    """ "fp32 -> bf16" where `trial` computes in another dtype than the baseline (its
+    `compute_dtype`) and no numerics guard checked it (gpuopt's own app guards its trials; a
+    task of its own, the HF Trainer's `bf16` say, has no guard): then gpuopt has no evidence
+    that it trains the same thing. None: the same dtype, unknown, or checked."""
+    before, after = baseline.user_attrs.get("compute_dtype"), trial.user_attrs.get("compute_dtype")
+    if not before or not after or before == after:
+        return None
+    evidence = trial.user_attrs.get(ATTR_NUMERICS)
+    if isinstance(evidence, dict) and evidence.get("passed") is not None:
+        return None
+    return f"{before} -> {after}"
+
+
 def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
     """Whether `trial` trains what the baseline trains: the same global batch and effective
-    learning rate, and no numerics violation (the guard's drift within tolerance). Never without
-    evidence: a trial or baseline that did not report its global batch or lr is not the same
-    training (two unknowns are not equal), only the baseline itself is."""
+    learning rate, and no numerics violation (the guard's drift within tolerance; a compute
+    dtype of its own only where the guard checked it). Never without evidence: a trial or
+    baseline that did not report its global batch or lr is not the same training (two unknowns
+    are not equal), only the baseline itself is."""
     if baseline is None:
         return False
     if trial.number == baseline.number:
         return True
     if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0 or numerics_unchecked(trial):
+        return False
+    if dtype_unchecked(trial, baseline):
         return False
     if unknown_training(trial) or unknown_training(baseline):
         return False
@@ -296,6 +313,12 @@ def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> 
     unchecked = numerics_unchecked(trial)
     if unchecked:
         return f"numerics not checked (the guard did not run: {unchecked}): re-validate"
+    dtype = dtype_unchecked(trial, baseline)
+    if dtype:
+        return (
+            f"computes in another dtype ({dtype}) and no numerics guard checked it (gpuopt's "
+            "guard runs in its own app): re-validate the training"
+        )
     missing = unknown_training(baseline) or unknown_training(trial)
     if missing:
         keys = changed_keys(baseline, trial)

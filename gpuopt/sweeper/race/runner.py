@@ -205,7 +205,7 @@ class RaceRunner(TrialRunner):
         window_s, steps = self.options.race.window_s, policy.SCREEN_MIN_STEPS
         metric = policy.SCREEN_METRIC[self.objective]
         screened = []
-        previous = self._screen_control(race, race.measure(policy.BASELINE, window_s, steps))
+        race, previous = self._screen_control(race, race.measure(policy.BASELINE, window_s, steps))
         for trial in trials:
             entry = self._screen_one(trial, space, race, previous)
             if race.error:  # too slow, or the process died with it: a new one, the baseline first
@@ -216,29 +216,34 @@ class RaceRunner(TrialRunner):
             previous = race.measure(policy.BASELINE, window_s, steps)
             entry.baseline_after = _value(previous, metric)
             screened.append(entry)
-            log.info(screen_line(entry, len(screened), len(trials), self.objective))
+            log.info(screen_line(entry, len(screened), len(trials), self.objective, self.control))
         return screened
 
-    def _screen_control(self, race: RaceProcess, before: Reading | Failure) -> Reading | Failure:
+    def _screen_control(
+        self, race: RaceProcess, before: Reading | Failure
+    ) -> tuple[RaceProcess, Reading | Failure]:
         """The round's control (policy.CONTROL) built and read between two baseline windows as a
-        candidate is; the second baseline window."""
+        candidate is: (the race process, a new one where the control's cost the old one; the
+        second baseline window). No control for the round (`control` None: ratios as read) when
+        its window failed."""
         window_s, steps = self.options.race.window_s, policy.SCREEN_MIN_STEPS
         screened_as = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
         config = self._config_file(screened_as, policy.CONTROL)
         built = race.add(policy.CONTROL, config, timeout_s=policy.SCREEN_TIMEOUT_S)
-        own = (
-            race.measure(policy.CONTROL, window_s, steps, settle=False)
-            if built.status == "ok"
-            else built
-        )
-        race.drop(policy.CONTROL)
+        ok = isinstance(built, Added)
+        own = race.measure(policy.CONTROL, window_s, steps, settle=False) if ok else built
+        if race.error:  # the process died with it: a new one, the baseline first, no control
+            self.control = None
+            race = self._restart()
+            return race, race.measure(policy.BASELINE, window_s, steps)
+        if ok:
+            race.drop(policy.CONTROL)
         after = race.measure(policy.BASELINE, window_s, steps)
         metric = policy.SCREEN_METRIC[self.objective]
         readings = [_value(before, metric), _value(own, metric), _value(after, metric)]
         order = [policy.BASELINE, policy.CONTROL, policy.BASELINE]
-        self.control = policy.screen_ratios(order, readings, metric != "step_time_ms")[
-            policy.CONTROL
-        ]
+        higher_is_better = metric != "step_time_ms"
+        self.control = policy.screen_ratios(order, readings, higher_is_better)[policy.CONTROL]
         if self.control is not None:
             log.info(
                 "race: the baseline's own configuration, built as a candidate, read %.2fx the "
@@ -246,7 +251,7 @@ class RaceRunner(TrialRunner):
                 'land sets its speed: docs/searching.md, "The race")',
                 self.control,
             )
-        return after
+        return race, after
 
     def _screen_one(
         self, trial: Trial, space: SearchSpace, race: RaceProcess, baseline: Reading | Failure
@@ -432,18 +437,24 @@ def _done_baseline(study: optuna.Study) -> Any:
     return None
 
 
-def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
-    """The progress line of one screened candidate (the screen can take a while)."""
+def screen_line(
+    entry: Screened, done: int, total: int, objective: str, control: float | None = None
+) -> str:
+    """The progress line of one screened candidate (the screen can take a while): its ratio as
+    the race decides on it (over its baseline windows, then over the round's `control`)."""
     head = f"race: screened {done}/{total} #{entry.trial.number}"
     if entry.failure is not None:
         return f"{head} {entry.failure.status.value}: {entry.failure.reason}"
     if isinstance(entry.window, Failure):  # too slow to screen
         return f"{head}: too slow to screen ({entry.window.reason})"
     metric = policy.SCREEN_METRIC[objective]
-    reading, sides = _value(entry.window, metric), [entry.baseline_before, entry.baseline_after]
-    known = [s for s in sides if s]
-    ratio = f" ({reading / (sum(known) / len(known)):.2f}x the baseline's)" if known else ""
-    return f"{head}: {metric}={reading:.4g}{ratio}, built in {entry.build_s or 0.0:.1f} s"
+    reading = _value(entry.window, metric)
+    readings = [entry.baseline_before, reading, entry.baseline_after]
+    order = [policy.BASELINE, entry.label, policy.BASELINE]
+    raw = policy.screen_ratios(order, readings, metric != "step_time_ms")
+    ratio = policy.calibrated({**raw, policy.CONTROL: control})[0][entry.label]
+    said = "" if ratio is None else f" ({ratio:.2f}x the baseline)"
+    return f"{head}: {metric}={reading:.4g}{said}, built in {entry.build_s or 0.0:.1f} s"
 
 
 def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int, race: Any) -> str:
