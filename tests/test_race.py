@@ -381,12 +381,11 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     assert screen["rank"] == 1 and screen["of"] == 3 and math.isfinite(screen["ratio"])
     assert screen["control"] > 0  # the round's control was built and read: ratios over it
     assert screen["ratio"] >= max(t.user_attrs[ATTR_RACE]["ratio"] for t in pruned)
-    # the screen's best is the largest batch of the screen (fixed speeds: the fastest, or equal to
-    # it); a whole trial with its extras: it reads faster than the baseline (batch 32), the floor
-    # of the extras (measure.contender_floor)
+    # the screen's best is the largest batch of the screen (fixed speeds: the fastest by
+    # construction, tests/helpers/fixed_speed.py, so no two readings are compared here); a whole
+    # trial with its extras
     batches = [t.params["loader.batch_size"] for t in trials[1:]]
     assert finalist.params["loader.batch_size"] == max(batches)
-    assert finalist.user_attrs["throughput"] > baseline.user_attrs["throughput"]
     assert finalist.user_attrs["profile"] and "extras_skipped" not in finalist.user_attrs
     # every whole trial ran in the race's one process: no launcher job of its own
     sweep_dir = Path(finalist.user_attrs["run_dir"]).parent

@@ -162,62 +162,33 @@ if __name__ == "__main__":
 """
 )
 
-_SWEEPER = """
-  sweeper:
-    objectives: [throughput]
-    storage: ${gpuopt.sqlite:gpuopt.db}
-    study_name: mine
-    n_trials: 20
-"""
 
-LIGHTNING_CONFIG = (
-    """
-defaults:
-  - override hydra/sweeper: gpuopt
-  - _self_
-batch_size: 32
-hidden: 64
-lr: 0.1
-hydra:"""
-    + _SWEEPER
-    + """    params:
-      batch_size: choice(32, 64)
-"""
+def _config(keys: str, searched: str, ranks_started_by_gpuopt: bool) -> str:
+    """An app's conf/config.yaml: gpuopt's sweeper over `searched` (one key's choice), and where
+    gpuopt starts the ranks (torchrun-style, the HF Trainer), fresh_process with 2 per trial;
+    Lightning starts its own."""
+    launcher = "  - override hydra/launcher: fresh_process\n" if ranks_started_by_gpuopt else ""
+    ranks = "  launcher:\n    nproc_per_node: 2\n" if ranks_started_by_gpuopt else ""
+    return (
+        "\ndefaults:\n  - override hydra/sweeper: gpuopt\n" + launcher + "  - _self_\n"
+        + keys
+        + "hydra:\n" + ranks
+        + "  sweeper:\n    objectives: [throughput]\n    storage: ${gpuopt.sqlite:gpuopt.db}\n"
+        + "    study_name: mine\n    n_trials: 20\n    params:\n"
+        + f"      {searched}\n"
+    )  # fmt: skip
+
+
+LIGHTNING_CONFIG = _config(
+    "batch_size: 32\nhidden: 64\nlr: 0.1\n", "batch_size: choice(32, 64)", False
 )
-
-TORCHRUN_CONFIG = (
-    """
-defaults:
-  - override hydra/sweeper: gpuopt
-  - override hydra/launcher: fresh_process
-  - _self_
-batch_size: 32
-hidden: 64
-lr: 0.1
-hydra:
-  launcher:
-    nproc_per_node: 2"""
-    + _SWEEPER
-    + """    params:
-      batch_size: choice(32, 64)
-"""
+TORCHRUN_CONFIG = _config(
+    "batch_size: 32\nhidden: 64\nlr: 0.1\n", "batch_size: choice(32, 64)", True
 )
-
-HF_CONFIG = (
-    """
-defaults:
-  - override hydra/sweeper: gpuopt
-  - override hydra/launcher: fresh_process
-  - _self_
-per_device_train_batch_size: 8
-gradient_accumulation_steps: 2
-hydra:
-  launcher:
-    nproc_per_node: 2"""
-    + _SWEEPER
-    + """    params:
-      per_device_train_batch_size: choice(8, 16)
-"""
+HF_CONFIG = _config(
+    "per_device_train_batch_size: 8\ngradient_accumulation_steps: 2\n",
+    "per_device_train_batch_size: choice(8, 16)",
+    True,
 )
 
 APPS = {
