@@ -25,7 +25,7 @@ from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._batches import move_batch
 from gpuopt.engines._build import build_loss, build_optimizer
 from gpuopt.engines._loss import LossFunction, model_loss
-from gpuopt.trial import policies
+from gpuopt.trial import library_bugs, policies
 from gpuopt.trial.failures import NonFiniteLoss
 
 # A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
@@ -134,6 +134,7 @@ def build_workload(
     channels_last = bool(spec.model.get("channels_last", False))
     model = model.to(device)
     if channels_last:
+        library_bugs.check_channels_last(model, device, spec.precision.mode)
         model = model.to(memory_format=torch.channels_last)
     if wrap is not None:
         model = wrap(model)

@@ -227,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m gpuopt.processes.shared_windows SPEC.json", file=sys.stderr)
         return 2
+    import faulthandler
+
     from gpuopt.core.lifeline import set_parent_death_signal
 
+    faulthandler.enable()  # torch aborting in native code: its Python frames in the log (the reason)
     set_parent_death_signal()  # the sweep that drives this process gone: so is this process
     serve(protocol.Spec.read(Path(args[0])), sys.stdin)
     return 0

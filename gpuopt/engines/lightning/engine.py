@@ -70,7 +70,7 @@ from gpuopt.engines._loss import model_loss
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, loss_of, record_fit
 from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
 from gpuopt.engines.lightning.strategy import DATA_PARALLEL, lightning_strategy, trainer_devices
-from gpuopt.trial import policies
+from gpuopt.trial import library_bugs, policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.memory import MemoryBaseline
@@ -200,6 +200,7 @@ def build_lightning_workload(
             )
     elif isinstance(built, torch.nn.Module):
         if spec.model.get("channels_last"):
+            library_bugs.check_channels_last(built, device, spec.precision.mode)
             built = built.to(memory_format=torch.channels_last)
         module = BuiltinModule(built, spec)
     else:

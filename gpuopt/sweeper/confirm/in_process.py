@@ -98,8 +98,10 @@ class SharedProcess:
     at a time; it dies with the sweep (parent-death signal) and is killed, with its DataLoader
     workers (its own process group), on close or a timeout."""
 
-    def __init__(self, process: subprocess.Popen, objective: str) -> None:
-        self.process, self.objective = process, objective
+    def __init__(
+        self, process: subprocess.Popen, objective: str, log_path: Path | None = None
+    ) -> None:
+        self.process, self.objective, self.log_path = process, objective, log_path
         self._selector = selectors.DefaultSelector()
         self._selector.register(process.stdout, selectors.EVENT_READ)
         self.error: str | None = None
@@ -131,7 +133,7 @@ class SharedProcess:
             start_new_session=True,
         )
         stderr.close()
-        shared = cls(process, objective)
+        shared = cls(process, objective, directory / "interleave.log")
         ready = shared._read(READY_TIMEOUT_S)
         if ready is not None and "ready" not in ready:
             shared._fail(f"unexpected first line {ready}")
@@ -153,12 +155,21 @@ class SharedProcess:
                 continue
             line = self.process.stdout.readline()
             if not line:
-                self._fail(f"gpuopt.processes.shared_windows exited {self.process.wait()}")
+                self._fail(self._death())
                 return None
             with suppress(json.JSONDecodeError):
                 return json.loads(line)
         self._fail(f"gpuopt.processes.shared_windows gave no answer within {timeout_s:g} s")
         return None
+
+    def _death(self) -> str:
+        """How the process ended, in words, with the native crash its log names (faulthandler's
+        "Fatal Python error" line and the frame that was running), if any."""
+        from gpuopt.sweeper.launchers.results import describe_exit, fatal_error
+
+        why = f"gpuopt.processes.shared_windows {describe_exit(self.process.wait())}"
+        crash = fatal_error(self.log_path) if self.log_path is not None else None
+        return f"{why}: {crash}" if crash else why
 
     def _fail(self, why: str) -> None:
         self.error = why

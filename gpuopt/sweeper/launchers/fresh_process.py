@@ -54,6 +54,7 @@ from gpuopt.sweeper.launchers.results import (
     attach_diagnostics,
     describe_exit,
     failed_return,
+    fatal_error,
     job_return,
     log_tail,
 )
@@ -253,6 +254,8 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
         reason = lifeline.reason_from_log(log_tail(job.paths.stderr)) or describe_exit(
             code, evidence
         )
+        crash = fatal_error(job.paths.stderr)
+        reason = f"{reason}: {crash}" if crash else reason
         return base.resultless(job, overrides, reason, run_dir)
 
     @staticmethod

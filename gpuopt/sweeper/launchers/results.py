@@ -91,6 +91,19 @@ def log_tail(path: Path, chars: int = 2000) -> str:
         return ""
 
 
+def fatal_error(path: Path) -> str | None:
+    """The native crash a process's log names: faulthandler's "Fatal Python error: X" and the
+    innermost frame it printed ("in torch/_ops.py, line 875 in __call__"), or None. A process
+    that torch aborted in a kernel says so in the trial's reason, not only in its log."""
+    text = log_tail(path, 20000)
+    index = text.rfind("Fatal Python error:")
+    if index < 0:
+        return None
+    lines = text[index:].splitlines()
+    frame = next((ln.strip() for ln in lines[1:] if ln.strip().startswith("File ")), None)
+    return f"{lines[0].strip()}" + (f" ({frame})" if frame else "")
+
+
 @dataclass(frozen=True)
 class TrialDiagnostics:
     """Where to look when a trial failed, attached to its JobReturn (`gpuopt_diagnostics`) and
