@@ -268,3 +268,71 @@ def launcher_chosen(config_loader: Any, config: Any) -> bool:
         config.hydra.job.config_name, [str(o) for o in overrides], RunMode.MULTIRUN
     )
     return "hydra/launcher" in defaults.overrides.override_choices
+
+
+# ---- Hydra 1.4: what gpuopt's pin must not change in the user's own app ---------------------------
+# gpuopt pins Hydra 1.4's release candidate (the only Hydra line whose Optuna sweeper runs on Optuna
+# 4/5). Installed beside an app written for Hydra 1.3, two of 1.4's changes would reach that app:
+# `_partial_` factories that refuse pickling (Lightning's `save_hyperparameters` then drops them,
+# and lightning-hydra-template's `configure_optimizers` fails on `self.hparams.optimizer`), and a
+# 7-line warning for every `_target_` an app instantiates without an execution whitelist.
+# gpuopt.hydra_interop applies both adapters below in every Hydra app of the environment (Hydra
+# loads plugins' entry points when it starts), so the app runs as it did on Hydra 1.3.
+
+HYDRA_STATE_NOT_PICKLED = ("_hydra_execution_policy", "_hydra_call_context")  # this call's runtime
+
+
+def picklable_hydra_partials() -> None:
+    """Hydra 1.4's `_partial_: true` object (`hydra._internal.execution_policy._DeferredTarget`, a
+    functools.partial subclass) pickles as a functools.partial does, as on Hydra 1.3: its class,
+    target, arguments and the execution whitelist it was made under (so a call after unpickling is
+    authorized as before), without the live call context of the process that made it. Hydra 1.4
+    refuses ("cannot be pickled before invocation"); no public switch exists. Idempotent."""
+    from hydra._internal.execution_policy import _DeferredTarget
+
+    if getattr(_DeferredTarget, "_gpuopt_picklable", False):
+        return
+
+    def reduce(self: Any, protocol: Any = None) -> tuple[Any, ...]:
+        cls, args, (func, fargs, keywords, attrs) = functools.partial.__reduce__(self)
+        kept = {k: v for k, v in (attrs or {}).items() if k not in HYDRA_STATE_NOT_PICKLED}
+        return cls, args, (func, fargs, keywords, kept or None)
+
+    _DeferredTarget.__reduce__ = reduce
+    _DeferredTarget.__reduce_ex__ = reduce
+    _DeferredTarget._gpuopt_picklable = True
+
+
+WHITELIST_NOTE = (
+    "Hydra 1.4 (gpuopt's Hydra) instantiates this app's _target_s (first: {target}) without an "
+    "execution whitelist, as Hydra 1.3 did, and will refuse that in 1.5: pass one with "
+    "@hydra.main(..., execution_whitelist=[...]) or instantiate(cfg, _execution_whitelist_=[...]) "
+    "(https://hydra.cc/docs/advanced/execution_whitelist/). Said once per process by gpuopt "
+    "instead of Hydra's 7 lines per target."
+)
+
+
+def whitelist_warning_once() -> None:
+    """Hydra 1.4's legacy-whitelist deprecation warning (`_instantiate2.
+    _warn_legacy_execution_whitelist`, 7 lines for every `_target_` instantiated without a
+    whitelist) said once per process in one warning: what it means and how to pass the app's
+    whitelist. HYDRA_DEPRECATION_WARNINGS_AS_ERRORS keeps Hydra's own (it raises). Idempotent."""
+    import os
+    import warnings
+
+    from hydra._internal.instantiate import _instantiate2
+
+    hydras = _instantiate2._warn_legacy_execution_whitelist
+    if getattr(hydras, "_gpuopt_once", False):
+        return
+    said: list[str] = []
+
+    def once(target: str) -> None:
+        if os.environ.get("HYDRA_DEPRECATION_WARNINGS_AS_ERRORS"):
+            hydras(target)
+        elif not said:
+            said.append(target)
+            warnings.warn(WHITELIST_NOTE.format(target=target), UserWarning, stacklevel=3)
+
+    once._gpuopt_once = True  # type: ignore[attr-defined]
+    _instantiate2._warn_legacy_execution_whitelist = once

@@ -229,7 +229,13 @@ def _outcome_from_plain(value: Any, directions: Sequence[str]) -> TrialOutcome:
         values = [float(value)] if len(directions) == 1 else [float(v) for v in value]
     except (TypeError, ValueError):
         kind = "a float" if len(directions) == 1 else "a list or tuple of floats"
-        return error_outcome(f"return value must be a TrialResult or {kind}; got {value!r}")
+        hint = (
+            ": list gpuopt.MeasureCallback in the app's Lightning callbacks config, or return "
+            "gpuopt's result (docs/your-training.md)"
+            if value is None
+            else ""
+        )
+        return error_outcome(f"return value must be a TrialResult or {kind}; got {value!r}{hint}")
     if len(values) != len(directions):
         return error_outcome(
             f"the task returned {len(values)} values for {len(directions)} objectives: {values}"

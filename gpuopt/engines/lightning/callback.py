@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from gpuopt.core import measured_job
 from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf, TrialSpec
@@ -90,6 +91,7 @@ class UserMeasureCallback(pl.Callback):
         self._lr: float | None = None
         self._ranks: Any = None  # gpuopt.engines._distributed.Ranks under a multi-device strategy
         self._started = time.time()
+        self._job_ended = False
 
     def fit(self, trainer: pl.Trainer, model: pl.LightningModule, **fit_kwargs: Any) -> TrialResult:
         """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status (in a
@@ -153,6 +155,8 @@ class UserMeasureCallback(pl.Callback):
     ) -> None:
         if self._meter is not None:
             self._meter.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            if self._meter.window is not None and self._ends_job(trainer):
+                self._finish(trainer)  # now, not after the epoch (`min_epochs`) and validation
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
@@ -166,6 +170,14 @@ class UserMeasureCallback(pl.Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit" or self._meter is None or self._trial is None:
             return
+        self._finish(trainer)
+
+    def _finish(self, trainer: pl.Trainer) -> None:
+        """The fit's result (once), written into the Hydra job's run directory (rank 0), where
+        a sweep reads it whatever the app's task returns; in a sweep's one-process trial the job
+        then ends (`TrialMeasured`: the rest of the fit, the app's validation and test do not
+        run per trial)."""
+        assert self._meter is not None and self._trial is not None
         self._restore_profiler(trainer)
         if self.result is None:
             try:
@@ -176,6 +188,17 @@ class UserMeasureCallback(pl.Callback):
                 self.result = self._failed(exc)
             if self.result.ok:  # every rank got here: the job's one result (a collective)
                 self.result = job_result(self.result, self._ranks, self._started)
+            if int(trainer.global_rank) == 0:
+                measured_job.write(self.result)
+        if self._ends_job(trainer) and not self._job_ended:
+            self._job_ended = True  # once: Lightning's teardown after the raise comes back here
+            raise measured_job.TrialMeasured("measured: gpuopt's sweep trial ends the job here")
+
+    @staticmethod
+    def _ends_job(trainer: pl.Trainer) -> bool:
+        """In a gpuopt sweep's trial of one process (a multi-rank job's ranks end their fit
+        together, on the stop rule's step)."""
+        return measured_job.in_sweep_trial() and int(trainer.world_size) == 1
 
     # -- the result --------------------------------------------------------------------------
     def _record_training(self, trainer: pl.Trainer, m: Metrics) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuopt.core import rank_files
+from gpuopt.core import measured_job, rank_files
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.sweeper.launchers import main_task
 
@@ -129,6 +129,7 @@ class TrialTask:
         folder = Path(str(HydraConfig.get().runtime.output_dir)) / rank_files.RANKS_FOLDER
         if not self.ranks.slurm or os.environ.get("SLURM_PROCID", "0") == "0":
             rank_files.clear(folder)
+            (folder.parent / measured_job.MEASURED_FILE).unlink(missing_ok=True)  # a re-run's
         with single_run(self.entry, folder):
             if self.ranks.started_here:
                 return run_ranks(self.task, cfg, folder, self.ranks)
@@ -147,14 +148,22 @@ def trial_task(task_function: Any, entry: EntryPoint, ranks: RankPlan) -> TrialT
 
 def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
     """The task in this process; a rank failure it raises (`RankFailed`: its result, written to
-    `folder` first) is the trial's result: the failure of the rank that failed first."""
+    `folder` first) is the trial's result: the failure of the rank that failed first. Where a
+    measuring callback of the app wrote its result into the run directory (`folder`'s parent),
+    that result is the trial's, whatever the task returned (kept beside it) or whether the
+    callback ended the job (`TrialMeasured`)."""
+    value = None
     try:
-        return task(cfg)
+        value = task(cfg)
+    except measured_job.TrialMeasured:
+        pass
     except Exception as exc:
         own = getattr(exc, "result", None)
         if type(exc).__name__ != "RankFailed" or not isinstance(own, TrialResult):
             raise
         return failed_job(own, folder)
+    measured = measured_job.read(folder.parent)
+    return value if measured is None else measured_job.with_app_return(measured, value)
 
 
 def failed_job(own: TrialResult, folder: Path) -> TrialResult:

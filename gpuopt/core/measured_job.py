@@ -1,0 +1,73 @@
+"""How an app's own job hands a measuring callback's result to the sweeper, whatever its task
+returns (None, a float, a dict of its own metrics): a file in the job's run directory.
+
+A callback listed in the app's config (gpuopt.MeasureCallback in its Lightning callbacks) writes
+`gpuopt_measured.json` (its TrialResult) into the Hydra run directory once it measured. In a
+sweep's trial it then raises `TrialMeasured`, which ends the job there: the rest of the fit, the
+app's validation and test do not run per trial. It is a BaseException, as KeyboardInterrupt and
+SystemExit are, so that the app's own `except Exception` (lightning-hydra-template's
+`task_wrapper`) lets it through. The trial's task (gpuopt.sweeper.launchers.trial_task) catches
+it and returns the file's result, with what the task returned kept beside it (`app_return`).
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+from gpuopt.core.rank_files import TRIAL_PID_ENV
+from gpuopt.core.result import TrialResult
+
+MEASURED_FILE = "gpuopt_measured.json"
+
+
+class TrialMeasured(BaseException):
+    """The job was measured in a sweep's trial: its result is written; the job ends here."""
+
+
+def in_sweep_trial() -> bool:
+    """Whether this process runs a trial of a gpuopt sweep (its trial task set $GPUOPT_TRIAL_PID)."""
+    return bool(os.environ.get(TRIAL_PID_ENV))
+
+
+def hydra_run_dir() -> Path | None:
+    """The running Hydra job's output directory; None outside a Hydra job."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+    except ImportError:
+        return None
+    if not HydraConfig.initialized():
+        return None
+    return Path(str(HydraConfig.get().runtime.output_dir))
+
+
+def write(result: TrialResult, run_dir: Path | None = None) -> Path | None:
+    """Save `result` in the job's run directory (None outside a Hydra job)."""
+    folder = run_dir or hydra_run_dir()
+    if folder is None:
+        return None
+    path = folder / MEASURED_FILE
+    result.save(path)
+    return path
+
+
+def read(run_dir: Path) -> TrialResult | None:
+    path = run_dir / MEASURED_FILE
+    return TrialResult.load(path) if path.is_file() else None
+
+
+def with_app_return(result: TrialResult, value: Any) -> TrialResult:
+    """`result` with the app's own return kept: a number as {"value": x}, a dict's scalars."""
+    if isinstance(value, Real) and not isinstance(value, bool):
+        kept = {"value": float(value)}
+    elif isinstance(value, dict):
+        kept = {str(k): v for k, v in value.items() if isinstance(v, (int, float, str, bool))}
+    else:
+        kept = {}
+    kept = {k: v for k, v in kept.items() if not (isinstance(v, float) and math.isnan(v))}
+    result.app_return = kept or None
+    return result
