@@ -6,6 +6,8 @@ The public Python API (README, "Tune your own training"):
   measured like a built-in trial (gpuopt.engines.user_step).
 - `MeasureCallback`: the same measurement inside your own `lightning.Trainer`
   (gpuopt.engines.lightning.callback; needs the `[lightning]` extra).
+- `MeasureJob`: a Hydra callback (`hydra.callbacks`) that measures any Hydra app's own training
+  loop with no code change (gpuopt.measure_job; torch's optimizer hooks, its DataLoader iterators).
 - `HFMeasureCallback`: the same measurement of the Hugging Face `Trainer`'s loop
   (gpuopt.engines.hf_trainer; needs the `[hf]` extra).
 - `run_trial(spec)`: one configuration of gpuopt's own config tree (gpuopt.engines.registry).
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from gpuopt.engines.lightning.callback import UserMeasureCallback as MeasureCallback
     from gpuopt.engines.registry import run_trial
     from gpuopt.engines.user_step import measure_step
+    from gpuopt.measure_job import MeasureJob
 
 __version__ = "0.1.0"
 
@@ -33,6 +36,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, str]] = {
     "measure_step": ("gpuopt.engines.user_step", "measure_step"),
     "MeasureCallback": ("gpuopt.engines.lightning.callback", "UserMeasureCallback"),
+    "MeasureJob": ("gpuopt.measure_job", "MeasureJob"),
     "HFMeasureCallback": ("gpuopt.engines.hf_trainer", "HFMeasureCallback"),
     "run_trial": ("gpuopt.engines.registry", "run_trial"),
     "TrialResult": ("gpuopt.core.result", "TrialResult"),
@@ -43,6 +47,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 __all__ = [
     "HFMeasureCallback",
     "MeasureCallback",
+    "MeasureJob",
     "Metrics",
     "Status",
     "TrialResult",

@@ -283,6 +283,12 @@ TEMPLATE_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 HYDRA_WHITELIST_LINE = "with no\n_execution_whitelist_"  # Hydra's own 7-line warning
 
 
+def _with_stand_in_data(root: Path) -> None:
+    helpers = Path(__file__).parent / "helpers"
+    shutil.copy(helpers / "lht_mnist.py", root / "src/data/stand_in.py")
+    shutil.copy(helpers / "torchvision_stand_in.py", root / "src/data/torchvision_stand_in.py")
+
+
 def test_lightning_hydra_template_trains_evaluates_and_runs_its_own_sweep_with_gpuopt_installed(
     tmp_path,
 ):
@@ -291,7 +297,7 @@ def test_lightning_hydra_template_trains_evaluates_and_runs_its_own_sweep_with_g
     scheduler stay in Lightning's hparams (before gpuopt.hydra_interop: "AttributeError:
     'AttributeDict' object has no attribute 'optimizer'"), and the log has one whitelist note."""
     root = template_copy(tmp_path)
-    shutil.copy(Path(__file__).parent / "helpers" / "lht_mnist.py", root / "src/data/stand_in.py")
+    _with_stand_in_data(root)
     env = {"PROJECT_ROOT": str(root), **TEMPLATE_ENV}
 
     trained = ok(run(root, "src/train.py", *TEMPLATE_RUN, env=env))
@@ -316,7 +322,7 @@ def test_lightning_hydra_template_is_swept_for_throughput_with_two_yaml_files(tm
     gpuopt's sweeper). The template's task returns None here (no optimized_metric); every trial is
     measured by the callback, ends once measured (no test stage), and the sweep confirms."""
     root = template_copy(tmp_path)
-    shutil.copy(Path(__file__).parent / "helpers" / "lht_mnist.py", root / "src/data/stand_in.py")
+    _with_stand_in_data(root)
     shutil.copytree(EXAMPLES / "lightning_hydra_template" / "configs", root / "configs",
                     dirs_exist_ok=True)  # fmt: skip
     (tmp_path / "out").mkdir()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from numbers import Real
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from gpuopt.core.rank_files import TRIAL_PID_ENV
 from gpuopt.core.result import TrialResult
 
 MEASURED_FILE = "gpuopt_measured.json"
+# What runs when the job's task returned, before the trial reads the file: a measuring hook's
+# "ended unmeasured" status (gpuopt.MeasureJob), which Hydra's on_job_end would write too late.
+_task_end: list[Callable[[], Any]] = []
 
 
 class TrialMeasured(BaseException):
@@ -53,6 +57,16 @@ def write(result: TrialResult, run_dir: Path | None = None) -> Path | None:
     path = folder / MEASURED_FILE
     result.save(path)
     return path
+
+
+def at_task_end(hook: Callable[[], Any]) -> None:
+    _task_end.append(hook)
+
+
+def task_ended() -> None:
+    """Run (once) what was registered to run when the job's task returned."""
+    while _task_end:
+        _task_end.pop()()
 
 
 def read(run_dir: Path) -> TrialResult | None:

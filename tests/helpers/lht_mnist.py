@@ -1,81 +1,16 @@
 """lightning-hydra-template's own MNISTDataModule (src/data/mnist_datamodule.py, unchanged) on
-synthetic MNIST: the tests copy this file into a copy of the template as src/data/stand_in.py and
-run the template with `data._target_=src.data.stand_in.MNISTDataModule`.
-
-The only torchvision wheel reachable here is a CUDA build whose C ops do not load against the CPU
-torch, so the two torchvision names the template's datamodule imports (`torchvision.datasets.
-MNIST`, `torchvision.transforms.transforms`) are put in `sys.modules` before it is imported, after
-Lightning (whose torchmetrics would otherwise take them for the real torchvision). The images are
-28x28 uint8, a deterministic function of their index and split, labels 0-9; nothing is downloaded.
+synthetic MNIST: the tests copy this file and tests/helpers/torchvision_stand_in.py into a copy of
+the template (src/data/stand_in.py, src/data/torchvision_stand_in.py) and run the template with
+`data._target_=src.data.stand_in.MNISTDataModule`. Lightning is imported first: its torchmetrics
+then takes torchvision for absent, as it is here.
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import lightning  # noqa: F401  (first: torchmetrics decides torchvision is absent)
-import torch
-from torch.utils.data import Dataset
+from src.data.torchvision_stand_in import install
 
-
-class MNIST(Dataset):
-    """`MNIST(root, train, transform, download)`: 60,000 train / 10,000 test synthetic digits."""
-
-    def __init__(
-        self, root: str, train: bool = True, transform: Any = None, download: bool = False
-    ) -> None:
-        self.train, self.transform = train, transform
-        self.size = 60_000 if train else 10_000
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        seed = index * 2 + (0 if self.train else 1)
-        generator = torch.Generator().manual_seed(seed)
-        image = torch.randint(0, 256, (28, 28), dtype=torch.uint8, generator=generator)
-        return (self.transform(image) if self.transform else image), seed % 10
-
-
-class Compose:
-    def __init__(self, steps: Sequence[Callable[[Any], Any]]) -> None:
-        self.steps = list(steps)
-
-    def __call__(self, image: Any) -> Any:
-        for step in self.steps:
-            image = step(image)
-        return image
-
-
-class ToTensor:
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        return image.to(torch.float32).div(255).unsqueeze(0)
-
-
-class Normalize:
-    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
-        self.mean, self.std = torch.tensor(mean).view(-1, 1, 1), torch.tensor(std).view(-1, 1, 1)
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        return (image - self.mean) / self.std
-
-
-def _module(name: str, **names: Any) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__dict__.update(names)
-    return module
-
-
-_transforms = _module("torchvision.transforms.transforms", Compose=Compose, ToTensor=ToTensor,
-                      Normalize=Normalize)  # fmt: skip
-sys.modules.setdefault("torchvision", _module("torchvision"))
-sys.modules.setdefault("torchvision.datasets", _module("torchvision.datasets", MNIST=MNIST))
-sys.modules.setdefault(
-    "torchvision.transforms", _module("torchvision.transforms", transforms=_transforms)
-)
+install()
 
 from src.data.mnist_datamodule import MNISTDataModule  # noqa: E402  (the template's own)
 

@@ -162,6 +162,7 @@ def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
         if type(exc).__name__ != "RankFailed" or not isinstance(own, TrialResult):
             raise
         return failed_job(own, folder)
+    measured_job.task_ended()
     measured = measured_job.read(folder.parent)
     return value if measured is None else measured_job.with_app_return(measured, value)
 

@@ -1,0 +1,209 @@
+"""A Hydra job's own training loop measured with no change to its code (gpuopt.MeasureJob).
+
+What it sees, from torch's global mechanisms only:
+- optimizer steps: `torch.optim.optimizer.register_optimizer_step_post_hook` (every optimizer's
+  `step()`); the first optimizer that steps is the one timed (a second one, a GAN's, is ignored);
+- batches and data wait: the `__next__` of every DataLoader iterator the job creates. The loader
+  that fed the first optimizer step is the training loader; the others (a test loader iterated
+  between epochs) feed no step. Samples per optimizer step give the global batch (x the world size
+  of an initialized process group), the first param group the lr.
+
+It feeds the push-style window meter every loop of someone else's uses (gpuopt.engines._hook_meter:
+clocks, warm-up, one step under FlopCounterMode for MFU, the stop rule). Once the window stops, the
+result is written into the Hydra run directory (gpuopt.core.measured_job) and the job ends: in a
+sweep's trial with `TrialMeasured`, in a single run with `SystemExit(0)`; both pass the app's own
+`except Exception`. What it cannot see: a host-to-device copy the loop makes after `next()` (data
+wait is the time blocked in `next()` alone), and an autocast dtype (MFU is read against the
+device's fp32 peak, said in the warnings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from gpuopt.core import measured_job
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.spec import EngineConf, MeasureConf
+from gpuopt.engines._batches import batch_samples
+from gpuopt.engines._hook_meter import HookMeter
+from gpuopt.engines._lifecycle import measuring_spec, process_start_time
+from gpuopt.engines._user_job import job_result, user_ranks, world_size
+from gpuopt.trial.context import Trial
+from gpuopt.trial.failures import classify_failure
+
+log = logging.getLogger(__name__)
+ENGINE_NAME = "measure_job"
+FP32_PEAK_NOTE = (
+    "MFU is read against the device's fp32 peak: gpuopt.MeasureJob cannot see an autocast dtype "
+    "inside the job's loop"
+)
+
+
+def job_device() -> torch.device:
+    """Where the job trains, as seen at its first batch: the current CUDA device once the job
+    initialized CUDA (its model moved there), else the CPU."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class JobMeter:
+    """The hooks of one job: install, (the job trains), then the result or a clear status."""
+
+    def __init__(self, measure: MeasureConf) -> None:
+        self.measure = measure
+        self.meter: HookMeter | None = None
+        self.trial: Trial | None = None
+        self.result: TrialResult | None = None
+        self.optimizer: Any = None  # the first optimizer that stepped
+        self.train_data: int | None = None  # id() of the training loader's dataset
+        self.fetched: dict[int, int] = defaultdict(int)  # samples per dataset before step 1
+        self.step_samples: list[int] = []
+        self.batches = self.optimizer_steps = 0
+        self.lr: float | None = None
+        self.process_t0 = process_start_time() or time.time()
+        self.started = time.time()
+        self._removers: list[Any] = []
+
+    # -- installing ----------------------------------------------------------------------------
+    def install(self) -> None:
+        handle = register_optimizer_step_post_hook(self._optimizer_stepped)
+        original = _BaseDataLoaderIter.__next__
+        meter = self
+
+        def __next__(iterator: _BaseDataLoaderIter) -> Any:
+            return meter._fetch(iterator, original)
+
+        _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
+        self._removers = [handle.remove, lambda: setattr(_BaseDataLoaderIter, "__next__", original)]
+
+    def uninstall(self) -> None:
+        for remove in self._removers:
+            remove()
+        self._removers = []
+        if self.meter is not None:
+            self.meter.stop()
+
+    # -- what the job does ---------------------------------------------------------------------
+    def _fetch(self, iterator: _BaseDataLoaderIter, original: Any) -> Any:
+        dataset = id(iterator._dataset)
+        counting = self.meter is not None and dataset == self.train_data
+        if counting:
+            self.meter.fetch_started()
+        batch = original(iterator)
+        self.batches += 1
+        samples = batch_samples(batch)
+        if self.meter is None:
+            self._start(job_device())
+        if self.train_data is None:
+            self.fetched[dataset] += samples
+        elif counting:
+            self._pending += samples
+            self.meter.samples_fetched(samples)
+        return batch
+
+    def _start(self, device: torch.device) -> None:
+        engine = EngineConf(name=ENGINE_NAME)
+        self.trial = Trial(measuring_spec(device, self.measure, engine), device)
+        self.trial.warnings.append(FP32_PEAK_NOTE)
+        self.meter = HookMeter(self.trial, user_ranks(device))
+        self._pending = 0
+        self.meter.step_started()  # the first step's forward and backward come next
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+            group = optimizer.param_groups[0]
+            self.lr = float(group.get("initial_lr", group["lr"]))
+        if optimizer is not self.optimizer or self.meter is None or self.result is not None:
+            return
+        self.optimizer_steps += 1
+        if self.train_data is None:  # the loader that fed this first step is the training one
+            self.train_data = max(self.fetched, key=self.fetched.__getitem__, default=None)
+            self._pending = self.fetched.get(self.train_data, 0)
+            self.meter.samples_fetched(self._pending)
+        self.step_samples.append(self._pending)
+        self._pending = 0
+        try:
+            stopped = self.meter.step_ended()
+        except Exception as exc:  # a NaN/inf loss at the window's end: the status
+            self._finish(*classify_failure(exc))
+            return
+        if stopped is None:
+            self.meter.step_started()
+        else:
+            self._finish(Status.OK, None)
+
+    # -- the result ----------------------------------------------------------------------------
+    def _finish(self, status: Status, reason: str | None) -> None:
+        """Record, write the result into the run directory, unhook, and end the job."""
+        assert self.trial is not None and self.meter is not None
+        if status is Status.OK:
+            try:
+                self.meter.record("fp32", self.process_t0)
+                self._record_training()
+            except Exception as exc:
+                status, reason = classify_failure(exc)
+        self.result = job_result(self._result(status, reason), self.meter.ranks, self.started)
+        self.uninstall()
+        measured_job.write(self.result)
+        if measured_job.in_sweep_trial():
+            raise measured_job.TrialMeasured("measured: gpuopt.MeasureJob ends the job here")
+        log.info("gpuopt.MeasureJob: measured (%s); the job ends here", self.result.status.value)
+        raise SystemExit(0)
+
+    def _record_training(self) -> None:
+        metrics = self.trial.metrics  # type: ignore[union-attr]
+        timed = [n for n in self.step_samples[-max(1, self.meter.timed_steps) :] if n]  # type: ignore[union-attr]
+        if timed:
+            metrics.micro_batch = int(statistics.median(timed))
+            metrics.global_batch = metrics.micro_batch * world_size()
+        metrics.lr = self.lr
+
+    def _result(self, status: Status, reason: str | None) -> TrialResult:
+        from gpuopt.trial.devices import fingerprint
+
+        trial = self.trial
+        assert trial is not None
+        return TrialResult(
+            status=status,
+            metrics=trial.metrics,
+            reason=reason,
+            config={"engine": {"name": ENGINE_NAME}, "measure": dataclasses.asdict(self.measure)},
+            env=fingerprint(trial.device),
+            warnings=trial.warnings,
+        )
+
+    def unmeasured(self) -> TrialResult | None:
+        """At the job's end without a result: why (a clear status, never a crash); None if
+        measured."""
+        if self.result is not None:
+            return None
+        self.uninstall()
+        if self.batches == 0:
+            why = "the job never iterated a DataLoader (gpuopt.MeasureJob times DataLoader batches)"
+        elif self.optimizer_steps == 0:
+            why = "the job never stepped a torch.optim optimizer (its step hooks saw none)"
+        else:
+            steps = self.optimizer_steps
+            why = (
+                f"the job ended after {steps} optimizer steps, before the timed window did: give "
+                "it more steps (epochs) or +hydra.callbacks.gpuopt_measure.measure=quick"
+            )
+        self.result = TrialResult(
+            status=Status.ERROR,
+            reason=f"not measured: {why}",
+            config={"engine": {"name": ENGINE_NAME}},
+            warnings=self.trial.warnings if self.trial is not None else [],
+        )
+        measured_job.write(self.result)
+        return self.result

@@ -1,0 +1,128 @@
+"""gpuopt.MeasureJob: any Hydra app's own loop measured from torch's optimizer hooks and its
+DataLoader iterators (gpuopt.engines.job_meter), with no change to its code; a plain loop swept with
+the callback in YAML alone (pytorch/examples' mnist/main.py, the real file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from gpuopt.core.checks import measure_conf
+from gpuopt.core.result import Status
+from gpuopt.engines.job_meter import JobMeter
+
+SHORT = {"warmup_steps": 1, "min_steps": 3, "max_steps": 6, "time_budget_s": 1.0,
+         "min_time_s": 0.0, "nvml_interval_s": 0.1}  # fmt: skip
+HELPERS = Path(__file__).parent / "helpers"
+MNIST_MAIN = Path(__file__).parent / "third_party" / "pytorch_examples_mnist" / "main.py"
+
+
+def _loader(samples: int, batch: int) -> DataLoader:
+    data = TensorDataset(torch.randn(samples, 12), torch.randint(0, 3, (samples,)))
+    return DataLoader(data, batch_size=batch, shuffle=True)
+
+
+def _train(epochs: int, batch: int = 8, test_every: int = 2) -> None:
+    """A plain loop as users write it, with a test loader iterated inside the epoch."""
+    model = torch.nn.Linear(12, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    train, test = _loader(64, batch), _loader(40, 20)
+    for _ in range(epochs):
+        for step, (x, y) in enumerate(train):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            if step % test_every == 0:
+                with torch.no_grad():
+                    for x_test, _ in test:
+                        model(x_test)
+
+
+@pytest.fixture
+def meter():
+    original = _BaseDataLoaderIter.__next__
+    job = JobMeter(measure_conf(SHORT))
+    job.install()
+    yield job
+    job.uninstall()
+    assert _BaseDataLoaderIter.__next__ is original  # nothing stays hooked
+
+
+def test_a_plain_loop_is_measured_and_the_job_ends_past_its_except_exception(meter):
+    with pytest.raises(SystemExit) as ended:
+        try:
+            _train(epochs=20)
+        except Exception:  # the app's own handler does not swallow the end of the job
+            pytest.fail("the end of the job was swallowed")
+    assert ended.value.code == 0
+    result = meter.result
+    assert result.status is Status.OK, result.reason
+    m = result.metrics
+    # The test loader's batches of 20 feed no optimizer step: 8 samples a step, the loop's batch.
+    assert m.global_batch == 8 and m.micro_batch == 8 and m.lr == 0.05
+    assert m.throughput > 0 and m.timed_steps >= SHORT["min_steps"]
+    # Linear(12, 3), counted on the first step: the forward and the weights' gradient matmuls
+    # (the input needs no gradient), 2 x 12 x 3 FLOPs each per sample.
+    assert m.flops_per_sample == 2 * (2 * 12 * 3)
+    # Unhooked before the job ended: another optimizer step counts nothing.
+    steps = meter.optimizer_steps
+    _train(epochs=1)
+    assert meter.optimizer_steps == steps
+
+
+@pytest.mark.parametrize(
+    ("job", "why"),
+    [
+        (lambda: None, "never iterated a DataLoader"),
+        (lambda: list(_loader(16, 8)), "never stepped a torch.optim optimizer"),
+        (lambda: _train(epochs=1, batch=32), "ended after 2 optimizer steps, before the timed"),
+    ],
+)
+def test_a_job_that_ends_unmeasured_gets_a_clear_status(meter, job, why):
+    job()
+    result = meter.unmeasured()
+    assert result.status is Status.ERROR and why in result.reason
+    assert meter.unmeasured() is None or meter.unmeasured() is result  # said once
+
+
+@pytest.mark.slow
+def test_a_plain_loop_is_swept_with_the_callback_in_yaml_alone(tmp_path):
+    """pytorch/examples' mnist loop in a user's Hydra app; the sweep preset names gpuopt.MeasureJob
+    and gpuopt's sweeper. Every trial measured, a baseline and a confirmation, no process left."""
+    app = tmp_path / "app"
+    shutil.copytree(HELPERS / "plain_loop_app", app)
+    shutil.copy(MNIST_MAIN, app / "main.py")
+    shutil.copy(HELPERS / "torchvision_stand_in.py", app / "torchvision_stand_in.py")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(out)}
+    env.pop("HYDRA_FULL_ERROR", None)
+    run = subprocess.run(
+        [sys.executable, "train.py", "-m", "hparams_search=gpuopt"],
+        cwd=app, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-3000:]
+    summary = log.split("gpuopt sweep summary")[1]
+    assert "objectives: throughput (maximize) | trials: ok 4" in summary
+    assert "baseline  #0: throughput=" in summary and "Confirmation:" in summary
+    study = optuna.load_study(study_name="plain_loop", storage=f"sqlite:///{out / 'gpuopt.db'}")
+    for trial in study.trials:
+        measured = json.loads(
+            (Path(trial.user_attrs["run_dir"]) / "gpuopt_measured.json").read_text()
+        )
+        assert measured["status"] == "ok"
+        assert trial.user_attrs["global_batch"] == trial.params.get("batch_size", 64)
+    assert study.trials[0].user_attrs["lr"] == 1.0  # mnist's Adadelta lr, from its param group
+    left = subprocess.run(["pgrep", "-f", str(app)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
