@@ -67,6 +67,7 @@ class JobMeter:
         self.optimizer: Any = None  # the first optimizer that stepped
         self.train_data: int | None = None  # id() of the training loader's dataset
         self.fetched: dict[int, int] = defaultdict(int)  # samples per dataset before step 1
+        self.last_fetched: int | None = None
         self.step_samples: list[int] = []
         self.batches = self.optimizer_steps = 0
         self.lr: float | None = None
@@ -106,6 +107,7 @@ class JobMeter:
             self._start(job_device())
         if self.train_data is None:
             self.fetched[dataset] += samples
+            self.last_fetched = dataset
         elif counting:
             self._pending += samples
             self.meter.samples_fetched(samples)
@@ -117,7 +119,13 @@ class JobMeter:
         self.trial.warnings.append(FP32_PEAK_NOTE)
         self.meter = HookMeter(self.trial, user_ranks(device))
         self._pending = 0
-        self.meter.step_started()  # the first step's forward and backward come next
+        if self.meter.flop_step is not None and self.measure.warmup_steps >= 2:
+            # The second step is counted: what runs before the first optimizer step may include
+            # the job's other loaders (Lightning's sanity-check validation); from one step's end
+            # to the next, a loop trains.
+            self.meter.flop_step = 1
+        else:
+            self.meter.step_started()  # the first step's forward and backward come next
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
@@ -128,7 +136,7 @@ class JobMeter:
             return
         self.optimizer_steps += 1
         if self.train_data is None:  # the loader that fed this first step is the training one
-            self.train_data = max(self.fetched, key=self.fetched.__getitem__, default=None)
+            self.train_data = self.last_fetched
             self._pending = self.fetched.get(self.train_data, 0)
             self.meter.samples_fetched(self._pending)
         self.step_samples.append(self._pending)
