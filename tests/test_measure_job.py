@@ -32,16 +32,18 @@ def _loader(samples: int, batch: int) -> DataLoader:
     return DataLoader(data, batch_size=batch, shuffle=True)
 
 
-def _train(epochs: int, batch: int = 8, test_every: int = 2) -> None:
+def _train(epochs: int, batch: int = 8, test_every: int = 2, accumulate: int = 1) -> None:
     """A plain loop as users write it, with a test loader iterated inside the epoch."""
     model = torch.nn.Linear(12, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     train, test = _loader(64, batch), _loader(40, 20)
     for _ in range(epochs):
         for step, (x, y) in enumerate(train):
-            optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
+            if (step + 1) % accumulate:
+                continue
             optimizer.step()
+            optimizer.zero_grad()
             if step % test_every == 0:
                 with torch.no_grad():
                     for x_test, _ in test:
@@ -69,7 +71,8 @@ def test_a_plain_loop_is_measured_and_the_job_ends_past_its_except_exception(met
     assert result.status is Status.OK, result.reason
     m = result.metrics
     # The test loader's batches of 20 feed no optimizer step: 8 samples a step, the loop's batch.
-    assert m.global_batch == 8 and m.micro_batch == 8 and m.lr == 0.05
+    assert m.global_batch == 8 and m.micro_batch == 8 and m.accumulation_steps == 1
+    assert m.lr == 0.05
     assert m.throughput > 0 and m.timed_steps >= SHORT["min_steps"]
     # Linear(12, 3), counted on the first step: the forward and the weights' gradient matmuls
     # (the input needs no gradient), 2 x 12 x 3 FLOPs each per sample.
@@ -78,6 +81,13 @@ def test_a_plain_loop_is_measured_and_the_job_ends_past_its_except_exception(met
     steps = meter.optimizer_steps
     _train(epochs=1)
     assert meter.optimizer_steps == steps
+
+
+def test_accumulated_micro_batches_make_one_optimizer_steps_global_batch(meter):
+    with pytest.raises(SystemExit):
+        _train(epochs=20, accumulate=2)
+    m = meter.result.metrics
+    assert (m.micro_batch, m.accumulation_steps, m.global_batch) == (8, 2, 16)
 
 
 @pytest.mark.parametrize(

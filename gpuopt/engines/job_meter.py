@@ -68,7 +68,8 @@ class JobMeter:
         self.train_data: int | None = None  # id() of the training loader's dataset
         self.fetched: dict[int, int] = defaultdict(int)  # samples per dataset before step 1
         self.last_fetched: int | None = None
-        self.step_samples: list[int] = []
+        self.step_samples: list[int] = []  # samples per optimizer step
+        self.batch_sizes: list[int] = []  # samples per training batch (a micro-batch)
         self.batches = self.optimizer_steps = 0
         self.lr: float | None = None
         self.process_t0 = process_start_time() or time.time()
@@ -110,6 +111,7 @@ class JobMeter:
             self.last_fetched = dataset
         elif counting:
             self._pending += samples
+            self.batch_sizes.append(samples)
             self.meter.samples_fetched(samples)
         return batch
 
@@ -173,8 +175,11 @@ class JobMeter:
         metrics = self.trial.metrics  # type: ignore[union-attr]
         timed = [n for n in self.step_samples[-max(1, self.meter.timed_steps) :] if n]  # type: ignore[union-attr]
         if timed:
-            metrics.micro_batch = int(statistics.median(timed))
-            metrics.global_batch = metrics.micro_batch * world_size()
+            per_step = int(statistics.median(timed))
+            micro = int(statistics.median(self.batch_sizes)) if self.batch_sizes else per_step
+            metrics.micro_batch = micro
+            metrics.accumulation_steps = max(1, round(per_step / micro))
+            metrics.global_batch = per_step * world_size()
         metrics.lr = self.lr
 
     def _result(self, status: Status, reason: str | None) -> TrialResult:
