@@ -171,7 +171,8 @@ def test_an_app_with_accumulation_and_batch_keys_gets_a_confirmed_answer_at_its_
 
 
 @pytest.mark.slow
-def test_without_batch_keys_the_summary_says_how_to_declare_them(tmp_path):
+def test_without_batch_keys_the_sweep_takes_the_searched_ones_named_so_and_says_it(tmp_path):
     out = _sweep(tmp_path, "hydra.sweeper.n_trials=3", "hydra.sweeper.confirm.rounds=0")
-    assert _study(tmp_path).user_attrs[STUDY_BATCH_RULE] is None
-    assert "hydra.sweeper.batch_keys=[data.batch_size,trainer.accumulate_grad_batches]" in out
+    rule = BatchRule.from_attr(_study(tmp_path).user_attrs[STUDY_BATCH_RULE])
+    assert rule is not None and rule.factors == (MICRO, STEPS)
+    assert f"batch_keys not set: ['{MICRO}', '{STEPS}']" in out

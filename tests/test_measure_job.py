@@ -72,6 +72,9 @@ def test_a_plain_loop_is_measured_and_the_job_ends_past_its_except_exception(met
     m = result.metrics
     # The test loader's batches of 20 feed no optimizer step: 8 samples a step, the loop's batch.
     assert m.global_batch == 8 and m.micro_batch == 8 and m.accumulation_steps == 1
+    # What the training loader was made with, for the search space found (not the test loader's).
+    observed = result.config["observed"]
+    assert observed["batch_size"] == 8 and observed["num_workers"] == 0
     assert m.lr == 0.05
     assert m.throughput > 0 and m.timed_steps >= SHORT["min_steps"]
     # Linear(12, 3), counted on the first step: the forward and the weights' gradient matmuls
@@ -134,5 +137,10 @@ def test_a_plain_loop_is_swept_with_the_callback_in_yaml_alone(tmp_path):
         assert measured["status"] == "ok"
         assert trial.user_attrs["global_batch"] == trial.params.get("batch_size", 64)
     assert study.trials[0].user_attrs["lr"] == 1.0  # mnist's Adadelta lr, from its param group
+    # The search space found in the baseline's run: the app's own keys, traced from its values.
+    proposal = (
+        Path(study.trials[0].user_attrs["run_dir"]) / "gpuopt_search_space.yaml"
+    ).read_text()
+    assert "batch_keys: [batch_size]" in proposal and "num_workers: choice(0, 1" in proposal
     left = subprocess.run(["pgrep", "-f", str(app)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout

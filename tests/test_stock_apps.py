@@ -338,6 +338,8 @@ def test_lightning_hydra_template_is_swept_for_throughput_with_two_yaml_files(tm
         trial_dir = sweep_dir / str(number)
         assert (trial_dir / "gpuopt_measured.json").is_file()
         assert "Starting testing!" not in (trial_dir / "train.log").read_text()
+    proposal = (sweep_dir / "0" / "gpuopt_search_space.yaml").read_text()  # found for you
+    assert "batch_keys: [data.batch_size]" in proposal and "data.num_workers: choice(" in proposal
     study = optuna.load_study(study_name="lightning_hydra_template_throughput",
                               storage=f"sqlite:///{tmp_path / 'out' / 'gpuopt.db'}")  # fmt: skip
     baseline = study.trials[0]

@@ -13,6 +13,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from gpuopt.core.rank_files import TRIAL_PID_ENV
 from gpuopt.core.result import TrialResult
 
 MEASURED_FILE = "gpuopt_measured.json"
+log = logging.getLogger("gpuopt")
 # What runs when the job's task returned, before the trial reads the file: a measuring hook's
 # "ended unmeasured" status (gpuopt.MeasureJob), which Hydra's on_job_end would write too late.
 _task_end: list[Callable[[], Any]] = []
@@ -50,12 +52,24 @@ def hydra_run_dir() -> Path | None:
 
 
 def write(result: TrialResult, run_dir: Path | None = None) -> Path | None:
-    """Save `result` in the job's run directory (None outside a Hydra job)."""
+    """Save `result` in the job's run directory (None outside a Hydra job), with the search space
+    found in it (gpuopt.core.search_space) where the result says what the training ran with; a
+    single run says that proposal in its log."""
+    from gpuopt.core.search_space import SEARCH_SPACE_FILE, write_proposal
+
     folder = run_dir or hydra_run_dir()
     if folder is None:
         return None
     path = folder / MEASURED_FILE
     result.save(path)
+    observed = result.config.get("observed")
+    if isinstance(observed, dict):
+        proposal = write_proposal(
+            folder, observed, str(result.env.get("device", "cpu")).split(":")[0]
+        )
+        if proposal and not in_sweep_trial():
+            log.info("gpuopt: the search space found in this run (%s):\n%s",
+                     folder / SEARCH_SPACE_FILE, proposal)  # fmt: skip
     return path
 
 

@@ -56,6 +56,19 @@ def job_device() -> torch.device:
     return torch.device("cpu")
 
 
+def loader_settings(iterator: _BaseDataLoaderIter) -> dict[str, Any]:
+    """What a DataLoader iterator was made with (the iterator keeps its loader's settings in
+    private attributes, read here only): what gpuopt.core.search_space traces to config keys."""
+    workers = int(getattr(iterator, "_num_workers", 0))
+    return {
+        "batch_size": getattr(getattr(iterator, "_index_sampler", None), "batch_size", None),
+        "num_workers": workers,
+        "pin_memory": bool(getattr(iterator, "_pin_memory", False)),
+        "prefetch_factor": getattr(iterator, "_prefetch_factor", None) if workers else None,
+        "persistent_workers": bool(getattr(iterator, "_persistent_workers", False)),
+    }
+
+
 class JobMeter:
     """The hooks of one job: install, (the job trains), then the result or a clear status."""
 
@@ -68,6 +81,7 @@ class JobMeter:
         self.train_data: int | None = None  # id() of the training loader's dataset
         self.fetched: dict[int, int] = defaultdict(int)  # samples per dataset before step 1
         self.last_fetched: int | None = None
+        self.loaders: dict[int, dict[str, Any]] = {}  # each loader's settings, by dataset
         self.step_samples: list[int] = []  # samples per optimizer step
         self.batch_sizes: list[int] = []  # samples per training batch (a micro-batch)
         self.batches = self.optimizer_steps = 0
@@ -109,6 +123,7 @@ class JobMeter:
         if self.train_data is None:
             self.fetched[dataset] += samples
             self.last_fetched = dataset
+            self.loaders.setdefault(dataset, loader_settings(iterator))
         elif counting:
             self._pending += samples
             self.batch_sizes.append(samples)
@@ -191,7 +206,11 @@ class JobMeter:
             status=status,
             metrics=trial.metrics,
             reason=reason,
-            config={"engine": {"name": ENGINE_NAME}, "measure": dataclasses.asdict(self.measure)},
+            config={
+                "engine": {"name": ENGINE_NAME},
+                "measure": dataclasses.asdict(self.measure),
+                "observed": self.loaders.get(self.train_data or -1, {}),
+            },
             env=fingerprint(trial.device),
             warnings=trial.warnings,
         )

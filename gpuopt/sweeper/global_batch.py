@@ -23,6 +23,7 @@ seeding after the baseline, the race and the summary read one record.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from typing import Any
 from gpuopt.core import knobs
 from gpuopt.study.keys import STUDY_BATCH_RULE
 from gpuopt.sweeper.options import KEY, SweepConfigError
+
+log = logging.getLogger("gpuopt.sweeper")
 
 # The summary's hint to an app that declared no batch keys (the Lightning example's keys).
 DECLARE_HINT = (
@@ -166,6 +169,8 @@ def for_sweep(
     would otherwise make every configuration "hold" the global batch."""
     from omegaconf import OmegaConf
 
+    if not batch_keys and not gpuopt_task:
+        batch_keys = found_batch_keys(searched)
     rule = BatchRule(tuple(batch_keys)) if batch_keys else gpuopt_rule({}) if gpuopt_task else None
     if rule is None:
         return None
@@ -179,6 +184,21 @@ def for_sweep(
         values[key] = None if value is _ABSENT else value
     values.update({k: v for k, v in fixed.items() if k in rule.keys})
     return BatchRule(rule.factors, rule.total, values)
+
+
+def found_batch_keys(searched: Sequence[str]) -> list[str]:
+    """An app's sweep that declares no `batch_keys`: the searched key named like a batch size
+    (and one named like an accumulation count), as gpuopt.core.search_space names them; said in
+    the log, since the same-training answer rests on them."""
+    from gpuopt.core.search_space import batch_keys_among
+
+    found = batch_keys_among(searched)
+    if found:
+        log.info(
+            "%s.batch_keys not set: %s (the searched keys named like a batch size and an "
+            "accumulation count; set %s.batch_keys to name others)", KEY, found, KEY,
+        )  # fmt: skip
+    return found
 
 
 def record(study: Any, rule: BatchRule | None) -> None:

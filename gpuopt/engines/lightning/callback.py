@@ -92,6 +92,7 @@ class UserMeasureCallback(pl.Callback):
         self._ranks: Any = None  # gpuopt.engines._distributed.Ranks under a multi-device strategy
         self._started = time.time()
         self._job_ended = False
+        self._observed: dict[str, Any] = {}  # what the fit ran with (batch size, workers, ...)
 
     def fit(self, trainer: pl.Trainer, model: pl.LightningModule, **fit_kwargs: Any) -> TrialResult:
         """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status (in a
@@ -207,6 +208,19 @@ class UserMeasureCallback(pl.Callback):
         m.micro_batch, m.accumulation_steps, m.lr = self._micro_batch, accumulate, self._lr
         if self._micro_batch is not None:
             m.global_batch = self._micro_batch * accumulate * int(trainer.world_size)
+        self._observed = {
+            "precision": str(trainer.precision),
+            "accumulate_grad_batches": accumulate,
+        }
+        loader = trainer.train_dataloader
+        if isinstance(loader, torch.utils.data.DataLoader):  # what gpuopt.core.search_space traces
+            self._observed.update(
+                batch_size=loader.batch_size,
+                num_workers=loader.num_workers,
+                pin_memory=loader.pin_memory,
+                prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+                persistent_workers=loader.persistent_workers,
+            )
 
     def _restore_profiler(self, trainer: pl.Trainer) -> None:
         if self._user_profiler is not None:
@@ -231,6 +245,7 @@ class UserMeasureCallback(pl.Callback):
                 "engine": {"name": "lightning_callback"},
                 "measure": dataclasses.asdict(self.measure),
                 "precision": {"lightning": trial.spec.engine.precision},
+                "observed": self._observed,
             },
             env=fingerprint(trial.device),
             warnings=trial.warnings,
