@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -108,10 +110,7 @@ def test_a_job_that_ends_unmeasured_gets_a_clear_status(meter, job, why):
     assert meter.unmeasured() is None or meter.unmeasured() is result  # said once
 
 
-@pytest.mark.slow
-def test_a_plain_loop_is_swept_with_the_callback_in_yaml_alone(tmp_path):
-    """pytorch/examples' mnist loop in a user's Hydra app; the sweep preset names gpuopt.MeasureJob
-    and gpuopt's sweeper. Every trial measured, a baseline and a confirmation, no process left."""
+def _plain_loop_app(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     app = tmp_path / "app"
     shutil.copytree(HELPERS / "plain_loop_app", app)
     shutil.copy(MNIST_MAIN, app / "main.py")
@@ -120,6 +119,15 @@ def test_a_plain_loop_is_swept_with_the_callback_in_yaml_alone(tmp_path):
     out.mkdir()
     env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(out)}
     env.pop("HYDRA_FULL_ERROR", None)
+    return app, env
+
+
+@pytest.mark.slow
+def test_a_plain_loop_is_swept_with_the_callback_in_yaml_alone(tmp_path):
+    """pytorch/examples' mnist loop in a user's Hydra app; the sweep preset names gpuopt.MeasureJob
+    and gpuopt's sweeper. Every trial measured, a baseline and a confirmation, no process left."""
+    app, env = _plain_loop_app(tmp_path)
+    out = tmp_path / "out"
     run = subprocess.run(
         [sys.executable, "train.py", "-m", "hparams_search=gpuopt"],
         cwd=app, env=env, capture_output=True, text=True, timeout=600,
@@ -144,3 +152,35 @@ def test_a_plain_loop_is_swept_with_the_callback_in_yaml_alone(tmp_path):
     assert "batch_keys: [batch_size]" in proposal and "num_workers: choice(0, 1" in proposal
     left = subprocess.run(["pgrep", "-f", str(app)], capture_output=True, text=True)
     assert left.stdout == "", left.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_of_a_plain_loop_leaves_no_process_behind(tmp_path):
+    """kill -9 of the sweep while a trial trains with a DataLoader worker: the trial process, its
+    controller and its worker end with the sweep (gpuopt's lifeline), nothing is left."""
+    app, env = _plain_loop_app(tmp_path)
+    sweep = subprocess.Popen(
+        [sys.executable, "train.py", "-m", "hparams_search=gpuopt", "num_workers=1",
+         "hydra.callbacks.gpuopt_measure.measure={time_budget_s:60,min_time_s:60}"],
+        cwd=app, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def running() -> list[str]:
+        found = subprocess.run(["pgrep", "-f", str(app)], capture_output=True, text=True)
+        return [pid for pid in found.stdout.split() if int(pid) != sweep.pid]
+
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(app.glob("multirun/*/*/0/train.log")):
+            time.sleep(0.2)
+        time.sleep(3)  # the trial trains: its loader's worker is up
+        assert len(running()) >= 3, running()  # the controller, the trial, its worker
+        sweep.send_signal(signal.SIGKILL)
+        sweep.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not running(), "processes of the killed sweep's trial still run"
+    finally:
+        for pid in running():
+            os.kill(int(pid), signal.SIGKILL)

@@ -92,12 +92,14 @@ class UserMeasureCallback(pl.Callback):
         self._ranks: Any = None  # gpuopt.engines._distributed.Ranks under a multi-device strategy
         self._started = time.time()
         self._job_ended = False
+        self._returns_result = False  # fit() called: its caller reads the result
         self._observed: dict[str, Any] = {}  # what the fit ran with (batch size, workers, ...)
 
     def fit(self, trainer: pl.Trainer, model: pl.LightningModule, **fit_kwargs: Any) -> TrialResult:
         """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status (in a
         multi-rank job a failing rank raises `RankFailed` instead, so that its launcher ends the
         job rather than its peers waiting in a collective)."""
+        self._returns_result = True  # the caller gets the result: the job goes on after the fit
         try:
             trainer.fit(model, **fit_kwargs)
         except Exception as exc:
@@ -195,11 +197,12 @@ class UserMeasureCallback(pl.Callback):
             self._job_ended = True  # once: Lightning's teardown after the raise comes back here
             raise measured_job.TrialMeasured("measured: gpuopt's sweep trial ends the job here")
 
-    @staticmethod
-    def _ends_job(trainer: pl.Trainer) -> bool:
-        """In a gpuopt sweep's trial of one process (a multi-rank job's ranks end their fit
-        together, on the stop rule's step)."""
-        return measured_job.in_sweep_trial() and int(trainer.world_size) == 1
+    def _ends_job(self, trainer: pl.Trainer) -> bool:
+        """In a gpuopt sweep's trial of one process, where the callback is listed in the app's
+        config (`fit()`'s caller gets the result and goes on; a multi-rank job's ranks end their
+        fit together, on the stop rule's step, and the app's code after the fit runs)."""
+        one_process = int(trainer.world_size) == 1
+        return measured_job.in_sweep_trial() and one_process and not self._returns_result
 
     # -- the result --------------------------------------------------------------------------
     def _record_training(self, trainer: pl.Trainer, m: Metrics) -> None:

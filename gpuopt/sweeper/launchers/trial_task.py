@@ -164,7 +164,9 @@ def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
         return failed_job(own, folder)
     measured_job.task_ended()
     measured = measured_job.read(folder.parent)
-    return value if measured is None else measured_job.with_app_return(measured, value)
+    if measured is None or isinstance(value, TrialResult):  # the task returned gpuopt's result
+        return value
+    return measured_job.with_app_return(measured, value)
 
 
 def failed_job(own: TrialResult, folder: Path) -> TrialResult:
