@@ -78,6 +78,9 @@ class Metric:
     column: Column | None = None  # the report's trials table, beside the objectives
     page: Column | None = None  # the report page's trials table
     gpm: str = ""  # read from NVML GPM's NVML_GPM_METRIC_<gpm> over the window (Hopper and newer)
+    # (a default objective, an env probe fact): as a default objective it stands in for that one
+    # on a device where `python -m gpuopt.env --json` says the fact is true
+    instead_of: tuple[str, str] | None = None
     name: str = ""  # its field's name, filled in by the catalogue
 
 
@@ -142,6 +145,7 @@ class Metrics:
         meaning="NVIDIA: NVML `utilization.gpu` during the timed window (\"a kernel was "
         "running\", not \"useful math\"); CPU: 100 - `data_wait`")
     sm_active: float | None = record("%", goal=MAX, ranks="mean", rank_row=True, gpm="SM_UTIL",
+        instead_of=("utilization", "gpm"),
         run=Row(8, "SM activity", note="GPM: the share of SMs busy", optional=True), compared=4,
         page=Column(5, "SM active %", 1, 5), meaning="NVIDIA Hopper and newer: the share of the "
         "SMs busy over the timed window (NVML GPM `NVML_GPM_METRIC_SM_UTIL`, DCGM's "
@@ -288,6 +292,20 @@ def names(**facts: Any) -> tuple[str, ...]:
     """The metrics whose records hold every given fact, in catalogue order:
     `names(rank_row=True)`, `names(ranks="mean")`, `names(window="uses")`."""
     return tuple(m.name for m in METRICS if all(getattr(m, k) == v for k, v in facts.items()))
+
+
+def on_device(name: str, facts: Mapping[str, Any]) -> str:
+    """The metric a default objective `name` is on a device with these env probe facts: the one
+    that stands in for it where its fact is true (`sm_active` for `utilization` where GPM is
+    there: work, not "a kernel was running"), else `name`."""
+    for m in METRICS:
+        if (
+            m.instead_of is not None
+            and m.instead_of[0] == name
+            and facts.get(m.instead_of[1]) is True
+        ):
+            return m.name
+    return name
 
 
 def window_metrics() -> frozenset[str]:

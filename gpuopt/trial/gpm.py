@@ -272,3 +272,18 @@ class _Refused(Exception):
     def __init__(self, value: int) -> None:
         super().__init__(f"NVML error {value}")
         self.value = value
+
+
+def device_support(device: Any, nvml: Any = None) -> tuple[bool, str | None]:
+    """Whether the CUDA `device` (a torch device) has GPM, and why not (one line): the env probe's
+    `gpm` fact (gpuopt.trial.devices.detect_capabilities), which makes `sm_active` the default
+    utilization objective (gpuopt.core.metrics.on_device). Never raises."""
+    from gpuopt.trial import monitor
+
+    try:
+        nvml = nvml if nvml is not None else monitor.import_nvml()
+        handle = monitor.nvml_handle(nvml, device)
+    except Exception as exc:
+        return False, f"NVML unavailable ({type(exc).__name__}: {exc}): {NULL_NOTE}"
+    sampler, why = open_gpm(nvml, handle)
+    return sampler is not None, why
