@@ -45,6 +45,9 @@ def _print_human(data: dict[str, Any]) -> None:
             f"{mode} {flops / 1e12:.3g} TFLOP/s" for mode, flops in data["peak_flops"].items()
         )
         console.print(f"[bold]Measured matmul peak:[/bold] {peaks} (cached in {cache_dir()})")
+    if "gpm" in data:  # CUDA: SM activity beside util.gpu (the default utilization objective)
+        gpm = "yes: sm_active is the utilization objective" if data["gpm"] else data.get("gpm_why")
+        console.print(f"[bold]GPM (SM, tensor-core, DRAM activity):[/bold] {gpm}")
     if data.get("accelerator"):
         console.print(f"[yellow]No accelerator visible:[/yellow] {data['accelerator']['why']}")
         console.print(f"  What to do: {data['accelerator']['what_to_do']}")

@@ -35,6 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
 MODELS = ("mlp", "cnn", "transformer")
+
+
+def _utilizations() -> tuple[str, ...]:
+    """util.gpu, GPM's metrics (the catalogue's) and MFU: what a sweep's baseline and best record."""
+    from gpuopt.core.metrics import METRICS
+
+    return ("utilization", *(m.name for m in METRICS if m.gpm), "mfu")
+
+
 PYTORCH_DEFAULTS = [
     "loader.batch_size=32",
     "loader.num_workers=0",
@@ -57,6 +66,7 @@ def default_sweep(
     import optuna
     from omegaconf import OmegaConf
 
+    from gpuopt.study.rules import pick_baseline
     from gpuopt.sweeper.space import override_text
 
     with tempfile.TemporaryDirectory(prefix="gpuopt_sweep_") as tmp:
@@ -86,6 +96,7 @@ def default_sweep(
         assert isinstance(results, dict)
         study = optuna.load_study(study_name=results["study_name"], storage=results["storage"])
         best = study.trials[int(results["best_trial"])]
+        baseline = pick_baseline(study.trials)
         summary = (Path(tmp) / "sweep" / "summary.txt").read_text()
         return {
             "command": " ".join(cmd[1:]).replace(tmp, "<tmp>"),
@@ -96,6 +107,12 @@ def default_sweep(
             "best_values": best.values,
             "overrides": [override_text(k, v) for k, v in best.params.items()],
             "summary": summary,
+            # util.gpu beside GPM's SM, tensor-core and DRAM activity, and MFU (docs/measuring.md)
+            "utilizations": {
+                role: {k: trial.user_attrs.get(k) for k in _utilizations()}
+                for role, trial in (("baseline", baseline), ("best", best))
+                if trial is not None
+            },
         }
 
 

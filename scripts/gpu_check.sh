@@ -4,9 +4,12 @@
 # own time limit and all under one overall deadline (a step that no longer fits is skipped):
 #   1. pytest -m gpu (tests/test_gpu.py: clocks, NVML, precisions, OOM, pinning, MFU)
 #   2. MFU: a matmul-bound MLP (width 8192) in fp32, tf32 and bf16, and a GPT (width 1024, depth 12)
-#      in bf16: end-to-end MFU and compute-only MFU (ceiling throughput) against the documented peak
+#      in bf16: end-to-end MFU and compute-only MFU (ceiling throughput) against the documented peak;
+#      util.gpu beside GPM's SM, tensor-core and DRAM activity for each, and for the launch-bound
+#      default mlp at micro-batch 32 (summary.json's `utilizations`)
 #   3. agreement of gpuopt's throughput with a plain loop with identical flags (the GPT, bf16)
-#   4. a default sweep of a CNN with a CPU-heavy loader (16 host cores): speedup over PyTorch defaults
+#   4. a default sweep of a CNN with a CPU-heavy loader (16 host cores): speedup over PyTorch defaults;
+#      its baseline's and best's util.gpu, GPM metrics and MFU (speedup.json's `utilizations`)
 # Everything lands directly under $OUT (7 files, all small):
 #   check.log  env.json  pytest_gpu.txt  mfu.json  agreement.json  speedup.json  summary.json
 #
@@ -128,6 +131,10 @@ for mode in fp32 tf32 bf16; do
     step "mfu_mlp_$mode" 40 mfu_run "mlp_$mode" "${MLP[@]}" "precision=$mode"
 done
 step mfu_gpt_bf16 50 mfu_run gpt_bf16 "${GPT[@]}" precision=bf16
+# The two utilizations apart (docs/measuring.md#two-utilizations): the default mlp at micro-batch
+# 32, launch-bound (util.gpu high, few SMs busy), beside the 8192-wide fp32 one above (SMs busy,
+# tensor cores idle at fp32) and bf16 (tensor cores busy). GPM's metrics land in mfu.json.
+step util_mlp_b32 30 mfu_run mlp_b32 model=mlp loader.batch_size=32 precision=bf16
 
 # ---- 3. agreement with a plain loop with identical flags (the GPT in bf16) -----------------------
 step agreement 110 "$PY" scripts/bench_agreement.py --models transformer --device cuda --rounds 2 \
@@ -144,7 +151,10 @@ step speedup 170 "$PY" scripts/bench_speedup.py --models cnn --device cuda --tri
 import json, sys
 from pathlib import Path
 
+from gpuopt.core.metrics import METRICS
 from gpuopt.trial.measure import peak_flops
+
+GPM = [metric.name for metric in METRICS if metric.gpm]  # sm_active, ..., beside util.gpu
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
 steps = [line.split("\t") for line in (work / "steps.tsv").read_text().splitlines() if line]
@@ -166,7 +176,8 @@ for path in sorted((work / "mfu").glob("*.json")):
         **{k: m.get(k) for k in ("throughput", "ceiling_throughput", "flops_per_sample",
                                  "step_time_ms", "data_wait", "utilization", "power_w",
                                  "energy_per_sample_j", "peak_memory_mb", "timed_steps",
-                                 "stop_reason")},
+                                 "stop_reason", "compute_dtype")},
+        **{k: m.get(k) for k in GPM},
         "warnings": result.get("warnings"),
     }
 (out / "mfu.json").write_text(json.dumps(mfu, indent=1))
@@ -176,6 +187,11 @@ summary = {
     "pytest_gpu": pytest_tail[0] if pytest_tail else None,
     "mfu": {k: {"mfu": v["mfu"], "mfu_compute_only": v["mfu_compute_only"], "status": v["status"]}
             for k, v in mfu.items()},
+    # util.gpu and SM activity apart: each run's two utilizations, its GPM metrics and MFU
+    "utilizations": {k: {"utilization": v["utilization"], **{g: v[g] for g in GPM},
+                         "mfu": v["mfu"], "gpm_warnings": [w for w in v["warnings"] or []
+                                                           if "GPM" in w]}
+                     for k, v in mfu.items()},
 }
 for name in ("agreement", "speedup", "env"):
     path = out / f"{name}.json"

@@ -77,6 +77,10 @@ class Metric:
     compared: int | None = None  # the report's baseline vs best, and --compare: its place
     column: Column | None = None  # the report's trials table, beside the objectives
     page: Column | None = None  # the report page's trials table
+    gpm: str = ""  # read from NVML GPM's NVML_GPM_METRIC_<gpm> over the window (Hopper and newer)
+    # (a default objective, an env probe fact): as a default objective it stands in for that one
+    # on a device where `python -m gpuopt.env --json` says the fact is true
+    instead_of: tuple[str, str] | None = None
     name: str = ""  # its field's name, filled in by the catalogue
 
 
@@ -123,11 +127,11 @@ class Metrics:
     intervals: str | None = record("", meaning="what the intervals cover, in words: "
         "`throughput_ci` over this window's steps, and the run-to-run spread or that it is not "
         "known for this machine and workload")
-    cpu_steal_pct: float | None = record("%", run=Row(21, "CPU steal", optional=True,
+    cpu_steal_pct: float | None = record("%", run=Row(25, "CPU steal", optional=True,
         note="CPU time the hypervisor gave other guests"), meaning="share of the machine's CPU "
         "time the hypervisor gave other guests during the window (`/proc/stat` steal; Linux VMs)")
     data_wait: float | None = record("%", goal=MIN, ranks="largest", rank_row=True, window="uses",
-        run=Row(5, "data wait", note="CUDA: GPU idle for input; CPU: host wait"), compared=4,
+        run=Row(5, "data wait", note="CUDA: GPU idle for input; CPU: host wait"), compared=5,
         column=Column(2, "wait"), page=Column(3, "data wait %", 1, 8), meaning="share of the "
         "timed window the device starved of input (CUDA: on the GPU timeline; CPU/MPS: the host's "
         "time in `next(loader)`); the input-bound diagnosis reads it")
@@ -137,25 +141,48 @@ class Metrics:
         "work or not); equals `data_wait` on CPU")
     utilization: float | None = record("%", goal=MAX, ranks="job", run=Row(7, "utilization",
         note="NVML on NVIDIA; CPU: 100 - data wait"), compared=3, column=Column(1, "util"),
+        page=Column(4, "util %", 1, 5),
         meaning="NVIDIA: NVML `utilization.gpu` during the timed window (\"a kernel was "
         "running\", not \"useful math\"); CPU: 100 - `data_wait`")
+    sm_active: float | None = record("%", goal=MAX, ranks="mean", rank_row=True, gpm="SM_UTIL",
+        instead_of=("utilization", "gpm"),
+        run=Row(8, "SM activity", note="GPM: the share of SMs busy", optional=True), compared=4,
+        page=Column(5, "SM active %", 1, 5), meaning="NVIDIA Hopper and newer: the share of the "
+        "SMs busy over the timed window (NVML GPM `NVML_GPM_METRIC_SM_UTIL`, DCGM's "
+        "`PROF_SM_ACTIVE`): work, where `utilization` says only that a kernel was running; "
+        "null where GPM is not there (older GPUs, MIG without GPM, no permission, CPU), the "
+        "trial's warnings say why ([two utilizations](#two-utilizations))")
+    sm_occupancy: float | None = record("%", goal=MAX, ranks="mean", rank_row=True,
+        gpm="SM_OCCUPANCY", run=Row(9, "SM occupancy", note="GPM: warps resident / maximum",
+        optional=True), meaning="the warps resident on the SMs against the most they hold, over "
+        "the window (`NVML_GPM_METRIC_SM_OCCUPANCY`, DCGM's `PROF_SM_OCCUPANCY`); null as "
+        "`sm_active`")
+    tensor_active: float | None = record("%", goal=MAX, ranks="mean", rank_row=True,
+        gpm="ANY_TENSOR_UTIL", run=Row(10, "tensor-core activity", note="GPM: tensor pipes busy",
+        optional=True), meaning="the share of the window the SMs' tensor pipes were busy "
+        "(`NVML_GPM_METRIC_ANY_TENSOR_UTIL`, DCGM's `PROF_PIPE_TENSOR_ACTIVE`); null as "
+        "`sm_active`")
+    dram_bw_util: float | None = record("%", ranks="mean", rank_row=True, gpm="DRAM_BW_UTIL",
+        run=Row(11, "DRAM bandwidth", note="GPM: of the theoretical maximum", optional=True),
+        meaning="DRAM bandwidth used against the theoretical maximum over the window "
+        "(`NVML_GPM_METRIC_DRAM_BW_UTIL`, DCGM's `PROF_DRAM_ACTIVE`); null as `sm_active`")
     peak_memory_mb: float | None = record("MB", goal=MIN, ranks="largest", rank_row=True,
-        run=Row(14, "peak memory"), compared=8, meaning="CUDA: `max_memory_allocated` over the "
+        run=Row(18, "peak memory"), compared=9, meaning="CUDA: `max_memory_allocated` over the "
         "timed window; CPU: growth of the main process's peak RSS from before the build")
     peak_reserved_mb: float | None = record("MB", goal=MIN, meaning="CUDA: `max_memory_reserved` "
         "over the timed window (allocated + cached: what the device must hold; shows "
         "fragmentation and `expandable_segments`); null elsewhere")
-    mfu: float | None = record("%", goal=MAX, ranks="per device", run=Row(11, "MFU", 2,
-        note="of the device's dense peak for the dtype"), compared=5, column=Column(3, "mfu"),
+    mfu: float | None = record("%", goal=MAX, ranks="per device", run=Row(15, "MFU", 2,
+        note="of the device's dense peak for the dtype"), compared=6, column=Column(3, "mfu"),
         meaning="model FLOPs x steps/s / the device's documented dense peak for the dtype the "
         "step runs in; null where the peak is unknown (CPUs)")
     hfu: float | None = record("%", goal=MAX, ranks="per device", meaning="the same with hardware "
         "FLOPs (an activation-checkpointed forward recomputed in the backward included)")
     mfu_achievable: float | None = record("%", goal=MAX, ranks="per device",
-        run=Row(12, "MFU (achievable)", 2, note="of the measured matmul peak", optional=True),
+        run=Row(16, "MFU (achievable)", 2, note="of the measured matmul peak", optional=True),
         meaning="model FLOP/s against this machine's measured matmul peak for the dtype "
         "(`peak_flops_measured`): also on CPUs")
-    flops_per_sample: float | None = record("FLOP", run=Row(13, "FLOPs / sample", 0, unit="",
+    flops_per_sample: float | None = record("FLOP", run=Row(17, "FLOPs / sample", 0, unit="",
         note="forward + backward"), meaning="model FLOPs per sample (forward + backward, no "
         "recompute), counted once outside the timed window")
     hardware_flops_per_sample: float | None = record("FLOP", meaning="what the device ran per "
@@ -164,40 +191,40 @@ class Metrics:
     peak_flops_measured: float | None = record("FLOP/s", meaning="the matmul probe's peak for the "
         "dtype (cached per machine; `python -m gpuopt.env` shows it)")
     ceiling_throughput: float | None = record("samples/s", goal=MAX, ranks="dropped",
-        run=Row(8, "compute ceiling", note="one on-device batch, no loader"), compared=7,
+        run=Row(12, "compute ceiling", note="one on-device batch, no loader"), compared=8,
         meaning="the same step replayed on one batch already on the device: the compute-only "
         "limit")
-    input_efficiency: float | None = record("%", goal=MAX, ranks="dropped", compared=6,
-        run=Row(9, "input efficiency", note="throughput / ceiling"), column=Column(4, "in_eff"),
+    input_efficiency: float | None = record("%", goal=MAX, ranks="dropped", compared=7,
+        run=Row(13, "input efficiency", note="throughput / ceiling"), column=Column(4, "in_eff"),
         meaning="`throughput` / `ceiling_throughput`: what the input pipeline costs")
     loader_cost_us: float | None = record("core-µs",
         meaning="per sample: the input pipeline (a worker-like loop, CPU clock)")
     compute_cost_us: float | None = record("core-µs",
         meaning="per sample: the compute (CPU time of the ceiling replay; CPU only)")
     limit_throughput: float | None = record("samples/s", ranks="dropped",
-        run=Row(10, "machine limit", optional=True), meaning="the most this machine can do for "
+        run=Row(14, "machine limit", optional=True), meaning="the most this machine can do for "
         "this workload; see [How far from the limit](limits.md#how-far-from-the-limit)")
     limit_bound: str | None = record("", ranks="dropped",
         meaning="what bounds it: `cores` (CPU), `loader` or `compute`")
     limit_efficiency: float | None = record("%", goal=MAX, ranks="dropped",
         meaning="`throughput` / `limit_throughput`")
-    compile_time_s: float | None = record("s", goal=MIN, run=Row(17, "compile time", 2,
+    compile_time_s: float | None = record("s", goal=MIN, run=Row(21, "compile time", 2,
         note="first step through torch.compile"), meaning="first step through `torch.compile`")
-    warmup_time_s: float | None = record("s", run=Row(18, "warm-up time", 2),
+    warmup_time_s: float | None = record("s", run=Row(22, "warm-up time", 2),
         meaning="the warm-up steps")
-    startup_time_s: float | None = record("s", ranks="largest", run=Row(19, "startup time", 2,
+    startup_time_s: float | None = record("s", ranks="largest", run=Row(23, "startup time", 2,
         note="process start -> first timed step"), meaning="process start to the first timed "
         "step (imports, build, compile, warm-up)")
-    power_w: float | None = record("W", goal=MIN, ranks="sum", run=Row(15, "power"),
+    power_w: float | None = record("W", goal=MIN, ranks="sum", run=Row(19, "power"),
         meaning="NVML power (total-energy counter / window seconds where supported); null "
         "without NVML")
-    energy_per_sample_j: float | None = record("J", goal=MIN, ranks="job", compared=9,
-        run=Row(16, "energy / sample", 4), meaning="`power_w` / `throughput`; null without NVML")
+    energy_per_sample_j: float | None = record("J", goal=MIN, ranks="job", compared=10,
+        run=Row(20, "energy / sample", 4), meaning="`power_w` / `throughput`; null without NVML")
     utilization_source: str | None = record("", meaning="how NVML's utilization was obtained: "
         "`device samples` or `polled`; null without NVML")
     power_source: str | None = record("", meaning="how NVML's power was obtained: "
         "`energy counter` or `polled mean`; null without NVML")
-    timed_steps: int | None = record("steps", rank_row=True, run=Row(20, "timed window"),
+    timed_steps: int | None = record("steps", rank_row=True, run=Row(24, "timed window"),
         meaning="the timed window's optimizer steps")
     timed_seconds: float | None = record("s", ranks="largest", rank_row=True,
         meaning="the timed window's seconds")
@@ -215,7 +242,7 @@ class Metrics:
     accumulation_steps: int | None = record("", meaning="micro-batches per optimizer step")
     lr_scale: float | None = record("",
         meaning="the factor `optimizer.lr_scaling` applied to `optimizer.lr`")
-    world_size: int | None = record("", ranks="job", run=Row(22, "ranks", optional=True),
+    world_size: int | None = record("", ranks="job", run=Row(26, "ranks", optional=True),
         meaning="a distributed trial's ranks ([distributed.md](distributed.md)); null for one "
         "process")
     straggler_rank: int | None = record("", ranks="job",
@@ -225,7 +252,7 @@ class Metrics:
     peak_memory_spread_mb: float | None = record("MB", ranks="job",
         meaning="largest - smallest rank's peak memory")
     comm_share: float | None = record("%", ranks="mean", rank_row=True,
-        run=Row(23, "communication", optional=True), meaning="with `profile=on`: the share of "
+        run=Row(27, "communication", optional=True), meaning="with `profile=on`: the share of "
         "the profiled step a collective was in flight (the ranks' mean)")
     comm_exposed: float | None = record("%", ranks="mean", rank_row=True, meaning="the part of "
         "`comm_share` the training thread waited (on CUDA: no other kernel ran)")
@@ -265,6 +292,20 @@ def names(**facts: Any) -> tuple[str, ...]:
     """The metrics whose records hold every given fact, in catalogue order:
     `names(rank_row=True)`, `names(ranks="mean")`, `names(window="uses")`."""
     return tuple(m.name for m in METRICS if all(getattr(m, k) == v for k, v in facts.items()))
+
+
+def on_device(name: str, facts: Mapping[str, Any]) -> str:
+    """The metric a default objective `name` is on a device with these env probe facts: the one
+    that stands in for it where its fact is true (`sm_active` for `utilization` where GPM is
+    there: work, not "a kernel was running"), else `name`."""
+    for m in METRICS:
+        if (
+            m.instead_of is not None
+            and m.instead_of[0] == name
+            and facts.get(m.instead_of[1]) is True
+        ):
+            return m.name
+    return name
 
 
 def window_metrics() -> frozenset[str]:

@@ -15,6 +15,7 @@ these same pieces. torch is imported inside functions.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,32 +90,45 @@ def measure_timed_window(
 
 
 class WindowMonitors:
-    """The NVML sampler running beside the timed window (none where NVML is absent: a note says
-    why). `stop` may be called more than once (the window's end, then a failure's clean-up)."""
+    """The NVML sampler and, on GPUs with GPM (Hopper and newer), the GPM sampler running beside
+    the timed window (none where NVML or GPM is absent: a note says why). `stop` may be called
+    more than once (the window's end, then a failure's clean-up)."""
 
     def __init__(self, device: torch.device, interval_s: float, notes: list[str]) -> None:
         self.device, self.interval_s, self.notes = device, interval_s, notes
         self._sampler: Any = None
+        self._gpm: Any = None
+
+    def _say(self, note: str | None) -> None:
+        if note and note not in self.notes:
+            self.notes.append(note)
 
     def start(self) -> None:
-        from gpuopt.trial import monitor
+        from gpuopt.trial import gpm, monitor
 
         sampler, note = monitor.open_sampler(self.device, self.interval_s)
-        if note:
-            self.notes.append(note)
+        self._say(note)
         self._sampler = sampler
-        if sampler is not None:
-            sampler.start()
+        if sampler is None:
+            return
+        sampler.start()
+        self._gpm, note = gpm.open_gpm(sampler.nvml, sampler.handle)
+        self._say(note)
+        if self._gpm is not None:
+            self._gpm.start()  # last: its first sample is the window's start
 
     def stop(self) -> Any:
-        """The window's NVML statistics (`gpuopt.trial.monitor.NvmlStats`), or None without a sampler.
-        The statistics' `notes` (a number that fell back to NVML's coarser averages) join the
-        trial's notes."""
+        """The window's NVML statistics (`gpuopt.trial.monitor.NvmlStats`, its `gpm` the GPM
+        metrics), or None without a sampler. The statistics' `notes` (a number that fell back to
+        NVML's coarser averages, a GPM metric NVML did not give) join the trial's notes."""
+        gpm_sampler, self._gpm = self._gpm, None
+        gpm_stats = gpm_sampler.stop() if gpm_sampler is not None else None  # first: the end
         sampler, self._sampler = self._sampler, None
         stats = sampler.stop() if sampler is not None else None
-        for note in getattr(stats, "notes", ()) or ():
-            if note not in self.notes:
-                self.notes.append(note)
+        if stats is not None and gpm_stats is not None:
+            stats = dataclasses.replace(stats, gpm=gpm_stats)
+        for note in [*(getattr(stats, "notes", ()) or ()), *getattr(gpm_stats, "notes", ())]:
+            self._say(note)
         return stats
 
 
@@ -245,12 +259,16 @@ def record_window(
 
 
 def apply_device_monitor(m: Metrics, device_type: str, nvml: Any, samples: int) -> None:
-    """Utilization, power and energy: NVML's numbers on NVIDIA (null where NVML is absent);
+    """Utilization, power and energy: NVML's numbers on NVIDIA (null where NVML is absent), and
+    GPM's SM, tensor-core and DRAM activity where the GPU has it;
     on CPU, utilization = 100 - data_wait (the share of the window spent computing)."""
     if device_type == "cpu":
         m.utilization = None if m.data_wait is None else 100.0 - m.data_wait
         return
     m.utilization = nvml.utilization if nvml is not None else None
+    gpm = getattr(nvml, "gpm", None)
+    for name, value in (gpm.values if gpm is not None else {}).items():
+        setattr(m, name, value)
     m.power_w = nvml.power_w if nvml is not None else None
     m.utilization_source = getattr(nvml, "utilization_source", None)
     m.power_source = getattr(nvml, "power_source", None)

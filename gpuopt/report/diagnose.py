@@ -18,6 +18,11 @@ The rules read only measured metrics (see gpuopt/core/result.py, `Metrics`) and 
 5. compute-bound     busy, mfu between the two thresholds - or on CPU, where utilization is derived
                      as 100 - data_wait and MFU is not measured ("MFU unknown")
 
+Where the GPU has GPM (Hopper and newer), two rules read what utilization cannot
+(gpuopt/report/gpm_rules.py): busy but idle SMs (utilization high, sm_active low: kernels too
+small or launch-bound), before the utilization rule; tensor cores idle in a matmul-heavy step at
+fp32, before the MFU rules.
+
 The rules are the table `RULES` (first match wins), each a small `Rule`: when it applies, its
 verdict, the evidence lines it cites and its suggestions. What they read (`Facts`), the thresholds
 above and the helpers that cite evidence and suggest settings are gpuopt/report/evidence.py.
@@ -66,6 +71,16 @@ from gpuopt.report.evidence import (
     nothing,
     phase_evidence,
     phase_suggestions,
+)
+from gpuopt.report.gpm_rules import (
+    busy_but_idle_sms,
+    idle_sms_evidence,
+    idle_sms_suggestions,
+    idle_sms_summary,
+    idle_tensor_cores,
+    idle_tensor_evidence,
+    idle_tensor_suggestions,
+    idle_tensor_summary,
 )
 
 NEAR_LIMIT_SUMMARY = (
@@ -179,6 +194,14 @@ RULES: tuple[Rule, ...] = (
         idle_citation,
     ),
     Rule(
+        "busy GPU, idle SMs (GPM)",
+        busy_but_idle_sms,
+        Bottleneck.HOST,
+        idle_sms_summary,
+        idle_sms_evidence,
+        idle_sms_suggestions,
+    ),
+    Rule(
         "host/launch-bound",
         lambda f: f.cuda and f.utilization is not None and f.utilization < UTILIZATION_LOW_PCT,
         Bottleneck.HOST,
@@ -187,6 +210,14 @@ RULES: tuple[Rule, ...] = (
         gpu_evidence,
         host_suggestions,
         lambda f: idle_citation(f) or largest_phase_citation(f),
+    ),
+    Rule(
+        "tensor cores idle at fp32 (GPM)",
+        idle_tensor_cores,
+        Bottleneck.COMPUTE,
+        idle_tensor_summary,
+        idle_tensor_evidence,
+        idle_tensor_suggestions,
     ),
     Rule(
         "busy GPU, MFU unknown",

@@ -115,6 +115,13 @@ class Facts:
     # exposed part (the ranks' mean: gpuopt.trial.comm_trace).
     comm_share: float | None = None
     comm_exposed: float | None = None
+    # GPM (Hopper and newer; gpuopt.trial.gpm): % of SMs busy, warps resident, tensor pipes busy,
+    # DRAM bandwidth; and the dtype the step computed in (`compute_dtype`: fp32, tf32, bf16, fp16).
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_bw_util: float | None = None
+    compute_dtype: str | None = None
 
     @classmethod
     def of(
@@ -149,6 +156,11 @@ class Facts:
             higher_limit=highest if higher_elsewhere(metrics, highest) else None,
             comm_share=number("comm_share"),
             comm_exposed=number("comm_exposed"),
+            sm_active=number("sm_active"),
+            sm_occupancy=number("sm_occupancy"),
+            tensor_active=number("tensor_active"),
+            dram_bw_util=number("dram_bw_util"),
+            compute_dtype=dtype if isinstance(dtype := metrics.get("compute_dtype"), str) else None,
             **_profile_facts(metrics.get("profile")),
         )
 
@@ -317,7 +329,21 @@ def gpu_evidence(f: Facts) -> list[str]:
         if f.mfu is not None
         else ""
     )
-    return [*input_evidence(f), utilization, _mfu_text(f) + thresholds]
+    return [*input_evidence(f), utilization, *gpm_lines(f), _mfu_text(f) + thresholds]
+
+
+def gpm_lines(f: Facts) -> list[str]:
+    """GPM's numbers where the GPU has it (Hopper and newer): what `utilization` cannot say."""
+    lines = []
+    if f.sm_active is not None:
+        lines.append(f"SM activity {f.sm_active:.1f}% (GPM: the share of SMs busy)")
+    if f.sm_occupancy is not None:
+        lines.append(f"SM occupancy {f.sm_occupancy:.1f}% (GPM: warps resident / maximum)")
+    if f.tensor_active is not None:
+        lines.append(f"tensor-core activity {f.tensor_active:.1f}% (GPM: tensor pipes busy)")
+    if f.dram_bw_util is not None:
+        lines.append(f"DRAM bandwidth {f.dram_bw_util:.1f}% of the maximum (GPM)")
+    return lines
 
 
 # -- suggestions: what to try next, as config keys -----------------------------------------------

@@ -250,7 +250,7 @@ def trials_table(report: StudyReport) -> str:
         rows.append(f"<tr{css}>{''.join(cells)}</tr>")
     widths = (9, 8, *([6] if grouped else []), *([10] if objective else []),
               *(c.width for _, c in shown), 14,
-              35 - (10 if objective else 0) - (6 if grouped else 0))  # fmt: skip
+              33 - (10 if objective else 0) - (6 if grouped else 0))  # fmt: skip
     cols = "".join(f'<col style="width:{w}%">' for w in widths)
     header = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (

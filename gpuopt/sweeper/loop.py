@@ -129,6 +129,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         clock = PhaseClock()
         names, directions = task.objectives(self.options, self.direction)
         facts, probe, space = self._plan(arguments)
+        names = task.device_objectives(self.options, names, probe.data)  # util.gpu or SM activity
         rule = global_batch.for_sweep(  # which configurations hold the global batch (answer a)
             self.options.batch_keys,
             self.options.gpuopt_task,

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.core.metrics import goals
+from gpuopt.core.metrics import goals, on_device
 from gpuopt.core.result import Metrics, Status, TrialResult, result_user_attrs
 from gpuopt.sweeper.options import SweepConfigError
 
 DEFAULT_OBJECTIVES = ("throughput_amortized", "utilization")
+UTILIZATION = "utilization"  # NVML's util.gpu; where GPM is there, its stand-in (`on_device`)
 DIRECTIONS = ("minimize", "maximize")
 # Constraint keys set on every COMPLETE gpuopt trial: 1.0 when the trial hit it (infeasible), else 0.
 # `numerics`: an ok trial whose numerics guard found the loss drifting from the fp32 reference
@@ -99,6 +100,33 @@ def resolve_objectives(
             "it follows each metric's goal)",
         )
     return names, directions
+
+
+def on_this_device(names: Sequence[str], facts: Mapping[str, Any] | None) -> list[str]:
+    """The default objectives on the device the env probe describes (`facts`: `python -m
+    gpuopt.env --json`): `utilization` is `sm_active` where the GPU has GPM (Hopper and newer:
+    the share of SMs busy, where util.gpu says only that a kernel was running), else itself
+    (gpuopt.core.metrics.on_device). Only for the defaults: objectives a user names stay."""
+    return [on_device(name, facts or {}) for name in names]
+
+
+def utilization_note(names: Sequence[str], facts: Mapping[str, Any] | None) -> str | None:
+    """One line: which utilization a sweep on an NVIDIA GPU optimizes and why; None when
+    neither is an objective, or off NVIDIA (`facts`: the env probe's)."""
+    facts = facts or {}
+    stand_in = on_device(UTILIZATION, {**facts, "gpm": True})
+    if stand_in in names:
+        return (
+            f"utilization objective: {stand_in} (GPM: the share of SMs busy); {UTILIZATION} "
+            "(NVML util.gpu: a kernel was running) recorded beside it as evidence"
+        )
+    if UTILIZATION not in names or facts.get("device") != "cuda":
+        return None  # off NVIDIA, utilization is 100 - data_wait: the metric table says so
+    why = facts.get("gpm_why") or "the env probe did not say whether GPM is there"
+    return (
+        f"utilization objective: {UTILIZATION} (NVML util.gpu: a kernel was running), not "
+        f"{stand_in}: {why}"
+    )
 
 
 def _is_list_config(value: Any) -> bool:

@@ -29,7 +29,12 @@ from omegaconf import OmegaConf
 
 from gpuopt.core.limits import highest_limit
 from gpuopt.study.experiment import overrides_to_experiment, write_experiment
-from gpuopt.study.keys import ATTR_BASELINE_SKIPPED, ATTR_OVERRIDES, STUDY_OBJECTIVES
+from gpuopt.study.keys import (
+    ATTR_BASELINE_SKIPPED,
+    ATTR_OVERRIDES,
+    STUDY_HARDWARE,
+    STUDY_OBJECTIVES,
+)
 from gpuopt.study.noise import NoiseView, noise_view
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import (
@@ -45,6 +50,7 @@ from gpuopt.study.rules import (
 )
 from gpuopt.sweeper import global_batch, interference
 from gpuopt.sweeper.global_batch import DECLARE_HINT
+from gpuopt.sweeper.objectives import utilization_note
 from gpuopt.sweeper.race import policy as race_policy
 from gpuopt.sweeper.space import parser
 from gpuopt.sweeper.stock_results import stock_results
@@ -99,6 +105,17 @@ def _declare_hint(study: optuna.Study, sweep: SweepIdentity, baseline: Any) -> s
     return DECLARE_HINT if measured and global_batch.read(study.user_attrs) is None else None
 
 
+def _utilization_notes(study: optuna.Study, sweep: SweepIdentity) -> list[str]:
+    """Which utilization a sweep on an NVIDIA GPU optimized: util.gpu, or GPM's SM activity
+    (the study's env probe says whether the GPU has GPM)."""
+    if not sweep.metrics_named:
+        return []
+    hardware = study.user_attrs.get(STUDY_HARDWARE) or {}
+    env = hardware.get("env") if isinstance(hardware, dict) else None
+    note = utilization_note(sweep.names, env if isinstance(env, dict) else None)
+    return [note] if note else []
+
+
 def write_outputs(
     study: optuna.Study,
     sweep: SweepIdentity,
@@ -146,6 +163,7 @@ def write_outputs(
         answers.append(f"same-training config: {same_yaml}")
         answers.append(f"  reproduce: {sweep.reproduce_experiment('best_same_training')}")
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
+    notes += _utilization_notes(study, sweep)
     notes += repeats_lines(all_trials)
     for note in (interference.summary_note(all_trials), race_policy.no_contender_note(all_trials)):
         if note:

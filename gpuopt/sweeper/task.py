@@ -24,7 +24,7 @@ from gpuopt.core.metrics import goals
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.rules import plain_labels, plain_names
 from gpuopt.sweeper import machine
-from gpuopt.sweeper.objectives import resolve_objectives
+from gpuopt.sweeper.objectives import on_this_device, resolve_objectives, utilization_note
 from gpuopt.sweeper.open_study import space_digest
 from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
 from gpuopt.sweeper.outputs import SweepIdentity
@@ -61,6 +61,20 @@ def objectives(options: SweeperOptions, direction: Any) -> tuple[list[str], list
         return names, directions
     directions = stock_directions(direction)
     return plain_labels(len(directions)), directions
+
+
+def device_objectives(
+    options: SweeperOptions, names: list[str], facts: Mapping[str, Any] | None
+) -> list[str]:
+    """gpuopt's default objectives on the probed device (`sm_active` for `utilization` where
+    the GPU has GPM), said in one line; objectives the user named, and another app's, stay."""
+    if options.objectives is not None or not options.gpuopt_task:
+        return names
+    names = on_this_device(names, facts)
+    note = utilization_note(names, facts)
+    if note:
+        log.info(note)
+    return names
 
 
 def study_metric_names(study: optuna.Study, names: list[str]) -> list[str]:

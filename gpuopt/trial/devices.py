@@ -22,6 +22,7 @@ import gpuopt
 from gpuopt.core import knobs
 from gpuopt.core.checks.device import check_device_facts
 from gpuopt.core.host import cpu_model, usable_cpus
+from gpuopt.trial.gpm import device_support
 
 if TYPE_CHECKING:
     import torch
@@ -205,6 +206,9 @@ def detect_capabilities(device: torch.device | str | None = None) -> dict[str, A
         major, minor = torch.cuda.get_device_capability(device)
         facts.update(compute_capability=f"{major}.{minor}", tf32=major >= 8, bf16_native=major >= 8)
         facts["gpu_count"] = torch.cuda.device_count()
+        facts["gpm"], why = device_support(device)  # SM activity etc. (Hopper and newer)
+        if why:
+            facts["gpm_why"] = why
     elif device.type == "mps":
         facts.update(tf32=False)
     return facts

@@ -64,6 +64,7 @@ class NvmlStats:
     utilization_source: str | None = None  # UTILIZATION_SAMPLED | UTILIZATION_POLLED | None
     power_source: str | None = None  # POWER_COUNTER | POWER_POLLED | None
     notes: tuple[str, ...] = ()  # why a number fell back to NVML's coarser averages
+    gpm: Any = None  # the window's GPM metrics (gpuopt.trial.gpm.GpmStats), None without GPM
 
 
 def _mean(values: list[float]) -> float | None:
@@ -272,8 +273,8 @@ def open_sampler(
         handle = nvml_handle(nvml, device)
     except Exception as exc:
         note = (
-            f"NVML unavailable ({type(exc).__name__}: {exc}): utilization, power_w and "
-            "energy_per_sample_j are null"
+            f"NVML unavailable ({type(exc).__name__}: {exc}): utilization, power_w, "
+            "energy_per_sample_j and the GPM metrics are null"
         )
         if not _said_absent:
             log.warning(note)

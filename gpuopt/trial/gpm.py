@@ -1,0 +1,289 @@
+"""NVML GPU Performance Monitoring (GPM) over the timed window: SM activity, occupancy, tensor-core
+and DRAM activity (Hopper and newer).
+
+NVML's `utilization.gpu` (gpuopt.trial.monitor) is the share of a 1/6-1 s period in which at least
+one kernel ran: one tiny kernel at a time reads 100%. GPM reads the SMs' own counters: a GPM
+sample (nvmlGpmSampleGet) is a snapshot of them, and nvmlGpmMetricsGet turns two samples (sample1
+the earlier) into each metric's average between them. So the window's numbers come from a sample
+at its start and one at its end; a long window adds a sample every `interval_s` from a
+background thread, each segment's values weighted by its seconds (the mean over the window, with
+no counter read over minutes). NVML's GPM refreshes its counters every 100 ms: a segment shorter
+than that is merged into its neighbour (the one before the end's sample is dropped).
+
+Which metrics, and the Metrics field each fills, is the metric catalogue's (`Metric.gpm`,
+gpuopt.core.metrics): `NVML_GPM_METRIC_<gpm>`. A MIG instance is sampled through its parent GPU
+(nvmlGpmMigSampleGet with its GPU instance id). Where GPM is not there (a GPU older than Hopper,
+MIG without GPM support, no permission, an nvidia-ml-py without the GPM API) `open_gpm` says why
+in one line, and the metrics stay null; no GPM call ever raises out of this module.
+
+The NVML module is injectable (tests drive it with a scripted stand-in, tests/test_gpm.py); the
+real one is pynvml (nvidia-ml-py >= 12), the handle the NVML sampler uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuopt.core.metrics import METRICS
+
+GPM_MIN_SEGMENT_S = 0.1  # NVML's GPM refresh: two samples closer than this read no new counters
+GPM_INTERVAL_S = 1.0  # a long window's intermediate samples, this far apart
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_GPM_METRICS_GET_VERSION = 1  # pynvml's, for stand-ins that lack it
+NULL_NOTE = "sm_active, sm_occupancy, tensor_active and dram_bw_util are null"
+
+
+def gpm_fields() -> tuple[tuple[str, str], ...]:
+    """(Metrics field, NVML_GPM_METRIC_* suffix) of every metric GPM reads (the catalogue's)."""
+    return tuple((m.name, m.gpm) for m in METRICS if m.gpm)
+
+
+@dataclass(frozen=True)
+class GpmStats:
+    """The window's GPM metrics (Metrics field -> %, None where NVML gave none) and why not."""
+
+    values: dict[str, float | None]
+    samples: int  # GPM samples taken over the window, its ends included
+    window_s: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class _Taken:
+    t: float  # time.perf_counter()
+    sample: Any  # the NVML sample buffer
+
+
+@dataclass
+class _Segment:
+    seconds: float
+    values: dict[str, float]  # the metrics NVML computed for it (nvmlReturn SUCCESS)
+    errors: dict[str, int] = field(default_factory=dict)  # the others: their nvmlReturn
+
+
+def _error_code(exc: BaseException) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def why_not(nvml: Any, exc: BaseException, mig: bool = False) -> str:
+    """One line: why GPM is not there, from the NVML error a GPM call raised."""
+    code = _error_code(exc)
+    if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", NVML_ERROR_NO_PERMISSION):
+        why = "no permission to read GPM counters (NVML_ERROR_NO_PERMISSION)"
+    elif code == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED):
+        why = "GPM is not supported " + (
+            "for this MIG instance" if mig else "on this GPU (Hopper and newer have it)"
+        )
+    else:
+        why = f"GPM unavailable ({type(exc).__name__}: {exc})"
+    return f"{why}: {NULL_NOTE}"
+
+
+class GpmSampler:
+    """GPM samples of one device (or MIG instance) between start() and stop(): one at each end of
+    the window, more every `interval_s` in between; stop() gives the window's metrics and frees
+    every sample buffer. `read(buffer)` fills a buffer (nvmlGpmSampleGet or nvmlGpmMigSampleGet).
+    """
+
+    def __init__(
+        self,
+        nvml: Any,
+        read: Callable[[Any], Any],
+        interval_s: float = GPM_INTERVAL_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.nvml, self._read, self.interval_s, self._clock = nvml, read, interval_s, clock
+        self.taken: list[_Taken] = []
+        self._notes: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def take(self) -> BaseException | None:
+        """One sample now, appended to `taken`; the NVML error (also noted) when it refused."""
+        try:
+            buffer = self.nvml.nvmlGpmSampleAlloc()
+        except Exception as exc:
+            self._note(f"nvmlGpmSampleAlloc: {type(exc).__name__}: {exc}")
+            return exc
+        try:
+            self._read(buffer)
+        except Exception as exc:
+            self._free(buffer)
+            self._note(f"nvmlGpmSampleGet: {type(exc).__name__}: {exc}")
+            return exc
+        with self._lock:
+            self.taken.append(_Taken(self._clock(), buffer))
+        return None
+
+    def _note(self, note: str) -> None:
+        if note not in self._notes:
+            self._notes.append(note)
+
+    def _free(self, buffer: Any) -> None:
+        with contextlib.suppress(Exception):  # a buffer NVML will not free: nothing else to do
+            self.nvml.nvmlGpmSampleFree(buffer)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.take()
+
+    def start(self) -> None:
+        self.taken, self._notes = [], []
+        self._stop.clear()
+        self.take()
+        self._thread = threading.Thread(target=self._run, name="gpuopt-gpm", daemon=True)
+        self._thread.start()
+
+    def discard(self) -> None:
+        """Free the samples taken so far (none kept)."""
+        for taken in self.taken:
+            self._free(taken.sample)
+        self.taken, self._notes = [], []
+
+    def stop(self) -> GpmStats:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.take()  # the window's end
+        try:
+            return self._stats()
+        finally:
+            self.discard()
+
+    def _stats(self) -> GpmStats:
+        kept = spaced(self.taken, GPM_MIN_SEGMENT_S)
+        window_s = self.taken[-1].t - self.taken[0].t if len(self.taken) >= 2 else 0.0
+        names = [name for name, _ in gpm_fields()]
+        if len(kept) < 2:
+            why = "; ".join(self._notes) or "fewer than two samples over the window"
+            note = f"GPM unavailable ({why}): {NULL_NOTE}"
+            return GpmStats(dict.fromkeys(names), len(self.taken), window_s, (note,))
+        notes: list[str] = []
+        segments = [self.segment(a, b) for a, b in itertools.pairwise(kept)]
+        values: dict[str, float | None] = {}
+        for name in names:
+            weighted = [(s.seconds, s.values[name]) for s in segments if name in s.values]
+            seconds = sum(w for w, _ in weighted)
+            values[name] = sum(w * v for w, v in weighted) / seconds if seconds > 0 else None
+            if values[name] is None:
+                codes = sorted({s.errors[name] for s in segments if name in s.errors})
+                notes.append(f"GPM: {name} null (NVML returned {codes or 'no value'})")
+        if window_s < GPM_MIN_SEGMENT_S:
+            notes.append(
+                f"GPM: the window ({window_s * 1e3:.0f} ms) is shorter than GPM's 100 ms "
+                "refresh: its metrics read partly outside it"
+            )
+        return GpmStats(values, len(self.taken), window_s, tuple(notes))
+
+    def segment(self, first: _Taken, second: _Taken) -> _Segment:
+        """The metrics between two samples (nvmlGpmMetricsGet; sample1 is the earlier)."""
+        fields = gpm_fields()
+        request = self.nvml.c_nvmlGpmMetricsGet_t()
+        request.version = getattr(
+            self.nvml, "NVML_GPM_METRICS_GET_VERSION", NVML_GPM_METRICS_GET_VERSION
+        )
+        request.numMetrics = len(fields)
+        request.sample1, request.sample2 = first.sample, second.sample
+        for i, (_, gpm) in enumerate(fields):
+            request.metrics[i].metricId = getattr(self.nvml, f"NVML_GPM_METRIC_{gpm}")
+        seconds = second.t - first.t
+        try:
+            self.nvml.nvmlGpmMetricsGet(request)
+        except Exception as exc:
+            code = _error_code(exc) or -1
+            return _Segment(seconds, {}, {name: code for name, _ in fields})
+        values, errors = {}, {}
+        for i, (name, _) in enumerate(fields):
+            metric = request.metrics[i]
+            if metric.nvmlReturn == NVML_SUCCESS:
+                values[name] = float(metric.value)
+            else:
+                errors[name] = int(metric.nvmlReturn)
+        return _Segment(seconds, values, errors)
+
+
+def spaced(taken: list[_Taken], min_s: float) -> list[_Taken]:
+    """The samples that bound segments of at least `min_s`: the first, each one at least `min_s`
+    after the last kept, and the last (which replaces a kept one closer than `min_s` to it, so
+    that the last segment is long enough too; a window shorter than `min_s` keeps both ends)."""
+    if len(taken) < 2:
+        return list(taken)
+    kept = [taken[0]]
+    for t in taken[1:-1]:
+        if t.t - kept[-1].t >= min_s:
+            kept.append(t)
+    if len(kept) > 1 and taken[-1].t - kept[-1].t < min_s:
+        kept.pop()
+    return [*kept, taken[-1]]
+
+
+def open_gpm(nvml: Any, handle: Any, interval_s: float = GPM_INTERVAL_S) -> tuple[Any, str | None]:
+    """(a GpmSampler for the device behind `handle`, None), or (None, why not in one line). A MIG
+    device handle is sampled through its parent GPU and its GPU instance id. Never raises."""
+    if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+        return None, f"this nvidia-ml-py has no GPM API (nvidia-ml-py >= 12): {NULL_NOTE}"
+    mig = False
+    try:
+        mig = bool(nvml.nvmlDeviceIsMigDeviceHandle(handle))
+    except Exception:  # a driver without MIG: a whole GPU
+        mig = False
+    try:
+        if mig:
+            parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            instance = nvml.nvmlDeviceGetGpuInstanceId(handle)
+            support = nvml.nvmlGpmQueryDeviceSupport(parent)
+
+            def read(buffer: Any) -> Any:
+                return nvml.nvmlGpmMigSampleGet(parent, instance, buffer)
+
+        else:
+            support = nvml.nvmlGpmQueryDeviceSupport(handle)
+
+            def read(buffer: Any) -> Any:
+                return nvml.nvmlGpmSampleGet(handle, buffer)
+
+    except Exception as exc:
+        return None, why_not(nvml, exc, mig)
+    if not getattr(support, "isSupportedDevice", 0):
+        code = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED)
+        return None, why_not(nvml, _Refused(code), mig)
+    sampler = GpmSampler(nvml, read, interval_s)
+    # A first read: the permission check (a profiler holding the counters, a container without
+    # them) happens here, not at the window's start.
+    refused = sampler.take()
+    sampler.discard()
+    if refused is not None:
+        return None, why_not(nvml, refused, mig)
+    return sampler, None
+
+
+class _Refused(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+def device_support(device: Any, nvml: Any = None) -> tuple[bool, str | None]:
+    """Whether the CUDA `device` (a torch device) has GPM, and why not (one line): the env probe's
+    `gpm` fact (gpuopt.trial.devices.detect_capabilities), which makes `sm_active` the default
+    utilization objective (gpuopt.core.metrics.on_device). Never raises."""
+    from gpuopt.trial import monitor
+
+    try:
+        nvml = nvml if nvml is not None else monitor.import_nvml()
+        handle = monitor.nvml_handle(nvml, device)
+    except Exception as exc:
+        return False, f"NVML unavailable ({type(exc).__name__}: {exc}): {NULL_NOTE}"
+    sampler, why = open_gpm(nvml, handle)
+    return sampler is not None, why
