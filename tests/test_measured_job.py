@@ -71,3 +71,12 @@ def test_the_job_ends_past_an_apps_own_except_exception():
 def test_an_app_that_returns_nothing_is_told_how_to_be_measured():
     outcome = outcome_from_return(None, ["value"], ["maximize"])
     assert outcome.failed and "gpuopt.MeasureCallback" in outcome.user_attrs["reason"]
+
+
+def test_a_task_that_returns_gpuopts_result_itself_keeps_it(tmp_path):
+    """The stock contract: a dict naming gpuopt's metrics (its own names kept as they are)."""
+    measured_job.write(_measured(1000.0), tmp_path)
+    named = {"throughput": 900.0, "my_batch_size": 64}
+    assert own_rank(lambda cfg: named, None, tmp_path / "ranks") == named
+    own = _measured(800.0)
+    assert own_rank(lambda cfg: own, None, tmp_path / "ranks") is own

@@ -443,6 +443,8 @@ def test_nvml_fallback_notes_become_trial_warnings_and_sources_are_recorded(monk
     )  # fmt: skip
 
     class Sampler:
+        nvml = handle = None  # no NVML module: GPM is not there (gpuopt.trial.gpm says why)
+
         def start(self):
             pass
 
@@ -454,7 +456,9 @@ def test_nvml_fallback_notes_become_trial_warnings_and_sources_are_recorded(monk
     monitors = WindowMonitors(torch.device("cuda"), 0.1, warnings)
     monitors.start()
     assert monitors.stop() is stats and monitors.stop() is None  # a second stop: no sampler
-    assert warnings == ["earlier", "utilization: polled"]
+    gpm_note = "this nvidia-ml-py has no GPM API (nvidia-ml-py >= 12): sm_active, sm_occupancy, "
+    assert warnings[0] == "earlier" and warnings[2:] == ["utilization: polled"]
+    assert warnings[1].startswith(gpm_note)  # GPM's null reason, one line
     m = Metrics()
     apply_device_monitor(m, "cuda", stats, samples=10)
     assert (m.utilization_source, m.power_source) == ("polled", "energy counter")

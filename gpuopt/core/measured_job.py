@@ -88,6 +88,17 @@ def read(run_dir: Path) -> TrialResult | None:
     return TrialResult.load(path) if path.is_file() else None
 
 
+def is_gpuopts_result(value: Any) -> bool:
+    """Whether a task returned gpuopt's result itself: a TrialResult, its dict, or a dict of
+    named metrics with one of gpuopt's (`{"throughput": ..., "my_batch_size": ...}`: the stock
+    contract, its own names kept as they are)."""
+    from gpuopt.core.metrics import goals
+
+    if isinstance(value, TrialResult):
+        return True
+    return isinstance(value, dict) and ("metrics" in value or any(k in goals() for k in value))
+
+
 def with_app_return(result: TrialResult, value: Any) -> TrialResult:
     """`result` with the app's own return kept: a number as {"value": x}, a dict's scalars."""
     if isinstance(value, Real) and not isinstance(value, bool):

@@ -164,8 +164,8 @@ def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
         return failed_job(own, folder)
     measured_job.task_ended()
     measured = measured_job.read(folder.parent)
-    if measured is None or isinstance(value, TrialResult):  # the task returned gpuopt's result
-        return value
+    if measured is None or measured_job.is_gpuopts_result(value):
+        return value  # the task returned gpuopt's result itself (a TrialResult, named metrics)
     return measured_job.with_app_return(measured, value)
 
 
