@@ -184,3 +184,11 @@ def test_a_killed_sweep_of_a_plain_loop_leaves_no_process_behind(tmp_path):
     finally:
         for pid in running():
             os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_batch_without_tensors_never_breaks_the_jobs_loop(meter):
+    words = DataLoader(["a", "b", "c", "d"], batch_size=2, collate_fn=list)
+    assert [batch for batch in words] == [["a", "b"], ["c", "d"]]
+    assert meter.batches == 2 and meter.unmeasured().reason.endswith(
+        "never stepped a torch.optim optimizer (its step hooks saw none)"
+    )

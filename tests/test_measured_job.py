@@ -80,3 +80,18 @@ def test_a_task_that_returns_gpuopts_result_itself_keeps_it(tmp_path):
     assert own_rank(lambda cfg: named, None, tmp_path / "ranks") == named
     own = _measured(800.0)
     assert own_rank(lambda cfg: own, None, tmp_path / "ranks") is own
+
+
+def test_another_launchers_job_is_read_from_its_run_directory_too(tmp_path):
+    """hydra/launcher=basic runs the job in the sweep's process, without gpuopt's trial task."""
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from gpuopt.sweeper.record import outcome_of
+
+    measured_job.write(_measured(1000.0), tmp_path)
+    ret = JobReturn(status=JobStatus.COMPLETED)
+    ret.return_value = 0.0
+    ret.hydra_cfg = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(tmp_path)}}})
+    outcome = outcome_of(ret, ["throughput"], ["maximize"])
+    assert outcome.values == [1000.0] and outcome.user_attrs["app.value"] == 0.0

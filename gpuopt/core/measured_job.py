@@ -40,6 +40,17 @@ def in_sweep_trial() -> bool:
     return bool(os.environ.get(TRIAL_PID_ENV))
 
 
+def single_run() -> bool:
+    """Whether this process runs one job on its own: Hydra's RUN mode, or no Hydra job at all
+    (not a job of a multirun, whose process may run the next job: hydra/launcher=basic)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+    except ImportError:
+        return True
+    return not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN
+
+
 def hydra_run_dir() -> Path | None:
     """The running Hydra job's output directory; None outside a Hydra job."""
     try:

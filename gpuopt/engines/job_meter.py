@@ -12,7 +12,7 @@ It feeds the push-style window meter every loop of someone else's uses (gpuopt.e
 clocks, warm-up, one step under FlopCounterMode for MFU, the stop rule). Once the window stops, the
 result is written into the Hydra run directory (gpuopt.core.measured_job) and the job ends: in a
 sweep's trial with `TrialMeasured`, in a single run with `SystemExit(0)`; both pass the app's own
-`except Exception`. What it cannot see: a host-to-device copy the loop makes after `next()` (data
+`except Exception` (a job of another launcher's multirun, e.g. hydra/launcher=basic, goes on). What it cannot see: a host-to-device copy the loop makes after `next()` (data
 wait is the time blocked in `next()` alone), and an autocast dtype (MFU is read against the
 device's fp32 peak, said in the warnings).
 """
@@ -117,7 +117,10 @@ class JobMeter:
             self.meter.fetch_started()
         batch = original(iterator)
         self.batches += 1
-        samples = batch_samples(batch)
+        try:
+            samples = batch_samples(batch)
+        except TypeError:  # no tensor with a batch dimension: counted as no samples, never raised
+            samples = 0
         if self.meter is None:
             self._start(job_device())
         if self.train_data is None:
@@ -183,6 +186,9 @@ class JobMeter:
         measured_job.write(self.result)
         if measured_job.in_sweep_trial():
             raise measured_job.TrialMeasured("measured: gpuopt.MeasureJob ends the job here")
+        if not measured_job.single_run():  # a job of another launcher's multirun: it goes on
+            log.info("gpuopt.MeasureJob: measured (%s)", self.result.status.value)
+            return
         log.info("gpuopt.MeasureJob: measured (%s); the job ends here", self.result.status.value)
         raise SystemExit(0)
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import traceback
 import warnings
+from pathlib import Path
 from typing import Any
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import Trial, TrialState
 
+from gpuopt.core import measured_job
 from gpuopt.core._compat import constraints_key, storage_of, trial_id
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.study.attrs import set_user_attrs
@@ -53,12 +55,23 @@ def outcome_of(
     if isinstance(ret, BaseException):
         return _error(ret, prefix="launcher: ")
     if ret.status is JobStatus.COMPLETED:
-        return outcome_from_return(ret.return_value, names, directions)
+        return outcome_from_return(_measured_or(ret, ret.return_value), names, directions)
     try:
         value = ret.return_value  # raises the task's exception
     except BaseException as exc:
         return _error(exc)
     return outcome_from_return(value, names, directions)
+
+
+def _measured_or(ret: Any, value: Any) -> Any:
+    """A job's measuring callback's result from its run directory, where the task returned
+    something else: a launcher other than gpuopt's (hydra/launcher=basic) reads it here, as
+    gpuopt's trial task does in the trial's process (gpuopt.core.measured_job)."""
+    folder = run_dir(ret)
+    measured = measured_job.read(Path(folder)) if folder else None
+    if measured is None or measured_job.is_gpuopts_result(value):
+        return value
+    return measured_job.with_app_return(measured, value)
 
 
 def run_dir(ret: Any) -> str | None:
