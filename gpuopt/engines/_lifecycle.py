@@ -98,6 +98,23 @@ def measuring_spec(
     )
 
 
+def measured_result(
+    trial: Trial, status: Status, reason: str | None, config: dict[str, Any]
+) -> TrialResult:
+    """The result of measuring what the user built (a callback, gpuopt.MeasureJob): the trial's
+    metrics and warnings, this device's fingerprint, and `config` (what was measured, how)."""
+    from gpuopt.trial.devices import fingerprint
+
+    return TrialResult(
+        status=status,
+        metrics=trial.metrics,
+        reason=reason,
+        config=config,
+        env=fingerprint(trial.device),
+        warnings=trial.warnings,
+    )
+
+
 def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
     """The result's `config`: the spec as plain data (the sweeper stores and compares it)."""
     data = dataclasses.asdict(spec)

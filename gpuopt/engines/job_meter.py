@@ -35,7 +35,7 @@ from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
 from gpuopt.engines._hook_meter import HookMeter
-from gpuopt.engines._lifecycle import measuring_spec, process_start_time
+from gpuopt.engines._lifecycle import measured_result, measuring_spec, process_start_time
 from gpuopt.engines._user_job import job_result, user_ranks, world_size
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import classify_failure
@@ -204,22 +204,11 @@ class JobMeter:
         metrics.lr = self.lr
 
     def _result(self, status: Status, reason: str | None) -> TrialResult:
-        from gpuopt.trial.devices import fingerprint
-
-        trial = self.trial
-        assert trial is not None
-        return TrialResult(
-            status=status,
-            metrics=trial.metrics,
-            reason=reason,
-            config={
-                "engine": {"name": ENGINE_NAME},
-                "measure": dataclasses.asdict(self.measure),
-                "observed": self.loaders.get(self.train_data or -1, {}),
-            },
-            env=fingerprint(trial.device),
-            warnings=trial.warnings,
-        )
+        assert self.trial is not None
+        observed = self.loaders.get(self.train_data or -1, {})
+        config = {"engine": {"name": ENGINE_NAME}, "measure": dataclasses.asdict(self.measure),
+                  "observed": observed}  # fmt: skip
+        return measured_result(self.trial, status, reason, config)
 
     def unmeasured(self) -> TrialResult | None:
         """At the job's end without a result: why (a clear status, never a crash); None if

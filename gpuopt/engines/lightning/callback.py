@@ -28,7 +28,12 @@ from gpuopt.core import measured_job
 from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf, TrialSpec
-from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
+from gpuopt.engines._lifecycle import (
+    measured_result,
+    measuring_spec,
+    process_start_time,
+    release,
+)
 from gpuopt.engines._user_job import RankFailed, job_result, user_ranks
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, record_fit
 from gpuopt.engines.lightning.precision import PEAK_MODE
@@ -236,23 +241,15 @@ class UserMeasureCallback(pl.Callback):
         return self._finished(status, reason)
 
     def _finished(self, status: Status, reason: str | None) -> TrialResult:
-        from gpuopt.trial.devices import fingerprint
-
         trial = self._trial
         assert trial is not None
-        return TrialResult(
-            status=status,
-            metrics=trial.metrics,
-            reason=reason,
-            config={
-                "engine": {"name": "lightning_callback"},
-                "measure": dataclasses.asdict(self.measure),
-                "precision": {"lightning": trial.spec.engine.precision},
-                "observed": self._observed,
-            },
-            env=fingerprint(trial.device),
-            warnings=trial.warnings,
-        )
+        config = {
+            "engine": {"name": "lightning_callback"},
+            "measure": dataclasses.asdict(self.measure),
+            "precision": {"lightning": trial.spec.engine.precision},
+            "observed": self._observed,
+        }
+        return measured_result(trial, status, reason, config)
 
 
 def optimizer_lr(trainer: pl.Trainer) -> float | None:
