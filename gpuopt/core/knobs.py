@@ -68,7 +68,6 @@ class Knob:
     sets precision.mode), so that a sweep of the group reads the key's record."""
 
     key: str
-    help: str
     shareable: bool = False  # may differ within one measuring process (race, confirmation)
     training: tuple[str, ...] = ()  # how it changes the training (GLOBAL_BATCH, ...); (): not
     poor: tuple[Rule, ...] = ()  # values that cost a sweep trials for nothing, per device facts
@@ -117,74 +116,63 @@ _NO_BF16 = (Rule(("bf16",), {"bf16_native": NO}, "no native bf16 on this device:
 _CORES = "only {cpus} usable CPU core(s): more "
 _DATAMODULE = "LightningDataModule(<same name>=...), where its constructor takes it"
 
-MICRO_BATCH = Knob("loader.batch_size", "samples per micro-batch (per rank)", True,
-                   (GLOBAL_BATCH, NUMERICS), lightning=_DATAMODULE, tip="larger loader.batch_size",
-                   batch=FACTOR)
-WORKERS = Knob("loader.num_workers", "DataLoader workers, sharing the cores with the compute", True,
+MICRO_BATCH = Knob("loader.batch_size", True, (GLOBAL_BATCH, NUMERICS), lightning=_DATAMODULE,
+                   tip="larger loader.batch_size", batch=FACTOR)
+WORKERS = Knob("loader.num_workers", True,
                poor=(Rule((), {}, _CORES + "workers than cores compete with compute", "cpus"),),
                lightning=_DATAMODULE, tip="loader.num_workers")
-PIN_MEMORY = Knob("loader.pin_memory", "page-locked batches: async host-to-device copies", True,
+PIN_MEMORY = Knob("loader.pin_memory", True,
                   poor=(Rule(("true",), CPU, "no accelerator: pinned memory is a no-op here "
                              "(PyTorch warns)"),), lightning=_DATAMODULE,
                   tip="loader.pin_memory=true loader.non_blocking=true")
-NON_BLOCKING = Knob("loader.non_blocking", "host-to-device copies with non_blocking=True", True,
+NON_BLOCKING = Knob("loader.non_blocking", True,
                     poor=(Rule(("true",), CPU, "no accelerator: there is no host-to-device copy"),))
-PERSISTENT_WORKERS = Knob("loader.persistent_workers", "workers kept between epochs", True,
-                          lightning=_DATAMODULE, tip="loader.persistent_workers=true")
-PRECISION = Knob("precision.mode", "fp32 | tf32 | bf16 (autocast) | fp16 (+ GradScaler)", True,
-                 (NUMERICS,), _PRECISION_RULES, "Trainer(precision=32-true|bf16-mixed|16-mixed)",
-                 "precision=bf16 (or fp16)", group="precision")
-COMPILE = Knob("compile.mode", "torch.compile: off | default | reduce-overhead | max-autotune",
-               False, (NUMERICS,), _COMPILE_RULES, "torch.compile(LightningModule)",
+PERSISTENT_WORKERS = Knob("loader.persistent_workers", True, lightning=_DATAMODULE,
+                          tip="loader.persistent_workers=true")
+PRECISION = Knob("precision.mode", True, (NUMERICS,), _PRECISION_RULES,
+                 "Trainer(precision=32-true|bf16-mixed|16-mixed)", "precision=bf16 (or fp16)",
+                 group="precision")
+COMPILE = Knob("compile.mode", False, (NUMERICS,), _COMPILE_RULES, "torch.compile(LightningModule)",
                "compile=reduce-overhead", group="compile")
-THREADS = Knob("device.num_threads", "torch.set_num_threads: compute threads", True,
+THREADS = Knob("device.num_threads", True,
                poor=(Rule((), {}, _CORES + "threads than cores oversubscribe", "cpus"),),
                tip="tune loader.num_workers and device.num_threads together")
-ACCUMULATION = Knob("train.global_batch", "samples per optimizer step (accumulated micro-batches)",
-                    True, (GLOBAL_BATCH, NUMERICS),
+ACCUMULATION = Knob("train.global_batch", True, (GLOBAL_BATCH, NUMERICS),
                     lightning="Trainer(accumulate_grad_batches=global_batch / loader.batch_size)",
                     batch=TOTAL)
-FUSED = Knob("optimizer.fused", "the fused optimizer kernel", training=(NUMERICS,),
-             tip="optimizer.fused=true")
-CHANNELS_LAST = Knob("model.channels_last", "NHWC convolutions", training=(NUMERICS,),
-                     tip="model.channels_last=true")
-NPROC = Knob("distributed.nproc_per_node", "ranks on this node (one per GPU on CUDA)",
-             training=(GLOBAL_BATCH, NUMERICS),
+FUSED = Knob("optimizer.fused", training=(NUMERICS,), tip="optimizer.fused=true")
+CHANNELS_LAST = Knob("model.channels_last", training=(NUMERICS,), tip="model.channels_last=true")
+NPROC = Knob("distributed.nproc_per_node", training=(GLOBAL_BATCH, NUMERICS),
              poor=(Rule((), NOT_CUDA, "only {cpus} usable CPU core(s): one rank each", "cpus"),
                    Rule((), CUDA, "only {gpu_count} GPU(s): one rank each", "gpu_count")),
              batch=FACTOR)
 
 KNOBS: tuple[Knob, ...] = (
     MICRO_BATCH, WORKERS, PIN_MEMORY, NON_BLOCKING, PERSISTENT_WORKERS,
-    Knob("loader.", "the DataLoader's other arguments (prefetch_factor, drop_last)", True,
-         lightning=_DATAMODULE),
+    Knob("loader.", True, lightning=_DATAMODULE),
     PRECISION, COMPILE, THREADS,
-    Knob("device.type", "auto | cpu | cuda | cuda:N | mps",
-         lightning="Trainer(accelerator=..., devices=...)"),
-    Knob("cache.cudnn_benchmark", "cuDNN's autotuner", lightning="Trainer(benchmark=...)"),
-    Knob("cache.", "the caching allocator's settings and emptying: set per process"),
+    Knob("device.type", lightning="Trainer(accelerator=..., devices=...)"),
+    Knob("cache.cudnn_benchmark", lightning="Trainer(benchmark=...)"),
+    Knob("cache."),
     ACCUMULATION,
-    Knob("optimizer.lr", "the learning rate (each configuration builds its own optimizer)", True,
-         (LR,)),
-    Knob("optimizer.lr_scaling", "lr x (global batch / reference batch), or its root", True, (LR,)),
-    Knob("optimizer.reference_batch", "the global batch optimizer.lr was tuned for", False, (LR,)),
+    Knob("optimizer.lr", True, (LR,)),
+    Knob("optimizer.lr_scaling", True, (LR,)),
+    Knob("optimizer.reference_batch", False, (LR,)),
     FUSED,
-    Knob("optimizer.foreach", "the multi-tensor optimizer kernels", training=(NUMERICS,)),
-    Knob("optimizer.", "the optimizer and its other hyperparameters", training=(WHAT,)),
-    Knob("model.activation_checkpointing", "recompute activations: memory for time", True),
+    Knob("optimizer.foreach", training=(NUMERICS,)),
+    Knob("optimizer.", training=(WHAT,)),
+    Knob("model.activation_checkpointing", True),
     CHANNELS_LAST,
-    Knob("model.", "the model itself (width, depth, ...)", training=(WHAT,)),
-    Knob("engine.precision", "a Lightning precision string", training=(NUMERICS,),
-         lightning="Trainer(precision=...)"),
-    Knob("distributed.kind", "none | ddp | fsdp2: gradients reduced over ranks", False, (NUMERICS,),
+    Knob("model.", training=(WHAT,)),
+    Knob("engine.precision", training=(NUMERICS,), lightning="Trainer(precision=...)"),
+    Knob("distributed.kind", False, (NUMERICS,),
          lightning="Trainer(strategy=DDPStrategy | ModelParallelStrategy)", group="distributed"),
     NPROC,
-    Knob("distributed.backend", "auto | gloo | nccl",
-         poor=(Rule(("nccl",), NOT_CUDA, "NCCL needs CUDA GPUs"),)),
-    Knob("distributed.param_dtype", "FSDP2's parameter dtype", training=(NUMERICS,), poor=_NO_BF16),
-    Knob("distributed.reduce_dtype", "FSDP2's reduce dtype", training=(NUMERICS,), poor=_NO_BF16),
-    Knob("measure.", "how a trial is measured (windows, budgets): never compared", True),
-    Knob("profile.", "the profiled window after the timed one: never compared", True),
+    Knob("distributed.backend", poor=(Rule(("nccl",), NOT_CUDA, "NCCL needs CUDA GPUs"),)),
+    Knob("distributed.param_dtype", training=(NUMERICS,), poor=_NO_BF16),
+    Knob("distributed.reduce_dtype", training=(NUMERICS,), poor=_NO_BF16),
+    Knob("measure.", True),
+    Knob("profile.", True),
 )
 # fmt: on
 

@@ -44,8 +44,6 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 # Keys of a model config that describe the model to gpuopt and are not constructor arguments.
 MODEL_META_KEYS = ("input", "input_shape", "num_classes", "channels_last")
-# Keys of a data config that gpuopt reads itself.
-DATA_META_KEYS = ("kind",)
 # Keys of a data config for gpuopt only, never passed to the dataset's constructor: `epoch_steps`,
 # the user's real steps per epoch (what the epoch boundary's cost is amortized over).
 DATA_GPUOPT_KEYS = ("epoch_steps",)

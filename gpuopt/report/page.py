@@ -105,12 +105,6 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def best_comparison(report: StudyReport) -> Comparison | None:
-    """The confirmation's verdict on the best trial vs the baseline (ratio, ci_low, ci_high), if
-    it has one."""
-    return _comparison(report, report.best)
-
-
 def _comparison(report: StudyReport, trial: TrialView | None) -> Comparison | None:
     """The confirmation's measured verdict on `trial` vs the baseline, if it was a candidate."""
     if report.confirmation is None or trial is None:

@@ -18,8 +18,6 @@ from typing import Any
 SPAN_PREFIX = "gpuopt:"
 STEP_SPAN = "gpuopt:step"
 PHASES = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
-# The spans the engines annotate (`Annotation.span`), the phases are derived from them.
-SPANS = ("next_batch", "h2d_copy", "forward_backward", "forward", "backward", "optimizer")
 # GPU event categories in a Kineto trace.
 KERNEL_CATEGORIES = ("kernel",)
 MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
@@ -63,7 +61,8 @@ def _spans(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-# Each span's self time (its duration less the gpuopt spans nested in it) counts for this phase.
+# The spans the engines annotate (`Annotation.span`), each with the phase its self time (its
+# duration less the gpuopt spans nested in it) counts for.
 SPAN_PHASES = {
     "next_batch": "data_wait",
     "h2d_copy": "h2d_copy",
