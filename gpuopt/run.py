@@ -200,11 +200,6 @@ def _cell(result: TrialResult, metric: Metric, row: MetricRow) -> str:
     return fixed(getattr(result.metrics, metric.name), f" {unit}" if unit else "", row.digits)
 
 
-def _limit_note(m: Metrics) -> str | None:
-    share = limit_share(dataclasses.asdict(m))
-    return None if share is None else f"at {share}"
-
-
 # The notes (None: no row) and cells that combine several metrics, by their row's metric: each
 # registered by the function that writes it (`_note`, `_cell_of`), beside its code.
 _NOTES: dict[str, Callable[[Metrics], str | None]] = {}
@@ -326,7 +321,9 @@ def _ranks_cell(r: TrialResult) -> str:
 
 BAD_INPUT_EXIT = 2
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
-_user_full_error: str | None = None  # the user's own HYDRA_FULL_ERROR, restored once a job starts
+# The user's own HYDRA_FULL_ERROR, held while `cli()` has set its own (until the job starts): a
+# process that did not come through `cli()` (a launcher's job, `main` called directly) keeps its own.
+_user_full_error: tuple[str | None] | None = None
 
 
 def fail(error: ConfigError | str) -> None:
@@ -338,11 +335,15 @@ def fail(error: ConfigError | str) -> None:
 
 
 def _restore_full_error() -> None:
-    """Hand Hydra's error reporting back to it (and to trial processes) as the user set it."""
+    """Hand Hydra's error reporting back to it (and to trial processes) as the user set it; a
+    no-op where `cli()` did not set it."""
     if _user_full_error is None:
+        return
+    (user,) = _user_full_error
+    if user is None:
         os.environ.pop(FULL_ERROR_ENV, None)
     else:
-        os.environ[FULL_ERROR_ENV] = _user_full_error
+        os.environ[FULL_ERROR_ENV] = user
 
 
 def check_before_run(config: DictConfig) -> None:
@@ -385,7 +386,7 @@ def cli() -> None:
     """`python -m gpuopt.run`: Hydra's main, with bad input reported as one line and exit 2."""
     global _user_full_error
     args = _check_arguments(sys.argv[1:])
-    _user_full_error = os.environ.get(FULL_ERROR_ENV)
+    _user_full_error = (user := os.environ.get(FULL_ERROR_ENV),)
     os.environ[FULL_ERROR_ENV] = "1"  # until the job starts, Hydra raises its errors to us
     try:
         main()
@@ -393,7 +394,7 @@ def cli() -> None:
         _restore_full_error()
         error = (
             None
-            if _user_full_error
+            if user == "1"  # Hydra's own test: its full traceback only for "1"
             else config_error_from_hydra(exc, list(args.overrides), bool(args.multirun))
         )
         if error is None:

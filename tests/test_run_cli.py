@@ -175,11 +175,43 @@ def test_bad_input_is_exit_2_before_the_run_dir_exists(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+def _gpuopt_command(
+    tmp_path: Path, override: str, full_error: str | None
+) -> subprocess.CompletedProcess:
+    """The installed `gpuopt` console script (pyproject's [project.scripts]), as a user runs it,
+    with the user's HYDRA_FULL_ERROR (None: unset)."""
+    command = Path(sys.executable).with_name("gpuopt")
+    assert command.is_file(), "no gpuopt command: `pip install -e .` registers it"
+    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs")}
+    env.pop("HYDRA_FULL_ERROR", None)
+    env.update({} if full_error is None else {"HYDRA_FULL_ERROR": full_error})
+    return subprocess.run(
+        [str(command), override], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+
+
+def test_the_gpuopt_command_reports_a_composition_error_in_one_line_with_exit_2(tmp_path):
+    """The console script goes through `cli()`: Hydra's own report of a missing option would be
+    several lines and exit 1."""
+    proc = _gpuopt_command(tmp_path, "model=nope", None)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpuopt: invalid config: model='nope'; allowed: cnn |")
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_hydra_full_error_set_by_the_user_still_shows_the_full_traceback(tmp_path):
-    env = {**os.environ, "GPUOPT_OUTPUT_DIR": str(tmp_path / "outputs"), "HYDRA_FULL_ERROR": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpuopt.run", "model=nope"],
-        cwd=REPO, env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    proc = _gpuopt_command(tmp_path, "model=nope", "1")
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "MissingConfigException" in proc.stderr
+
+
+def test_a_process_that_did_not_come_through_cli_keeps_its_hydra_full_error(monkeypatch):
+    """A launcher's job (or `main` called directly) never passed through `cli()`: the callback's
+    restore leaves the user's HYDRA_FULL_ERROR as it is."""
+    from gpuopt import run
+
+    monkeypatch.setattr(run, "_user_full_error", None)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    run.ValidateBeforeRun().on_multirun_start(None)
+    assert os.environ["HYDRA_FULL_ERROR"] == "1"
