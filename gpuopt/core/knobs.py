@@ -8,9 +8,12 @@ report and the trial side all read it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuopt.core.spec import TrialSpec
 
 Facts = Mapping[str, Any]  # python -m gpuopt.env --json (gpuopt.trial.devices.detect_capabilities)
 GLOBAL_BATCH = "global batch"  # samples per optimizer step: micro-batch x accumulation x ranks
@@ -79,6 +82,59 @@ class Knob:
     # it: train.global_batch). sweeper/global_batch.py reads it, so that which configurations hold
     # a baseline's global batch follows from these records.
     batch: str | None = None
+    # A NUMERICS key's check by the numerics guard (gpuopt.trial.numerics.math_changes): the math
+    # change a trial makes with it, as the guard names it ("precision bf16"), None where the trial
+    # keeps the fp32 reference's math. The keys of one change (a distributed job) share one check.
+    numerics: Callable[[TrialSpec], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if (NUMERICS in self.training) != (self.numerics is not None):
+            raise ValueError(f"{self.key}: a NUMERICS key has the guard's check, no other key")
+
+
+# The guard's checks (`Knob.numerics`), each against the fp32 reference's way.
+def _precision(spec: TrialSpec) -> str | None:
+    return None if spec.precision.mode == "fp32" else f"precision {spec.precision.mode}"
+
+
+def _lightning_precision(spec: TrialSpec) -> str | None:
+    mode = spec.engine.precision if spec.engine.name == "lightning" else None
+    return None if mode in (None, "32-true") else f"engine.precision {mode}"
+
+
+def _compile(spec: TrialSpec) -> str | None:
+    return None if spec.compile.mode == "off" else f"compile {spec.compile.mode}"
+
+
+def _channels_last(spec: TrialSpec) -> str | None:
+    return "channels_last" if spec.model.get("channels_last") else None
+
+
+def _accumulation(spec: TrialSpec) -> str | None:
+    """Micro-batches accumulated into the global batch: another summation order."""
+    steps = spec.accumulation_steps
+    return f"accumulation {steps} x {spec.micro_batch}" if steps > 1 else None
+
+
+def _kernels(spec: TrialSpec) -> str | None:
+    """The optimizer's fused or multi-tensor kernels, not PyTorch's default choice."""
+    fused, foreach = spec.optimizer.fused, spec.optimizer.foreach
+    kernels = f"optimizer kernels fused={fused} foreach={foreach}"
+    return kernels if fused or foreach is not None else None
+
+
+def _distributed(spec: TrialSpec) -> str | None:
+    """A distributed job as a change of the math: the gradients reduced over ranks (another
+    summation order), and FSDP2's mixed-precision policy, e.g. `fsdp2 x 2 ranks (param bf16)`."""
+    dist = spec.distributed
+    if dist.kind == "none":
+        return None
+    policy = [
+        f"{name} {value}"
+        for name, value in (("param", dist.param_dtype), ("reduce", dist.reduce_dtype))
+        if dist.kind == "fsdp2" and value is not None
+    ]
+    return f"{dist.kind} x {dist.world_size} ranks" + (f" ({', '.join(policy)})" if policy else "")
 
 
 def _slower_than_fp32(mode: str) -> Rule:
@@ -117,7 +173,7 @@ _CORES = "only {cpus} usable CPU core(s): more "
 _DATAMODULE = "LightningDataModule(<same name>=...), where its constructor takes it"
 
 MICRO_BATCH = Knob("loader.batch_size", True, (GLOBAL_BATCH, NUMERICS), lightning=_DATAMODULE,
-                   tip="larger loader.batch_size", batch=FACTOR)
+                   tip="larger loader.batch_size", batch=FACTOR, numerics=_accumulation)
 WORKERS = Knob("loader.num_workers", True,
                poor=(Rule((), {}, _CORES + "workers than cores compete with compute", "cpus"),),
                lightning=_DATAMODULE, tip="loader.num_workers")
@@ -131,21 +187,22 @@ PERSISTENT_WORKERS = Knob("loader.persistent_workers", True, lightning=_DATAMODU
                           tip="loader.persistent_workers=true")
 PRECISION = Knob("precision.mode", True, (NUMERICS,), _PRECISION_RULES,
                  "Trainer(precision=32-true|bf16-mixed|16-mixed)", "precision=bf16 (or fp16)",
-                 group="precision")
+                 group="precision", numerics=_precision)
 COMPILE = Knob("compile.mode", False, (NUMERICS,), _COMPILE_RULES, "torch.compile(LightningModule)",
-               "compile=reduce-overhead", group="compile")
+               "compile=reduce-overhead", group="compile", numerics=_compile)
 THREADS = Knob("device.num_threads", True,
                poor=(Rule((), {}, _CORES + "threads than cores oversubscribe", "cpus"),),
                tip="tune loader.num_workers and device.num_threads together")
 ACCUMULATION = Knob("train.global_batch", True, (GLOBAL_BATCH, NUMERICS),
                     lightning="Trainer(accumulate_grad_batches=global_batch / loader.batch_size)",
-                    batch=TOTAL)
-FUSED = Knob("optimizer.fused", training=(NUMERICS,), tip="optimizer.fused=true")
-CHANNELS_LAST = Knob("model.channels_last", training=(NUMERICS,), tip="model.channels_last=true")
+                    batch=TOTAL, numerics=_accumulation)
+FUSED = Knob("optimizer.fused", training=(NUMERICS,), tip="optimizer.fused=true", numerics=_kernels)
+CHANNELS_LAST = Knob("model.channels_last", training=(NUMERICS,), tip="model.channels_last=true",
+                     numerics=_channels_last)
 NPROC = Knob("distributed.nproc_per_node", training=(GLOBAL_BATCH, NUMERICS),
              poor=(Rule((), NOT_CUDA, "only {cpus} usable CPU core(s): one rank each", "cpus"),
                    Rule((), CUDA, "only {gpu_count} GPU(s): one rank each", "gpu_count")),
-             batch=FACTOR)
+             batch=FACTOR, numerics=_distributed)
 
 KNOBS: tuple[Knob, ...] = (
     MICRO_BATCH, WORKERS, PIN_MEMORY, NON_BLOCKING, PERSISTENT_WORKERS,
@@ -159,18 +216,20 @@ KNOBS: tuple[Knob, ...] = (
     Knob("optimizer.lr_scaling", True, (LR,)),
     Knob("optimizer.reference_batch", False, (LR,)),
     FUSED,
-    Knob("optimizer.foreach", training=(NUMERICS,)),
+    Knob("optimizer.foreach", training=(NUMERICS,), numerics=_kernels),
     Knob("optimizer.", training=(WHAT,)),
     Knob("model.activation_checkpointing", True),
     CHANNELS_LAST,
     Knob("model.", training=(WHAT,)),
-    Knob("engine.precision", training=(NUMERICS,), lightning="Trainer(precision=...)"),
+    Knob("engine.precision", training=(NUMERICS,), lightning="Trainer(precision=...)",
+         numerics=_lightning_precision),
     Knob("distributed.kind", False, (NUMERICS,),
-         lightning="Trainer(strategy=DDPStrategy | ModelParallelStrategy)", group="distributed"),
+         lightning="Trainer(strategy=DDPStrategy | ModelParallelStrategy)", group="distributed",
+         numerics=_distributed),
     NPROC,
     Knob("distributed.backend", poor=(Rule(("nccl",), NOT_CUDA, "NCCL needs CUDA GPUs"),)),
-    Knob("distributed.param_dtype", training=(NUMERICS,), poor=_NO_BF16),
-    Knob("distributed.reduce_dtype", training=(NUMERICS,), poor=_NO_BF16),
+    Knob("distributed.param_dtype", training=(NUMERICS,), poor=_NO_BF16, numerics=_distributed),
+    Knob("distributed.reduce_dtype", training=(NUMERICS,), poor=_NO_BF16, numerics=_distributed),
     Knob("measure.", True),
     Knob("profile.", True),
 )
@@ -210,7 +269,7 @@ def probed(key: str) -> bool:
 
 def keys(change: str) -> tuple[str, ...]:
     """The keys that change the training this way: `keys(GLOBAL_BATCH)` hold the global batch
-    (micro-batch x accumulation x ranks), `keys(NUMERICS)` are what the guard must check."""
+    (micro-batch x accumulation x ranks), `keys(NUMERICS)` are what the guard checks."""
     return tuple(k.key for k in KNOBS if change in k.training)
 
 

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuopt.core import knobs
 from gpuopt.core.spec import CompileConf, DistributedConf, PrecisionConf, TrainConf, TrialSpec
 from gpuopt.trial.failures import is_oom
 
@@ -100,36 +101,11 @@ class GuardEvidence:
 
 
 def math_changes(spec: TrialSpec) -> list[str]:
-    """What this configuration changes in the training math relative to the fp32 reference."""
-    changes = []
-    if spec.precision.mode != "fp32":
-        changes.append(f"precision {spec.precision.mode}")
-    if spec.engine.name == "lightning" and spec.engine.precision not in (None, "32-true"):
-        changes.append(f"engine.precision {spec.engine.precision}")
-    if spec.compile.mode != "off":
-        changes.append(f"compile {spec.compile.mode}")
-    if spec.accumulation_steps > 1:
-        changes.append(f"accumulation {spec.accumulation_steps} x {spec.micro_batch}")
-    if spec.optimizer.fused or spec.optimizer.foreach is not None:
-        changes.append(
-            f"optimizer kernels fused={spec.optimizer.fused} foreach={spec.optimizer.foreach}"
-        )
-    if spec.model.get("channels_last"):
-        changes.append("channels_last")
-    if spec.distributed.kind != "none":
-        changes.append(distributed_change(spec.distributed))
-    return changes
-
-
-def distributed_change(dist: DistributedConf) -> str:
-    """A distributed job as a change of the math: the gradients reduced over ranks (another
-    summation order), and FSDP2's mixed-precision policy, e.g. `fsdp2 x 2 ranks (param bf16)`."""
-    policy = [
-        f"{name} {value}"
-        for name, value in (("param", dist.param_dtype), ("reduce", dist.reduce_dtype))
-        if dist.kind == "fsdp2" and value is not None
-    ]
-    return f"{dist.kind} x {dist.world_size} ranks" + (f" ({', '.join(policy)})" if policy else "")
+    """What this configuration changes in the training math relative to the fp32 reference: the
+    knob catalogue's NUMERICS keys, each named by its record's check (`Knob.numerics`), a change
+    of several keys (a distributed job) once."""
+    named = (knob.numerics(spec) for knob in knobs.KNOBS if knob.numerics is not None)
+    return list(dict.fromkeys(change for change in named if change))
 
 
 def guarded_spec(spec: TrialSpec) -> TrialSpec:
