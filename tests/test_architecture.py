@@ -390,3 +390,22 @@ def test_no_table_of_metric_names_or_knob_keys_outside_the_two_catalogues() -> N
         "literal tables of metric names or knob keys (derive them from gpuopt.core.metrics / "
         f"gpuopt.core.knobs): {tables}"
     )
+
+
+def test_no_module_compares_a_metric_name_to_step_time_ms() -> None:
+    """Which way a metric is better is its goal in the catalogue (gpuopt.core.metrics: `goal`,
+    `higher_is_better`). A comparison of a name with the literal "step_time_ms" (`metric !=
+    "step_time_ms"`: lower is better) is that goal hard-coded again, which the race's ratios once
+    did in three places; a metric added with goal "minimize" would be ranked backwards there."""
+    found = [
+        f"{module}:{node.lineno}"
+        for module, path in sorted(modules().items())
+        if module != "gpuopt.core.metrics"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Constant) and side.value == "step_time_ms"
+            for side in (node.left, *node.comparators)
+        )
+    ]
+    assert not found, f"compare with the metric's goal (core.metrics.higher_is_better): {found}"

@@ -54,7 +54,7 @@ def test_a_failed_window_has_no_ratio_and_never_goes_on() -> None:
 
 
 def test_for_step_time_lower_is_faster_and_the_ratio_says_so() -> None:
-    ratios = policy.screen_ratios([B, "a", B], [10.0, 5.0, 10.0], higher_is_better=False)
+    ratios = policy.screen_ratios([B, "a", B], [10.0, 5.0, 10.0], "step_time_ms")
     assert ratios["a"] == pytest.approx(2.0)
 
 

@@ -283,6 +283,12 @@ def goals() -> Mapping[str, Goal]:
     return MappingProxyType({m.name: m.goal for m in METRICS if m.goal is not None})
 
 
+def higher_is_better(name: str) -> bool:
+    """Whether a larger value of the metric `name` is better (its goal): where it is not
+    (`step_time_ms`), a ratio of two readings is inverted, so that > 1 always means better."""
+    return _BY_NAME[name].goal != MIN
+
+
 def unit(name: str) -> str:
     """What follows a value of `name` ("samples/s", "%", ...); "" for none, or not a metric."""
     return _BY_NAME[name].unit if name in _BY_NAME else ""

@@ -24,7 +24,7 @@ from typing import Any
 
 from gpuopt.core import knobs
 from gpuopt.core._compat import submitit_executor_kind
-from gpuopt.core.metrics import metric
+from gpuopt.core.metrics import higher_is_better, metric
 from gpuopt.sweeper.confirm.in_process import shareable
 from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
 
@@ -191,11 +191,13 @@ def screen_order(candidates: Sequence[str]) -> list[str]:
 
 
 def screen_ratios(
-    order: Sequence[str], readings: Sequence[float | None], higher_is_better: bool = True
+    order: Sequence[str], readings: Sequence[float | None], metric_name: str = "throughput"
 ) -> dict[str, float | None]:
     """Each candidate's window over the geometric mean of its two neighbouring baseline windows
-    (`order` as screen_order gives it; a reading None: that window failed). For a metric where
-    lower is better (step_time_ms) the ratio is inverted, so > 1 always means faster."""
+    (`order` as screen_order gives it; a reading None: that window failed), of `metric_name`.
+    For a metric where lower is better (its goal in the catalogue: step_time_ms) the ratio is
+    inverted, so > 1 always means faster."""
+    higher = higher_is_better(metric_name)
     ratios: dict[str, float | None] = {}
     for i, label in enumerate(order):
         if label == BASELINE:
@@ -206,7 +208,7 @@ def screen_ratios(
             ratios[label] = None
             continue
         reference = math.exp(sum(math.log(r) for r in sides) / len(sides))
-        ratios[label] = own / reference if higher_is_better else reference / own
+        ratios[label] = own / reference if higher else reference / own
     return ratios
 
 

@@ -242,8 +242,7 @@ class RaceRunner(TrialRunner):
         metric = policy.SCREEN_METRIC[self.objective]
         readings = [_value(before, metric), _value(own, metric), _value(after, metric)]
         order = [policy.BASELINE, policy.CONTROL, policy.BASELINE]
-        higher_is_better = metric != "step_time_ms"
-        self.control = policy.screen_ratios(order, readings, higher_is_better)[policy.CONTROL]
+        self.control = policy.screen_ratios(order, readings, metric)[policy.CONTROL]
         if self.control is not None:
             log.info(
                 "race: the baseline's own configuration, built as a candidate, read %.2fx the "
@@ -304,7 +303,7 @@ class RaceRunner(TrialRunner):
         readings = [screened[0].baseline_before] if screened else [None]
         for entry in screened:
             readings += [_value(entry.window, metric), entry.baseline_after]
-        raw = policy.screen_ratios(order, readings, higher_is_better=metric != "step_time_ms")
+        raw = policy.screen_ratios(order, readings, metric)
         ratios, _ = policy.calibrated({**raw, policy.CONTROL: self.control})
         self.same_training = _keeping_training(study, screened)
         race = self.options.race
@@ -451,7 +450,7 @@ def screen_line(
     reading = _value(entry.window, metric)
     readings = [entry.baseline_before, reading, entry.baseline_after]
     order = [policy.BASELINE, entry.label, policy.BASELINE]
-    raw = policy.screen_ratios(order, readings, metric != "step_time_ms")
+    raw = policy.screen_ratios(order, readings, metric)
     ratio = policy.calibrated({**raw, policy.CONTROL: control})[0][entry.label]
     said = "" if ratio is None else f" ({ratio:.2f}x the baseline)"
     return f"{head}: {metric}={reading:.4g}{said}, built in {entry.build_s or 0.0:.1f} s"
