@@ -1,6 +1,6 @@
 """The confirmation's estimator against ground truth: scripted noisy fresh-process runs with a known
 true speedup, through the real rounds (run_rounds: order, two-stage stop, cap) and the real record
-(compare). Coverage of the 95% interval, bias, the stop, the "too noisy" verdict."""
+(Measured.record, compare's verdicts, as stored). Coverage of the 95% interval, bias, the stop, the "too noisy" verdict."""
 
 from __future__ import annotations
 
@@ -13,8 +13,15 @@ import pytest
 
 from gpuopt.core.stats import mean_interval, speedup, stein_pairs, t_quantile
 from gpuopt.study.answers import speedup_text
-from gpuopt.study.records import Comparison, Confirmation, ConfirmedConfig
-from gpuopt.sweeper.confirm.rounds import PairStop, run_rounds
+from gpuopt.study.keys import STUDY_CONFIRMATION
+from gpuopt.study.records import (
+    FRESH_PROCESSES,
+    Comparison,
+    Confirmation,
+    ConfirmedConfig,
+    store_confirmation,
+)
+from gpuopt.sweeper.confirm.rounds import Measured, PairStop, run_rounds
 from gpuopt.sweeper.confirm.schedule import ConfirmPlan, lean_overrides, with_overrides
 from gpuopt.sweeper.confirm.verdicts import compare
 
@@ -45,14 +52,22 @@ def configs(*arms: str) -> list[ConfirmedConfig]:
     ]
 
 
+class Study(SimpleNamespace):
+    def set_user_attr(self, key, value):
+        self.user_attrs[key] = value
+
+
 def sweep(machine, arms, max_runs, rounds=4, target=0.10, direction="maximize"):
-    """One confirmation as the sweeper runs it; (its record, the configs)."""
+    """One confirmation as the sweeper runs it; (its record as stored, the configs). What the
+    typed record writes is what its readers see."""
     cfgs = configs(*arms)
     plan = ConfirmPlan(top_k=len(arms) - 1, rounds=rounds, max_runs=max_runs)
     rule = PairStop(direction, target)
     done = run_rounds(cfgs, plan, "throughput", machine.measure, rule, load=lambda: 0.5)
-    record = compare(cfgs, direction, target, rounds, done.loads)
-    return {"configs": [vars(c) for c in cfgs], "rounds": done.rounds, **record}, cfgs
+    written = Measured("throughput", cfgs, plan, done, FRESH_PROCESSES).record(rule, 9, "here")
+    study = Study(user_attrs={})
+    assert store_confirmation(study, written) == written
+    return study.user_attrs[STUDY_CONFIRMATION], cfgs
 
 
 @pytest.mark.parametrize(

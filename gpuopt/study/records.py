@@ -4,14 +4,14 @@ The confirmation round (gpuopt/sweeper/confirm/) re-measures the baseline and th
 in pairs and stores one record, the study user attr `STUDY_CONFIRMATION`: how it ran, each
 configuration re-measured (`ConfirmedConfig`, the baseline first) and each verdict (`Comparison`:
 a candidate vs the baseline, and the top two candidates vs each other). The record is assembled
-where it is measured (sweeper/confirm/verdicts.py), written by `store_confirmation` and read back
-by `Confirmation.from_attr` (or `read_confirmation`): the sweeper's outputs, its summary, the best
-pick and the report all read this object, never the stored dict.
+where it is measured (sweeper/confirm/rounds.py, its verdicts from verdicts.py), written from this
+object by `store_confirmation` (`Confirmation.to_attr`) and read back by `Confirmation.from_attr`
+(or `read_confirmation`): the sweeper's outputs, its summary, the best pick and the report all
+read this object, never the stored dict.
 
 The stored shape is the one earlier versions wrote: reading is tolerant of their records (keys a
 record lacks read as None: no `mode` before the in-process mode, no `n_pairs` or `verdict` before
-the pairing, no `same_training` flags before the two answers). Only the keys gpuopt reads are
-fields here; the stored record also keeps its estimator, loads, lean overrides, time and sweep dir.
+the pairing, no `same_training` flags before the two answers).
 """
 
 from __future__ import annotations
@@ -136,7 +136,16 @@ class Confirmation:
     first_stage: int | None = None
     top_k: int | None = None
     after_trials: int | None = None  # counted trials of the study when it ran (final for them)
-    same_training_flagged: bool = False  # the configs carry same_training flags (the two answers)
+    # Stored for a reader of the study (gpuopt reads none): the runs it made of the most it
+    # planned, the overrides of its lean runs (fresh processes), when it ran, the sweep's folder.
+    runs: int | None = None
+    max_runs: int | None = None
+    lean_overrides: tuple[str, ...] = ()
+    time: str | None = None
+    sweep_dir: str | None = None
+    # Read, not stored: the configs carry same_training flags (the two answers; a record of this
+    # version always does).
+    same_training_flagged: bool = False
 
     @classmethod
     def from_attr(cls, value: Any) -> Confirmation | None:
@@ -160,8 +169,19 @@ class Confirmation:
             first_stage=value.get("first_stage"),
             top_k=value.get("top_k"),
             after_trials=value.get("after_trials"),
+            runs=value.get("runs"),
+            max_runs=value.get("max_runs"),
+            lean_overrides=tuple(value.get("lean_overrides") or ()),
+            time=value.get("time"),
+            sweep_dir=value.get("sweep_dir"),
             same_training_flagged=bool(configs) and "same_training" in configs[0],
         )
+
+    def to_attr(self) -> dict[str, Any]:
+        """The stored record: every field but what is read from it (`same_training_flagged`)."""
+        record = dataclasses.asdict(self)
+        del record["same_training_flagged"]
+        return record
 
     @property
     def baseline_number(self) -> int | None:
@@ -201,10 +221,10 @@ def read_confirmation(study_attrs: Mapping[str, Any]) -> Confirmation | None:
     return Confirmation.from_attr(study_attrs.get(STUDY_CONFIRMATION))
 
 
-def store_confirmation(study: Any, record: Mapping[str, Any]) -> Confirmation:
-    """Store a confirmation record (sweeper/confirm/verdicts.py assembles it) as the study user
+def store_confirmation(study: Any, record: Confirmation) -> Confirmation:
+    """Store a confirmation record (sweeper/confirm/rounds.py assembles it) as the study user
     attr, JSON-normalized as Optuna's storages keep it; the record as readers will see it."""
-    stored = json.loads(json.dumps(record, default=str))
+    stored = json.loads(json.dumps(record.to_attr(), default=str))
     study.set_user_attr(STUDY_CONFIRMATION, stored)
     confirmation = Confirmation.from_attr(stored)
     assert confirmation is not None, "a confirmation record has a list of comparisons"

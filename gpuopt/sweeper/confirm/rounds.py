@@ -53,6 +53,7 @@ from gpuopt.study.keys import (
 from gpuopt.study.records import (
     FRESH_PROCESSES,
     IN_PROCESS,
+    Comparison,
     Confirmation,
     ConfirmedConfig,
     read_confirmation,
@@ -216,8 +217,7 @@ def run(
         )
         configs = confirmed_configs(chosen, feasible)
         done = run_rounds(configs, confirm_plan, names[0], fresh_process_runs(measure, lean), rule)
-        mode = {"mode": FRESH_PROCESSES}
-        measured = Measured(names[0], configs, confirm_plan, done, mode, lean)
+        measured = Measured(names[0], configs, confirm_plan, done, FRESH_PROCESSES, lean=lean)
     return store_confirmation(study, measured.record(rule, counted, sweep_dir))
 
 
@@ -232,39 +232,44 @@ class RoundsDone:
 @dataclass
 class Measured:
     """The rounds as run: the objective, the configs with their values, the plan they ran under,
-    the count, how they were measured (the record's "mode" keys) and fresh runs' lean overrides."""
+    the count, how they were measured (`mode`, IN_PROCESS: with its window) and fresh runs' lean
+    overrides."""
 
     objective: str
     configs: list[ConfirmedConfig]
     plan: ConfirmPlan
     done: RoundsDone
-    mode: dict[str, Any]
+    mode: str
+    window_s: float | None = None
     lean: list[str] = field(default_factory=list)
 
-    def record(self, rule: PairStop, after_trials: int, sweep_dir: str) -> dict[str, Any]:
-        """The confirmation's record (the study's user attr, read back as
-        gpuopt.study.records.Confirmation): how it ran and its comparisons."""
-        done, configs, first = self.done, self.configs, self.plan.rounds
-        return {
-            "objective": self.objective,
-            "direction": rule.direction,
-            **self.mode,
-            "rounds": done.rounds,
-            "first_stage": first,
-            "max_runs": self.plan.max_runs,
-            "runs": done.runs,
-            "target_halfwidth": rule.target,
-            "estimator": "paired log-ratio, Stein two-stage t-interval",
-            "lean_overrides": self.lean,
-            "loads": done.loads,
-            "top_k": self.plan.top_k,
-            "after_trials": after_trials,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "sweep_dir": sweep_dir,
-            "configs": [vars(c) for c in configs],
-            "steal_pct": done.steal_pct,
-            **compare(configs, rule.direction, rule.target, first, done.loads, done.steal_pct),
-        }
+    def record(self, rule: PairStop, after_trials: int, sweep_dir: str) -> Confirmation:
+        """The confirmation's record (the study's user attr): how it ran and its comparisons,
+        each carrying the target, loads and steal seen (a "too noisy" verdict's why)."""
+        done, first = self.done, self.plan.rounds
+        verdicts = compare(
+            self.configs, rule.direction, rule.target, first, done.loads, done.steal_pct
+        )
+        top_two = verdicts["top_two"]
+        return Confirmation(
+            configs=tuple(self.configs),
+            comparisons=tuple(Comparison.from_attr(entry) for entry in verdicts["comparisons"]),
+            top_two=None if top_two is None else Comparison.from_attr(top_two),
+            objective=self.objective,
+            direction=rule.direction,
+            mode=self.mode,
+            window_s=self.window_s,
+            rounds=done.rounds,
+            first_stage=first,
+            top_k=self.plan.top_k,
+            after_trials=after_trials,
+            runs=done.runs,
+            max_runs=self.plan.max_runs,
+            lean_overrides=tuple(self.lean),
+            time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            sweep_dir=sweep_dir,
+            same_training_flagged=True,
+        )
 
 
 def in_process_rounds(
@@ -302,8 +307,7 @@ def in_process_rounds(
         )
     finally:
         shared.close()
-    mode = {"mode": IN_PROCESS, "window_s": window_s}
-    return Measured(objective, configs, window_plan, done, mode)
+    return Measured(objective, configs, window_plan, done, IN_PROCESS, window_s)
 
 
 def trial_seconds(trials: Sequence[Any]) -> list[float]:
