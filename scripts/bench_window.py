@@ -11,7 +11,7 @@ spreads 6-14% on a 2-core VM and five rounds cannot resolve 3%. Here both are bu
 process - gpuopt's side as the confirmation's in-process mode builds a trial
 (gpuopt.processes.shared_windows.build_member: the native engine's model, DataLoader and step), the plain loop's
 side as bench_agreement.py builds it (hydra.utils.instantiate, its own DataLoader and step) - and
-measured in turns, A B B A: gpuopt's real timed window (`measure_timed_window`: its clock, its
+measured in turns, A B B A: gpuopt's real timed window (the window meter: its clock, its
 stability stop, its sample count) against `--steps` plain steps between two perf_counter reads.
 Before each turn the idle side's prefetched batches are drained untimed. The paired log-ratio
 estimator is the confirmation's (gpuopt.core.stats.speedup). What this cannot see is a
@@ -62,7 +62,7 @@ def build_gpuopt(overrides: list[str], directory: Path) -> Any:
 def gpuopt_window(member: Any) -> float:
     """One real timed window of gpuopt's native engine (its stop rule ends it): samples/s."""
     from gpuopt.engines._build import apply_policies
-    from gpuopt.engines.native import timed_window
+    from gpuopt.engines.native import timed_window, window_meter
     from gpuopt.trial.memory import MemoryBaseline
 
     trial, workload, feed = member.built.trial, member.built.workload, member.built.feed
@@ -70,7 +70,9 @@ def gpuopt_window(member: Any) -> float:
     for _ in range(member.built.queued_steps()):
         workload.train_step(feed.next_step())
     memory = MemoryBaseline.take(trial.device)
-    timed_window(trial, workload, feed, member.built.cache, memory, time.time())
+    meter, step = window_meter(trial, workload, feed, feed.next_step(), member.built.cache, memory)
+    meter.run(step, until="warmup")
+    timed_window(meter, step, workload, time.time())
     return float(trial.metrics.throughput)
 
 
@@ -114,13 +116,14 @@ def plain_window(plain: Any, steps: int) -> float:
 
 
 def own_cost(member: Any, rounds: int, steps: int) -> dict[str, Any]:
-    """The window's own cost per step, timed alone: `run_window` over a step that trains nothing
+    """The window's own cost per step, timed alone: the window meter over a step that trains nothing
     but does the window's per-step bookkeeping (the BatchFeed over ready host batches: its timers,
     sample count and move; the step's loss watch; the cache policy), with the trial's clock and a
     stop rule whose CI every read computes (min_time_s 0, a target never met), `steps` steps a
     round. What a step of this configuration costs is the real windows' median step time. Timed
     alone, since a window-vs-plain-loop difference of 0.5% is below what pairs of 60-step turns
     resolve on a shared 2-core VM (their spread: ~1% per pair)."""
+    import dataclasses
     import itertools
     import math
     import statistics
@@ -128,7 +131,9 @@ def own_cost(member: Any, rounds: int, steps: int) -> dict[str, Any]:
     import torch
 
     from gpuopt.engines._batches import BatchFeed
-    from gpuopt.trial.measure import StopRule, make_clock, run_window
+    from gpuopt.engines._meter import WindowMeter
+    from gpuopt.trial.context import Trial
+    from gpuopt.trial.measure import StopRule
 
     built = member.built
     trial, workload = built.trial, built.workload
@@ -137,17 +142,24 @@ def own_cost(member: Any, rounds: int, steps: int) -> dict[str, Any]:
     # The loss watch; code from before it (a per-step NonFiniteLoss.update) is measured alike.
     watch = getattr(workload, "_watch_loss", workload.nonfinite.update)
     rule = StopRule(trial.spec.measure.min_steps, steps, math.inf, 0.0)
+    no_warmup = dataclasses.replace(trial.spec.measure, warmup_steps=0)
 
     def bookkeeping() -> float:
         feed = BatchFeed(ready, workload.to_device, trial.device)
 
-        def step(index: int) -> None:
+        def step() -> int:
+            before = feed.samples
             feed.next_step()
             watch(loss)
-            built.cache.after_step(index)
+            return feed.samples - before
 
+        windowed = Trial(dataclasses.replace(trial.spec, measure=no_warmup), trial.device)
+        meter = WindowMeter(
+            windowed, wait=feed.wait, after_step=built.cache.after_step, count_flops=False
+        )
+        meter.rule = rule
         t0 = time.perf_counter()
-        run_window(step, make_clock(trial.device), rule)
+        meter.run(step)
         return (time.perf_counter() - t0) / steps
 
     step_ms = []

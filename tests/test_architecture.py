@@ -273,6 +273,48 @@ def _module_level_torch_chain(module: str, graph: dict[str, set[str]]) -> list[s
     return None
 
 
+# The one timed-window state machine (issue 40): every engine pushes its loop's events into it.
+WINDOW_METER = "gpuopt.engines._meter"
+# What drives a window: only the meter calls these (trial.measure defines them; _distributed wraps
+# a clock and a rule for ranks).
+WINDOW_DRIVERS = ("make_clock", "StopRule", "from_measure", "next_stop_check")
+
+
+def window_driver_calls(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each call of a WINDOW_DRIVERS function or method in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in WINDOW_DRIVERS:
+                found.append((node.lineno, name))
+    return found
+
+
+def test_the_window_rule_sees_a_clock_or_rule_driven_by_hand() -> None:
+    calls = window_driver_calls(
+        "clock, rule = ranks.align(make_clock(d), StopRule.from_measure(m))"
+    )
+    assert sorted(name for _, name in calls) == ["from_measure", "make_clock"]
+    assert [n for _, n in window_driver_calls("x = next_stop_check(5)")] == ["next_stop_check"]
+    assert window_driver_calls("rule: StopRule = make") == []  # a name, not a call
+
+
+def test_one_window_state_machine_every_engine_feeds() -> None:
+    """Clocks, the stop rule and its schedule are driven by gpuopt.engines._meter alone: a second
+    copy of the window (three existed: the native loop's, a hook meter's, Lightning's) cannot grow
+    back unseen. trial.measure defines them; _distributed wraps them for ranks."""
+    allowed = {WINDOW_METER, "gpuopt.trial.measure", "gpuopt.engines._distributed"}
+    calls = {
+        f"{module}:{line}": name
+        for module in sorted(set(modules()) - allowed)
+        for line, name in window_driver_calls(modules()[module].read_text())
+    }
+    assert not calls, f"a window driven outside {WINDOW_METER}: {calls}"
+    assert window_driver_calls(modules()[WINDOW_METER].read_text())
+
+
 def test_torch_free_folders_do_not_import_torch_at_module_level() -> None:
     """The sweeping process never imports torch (seconds, and a CUDA context near the GPUs): also
     not through the gpuopt modules they import at module level."""

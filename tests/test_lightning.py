@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
 from gpuopt.core.spec import PrecisionConf, register_schemas
+from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import measure_step_flops
 from gpuopt.trial.prepare import load_spec
 from tests.conftest import TINY_TRIAL
@@ -28,6 +29,7 @@ from tests.helpers.lightning_specs import user_spec as _user_spec
 pytest.importorskip("lightning")
 
 from gpuopt.engines._ceiling import CEILING_WARMUP_STEPS
+from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines.lightning.engine import BuiltinModule, run_lightning_trial
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback
 from gpuopt.engines.lightning.precision import lightning_precision
@@ -60,9 +62,10 @@ class Seen:
         if name == "module" and isinstance(obj, BuiltinModule):
             obj.model.register_forward_hook(lambda _m, _i, out: self.output_dtypes.add(out.dtype))
 
-    def meter(self) -> MeasureCallback:
+    def meter(self) -> WindowMeter:
+        """The window meter the engine's callback fed."""
         return next(
-            cb for cb in self.objects["trainer"].callbacks if isinstance(cb, MeasureCallback)
+            cb.meter for cb in self.objects["trainer"].callbacks if isinstance(cb, MeasureCallback)
         )
 
 
@@ -268,23 +271,25 @@ def test_failures_are_classified_like_the_native_engine(
     assert reason in result.reason
 
 
-def test_fetch_timer_times_only_the_fetch_while_active() -> None:
+def test_fetch_timer_times_only_the_fetch_while_the_window_is_on() -> None:
     timer = FetchTimer(torch.device("cpu"))
+    wait = timer.wait
+    wait.active = False  # as the window meter sets it outside its window
     timer.start("[_TrainingEpochLoop].train_dataloader_next")
     timer.stop("[_TrainingEpochLoop].train_dataloader_next")
-    assert timer.fetch_s == 0.0  # not active: outside the window
-    timer.active = True
+    assert wait.fetch_s == 0.0  # not active: outside the window
+    wait.active = True
     timer.start("[_TrainingEpochLoop].train_dataloader_next")
     timer.start("[LightningModule]BuiltinModule.training_step")
     timer.stop("[LightningModule]BuiltinModule.training_step")
     timer.stop("[_TrainingEpochLoop].train_dataloader_next")
-    waited = timer.wait_seconds()  # on CPU the device's wait is the host's fetch time
-    assert timer.fetch_s > 0.0 and waited.device_s == waited.host_s == timer.fetch_s
-    timer.active = False
+    waited = wait.totals()  # on CPU the device's wait is the host's fetch time
+    assert wait.fetch_s > 0.0 and waited.device_s == waited.host_s == wait.fetch_s
+    wait.active = False
     timer.start("[_TrainingEpochLoop].train_dataloader_next")
-    timer.active = True  # a span opened outside the window does not close inside it
+    wait.active = True  # a span opened outside the window does not close inside it
     timer.stop("[_TrainingEpochLoop].train_dataloader_next")
-    assert timer.wait_seconds() == waited
+    assert wait.totals() == waited
 
 
 @pytest.mark.slow
@@ -352,8 +357,8 @@ def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(co
         torch.compile(BuiltinModule(torch.nn.Linear(16, 4), spec), backend=backend)
     )
     compiled_step = module.training_step
-    notes: list[str] = []
-    meter = MeasureCallback(spec, cpu, FetchTimer(cpu), CachePolicy(spec.cache, cpu), notes)
+    trial = Trial(spec, cpu)
+    meter = MeasureCallback(trial, FetchTimer(cpu), CachePolicy(spec.cache, cpu))
     batch = (torch.randn(8, 16), torch.randint(0, 4, (8,)))
     meter.on_train_batch_start(None, module, batch, 0)  # type: ignore[arg-type]
     assert module.training_step is not compiled_step  # the eager step runs under the counter
@@ -362,7 +367,7 @@ def test_flop_step_counts_the_eager_module_of_a_compiled_one_then_restores_it(co
     meter.on_train_batch_end(None, module, loss, batch, 0)  # type: ignore[arg-type]
     assert module.training_step is compiled_step and compiled_graphs == []
     eager = measure_step_flops(lambda: module.model(batch[0]).sum().backward()).hardware / 8
-    assert meter.flops_per_sample == pytest.approx(eager) and eager > 0
+    assert trial.metrics.flops_per_sample == pytest.approx(eager) and eager > 0
 
 
 def test_lightning_peaks_count_from_after_the_flop_step_and_warm_up(compose_cfg, monkeypatch):

@@ -22,7 +22,6 @@ from gpuopt.trial.measure import (
     next_stop_check,
     peak_flops,
     relative_ci_halfwidth,
-    run_window,
     step_stats,
 )
 
@@ -79,6 +78,25 @@ def test_step_stats_median_percentiles_and_cv():
     stats = step_stats([i / 1000 for i in range(1, 11)])  # 1..10 ms
     assert (stats.median_ms, stats.p10_ms, stats.p90_ms) == pytest.approx((5.5, 1.9, 9.1))
     assert stats.cv == pytest.approx(3.0276503540974917 / 5.5)
+
+
+def run_window(step, clock, rule):
+    """gpuopt's one window meter (gpuopt.engines._meter) over `step(i)`, no warm-up, on `clock`
+    and `rule`: its WindowResult."""
+    import dataclasses
+
+    from gpuopt.core.spec import EngineConf, MeasureConf
+    from gpuopt.engines._lifecycle import measuring_spec
+    from gpuopt.engines._meter import WindowMeter
+    from gpuopt.trial.context import Trial
+
+    cpu = torch.device("cpu")
+    measure = dataclasses.replace(MeasureConf(), warmup_steps=0, count_flops=False)
+    meter = WindowMeter(Trial(measuring_spec(cpu, measure, EngineConf(name="user_step")), cpu))
+    meter.clock, meter.rule = clock, rule
+    index = itertools.count()
+    meter.run(lambda: (step(next(index)), 1)[1])
+    return meter.window
 
 
 def ScriptedClock(step_times, sync=None):

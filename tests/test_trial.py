@@ -595,7 +595,7 @@ def test_a_window_the_hypervisor_stole_from_is_measured_and_flagged(
     """cpu_steal_pct from /proc/stat's steal ticks over the window (here an injected counter:
     `stolen` of every 100 ticks), and a warning only past 5%. (A real window reads the real
     counter: _assert_measured.)"""
-    from gpuopt.trial import measure
+    from gpuopt.engines import _meter
 
     ticks = iter(range(10**6))
 
@@ -603,7 +603,7 @@ def test_a_window_the_hypervisor_stole_from_is_measured_and_flagged(
         n = next(ticks)
         return {"user": (100 - stolen) * n, "idle": 0, "steal": stolen * n}
 
-    monkeypatch.setattr(measure, "cpu_ticks", scripted)
+    monkeypatch.setattr(_meter, "cpu_ticks", scripted)
     result = _run(compose_cfg)
     assert result.status is Status.OK
     assert result.metrics.cpu_steal_pct == pytest.approx(stolen)

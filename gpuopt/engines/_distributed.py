@@ -195,12 +195,12 @@ class AlignedClock:
 
 class AgreedStop:
     """The stop rule as every rank applies it: checked at the same step counts on every rank
-    (from the first step, then every ~5% more: run_window's schedule, never a clock's, since the
+    (from the first step, then every ~5% more: the window meter's schedule, never a clock's, since the
     clocks differ), rank 0's verdict broadcast. Its time budget is rank 0's, read at those checks."""
 
     def __init__(self, rule: StopRule, ranks: Ranks) -> None:
         self.rule, self.ranks = rule, ranks
-        self.min_steps = 1  # run_window's first check: every step until its schedule spreads
+        self.min_steps = 1  # the meter's first check: every step until its schedule spreads
         self.max_steps = rule.max_steps
         self.time_budget_s = math.inf  # never a clock-driven check (the ranks' clocks differ)
 

@@ -1,7 +1,5 @@
-"""The timed window every engine runs, and what is read beside it.
+"""What is read beside the timed window (whose state machine is gpuopt.engines._meter's):
 
-- `measure_timed_window`: a loop engine's window (`gpuopt.trial.measure.run_window` until the stop
-  rule ends it), the monitors on and the memory peaks reset;
 - `WindowMonitors`: the NVML sampler beside the window;
 - `InputWait`: what the input pipeline costs the loop (host fetch time; on CUDA the device's
   starvation, read on the GPU timeline);
@@ -9,8 +7,7 @@
   data wait, peak memory, utilization/power/energy, MFU/HFU), and `flop_notes`: what an MFU must be
   read with.
 
-The Lightning engine runs its window from its own callback (gpuopt.engines.lightning.meter) with
-these same pieces. torch is imported inside functions.
+torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -35,58 +32,7 @@ from gpuopt.trial.measure import (
 if TYPE_CHECKING:
     import torch
 
-    from gpuopt.engines._batches import BatchFeed
-    from gpuopt.trial.context import Trial
     from gpuopt.trial.memory import MemoryBaseline
-
-
-def measure_timed_window(
-    trial: Trial,
-    run_step: Callable[[], Any],
-    feed: BatchFeed,
-    memory: MemoryBaseline,
-    precision_mode: str | None,
-    process_t0: float,
-    after_step: Callable[[int], None] | None = None,
-    align: Callable[[Any, Any], tuple[Any, Any]] | None = None,
-) -> None:
-    """The timed window of a loop engine: `run_step()` (one optimizer step over batches it takes
-    from `feed`) until `gpuopt.trial.measure.StopRule` says stop, with the monitors on and the memory
-    peaks reset, then the window's metrics (`record_window`, over the samples `feed` gave).
-    `align(clock, rule)`: a distributed trial's clock and rule, alike on every rank
-    (gpuopt.engines._distributed)."""
-    from gpuopt.trial.measure import StopRule, make_clock, run_window
-
-    measure, device = trial.spec.measure, trial.device
-    monitors = WindowMonitors(device, measure.nvml_interval_s, trial.warnings)
-
-    def step(index: int) -> None:
-        run_step()
-        if after_step is not None:
-            after_step(index)
-
-    clock, rule = make_clock(device), StopRule.from_measure(measure)
-    if align is not None:
-        clock, rule = align(clock, rule)
-    feed.reset_counters()
-    memory.window_starting()
-    monitors.start()
-    try:
-        window = run_window(step, clock, rule)
-    finally:
-        nvml = monitors.stop()
-    # clock.finish() synchronized: the window's work (and copies) has completed.
-    record_window(
-        trial.metrics,
-        window,
-        feed.samples,
-        feed.wait.totals(),
-        device,
-        nvml,
-        memory,
-        precision_mode,
-        process_t0,
-    )
 
 
 class WindowMonitors:
@@ -165,7 +111,9 @@ class InputWait:
       GradScaler) and however the engine copies (blocking or not). Without CUDA events (CPU,
       MPS) it is the host's fetch time, the same thing on a synchronous device.
 
-    `record_event` (tests: a stand-in) records a timing event on the device's stream."""
+    Marks count only while `active` (the window meter, gpuopt.engines._meter, turns it on for its
+    window alone). `record_event` (tests: a stand-in) records a timing event on the device's
+    stream."""
 
     def __init__(
         self,
@@ -181,20 +129,22 @@ class InputWait:
         self._fetch_t0: float | None = None
         self._spans: list[tuple[Any, Any]] = []  # (fetch started, copy ended) events
         self._span_start: Any = None
+        self.active = True
 
     def reset(self) -> None:
         self.fetch_s, self._fetch_t0, self._spans, self._span_start = 0.0, None, [], None
 
     def _open_span(self) -> None:
-        if self._record_event is not None and self._span_start is None:
+        if self.active and self._record_event is not None and self._span_start is None:
             self._span_start = self._record_event()
 
     def fetch_started(self) -> None:
-        self._fetch_t0 = self._host_clock()
-        self._open_span()
+        if self.active:
+            self._fetch_t0 = self._host_clock()
+            self._open_span()
 
     def fetch_ended(self) -> None:
-        if self._fetch_t0 is not None:
+        if self.active and self._fetch_t0 is not None:
             self.fetch_s += self._host_clock() - self._fetch_t0
             self._fetch_t0 = None
 
@@ -202,7 +152,7 @@ class InputWait:
         self._open_span()  # a step whose batch was fetched earlier (prefetched) starts here
 
     def copy_ended(self) -> None:
-        if self._span_start is not None:
+        if self.active and self._span_start is not None:
             self._spans.append((self._span_start, self._record_event()))  # type: ignore[misc]
             self._span_start = None
 

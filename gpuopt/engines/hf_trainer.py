@@ -12,7 +12,7 @@ that call's time is the data wait. Its `training_step` returns each micro-batch'
 Trainer's `logging_nan_inf_filter` would otherwise hide: a NaN/inf loss is the trial's `diverged`.
 Both methods are wrapped on the trainer instance only while `train` runs (`_TrainerMethods`: the
 one place this module reaches past the callback API). The window, warm-up, FLOP count and stop
-rule are gpuopt.engines._hook_meter's; once the rule stops, `control.should_training_stop` ends
+rule are gpuopt.engines._meter's; once the rule stops, `control.should_training_stop` ends
 the training.
 
 What one optimizer step trains on comes from the TrainingArguments and the batches: the micro-batch
@@ -38,8 +38,8 @@ from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
-from gpuopt.engines._hook_meter import HookMeter
 from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
+from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import classify_failure
@@ -114,7 +114,7 @@ class HFMeasureCallback(TrainerCallback):
     def __init__(self, measure: MeasureConf | dict[str, Any] | str | None = None) -> None:
         self.measure = measure_conf(measure)
         self.result: TrialResult | None = None
-        self.meter: HookMeter | None = None
+        self.meter: WindowMeter | None = None
         self._trial: Trial | None = None
         self._micro_batch: int | None = None
         self._args: Any = None  # the TrainingArguments, once training began
@@ -148,7 +148,7 @@ class HFMeasureCallback(TrainerCallback):
         engine = EngineConf(name=ENGINE_NAME)
         spec = measuring_spec(device, measure, engine, peak_mode(args), compile_mode)
         self._trial = Trial(spec, device)
-        self.meter = HookMeter(self._trial, user_ranks(device))
+        self.meter = WindowMeter(self._trial, user_ranks(device))
         self._process_t0 = process_start_time() or time.time()
         self._micro_batch, self._args = None, args
 
@@ -157,7 +157,7 @@ class HFMeasureCallback(TrainerCallback):
             self.meter.step_started()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.meter is not None and self.meter.step_ended() is not None:
+        if self.meter is not None and self.meter.optimizer_stepped() is not None:
             control.should_training_stop = True
         return control
 
@@ -165,7 +165,7 @@ class HFMeasureCallback(TrainerCallback):
         if self.meter is None or self._trial is None or self.result is not None:
             return
         try:
-            self.meter.record(peak_mode(args), self._process_t0)
+            self.meter.record(self._process_t0)
             self._record_training(args)
             self.result = self._finished(Status.OK, None)
         except Exception as exc:
@@ -177,7 +177,7 @@ class HFMeasureCallback(TrainerCallback):
         if self._micro_batch is None and counts:
             self._micro_batch = counts[0]
         if self.meter is not None:
-            self.meter.samples_fetched(sum(counts))
+            self.meter.batch_fetched(sum(counts))
 
     # -- the result --------------------------------------------------------------------------
     def _record_training(self, args: Any) -> None:
@@ -201,7 +201,7 @@ class HFMeasureCallback(TrainerCallback):
     def _failed(self, exc: Exception) -> TrialResult:
         status, reason = classify_failure(exc)
         if self.meter is not None:
-            self.meter.stop()
+            self.meter.close()
         if status is Status.OOM and self._trial is not None:
             release(self._trial, status)
         return self._finished(status, reason)

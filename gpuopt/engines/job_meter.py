@@ -8,7 +8,7 @@ What it sees, from torch's global mechanisms only:
   between epochs) feed no step. Samples per optimizer step give the global batch (x the world size
   of an initialized process group), the first param group the lr.
 
-It feeds the push-style window meter every loop of someone else's uses (gpuopt.engines._hook_meter:
+It feeds the push-style window meter every loop of someone else's uses (gpuopt.engines._meter:
 clocks, warm-up, one step under FlopCounterMode for MFU, the stop rule). Once the window stops, the
 result is written into the Hydra run directory (gpuopt.core.measured_job) and the job ends: in a
 sweep's trial with `TrialMeasured`, in a single run with `SystemExit(0)`; both pass the app's own
@@ -34,8 +34,8 @@ from gpuopt.core import measured_job
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
-from gpuopt.engines._hook_meter import HookMeter
 from gpuopt.engines._lifecycle import measured_result, measuring_spec, process_start_time
+from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import job_result, user_ranks, world_size
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import classify_failure
@@ -74,7 +74,7 @@ class JobMeter:
 
     def __init__(self, measure: MeasureConf) -> None:
         self.measure = measure
-        self.meter: HookMeter | None = None
+        self.meter: WindowMeter | None = None
         self.trial: Trial | None = None
         self.result: TrialResult | None = None
         self.optimizer: Any = None  # the first optimizer that stepped
@@ -107,7 +107,7 @@ class JobMeter:
             remove()
         self._removers = []
         if self.meter is not None:
-            self.meter.stop()
+            self.meter.close()
 
     # -- what the job does ---------------------------------------------------------------------
     def _fetch(self, iterator: _BaseDataLoaderIter, original: Any) -> Any:
@@ -130,14 +130,14 @@ class JobMeter:
         elif counting:
             self._pending += samples
             self.batch_sizes.append(samples)
-            self.meter.samples_fetched(samples)
+            self.meter.batch_fetched(samples)
         return batch
 
     def _start(self, device: torch.device) -> None:
         engine = EngineConf(name=ENGINE_NAME)
         self.trial = Trial(measuring_spec(device, self.measure, engine), device)
         self.trial.warnings.append(FP32_PEAK_NOTE)
-        self.meter = HookMeter(self.trial, user_ranks(device))
+        self.meter = WindowMeter(self.trial, user_ranks(device))
         self._pending = 0
         if self.meter.flop_step is not None and self.measure.warmup_steps >= 2:
             # The second step is counted: what runs before the first optimizer step may include
@@ -158,11 +158,11 @@ class JobMeter:
         if self.train_data is None:  # the loader that fed this first step is the training one
             self.train_data = self.last_fetched
             self._pending = self.fetched.get(self.train_data, 0)
-            self.meter.samples_fetched(self._pending)
+            self.meter.batch_fetched(self._pending)
         self.step_samples.append(self._pending)
         self._pending = 0
         try:
-            stopped = self.meter.step_ended()
+            stopped = self.meter.optimizer_stepped()
         except Exception as exc:  # a NaN/inf loss at the window's end: the status
             self._finish(*classify_failure(exc))
             return
@@ -177,7 +177,7 @@ class JobMeter:
         assert self.trial is not None and self.meter is not None
         if status is Status.OK:
             try:
-                self.meter.record("fp32", self.process_t0)
+                self.meter.record(self.process_t0)
                 self._record_training()
             except Exception as exc:
                 status, reason = classify_failure(exc)

@@ -46,8 +46,9 @@ from gpuopt.engines._ceiling import (
 from gpuopt.engines._distributed import Ranks, accumulating
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
+from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._step import Batch, Workload, build_workload
-from gpuopt.engines._window import flop_notes, measure_timed_window
+from gpuopt.engines._window import flop_notes
 from gpuopt.trial import numerics, policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import StepFlops, measure_step_flops, synchronize
@@ -160,53 +161,53 @@ def _count_per_sample(workload: Workload, batch: Batch) -> SampleFlops:
     return SampleFlops(flops.model / n, flops.hardware / n, flops)
 
 
-def warm_up(
+def window_meter(
     trial: Trial,
     workload: Workload,
     feed: BatchFeed,
     first_step: list[Batch],
+    cache_policy: policies.CachePolicy,
     memory: MemoryBaseline,
-) -> None:
+    ranks: Ranks | None = None,
+) -> tuple[WindowMeter, Callable[[], int]]:
+    """The window meter over this loop, and its step: one optimizer step, its samples. The first
+    step through torch.compile is `first_step` (already fetched: compile time is the step's own);
+    the FLOPs were counted apart (`count_flops`, on the eager forward)."""
+    pending = [first_step] if trial.spec.compile.mode != "off" else []
+
+    def step() -> int:
+        before = feed.samples
+        workload.train_step(pending.pop() if pending else feed.next_step())
+        return feed.samples - before
+
+    meter = WindowMeter(
+        trial,
+        ranks,
+        wait=feed.wait,
+        memory=memory,
+        after_step=cache_policy.after_step,
+        count_flops=False,
+    )
+    return meter, step
+
+
+def warm_up(meter: WindowMeter, step: Callable[[], int], workload: Workload) -> None:
     """compile_time_s (the first step through torch.compile), then the warm-up steps (after the
     blocks the FLOP-count and compile steps left cached went back: `MemoryBaseline`)."""
-    m, device = trial.metrics, trial.device
-    # torch.compile compiles lazily on the first call: time that step apart (compile + one step).
-    m.compile_time_s = 0.0
-    if trial.spec.compile.mode != "off":
-        started = time.perf_counter()
-        workload.train_step(first_step)
-        synchronize(device)
-        m.compile_time_s = time.perf_counter() - started
-    memory.release_cache()
-
-    started = time.perf_counter()
-    for _ in range(trial.spec.measure.warmup_steps):
-        workload.train_step(feed.next_step())
-    synchronize(device)
-    m.warmup_time_s = time.perf_counter() - started
+    meter.memory.release_cache()  # the FLOP count's
+    meter.run(step, until="warmup")
     workload.check_finite("warm-up")
 
 
 def timed_window(
-    trial: Trial,
-    workload: Workload,
-    feed: BatchFeed,
-    cache_policy: policies.CachePolicy,
-    memory: MemoryBaseline,
-    process_t0: float,
-    ranks: Ranks | None = None,
+    meter: WindowMeter, step: Callable[[], int], workload: Workload, process_t0: float
 ) -> None:
     """The timed window until the stop rule ends it, with the monitors on; its metrics."""
-    measure_timed_window(
-        trial,
-        lambda: workload.train_step(feed.next_step()),
-        feed,
-        memory,
-        trial.spec.precision.mode,
-        process_t0,
-        cache_policy.after_step,
-        align=ranks.align if ranks is not None else None,
-    )
+    try:
+        meter.run(step)
+    finally:
+        meter.close()  # the monitors stopped, on a failure too
+    meter.record(process_t0)
     workload.check_finite("the timed window")
 
 
@@ -303,11 +304,14 @@ def measure(trial: Trial, process_t0: float) -> None:
     if trial.spec.measure.count_flops:
         with phase("flops"):
             count_flops(trial, workload, first_step[0])
+    meter, step = window_meter(
+        trial, workload, feed, first_step, trial_policies.cache, memory, ranks
+    )
     with phase("warmup"):  # compile_time_s included: the first step through torch.compile
-        warm_up(trial, workload, feed, first_step, memory)
+        warm_up(meter, step, workload)
     with phase("window"):
-        timed_window(trial, workload, feed, trial_policies.cache, memory, process_t0, ranks)
-    window_fetch_s = feed.wait.fetch_s  # the window's, before the profiled steps fetch more
+        timed_window(meter, step, workload, process_t0)
+    window_fetch_s = feed.wait.fetch_s  # the window's (its marks stopped with the window)
     contender = ranks is not None or not skip_extras(trial)
     if trial.spec.profile.enabled and contender:  # before the boundary stops the loader
         with phase("profile"):

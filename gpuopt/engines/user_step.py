@@ -40,8 +40,8 @@ from gpuopt.engines._batches import BatchFeed, SampleCount, batch_samples, move_
 from gpuopt.engines._ceiling import CeilingReplay
 from gpuopt.engines._lifecycle import measuring_spec, run_measured
 from gpuopt.engines._loss import outputs_loss
+from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
-from gpuopt.engines._window import measure_timed_window
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.measure import measure_step_flops, synchronize
@@ -144,17 +144,22 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
         if flops.hardware:
             m.flops_per_sample = flops.model / samples
             m.hardware_flops_per_sample = flops.hardware / samples
-    m.compile_time_s = None  # the user's step: gpuopt cannot tell a compile step apart
-    started = _now(device)
-    for _ in range(trial.spec.measure.warmup_steps):
-        user.train(feed.next())
-    m.warmup_time_s = _now(device) - started
-    user.nonfinite.check("warm-up")
+    meter = WindowMeter(trial, user.ranks, wait=feed.wait, memory=memory, count_flops=False)
+    meter.memory.release_cache()  # the FLOP count's
 
-    mode = trial.spec.precision.mode
-    align = user.ranks.align if user.ranks is not None else None
-    run_step = lambda: user.train(feed.next())  # noqa: E731
-    measure_timed_window(trial, run_step, feed, memory, mode, process_t0, align=align)
+    def step() -> int:
+        before = feed.samples
+        user.train(feed.next())
+        return feed.samples - before
+
+    try:
+        meter.run(step, until="warmup")
+        user.nonfinite.check("warm-up")
+        meter.run(step)
+    finally:
+        meter.close()
+    meter.record(process_t0)
+    m.compile_time_s = None  # the user's step: gpuopt cannot tell a compile step apart
     user.nonfinite.check("the timed window")
     record_training(user, micro_batch, m, trial.warnings)
     if user.ceiling and user.ranks is not None:  # each replayed step would be a collective

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from gpuopt.core.host import cpu_ticks, steal_percent
 from gpuopt.core.stats import t_quantile
 
 if TYPE_CHECKING:
@@ -261,35 +260,6 @@ def next_stop_check(steps: int) -> int:
     """The step count at which the stop rule is read next, after a read at `steps` (the same on
     every rank of a distributed trial: it counts steps, never time)."""
     return steps + max(1, steps // CHECK_SPACING)
-
-
-def run_window(step: Callable[[int], None], clock: StepClock, rule: StopRule) -> WindowResult:
-    """Run `step(i)` (fetch a batch, train on it) until the rule says stop.
-
-    Per step the loop adds a clock mark and one host clock read (budget and max_steps are checked
-    every step, with no allocation beyond the step time kept); the stability CI, the one costly
-    part (on CUDA it also queries events), is read on `next_stop_check`'s schedule.
-    """
-    ticks = cpu_ticks()
-    clock.start()
-    first_step_at = time.time()
-    started = time.perf_counter()
-    steps = 0
-    next_check = rule.min_steps
-    reason = None
-    while reason is None:
-        step(steps)
-        clock.mark()
-        steps += 1
-        elapsed = time.perf_counter() - started
-        due = steps >= next_check
-        if due or elapsed >= rule.time_budget_s or steps >= rule.max_steps:
-            reason = rule.check(clock.completed_step_times(), elapsed, steps)
-            if due:
-                next_check = next_stop_check(steps)
-    step_times, wall = clock.finish()
-    steal = steal_percent(ticks, cpu_ticks())
-    return WindowResult(step_times, wall, steps, reason, first_step_at, steal_pct=steal)
 
 
 # Dense (no sparsity) peak TFLOP/s per dtype from NVIDIA's datasheets. fp16/bf16/tf32 are tensor-core

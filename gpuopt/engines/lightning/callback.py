@@ -133,7 +133,7 @@ class UserMeasureCallback(pl.Callback):
         # The strategy's process group is up by now (Lightning's setup_environment runs first).
         self._ranks = user_ranks(device)
         self._meter = MeasureCallback(
-            spec, device, self._timer, cache_policy, self._trial.warnings, ranks=self._ranks
+            self._trial, self._timer, cache_policy, self._memory, self._ranks
         )
         self.result = None
         self._micro_batch = self._lr = None
@@ -189,7 +189,7 @@ class UserMeasureCallback(pl.Callback):
         self._restore_profiler(trainer)
         if self.result is None:
             try:
-                record_fit(self._trial, self._meter, self._timer, self._memory, self._process_t0)
+                record_fit(self._meter, self._process_t0)
                 self._record_training(trainer, self._trial.metrics)
                 self.result = self._finished(Status.OK, None)
             except Exception as exc:

@@ -330,14 +330,16 @@ def measure(trial: Trial, process_t0: float) -> None:
     # Lightning recognises the compiled wrapper and compiles forward and training_step.
     fit_module = policies.compile_function(module, spec.compile)
     fetch_timer = FetchTimer(device)
-    meter = MeasureCallback(spec, device, fetch_timer, cache_policy, trial.warnings, memory, ranks)
+    meter = MeasureCallback(trial, fetch_timer, cache_policy, memory, ranks)
     own_loader = "train_dataloaders" in fit_data
     with _trainer_root() as root, _lightning_output(trial.warnings):
         trainer = make_trainer(spec, device, [meter], fetch_timer, root, own_loader)
         trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
-        record_fit(trial, meter, fetch_timer, memory, process_t0)
-        loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.fetch_s, meter)
+        record_fit(meter, process_t0)
+        loader_cost = _beside_fit(
+            trial, trainer.train_dataloader, fetch_timer.wait.fetch_s, meter.meter.timed_steps
+        )
         batch, meter.first_batch = meter.first_batch, None
         if spec.profile.enabled:  # every rank alike: the same steps, after a barrier
             _profile(trial, trainer.lightning_module, fit_data, root, own_loader, ranks)
@@ -395,9 +397,7 @@ def _profile(
         m.comm_overlapped = summary.comm.overlapped_pct
 
 
-def _beside_fit(
-    trial: Trial, loader: Any, fetch_wait_s: float, meter: MeasureCallback
-) -> float | None:
+def _beside_fit(trial: Trial, loader: Any, fetch_wait_s: float, timed_steps: int) -> float | None:
     """After the fit, outside any timed span: the epoch boundary's cost (the fit stopped its
     workers) and the input pipeline's cost per sample, for a torch DataLoader; (a CombinedLoader
     or a user's own iterable is not priced: throughput_amortized is then the throughput)."""
@@ -408,7 +408,7 @@ def _beside_fit(
         )
         record_steady_state(trial.metrics, EpochBoundary(None, 0.0, None))
         return None
-    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, meter.timed_steps)
+    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, timed_steps)
     record_steady_state(trial.metrics, boundary)
     shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
     if shutdown is not None:  # persistent workers: stopped before the ceiling runs

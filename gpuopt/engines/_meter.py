@@ -1,0 +1,258 @@
+"""The one timed window of every engine: a push-style meter. Whoever owns the training loop (gpuopt's
+native loop, `measure_step`'s, Lightning's, the HF Trainer's, an app's own under `MeasureJob`) tells
+it what happened, and the meter does the rest alike for all of them:
+
+- `begin()`: the loop starts (with no untimed step, the window starts here);
+- `step_started()`: an optimizer step begins (on the FLOP step, `FlopCounterMode` opens);
+- `fetch_started()` / `batch_fetched(samples)`, `copy_started()` / `copy_ended()`: the input
+  pipeline's spans (marked only inside the window: `InputWait`), and the samples of the current
+  optimizer step (all its micro-batches);
+- `optimizer_stepped(samples=None)`: the step ended; the stop rule's verdict once the window is
+  over (the loop must stop then), else None;
+- `record()`: the window's metrics into the trial; `close()` after a failure.
+
+The phases, in steps: one compile step when compile is on (`compile_time_s`), the warm-up steps
+(`warmup_time_s`; the first of them under FlopCounterMode for MFU, when the meter counts FLOPs),
+then the timed window until `gpuopt.trial.measure.StopRule` ends it. Clocks are
+`gpuopt.trial.measure`'s (on CUDA, events: the host never synchronizes inside the window); the
+rule is read at `next_stop_check`'s step counts, and at every step once a time budget or
+max_steps could end it. In a rank of a multi-rank trial or job (`ranks`) the window starts at a
+barrier and the rule is rank 0's, read at the same step counts on every rank and broadcast
+(`Ranks.align`: its rule has no time budget of its own), so every rank stops after the same step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gpuopt.core.host import cpu_ticks, steal_percent
+from gpuopt.engines._window import InputWait, WindowMonitors, flop_notes, record_window
+from gpuopt.trial.failures import NonFiniteLoss
+from gpuopt.trial.measure import (
+    StopRule,
+    WindowResult,
+    make_clock,
+    next_stop_check,
+    step_flop_counter,
+    synchronize,
+)
+from gpuopt.trial.memory import MemoryBaseline
+
+if TYPE_CHECKING:
+    from gpuopt.engines._distributed import Ranks
+    from gpuopt.trial.context import Trial
+
+
+class WindowMeter:
+    """One trial's window over a loop that pushes its events (module docstring).
+
+    `wait`: the loop's own `InputWait` when it marks spans itself (gpuopt's `BatchFeed`,
+    Lightning's profiler hook); `after_step(i)`: run after the window's i-th step (the cache
+    policy); `count_flops`: whether the meter counts the FLOP step (False where the engine counted
+    them itself, on an eager forward); `compile_steps`: the steps timed as compilation (default:
+    one when `compile.mode` is on)."""
+
+    def __init__(
+        self,
+        trial: Trial,
+        ranks: Ranks | None = None,
+        *,
+        wait: InputWait | None = None,
+        memory: MemoryBaseline | None = None,
+        after_step: Callable[[int], None] | None = None,
+        count_flops: bool = True,
+        compile_steps: int | None = None,
+        precision_mode: str | None = None,
+    ) -> None:
+        spec, device = trial.spec, trial.device
+        self.trial, self.device, self.ranks = trial, device, ranks
+        self.precision_mode = precision_mode or spec.precision.mode
+        self.memory = memory or MemoryBaseline.take(device)
+        self.wait = wait or InputWait(device)
+        self.wait.active = False
+        self.after_step = after_step
+        self.monitors = WindowMonitors(device, spec.measure.nvml_interval_s, trial.warnings)
+        self.rule: Any = StopRule.from_measure(spec.measure)
+        self.clock: Any = make_clock(device)
+        if ranks is not None:
+            self.clock, self.rule = ranks.align(self.clock, self.rule)
+        self.compile_steps = (
+            (0 if spec.compile.mode == "off" else 1) if compile_steps is None else compile_steps
+        )
+        self.untimed = self.compile_steps + spec.measure.warmup_steps
+        counting = count_flops and spec.measure.count_flops and spec.measure.warmup_steps >= 1
+        self.flop_step: int | None = self.compile_steps if counting else None
+        self.nonfinite = NonFiniteLoss()
+        self.steps = self.timed_steps = self.timed_samples = self._pending = 0
+        self.window: WindowResult | None = None
+        self.nvml: Any = None
+        self._flops: Any = None
+        self._begun = False
+        self._t0 = self._window_t0 = time.perf_counter()
+        self._first_step_at = 0.0
+        self._next_check = 0
+        self._ticks: dict[str, int] | None = None
+
+    # -- the loop's events ---------------------------------------------------------------------
+    @property
+    def timing(self) -> bool:
+        """Inside the timed window."""
+        return self.wait.active
+
+    @property
+    def counting_flops(self) -> bool:
+        """This step runs under FlopCounterMode (an engine may run its eager step meanwhile)."""
+        return self._flops is not None
+
+    def begin(self) -> None:
+        """The loop starts: the warm-up's clock (and, with no untimed step, the window)."""
+        if self._begun:
+            return
+        self._begun = True
+        self._t0 = time.perf_counter()
+        self.trial.metrics.compile_time_s = 0.0 if not self.compile_steps else None
+        if self.untimed == 0:
+            self._start_window()
+
+    def step_started(self) -> None:
+        """An optimizer step begins: the compile step's clock, the FLOP step's counter."""
+        self.begin()
+        if self.steps == 0 and self.compile_steps:
+            self._t0 = time.perf_counter()  # compile time: the first step's own, not the loader's
+        if self.steps == self.flop_step and self._flops is None:
+            self._flops = step_flop_counter()
+            self._flops.__enter__()
+
+    def fetch_started(self) -> None:
+        self.wait.fetch_started()
+
+    def batch_fetched(self, samples: int) -> None:
+        """The loop fetched a batch of `samples` for the current optimizer step (spans the loop
+        did not mark apart end here)."""
+        self.wait.fetch_ended()
+        self.wait.copy_ended()
+        self._pending += samples
+
+    def copy_started(self) -> None:
+        self.wait.copy_started()
+
+    def copy_ended(self) -> None:
+        self.wait.copy_ended()
+
+    def optimizer_stepped(self, samples: int | None = None) -> str | None:
+        """An optimizer step ended, of `samples` (default: what `batch_fetched` counted); the
+        stop rule's verdict once the window is over, else None."""
+        if samples is None:
+            samples = self._pending
+        self._pending = 0
+        self.steps += 1
+        if self._flops is not None:
+            self._end_flop_step(samples)
+        if self.timing:
+            return self._timed_step(samples)
+        if self.window is not None:
+            return self.window.stop_reason
+        if self.steps == self.compile_steps:
+            synchronize(self.device)
+            self.trial.metrics.compile_time_s = time.perf_counter() - self._t0
+            self.memory.release_cache()  # the compile step's cached blocks go back
+            self._t0 = time.perf_counter()
+        if self.steps == self.untimed:
+            synchronize(self.device)
+            self.trial.metrics.warmup_time_s = time.perf_counter() - self._t0
+            self.nonfinite.check("warm-up")
+            self._start_window()
+        return None
+
+    def close(self) -> None:
+        """After a failure: the FLOP counter and the monitors closed (more than once is fine)."""
+        if self._flops is not None:
+            self._flops.__exit__(None, None, None)
+            self._flops = None
+        self.wait.active = False
+        self.monitors.stop()
+
+    def run(self, step: Callable[[], int], until: str = "window") -> None:
+        """A loop gpuopt owns: `step()` (one optimizer step; its samples) pushed until the
+        warm-up is over (`until="warmup"`) or the window is (`"window"`)."""
+        self.begin()
+        while not (self.window is not None or (until == "warmup" and self.timing)):
+            self.step_started()
+            self.optimizer_stepped(step())
+
+    # -- the window ----------------------------------------------------------------------------
+    def _end_flop_step(self, samples: int) -> None:
+        counter, self._flops = self._flops, None
+        counter.__exit__(None, None, None)
+        flops = counter.step_flops()
+        if flops.hardware and samples:
+            self.trial.metrics.flops_per_sample = flops.model / samples
+            self.trial.metrics.hardware_flops_per_sample = flops.hardware / samples
+            notes = flop_notes(self.trial.spec, self.device, self.precision_mode, flops)
+            self.trial.warnings.extend(notes)
+        self.memory.release_cache()
+
+    def _start_window(self) -> None:
+        self.memory.window_starting()
+        self.monitors.start()
+        self.wait.reset()
+        self._ticks = cpu_ticks()
+        self.wait.active = True
+        self.clock.start()
+        self._next_check = self.rule.min_steps
+        self._first_step_at = time.time()
+        self._window_t0 = time.perf_counter()
+
+    def _timed_step(self, samples: int) -> str | None:
+        self.clock.mark()
+        if self.after_step is not None:
+            self.after_step(self.timed_steps)
+        self.timed_steps += 1
+        self.timed_samples += samples
+        reason = self._check(time.perf_counter() - self._window_t0)
+        if reason is not None:
+            self._end_window(reason)
+        return reason
+
+    def _check(self, elapsed: float) -> str | None:
+        """The rule on `next_stop_check`'s schedule (step counts: alike on every rank), and at
+        every step once its time budget or max_steps could end the window. The CI read is the
+        rule's one costly part (on CUDA it queries events)."""
+        rule, steps = self.rule, self.timed_steps
+        due = steps >= self._next_check
+        if not (due or elapsed >= rule.time_budget_s or steps >= rule.max_steps):
+            return None
+        if due:
+            self._next_check = next_stop_check(steps)
+        return rule.check(self.clock.completed_step_times(), elapsed, steps)
+
+    def _end_window(self, reason: str) -> None:
+        step_times, wall = self.clock.finish()  # synchronizes on CUDA
+        self.wait.active = False  # no span may close after the closing synchronize
+        self.nvml = self.monitors.stop()
+        steal = steal_percent(self._ticks, cpu_ticks())
+        self.window = WindowResult(
+            step_times, wall, self.timed_steps, reason, self._first_step_at, steal_pct=steal
+        )
+        self.nonfinite.check("the timed window")
+
+    def record(self, process_t0: float) -> None:
+        """The window's metrics into the trial (an error if the loop ended before it did)."""
+        if self.window is None:
+            raise RuntimeError(
+                f"the training ended after {self.steps} optimizer steps, before the timed window "
+                "did: give it more steps (max_steps, epochs) or measure=quick"
+            )
+        record_window(
+            self.trial.metrics,
+            self.window,
+            self.timed_samples,
+            self.wait.totals(),
+            self.device,
+            self.nvml,
+            self.memory,
+            self.precision_mode,
+            process_t0,
+        )
