@@ -463,6 +463,25 @@ def test_overrides_to_experiment():
     assert skipped == ["~cache.cpu_thp", "hydra.sweep.subdir=x"]
 
 
+def test_the_sweeps_measurement_settings_are_no_part_of_the_answer(tmp_path):
+    """How gpuopt measured (a preset's short windows, the race's contender floor, the guard's
+    global batch) is left out of best.yaml, the change to apply and the report's keys that
+    differ: `+experiment=best` measures with the user's own settings."""
+    from gpuopt.report.build import config_diff
+    from gpuopt.study.experiment import override_diff
+    from gpuopt.sweeper.outputs import SweepIdentity, _experiment_overrides
+
+    sweep = SweepIdentity("s", "sqlite://", tmp_path, ["throughput"], ["maximize"], "app", [])
+    trial = ["loader.batch_size=64", "measure.time_budget_s=2.0", "guard.global_batch=32",
+             "++measure.contender_floor=10.0", "measure=quick", "+guard.x=1"]  # fmt: skip
+    assert _experiment_overrides(trial, sweep) == (["loader.batch_size=64"], None)
+    baseline = ["loader.batch_size=32", "measure.time_budget_s=2.0", "guard.global_batch=32"]
+    assert override_diff(baseline, trial) == (["loader.batch_size=64"], [])
+    base_conf = {"loader": {"batch_size": 32}, "measure": {"contender_floor": None}}
+    best_conf = {"loader": {"batch_size": 64}, "measure": {"contender_floor": 10.0}}
+    assert [c.key for c in config_diff(base_conf, best_conf)] == ["loader.batch_size"]
+
+
 # ---- hardware ----------------------------------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ from gpuopt.report.diagnose import Diagnosis, diagnose
 from gpuopt.report.importance import param_importances
 from gpuopt.study.answers import same_training_evidence
 from gpuopt.study.configs import config_of, flatten
-from gpuopt.study.experiment import override_diff
+from gpuopt.study.experiment import is_measurement_key, override_diff
 from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_ENV,
@@ -186,9 +186,12 @@ _ABSENT = "(absent)"
 
 def config_diff(baseline: dict[str, Any], best: dict[str, Any]) -> list[ConfigChange]:
     """The resolved-config keys whose values differ, in the best config's key order."""
-    ignored = tuple(IGNORED_CONFIG_KEYS)
-    base_flat = {k: v for k, v in flatten(baseline).items() if k.split(".")[0] not in ignored}
-    best_flat = {k: v for k, v in flatten(best).items() if k.split(".")[0] not in ignored}
+
+    def kept(key: str) -> bool:  # not Hydra's, nor how gpuopt measured (is_measurement_key)
+        return key.split(".")[0] not in IGNORED_CONFIG_KEYS and not is_measurement_key(key)
+
+    base_flat = {k: v for k, v in flatten(baseline).items() if kept(k)}
+    best_flat = {k: v for k, v in flatten(best).items() if kept(k)}
     keys = list(best_flat) + [k for k in base_flat if k not in best_flat]
     return [
         ConfigChange(k, base_flat.get(k, _ABSENT), best_flat.get(k, _ABSENT))

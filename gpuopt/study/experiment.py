@@ -17,6 +17,17 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+# How gpuopt measures and guards a trial, never what it trains: a sweep fixes them for its trials
+# (a preset's shorter windows, the race's contender floor, the guard's global batch), so they are
+# no part of the configuration an answer hands back (best.yaml, the report's keys that differ):
+# `+experiment=best` measures with the user's own settings.
+MEASUREMENT_GROUPS = ("measure", "guard")
+
+
+def is_measurement_key(key: str) -> bool:
+    """`measure`, `guard` or a key under them (a `+`/`++`/`~` prefix ignored)."""
+    return key.lstrip("+~").split(".", 1)[0].split("/", 1)[0] in MEASUREMENT_GROUPS
+
 
 @functools.cache
 def override_parser() -> Any:
@@ -40,8 +51,11 @@ def _override_map(overrides: list[str]) -> dict[str, tuple[str, str]]:
 
 def override_diff(baseline: list[str], best: list[str]) -> tuple[list[str], list[str]]:
     """(best overrides that differ from the baseline's, baseline overrides the best one drops):
-    the change to apply, as the report page and both answers of the sweep summary name it."""
+    the change to apply, as the report page and both answers of the sweep summary name it (how
+    gpuopt measured is no change to apply: `is_measurement_key`)."""
     base_map, best_map = _override_map(baseline), _override_map(best)
+    base_map = {k: v for k, v in base_map.items() if not is_measurement_key(k)}
+    best_map = {k: v for k, v in best_map.items() if not is_measurement_key(k)}
     changed = [
         line for key, (value, line) in best_map.items() if base_map.get(key, (None,))[0] != value
     ]

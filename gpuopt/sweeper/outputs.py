@@ -28,7 +28,11 @@ import optuna
 from omegaconf import OmegaConf
 
 from gpuopt.core.limits import highest_limit
-from gpuopt.study.experiment import overrides_to_experiment, write_experiment
+from gpuopt.study.experiment import (
+    is_measurement_key,
+    overrides_to_experiment,
+    write_experiment,
+)
 from gpuopt.study.keys import (
     ATTR_BASELINE_SKIPPED,
     ATTR_OVERRIDES,
@@ -312,14 +316,15 @@ def write_best_config(sweep: SweepIdentity, best: Any, name: str = "best") -> st
 def _experiment_overrides(overrides: list[str], sweep: SweepIdentity) -> tuple[list[str], Any]:
     """The trial's overrides best.yaml can hold, and the `experiment` option the sweep ran with.
 
-    Left out: the groups that configure the sweep (they would start one, e.g. `hparams_search`).
+    Left out: the groups that configure the sweep (they would start one, e.g. `hparams_search`),
+    and the sweep's measurement settings (`is_measurement_key`: its windows, the guard's batch).
     An `experiment=X` override becomes best.yaml's first default, `/experiment/X`: best.yaml is
     selected as `experiment=best`, so it cannot override its own group.
     """
     kept, base = [], None
     for line in overrides:
         key = parser().parse_override(line).key_or_group
-        if key in sweep.sweep_groups:
+        if key in sweep.sweep_groups or is_measurement_key(key):
             continue
         if key == EXPERIMENT_GROUP and EXPERIMENT_GROUP in sweep.groups:
             base = parser().parse_override(line).value()
