@@ -57,3 +57,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     time (pytest_configure), the two workers start on the long tests and end on seconds-long unit
     tests, so neither waits idle for the other's last minute-long sweep."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def assert_cpu_peak(result):
+    """A CPU trial's peak: measured (>= 0), or null with the note that says why (this test
+    process's high-water mark, set by earlier tests, held above the trial's peak)."""
+    from gpuopt.trial.memory import SHARED_PEAK_NOTE
+
+    peak = result.metrics.peak_memory_mb
+    assert (peak is None) == (SHARED_PEAK_NOTE in result.warnings)
+    assert peak is None or peak >= 0

@@ -12,6 +12,7 @@ from torch import nn
 import gpuopt
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status, TrialResult
+from tests.conftest import assert_cpu_peak
 
 QUICK = {"warmup_steps": 1, "min_steps": 3, "max_steps": 6, "time_budget_s": 0.5, "min_time_s": 0.0}
 
@@ -63,7 +64,8 @@ def test_a_user_loop_gets_a_built_in_trials_metrics():
     assert m.flops_per_sample == pytest.approx(2 * (12 * 16 + 16 * 3) + 2 * 12 * 16 + 4 * 16 * 3)
     assert m.mfu is None  # no documented peak for a CPU
     assert m.ceiling_throughput > 0 and m.input_efficiency > 0
-    assert m.peak_memory_mb >= 0 and m.warmup_time_s > 0
+    assert_cpu_peak(result)
+    assert m.warmup_time_s > 0
     # flops step + warm-up + window + ceiling (warm-up 1 + up to 5 timed) all ran the user's step
     assert len(calls) >= 1 + 1 + m.timed_steps + 2
     assert result.config["engine"]["name"] == "user_step" and result.config["model"] == "Sequential"

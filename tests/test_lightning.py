@@ -23,7 +23,7 @@ from gpuopt.core.spec import PrecisionConf, register_schemas
 from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import measure_step_flops
 from gpuopt.trial.prepare import load_spec
-from tests.conftest import TINY_TRIAL
+from tests.conftest import TINY_TRIAL, assert_cpu_peak
 from tests.helpers.lightning_specs import user_spec as _user_spec
 
 pytest.importorskip("lightning")
@@ -113,7 +113,8 @@ def test_builtin_family_runs_under_lightning_with_warmup_excluded(family_runs, f
     assert m.flops_per_sample and m.flops_per_sample > 0
     assert m.ceiling_throughput and m.ceiling_throughput > 0 and m.input_efficiency > 0
     assert m.mfu is None  # no documented peak for a CPU
-    assert m.peak_memory_mb is not None and m.startup_time_s > 0
+    assert_cpu_peak(result)
+    assert m.startup_time_s > 0
     # fp32 -> Lightning's "32-true": the forward really ran in float32, TF32 off.
     assert seen.objects["trainer"].precision == "32-true" and seen.output_dtypes == {torch.float32}
     assert seen.matmul_precision == "highest"

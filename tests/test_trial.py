@@ -18,7 +18,7 @@ from gpuopt.engines._ceiling import CeilingReplay
 from gpuopt.engines.registry import run_trial
 from gpuopt.trial.devices import trial_device
 from gpuopt.trial.prepare import load_spec
-from tests.conftest import TINY_TRIAL
+from tests.conftest import TINY_TRIAL, assert_cpu_peak
 
 FAMILIES = {
     "mlp": ["model=mlp", "model.width=16", "model.depth=1", "model.input_shape=[12]"],
@@ -54,7 +54,8 @@ def _assert_measured(result, max_steps=6):
     assert m.peak_reserved_mb is None and m.utilization_source is m.power_source is None
     assert m.input_efficiency == pytest.approx(100 * m.throughput / m.ceiling_throughput)
     assert m.flops_per_sample > 0 and m.mfu is None  # no documented peak for a CPU
-    assert m.peak_memory_mb >= 0 and m.startup_time_s > 0 and m.warmup_time_s > 0
+    assert_cpu_peak(result)
+    assert m.startup_time_s > 0 and m.warmup_time_s > 0
     assert m.compile_time_s == 0.0
     assert m.compute_dtype == result.config["precision"]["mode"]  # the guard's evidence needs it
     assert m.power_w is None and m.energy_per_sample_j is None  # no NVML on CPU
@@ -368,6 +369,26 @@ def test_cuda_peaks_are_reset_when_the_window_starts_not_when_the_baseline_is_ta
     assert calls == [("reset", cuda)]
     assert (memory.peak_mb(), memory.peak_reserved_mb()) == (3.0, 8.0)
     assert MemoryBaseline.take(torch.device("cpu")).peak_reserved_mb() is None
+
+
+def test_a_cpu_peak_under_a_high_water_mark_set_before_the_trial_is_unknown_not_zero():
+    """ru_maxrss cannot be reset: in a process whose earlier work set it (the race's shared
+    process), a trial that stays below it has no peak (null, with the note); one that raises it
+    reads its growth over the RSS it started from."""
+    import numpy as np
+
+    from gpuopt.trial.memory import SHARED_PEAK_NOTE, MemoryBaseline, rss_mb
+
+    cpu = torch.device("cpu")
+    earlier = np.ones(300 * 2**20 // 8)  # 300 MB, touched: earlier work sets the mark
+    del earlier  # an mmap'd block: back to the OS, the RSS drops, the mark stays
+    memory = MemoryBaseline.take(cpu)
+    assert rss_mb() is not None and memory.rss_before_mb < memory.high_water_before_mb - 200
+    small = np.ones(20 * 2**20 // 8)
+    assert (memory.peak_mb(), memory.unmeasured()) == (None, SHARED_PEAK_NOTE)
+    large = np.ones(600 * 2**20 // 8)  # raises the mark: this trial's own peak
+    assert memory.peak_mb() == pytest.approx(620, rel=0.1) and memory.unmeasured() is None
+    del small, large
 
 
 def test_native_peaks_count_from_after_the_flop_step_compile_and_warm_up(compose_cfg, monkeypatch):

@@ -256,3 +256,6 @@ class WindowMeter:
             self.precision_mode,
             process_t0,
         )
+        unmeasured = self.memory.unmeasured()
+        if unmeasured and unmeasured not in self.trial.warnings:
+            self.trial.warnings.append(unmeasured)

@@ -23,6 +23,25 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def rss_mb() -> float | None:
+    """The process's resident set size now (Linux: /proc/self/statm), None where unreadable."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            resident_pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return resident_pages * resource.getpagesize() / 2**20
+
+
+# Why a CPU trial has no peak: the process's high-water mark, which cannot be reset, was set by
+# earlier work (another configuration measured in a shared process) and this trial stayed below it.
+SHARED_PEAK_NOTE = (
+    "peak_memory_mb not measured: this process's peak RSS was set before the trial (another "
+    "configuration measured in the same process) and cannot be reset on a CPU; a fresh-process "
+    "trial measures it"
+)
+
+
 @dataclass(frozen=True)
 class MemoryBaseline:
     """Where the window's memory metrics count from.
@@ -33,15 +52,19 @@ class MemoryBaseline:
     After a reset a peak starts at what is in use then: `release_cache` (before the warm-up steps)
     gives the blocks those one-off steps left cached back to the driver, so the reserved peak is
     what the warm-up and the window re-reserve (expandable_segments and compile show there).
-    CPU: ru_maxrss is the process's high-water mark and cannot be reset: the peak RSS's growth
-    from `take` (before the trial builds anything)."""
+    CPU: ru_maxrss is the process's high-water mark and cannot be reset: the peak is how far this
+    trial raised it over the RSS at `take` (before the trial builds anything). Where the trial never
+    raised it (earlier work in the same process set it higher: the race's shared process), the
+    peak is unknown, not 0 (`unmeasured`)."""
 
     device: torch.device
-    rss_before_mb: float
+    rss_before_mb: float  # the RSS at `take` (the high-water mark where the RSS is unreadable)
+    high_water_before_mb: float = 0.0
 
     @classmethod
     def take(cls, device: torch.device) -> MemoryBaseline:
-        return cls(device, peak_rss_mb())
+        high_water = peak_rss_mb()
+        return cls(device, rss_mb() or high_water, high_water)
 
     def release_cache(self) -> None:
         """Give cached, unused device blocks back (outside the window: before the warm-up steps)."""
@@ -64,7 +87,16 @@ class MemoryBaseline:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20
         if self.device.type == "cpu":
-            return max(0.0, peak_rss_mb() - self.rss_before_mb)
+            high_water = peak_rss_mb()
+            if high_water <= self.high_water_before_mb:
+                return None  # this trial stayed under a mark set before it: `unmeasured`
+            return max(0.0, high_water - self.rss_before_mb)
+        return None
+
+    def unmeasured(self) -> str | None:
+        """Why `peak_mb` is None on a CPU (a note for the trial), else None."""
+        if self.device.type == "cpu" and self.peak_mb() is None:
+            return SHARED_PEAK_NOTE
         return None
 
     def peak_reserved_mb(self) -> float | None:
