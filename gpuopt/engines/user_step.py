@@ -44,7 +44,7 @@ from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
-from gpuopt.trial.measure import measure_step_flops, synchronize
+from gpuopt.trial.measure import measure_step_flops
 from gpuopt.trial.memory import MemoryBaseline
 
 if TYPE_CHECKING:
@@ -194,11 +194,6 @@ def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list
             warnings.append(
                 "the optimizer never stepped during the measurement: its global batch is unknown"
             )
-
-
-def _now(device: torch.device) -> float:
-    synchronize(device)
-    return time.perf_counter()
 
 
 def _resolve_device(
