@@ -133,9 +133,7 @@ def whole_trials(race: RaceProcess, folder: Path, base: list[str], first: Any, n
 
 
 def _configs() -> list[ConfirmedConfig]:
-    return [
-        ConfirmedConfig(label, i, {}, [], []) for i, label in enumerate(schedule.labels([0, 1]))
-    ]
+    return [ConfirmedConfig(label, i, {}, []) for i, label in enumerate(schedule.labels([0, 1]))]
 
 
 def confirmation(

@@ -47,7 +47,7 @@ class ScriptedMachine:
 def configs(*arms: str) -> list[ConfirmedConfig]:
     labels = ["baseline", *(f"candidate{i}" for i in range(1, len(arms)))]
     return [
-        ConfirmedConfig(label, i, {}, [f"arm={arm}"], [1.0])
+        ConfirmedConfig(label, i, {}, [f"arm={arm}"])
         for i, (label, arm) in enumerate(zip(labels, arms, strict=True))
     ]
 
@@ -223,8 +223,8 @@ def test_minimized_metric_pairs_invert():
 
 
 def test_failed_runs_leave_their_round_out_of_the_pairs():
-    base = ConfirmedConfig("baseline", 0, {}, [], [1.0], [100.0, 200.0, 100.0], [], [0, 1, 2])
-    cand = ConfirmedConfig("candidate1", 1, {}, [], [1.0], [110.0, 111.0], [], [0, 2])
+    base = ConfirmedConfig("baseline", 0, {}, [], [100.0, 200.0, 100.0], [], [0, 1, 2])
+    cand = ConfirmedConfig("candidate1", 1, {}, [], [110.0, 111.0], [], [0, 2])
     (entry,) = compare([base, cand], "maximize")["comparisons"]
     assert entry["n_pairs"] == 2 and entry["ratio"] == pytest.approx(math.sqrt(1.1 * 1.11))
 

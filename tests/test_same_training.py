@@ -466,7 +466,7 @@ def _confirmed(trials, again):
     from gpuopt.sweeper.confirm.schedule import confirmed_configs
     from gpuopt.sweeper.confirm.verdicts import compare
 
-    configs = confirmed_configs(trials, trials)
+    configs = confirmed_configs(trials)
     for config, values in zip(configs, again, strict=True):
         config.confirm_values = list(values)
     record = {"configs": [vars(c) for c in configs], **compare(configs, "maximize")}

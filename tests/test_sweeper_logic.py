@@ -345,8 +345,8 @@ def test_speedup_estimate_and_interval():
     assert noisy.ci_low < 1.0 < noisy.ci_high and noisy.distinguishable is False
 
 
-def _confirmed(label, number, sweep, again):
-    return ConfirmedConfig(label, number, {}, [], [sweep], list(again))
+def _confirmed(label, number, again):
+    return ConfirmedConfig(label, number, {}, [], list(again))
 
 
 def _record(*configs):
@@ -357,8 +357,8 @@ def test_a_lucky_first_measurement_does_not_crown_a_candidate():
     """The winner's curse: the candidate was picked for its high sweep value; re-measured it ties
     the baseline, so the baseline stays the best (the CNN case in docs/benchmarks.md)."""
     record = _record(
-        _confirmed("baseline", 0, 95.0, [95.7, 95.6]),
-        _confirmed("candidate1", 7, 104.0, [94.5, 90.3]),
+        _confirmed("baseline", 0, [95.7, 95.6]),
+        _confirmed("candidate1", 7, [94.5, 90.3]),
     )
     (entry,) = record["comparisons"]
     assert entry["n_candidate"] == 2 and entry["n_reference"] == 2  # the sweep value is left out
@@ -379,8 +379,8 @@ def test_a_lucky_first_measurement_does_not_crown_a_candidate():
 )
 def test_confirmed_winner_must_be_measurably_faster_than_the_baseline(candidates, expected):
     base_again = [100.0, 101.0] if all(len(a) != 1 for _, a in candidates) else [100.0]
-    configs = [_confirmed("baseline", 0, 100.0, base_again)]
-    configs += [_confirmed(f"candidate{i}", n, 300.0, a) for i, (n, a) in enumerate(candidates, 1)]
+    configs = [_confirmed("baseline", 0, base_again)]
+    configs += [_confirmed(f"candidate{i}", n, a) for i, (n, a) in enumerate(candidates, 1)]
     assert Confirmation.from_attr(_record(*configs)).winner == expected
 
 

@@ -38,7 +38,6 @@ class ConfirmedConfig:
     trial_number: int
     params: dict[str, Any]
     overrides: list[str]
-    sweep_values: list[float]  # first-objective values of the study's trials with these params
     confirm_values: list[float] = field(default_factory=list)
     confirm_statuses: list[str] = field(default_factory=list)
     # round of each confirm_values entry (empty: value i is round i); a failed run has no value
@@ -61,7 +60,6 @@ class ConfirmedConfig:
             trial_number=entry.get("trial_number"),
             params=dict(entry.get("params") or {}),
             overrides=list(entry.get("overrides") or []),
-            sweep_values=list(entry.get("sweep_values") or []),
             confirm_values=list(entry.get("confirm_values") or []),
             confirm_statuses=list(entry.get("confirm_statuses") or []),
             confirm_rounds=list(entry.get("confirm_rounds") or []),

@@ -250,25 +250,24 @@ def confirmation_record(tie: bool = False, same_training: bool = False) -> dict[
     from gpuopt.study.records import ConfirmedConfig
     from gpuopt.sweeper.confirm.verdicts import compare
 
-    def config(label: str, number: int, sweep: float, again: list[float]) -> ConfirmedConfig:
+    def config(label: str, number: int, again: list[float]) -> ConfirmedConfig:
         params = CPU_TRIALS[number].params
         return ConfirmedConfig(
             label,
             number,
             dict(params),
             overrides_for(params),
-            [sweep],
             list(again),
             ["ok"] * len(again),
         )
 
     configs = [
-        config("baseline", 0, 1000.0, [980.0, 1010.0]),
-        config("candidate1", 5, 2500.0, [1005.0, 975.0] if tie else [1500.0, 1550.0]),
-        config("candidate2", 1, 1800.0, [1020.0, 960.0] if tie else [1950.0, 2000.0]),
+        config("baseline", 0, [980.0, 1010.0]),
+        config("candidate1", 5, [1005.0, 975.0] if tie else [1500.0, 1550.0]),
+        config("candidate2", 1, [1020.0, 960.0] if tie else [1950.0, 2000.0]),
     ]
     if same_training:
-        configs.append(config("candidate3", 9, 1300.0, [1270.0, 1290.0]))
+        configs.append(config("candidate3", 9, [1270.0, 1290.0]))
         configs[-1].same_training = True
     record = {
         "objective": "throughput",

@@ -215,7 +215,7 @@ def run(
         lean = lean_overrides(
             names[0], app_config if app_config is not None else baseline.user_attrs.get(ATTR_CONFIG)
         )
-        configs = confirmed_configs(chosen, feasible)
+        configs = confirmed_configs(chosen)
         done = run_rounds(configs, confirm_plan, names[0], fresh_process_runs(measure, lean), rule)
         measured = Measured(names[0], configs, confirm_plan, done, FRESH_PROCESSES, lean=lean)
     return store_confirmation(study, measured.record(rule, counted, sweep_dir))
@@ -295,7 +295,7 @@ def in_process_rounds(
         [in_process.window_seconds(t, window_s) for t in chosen],
     )
     window_plan = ConfirmPlan(len(chosen) - 1, first, cap)
-    configs = confirmed_configs(chosen, feasible)
+    configs = confirmed_configs(chosen)
     try:
         done = run_rounds(
             configs,

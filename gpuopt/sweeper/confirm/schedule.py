@@ -155,17 +155,14 @@ def labels(chosen: Sequence[Any]) -> list[str]:
     return ["baseline" if i == 0 else f"candidate{i}" for i in range(len(chosen))]
 
 
-def confirmed_configs(chosen: Sequence[Any], feasible: Sequence[Any]) -> list[ConfirmedConfig]:
-    """The record of each chosen trial (the baseline first), its sweep values beside it."""
+def confirmed_configs(chosen: Sequence[Any]) -> list[ConfirmedConfig]:
+    """The record of each chosen trial (the baseline first)."""
     return [
         ConfirmedConfig(
             label=label,
             trial_number=t.number,
             params=dict(t.params),
             overrides=list(t.user_attrs.get(ATTR_OVERRIDES) or []),
-            sweep_values=[
-                s.values[0] for s in feasible if params_key(s.params) == params_key(t.params)
-            ],
             same_training=same_training(t, chosen[0]),
         )
         for label, t in zip(labels(chosen), chosen, strict=True)
