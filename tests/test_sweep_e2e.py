@@ -177,16 +177,22 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     assert sum(f"trial {i}/4 #" in proc.stdout for i in range(1, 5)) == 4 and "ETA" in proc.stdout
 
     # the best is the confirmed winner (the baseline unless a candidate is measurably faster),
-    # and best.yaml reproduces its configuration
+    # and best.yaml reproduces its training configuration; how the sweep measured (the preset's
+    # short windows, the guard's batch) is the user's own again
     from gpuopt.study.records import Confirmation
 
     assert results.best_trial == Confirmation.from_attr(conf).winner
     best = trials[results.best_trial]
     experiment = _compose(["+experiment=best", f"hydra.searchpath=[file://{out}]"])
     direct = _compose(best.user_attrs["overrides"])
+    measured_as = {key: direct.pop(key) for key in ("measure", "guard")}
+    assert measured_as["measure"] == best.user_attrs["config"]["measure"]  # the sweep's windows
+    defaults = _compose([])
+    assert {key: experiment.pop(key) for key in ("measure", "guard")} == {
+        key: defaults[key] for key in ("measure", "guard")
+    } != measured_as
     assert experiment == direct
     assert experiment["loader"] == best.user_attrs["config"]["loader"]
-    assert experiment["measure"] == best.user_attrs["config"]["measure"]
 
     # where the time goes, by default for the two trials a user compares (sweeper/profiling.py):
     # the baseline trial ran its profiled window (its recorded overrides stay without it) ...
