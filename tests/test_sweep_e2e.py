@@ -188,9 +188,11 @@ def test_sweep_writes_study_baseline_confirmation_and_best_config(tmp_path):
     measured_as = {key: direct.pop(key) for key in ("measure", "guard")}
     assert measured_as["measure"] == best.user_attrs["config"]["measure"]  # the sweep's windows
     defaults = _compose([])
-    assert {key: experiment.pop(key) for key in ("measure", "guard")} == {
-        key: defaults[key] for key in ("measure", "guard")
-    } != measured_as
+    assert (
+        {key: experiment.pop(key) for key in ("measure", "guard")}
+        == {key: defaults[key] for key in ("measure", "guard")}
+        != measured_as
+    )
     assert experiment == direct
     assert experiment["loader"] == best.user_attrs["config"]["loader"]
 
