@@ -98,7 +98,7 @@ class Answer(Message):
 class Reading(Answer):
     """One window: samples/s, the same amortized over the trial's measured epoch boundary, the
     median optimizer step; its `steps`, `seconds`, the untimed steps `drained` before it, whether
-    it was read on those (`Window.give_up_below`), the wait for idle loader workers after it."""
+    it was read on those (`Window.give_up_below`)."""
 
     throughput: float = field(metadata=METRIC)
     throughput_amortized: float | None = field(metadata=METRIC)
@@ -107,7 +107,6 @@ class Reading(Answer):
     seconds: float
     drained: int = 0
     read_on_drain: bool = False
-    settle_s: float | None = None
 
     @classmethod
     def metrics(cls) -> tuple[str, ...]:

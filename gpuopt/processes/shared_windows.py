@@ -168,9 +168,8 @@ def answer(
     steps = command.min_steps or spec.min_steps
     out = window(members[label], length, steps, command.deadline_s, command.give_up_below)
     stepped(members, label)
-    settle_s = wait_for_idle_children() if command.settle else None
-    if isinstance(out, protocol.Reading):
-        out.settle_s = settle_s
+    if command.settle:
+        wait_for_idle_children()
     return out
 
 

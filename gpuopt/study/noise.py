@@ -128,7 +128,6 @@ class NoiseView:
     spread: Spread
     ranked: tuple[Group, ...]  # every configuration by the first objective, best first
     front: tuple[Group, ...]  # several objectives: the front, noise grouped; () for one
-    replicates: tuple[int, ...]  # trials that read a configuration measured before
     configs: tuple[Config, ...] = ()
     noisy: tuple[bool, ...] = ()  # per objective: a gpuopt metric (noisy) or an exact value
 
@@ -282,10 +281,9 @@ def noise_view(trials: Sequence[Any], names: Sequence[str], directions: Sequence
     configs = configurations(trials)
     apart = apart_rule(spread, [name in goals() for name in names])
     front = front_groups(configs, directions, apart) if len(directions) > 1 else []
-    replicates = tuple(t.number for c in configs for t in c.trials[1:])
     ranked = tuple(ranked_groups(configs, directions, apart))
     noisy = tuple(name in goals() for name in names)
-    return NoiseView(spread, ranked, tuple(front), replicates, tuple(configs), noisy)
+    return NoiseView(spread, ranked, tuple(front), tuple(configs), noisy)
 
 
 # ---- in words (the sweep summary and the report) -------------------------------------------------
