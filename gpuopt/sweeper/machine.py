@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuopt.core.host import cpu_model
-from gpuopt.sweeper.launchers.gpus import setup_line
+from gpuopt.sweeper.launchers.gpus import nvml_strings, setup_line
 
 log = logging.getLogger(__name__)
 
@@ -64,29 +63,8 @@ def probe_env(timeout_s: float = 120.0, python: str | None = None) -> EnvProbe:
     return EnvProbe(data=data)
 
 
-def nvml_gpu_names() -> list[str]:
-    """GPU names through NVML (no torch); [] without a driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        names = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
-        return names
-    except Exception:
-        return []
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-
-
 def hardware_facts(gpu_names: list[str] | None = None) -> dict[str, Any]:
-    gpus = nvml_gpu_names() if gpu_names is None else gpu_names
+    gpus = nvml_strings("nvmlDeviceGetName") if gpu_names is None else gpu_names  # no torch
     return {
         "machine": platform.machine(),
         "system": platform.system(),

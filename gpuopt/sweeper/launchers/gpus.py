@@ -31,8 +31,9 @@ def visible_gpus(environ: Mapping[str, str], nvml_count: int) -> list[str] | Non
     return [str(i) for i in range(nvml_count)] if nvml_count else None
 
 
-def nvml_uuids(nvml: Any = None) -> list[str]:
-    """The GPUs' UUIDs in NVML's order (PCI bus order); [] without a driver."""
+def nvml_strings(query: str, nvml: Any = None) -> list[str]:
+    """Each GPU's `query` (an NVML device getter: nvmlDeviceGetUUID, nvmlDeviceGetName) in NVML's
+    order (PCI bus order); [] without a driver."""
     try:
         if nvml is None:
             import pynvml as nvml  # nvidia-ml-py
@@ -41,16 +42,19 @@ def nvml_uuids(nvml: Any = None) -> list[str]:
     except Exception:
         return []
     try:
-        uuids = []
-        for i in range(nvml.nvmlDeviceGetCount()):
-            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
-            uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
-        return uuids
+        get = getattr(nvml, query)
+        values = [get(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
     except Exception:
         return []
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
+
+
+def nvml_uuids(nvml: Any = None) -> list[str]:
+    """The GPUs' UUIDs in NVML's order; [] without a driver."""
+    return nvml_strings("nvmlDeviceGetUUID", nvml)
 
 
 def pinnable_gpus(
