@@ -30,7 +30,7 @@ pytest.importorskip("lightning")
 
 from gpuopt.engines._ceiling import CEILING_WARMUP_STEPS
 from gpuopt.engines._meter import WindowMeter
-from gpuopt.engines.lightning.engine import BuiltinModule, run_lightning_trial
+from gpuopt.engines.lightning.engine import BuiltinModule
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback
 from gpuopt.engines.lightning.precision import lightning_precision
 from gpuopt.engines.registry import run_trial
@@ -137,7 +137,7 @@ def test_user_lightning_module_runs_as_is_with_its_own_dataloader(
     assert spec.data == {}  # `~data`: the module brings its own train_dataloader
     seen = Seen()
     monkeypatch.chdir(tmp_path)
-    result = run_lightning_trial(spec, inspect=seen)
+    result = run_trial(spec, inspect=seen)
     assert result.status is Status.OK, result.reason
     assert list(tmp_path.iterdir()) == []  # no lightning_logs/, no checkpoints in the cwd
     module = seen.objects["module"]

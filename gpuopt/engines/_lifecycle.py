@@ -4,8 +4,8 @@
 context (gpuopt.trial.context.Trial), a failure becomes the status (gpuopt.trial.failures), what the
 engine built is released (`release`: closed, the compiler reset, the device cache given back as the
 cache policy says), then the steps the engine asked for once its memory is free run (the numerics
-guard), and the result is built once. `gpuopt.engines.registry.run_trial`, the Lightning engine's
-`run_lightning_trial` and `gpuopt.measure_step` all enter here. Also the clock startup_time_s counts
+guard), and the result is built once. `gpuopt.engines.registry.run_trial` and
+`gpuopt.measure_step` both enter here. Also the clock startup_time_s counts
 from (`process_start_time`), the trial's phase clock closed (`close_phase_clock`), and the
 TrialSpec of a measurement of what the user built (`measuring_spec`). torch is imported inside functions only.
 """

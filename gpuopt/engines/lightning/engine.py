@@ -46,7 +46,6 @@ import torch
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from gpuopt.core.result import TrialResult
 from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._batches import build_loader, move_batch, record_batches
 from gpuopt.engines._build import (
@@ -65,7 +64,6 @@ from gpuopt.engines._ceiling import (
 from gpuopt.engines._distributed import Ranks, checkpoint, shard
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
-from gpuopt.engines._lifecycle import run_measured
 from gpuopt.engines._loss import model_loss
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, loss_of, record_fit
 from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
@@ -426,13 +424,3 @@ def _compute_ceiling(
     trainer.fit(module, train_dataloaders=_RepeatedBatch(batch, replay.max_batches))
     replay.record(trial.metrics)
     return replay
-
-
-def run_lightning_trial(
-    spec: TrialSpec, device: torch.device | None = None, inspect: Any = None
-) -> TrialResult:
-    """Measure `spec` under the Lightning engine (whatever `spec.engine.name` says), with the same
-    failure handling and result as `gpuopt.engines.registry.run_trial`."""
-    engine = dataclasses.replace(spec.engine, name="lightning")
-    spec = dataclasses.replace(spec, engine=engine)
-    return run_measured(spec, measure, device=device, inspect=inspect)
