@@ -63,14 +63,14 @@ def probe_env(timeout_s: float = 120.0, python: str | None = None) -> EnvProbe:
     return EnvProbe(data=data)
 
 
-def hardware_facts(gpu_names: list[str] | None = None) -> dict[str, Any]:
-    gpus = nvml_strings("nvmlDeviceGetName") if gpu_names is None else gpu_names  # no torch
+def hardware_facts() -> dict[str, Any]:
+    """The machine's facts behind `hardware_id` (GPU names through NVML: no torch)."""
     return {
         "machine": platform.machine(),
         "system": platform.system(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "gpus": gpus,
+        "gpus": nvml_strings("nvmlDeviceGetName"),
     }
 
 

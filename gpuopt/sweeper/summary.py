@@ -117,7 +117,7 @@ def render(
         )
     lines.extend(answers)  # both answers first, then the confirmation they come from
     lines.extend(_comparison_lines(confirmation, baseline, best, names, directions, speedups))
-    lines.extend(_noise_lines(confirmation, baseline, best, names, directions, noise))
+    lines.extend(_noise_lines(confirmation, baseline, best, names, noise))
     lines.extend(_pareto_lines(names, pareto, noise))
     lines.extend(notes)
     lines.append(f"sweep dir: {sweep_dir}")
@@ -216,7 +216,6 @@ def _noise_lines(
     baseline: Any | None,
     best: Any | None,
     names: Sequence[str],
-    directions: Sequence[str],
     noise: NoiseView | None,
 ) -> list[str]:
     """What noise says of the best pick where no confirmation said it: an unconfirmed best within
