@@ -7,7 +7,6 @@ and the sweep's best.yaml agree.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from gpuopt.core.limits import HighestLimit, highest_limit
 from gpuopt.core.metrics import compared, goals
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.report.diagnose import Diagnosis, diagnose
+from gpuopt.report.evidence import attr_number
 from gpuopt.report.importance import param_importances
 from gpuopt.study.answers import same_training_evidence
 from gpuopt.study.configs import config_of, flatten
@@ -73,14 +73,6 @@ def device_type_of(attrs: dict[str, Any], hardware: dict[str, Any] | None) -> st
         if isinstance(declared, str) and declared != "auto":
             return declared.split(":")[0]
     return None
-
-
-def attr_number(attrs: dict[str, Any], name: str) -> float | None:
-    """A stored metric as a number; None when missing, NaN or not a number (bools excluded)."""
-    value = attrs.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return None
-    return float(value)
 
 
 @dataclass

@@ -20,11 +20,10 @@ from gpuopt.report.build import (
     COMPARED_METRICS,
     ConfigChange,
     StudyReport,
-    attr_number,
     config_diff,
 )
 from gpuopt.report.diagnose import Diagnosis, diagnose
-from gpuopt.report.evidence import PHASE_ORDER
+from gpuopt.report.evidence import PHASE_ORDER, attr_number
 from gpuopt.report.report_error import ReportError
 from gpuopt.study.keys import ATTR_PROFILE
 

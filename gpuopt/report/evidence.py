@@ -53,7 +53,8 @@ PHASE_LABELS = {
 }
 
 
-def _number(metrics: Mapping[str, Any], name: str) -> float | None:
+def attr_number(metrics: Mapping[str, Any], name: str) -> float | None:
+    """A stored metric as a number; None when missing, NaN or not a number (bools excluded)."""
     value = metrics.get(name)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
@@ -133,7 +134,7 @@ class Facts:
         highest: HighestLimit | None = None,
     ) -> Facts:
         def number(name: str) -> float | None:
-            return _number(metrics, name)
+            return attr_number(metrics, name)
 
         data_wait = number("data_wait")
         if data_wait is None and not _is_cuda(device_type):
@@ -166,11 +167,11 @@ class Facts:
 
     def phase(self, name: str) -> float | None:
         """The phase's % of the profiled step, or None when not profiled."""
-        return _number(self.phases, name) if self.phases else None
+        return attr_number(self.phases, name) if self.phases else None
 
     def gpu_share(self, name: str) -> float | None:
         """A GPU time share (% of the profiled window), or None without a CUDA profile."""
-        return _number(self.gpu, name) if self.gpu else None
+        return attr_number(self.gpu, name) if self.gpu else None
 
     @property
     def cuda(self) -> bool:
