@@ -13,10 +13,10 @@ from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import ATTR_PROFILE, Status, TrialResult, result_user_attrs
 from gpuopt.core.spec import ProfileConf
 from gpuopt.engines.registry import run_trial
+from gpuopt.sweeper.profile_runs import PROFILE_ON
 from gpuopt.trial.devices import trial_device
 from gpuopt.trial.prepare import load_spec
 from gpuopt.trial.profiled_window import (
-    PROFILE_OVERRIDE,
     STEP_COVERAGE_TOLERANCE,
     TRACE_FILE,
     Annotation,
@@ -47,7 +47,7 @@ def profiled(compose_cfg, tmp_path, monkeypatch):
         compose_cfg,
         tmp_path,
         monkeypatch,
-        PROFILE_OVERRIDE,
+        PROFILE_ON,
         "profile.steps=4",
         "data.sample_cost=2",
     )
@@ -56,7 +56,7 @@ def profiled(compose_cfg, tmp_path, monkeypatch):
 
 def test_profile_override_turns_the_window_on_and_off_is_the_default(compose_cfg):
     assert load_spec(compose_cfg(*MLP)).profile.enabled is False
-    spec = load_spec(compose_cfg(*MLP, PROFILE_OVERRIDE, "profile.steps=3"))
+    spec = load_spec(compose_cfg(*MLP, PROFILE_ON, "profile.steps=3"))
     assert spec.profile.enabled is True and spec.profile.steps == 3
     with pytest.raises(ConfigError, match=r"profile\.steps=0"):
         load_spec(compose_cfg(*MLP, "profile.steps=0"))
@@ -81,7 +81,7 @@ def test_a_trial_of_slow_steps_records_fewer_profiled_steps(compose_cfg, tmp_pat
         compose_cfg,
         tmp_path,
         monkeypatch,
-        PROFILE_OVERRIDE,
+        PROFILE_ON,
         "profile.steps=4",
         "profile.max_s=1e-6",
     )
@@ -109,7 +109,7 @@ def test_phases_sum_to_the_step_and_the_steps_cover_the_measured_window(profiled
 def test_lightning_engine_profiles_the_same_phases(compose_cfg, tmp_path, monkeypatch):
     pytest.importorskip("lightning")
     result, _ = _profiled(
-        compose_cfg, tmp_path, monkeypatch, "engine=lightning", PROFILE_OVERRIDE,
+        compose_cfg, tmp_path, monkeypatch, "engine=lightning", PROFILE_ON,
         "profile.steps=4", "data.sample_cost=2",
     )  # fmt: skip
     summary = ProfileSummary.from_dict(result.profile)

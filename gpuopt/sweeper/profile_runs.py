@@ -27,9 +27,7 @@ from gpuopt.sweeper.options import SweeperOptions
 
 log = logging.getLogger("gpuopt.sweeper")
 
-PROFILE_ON = (
-    "profile=on"  # gpuopt.trial.profiled_window.PROFILE_OVERRIDE (that module imports torch)
-)
+PROFILE_ON = "profile=on"  # the override that profiles one trial (gpuopt.trial.profiled_window)
 BEST_PROFILE_JOB = 20_000  # job index of the best's profiled run (confirmation runs: 10_000+)
 
 

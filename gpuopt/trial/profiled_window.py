@@ -43,8 +43,8 @@ The ranks run outside Hydra, so they write into a temporary directory and the tr
 the traces into its run directory (`place_trace`, from gpuopt.trial.ranks). Each rank's summary
 adds its communication split (`ProfileSummary.comm`, gpuopt.trial.comm_trace).
 
-Sweeper hook: `PROFILE_OVERRIDE` is the override that turns the window on for one trial (the
-sweeper adds it to the baseline's and the best's re-measurement).
+Sweeper hook: `profile=on` turns the window on for one trial (gpuopt.sweeper.profile_runs adds it
+to the baseline's and the best's re-measurement).
 """
 
 from __future__ import annotations
@@ -76,8 +76,6 @@ if TYPE_CHECKING:
 
     from gpuopt.core.spec import ProfileConf
 
-# The Hydra override that profiles one trial (the sweeper's hook for baseline and best).
-PROFILE_OVERRIDE = "profile=on"
 TRACE_FILE = "trace.json.gz"
 RANK_TRACE_FILE = "trace_rank{rank}.json.gz"  # ranks 1.. of a distributed trial
 # The step spans must cover the window's wall time (perf_counter, outside the profiler) to this
