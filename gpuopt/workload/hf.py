@@ -19,14 +19,6 @@ from typing import Any
 from torch import nn
 
 INSTALL_HINT = 'pip install "gpuopt[hf]"'
-# The families conf/model/ ships (architecture -> what its batches hold, gpuopt's data kind).
-FAMILIES = {
-    "GPT2LMHeadModel": "hf_causal_lm",
-    "LlamaForCausalLM": "hf_causal_lm",
-    "BertForMaskedLM": "hf_masked_lm",
-    "ViTForImageClassification": "hf_images",
-    "ResNetForImageClassification": "hf_images",
-}
 
 
 def transformers_installed() -> bool:
