@@ -5,7 +5,7 @@
   answers get their own confirmation);
 - `plan`: how many candidates and first-stage rounds the budget (`confirm.max_share` of n_trials
   runs) allows, both answers kept where two rounds of them fit (`answers_among`);
-- `round_order` / `schedule`: the interleaved order of each round (A B1 B2, B2 B1 A, ...);
+- `round_order`: the interleaved order of each round (A B1 B2, B2 B1 A, ...);
 - `lean_overrides`: the measure.* overrides that shorten a run without changing its objective;
 - `confirmed_configs`: the record's entry for each chosen trial.
 """
@@ -115,11 +115,6 @@ def round_order(labels: Sequence[str], round_index: int) -> list[str]:
     benchmark read -13% in 5 of 5 rounds between two timings that agreed within 1.1% once the
     order alternated (docs/benchmarks.md). The benchmarks in scripts/ use the same order."""
     return list(labels) if round_index % 2 == 0 else list(reversed(labels))
-
-
-def schedule(labels: Sequence[str], rounds: int) -> list[str]:
-    """Every round measures each config once, in `round_order`: A B1 B2 B2 B1 A A B1 B2 ..."""
-    return [label for r in range(rounds) for label in round_order(labels, r)]
 
 
 # Objectives read from the timed window (and the epoch boundary) alone: for these the confirmation
