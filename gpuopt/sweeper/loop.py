@@ -187,6 +187,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         storage is checked before the machine is probed: a refused login is the first line."""
         open_study.check_storage(self.options.storage, self.config)
         facts = machine.hardware_facts()
+        task.check_values(self.options, self.config)
         probe = task.check_task(
             self.options, self.config, task.probe_env(self.options, self.params)
         )

@@ -101,6 +101,15 @@ def study_name(
     return machine.default_study_name(workload, search or None, hw_id)
 
 
+def check_values(options: SweeperOptions, config: DictConfig) -> None:
+    """gpuopt's own task: the values no machine fact decides, checked before the env probe runs
+    (a typo's one-line error comes at once, not after the probe's ~2.5 s torch import)."""
+    if options.gpuopt_task:
+        from gpuopt.core.checks import check_composed
+
+        check_composed(config, facts=None)
+
+
 def check_task(
     options: SweeperOptions, config: DictConfig, probe: machine.EnvProbe
 ) -> machine.EnvProbe:
