@@ -149,11 +149,13 @@ def open_storage(
             if attempt == 2 or not any(r in str(exc).lower() for r in racing):
                 if _refused(exc):
                     raise StorageUnreachable(text, exc) from None
-                raise RuntimeError(
-                    f"cannot open storage {display(text)}: {mask_secrets(str(exc).splitlines()[0])}"
-                ) from None
+                raise RuntimeError(_cannot_open(text, exc)) from None
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
+
+
+def _cannot_open(spec: str, exc: BaseException) -> str:
+    return f"cannot open storage {display(spec)}: {mask_secrets(str(exc).splitlines()[0])}"
 
 
 def ping(spec: str | None) -> None:
@@ -169,18 +171,14 @@ def ping(spec: str | None) -> None:
     try:
         engine = sqlalchemy.create_engine(spec)
     except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError, ValueError) as exc:
-        raise ValueError(
-            f"cannot open storage {display(spec)}: {mask_secrets(str(exc).splitlines()[0])}"
-        ) from None
+        raise ValueError(_cannot_open(spec, exc)) from None
     try:
         with engine.connect():
             pass
     except Exception as exc:
         if _refused(exc):
             raise StorageUnreachable(spec, exc) from None
-        raise ValueError(
-            f"cannot open storage {display(spec)}: {mask_secrets(str(exc).splitlines()[0])}"
-        ) from None
+        raise ValueError(_cannot_open(spec, exc)) from None
     finally:
         engine.dispose()
 
