@@ -57,6 +57,11 @@ def param_text(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={fmt(v)}" for k, v in sorted(params.items())) or "(as configured)"
 
 
+def trial_text(names: Sequence[str], trial: Any) -> str:
+    """`throughput=1,234  [key=value ...]`: a trial's values and params."""
+    return f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
+
+
 def render(
     *,
     study_name: str,
@@ -98,18 +103,14 @@ def render(
         + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     )
     if baseline is not None:
-        lines.append(
-            f"baseline  #{baseline.number}: {values_text(names, baseline.values)}  [{param_text(baseline.params)}]"
-        )
+        lines.append(f"baseline  #{baseline.number}: {trial_text(names, baseline)}")
         lines.extend(_limit_lines(baseline, highest_limit))
     elif baseline_skipped:
         lines.append(f"baseline skipped: {baseline_skipped[:300]}")
     else:
         lines.append("baseline: not measured in this study")
     if best is not None:
-        lines.append(
-            f"best      #{best.number}: {values_text(names, best.values)}  [{param_text(best.params)}]"
-        )
+        lines.append(f"best      #{best.number}: {trial_text(names, best)}")
         lines.extend(_limit_lines(best, highest_limit))
     else:
         lines.append(
@@ -145,18 +146,14 @@ def _pareto_lines(
     on every objective are one choice, never trade-offs); else every trial on it (an app's own,
     exact values)."""
     if noise is not None and len(names) > 1:
-
-        def shown(trial: Any) -> str:
-            return f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
-
-        return front_lines(noise, names, shown, PARETO_SHOWN)
+        return front_lines(noise, names, lambda t: trial_text(names, t), PARETO_SHOWN)
     if len(names) < 2 or not pareto:
         return []
     shown = list(pareto)[:PARETO_SHOWN]
     cut = f", {len(shown)} of {len(pareto)} shown" if len(shown) < len(pareto) else ""
     lines = [f"Pareto front ({len(pareto)} trial(s){cut}):"]
     for t in shown:
-        lines.append(f"  #{t.number}: {values_text(names, t.values)}  [{param_text(t.params)}]")
+        lines.append(f"  #{t.number}: {trial_text(names, t)}")
     return lines
 
 
@@ -284,8 +281,7 @@ def answers_lines(
     def shown(trial: Any) -> Shown:
         after = list(trial.user_attrs.get(ATTR_OVERRIDES) or [])
         apply = override_diff(before, after)[0] if trial.number != baseline.number else []
-        text = f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
-        return Shown(trial.number, text, tuple(apply))
+        return Shown(trial.number, trial_text(names, trial), tuple(apply))
 
     keep = same is not None and same.number == baseline.number
     return two_answers(
