@@ -27,7 +27,8 @@ class ScriptedGpm(ScriptedNvml):
     nvmlGpmMetricsGet gives each metric's mean level between sample1 (the earlier) and sample2.
     `supported` 0 is a GPU without GPM; `sample_error`: the NVML code nvmlGpmSampleGet raises;
     `metric_errors`: metric id -> the nvmlReturn nvmlGpmMetricsGet gives it; `mig`: the handle is
-    a MIG instance's (GPU instance 3 of "parent")."""
+    a MIG instance's (GPU instance 3 of "parent"). `clock`: the time the counters integrate over
+    (the host's by default; a test sets a scripted one where a timing must not matter)."""
 
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_NO_PERMISSION = 4
@@ -41,7 +42,8 @@ class ScriptedGpm(ScriptedNvml):
         super().__init__()
         self.level = dict(level or {2: 40.0, 3: 25.0, 5: 10.0, 10: 30.0})
         self.counters = dict.fromkeys(self.level, 0.0)
-        self._at = time.perf_counter()
+        self.clock = time.perf_counter
+        self._at = self.clock()
         self.supported, self.sample_error, self.mig = supported, sample_error, mig
         self.metric_errors = dict(metric_errors or {})
         self.allocated, self.freed, self.reads, self.gets = 0, 0, [], 0
@@ -51,7 +53,7 @@ class ScriptedGpm(ScriptedNvml):
         self.level.update({int(k.lstrip("m")): v for k, v in by_id.items()})
 
     def _advance(self):
-        now = time.perf_counter()
+        now = self.clock()
         for metric_id, level in self.level.items():
             self.counters[metric_id] = self.counters.get(metric_id, 0.0) + level * (now - self._at)
         self._at = now
@@ -144,15 +146,19 @@ def test_the_catalogue_names_the_four_gpm_metrics_with_their_nvml_ids():
 
 
 def test_a_window_reads_the_four_metrics_between_its_own_ends_only():
+    now = [0.0]  # the GPU's counters integrate over this scripted time, not the host's
     nvml = ScriptedGpm(level={2: 5.0, 3: 5.0, 5: 5.0, 10: 5.0})
-    time.sleep(0.05)  # warm-up: 5% before the window, counted in the counters
+    nvml.clock = lambda: now[0]
+    now[0] = 0.05  # warm-up: 5% before the window, counted in the counters
     sampler, why = open_gpm(nvml, "handle-0")
     assert why is None
     nvml.set_level(m2=40.0, m3=25.0, m5=10.0, m10=30.0)
     sampler.start()
-    time.sleep(0.2)
-    nvml.set_level(m2=90.0, m3=90.0, m5=90.0, m10=90.0)  # after the window: must not count
+    time.sleep(0.2)  # the host's window: longer than GPM's refresh (no note)
+    now[0] = 0.25
+    nvml.set_level(m2=90.0, m3=90.0, m5=90.0, m10=90.0)  # from the window's end: must not count
     stats = sampler.stop()
+    now[0] = 0.5
     assert stats.samples == 2 and stats.notes == ()
     assert stats.values == pytest.approx(
         {"sm_active": 40.0, "sm_occupancy": 25.0, "tensor_active": 10.0, "dram_bw_util": 30.0},

@@ -110,6 +110,62 @@ def test_a_job_that_ends_unmeasured_gets_a_clear_status(meter, job, why):
     assert meter.unmeasured() is None or meter.unmeasured() is result  # said once
 
 
+@pytest.mark.slow  # imports Lightning
+def test_a_lightning_fit_is_measured_without_gpuopts_lightning_callback(meter):
+    """MeasureJob alone (no gpuopt.MeasureCallback in the Trainer): Lightning's own loop, seen
+    through torch's optimizer hook and the DataLoader iterator it makes."""
+    import lightning as L
+
+    from tests.helpers.lightning_models import TinyClassifier
+
+    trainer = L.Trainer(accelerator="cpu", max_epochs=100, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    with pytest.raises(SystemExit):  # the job ends once measured, past Lightning's handlers
+        trainer.fit(TinyClassifier(lr=0.02, batch_size=16))
+    result = meter.result
+    assert result.status is Status.OK, result.reason
+    m = result.metrics
+    assert (m.global_batch, m.micro_batch, m.accumulation_steps, m.lr) == (16, 16, 1, 0.02)
+    # Linear(16, 32) and Linear(32, 4): forward and weight-gradient matmuls, plus the second
+    # layer's input gradient, per sample.
+    assert m.flops_per_sample == 2 * (16 * 32 + 32 * 4) * 2 + 2 * 32 * 4
+    assert m.timed_steps >= SHORT["min_steps"] and m.throughput > 0
+
+
+@pytest.mark.slow  # imports transformers
+def test_the_hf_trainer_is_measured_without_gpuopts_hf_callback(meter, tmp_path):
+    """MeasureJob alone under the Hugging Face Trainer: its accelerate-wrapped DataLoader and
+    optimizer are torch's underneath; accumulation gives the global batch."""
+    transformers = pytest.importorskip("transformers")
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 4096
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            ids = torch.randint(0, 128, (16,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": ids, "labels": ids}
+
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=128,
+                                     n_positions=16)  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        learning_rate=3e-4, max_steps=400, report_to=[], save_strategy="no", use_cpu=True,
+        disable_tqdm=True,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens())
+    with pytest.raises(SystemExit):
+        trainer.train()
+    result = meter.result
+    assert result.status is Status.OK, result.reason
+    m = result.metrics
+    assert (m.micro_batch, m.accumulation_steps, m.global_batch) == (4, 2, 8)
+    assert m.lr == pytest.approx(3e-4) and m.flops_per_sample > 0
+    assert result.config["observed"]["batch_size"] == 4
+
+
 def _plain_loop_app(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     app = tmp_path / "app"
     shutil.copytree(HELPERS / "plain_loop_app", app)

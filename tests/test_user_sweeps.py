@@ -147,6 +147,24 @@ def test_each_kind_of_multi_rank_script_sweeps_with_a_baseline_and_one_a_confirm
     assert confirmation.configs[0].label == "baseline"
 
 
+@pytest.mark.slow
+def test_measure_job_measures_every_rank_of_a_plain_loop_under_nproc_per_node(tmp_path):
+    """gpuopt.MeasureJob in the app's YAML alone, its ranks started by gpuopt: the trial is the
+    job (its world size, both ranks' rows, aligned windows), and no rank outlives it."""
+    write_app(tmp_path, "plain_ddp")
+    log = _sweep(tmp_path, *BASELINE_ONLY, env=_env(tmp_path))
+    assert log.startswith("exit 0"), log
+    _, trials = _trials(tmp_path)
+    (trial,) = [t for t in trials if t.user_attrs.get("status") != "void"]
+    attrs = trial.user_attrs
+    assert attrs["status"] == "ok" and attrs["world_size"] == 2, attrs.get("reason")
+    assert attrs["config"]["engine"]["name"] == "measure_job"
+    assert (attrs["micro_batch"], attrs["global_batch"]) == (32, 64)  # x the world size
+    assert [row["rank"] for row in attrs["ranks"]] == [0, 1]
+    assert len({row["timed_steps"] for row in attrs["ranks"]}) == 1  # aligned windows
+    assert not _marked(tmp_path), "a rank outlived its trial"
+
+
 # ---- a failing rank: its own error is the trial's reason --------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)

@@ -99,6 +99,12 @@ def read(run_dir: Path) -> TrialResult | None:
     return TrialResult.load(path) if path.is_file() else None
 
 
+def read_own_run() -> TrialResult | None:
+    """The result already written into this Hydra job's run directory (None outside a job)."""
+    folder = hydra_run_dir()
+    return read(folder) if folder is not None else None
+
+
 def is_gpuopts_result(value: Any) -> bool:
     """Whether a task returned gpuopt's result itself: a TrialResult, its dict, or a dict of
     named metrics with one of gpuopt's (`{"throughput": ..., "my_batch_size": ...}`: the stock

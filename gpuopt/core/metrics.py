@@ -168,7 +168,9 @@ class Metrics:
         "(`NVML_GPM_METRIC_DRAM_BW_UTIL`, DCGM's `PROF_DRAM_ACTIVE`); null as `sm_active`")
     peak_memory_mb: float | None = record("MB", goal=MIN, ranks="largest", rank_row=True,
         run=Row(18, "peak memory"), compared=9, meaning="CUDA: `max_memory_allocated` over the "
-        "timed window; CPU: growth of the main process's peak RSS from before the build")
+        "timed window; CPU: growth of the main process's peak RSS over its RSS before the build "
+        "(null, with a note, where an earlier configuration in the same process set the peak "
+        "higher)")
     peak_reserved_mb: float | None = record("MB", goal=MIN, meaning="CUDA: `max_memory_reserved` "
         "over the timed window (allocated + cached: what the device must hold; shows "
         "fragmentation and `expandable_segments`); null elsewhere")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -183,7 +184,8 @@ class JobMeter:
                 status, reason = classify_failure(exc)
         self.result = job_result(self._result(status, reason), self.meter.ranks, self.started)
         self.uninstall()
-        measured_job.write(self.result)
+        if _leader():  # every rank holds the job's merged result: rank 0 writes it
+            measured_job.write(self.result)
         if measured_job.in_sweep_trial():
             raise measured_job.TrialMeasured("measured: gpuopt.MeasureJob ends the job here")
         if not measured_job.single_run():  # a job of another launcher's multirun: it goes on
@@ -216,6 +218,8 @@ class JobMeter:
         if self.result is not None:
             return None
         self.uninstall()
+        if measured_job.read_own_run() is not None:
+            return None  # this job's ranks measured it (this process only started them)
         if self.batches == 0:
             why = "the job never iterated a DataLoader (gpuopt.MeasureJob times DataLoader batches)"
         elif self.optimizer_steps == 0:
@@ -232,5 +236,11 @@ class JobMeter:
             config={"engine": {"name": ENGINE_NAME}},
             warnings=self.trial.warnings if self.trial is not None else [],
         )
-        measured_job.write(self.result)
+        if _leader():
+            measured_job.write(self.result)
         return self.result
+
+
+def _leader() -> bool:
+    """Rank 0 of a multi-rank job (torchrun's RANK), or a job of one process."""
+    return os.environ.get("RANK", "0") == "0"

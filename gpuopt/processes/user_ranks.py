@@ -13,8 +13,10 @@ the trial's answer); every rank ends with this process, which ends with the tria
 parent-death signal at each step). The launcher ends the other ranks at once when one fails.
 
 Each rank restores what the task expects of a Hydra job (HydraConfig, the working directory, the
-trial's `sys.path`) and calls the task with the trial's config. Rank 0's return value is the
-trial's; a failing rank's own result (`RankFailed`, or its exception classified as a trial's:
+trial's `sys.path`) and runs the job's Hydra callbacks around the task, as each rank under
+`torchrun` runs them (`gpuopt.MeasureJob` measures the rank's own loop there; once measured it
+ends the rank with `TrialMeasured`, its result written into the run directory by rank 0). Rank
+0's return value is the trial's; a failing rank's own result (`RankFailed`, or its exception classified as a trial's:
 out of memory -> `oom`) is written to `ranks/rank_N.json` before it exits, and the failure of the
 rank that failed first is the trial's result (gpuopt.trial.ranks.merge_ranks).
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 import cloudpickle
 
-from gpuopt.core import rank_files
+from gpuopt.core import measured_job, rank_files
 from gpuopt.core.lifeline import set_parent_death_signal
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.trial.distributed import (
@@ -101,8 +103,13 @@ def user_rank(job_path: str, parent: int) -> None:
     os.environ[rank_files.RANKS_DIR_ENV] = str(path.parent)
     _become_the_job(job)
     rank = int(os.environ["RANK"])
+    callbacks = _job_callbacks(job)
+    for callback in callbacks:
+        callback.on_job_start(config=job.cfg, task_function=job.task)
     try:
         value = job.task(job.cfg)
+    except measured_job.TrialMeasured:
+        value = None  # measured: the result is in the run directory (rank 0 wrote it)
     except Exception as exc:
         if type(exc).__name__ != "RankFailed":  # its result is written already
             from gpuopt.trial.failures import classify_failure
@@ -110,8 +117,28 @@ def user_rank(job_path: str, parent: int) -> None:
             status, reason = classify_failure(exc)
             rank_files.write_rank_result(TrialResult(status, reason=reason), rank)
         raise
+    _job_ended(callbacks, job, value)
     if rank == 0:
         (path.parent / RETURN_FILE).write_bytes(cloudpickle.dumps(value))
+
+
+def _job_callbacks(job: Any) -> list[Any]:
+    """The trial's Hydra callbacks (`hydra.callbacks`), instantiated in this rank as Hydra
+    instantiates them for a job."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    configs = OmegaConf.select(job.hydra_cfg, "hydra.callbacks") or {}
+    return [instantiate(params) for params in configs.values()]
+
+
+def _job_ended(callbacks: list[Any], job: Any, value: Any) -> None:
+    """The callbacks' on_job_end, last one first (Hydra's order), with the task's return."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=value, cfg=job.cfg)
+    for callback in reversed(callbacks):
+        callback.on_job_end(config=job.cfg, job_return=ret)
 
 
 def _become_the_job(job: Any) -> None:

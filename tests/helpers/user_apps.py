@@ -2,8 +2,9 @@
 docs/your-training.md writes them (tiny models, measure=quick): a Lightning script whose Trainer
 runs `strategy="ddp"` on `devices=2` (Lightning re-launches the script for rank 1), a
 torchrun-style script (its own `dist.init_process_group("gloo")`, DDP, DistributedSampler,
-`gpuopt.measure_step`) swept with `hydra.launcher.nproc_per_node=2`, and the Hugging Face
-`Trainer` on a small GPT-2 built from its config, also with `nproc_per_node=2`.
+`gpuopt.measure_step`) swept with `hydra.launcher.nproc_per_node=2`, the same loop with nothing of
+gpuopt's in its code (`gpuopt.MeasureJob` in its YAML), and the Hugging Face `Trainer` on a small
+GPT-2 built from its config, also with `nproc_per_node=2`.
 
 Each script's rank `$FAIL_RANK` fails in its training step ("rank 1 broke on purpose"), and each
 process notes its pid in the trial's run directory (`pids/<pid>`), so a test can tell which
@@ -120,6 +121,44 @@ if __name__ == "__main__":
 """
 )
 
+# A torchrun-style loop with nothing of gpuopt's in its code: gpuopt.MeasureJob in its YAML measures
+# each rank (its ranks started by gpuopt: `hydra.launcher.nproc_per_node=2`).
+PLAIN_DDP = (
+    _COMMON
+    + """
+import hydra
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+@hydra.main(config_path="conf", config_name="config")
+def main(cfg):
+    note_pid()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, 4))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
+    data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler)
+    for epoch in range(100):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+)
+
 HF = (
     _COMMON
     + """
@@ -191,10 +230,14 @@ HF_CONFIG = _config(
     True,
 )
 
+MEASURE_JOB = "hydra:\n  callbacks:\n    gpuopt_measure:\n      _target_: gpuopt.MeasureJob\n"
+PLAIN_DDP_CONFIG = TORCHRUN_CONFIG.replace("hydra:\n", MEASURE_JOB + "      measure: quick\n", 1)
+
 APPS = {
     "lightning": (LIGHTNING, LIGHTNING_CONFIG),
     "torchrun": (TORCHRUN, TORCHRUN_CONFIG),
     "hf_trainer": (HF, HF_CONFIG),
+    "plain_ddp": (PLAIN_DDP, PLAIN_DDP_CONFIG),
 }
 
 
