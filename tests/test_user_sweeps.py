@@ -250,6 +250,22 @@ def test_on_slurm_a_torchrun_style_script_runs_as_two_tasks_of_one_job(tmp_path,
 
 
 @pytest.mark.slow
+@needs_slurm
+def test_on_slurm_measure_job_measures_each_task_of_a_plain_loop_job(tmp_path, cluster):
+    """gpuopt.MeasureJob in the YAML alone, the job's two ranks SLURM tasks (each one a Hydra job
+    of its own, its callback measuring its loop): the trial is the job."""
+    write_app(tmp_path, "plain_ddp")
+    env = {**_env(tmp_path), **cluster.env}
+    log = _sweep(tmp_path, *SLURM_JOB, *BASELINE_ONLY, env=env)
+    assert log.startswith("exit 0"), log + cluster.logs()
+    _, (trial,) = _trials(tmp_path)
+    attrs = trial.user_attrs
+    assert attrs["status"] == "ok" and attrs["world_size"] == 2, attrs.get("reason")
+    assert attrs["config"]["engine"]["name"] == "measure_job" and attrs["global_batch"] == 64
+    assert [row["rank"] for row in attrs["ranks"]] == [0, 1]
+
+
+@pytest.mark.slow
 def test_gpuopts_own_trial_over_two_nodes_meets_at_the_rendezvous_and_reports_the_job(tmp_path):
     """`distributed.nnodes=2`: two agents (one per "node", here both on this machine, as two tasks
     of a SLURM job would be) of one rendezvous; each node's trial merges every rank's result from
