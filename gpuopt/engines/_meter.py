@@ -4,9 +4,9 @@ it what happened, and the meter does the rest alike for all of them:
 
 - `begin()`: the loop starts (with no untimed step, the window starts here);
 - `step_started()`: an optimizer step begins (on the FLOP step, `FlopCounterMode` opens);
-- `fetch_started()` / `batch_fetched(samples)`, `copy_started()` / `copy_ended()`: the input
-  pipeline's spans (marked only inside the window: `InputWait`), and the samples of the current
-  optimizer step (all its micro-batches);
+- `fetch_started()` / `batch_fetched(samples)`: the input pipeline's span (marked only inside
+  the window: `InputWait`; a loop that marks its fetch and copy apart gives its own `wait`), and
+  the samples of the current optimizer step (all its micro-batches);
 - `optimizer_stepped(samples=None)`: the step ended; the stop rule's verdict once the window is
   over (the loop must stop then), else None;
 - `record()`: the window's metrics into the trial; `close()` after a failure.
@@ -51,8 +51,8 @@ class WindowMeter:
     `wait`: the loop's own `InputWait` when it marks spans itself (gpuopt's `BatchFeed`,
     Lightning's profiler hook); `after_step(i)`: run after the window's i-th step (the cache
     policy); `count_flops`: whether the meter counts the FLOP step (False where the engine counted
-    them itself, on an eager forward); `compile_steps`: the steps timed as compilation (default:
-    one when `compile.mode` is on)."""
+    them itself, on an eager forward). With `compile.mode` on, the first step is timed apart as
+    compilation."""
 
     def __init__(
         self,
@@ -63,7 +63,6 @@ class WindowMeter:
         memory: MemoryBaseline | None = None,
         after_step: Callable[[int], None] | None = None,
         count_flops: bool = True,
-        compile_steps: int | None = None,
         precision_mode: str | None = None,
     ) -> None:
         spec, device = trial.spec, trial.device
@@ -78,9 +77,7 @@ class WindowMeter:
         self.clock: Any = make_clock(device)
         if ranks is not None:
             self.clock, self.rule = ranks.align(self.clock, self.rule)
-        self.compile_steps = (
-            (0 if spec.compile.mode == "off" else 1) if compile_steps is None else compile_steps
-        )
+        self.compile_steps = 0 if spec.compile.mode == "off" else 1
         self.untimed = self.compile_steps + spec.measure.warmup_steps
         counting = count_flops and spec.measure.count_flops and spec.measure.warmup_steps >= 1
         self.flop_step: int | None = self.compile_steps if counting else None
@@ -89,7 +86,7 @@ class WindowMeter:
         self.window: WindowResult | None = None
         self.nvml: Any = None
         self._flops: Any = None
-        self._begun = False
+        self._begun = self._timing = False
         self._t0 = self._window_t0 = time.perf_counter()
         self._first_step_at = 0.0
         self._next_check = 0
@@ -98,8 +95,8 @@ class WindowMeter:
     # -- the loop's events ---------------------------------------------------------------------
     @property
     def timing(self) -> bool:
-        """Inside the timed window."""
-        return self.wait.active
+        """Inside the timed window (the input wait counts then only)."""
+        return self._timing
 
     @property
     def counting_flops(self) -> bool:
@@ -135,12 +132,6 @@ class WindowMeter:
         self.wait.copy_ended()
         self._pending += samples
 
-    def copy_started(self) -> None:
-        self.wait.copy_started()
-
-    def copy_ended(self) -> None:
-        self.wait.copy_ended()
-
     def optimizer_stepped(self, samples: int | None = None) -> str | None:
         """An optimizer step ended, of `samples` (default: what `batch_fetched` counted); the
         stop rule's verdict once the window is over, else None."""
@@ -171,7 +162,7 @@ class WindowMeter:
         if self._flops is not None:
             self._flops.__exit__(None, None, None)
             self._flops = None
-        self.wait.active = False
+        self._timing = self.wait.active = False
         self.monitors.stop()
 
     def run(self, step: Callable[[], int], until: str = "window") -> None:
@@ -199,7 +190,7 @@ class WindowMeter:
         self.monitors.start()
         self.wait.reset()
         self._ticks = cpu_ticks()
-        self.wait.active = True
+        self._timing = self.wait.active = True
         self.clock.start()
         self._next_check = self.rule.min_steps
         self._first_step_at = time.time()
@@ -230,7 +221,7 @@ class WindowMeter:
 
     def _end_window(self, reason: str) -> None:
         step_times, wall = self.clock.finish()  # synchronizes on CUDA
-        self.wait.active = False  # no span may close after the closing synchronize
+        self._timing = self.wait.active = False  # no span closes after the closing sync
         self.nvml = self.monitors.stop()
         steal = steal_percent(self._ticks, cpu_ticks())
         self.window = WindowResult(
