@@ -195,8 +195,12 @@ def warm_up(meter: WindowMeter, step: Callable[[], int], workload: Workload) -> 
     """compile_time_s (the first step through torch.compile), then the warm-up steps (after the
     blocks the FLOP-count and compile steps left cached went back: `MemoryBaseline`)."""
     meter.memory.release_cache()  # the FLOP count's
-    meter.run(step, until="warmup")
-    workload.check_finite("warm-up")
+    try:
+        meter.run(step, until="warmup")
+        workload.check_finite("warm-up")
+    except BaseException:
+        meter.close()  # the window may have started (monitors on) at the warm-up's last step
+        raise
 
 
 def timed_window(
