@@ -6,6 +6,8 @@ its code, named in YAML alone:
         gpuopt_measure:
           _target_: gpuopt.MeasureJob
           measure: quick     # optional: default | quick | a dict of measure.* settings
+          budget_s: 600      # optional: how long the job may run before its first optimizer
+                             # step (null: no limit); past it, a clear status and the job ends
 
 At the job's start it hooks torch's optimizer steps and the DataLoader iterators the job creates
 (gpuopt.engines.job_meter); once the timed window stopped it writes the result into the run
@@ -22,12 +24,28 @@ from hydra.experimental.callback import Callback
 
 from gpuopt.core import measured_job
 
+# How long a job may run before its first optimizer step (null: no limit); past it the job ends
+# with the status "not measured: no optimizer step within budget_s".
+BUDGET_S = 600.0
+
+
+def _budget(value: Any) -> float | None:
+    """`budget_s` as given in YAML: a number of seconds > 0, or null."""
+    if value is None:
+        return None
+    from gpuopt.core.errors import ConfigError
+
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError("hydra.callbacks.gpuopt_measure.budget_s", value, "seconds > 0, or null")
+    return float(value)
+
 
 class MeasureJob(Callback):
     """Measures the job's own training loop (plain PyTorch, Lightning, the HF Trainer alike)."""
 
-    def __init__(self, measure: Any = None) -> None:
+    def __init__(self, measure: Any = None, budget_s: float | None = BUDGET_S) -> None:
         self.measure = measure
+        self.budget_s = _budget(budget_s)  # checked as Hydra instantiates the callback
         self._meter: Any = None
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
@@ -37,7 +55,7 @@ class MeasureJob(Callback):
         measure = self.measure
         if hasattr(measure, "items"):  # a DictConfig from YAML
             measure = dict(measure.items())
-        self._meter = JobMeter(measure_conf(measure))
+        self._meter = JobMeter(measure_conf(measure), self.budget_s)
         self._meter.install()
         measured_job.at_task_end(self._meter.unmeasured)
 

@@ -166,6 +166,95 @@ def test_the_hf_trainer_is_measured_without_gpuopts_hf_callback(meter, tmp_path)
     assert result.config["observed"]["batch_size"] == 4
 
 
+def _until(condition, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_job_that_does_not_step_within_its_budget_gets_its_status_and_ends():
+    """budget_s after the job's start with no optimizer step: "not measured" with the reason, and
+    the process ends (here a stand-in records the exit); a job that steps in time is not ended."""
+    stuck = JobMeter(measure_conf(SHORT), budget_s=0.2)
+    ended: list[int] = []
+    stuck.end_process = ended.append
+    stuck.install()
+    try:
+        list(_loader(16, 8))  # it fetches, but never steps an optimizer
+        assert _until(lambda: ended == [1])
+    finally:
+        stuck.uninstall()
+    assert stuck.result.status is Status.ERROR
+    assert stuck.result.reason.startswith("not measured: no optimizer step within budget_s=0.2 s")
+    assert " DataLoader batches fetched); a job that trains later" in stuck.result.reason
+
+    training = JobMeter(measure_conf(SHORT), budget_s=0.2)
+    training.end_process = ended.append
+    training.install()
+    try:
+        with pytest.raises(SystemExit):
+            _train(epochs=20)  # its first step cancels the budget; the window then ends the job
+        time.sleep(0.4)
+    finally:
+        training.uninstall()
+    assert ended == [1] and training.result.status is Status.OK
+
+
+@pytest.mark.parametrize("bad", [0, -1, "soon", True])
+def test_a_bad_budget_is_one_config_error_naming_the_key(bad):
+    from gpuopt import MeasureJob
+    from gpuopt.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"hydra\.callbacks\.gpuopt_measure\.budget_s"):
+        MeasureJob(budget_s=bad)
+
+
+STUCK_APP = """
+import time
+
+import hydra
+import torch
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def run(cfg):
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4))
+    while True:  # stuck before its training: it never steps an optimizer
+        for _ in torch.utils.data.DataLoader(data, batch_size=cfg.batch_size):
+            time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    run()
+"""
+
+
+@pytest.mark.slow
+def test_a_sweeps_trial_that_never_steps_ends_at_measure_jobs_budget_with_its_status(tmp_path):
+    """The trial's process ends at MeasureJob's budget_s, not at the launcher's timeout, and the
+    trial's reason is MeasureJob's; no process is left."""
+    app, env = _plain_loop_app(tmp_path)
+    (app / "stuck.py").write_text(STUCK_APP)
+    run = subprocess.run(
+        [sys.executable, "stuck.py", "-m", "hparams_search=gpuopt", "hydra.sweeper.n_trials=1",
+         "hydra.sweeper.baseline=false", "hydra.sweeper.confirm.rounds=0",
+         "+hydra.callbacks.gpuopt_measure.budget_s=3"],
+        cwd=app, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    log = run.stdout + run.stderr
+    study = optuna.load_study(
+        study_name="plain_loop", storage=f"sqlite:///{tmp_path / 'out' / 'gpuopt.db'}"
+    )
+    (trial,) = study.trials
+    reason = trial.user_attrs["reason"]
+    assert trial.user_attrs["status"] == "error", log[-3000:]
+    assert reason.startswith("not measured: no optimizer step within budget_s=3 s"), reason
+    assert "then the trial process" in reason and "timed out" not in reason
+    left = subprocess.run(["pgrep", "-f", str(app)], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout
+
+
 def _plain_loop_app(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     app = tmp_path / "app"
     shutil.copytree(HELPERS / "plain_loop_app", app)

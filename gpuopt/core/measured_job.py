@@ -13,10 +13,11 @@ Torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from numbers import Real
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,24 @@ log = logging.getLogger("gpuopt")
 # What runs when the job's task returned, before the trial reads the file: a measuring hook's
 # "ended unmeasured" status (gpuopt.MeasureJob), which Hydra's on_job_end would write too late.
 _task_end: list[Callable[[], Any]] = []
+
+
+_ranks_started: list[bool] = [False]  # this process started the job's ranks: they measure it
+
+
+@contextlib.contextmanager
+def starting_ranks() -> Iterator[None]:
+    """While this process only starts and waits for the job's ranks (`nproc_per_node`): its own
+    measuring hooks, which see no training, leave the job's status to the ranks."""
+    _ranks_started[0] = True
+    try:
+        yield
+    finally:
+        _ranks_started[0] = False
+
+
+def ranks_started() -> bool:
+    return _ranks_started[0]
 
 
 class TrialMeasured(BaseException):

@@ -15,6 +15,12 @@ sweep's trial with `TrialMeasured`, in a single run with `SystemExit(0)`; both p
 `except Exception` (a job of another launcher's multirun, e.g. hydra/launcher=basic, goes on). What it cannot see: a host-to-device copy the loop makes after `next()` (data
 wait is the time blocked in `next()` alone), and an autocast dtype (MFU is read against the
 device's fp32 peak, said in the warnings).
+
+A job that has not stepped an optimizer `budget_s` after its start (stuck before its training,
+or never training) gets the status "not measured: no optimizer step within budget_s", written
+into the run directory, and its process ends there: the launcher reads that result, not a
+timeout (`gpuopt.sweeper.launchers.submitit_base.resultless`). A process that only starts the
+job's ranks (`hydra.launcher.nproc_per_node`) leaves that to them (`measured_job.ranks_started`).
 """
 
 from __future__ import annotations
@@ -23,8 +29,11 @@ import dataclasses
 import logging
 import os
 import statistics
+import sys
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -73,8 +82,11 @@ def loader_settings(iterator: _BaseDataLoaderIter) -> dict[str, Any]:
 class JobMeter:
     """The hooks of one job: install, (the job trains), then the result or a clear status."""
 
-    def __init__(self, measure: MeasureConf) -> None:
+    def __init__(self, measure: MeasureConf, budget_s: float | None = None) -> None:
         self.measure = measure
+        self.budget_s = budget_s
+        self._budget: threading.Timer | None = None
+        self.end_process: Callable[[int], Any] = os._exit  # tests: a stand-in
         self.meter: WindowMeter | None = None
         self.trial: Trial | None = None
         self.result: TrialResult | None = None
@@ -102,8 +114,13 @@ class JobMeter:
 
         _BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
         self._removers = [handle.remove, lambda: setattr(_BaseDataLoaderIter, "__next__", original)]
+        if self.budget_s is not None:
+            self._budget = threading.Timer(self.budget_s, self._over_budget)
+            self._budget.daemon = True
+            self._budget.start()
 
     def uninstall(self) -> None:
+        self._cancel_budget()
         for remove in self._removers:
             remove()
         self._removers = []
@@ -150,6 +167,7 @@ class JobMeter:
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
+            self._cancel_budget()  # the job trains: the window's own budget applies now
             self.optimizer = optimizer
             group = optimizer.param_groups[0]
             self.lr = float(group.get("initial_lr", group["lr"]))
@@ -212,6 +230,27 @@ class JobMeter:
                   "observed": observed}  # fmt: skip
         return measured_result(self.trial, status, reason, config)
 
+    # -- the budget ----------------------------------------------------------------------------
+    def _cancel_budget(self) -> None:
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget.cancel()
+
+    def _over_budget(self) -> None:
+        """(The budget's timer thread.) No optimizer step yet: the clear status, then the end."""
+        if self.result is not None or self.optimizer is not None or measured_job.ranks_started():
+            return
+        why = (
+            f"no optimizer step within budget_s={self.budget_s:g} s of the job's start "
+            f"({self.batches} DataLoader batches fetched); a job that trains later needs a "
+            "larger budget: gpuopt.MeasureJob(budget_s=...)"
+        )
+        self._write_unmeasured(why)
+        log.error("gpuopt.MeasureJob: %s; the job ends here", self.result.reason)  # type: ignore[union-attr]
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        self.end_process(1)
+
     def unmeasured(self) -> TrialResult | None:
         """At the job's end without a result: why (a clear status, never a crash); None if
         measured."""
@@ -230,6 +269,10 @@ class JobMeter:
                 f"the job ended after {steps} optimizer steps, before the timed window did: give "
                 "it more steps (epochs) or +hydra.callbacks.gpuopt_measure.measure=quick"
             )
+        return self._write_unmeasured(why)
+
+    def _write_unmeasured(self, why: str) -> TrialResult:
+        """The job's "not measured" status, `why`, written into the run directory (rank 0)."""
         self.result = TrialResult(
             status=Status.ERROR,
             reason=f"not measured: {why}",

@@ -71,6 +71,9 @@ def launch(job_path: Path) -> tuple[str, Any]:
         with quiet_launcher(), own_signal_handlers():
             elastic_launch(config, user_rank)(str(job_path), os.getpid())
     except ChildFailedError as exc:
+        measured = measured_job.read(folder.parent)
+        if measured is not None:  # the ranks' measuring callback ended them (MeasureJob's budget)
+            return "result", measured.to_dict()
         crashed = crashes_of(exc, folder, job.nproc_per_node)
     except SignalException:
         raise

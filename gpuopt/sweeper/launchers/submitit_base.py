@@ -23,7 +23,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
-from gpuopt.core import rank_files
+from gpuopt.core import measured_job, rank_files
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.lifeline import terminate_as_interrupt
 from gpuopt.core.result import TrialResult
@@ -67,11 +67,18 @@ def positive_int(key: str, value: Any) -> int:
 def resultless(
     job: Any, overrides: list[str], reason: str, run_dir: str | None = None
 ) -> JobReturn:
-    """The JobReturn of a job that ended (or was ended) without a result. Where one of its ranks
+    """The JobReturn of a job that ended (or was ended) without a result. Where its measuring
+    callback wrote the job's status into `run_dir` (gpuopt.core.measured_job), that is the
+    trial's result. Where one of its ranks
     wrote its failure first (in `run_dir`'s ranks/: gpuopt.core.rank_files), that rank's own
     error is the trial's result ("rank 1: ...", then how the trial process ended: a launcher
     such as Lightning's kills it once a rank failed); else a FAILED return: `reason` with the
     head and tail of its stderr log."""
+    measured = measured_job.read(Path(run_dir)) if run_dir else None
+    if measured is not None:  # its measuring callback's status (MeasureJob's budget_s ended it)
+        if not measured.ok:
+            measured.reason = f"{measured.reason} (then the trial process: {reason})"
+        return completed_return(overrides, measured)
     first = rank_files.first_failure(Path(run_dir) / rank_files.RANKS_FOLDER if run_dir else None)
     if first is not None:
         result = TrialResult(
