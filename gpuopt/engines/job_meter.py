@@ -237,8 +237,12 @@ class JobMeter:
             budget.cancel()
 
     def _over_budget(self) -> None:
-        """(The budget's timer thread.) No optimizer step yet: the clear status, then the end."""
+        """(The budget's timer thread.) No optimizer step yet: the clear status, then the end. Rank
+        0 alone of a multi-rank job: its end ends the others (their launcher stops the job), and
+        no other rank's end can come before its status is written."""
         if self.result is not None or self.optimizer is not None or measured_job.ranks_started():
+            return
+        if not _leader():
             return
         why = (
             f"no optimizer step within budget_s={self.budget_s:g} s of the job's start "
