@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def user_rank(job_path: str, parent: int) -> None:
     rank = int(os.environ["RANK"])
     callbacks = _job_callbacks(job)
     for callback in callbacks:
-        callback.on_job_start(config=job.cfg, task_function=job.task)
+        _notify(callback.on_job_start, config=job.cfg, task_function=job.task)
     try:
         value = job.task(job.cfg)
     except measured_job.TrialMeasured:
@@ -141,7 +142,17 @@ def _job_ended(callbacks: list[Any], job: Any, value: Any) -> None:
 
     ret = JobReturn(status=JobStatus.COMPLETED, _return_value=value, cfg=job.cfg)
     for callback in reversed(callbacks):
-        callback.on_job_end(config=job.cfg, job_return=ret)
+        _notify(callback.on_job_end, config=job.cfg, job_return=ret)
+
+
+def _notify(hook: Any, **kwargs: Any) -> None:
+    """One callback hook, as Hydra calls it for a job: its exception a warning, not the job's."""
+    try:
+        hook(**kwargs)
+    except Exception as exc:
+        warnings.warn(
+            f"Callback {hook.__qualname__} raised {type(exc).__name__}: {exc}", stacklevel=1
+        )
 
 
 def _become_the_job(job: Any) -> None:
