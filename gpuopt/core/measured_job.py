@@ -13,11 +13,10 @@ Torch-free.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from numbers import Real
 from pathlib import Path
 from typing import Any
@@ -35,15 +34,11 @@ _task_end: list[Callable[[], Any]] = []
 _ranks_started: list[bool] = [False]  # this process started the job's ranks: they measure it
 
 
-@contextlib.contextmanager
-def starting_ranks() -> Iterator[None]:
-    """While this process only starts and waits for the job's ranks (`nproc_per_node`): its own
-    measuring hooks, which see no training, leave the job's status to the ranks."""
+def mark_ranks_started() -> None:
+    """This trial's process only starts and waits for the job's ranks (`nproc_per_node`; one
+    trial per process): its own measuring hooks, which see no training, leave the job's status
+    to the ranks, before and after they ran."""
     _ranks_started[0] = True
-    try:
-        yield
-    finally:
-        _ranks_started[0] = False
 
 
 def ranks_started() -> bool:
@@ -116,12 +111,6 @@ def task_ended() -> None:
 def read(run_dir: Path) -> TrialResult | None:
     path = run_dir / MEASURED_FILE
     return TrialResult.load(path) if path.is_file() else None
-
-
-def read_own_run() -> TrialResult | None:
-    """The result already written into this Hydra job's run directory (None outside a job)."""
-    folder = hydra_run_dir()
-    return read(folder) if folder is not None else None
 
 
 def is_gpuopts_result(value: Any) -> bool:

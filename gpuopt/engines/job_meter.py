@@ -261,8 +261,8 @@ class JobMeter:
         if self.result is not None:
             return None
         self.uninstall()
-        if measured_job.read_own_run() is not None:
-            return None  # this job's ranks measured it (this process only started them)
+        if measured_job.ranks_started():
+            return None  # this process only started the job's ranks: theirs is the status
         if self.batches == 0:
             why = "the job never iterated a DataLoader (gpuopt.MeasureJob times DataLoader batches)"
         elif self.optimizer_steps == 0:

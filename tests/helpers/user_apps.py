@@ -15,6 +15,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The torchrun-style scripts' imports and setup: the process group, a DDP model, its data.
+_DDP_IMPORTS = """
+import hydra
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+"""
+_DDP_SETUP = """
+    note_pid()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, 4))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
+    data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
+"""
+
 # Every script: the failing rank and the pid note.
 _COMMON = """
 import os
@@ -80,26 +98,15 @@ if __name__ == "__main__":
 
 TORCHRUN = (
     _COMMON
+    + _DDP_IMPORTS
     + """
-import hydra
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
 import gpuopt
 
 
 @hydra.main(config_path="conf", config_name="config")
-def main(cfg):
-    note_pid()
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, 4))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
-    data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
-    loader = DataLoader(data, batch_size=cfg.batch_size, sampler=DistributedSampler(data))
+def main(cfg):"""
+    + _DDP_SETUP
+    + """    loader = DataLoader(data, batch_size=cfg.batch_size, sampler=DistributedSampler(data))
 
     def step(batch):
         if dist.get_rank() == FAIL_RANK:
@@ -125,24 +132,13 @@ if __name__ == "__main__":
 # each rank (its ranks started by gpuopt: `hydra.launcher.nproc_per_node=2`).
 PLAIN_DDP = (
     _COMMON
+    + _DDP_IMPORTS
     + """
-import hydra
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
 
 @hydra.main(config_path="conf", config_name="config")
-def main(cfg):
-    note_pid()
-    dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, 4))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
-    data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
-    sampler = DistributedSampler(data)
+def main(cfg):"""
+    + _DDP_SETUP
+    + """    sampler = DistributedSampler(data)
     loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler)
     for epoch in range(100):
         sampler.set_epoch(epoch)

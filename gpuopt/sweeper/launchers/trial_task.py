@@ -265,7 +265,8 @@ def run_ranks(task: Any, cfg: Any, folder: Path, plan: RankPlan) -> Any:
     (folder / JOB_FILE).write_bytes(cloudpickle.dumps(job))
     (folder / OUTCOME_FILE).unlink(missing_ok=True)
     log = folder / "launcher.log"
-    with open(log, "wb") as out, measured_job.starting_ranks():
+    measured_job.mark_ranks_started()
+    with open(log, "wb") as out:
         done = subprocess.run(
             [sys.executable, "-m", RANKS_PROCESS, str(folder / JOB_FILE)],
             stdout=out, stderr=subprocess.STDOUT, check=False,
