@@ -6,14 +6,15 @@ it confirms a real one (the power).
 
 The ways (each with the sweep's own code and constants):
 - screen: a race process as the race runs one (gpuopt.sweeper.race): the baseline as a whole
-  trial, then the round's control and identical candidates, each built and read in one window
-  between two baseline windows (`policy.SCREEN_*`); the ratio to the baseline windows' geometric
-  mean, over the control's (`policy.calibrated`; the raw ratio kept beside it). A claim: an
+  trial, then the round's screen (`race.screen.screen`: the control build and identical
+  candidates, each built and read in one window between two baseline windows); the ratio to the baseline windows' geometric
+  mean, over the control's (`comparison.calibrated`; the raw ratio kept beside it). A claim: an
   identical candidate read below the race's floor (pruned as "cannot be an answer").
 - whole: the same configuration as whole trials of that process (the race's finalists) against
   the baseline's whole trial. A claim: a finalist read below `measure.contender_floor` (its
   extras skipped: "no answer"), or above 1/floor.
-- in-process: the confirmation's rounds (`rounds.run_rounds`, Stein's two-stage stop) in a
+- in-process: the confirmation's rounds (`rounds.run_rounds` on the comparison service, Stein's
+  two-stage stop) in a
   shared process of the baseline and an identical candidate, its plan sized as the default
   sweep's; `verdicts.compare`. A claim: the 95% interval excludes 1.0x.
 - fresh: the same rounds in fresh processes (a user app's confirmation).
@@ -37,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
 from gpuopt.study.records import ConfirmedConfig
+from gpuopt.sweeper.comparison import Executor, Measurement, calibrated
 from gpuopt.sweeper.confirm import in_process, schedule
-from gpuopt.sweeper.confirm.rounds import PairStop, run_rounds
+from gpuopt.sweeper.confirm.rounds import Rule, run_rounds
 from gpuopt.sweeper.confirm.verdicts import compare
-from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.options import ConfirmOptions, RaceOptions
-from gpuopt.sweeper.race import policy
+from gpuopt.sweeper.race import policy, screen
 from gpuopt.sweeper.race.process import RaceProcess
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -97,15 +98,16 @@ def screen_and_whole(model: str, per_run: int, whole: int) -> dict[str, list[flo
         assert first is not None and first.ok, race.error or first
         assert race.add(policy.BASELINE, paths["baseline"]).status == "ok", race.error
         labels = [policy.CONTROL, *(f"#{i + 1}" for i in range(per_run))]
-        readings = [race.measure(policy.BASELINE, window_s, policy.SCREEN_MIN_STEPS).throughput]
-        for label in labels:
-            assert race.add(label, paths["candidate"]).status == "ok", race.error
-            own = race.measure(label, window_s, policy.SCREEN_MIN_STEPS, False)
-            race.drop(label)
-            after = race.measure(policy.BASELINE, window_s, policy.SCREEN_MIN_STEPS)
-            readings += [own.throughput, after.throughput]
-        raw = policy.screen_ratios(policy.screen_order(labels), readings)
-        ratios, _ = policy.calibrated(raw)
+        compared, _ = screen.screen(
+            race,
+            dict.fromkeys(labels, paths["candidate"]),
+            "throughput",
+            RaceOptions(),
+            restart=functools.partial(_no_restart, race),
+            report=lambda *_: None,
+        )
+        raw = screen.raw_ratios(compared, "throughput")
+        ratios, _ = calibrated(raw, policy.CONTROL)
         race.drop(policy.BASELINE)
         wholes = whole_trials(race, folder, base, first, whole)
     finally:
@@ -115,6 +117,10 @@ def screen_and_whole(model: str, per_run: int, whole: int) -> dict[str, list[flo
         "screen_raw": [raw[label] for label in labels[1:]],
         "whole": wholes,
     }
+
+
+def _no_restart(race: RaceProcess) -> RaceProcess:
+    raise AssertionError(f"the race process failed: {race.error}")
 
 
 def whole_trials(race: RaceProcess, folder: Path, base: list[str], first: Any, n: int) -> list:
@@ -136,13 +142,11 @@ def _configs() -> list[ConfirmedConfig]:
     return [ConfirmedConfig(label, i, {}, []) for i, label in enumerate(schedule.labels([0, 1]))]
 
 
-def confirmation(
-    measure: Callable[[ConfirmedConfig, int], Any], plan: schedule.ConfirmPlan, how: str
-) -> dict[str, Any]:
+def confirmation(measure: Executor, plan: schedule.ConfirmPlan, how: str) -> dict[str, Any]:
     """The confirmation's rounds and verdict, as the sweep's end runs them."""
     options = ConfirmOptions()
     configs = _configs()
-    rule = PairStop("maximize", options.target_halfwidth)
+    rule = Rule("maximize", options.target_halfwidth)
     done = run_rounds(configs, plan, OBJECTIVE, measure, rule, how=how)
     verdict = compare(configs, "maximize", options.target_halfwidth, plan.rounds, done.loads)
     return verdict["comparisons"][0]
@@ -161,7 +165,8 @@ def in_process_confirmation(model: str, slowdown: float, trial_s: float) -> dict
             fresh.rounds, fresh.max_runs, [trial_s] * DEFAULT_TRIALS, [options.window_s] * 2
         )
         plan = schedule.ConfirmPlan(1, first, cap)
-        return confirmation(lambda cfg, job: shared.window(cfg.label), plan, "in-process")
+        window = lambda label, job, so_far: Measurement.of(shared.window(label))  # noqa: E731
+        return confirmation(window, plan, "in-process")
     finally:
         shared.close()
 
@@ -173,10 +178,10 @@ def fresh_confirmation(model: str) -> dict[str, Any]:
     plan = schedule.plan(options.top_k, options.rounds, options.max_share, DEFAULT_TRIALS, 1)
     assert plan is not None
 
-    def measure(cfg: ConfirmedConfig, job: int) -> TrialOutcome:
-        result = benchlib.run_fresh(overrides[cfg.label])
+    def measure(label: str, job: int, so_far: Any) -> Measurement:
+        result = benchlib.run_fresh(overrides[label])
         value = (result.get("metrics") or {}).get(OBJECTIVE)
-        return TrialOutcome("ok", [value]) if value else TrialOutcome("error", None)
+        return Measurement("ok", value) if value else Measurement("error")
 
     return confirmation(measure, plan, "fresh processes")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # Arms alternate their order every other round, as the sweeper's confirmation round does.
-from gpuopt.sweeper.confirm.schedule import round_order
+from gpuopt.sweeper.comparison import round_order
 
 REPO = Path(__file__).resolve().parent.parent
 # Benchmarks time the training step, not the extras: no ceiling replay, no FLOP counting.

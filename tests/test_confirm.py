@@ -21,7 +21,8 @@ from gpuopt.study.records import (
     ConfirmedConfig,
     store_confirmation,
 )
-from gpuopt.sweeper.confirm.rounds import Measured, PairStop, run_rounds
+from gpuopt.sweeper.comparison import Measurement
+from gpuopt.sweeper.confirm.rounds import Measured, Rule, run_rounds
 from gpuopt.sweeper.confirm.schedule import ConfirmPlan, lean_overrides, with_overrides
 from gpuopt.sweeper.confirm.verdicts import compare
 
@@ -35,13 +36,19 @@ class ScriptedMachine:
         self.truth, self.sigma, self.rng, self.drift = truth, sigma, rng, drift
         self.runs: list[str] = []
 
-    def measure(self, cfg: ConfirmedConfig, job: int) -> SimpleNamespace:
-        name = next(o.split("=", 1)[1] for o in cfg.overrides if o.startswith("arm="))
-        self.runs.append(name)
-        level = math.exp(self.drift * math.sin(len(self.runs) / 3.0))  # slow load swings
-        sigma = self.sigma[name] if isinstance(self.sigma, dict) else self.sigma
-        value = self.truth[name] * level * math.exp(self.rng.gauss(0.0, sigma))
-        return SimpleNamespace(status="ok", feasible=True, values=[value])
+    def executor(self, cfgs: list[ConfirmedConfig]):
+        """The comparison's executor for these configs: each label runs its `arm=` override."""
+        arm_of = {c.label: c.overrides[0].split("=", 1)[1] for c in cfgs}
+
+        def measure(label: str, job: int, so_far) -> Measurement:
+            name = arm_of[label]
+            self.runs.append(name)
+            level = math.exp(self.drift * math.sin(len(self.runs) / 3.0))  # slow load swings
+            sigma = self.sigma[name] if isinstance(self.sigma, dict) else self.sigma
+            value = self.truth[name] * level * math.exp(self.rng.gauss(0.0, sigma))
+            return Measurement("ok", value)
+
+        return measure
 
 
 def configs(*arms: str) -> list[ConfirmedConfig]:
@@ -62,8 +69,8 @@ def sweep(machine, arms, max_runs, rounds=4, target=0.10, direction="maximize"):
     typed record writes is what its readers see."""
     cfgs = configs(*arms)
     plan = ConfirmPlan(top_k=len(arms) - 1, rounds=rounds, max_runs=max_runs)
-    rule = PairStop(direction, target)
-    done = run_rounds(cfgs, plan, "throughput", machine.measure, rule, load=lambda: 0.5)
+    rule = Rule(direction, target)
+    done = run_rounds(cfgs, plan, "throughput", machine.executor(cfgs), rule, load=lambda: 0.5)
     written = Measured("throughput", cfgs, plan, done, FRESH_PROCESSES).record(rule, 9, "here")
     study = Study(user_attrs={})
     assert store_confirmation(study, written) == written
@@ -151,8 +158,8 @@ def test_a_slower_same_training_candidate_keeps_its_rounds():
     cfgs = configs("A", "B1", "B2")
     cfgs[2].same_training = True
     plan = ConfirmPlan(top_k=2, rounds=4, max_runs=60)
-    rule = PairStop("maximize", 0.10)
-    run_rounds(cfgs, plan, "throughput", machine.measure, rule, load=lambda: 0.5)
+    rule = Rule("maximize", 0.10)
+    run_rounds(cfgs, plan, "throughput", machine.executor(cfgs), rule, load=lambda: 0.5)
     assert len(cfgs[1].confirm_values) == 4 < len(cfgs[2].confirm_values)
 
 
@@ -167,8 +174,8 @@ def test_too_noisy_here_keeps_the_baseline_and_says_why():
         cfgs,
         plan,
         "throughput",
-        machine.measure,
-        PairStop("maximize", 0.1),
+        machine.executor(cfgs),
+        Rule("maximize", 0.1),
         load=lambda: next(loads),
     )
     record = {

@@ -30,47 +30,6 @@ from tests.helpers.sweep_outputs import sweep_identity
 B = policy.BASELINE
 
 
-def test_each_candidate_is_paired_with_the_baseline_windows_on_both_sides() -> None:
-    assert policy.screen_order(["a", "b"]) == [B, "a", B, "b", B]
-
-
-def test_a_linear_drift_of_the_machine_cancels_in_the_screen_ratio() -> None:
-    # the machine slows 10% per window; a is 2x the baseline, b 0.5x, at the moment they ran
-    order = policy.screen_order(["a", "b"])
-    speed = [1.0, 0.9, 0.81, 0.729, 0.6561]
-    truth = {"a": 2.0, "b": 0.5}
-    readings = [100 * s * truth.get(label, 1.0) for label, s in zip(order, speed, strict=True)]
-    ratios = policy.screen_ratios(order, readings)
-    assert ratios["a"] == pytest.approx(2.0)
-    assert ratios["b"] == pytest.approx(0.5)
-
-
-def test_a_failed_window_has_no_ratio_and_never_goes_on() -> None:
-    order = policy.screen_order(["a", "b", "c"])
-    ratios = policy.screen_ratios(order, [100, None, 100, 300, 100, 150, None])
-    assert ratios == {"a": None, "b": pytest.approx(3.0), "c": pytest.approx(1.5)}  # c: one side
-    assert policy.finalists(ratios, 5) == ["b", "c"]
-    assert policy.rank_of("c", ratios) == 2 and policy.rank_of("a", ratios) is None
-
-
-def test_for_step_time_lower_is_faster_and_the_ratio_says_so() -> None:
-    ratios = policy.screen_ratios([B, "a", B], [10.0, 5.0, 10.0], "step_time_ms")
-    assert ratios["a"] == pytest.approx(2.0)
-
-
-def test_every_candidates_ratio_is_read_over_the_rounds_control() -> None:
-    """The control (the baseline's configuration built as a candidate) read 1.2x the baseline's
-    windows: a build made now gains that much, so a candidate read 1.2x is the baseline's
-    equal; a failed candidate window stays without a ratio."""
-    raw = {"#1": 1.2, "#2": 1.5, "#3": None, policy.CONTROL: 1.2}
-    ratios, control = policy.calibrated(raw)
-    assert control == 1.2 and set(ratios) == {"#1", "#2", "#3"}
-    assert ratios["#1"] == pytest.approx(1.0) and ratios["#2"] == pytest.approx(1.25)
-    assert ratios["#3"] is None
-    # the control's own window failed: the ratios as read, none of them its
-    assert policy.calibrated({"#1": 1.2, policy.CONTROL: None}) == ({"#1": 1.2}, None)
-
-
 def test_the_best_finalists_by_ratio_go_on() -> None:
     ratios = {"a": 1.2, "b": 3.0, "c": 0.4, "d": 2.5}
     assert policy.finalists(ratios, 2) == ["b", "d"]
@@ -174,6 +133,7 @@ def test_a_race_without_a_contender_answers_keep_your_configuration(tmp_path: Pa
 def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_it() -> None:
     from gpuopt.core.shared_protocol import Reading
     from gpuopt.sweeper.race.runner import Screened, prune_reason
+    from gpuopt.sweeper.race.screen import Turn
 
     entry = Screened(trial=None, overrides=[], label="#1")  # type: ignore[arg-type]
     race = RaceOptions(finalists=2, floor=0.9)
@@ -182,7 +142,7 @@ def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_i
     )
     assert "the best 2 went on" in prune_reason(entry, 1.4, 3, 9, race)
     assert "in a 0.3 s window" in prune_reason(entry, 0.5, 4, 9, race)
-    entry.window = Reading("#1", 1.0, 1.0, 1.0, steps=1, seconds=0.3, read_on_drain=True)
+    entry.turn = Turn(Reading("#1", 1.0, 1.0, 1.0, steps=1, seconds=0.3, read_on_drain=True))
     assert "0.50x the baseline on its drain steps, its fastest" in prune_reason(
         entry, 0.5, 4, 9, race
     )
@@ -498,6 +458,7 @@ def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[s
     from gpuopt.sweeper import global_batch, resume
     from gpuopt.sweeper.progress import Progress
     from gpuopt.sweeper.race.runner import RaceRunner, Screened
+    from gpuopt.sweeper.race.screen import Turn
     from gpuopt.sweeper.space import build_search_space
 
     space = build_search_space(
@@ -516,7 +477,8 @@ def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[s
         trial = study.ask(dict(space.distributions))
         window = Reading("#", throughput=reading, throughput_amortized=reading,
                          step_time_ms=1.0, steps=3, seconds=0.3)  # fmt: skip
-        screened.append(Screened(trial, [], f"#{trial.number}", {}, window, 100.0, 100.0))
+        turn = Turn(window, {})
+        screened.append(Screened(trial, [], f"#{trial.number}", turn, reading / 100.0))
     runner = RaceRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
     progress = Progress(10, ["throughput"], ["maximize"], 1, time.monotonic())
     chosen = runner._decide(study, screened, space, progress)
@@ -570,39 +532,55 @@ class _ScriptedRace:
         self.calls.append(("drop", label))
 
 
-def _control_runner(tmp_path: Path, monkeypatch, restarted: list):
-    from gpuopt.sweeper.race.runner import RaceRunner
+def _screened(race, dies_on=None, restarted=None):
+    """race/screen.screen of the control build and candidate "#1" on a scripted race process:
+    (the comparison, the executor)."""
+    from gpuopt.sweeper.race import screen
 
-    runner = RaceRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
-    monkeypatch.setattr(runner, "_config_file", lambda overrides, name: tmp_path / f"{name}.yaml")
-    fresh = _ScriptedRace({policy.BASELINE: 90.0})
-    monkeypatch.setattr(runner, "_restart", lambda: restarted.append(fresh) or fresh)
-    return runner
-
-
-def test_the_control_is_read_between_two_baseline_windows_and_dropped(tmp_path, monkeypatch):
-    restarted: list = []
-    runner = _control_runner(tmp_path, monkeypatch, restarted)
-    race = _ScriptedRace({policy.BASELINE: 100.0, policy.CONTROL: 80.0})
-    before = race.measure(policy.BASELINE, 0.3, 3)
-    same, after = runner._screen_control(race, before)
-    assert same is race and not restarted and after.throughput == 100.0
-    assert runner.control == pytest.approx(0.8)  # candidates are read over 0.8x from here on
-    assert race.calls[1:] == [("add", policy.CONTROL), ("measure", policy.CONTROL),
-                              ("drop", policy.CONTROL), ("measure", policy.BASELINE)]  # fmt: skip
+    fresh = _ScriptedRace({policy.BASELINE: 90.0, "#1": 90.0})
+    configs = {policy.CONTROL: Path("control.yaml"), "#1": Path("trial1.yaml")}
+    lines = []
+    compared, windows = screen.screen(
+        race,
+        configs,
+        "throughput",
+        RaceOptions(),
+        lambda: restarted.append(fresh) or fresh,
+        lambda label, turn, ratio: lines.append((label, ratio)),
+    )
+    return compared, windows, lines
 
 
-def test_a_control_that_costs_the_process_leaves_the_round_uncalibrated(tmp_path, monkeypatch):
+def test_the_control_is_read_between_two_baseline_windows_and_dropped():
+    from gpuopt.sweeper.comparison import calibrated
+    from gpuopt.sweeper.race import screen
+
+    race = _ScriptedRace({policy.BASELINE: 100.0, policy.CONTROL: 80.0, "#1": 100.0})
+    compared, windows, lines = _screened(race, restarted=[])
+    assert windows.race is race
+    ratios, control = calibrated(screen.raw_ratios(compared, "throughput"), policy.CONTROL)
+    assert control == pytest.approx(0.8)  # candidates are read over 0.8x from here on
+    assert ratios["#1"] == pytest.approx(1.25) and lines == [("#1", pytest.approx(1.25))]
+    assert race.calls[:5] == [("measure", policy.BASELINE), ("add", policy.CONTROL),
+                              ("measure", policy.CONTROL), ("drop", policy.CONTROL),
+                              ("measure", policy.BASELINE)]  # fmt: skip
+
+
+def test_a_control_that_costs_the_process_leaves_the_round_uncalibrated():
     """The process died in the control's window: a new one (the baseline built first), its
     baseline window the next candidate's neighbour, and no control for the round."""
+    from gpuopt.sweeper.comparison import calibrated
+    from gpuopt.sweeper.race import screen
+
     restarted: list = []
-    runner = _control_runner(tmp_path, monkeypatch, restarted)
-    runner.control = 1.3  # a previous round's: not carried over
     race = _ScriptedRace({policy.BASELINE: 100.0}, dies_on=policy.CONTROL)
-    new, after = runner._screen_control(race, race.measure(policy.BASELINE, 0.3, 3))
-    assert restarted == [new] and new is not race and after.throughput == 90.0
-    assert runner.control is None
-    assert ("drop", policy.CONTROL) not in race.calls
+    compared, windows, _ = _screened(race, restarted=restarted)
+    assert restarted == [windows.race] and windows.race is not race
+    (control,) = compared.of(policy.CONTROL)
+    assert control.measurement.status == "slow"
+    ratios, factor = calibrated(screen.raw_ratios(compared, "throughput"), policy.CONTROL)
+    assert factor is None and ratios["#1"] == pytest.approx(1.0)  # 90 over the new 90s
+    assert compared.neighbours(compared.of("#1")[0]) == (90.0, 90.0)
 
 
 def test_the_screens_progress_line_gives_the_ratio_the_race_decides_on() -> None:
@@ -610,10 +588,10 @@ def test_the_screens_progress_line_gives_the_ratio_the_race_decides_on() -> None
     reason never disagree."""
     from gpuopt.core.shared_protocol import Reading
     from gpuopt.sweeper.race.runner import Screened, screen_line
+    from gpuopt.sweeper.race.screen import Turn
 
     window = Reading("#3", throughput=200.0, throughput_amortized=200.0, step_time_ms=1.0,
                      steps=3, seconds=0.3)  # fmt: skip
-    entry = Screened(SimpleNamespace(number=3), [], "#3", {}, window, 100.0, 100.0)
-    line = screen_line(entry, 2, 9, "throughput_amortized", control=0.8)
-    assert line.startswith("race: screened 2/9 #3: throughput=200 (2.50x the baseline)")
-    assert "(2.00x the baseline)" in screen_line(entry, 2, 9, "throughput_amortized")
+    entry = Screened(SimpleNamespace(number=3), [], "#3", Turn(window, {}, 1.5), 2.5)
+    line = screen_line(entry, 2, 9, "throughput_amortized")
+    assert line == "race: screened 2/9 #3: throughput=200 (2.50x the baseline), built in 1.5 s"

@@ -427,15 +427,6 @@ def test_confirmation_plan_is_capped(top_k, rounds, share, n_trials, n_cand, exp
         assert plan.runs <= plan.max_runs <= share * n_trials
 
 
-def test_schedule_interleaves():
-    labels = ["A", "B1", "B2"]
-    assert [x for r in range(3) for x in confirm_schedule.round_order(labels, r)] == [
-        *("A", "B1", "B2"),
-        *("B2", "B1", "A"),  # every other round reversed: no config always first
-        *("A", "B1", "B2"),
-    ]
-
-
 # ---- export ------------------------------------------------------------------------------------
 
 

@@ -1,10 +1,11 @@
 """The confirmation round: re-measure the baseline and the top candidates, interleaved, in pairs.
 
 `confirm_if_last` runs it at the end of a sweep: which trials are candidates and how many runs
-the budget allows (schedule.py), the interleaved rounds with their two-stage stop (`run_rounds`,
-`PairStop`), and the verdict (verdicts.py; the winner rule is
-gpuopt.study.records.Confirmation.winner: the best pick reads it). `elsewhere` tells a worker that does not confirm where the
-result comes from (`Pending`).
+the budget allows (schedule.py), the interleaved rounds with their two-stage stop (`run_rounds`:
+a call of the comparison service, gpuopt.sweeper.comparison, with its `PairStop`), and the
+verdict (verdicts.py; the winner rule is gpuopt.study.records.Confirmation.winner: the best pick
+reads it). `elsewhere` tells a worker that does not confirm where the result comes from
+(`Pending`).
 
 Throughput of one configuration drifts 4-14% between fresh processes on these machines, so the
 sweep's single measurement per configuration can crown a lucky one. At the end, the baseline (A)
@@ -32,7 +33,6 @@ configuration".
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt.core._compat import storage_of
-from gpuopt.core.host import cpu_ticks, steal_percent
-from gpuopt.core.stats import log_ratios, mean_interval, stein_pairs
 from gpuopt.study.keys import (
     ATTR_CONFIG,
     ATTR_OWNER,
@@ -60,7 +58,8 @@ from gpuopt.study.records import (
     store_confirmation,
 )
 from gpuopt.study.rules import plain_names
-from gpuopt.sweeper import resume
+from gpuopt.sweeper import comparison, resume
+from gpuopt.sweeper.comparison import Budget, Compared, Executor, Measurement, PairStop
 from gpuopt.sweeper.confirm import in_process
 from gpuopt.sweeper.confirm.schedule import (
     WINDOW_OBJECTIVES,
@@ -71,7 +70,6 @@ from gpuopt.sweeper.confirm.schedule import (
     labels,
     lean_overrides,
     plan,
-    round_order,
     with_overrides,
     with_same_training_pick,
 )
@@ -82,54 +80,6 @@ log = logging.getLogger("gpuopt.sweeper")
 
 # Job numbers of the confirmation runs (the sweep's trials are numbered from 0).
 FIRST_CONFIRM_JOB = 10_000
-
-
-@dataclass(frozen=True)
-class PairStop:
-    """When a candidate has its pairs: after the first stage, Stein's count for +-target."""
-
-    direction: str
-    target: float
-
-    def pairs(self, cand: ConfirmedConfig, base: ConfirmedConfig, first: int) -> int:
-        """Total pairs for cand, from the spread of its first-stage pairs (no more rounds when
-        fewer than 2 pairs were measured: the runs fail, more would not help)."""
-        a, b = cand.by_round(), base.by_round()
-        d = log_ratios(
-            [a.get(r) for r in range(first)], [b.get(r) for r in range(first)], self.direction
-        )
-        if len(d) < 2:
-            return first
-        n = stein_pairs(mean_interval(d)[2], len(d), math.asinh(self.target))
-        return first + (n - len(d)) + (n - len(d)) % 2  # whole A B / B A cycles: balanced order
-
-    def beaten(self, cands: Sequence[ConfirmedConfig], first: int) -> dict[str, str]:
-        """The candidates the first stage already shows slower than another one, each with who
-        beats it: the 95% interval of their paired log-ratio (both in the same rounds, next to
-        each other) lies below 0. Such a candidate cannot be the answer, so its Stein rounds
-        would only narrow an interval nobody acts on (a cnn's batch-256 candidate: seconds a
-        window). A same-training candidate is kept unless a same-training one beats it too: it
-        may be the same-training answer."""
-        out: dict[str, str] = {}
-        for cand in cands:
-            rivals = [
-                c for c in cands if c is not cand and (c.same_training or not cand.same_training)
-            ]
-            for rival in rivals:
-                if self._slower(cand, rival, first):
-                    out[cand.label] = rival.label
-                    break
-        return out
-
-    def _slower(self, cand: ConfirmedConfig, rival: ConfirmedConfig, first: int) -> bool:
-        a, b = cand.by_round(), rival.by_round()
-        d = log_ratios(
-            [a.get(r) for r in range(first)], [b.get(r) for r in range(first)], self.direction
-        )
-        if len(d) < 2:
-            return False
-        mean, half, _ = mean_interval(d)
-        return mean + half < 0.0
 
 
 # ---- at the end of a sweep ----------------------------------------------------------------------
@@ -200,7 +150,7 @@ def run(
     if not resume.claim_confirmation(study, counted):
         log.info("another worker runs the confirmation round")
         return previous
-    rule = PairStop(directions[0], settings.target_halfwidth)
+    rule = Rule(directions[0], settings.target_halfwidth)
     measured = None
     if settings.in_process and compose is not None and names[0] in WINDOW_OBJECTIVES:
         # windows are cheap: the top_k asked for, not the fresh-process cap's
@@ -216,34 +166,35 @@ def run(
             names[0], app_config if app_config is not None else baseline.user_attrs.get(ATTR_CONFIG)
         )
         configs = confirmed_configs(chosen)
-        done = run_rounds(configs, confirm_plan, names[0], fresh_process_runs(measure, lean), rule)
+        runs = fresh_process_runs(measure, lean, configs)
+        done = run_rounds(configs, confirm_plan, names[0], runs, rule)
         measured = Measured(names[0], configs, confirm_plan, done, FRESH_PROCESSES, lean=lean)
     return store_confirmation(study, measured.record(rule, counted, sweep_dir))
 
 
-@dataclass
-class RoundsDone:
-    rounds: int
-    runs: int
-    loads: list[float]
-    steal_pct: float | None = None  # the hypervisor's share of the CPU over the rounds (host.py)
+@dataclass(frozen=True)
+class Rule:
+    """The confirmation's goal: the objective's direction, the interval's +-target."""
+
+    direction: str
+    target: float
 
 
 @dataclass
 class Measured:
     """The rounds as run: the objective, the configs with their values, the plan they ran under,
-    the count, how they were measured (`mode`, IN_PROCESS: with its window) and fresh runs' lean
-    overrides."""
+    the comparison's readings, how they were measured (`mode`, IN_PROCESS: with its window) and
+    fresh runs' lean overrides."""
 
     objective: str
     configs: list[ConfirmedConfig]
     plan: ConfirmPlan
-    done: RoundsDone
+    done: Compared
     mode: str
     window_s: float | None = None
     lean: list[str] = field(default_factory=list)
 
-    def record(self, rule: PairStop, after_trials: int, sweep_dir: str) -> Confirmation:
+    def record(self, rule: Rule, after_trials: int, sweep_dir: str) -> Confirmation:
         """The confirmation's record (the study's user attr): how it ran and its comparisons,
         each carrying the target, loads and steal seen (a "too noisy" verdict's why)."""
         done, first = self.done, self.plan.rounds
@@ -277,7 +228,7 @@ def in_process_rounds(
     feasible: Sequence[Any],
     fresh_plan: ConfirmPlan,
     objective: str,
-    rule: PairStop,
+    rule: Rule,
     compose: Callable[[list[str]], Any],
     window_s: float,
     sweep_dir: str,
@@ -301,7 +252,7 @@ def in_process_rounds(
             configs,
             window_plan,
             objective,
-            lambda cfg, job: shared.window(cfg.label),
+            lambda label, job, so_far: Measurement.of(shared.window(label)),
             rule,
             how=f"alternating {window_s:g} s windows in one process",
         )
@@ -330,86 +281,75 @@ def run_rounds(
     configs: Sequence[ConfirmedConfig],
     confirm_plan: ConfirmPlan,
     objective: str,
-    measure_config: Callable[[ConfirmedConfig, int], Any],
-    rule: PairStop,
+    executor: Executor,
+    rule: Rule,
     load: Callable[[], float] = lambda: os.getloadavg()[0],
     how: str = "interleaved, fresh processes",
-) -> RoundsDone:
-    """The first stage (every config, `confirm_plan.rounds` rounds), then each candidate for as
-    many rounds as `rule` gives it, with the baseline, while the run cap allows a whole round.
-    `measure_config(cfg, job)` measures cfg once (a fresh-process run, or an in-process window)."""
-    base, cands = configs[0], list(configs[1:])
-    first = confirm_plan.rounds
-    wanted = {c.label: first for c in cands}
-    by_label = {c.label: c for c in configs}
+) -> Compared:
+    """The comparison service's rounds of the candidates around the baseline (configs[0]):
+    the first stage (`confirm_plan.rounds` rounds of every config), then Stein's count for each
+    candidate (PairStop), while the run cap allows a whole round. Each config's record gets its
+    re-measurements (confirm_values by round, every run's status)."""
+    base, cands = configs[0], configs[1:]
     log.info(
         "confirmation: %d round(s) of %s (%s) on %s, then up to %d runs in all for +-%.0f%%",
-        first,
+        confirm_plan.rounds,
         ", ".join(c.label for c in configs),
         how,
         objective,
         confirm_plan.max_runs,
         100 * rule.target,
     )
-    runs, r, loads, ticks = 0, 0, [], cpu_ticks()
-    while active := [c for c in cands if r < wanted[c.label]]:
-        if runs + len(active) + 1 > max(confirm_plan.max_runs, confirm_plan.runs):
-            log.info("confirmation: the run cap (%d, confirm.max_share) is reached", runs)
-            break
-        for label in round_order([base.label, *(c.label for c in active)], r):
-            cfg = by_label[label]
-            loads.append(load())
-            _measure_one(cfg, r, runs, objective, measure_config)
-            runs += 1
-        r += 1
-        if r == first:
-            wanted = {c.label: rule.pairs(c, base, first) for c in cands}
-            for label, by in rule.beaten(cands, first).items():
-                log.info("confirmation: %s is slower than %s: no more rounds for it", label, by)
-                wanted[label] = first
-            log.info(
-                "confirmation: rounds wanted for +-%.0f%%: %s",
-                100 * rule.target,
-                ", ".join(f"{k} {v}" for k, v in wanted.items()),
-            )
-    steal = steal_percent(ticks, cpu_ticks())
-    return RoundsDone(rounds=r, runs=runs, loads=loads, steal_pct=steal)
+    stop = PairStop(
+        rule.direction,
+        rule.target,
+        confirm_plan.rounds,
+        protected=frozenset(c.label for c in cands if c.same_training),
+    )
+    budget = Budget(max(confirm_plan.max_runs, confirm_plan.runs))
+    done = comparison.compare(
+        [c.label for c in cands],
+        base.label,
+        budget,
+        stop,
+        executor,
+        report=lambda reading, _: _run_line(reading, objective),
+        load=load,
+    )
+    for cfg in configs:
+        readings = done.of(cfg.label)
+        cfg.confirm_statuses += [r.measurement.status for r in readings]
+        cfg.confirm_values += [r.value for r in readings if r.value is not None]
+        cfg.confirm_rounds += [r.round for r in readings if r.value is not None]
+    return done
+
+
+def _run_line(reading: comparison.Reading, objective: str) -> None:
+    value = reading.value
+    log.info(
+        "confirmation run %d (round %d) %s: %s",
+        reading.job + 1,
+        reading.round + 1,
+        reading.label,
+        f"{objective}={value:.4g}" if value is not None else reading.measurement.status,
+    )
 
 
 def fresh_process_runs(
-    measure: Callable[[list[str], int], Any], lean: Sequence[str]
-) -> Callable[[ConfirmedConfig, int], Any]:
-    """`measure_config(cfg, job)` for run_rounds: one fresh-process run of cfg through the sweep's
-    launcher (`measure(overrides, job)`), with the lean overrides, in its own subdirectory."""
+    measure: Callable[[list[str], int], Any],
+    lean: Sequence[str],
+    configs: Sequence[ConfirmedConfig],
+) -> Executor:
+    """The executor of fresh-process rounds: one run of a config through the sweep's launcher
+    (`measure(overrides, job)`), with the lean overrides, in its own subdirectory."""
+    by_label = {c.label: c for c in configs}
 
-    def measure_config(cfg: ConfirmedConfig, job: int) -> Any:
-        subdir = f"hydra.sweep.subdir=confirm/{job:02d}_{cfg.label}"
-        return measure(with_overrides(cfg.overrides, [*lean, subdir]), FIRST_CONFIRM_JOB + job)
+    def measure_config(label: str, job: int, so_far: Compared) -> Measurement:
+        subdir = f"hydra.sweep.subdir=confirm/{job:02d}_{label}"
+        overrides = with_overrides(by_label[label].overrides, [*lean, subdir])
+        return Measurement.of(measure(overrides, FIRST_CONFIRM_JOB + job))
 
     return measure_config
-
-
-def _measure_one(
-    cfg: ConfirmedConfig,
-    round_index: int,
-    job: int,
-    objective: str,
-    measure_config: Callable[[ConfirmedConfig, int], Any],
-) -> None:
-    """One measurement of cfg; its value (or status) recorded under round_index."""
-    outcome = measure_config(cfg, job)
-    cfg.confirm_statuses.append(outcome.status)
-    measured = outcome.feasible and outcome.values
-    if measured:
-        cfg.confirm_values.append(outcome.values[0])
-        cfg.confirm_rounds.append(round_index)
-    log.info(
-        "confirmation run %d (round %d) %s: %s",
-        job + 1,
-        round_index + 1,
-        cfg.label,
-        f"{objective}={outcome.values[0]:.4g}" if measured else outcome.status,
-    )
 
 
 # ---- a worker that does not confirm -------------------------------------------------------------

@@ -5,7 +5,6 @@
   answers get their own confirmation);
 - `plan`: how many candidates and first-stage rounds the budget (`confirm.max_share` of n_trials
   runs) allows, both answers kept where two rounds of them fit (`answers_among`);
-- `round_order`: the interleaved order of each round (A B1 B2, B2 B1 A, ...);
 - `lean_overrides`: the measure.* overrides that shorten a run without changing its objective;
 - `confirmed_configs`: the record's entry for each chosen trial.
 """
@@ -107,14 +106,6 @@ def plan(
     if 2 * (k + 1) > budget:
         return None
     return ConfirmPlan(top_k=k, rounds=max(2, min(rounds, budget // (k + 1))), max_runs=budget)
-
-
-def round_order(labels: Sequence[str], round_index: int) -> list[str]:
-    """A B1 B2 in even rounds, B2 B1 A in odd ones, so a position effect (the first run of a
-    round, or the one after a given config) does not favour one config. In a fixed order a
-    benchmark read -13% in 5 of 5 rounds between two timings that agreed within 1.1% once the
-    order alternated (docs/benchmarks.md). The benchmarks in scripts/ use the same order."""
-    return list(labels) if round_index % 2 == 0 else list(reversed(labels))
 
 
 # Objectives read from the timed window (and the epoch boundary) alone: for these the confirmation

@@ -8,23 +8,22 @@ measured in a warm shared process must never meet values of fresh processes), on
 machine (a SLURM or multi-worker sweep spreads its trials), a first objective a window measures,
 and a baseline to pair every window with.
 
-The screen: baseline windows between candidate windows, B c1 B c2 B ... B, so each candidate's
-window sits between two baseline windows and its ratio to their geometric mean cancels the
-machine's linear drift (the confirmation's paired estimator, on one pair). The best `finalists`
+The screen (race/screen.py, a call of the comparison service): baseline windows between
+candidate windows, B c1 B c2 B ... B, so each candidate's window sits between two baseline windows
+and its ratio to their geometric mean cancels the machine's linear drift. The best `finalists`
 by that ratio go on as whole trials, if the screen reads them at `race.floor` of the baseline
 or faster (contenders); the others are pruned.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuopt.core import knobs
 from gpuopt.core._compat import submitit_executor_kind
-from gpuopt.core.metrics import higher_is_better, metric
+from gpuopt.core.metrics import metric
 from gpuopt.sweeper.confirm.in_process import shareable
 from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
 
@@ -168,48 +167,8 @@ def is_gpuopt_main(task_function: Any) -> bool:
 # candidate of a race read 0.80x, 1.00x or 1.23x the baseline by run in A/A screens
 # (scripts/bench_aa.py, docs/benchmarks.md). The control is a candidate in all but its config:
 # its ratio is what a build made now pays or gains against the baseline's, and every candidate's
-# ratio is read over it (`calibrated`).
+# ratio is read over it (gpuopt.sweeper.comparison.calibrated).
 CONTROL = "control"
-
-
-def calibrated(ratios: Mapping[str, float | None]) -> tuple[dict[str, float | None], float | None]:
-    """(the candidates' ratios over the control's, the control's own ratio); the ratios as they
-    are where the control has none (its window failed)."""
-    control = ratios.get(CONTROL)
-    out = {label: r for label, r in ratios.items() if label != CONTROL}
-    if control is None or control <= 0:
-        return out, None
-    return {label: None if r is None else r / control for label, r in out.items()}, control
-
-
-def screen_order(candidates: Sequence[str]) -> list[str]:
-    """B c1 B c2 ... B: a baseline window on each side of every candidate's."""
-    order = [BASELINE]
-    for label in candidates:
-        order += [label, BASELINE]
-    return order
-
-
-def screen_ratios(
-    order: Sequence[str], readings: Sequence[float | None], metric_name: str = "throughput"
-) -> dict[str, float | None]:
-    """Each candidate's window over the geometric mean of its two neighbouring baseline windows
-    (`order` as screen_order gives it; a reading None: that window failed), of `metric_name`.
-    For a metric where lower is better (its goal in the catalogue: step_time_ms) the ratio is
-    inverted, so > 1 always means faster."""
-    higher = higher_is_better(metric_name)
-    ratios: dict[str, float | None] = {}
-    for i, label in enumerate(order):
-        if label == BASELINE:
-            continue
-        own, before, after = readings[i], readings[i - 1], readings[i + 1]
-        sides = [r for r in (before, after) if r is not None and r > 0]
-        if own is None or own <= 0 or not sides:
-            ratios[label] = None
-            continue
-        reference = math.exp(sum(math.log(r) for r in sides) / len(sides))
-        ratios[label] = own / reference if higher else reference / own
-    return ratios
 
 
 def finalists(

@@ -48,7 +48,7 @@ from optuna.trial import Trial, TrialState
 
 from gpuopt.core._compat import heartbeat_thread, storage_of, trial_id
 from gpuopt.core.result import TrialResult
-from gpuopt.core.shared_protocol import Added, Failure, Reading
+from gpuopt.core.shared_protocol import Failure, Reading
 from gpuopt.study.attrs import set_user_attrs
 from gpuopt.study.keys import (
     ATTR_BASELINE,
@@ -60,13 +60,15 @@ from gpuopt.study.keys import (
 )
 from gpuopt.study.rules import pick_baseline
 from gpuopt.sweeper import global_batch, profile_runs, resume
+from gpuopt.sweeper.comparison import calibrated
 from gpuopt.sweeper.confirm.schedule import with_overrides
 from gpuopt.sweeper.launchers.results import TrialDiagnostics
 from gpuopt.sweeper.memory_axis import write_probe_config
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.progress import Progress
-from gpuopt.sweeper.race import policy
+from gpuopt.sweeper.race import policy, screen
 from gpuopt.sweeper.race.process import RaceProcess
+from gpuopt.sweeper.race.screen import Turn
 from gpuopt.sweeper.space import SearchSpace
 from gpuopt.sweeper.trials import TrialRunner
 
@@ -75,18 +77,29 @@ log = logging.getLogger("gpuopt.sweeper")
 
 @dataclass
 class Screened:
-    """One candidate of the screen: its trial, overrides, the stored spec, its window and the
-    baseline's readings in the windows on either side of it."""
+    """One candidate of the screen: its trial and overrides, its turn in the screen (window,
+    build), its ratio as the race decides on it (over the baseline's neighbouring windows, then
+    over the round's control build) and those two baseline windows' readings."""
 
     trial: Trial
     overrides: list[str]
     label: str
-    config: dict[str, Any] | None = None
-    window: Reading | Failure | None = None
-    baseline_before: float | None = None
-    baseline_after: float | None = None
-    failure: TrialResult | None = None  # it failed to build or in its window
-    build_s: float | None = None  # how long its build took (the progress line)
+    turn: Turn | None = None
+    ratio: float | None = None
+    neighbours: tuple[float | None, float | None] = (None, None)
+
+    @property
+    def window(self) -> Reading | Failure | None:
+        return self.turn.window if self.turn else None
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        return self.turn.config if self.turn else None
+
+    @property
+    def failure(self) -> TrialResult | None:
+        """It failed to build or in its window (not: it cost the process)."""
+        return self.turn.failure() if self.turn else None
 
 
 @dataclass
@@ -200,87 +213,33 @@ class RaceRunner(TrialRunner):
 
     # ---- 2. the screen ------------------------------------------------------------------------
     def _screen(self, trials: list[Trial], space: SearchSpace, race: RaceProcess) -> list[Screened]:
-        """B c1 B c2 ... B, each candidate built only for its turn; one that takes longer than
-        SCREEN_TIMEOUT_S costs the process, which starts again with the baseline."""
-        window_s, steps = self.options.race.window_s, policy.SCREEN_MIN_STEPS
-        metric = policy.SCREEN_METRIC[self.objective]
-        screened = []
-        race, previous = self._screen_control(race, race.measure(policy.BASELINE, window_s, steps))
-        for trial in trials:
-            entry = self._screen_one(trial, space, race, previous)
-            if race.error:  # too slow, or the process died with it: a new one, the baseline first
-                entry.window = Failure(entry.label, "slow", race.error)
-                race = self._restart()
-                previous = race.measure(policy.BASELINE, window_s, steps)
-            entry.baseline_before = _value(previous, metric)
-            previous = race.measure(policy.BASELINE, window_s, steps)
-            entry.baseline_after = _value(previous, metric)
-            screened.append(entry)
-            log.info(screen_line(entry, len(screened), len(trials), self.objective, self.control))
-        return screened
+        """B ctl B c1 B c2 ... B (race/screen.py), each arm built only for its turn; one that
+        takes longer than SCREEN_TIMEOUT_S costs the process, which starts again with the
+        baseline."""
+        entries = [Screened(t, self._configure(t, space), f"#{t.number}") for t in trials]
+        control = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
+        configs = {policy.CONTROL: self._config_file(control, policy.CONTROL)}
+        for entry in entries:
+            screened_as = with_overrides(entry.overrides, [policy.SCREEN_WARMUP])
+            configs[entry.label] = self._config_file(screened_as, f"trial{entry.trial.number}")
+        by_label = {entry.label: entry for entry in entries}
+        done: list[str] = []
 
-    def _screen_control(
-        self, race: RaceProcess, before: Reading | Failure
-    ) -> tuple[RaceProcess, Reading | Failure]:
-        """The round's control (policy.CONTROL) built and read between two baseline windows as a
-        candidate is: (the race process, a new one where the control's cost the old one; the
-        second baseline window). No control for the round (`control` None: ratios as read) when
-        its window failed."""
-        window_s, steps = self.options.race.window_s, policy.SCREEN_MIN_STEPS
-        screened_as = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
-        config = self._config_file(screened_as, policy.CONTROL)
-        built = race.add(policy.CONTROL, config, timeout_s=policy.SCREEN_TIMEOUT_S)
-        ok = isinstance(built, Added)
-        own = race.measure(policy.CONTROL, window_s, steps, settle=False) if ok else built
-        if race.error:  # the process died with it: a new one, the baseline first, no control
-            self.control = None
-            race = self._restart()
-            return race, race.measure(policy.BASELINE, window_s, steps)
-        if ok:
-            race.drop(policy.CONTROL)
-        after = race.measure(policy.BASELINE, window_s, steps)
-        metric = policy.SCREEN_METRIC[self.objective]
-        readings = [_value(before, metric), _value(own, metric), _value(after, metric)]
-        order = [policy.BASELINE, policy.CONTROL, policy.BASELINE]
-        self.control = policy.screen_ratios(order, readings, metric)[policy.CONTROL]
-        if self.control is not None:
-            log.info(
-                "race: the baseline's own configuration, built as a candidate, read %.2fx the "
-                "baseline's windows: every candidate is read over it (where a build's tensors "
-                'land sets its speed: docs/searching.md, "The race")',
-                self.control,
-            )
-        return race, after
+        def report(label: str, turn: Turn, ratio: float | None) -> None:
+            entry, entry.turn, entry.ratio = by_label[label], turn, ratio
+            done.append(label)
+            log.info(screen_line(entry, len(done), len(entries), self.objective))
 
-    def _screen_one(
-        self, trial: Trial, space: SearchSpace, race: RaceProcess, baseline: Reading | Failure
-    ) -> Screened:
-        """One candidate built (one warm-up step) and measured in one window, then dropped; one
-        whose drain already reads it far below the floor against `baseline` (the baseline's last
-        window) is read on its drain (policy.give_up_below)."""
-        overrides = self._configure(trial, space)
-        entry = Screened(trial, overrides, f"#{trial.number}")
-        screened_as = with_overrides(overrides, [policy.SCREEN_WARMUP])
-        config = self._config_file(screened_as, f"trial{trial.number}")
-        built = race.add(entry.label, config, timeout_s=policy.SCREEN_TIMEOUT_S)
-        entry.build_s = built.command_s
-        if isinstance(built, Added):
-            entry.config, options = built.config, self.options.race
-            floor = options.floor * (self.control or 1.0)  # the floor, as a build here reads it
-            give_up = policy.give_up_below(self.objective, floor, baseline.to_json())
-            entry.window = race.measure(
-                entry.label,
-                options.window_s,
-                policy.SCREEN_MIN_STEPS,
-                settle=False,
-                give_up_below=give_up,
-            )
-            race.drop(entry.label)
-        else:
-            entry.window = built
-        if isinstance(entry.window, Failure) and not race.error:
-            entry.failure = entry.window.result(entry.config)
-        return entry
+        compared, _ = screen.screen(
+            race, configs, self.objective, self.options.race, self._restart, report
+        )
+        metric = policy.SCREEN_METRIC[self.objective]
+        ratios, self.control = calibrated(screen.raw_ratios(compared, metric), policy.CONTROL)
+        for entry in entries:
+            (reading,) = compared.of(entry.label)
+            entry.turn, entry.ratio = reading.measurement.detail, ratios[entry.label]
+            entry.neighbours = compared.neighbours(reading)
+        return entries
 
     def _restart(self) -> RaceProcess:
         """A new race process with the baseline built (after a candidate too slow to screen)."""
@@ -298,13 +257,7 @@ class RaceRunner(TrialRunner):
     ) -> dict[str, dict[str, Any]]:
         """The finalists by label, each with what the screen read of it (its `race` user attr);
         the others recorded (failed as their failure, else pruned)."""
-        metric = policy.SCREEN_METRIC[self.objective]
-        order = policy.screen_order([entry.label for entry in screened])
-        readings = [screened[0].baseline_before] if screened else [None]
-        for entry in screened:
-            readings += [_value(entry.window, metric), entry.baseline_after]
-        raw = policy.screen_ratios(order, readings, metric)
-        ratios, _ = policy.calibrated({**raw, policy.CONTROL: self.control})
+        ratios = {entry.label: entry.ratio for entry in screened}
         self.same_training = _keeping_training(study, screened)
         race = self.options.race
         chosen = policy.finalists(ratios, race.finalists, race.floor, self.same_training)
@@ -336,8 +289,8 @@ class RaceRunner(TrialRunner):
             "same_training": entry.label in self.same_training,  # holds the global batch and lr
             "window": {
                 **(entry.window.to_json() if entry.window else {}),
-                "baseline_before": entry.baseline_before,
-                "baseline_after": entry.baseline_after,
+                "baseline_before": entry.neighbours[0],
+                "baseline_after": entry.neighbours[1],
             },
         }
 
@@ -436,24 +389,19 @@ def _done_baseline(study: optuna.Study) -> Any:
     return None
 
 
-def screen_line(
-    entry: Screened, done: int, total: int, objective: str, control: float | None = None
-) -> str:
+def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
     """The progress line of one screened candidate (the screen can take a while): its ratio as
-    the race decides on it (over its baseline windows, then over the round's `control`)."""
+    the race decides on it (over its baseline windows, then over the round's control)."""
     head = f"race: screened {done}/{total} #{entry.trial.number}"
-    if entry.failure is not None:
-        return f"{head} {entry.failure.status.value}: {entry.failure.reason}"
+    failure = entry.failure
+    if failure is not None:
+        return f"{head} {failure.status.value}: {failure.reason}"
     if isinstance(entry.window, Failure):  # too slow to screen
         return f"{head}: too slow to screen ({entry.window.reason})"
     metric = policy.SCREEN_METRIC[objective]
-    reading = _value(entry.window, metric)
-    readings = [entry.baseline_before, reading, entry.baseline_after]
-    order = [policy.BASELINE, entry.label, policy.BASELINE]
-    raw = policy.screen_ratios(order, readings, metric)
-    ratio = policy.calibrated({**raw, policy.CONTROL: control})[0][entry.label]
-    said = "" if ratio is None else f" ({ratio:.2f}x the baseline)"
-    return f"{head}: {metric}={reading:.4g}{said}, built in {entry.build_s or 0.0:.1f} s"
+    said = "" if entry.ratio is None else f" ({entry.ratio:.2f}x the baseline)"
+    build_s = entry.turn.build_s if entry.turn else None
+    return f"{head}: {metric}={_value(entry.window, metric):.4g}{said}, built in {build_s or 0.0:.1f} s"
 
 
 def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int, race: Any) -> str:
