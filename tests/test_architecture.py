@@ -315,6 +315,82 @@ def test_one_window_state_machine_every_engine_feeds() -> None:
     assert window_driver_calls(modules()[WINDOW_METER].read_text())
 
 
+# The one module that writes the study (issue 40): Optuna's write calls, by method name. The
+# adapters of Optuna's internals (_compat) and of its storages (study.storage) implement them.
+STUDY_WRITER = "gpuopt.sweeper.record"
+STUDY_WRITES = (
+    "tell",
+    "report",
+    "set_user_attr",
+    "set_trial_user_attr",
+    "set_study_user_attr",
+    "set_trial_system_attr",
+    "set_study_system_attr",
+    "set_trial_state_values",
+    "add_trial",
+    "add_trials",
+    "enqueue_trial",
+    "set_metric_names",
+)
+STORAGE_ADAPTERS = {"gpuopt.core._compat", "gpuopt.study.storage"}
+
+
+def study_write_calls(source: str) -> list[tuple[int, str]]:
+    """(line, method) of each call of an Optuna write method in `source` (a `tell` with no
+    argument is a file's position, not a study's)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = node.func.attr
+            if name in STUDY_WRITES and (name != "tell" or node.args or node.keywords):
+                found.append((node.lineno, name))
+    return found
+
+
+def test_the_study_write_rule_sees_every_way_to_write() -> None:
+    source = "study.tell(t, 1.0); f.tell(); storage.set_trial_user_attr(1, 'k', 2); x.ask()"
+    assert [name for _, name in study_write_calls(source)] == ["tell", "set_trial_user_attr"]
+
+
+def test_one_module_writes_the_study() -> None:
+    """Every record users read (trials, their attrs, the study's attrs, the workers' claims) is
+    written through gpuopt.sweeper.record: what is written, and that no secret is, is checked in
+    one place; the comparison service and the confirmation's rounds cannot start writing unseen."""
+    allowed = {STUDY_WRITER} | STORAGE_ADAPTERS
+    calls = {
+        f"{module}:{line}": name
+        for module in sorted(set(modules()) - allowed)
+        for line, name in study_write_calls(modules()[module].read_text())
+    }
+    assert not calls, f"the study written outside {STUDY_WRITER}: {calls}"
+    assert study_write_calls(modules()[STUDY_WRITER].read_text())
+
+
+# The one comparison service (issue 40): the paired statistics are called from it alone (the
+# confirmation's stored verdicts read through its `paired_speedup`), and it writes nothing.
+COMPARISON = "gpuopt.sweeper.comparison"
+PAIRED_STATS = ("speedup", "log_ratios", "stein_pairs", "mean_interval")
+
+
+def test_one_comparison_service() -> None:
+    """A paired ratio, its interval or a Stein count computed outside the comparison service
+    would be a fifth way to compare (four existed: the race's screen, its whole trials, the two
+    confirmations); the service and what calls it record nothing in the study themselves."""
+    calls = {}
+    for module in sorted(set(modules()) - {COMPARISON, "gpuopt.core.stats"}):
+        tree = ast.parse(modules()[module].read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if name in PAIRED_STATS:
+                    calls[f"{module}:{node.lineno}"] = name
+    assert not calls, f"paired statistics outside {COMPARISON}: {calls}"
+    graph = import_graph(include_deferred=True)
+    for module in (COMPARISON, "gpuopt.sweeper.race.screen", "gpuopt.sweeper.confirm.verdicts"):
+        assert STUDY_WRITER not in graph[module], f"{module} writes the study"
+
+
 def test_torch_free_folders_do_not_import_torch_at_module_level() -> None:
     """The sweeping process never imports torch (seconds, and a CUDA context near the GPUs): also
     not through the gpuopt modules they import at module level."""

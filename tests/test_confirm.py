@@ -19,12 +19,12 @@ from gpuopt.study.records import (
     Comparison,
     Confirmation,
     ConfirmedConfig,
-    store_confirmation,
 )
 from gpuopt.sweeper.comparison import Measurement
 from gpuopt.sweeper.confirm.rounds import Measured, Rule, run_rounds
 from gpuopt.sweeper.confirm.schedule import ConfirmPlan, lean_overrides, with_overrides
 from gpuopt.sweeper.confirm.verdicts import compare
+from gpuopt.sweeper.record import store_confirmation
 
 
 class ScriptedMachine:

@@ -656,16 +656,19 @@ def test_single_objective_samplers_are_refused_for_several_objectives():
 
 
 @pytest.mark.parametrize("storage", ["sqlite", "memory"])
-def test_user_attrs_written_in_one_go(tmp_path, storage):
-    from gpuopt.study.attrs import set_user_attrs
+def test_user_attrs_written_in_one_go_with_secrets_masked(tmp_path, storage):
+    from gpuopt.sweeper.record import trial_attrs
 
     url = f"sqlite:///{tmp_path / 'a.db'}" if storage == "sqlite" else None
     study = optuna.create_study(storage=url)
     trial = study.ask()
     attrs = {"status": "ok", "throughput": 1.5, "overrides": ["a=1"], "env": {"device": "cpu"}}
-    set_user_attrs(study._storage, trial._trial_id, attrs)
+    reason = "could not reach postgresql://u:s3cretpw@db/x"
+    trial_attrs(study, trial, {**attrs, "reason": reason})
     study.tell(trial, 1.0)
-    assert study.trials[0].user_attrs == attrs
+    written = study.trials[0].user_attrs
+    assert {k: written[k] for k in attrs} == attrs
+    assert "s3cretpw" not in written["reason"] and "db/x" in written["reason"]
 
 
 @pytest.mark.parametrize("preset", ["default", "loader", "precision", "compile", "cache", "full"])

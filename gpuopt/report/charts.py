@@ -15,6 +15,7 @@ from gpuopt.report.build import StudyReport, TrialView
 from gpuopt.report.evidence import PHASE_LABELS, PHASE_ORDER
 from gpuopt.report.importance import importance_target
 from gpuopt.study.keys import ATTR_PROFILE
+from gpuopt.study.storage import in_memory_copy
 
 PHASE_COLOURS = {
     "data_wait": "#d62728",
@@ -139,9 +140,8 @@ def _ok_study(study: optuna.Study, report: StudyReport) -> optuna.Study:
     """An in-memory copy holding only the ok trials: worst-case values of OOM/diverged trials would
     flatten every axis and every importance."""
     ok_numbers = {t.number for t in report.ok_trials}
-    copy = optuna.create_study(directions=study.directions)
-    copy.add_trials([t for t in study.get_trials(deepcopy=False) if t.number in ok_numbers])
-    return copy
+    trials = study.get_trials(deepcopy=False)
+    return in_memory_copy(study, [t for t in trials if t.number in ok_numbers])
 
 
 def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:

@@ -9,6 +9,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from gpuopt.study.storage import in_memory_copy
+
 # Parameter importances need enough finished trials to mean anything (PED-ANOVA compares the top
 # quantile of trials with the rest).
 MIN_TRIALS_FOR_IMPORTANCE = 6
@@ -44,8 +46,7 @@ def param_importances(
     }
     if not varied:
         return {}, "no parameter varied between the ok trials"
-    copy = optuna.create_study(directions=study.directions)
-    copy.add_trials(with_params)
+    copy = in_memory_copy(study, with_params)
     result: dict[str, dict[str, float]] = {}
     for index, name in enumerate(objectives):
         try:

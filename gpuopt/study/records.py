@@ -5,7 +5,7 @@ in pairs and stores one record, the study user attr `STUDY_CONFIRMATION`: how it
 configuration re-measured (`ConfirmedConfig`, the baseline first) and each verdict (`Comparison`:
 a candidate vs the baseline, and the top two candidates vs each other). The record is assembled
 where it is measured (sweeper/confirm/rounds.py, its verdicts from verdicts.py), written from this
-object by `store_confirmation` (`Confirmation.to_attr`) and read back by `Confirmation.from_attr`
+object by gpuopt.sweeper.record.store_confirmation (`Confirmation.to_attr`) and read back by `Confirmation.from_attr`
 (or `read_confirmation`): the sweeper's outputs, its summary, the best pick and the report all
 read this object, never the stored dict.
 
@@ -17,7 +17,6 @@ the pairing, no `same_training` flags before the two answers).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,13 +216,3 @@ class Confirmation:
 def read_confirmation(study_attrs: Mapping[str, Any]) -> Confirmation | None:
     """The study's confirmation (its user attrs), or None when it has none gpuopt can read."""
     return Confirmation.from_attr(study_attrs.get(STUDY_CONFIRMATION))
-
-
-def store_confirmation(study: Any, record: Confirmation) -> Confirmation:
-    """Store a confirmation record (sweeper/confirm/rounds.py assembles it) as the study user
-    attr, JSON-normalized as Optuna's storages keep it; the record as readers will see it."""
-    stored = json.loads(json.dumps(record.to_attr(), default=str))
-    study.set_user_attr(STUDY_CONFIRMATION, stored)
-    confirmation = Confirmation.from_attr(stored)
-    assert confirmation is not None, "a confirmation record has a list of comparisons"
-    return confirmation

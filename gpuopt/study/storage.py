@@ -297,3 +297,11 @@ def load_study(storage: BaseStorage, url: str, name: str | None) -> optuna.Study
         known = ", ".join(s.name for s in studies)
         raise StorageError(f"no study named {name!r} in {url}; studies there: {known}")
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def in_memory_copy(study: Any, trials: Any) -> Any:
+    """An in-memory study holding `trials`, for reading only (the report's plots and parameter
+    importances: the worst-case values of failed trials left out), never the user's study."""
+    copy = optuna.create_study(directions=study.directions)
+    copy.add_trials(list(trials))
+    return copy

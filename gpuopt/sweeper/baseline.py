@@ -31,7 +31,7 @@ from gpuopt.study.keys import (
     ATTR_VOID,
     STUDY_SEEDS,
 )
-from gpuopt.sweeper import global_batch, resume
+from gpuopt.sweeper import global_batch, record, resume
 from gpuopt.sweeper.seeding import LOW_PRECISION, SeedFacts, describe_split, plan_seeds
 from gpuopt.sweeper.space import SearchSpace, baseline_params, current_value
 
@@ -81,13 +81,7 @@ def enqueue(study: optuna.Study, config: Any, space: SearchSpace) -> None:
         # Some key of the config is not a grid value: the baseline runs as composed, outside the
         # grid, with the attrs GridSampler needs.
         system_attrs = {ATTR_FIXED_PARAMS: {}, ATTR_GRID_ID: OUTSIDE_GRID, ATTR_SEARCH_SPACE: {}}
-    study.add_trial(
-        optuna.trial.create_trial(
-            state=TrialState.WAITING,
-            system_attrs=system_attrs,
-            user_attrs={ATTR_BASELINE: True},
-        )
-    )
+    record.add_waiting_trial(study, system_attrs, {ATTR_BASELINE: True})
 
 
 def launcher_failed(ret: Any) -> bool:
@@ -145,7 +139,7 @@ def mark_grid_point(trial: Trial, point: dict[str, Any]) -> bool:
     if trial.params != point:
         return False
     if not resume.has_baseline(trial.study.get_trials(deepcopy=False)):
-        trial.set_user_attr(ATTR_BASELINE, True)
+        record.trial_attrs(trial.study, trial, {ATTR_BASELINE: True})
     return True
 
 
@@ -196,13 +190,11 @@ def enqueue_seeds(
     room = None if n_trials is None else seed_room(study.get_trials(deepcopy=False), n_trials)
     rule = global_batch.read(study.user_attrs)
     seeds = plan_seeds(facts, categorical_choices(space), dict(trial.params), rule, room)
-    study.set_user_attr(STUDY_SEEDS, [{"params": s.params, "why": s.why} for s in seeds])
+    record.study_attrs(study, {STUDY_SEEDS: [{"params": s.params, "why": s.why} for s in seeds]})
     log.info("seeding: %s", describe_split(facts))
     for seed in seeds:
         # a partial seed (the batch keys only) may repeat: each is one of the sampler's trials
-        study.enqueue_trial(
-            seed.params, user_attrs={"seed": seed.why}, skip_if_exists=not seed.partial
-        )
+        record.enqueue(study, seed.params, {"seed": seed.why}, not seed.partial)
         log.info("seeding: enqueued %s (%s)", seed.params, seed.why)
 
 

@@ -124,18 +124,6 @@ class Compared:
             r.value if r is not None and r.label == self.control else None for r in (before, after)
         )  # type: ignore[return-value]
 
-    def pairs(self, label: str, over: str | None = None) -> tuple[list, list]:
-        """(the arm's values, the reference's) position by position: by round against another
-        arm or the control in round order; against the control's bracket (the geometric mean
-        of its two neighbours) in bracketed order. None where either side has no value."""
-        reference = over or self.control
-        if self.order == BRACKETED and reference == self.control:
-            own = self.of(label)
-            return [r.value for r in own], [_geomean(self.neighbours(r)) for r in own]
-        a, b = self.by_round(label), self.by_round(reference)
-        rounds = sorted(set(a) | set(b))
-        return [a.get(r) for r in rounds], [b.get(r) for r in rounds]
-
     def ratio(
         self,
         label: str,
@@ -144,17 +132,46 @@ class Compared:
         target: float = DEFAULT_TARGET,
         first_stage: int | None = None,
     ) -> Speedup | None:
-        """The arm's paired speedup over the control (or `over`): > 1 is better whichever the
-        direction; with its 95% interval from 2 pairs on (Stein's with `first_stage`, the
-        rounds run before the count was chosen). None without one pair."""
-        mine, reference = self.pairs(label, over)
-        if first_stage:  # the pairs of the first stage's rounds
-            a, b = self.by_round(label), self.by_round(over or self.control)
-            first_stage = sum(1 for r in range(first_stage) if r in a and r in b)
-        try:
-            return speedup(mine, reference, direction, target=target, first_stage=first_stage)
-        except ValueError:
-            return None
+        """The arm's paired speedup over the control (or another arm, `over`): > 1 is better
+        whichever the direction, with its 95% interval from 2 pairs on. In round order pairs are
+        rounds (`first_stage`: Stein's interval); in bracketed order an arm's reading is paired
+        with the geometric mean of the control readings either side of it. None without a pair."""
+        reference = over or self.control
+        if self.order == BRACKETED and reference == self.control:
+            own = self.of(label)
+            brackets = [_geomean(self.neighbours(r)) for r in own]
+            try:
+                return speedup([r.value for r in own], brackets, direction, target=target)
+            except ValueError:
+                return None
+        return paired_speedup(
+            self.by_round(label), self.by_round(reference), direction, target, first_stage
+        )
+
+
+def paired_speedup(
+    arm: Mapping[int, float],
+    reference: Mapping[int, float],
+    direction: str,
+    target: float = DEFAULT_TARGET,
+    first_stage: int | None = None,
+) -> Speedup | None:
+    """gpuopt.core.stats.speedup of two arms' values by round, rounds missing either side left
+    out; `first_stage` (the rounds run before the count was chosen) counted in pairs. None
+    without one pair."""
+    rounds = sorted(set(arm) | set(reference))
+    if first_stage:
+        first_stage = sum(1 for r in rounds if r < first_stage and r in arm and r in reference)
+    try:
+        return speedup(
+            [arm.get(r) for r in rounds],
+            [reference.get(r) for r in rounds],
+            direction,
+            target=target,
+            first_stage=first_stage,
+        )
+    except ValueError:
+        return None
 
 
 class Stop(Protocol):

@@ -203,7 +203,9 @@ def found_batch_keys(searched: Sequence[str]) -> list[str]:
 
 def record(study: Any, rule: BatchRule | None) -> None:
     """Store the sweep's rule on the study (each sweep: a re-run may declare other keys)."""
-    study.set_user_attr(STUDY_BATCH_RULE, None if rule is None else rule.to_attr())
+    from gpuopt.sweeper import record as record_
+
+    record_.study_attrs(study, {STUDY_BATCH_RULE: None if rule is None else rule.to_attr()})
 
 
 def read(study_attrs: Mapping[str, Any]) -> BatchRule | None:

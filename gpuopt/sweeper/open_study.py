@@ -7,11 +7,9 @@ measured on other hardware, and on creation records the objectives, directions a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import warnings
 from typing import Any
 
 import optuna
@@ -21,7 +19,7 @@ from gpuopt.core.secrets import mask_secrets
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import STUDY_DIRECTIONS, STUDY_HARDWARE, STUDY_OBJECTIVES
 from gpuopt.study.rules import plain_names
-from gpuopt.sweeper import machine
+from gpuopt.sweeper import machine, record
 from gpuopt.sweeper.options import SweepConfigError
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -234,8 +232,6 @@ def record_new_study(
     dropped: list[tuple[str, str, str]],
 ) -> None:
     """What a new study records: its objectives and the machine it measures."""
-    study.set_user_attr(STUDY_OBJECTIVES, names)
-    study.set_user_attr(STUDY_DIRECTIONS, directions)
     env = {k: v for k, v in probe.data.items() if k != "poor_choices"}
     hardware_attr = {
         "id": hardware_id,
@@ -244,8 +240,11 @@ def record_new_study(
         "poor_choices": probe.data.get("poor_choices") or [],  # the env's rows: one per rule
         "dropped": [list(d) for d in dropped],
     }
-    study.set_user_attr(STUDY_HARDWARE, json.loads(json.dumps(hardware_attr, default=str)))
-    set_metric_names(study, names)
+    record.study_attrs(
+        study,
+        {STUDY_OBJECTIVES: names, STUDY_DIRECTIONS: directions, STUDY_HARDWARE: hardware_attr},
+    )
+    record.metric_names(study, names)
 
 
 def relabel_plain_objectives(study: optuna.Study, n_values: int) -> None:
@@ -254,13 +253,5 @@ def relabel_plain_objectives(study: optuna.Study, n_values: int) -> None:
     labels = study.user_attrs.get(STUDY_OBJECTIVES)
     if labels and not plain_names(labels):
         new = ["value"] if n_values == 1 else [f"value_{i}" for i in range(n_values)]
-        study.set_user_attr(STUDY_OBJECTIVES, new)
-        set_metric_names(study, new)
-
-
-def set_metric_names(study: optuna.Study, names: list[str]) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # experimental API: never worth failing a sweep over
-        with contextlib.suppress(Exception):
-            study.set_metric_names(names)
+        record.study_attrs(study, {STUDY_OBJECTIVES: new})
+        record.metric_names(study, new)

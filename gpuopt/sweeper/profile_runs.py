@@ -23,6 +23,7 @@ from gpuopt.study.keys import (
 )
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import feasible, feasible_trials, pick_best
+from gpuopt.sweeper import record
 from gpuopt.sweeper.options import SweeperOptions
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -72,7 +73,7 @@ def profile_best(
         reason = outcome.user_attrs.get(ATTR_REASON, outcome.status)
         log.warning("the best trial #%d could not be profiled: %s", best.number, reason)
         return
-    study.set_user_attr(STUDY_BEST_PROFILE, {"trial": best.number, "profile": profile})
+    record.study_attrs(study, {STUDY_BEST_PROFILE: {"trial": best.number, "profile": profile}})
     log.info(
         "profiled the best trial #%d (where the time goes: python -m gpuopt.report --html)",
         best.number,

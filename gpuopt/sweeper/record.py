@@ -1,15 +1,26 @@
-"""How one finished trial is written to the study: the public API.
+"""The one module that writes the study: every Optuna write of gpuopt goes through here.
 
-The sweep loop and the tests that build studies both go through these, so a study built by hand
-reads exactly like one a sweep wrote (which trial is best: schema.pick_best):
+Why one: the study is what users (the report, the `optuna` CLI, optuna-dashboard) read, so what
+is written, and that no secret is (every string through `mask_secrets`), is checked in one place;
+the comparison service and the confirmation's rounds write nothing (tests/test_architecture.py
+holds the rule). The sweep loop and the tests that build studies both go through these, so a study
+built by hand reads exactly like one a sweep wrote (which trial is best: study.rules.pick_best):
 - `outcome_of(ret, names, directions)`: a launcher's JobReturn (or exception) -> TrialOutcome;
-- `record_trial(study, trial, overrides, ret, outcome)`: user attrs, constraints, tell.
+- `record_trial(study, trial, overrides, ret, outcome)`: user attrs, constraints, tell;
+- `prune_trial`, `fail_trial`, `fail_running`: the other ends of a trial;
+- `trial_attrs`, `study_attrs`, `add_waiting_trial`, `enqueue`, `metric_names`: the
+  records around trials; `trial_system_attr`, `study_system_attr`: the workers' ownership and
+  claims (resume.py's protocol).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import traceback
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +29,30 @@ from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import Trial, TrialState
 
 from gpuopt.core import measured_job
-from gpuopt.core._compat import constraints_key, storage_of, trial_id
+from gpuopt.core._compat import (
+    constraints_key,
+    set_user_attrs_in_one_transaction,
+    storage_of,
+    trial_id,
+)
 from gpuopt.core.secrets import mask_secrets
-from gpuopt.study.attrs import set_user_attrs
 from gpuopt.study.keys import (
     ATTR_LOGS,
     ATTR_OVERRIDES,
+    ATTR_REASON,
     ATTR_RUN_DIR,
     ATTR_STATUS,
     ATTR_TRACEBACK,
     ATTR_VISIBLE_DEVICES,
+    STUDY_CONFIRMATION,
 )
+from gpuopt.study.records import Confirmation
 from gpuopt.sweeper.objectives import TrialOutcome, error_outcome, outcome_from_return
 
 TRACEBACK_CHARS = 4000
+REASON_CHARS = 2000
+
+log = logging.getLogger(__name__)
 
 
 def _error(exc: BaseException, prefix: str = "") -> TrialOutcome:
@@ -95,7 +116,7 @@ def record_trial(
     infeasible: constraint 1.0). Strings are passed through `mask_secrets` first: a reason or
     traceback may quote a storage URL.
     """
-    attrs = {k: mask_secrets(v) if isinstance(v, str) else v for k, v in outcome.user_attrs.items()}
+    attrs = dict(outcome.user_attrs)
     attrs[ATTR_OVERRIDES] = [mask_secrets(str(o)) for o in overrides]
     attrs[ATTR_RUN_DIR] = run_dir(ret)
     diagnostics = getattr(ret, "gpuopt_diagnostics", None)  # gpuopt's launchers: logs, traceback
@@ -109,15 +130,14 @@ def record_trial(
         attrs[ATTR_VISIBLE_DEVICES] = devices
     # ATTR_BASELINE is already on the baseline trial (set when it was enqueued); absent = False.
     attrs.setdefault(ATTR_STATUS, outcome.status)
-    set_user_attrs(storage_of(study), trial_id(trial), attrs)
+    trial_attrs(study, trial, attrs)
     if not outcome.failed and outcome.constraints:
         # The list under Optuna's `constraints` key, in CONSTRAINT_KEYS order (oom, diverged, numerics): what
         # Optuna's constraints_func machinery writes, read by its samplers and optuna-dashboard.
         storage_of(study).set_trial_system_attr(
             trial_id(trial), constraints_key(), list(outcome.constraints.values())
         )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with _quiet():
         try:
             if outcome.failed:
                 study.tell(trial, state=TrialState.FAIL)
@@ -128,3 +148,121 @@ def record_trial(
             # the trial's state is stored before that (optuna's _tell stores it in `finally`).
             if "Study.stop" not in str(exc):
                 raise
+
+
+# ---- the other ends of a trial ------------------------------------------------------------------
+
+
+def prune_trial(
+    study: optuna.Study, trial: Trial, attrs: Mapping[str, Any], reading: float | None = None
+) -> None:
+    """Told PRUNED with its attrs (the race's screen: what it read, why it went no further);
+    `reading` is Optuna's intermediate value at step 0 (one objective only)."""
+    trial_attrs(study, trial, attrs)
+    if reading is not None and len(study.directions) == 1:
+        trial.report(float(reading), step=0)
+    with _quiet():
+        study.tell(trial, state=TrialState.PRUNED)
+
+
+def fail_trial(study: Any, trial: Any, attrs: Mapping[str, Any]) -> bool:
+    """FAIL a trial through the storage (it may be another worker's: no Trial object), with its
+    attrs; False when it was already finished (another worker got there first)."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    storage, tid = storage_of(study), trial_id(trial)
+    try:
+        for key, value in _masked(attrs).items():
+            storage.set_trial_user_attr(tid, key, value)
+        return bool(storage.set_trial_state_values(tid, state=TrialState.FAIL))
+    except UpdateFinishedTrialError:
+        return False
+
+
+def fail_running(study: optuna.Study, trial: Trial, reason: str) -> None:
+    """A trial of this worker's FAIL as an error with `reason` (the sweep is stopping)."""
+    trial_attrs(study, trial, {ATTR_STATUS: "error", ATTR_REASON: reason[:REASON_CHARS]})
+    with _quiet():
+        study.tell(trial, state=TrialState.FAIL)
+
+
+# ---- records around trials ----------------------------------------------------------------------
+
+
+def trial_attrs(study: Any, trial: Any, attrs: Mapping[str, Any]) -> None:
+    """A trial's user attrs, strings masked, in one storage transaction where the storage allows.
+
+    A gpuopt trial carries ~30 user attrs (every metric flat, status, overrides, ...); Optuna's
+    public `set_trial_user_attr` commits once per key, which on SQLite costs a few ms each (tens
+    of ms on a busy disk). RDB storages get them in one transaction (the adapter
+    `_compat.set_user_attrs_in_one_transaction`); any other storage (or an Optuna whose
+    internals moved) the public call, key by key."""
+    storage, tid, masked = storage_of(study), trial_id(trial), _masked(attrs)
+    try:
+        if set_user_attrs_in_one_transaction(storage, tid, masked):
+            return
+    except (ImportError, AttributeError, TypeError) as exc:  # internals changed: the public way
+        log.debug("bulk user attrs unavailable (%s); writing them one by one", exc)
+    for key, value in masked.items():
+        storage.set_trial_user_attr(tid, key, value)
+
+
+def study_attrs(study: Any, attrs: Mapping[str, Any]) -> None:
+    """Study user attrs, JSON-normalized as Optuna's storages keep them."""
+    for key, value in attrs.items():
+        study.set_user_attr(key, json.loads(json.dumps(value, default=str)))
+
+
+def store_confirmation(study: Any, record: Confirmation) -> Confirmation:
+    """The confirmation's record (sweeper/confirm/rounds.py assembles it) as the study user
+    attr; the record as readers will see it."""
+    study_attrs(study, {STUDY_CONFIRMATION: record.to_attr()})
+    confirmation = Confirmation.from_attr(study.user_attrs[STUDY_CONFIRMATION])
+    assert confirmation is not None, "a confirmation record has a list of comparisons"
+    return confirmation
+
+
+def metric_names(study: optuna.Study, names: list[str]) -> None:
+    """The study's own metric names (optuna-dashboard's labels): an experimental API, never
+    worth failing a sweep over."""
+    with warnings.catch_warnings(), contextlib.suppress(Exception):
+        warnings.simplefilter("ignore")
+        study.set_metric_names(names)
+
+
+def add_waiting_trial(
+    study: Any, system_attrs: Mapping[str, Any], user_attrs: Mapping[str, Any]
+) -> None:
+    """A WAITING trial with gpuopt's attrs (what `study.enqueue_trial` does, plus the grid's or
+    a re-run's system attrs)."""
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.WAITING, system_attrs=dict(system_attrs), user_attrs=dict(user_attrs)
+        )
+    )
+
+
+def enqueue(
+    study: Any, params: Mapping[str, Any], user_attrs: Mapping[str, Any], skip_if_exists: bool
+) -> None:
+    study.enqueue_trial(dict(params), user_attrs=dict(user_attrs), skip_if_exists=skip_if_exists)
+
+
+def trial_system_attr(storage: Any, tid: int, key: str, value: Any) -> None:
+    storage.set_trial_system_attr(tid, key, value)
+
+
+def study_system_attr(storage: Any, sid: int, key: str, value: Any) -> None:
+    storage.set_study_system_attr(sid, key, value)
+
+
+def _masked(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: mask_secrets(v) if isinstance(v, str) else v for k, v in attrs.items()}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Optuna's ExperimentalWarning (a PRUNED tell, a multi-objective tell) is not the user's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield

@@ -44,10 +44,10 @@ from optuna.distributions import (
 )
 from optuna.trial import FrozenTrial, TrialState
 
-from gpuopt.core._compat import storage_of, trial_id
 from gpuopt.study.keys import ATTR_FIXED_PARAMS, ATTR_REPLACES
 from gpuopt.study.noise import config_key
 from gpuopt.study.rules import trial_status
+from gpuopt.sweeper import record as record_
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -179,7 +179,7 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         picked = drawn
         asked = " ".join(f"{k}={v}" for k, v in picked.items())
         record = {"asked": asked, "repeat_of": first}
-        storage_of(study).set_trial_user_attr(trial_id(trial), ATTR_REPLACES, record)
+        record_.trial_attrs(study, trial, {ATTR_REPLACES: record})
         log.info(
             "trial #%d: the sampler asked #%d's configuration again (%s); an unmeasured one "
             "instead (%s)",

@@ -39,7 +39,6 @@ from gpuopt.core._compat import (
     unwrap_storage,
 )
 from gpuopt.core.lifeline import process_alive, start_ticks
-from gpuopt.core.secrets import mask_secrets
 from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_FIXED_PARAMS,
@@ -53,6 +52,7 @@ from gpuopt.study.keys import (
     ATTR_VOID,
     STUDY_CONFIRM_CLAIM,
 )
+from gpuopt.sweeper import record
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -201,17 +201,9 @@ def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     Several workers may find the same dead trial: the storage lets exactly one of them move it to
     FAIL (the others get UpdateFinishedTrialError), and only that one enqueues the re-run.
     """
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState, create_trial
 
-    storage, tid = storage_of(study), trial_id(trial)
-    try:
-        storage.set_trial_user_attr(tid, ATTR_STATUS, "error")
-        storage.set_trial_user_attr(tid, ATTR_REASON, reason)
-        storage.set_trial_user_attr(tid, ATTR_INTERRUPTED, True)
-        if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
-            return False
-    except UpdateFinishedTrialError:
+    failed = {ATTR_STATUS: "error", ATTR_REASON: reason, ATTR_INTERRUPTED: True}
+    if not record.fail_trial(study, trial, failed):
         return False  # another worker got there first
     attrs: dict[str, Any] = {ATTR_RERUN_OF: trial.number}
     if trial.user_attrs.get(ATTR_BASELINE):
@@ -222,25 +214,14 @@ def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
     for key in (ATTR_GRID_ID, ATTR_SEARCH_SPACE):  # GridSampler: the same grid point, re-run
         if key in trial.system_attrs:
             system_attrs[key] = trial.system_attrs[key]
-    study.add_trial(
-        create_trial(state=TrialState.WAITING, system_attrs=system_attrs, user_attrs=attrs)
-    )
+    record.add_waiting_trial(study, system_attrs, attrs)
     return True
 
 
 def void(study: Any, trial: Any, why: str) -> None:
     """A trial that was asked but must not run (surplus, duplicate baseline): FAIL, never counted."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
-    storage, tid = storage_of(study), trial_id(trial)
-    try:
-        storage.set_trial_user_attr(tid, ATTR_VOID, why)
-        storage.set_trial_user_attr(tid, ATTR_STATUS, "void")
-        storage.set_trial_user_attr(tid, ATTR_REASON, f"not run: {why}")
-        storage.set_trial_state_values(tid, state=TrialState.FAIL)
-    except UpdateFinishedTrialError:
-        pass
+    attrs = {ATTR_VOID: why, ATTR_STATUS: "void", ATTR_REASON: f"not run: {why}"}
+    record.fail_trial(study, trial, attrs)
 
 
 def counted(trial: Any) -> bool:
@@ -326,7 +307,7 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
     ):
         return current.get("owner") == this_owner()
     mine = {"owner": this_owner(), "after_trials": after_trials}
-    storage.set_study_system_attr(sid, STUDY_CONFIRM_CLAIM, mine)
+    record.study_system_attr(storage, sid, STUDY_CONFIRM_CLAIM, mine)
     time.sleep(settle_s)
     return storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM) == mine
 
@@ -412,9 +393,7 @@ def fail_unfinished(study: Any, trials: Sequence[Any], reason: str) -> None:
             frozen = storage_of(study).get_trial(trial_id(trial))
             if frozen.state != optuna.trial.TrialState.RUNNING:
                 continue
-            trial.set_user_attr(ATTR_STATUS, "error")
-            trial.set_user_attr(ATTR_REASON, mask_secrets(reason)[:2000])
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            record.fail_running(study, trial, reason)
         except Exception as exc:  # the storage itself may be what failed
             log.warning("could not mark trial #%d failed: %s", trial.number, exc)
 

@@ -37,6 +37,7 @@ from gpuopt.study.keys import (
     STUDY_ARTIFACT_STORE,
     STUDY_BEST_PROFILE,
 )
+from gpuopt.sweeper import record
 from gpuopt.sweeper.record import run_dir
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -95,7 +96,7 @@ class TrialFiles:
         try:
             path.mkdir(parents=True, exist_ok=True)
             if study.user_attrs.get(STUDY_ARTIFACT_STORE) != str(path):
-                study.set_user_attr(STUDY_ARTIFACT_STORE, str(path))
+                record.study_attrs(study, {STUDY_ARTIFACT_STORE: str(path)})
         except Exception as exc:  # an unwritable directory: the sweep goes on without files
             log.warning("no artifact store at %s (%s: %s)", path, type(exc).__name__, exc)
             return None

@@ -46,7 +46,7 @@ from gpuopt.core._compat import (
 )
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER, ATTR_REPLICATE_OF
-from gpuopt.sweeper import baseline, interference, profile_runs, repeats, resume
+from gpuopt.sweeper import baseline, interference, profile_runs, record, repeats, resume
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.open_study import relabel_plain_objectives
 from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
@@ -190,7 +190,7 @@ class TrialRunner:
             raise
         first = repeats.replicate_of(trial, repeats.taken(trials, asked))
         if first is not None:
-            trial.set_user_attr(ATTR_REPLICATE_OF, first)
+            record.trial_attrs(study, trial, {ATTR_REPLICATE_OF: first})
             log.info(
                 "trial #%d repeats #%d's configuration (none unmeasured is left, or it was "
                 "enqueued): measured as its replicate, the readings pooled",
@@ -313,8 +313,7 @@ class TrialRunner:
         for name, dist in space.distributions.items():
             if not is_baseline or name in pinned:
                 suggest(trial, name, dist)
-        for name, value in space.fixed_params.items():
-            trial.set_user_attr(name, value)  # as the stock sweeper does
+        record.trial_attrs(trial.study, trial, space.fixed_params)  # as the stock sweeper does
         point = self.baseline_point
         if point is not None and not is_baseline and baseline.mark_grid_point(trial, point):
             self.baseline_point = None
@@ -357,10 +356,10 @@ def own_and_beat(storage: Any, trial_id_: int, owner: dict[str, Any]) -> None:
     """A just-asked trial's owner record and, with heartbeats on, its first beat at once (a trial
     that never beat is invisible to the stale check): one transaction where the storage allows."""
     if not storage_mod.heartbeat_on(storage):
-        storage.set_trial_system_attr(trial_id_, ATTR_OWNER, owner)
+        record.trial_system_attr(storage, trial_id_, ATTR_OWNER, owner)
     elif not set_system_attr_and_beat(storage, trial_id_, ATTR_OWNER, owner):
         storage.record_heartbeat(trial_id_)  # a storage with heartbeats but no RDB transaction
-        storage.set_trial_system_attr(trial_id_, ATTR_OWNER, owner)
+        record.trial_system_attr(storage, trial_id_, ATTR_OWNER, owner)
 
 
 def still_running(trials: list[FrozenTrial], trial: Trial) -> bool:

@@ -55,7 +55,6 @@ from gpuopt.study.records import (
     Confirmation,
     ConfirmedConfig,
     read_confirmation,
-    store_confirmation,
 )
 from gpuopt.study.rules import plain_names
 from gpuopt.sweeper import comparison, resume
@@ -75,6 +74,7 @@ from gpuopt.sweeper.confirm.schedule import (
 )
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.options import ConfirmOptions
+from gpuopt.sweeper.record import store_confirmation
 
 log = logging.getLogger("gpuopt.sweeper")
 

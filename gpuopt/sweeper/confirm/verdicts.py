@@ -14,24 +14,19 @@ from dataclasses import asdict
 from typing import Any
 
 from gpuopt.core.host import usable_cpus
-from gpuopt.core.stats import DEFAULT_TARGET, speedup
+from gpuopt.core.stats import DEFAULT_TARGET
 from gpuopt.study.records import ConfirmedConfig
+from gpuopt.sweeper.comparison import paired_speedup
 
 
 def paired(
     cand: ConfirmedConfig, ref: ConfirmedConfig, direction: str, **kwargs: Any
 ) -> dict[str, Any]:
-    """`speedup` of cand over ref from the rounds both ran, as a record entry."""
-    a, b = cand.by_round(), ref.by_round()
-    rounds = sorted(set(a) | set(b))
-    if kwargs.get("first_stage"):  # Stein's first stage: the pairs of the first rounds
-        kwargs["first_stage"] = sum(
-            1 for r in rounds if r < kwargs["first_stage"] and r in a and r in b
-        )
-    try:
-        s = speedup([a.get(r) for r in rounds], [b.get(r) for r in rounds], direction, **kwargs)
-    except ValueError as exc:
-        return {"error": str(exc)}
+    """The comparison service's paired speedup of cand over ref, from the rounds both ran, as a
+    record entry."""
+    s = paired_speedup(cand.by_round(), ref.by_round(), direction, **kwargs)
+    if s is None:
+        return {"error": "speedup needs at least one round with a positive measurement each"}
     return {**asdict(s), "distinguishable": s.distinguishable}
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,10 +45,9 @@ import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import Trial, TrialState
 
-from gpuopt.core._compat import heartbeat_thread, storage_of, trial_id
+from gpuopt.core._compat import heartbeat_thread, storage_of
 from gpuopt.core.result import TrialResult
 from gpuopt.core.shared_protocol import Failure, Reading
-from gpuopt.study.attrs import set_user_attrs
 from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_CONFIG,
@@ -59,7 +57,7 @@ from gpuopt.study.keys import (
     ATTR_STATUS,
 )
 from gpuopt.study.rules import pick_baseline
-from gpuopt.sweeper import global_batch, profile_runs, resume
+from gpuopt.sweeper import global_batch, profile_runs, record, resume
 from gpuopt.sweeper.comparison import calibrated
 from gpuopt.sweeper.confirm.schedule import with_overrides
 from gpuopt.sweeper.launchers.results import TrialDiagnostics
@@ -174,10 +172,8 @@ class RaceRunner(TrialRunner):
             chosen = self._decide(study, screened, space, progress)
             for entry in screened:
                 if entry.label in chosen and self.process is not None:
-                    process, record = self.process, chosen[entry.label]
-                    self._whole(
-                        study, entry.trial, entry.overrides, space, progress, process, record
-                    )
+                    process, read = self.process, chosen[entry.label]
+                    self._whole(study, entry.trial, entry.overrides, space, progress, process, read)
         except Exception as exc:
             resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
             raise
@@ -302,23 +298,18 @@ class RaceRunner(TrialRunner):
         progress: Progress,
     ) -> None:
         """Told PRUNED, with what the screen read."""
-        record = self._screen_record(entry, ratios)
-        ratio, rank = record["ratio"], record["rank"]
+        read = self._screen_record(entry, ratios)
+        ratio, rank = read["ratio"], read["rank"]
         reason = prune_reason(entry, ratio, rank, len(ratios), self.options.race)
         attrs = {
             ATTR_OVERRIDES: entry.overrides,
             ATTR_STATUS: "pruned",
             ATTR_REASON: reason,
             ATTR_CONFIG: entry.config,
-            ATTR_RACE: record,
+            ATTR_RACE: read,
         }
-        set_user_attrs(storage_of(study), trial_id(entry.trial), attrs)
         reading = _value(entry.window, policy.SCREEN_METRIC[self.objective])
-        if len(study.directions) == 1 and isinstance(reading, (int, float)):
-            entry.trial.report(float(reading), step=0)  # Optuna's intermediate value
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.tell(entry.trial, state=TrialState.PRUNED)
+        record.prune_trial(study, entry.trial, attrs, reading)
         outcome = TrialOutcome("pruned", None, user_attrs={ATTR_REASON: reason})
         log.info(
             progress.record(entry.trial.number, False, outcome, study.get_trials(deepcopy=False))
@@ -355,8 +346,8 @@ class RaceRunner(TrialRunner):
         else:
             ret = _returned(result, run_dir, self.directory)
             seconds = time.monotonic() - started
-            record = {**(screen or {}), "seconds": seconds}
-            set_user_attrs(storage_of(study), trial_id(trial), {ATTR_RACE: record})
+            screened = {**(screen or {}), "seconds": seconds}
+            record.trial_attrs(study, trial, {ATTR_RACE: screened})
         self._record(study, trial, overrides, ret, space, progress)
 
     def _config_file(self, overrides: list[str], stem: str) -> Path:
