@@ -110,11 +110,6 @@ class Compared:
         """The arm's values by round (a failed measurement: no entry)."""
         return {r.round: r.value for r in self.of(label) if r.value is not None}
 
-    def last_value(self, label: str) -> float | None:
-        """The latest reading of `label`, None if it failed or there is none."""
-        mine = self.of(label)
-        return mine[-1].value if mine else None
-
     def neighbours(self, reading: Reading) -> tuple[float | None, float | None]:
         """The control's values just before and just after `reading` in run order (bracketed)."""
         i = self.readings.index(reading)

@@ -180,8 +180,10 @@ def fail_trial(study: Any, trial: Any, attrs: Mapping[str, Any]) -> bool:
 
 
 def fail_running(study: optuna.Study, trial: Trial, reason: str) -> None:
-    """A trial of this worker's FAIL as an error with `reason` (the sweep is stopping)."""
-    trial_attrs(study, trial, {ATTR_STATUS: "error", ATTR_REASON: reason[:REASON_CHARS]})
+    """A trial of this worker's FAIL as an error with `reason` (the sweep is stopping); masked
+    before it is cut, so no part of a secret is left."""
+    reason = mask_secrets(reason)[:REASON_CHARS]
+    trial_attrs(study, trial, {ATTR_STATUS: "error", ATTR_REASON: reason})
     with _quiet():
         study.tell(trial, state=TrialState.FAIL)
 
