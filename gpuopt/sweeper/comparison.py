@@ -113,11 +113,12 @@ class Compared:
     def neighbours(self, reading: Reading) -> tuple[float | None, float | None]:
         """The control's values just before and just after `reading` in run order (bracketed)."""
         i = self.readings.index(reading)
-        before = self.readings[i - 1] if i > 0 else None
-        after = self.readings[i + 1] if i + 1 < len(self.readings) else None
-        return tuple(
-            r.value if r is not None and r.label == self.control else None for r in (before, after)
-        )  # type: ignore[return-value]
+        return self._control_value(i - 1), self._control_value(i + 1)
+
+    def _control_value(self, index: int) -> float | None:
+        if not 0 <= index < len(self.readings) or self.readings[index].label != self.control:
+            return None
+        return self.readings[index].value
 
     def ratio(
         self,
