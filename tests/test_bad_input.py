@@ -4,28 +4,25 @@ and nothing created (no run dir, no database, no result.json) - for `python -m g
 is the test's empty working directory. A row's `torch` says the check needs torch (targets that
 must import, the device); every other row runs with torch made unimportable, which proves that it
 fails before torch is imported. Sweep rows (`gpuopt.run -m`, SWEEP) fail before any study or
-database exists.
+database exists. Each row runs in a process of its own, forked from one that has Hydra, Optuna and
+gpuopt's torch-free modules imported (tests/helpers/forked_cli.py), the CLI's module run afresh as
+`__main__`.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.forked_cli import CliForks
 from tests.helpers.postgres import PASSWORD_LOGIN, find_pg_bin, postgres_server
 
 REPO = Path(__file__).resolve().parents[1]
 BROKEN_YAML = "_target_: gpuopt.workload.models.MLP\ninput: vectors\n  width: [1, 2\n"
-# Runs the module as `python -m` would, with `import torch` failing.
-NO_TORCH = (
-    "import runpy, sys; sys.modules['torch'] = None; module = sys.argv.pop(1); "
-    "sys.argv[0] = module; runpy.run_module(module, run_name='__main__', alter_sys=True)"
-)
 
 
 @dataclass(frozen=True)
@@ -220,8 +217,7 @@ SWEEP = run_rows(
 ROWS = RUN + REPORT + SWEEP
 
 
-def _run(row: Row, tmp: Path) -> subprocess.CompletedProcess:
-    argv = [arg.replace("{tmp}", str(tmp)) for arg in row.argv]
+def _env(tmp: Path) -> dict[str, str]:
     env = {
         **os.environ,
         "GPUOPT_OUTPUT_DIR": str(tmp / "outputs"),
@@ -229,16 +225,15 @@ def _run(row: Row, tmp: Path) -> subprocess.CompletedProcess:
         "COLUMNS": "300",
     }
     env.pop("HYDRA_FULL_ERROR", None)
-    launch = ["-m", row.module] if row.torch else ["-c", NO_TORCH, row.module]
-    return subprocess.run(
-        [sys.executable, *launch, *argv],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return env
+
+
+def _run(row: Row, tmp: Path, cli_forks: CliForks) -> subprocess.CompletedProcess:
+    """`python -m <module> *argv` in `tmp`, in a process of its own forked from one that has the
+    CLIs' torch-free modules imported (tests/helpers/forked_cli.py); `import torch` fails in it
+    unless the row needs torch (then the child imports it, as a fresh process would)."""
+    argv = [arg.replace("{tmp}", str(tmp)) for arg in row.argv]
+    return cli_forks.run(row.module, argv, tmp, _env(tmp), no_torch=not row.torch)
 
 
 def test_the_table_has_45_distinct_inputs():
@@ -247,44 +242,49 @@ def test_the_table_has_45_distinct_inputs():
 
 
 @pytest.mark.skipif(find_pg_bin() is None, reason="PostgreSQL server binaries not installed")
-@pytest.mark.parametrize("form", ["user:password@host", "?password="])
-def test_a_refused_database_login_is_the_first_and_only_line(tmp_path, form):
+def test_a_refused_database_login_is_the_first_and_only_line(tmp_path, cli_forks):
     """A real PostgreSQL server (tests/helpers/postgres.py) and a role that must give its password
-    (scram-sha-256 over TCP), given a wrong one each way a URL carries it. The storage is checked
-    before the machine is probed: its line, in the server's words, is the sweep's first and only
-    output; exit 2, nothing created, and the password never shows."""
+    (scram-sha-256 over TCP), given a wrong one each way a URL carries it (one server for both).
+    The storage is checked before the machine is probed: its line, in the server's words, is the
+    sweep's first and only output; exit 2, nothing created, and the password never shows."""
     import psycopg
 
+    procs = {}
     with postgres_server() as url:
         conninfo = url.replace("postgresql+psycopg://", "postgresql://")
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(f"CREATE ROLE refused LOGIN PASSWORD 'right-pw' IN ROLE {PASSWORD_LOGIN}")
         where = url.split("@", 1)[1]  # 127.0.0.1:PORT/gpuopt
-        bad, shown = (
-            (f"refused:s3cretpw@{where}", f"refused:***@{where}")
-            if form == "user:password@host"
-            else (f"refused@{where}?password=s3cretpw", f"refused@{where}?password=***")
+        for form, bad, shown in [
+            ("user-password-at-host", f"refused:s3cretpw@{where}", f"refused:***@{where}"),
+            (
+                "password-query",
+                f"refused@{where}?password=s3cretpw",
+                f"refused@{where}?password=***",
+            ),
+        ]:
+            cwd = tmp_path / form
+            cwd.mkdir()
+            row = Row(("-m", f"hydra.sweeper.storage='postgresql+psycopg://{bad}'"), "", first=True)
+            procs[form] = (_run(row, cwd, cli_forks), shown, cwd)
+    for form, (proc, shown, cwd) in procs.items():
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (form, proc.stderr[-3000:])
+        assert lines[0] == (
+            f"gpuopt: cannot connect to postgresql+psycopg://{shown}: "
+            'password authentication failed for user "refused"'
         )
-        row = Row(("-m", f"hydra.sweeper.storage='postgresql+psycopg://{bad}'"), "", first=True)
-        before = set(tmp_path.rglob("*"))
-        proc = _run(row, tmp_path)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert lines[0] == (
-        f"gpuopt: cannot connect to postgresql+psycopg://{shown}: "
-        'password authentication failed for user "refused"'
-    )
-    assert not proc.stdout.strip(), "printed before the storage line"
-    assert "s3cretpw" not in proc.stderr + proc.stdout
-    assert set(tmp_path.rglob("*")) == before
+        assert not proc.stdout.strip(), f"{form}: printed before the storage line"
+        assert "s3cretpw" not in proc.stderr + proc.stdout
+        assert not any(cwd.iterdir()), f"{form}: created {list(cwd.iterdir())}"
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
-def test_bad_input_is_one_line_exit_2_and_nothing_created(row, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_nothing_created(row, tmp_path, cli_forks):
     (tmp_path / "myconf" / "model").mkdir(parents=True)
     (tmp_path / "myconf" / "model" / "broken.yaml").write_text(BROKEN_YAML)
     before = set(tmp_path.rglob("*"))
-    proc = _run(row, tmp_path)
+    proc = _run(row, tmp_path, cli_forks)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1, proc.stderr[-3000:]

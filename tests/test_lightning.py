@@ -9,21 +9,21 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.result import Status
-from gpuopt.core.spec import PrecisionConf, register_schemas
+from gpuopt.core.spec import PrecisionConf
 from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import measure_step_flops
 from gpuopt.trial.prepare import load_spec
-from tests.conftest import TINY_TRIAL, assert_cpu_peak
+from tests.conftest import TINY_TRIAL, assert_cpu_peak, compose_config
 from tests.helpers.lightning_specs import user_spec as _user_spec
 
 pytest.importorskip("lightning")
@@ -80,23 +80,25 @@ def _flops_per_sample(module: Any, batch_size: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def family_runs() -> dict[str, tuple[Any, Any, Seen]]:
-    """Each built-in family measured once under Lightning (shared by the tests below)."""
-    register_schemas()
-    runs = {}
-    for family, overrides in TINY_MODELS.items():
-        with initialize_config_module("gpuopt.conf"):
-            spec = load_spec(
-                compose("config", overrides=["engine=lightning", *TINY_TRIAL, *overrides])
-            )
-        seen = Seen()
-        runs[family] = (spec, run_trial(spec, inspect=seen), seen)
-    return runs
+def family_run() -> Callable[[str], tuple[Any, Any, Seen]]:
+    """family_run(family) -> (spec, result, seen): each built-in family measured once under
+    Lightning, when a test first asks for it (shared by the tests below; a worker of `-n 2` runs
+    only the families its own tests read)."""
+    runs: dict[str, tuple[Any, Any, Seen]] = {}
+
+    def run(family: str) -> tuple[Any, Any, Seen]:
+        if family not in runs:
+            spec = load_spec(compose_config("engine=lightning", *TINY_TRIAL, *TINY_MODELS[family]))
+            seen = Seen()
+            runs[family] = (spec, run_trial(spec, inspect=seen), seen)
+        return runs[family]
+
+    return run
 
 
 @pytest.mark.parametrize("family", sorted(TINY_MODELS))
-def test_builtin_family_runs_under_lightning_with_warmup_excluded(family_runs, family: str) -> None:
-    spec, result, seen = family_runs[family]
+def test_builtin_family_runs_under_lightning_with_warmup_excluded(family_run, family: str) -> None:
+    spec, result, seen = family_run(family)
     assert result.status is Status.OK, result.reason
     m = result.metrics
     assert isinstance(seen.objects["module"], BuiltinModule)
@@ -120,11 +122,11 @@ def test_builtin_family_runs_under_lightning_with_warmup_excluded(family_runs, f
     assert seen.matmul_precision == "highest"
 
 
-def test_flop_count_matches_the_native_engine(compose_cfg, family_runs) -> None:
+def test_flop_count_matches_the_native_engine(compose_cfg, family_run) -> None:
     native = run_trial(
         load_spec(compose_cfg(*TINY_TRIAL, *TINY_MODELS["transformer"], "measure.ceiling=false"))
     )
-    lightning = family_runs["transformer"][1]
+    lightning = family_run("transformer")[1]
     assert native.status is lightning.status is Status.OK
     assert lightning.metrics.flops_per_sample == pytest.approx(native.metrics.flops_per_sample)
 

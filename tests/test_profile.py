@@ -25,7 +25,7 @@ from gpuopt.trial.profiled_window import (
     steps_within_budget,
 )
 from gpuopt.trial.trace import PHASES, STEP_SPAN, gpu_time_split, load_trace, phase_breakdown
-from tests.conftest import TINY_TRIAL
+from tests.conftest import TINY_TRIAL, compose_config
 
 MLP = ["model=mlp", "model.width=16", "model.depth=1", "model.input_shape=[12]"]
 
@@ -40,18 +40,22 @@ def _profiled(compose_cfg, tmp_path, monkeypatch, *overrides):
     return result, built
 
 
-@pytest.fixture
-def profiled(compose_cfg, tmp_path, monkeypatch):
-    # data.sample_cost: a loader that costs host time, so data_wait is a phase with time in it.
-    result, built = _profiled(
-        compose_cfg,
-        tmp_path,
-        monkeypatch,
-        PROFILE_ON,
-        "profile.steps=4",
-        "data.sample_cost=2",
-    )
-    return result, built, tmp_path
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """One profiled trial, read (not changed) by each test that takes it: (result, what the trial
+    built, its run dir)."""
+    run_dir = tmp_path_factory.mktemp("profiled")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        # data.sample_cost: a loader that costs host time, so data_wait is a phase with time in it.
+        result, built = _profiled(
+            compose_config,
+            run_dir,
+            monkeypatch,
+            PROFILE_ON,
+            "profile.steps=4",
+            "data.sample_cost=2",
+        )
+    return result, built, run_dir
 
 
 def test_profile_override_turns_the_window_on_and_off_is_the_default(compose_cfg):

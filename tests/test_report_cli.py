@@ -1,5 +1,6 @@
-"""`python -m gpuopt.report` as a user runs it, and the study read by Optuna's own tools:
-the `optuna` CLI and optuna-dashboard's HTTP API."""
+"""`python -m gpuopt.report` as a user runs it (each run a process of its own, forked from one that
+has the report's modules imported: tests/helpers/forked_cli.py), and the study read by Optuna's own
+tools: the `optuna` CLI and optuna-dashboard's HTTP API."""
 
 from __future__ import annotations
 
@@ -52,12 +53,13 @@ def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_default_storage_lists_studies_and_reports_the_latest(output_dir, tmp_path):
-    proc = run(
-        [sys.executable, "-m", "gpuopt.report"],
-        tmp_path,
-        GPUOPT_OUTPUT_DIR=str(output_dir),
-    )
+def report(cli_forks, args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """`python -m gpuopt.report *args` in a process of its own (forked: tests/helpers/forked_cli.py)."""
+    return cli_forks.run("gpuopt.report", args, cwd, {**os.environ, **env})
+
+
+def test_default_storage_lists_studies_and_reports_the_latest(output_dir, tmp_path, cli_forks):
+    proc = report(cli_forks, [], tmp_path, GPUOPT_OUTPUT_DIR=str(output_dir))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "Studies" in out and GPU_STUDY in out and f"{CPU_STUDY} <" in out  # the latest, marked
@@ -66,20 +68,17 @@ def test_default_storage_lists_studies_and_reports_the_latest(output_dir, tmp_pa
     assert "Traceback" not in proc.stderr
 
 
-def test_missing_storage_is_a_message_not_a_traceback(tmp_path):
+def test_missing_storage_is_a_message_not_a_traceback(tmp_path, cli_forks):
     empty = tmp_path / "nothing-here"
-    proc = run([sys.executable, "-m", "gpuopt.report"], tmp_path, GPUOPT_OUTPUT_DIR=str(empty))
+    proc = report(cli_forks, [], tmp_path, GPUOPT_OUTPUT_DIR=str(empty))
     assert proc.returncode == 2
     assert f"no study database at {empty / 'gpuopt.db'} (GPUOPT_OUTPUT_DIR={empty})" in proc.stderr
     assert "python -m gpuopt.run -m" in proc.stderr and "Traceback" not in proc.stderr
     assert not (empty / "gpuopt.db").exists()  # never creates an empty database
 
 
-def test_unknown_study_names_the_known_ones(output_dir, tmp_path):
-    proc = run(
-        [sys.executable, "-m", "gpuopt.report", "--storage", url_of(output_dir), "--study", "nope"],
-        tmp_path,
-    )
+def test_unknown_study_names_the_known_ones(output_dir, tmp_path, cli_forks):
+    proc = report(cli_forks, ["--storage", url_of(output_dir), "--study", "nope"], tmp_path)
     assert proc.returncode == 2
     assert "no study named 'nope'" in proc.stderr
     assert GPU_STUDY in proc.stderr and CPU_STUDY in proc.stderr and "Traceback" not in proc.stderr
@@ -149,7 +148,9 @@ def test_optuna_dashboard_shows_gpuopt_attributes(output_dir):
     assert {a["key"] for a in detail["user_attrs"]} >= {"objectives", "directions", "hardware"}
 
 
-def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(output_dir, tmp_path):
+def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(
+    output_dir, tmp_path, cli_forks
+):
     """Studies shared through `hydra.sweeper.storage=journal:///...` are reviewed the same way."""
     from gpuopt.study.storage import open_storage
 
@@ -159,24 +160,21 @@ def test_journal_storage_is_reported_and_a_missing_journal_is_a_message(output_d
         from_storage=url_of(output_dir),
         to_storage=open_storage(f"journal://{journal}", heartbeat_interval=None, grace_period=None),
     )
-    proc = run(
-        [sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{journal}"], tmp_path
-    )
+    proc = report(cli_forks, ["--storage", f"journal://{journal}"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"Study {CPU_STUDY}" in proc.stdout
     assert "read 2.50x the baseline's throughput" in proc.stdout
 
     missing = tmp_path / "nope.log"
-    proc = run(
-        [sys.executable, "-m", "gpuopt.report", "--storage", f"journal://{missing}"], tmp_path
-    )
+    proc = report(cli_forks, ["--storage", f"journal://{missing}"], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert str(missing) in proc.stderr and not missing.exists()
 
 
-def test_unwritable_html_path_fails_before_the_report_is_built(output_dir, tmp_path):
-    proc = run(
-        [sys.executable, "-m", "gpuopt.report", "--html", "/proc/gpuopt/report.html"],
+def test_unwritable_html_path_fails_before_the_report_is_built(output_dir, tmp_path, cli_forks):
+    proc = report(
+        cli_forks,
+        ["--html", "/proc/gpuopt/report.html"],
         tmp_path,
         GPUOPT_OUTPUT_DIR=str(output_dir),
     )
@@ -186,11 +184,14 @@ def test_unwritable_html_path_fails_before_the_report_is_built(output_dir, tmp_p
     assert "--html='/proc/gpuopt/report.html'" in line and "not writable" in line
 
 
-def test_export_best_into_a_file_path_fails_before_the_report_is_built(output_dir, tmp_path):
+def test_export_best_into_a_file_path_fails_before_the_report_is_built(
+    output_dir, tmp_path, cli_forks
+):
     blocker = tmp_path / "conf"
     blocker.write_text("a file, not a folder")
-    proc = run(
-        [sys.executable, "-m", "gpuopt.report", "--export-best", str(blocker / "best.yaml")],
+    proc = report(
+        cli_forks,
+        ["--export-best", str(blocker / "best.yaml")],
         tmp_path,
         GPUOPT_OUTPUT_DIR=str(output_dir),
     )

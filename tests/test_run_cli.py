@@ -1,4 +1,5 @@
-"""`python -m gpuopt.run` through the real CLI (subprocesses) and run_config in-process."""
+"""`python -m gpuopt.run` through the real CLI (subprocesses; those that end on bad input forked from
+one with the CLI's modules imported, tests/helpers/forked_cli.py) and run_config in-process."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.engines._lifecycle import STEAL_WARN_PCT, _process_notes
 from gpuopt.run import print_result, run_config
 from tests.conftest import TINY_TRIAL
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, run_cli_forked
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,8 +91,8 @@ def test_rows_of_what_a_trial_did_not_measure_are_absent_and_a_high_steal_is_war
         ),
     ],
 )
-def test_invalid_value_exits_nonzero_with_one_line(tmp_path, override, expected):
-    proc = run_cli(tmp_path, override)
+def test_invalid_value_exits_nonzero_with_one_line(tmp_path, cli_forks, override, expected):
+    proc = run_cli_forked(cli_forks, tmp_path, override)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0]
@@ -100,8 +101,8 @@ def test_invalid_value_exits_nonzero_with_one_line(tmp_path, override, expected)
     )
 
 
-def test_unknown_group_option_is_hydras_error_listing_the_options(tmp_path):
-    proc = run_cli(tmp_path, "precision=fp8")
+def test_unknown_group_option_is_hydras_error_listing_the_options(tmp_path, cli_forks):
+    proc = run_cli_forked(cli_forks, tmp_path, "precision=fp8")
     assert proc.returncode != 0
     assert "precision/fp8" in proc.stderr and "bf16" in proc.stderr
 
@@ -128,7 +129,7 @@ def test_config_error_in_multirun_is_an_error_result(compose_cfg, tmp_path):
     assert saved["status"] == "error" and saved["config"]["loader"]["num_workers"] == -2
 
 
-def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
+def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path, cli_forks):
     """README "Your own model and dataset": a model YAML in the user's folder, trusted by `trust`.
     The trusted run also sets an allocator (`cache=cpu_thp`): the callback imports the user's model
     (and torch) before the job, and the setting must still apply (set first), one trial for both."""
@@ -143,8 +144,8 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
         "classes: ${.num_classes}\n"
         "hidden: 7\n"
     )
-    untrusted = run_cli(
-        tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", *TINY_TRIAL
+    untrusted = run_cli_forked(
+        cli_forks, tmp_path, "--config-dir", str(tmp_path / "myconf"), "model=tinynet", *TINY_TRIAL
     )
     assert untrusted.returncode != 0
     assert "model._target_='tests.helpers.user_models.TinyNet'" in untrusted.stderr
@@ -168,8 +169,8 @@ def test_user_model_from_own_config_dir_as_the_readme_shows(tmp_path):
     assert not [w for w in result.warnings if "did not apply" in w], result.warnings
 
 
-def test_bad_input_is_exit_2_before_the_run_dir_exists(tmp_path):
-    proc = run_cli(tmp_path, "model.depth=-2")
+def test_bad_input_is_exit_2_before_the_run_dir_exists(tmp_path, cli_forks):
+    proc = run_cli_forked(cli_forks, tmp_path, "model.depth=-2")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gpuopt: invalid config: model.depth=-2; allowed: an integer >= 1"
     assert not (tmp_path / "outputs").exists()
