@@ -1,5 +1,7 @@
 """examples/: a user's own lightning-hydra-template-style app, swept by gpuopt as a subprocess, with
-its metrics read back from the study; and the sweeper's reading of a dict of named metrics."""
+its metrics read back from the study; and the sweeper's reading of a dict of named metrics (the
+app's `returns=metrics`; what the summary says of a task that reports no global batch:
+tests/test_same_training.py)."""
 
 from __future__ import annotations
 
@@ -109,30 +111,6 @@ def test_the_example_app_is_swept_with_named_objectives_and_a_baseline(tmp_path)
     )  # fmt: skip
     assert report.returncode == 0, report.stderr[-2000:]
     assert "Baseline vs best" in report.stdout
-
-
-@pytest.mark.slow
-def test_the_example_app_returning_a_dict_of_named_metrics(tmp_path):
-    pytest.importorskip("lightning")
-    proc = _sweep(tmp_path, *TINY_SWEEP, "returns=metrics", NO_CONFIRMATION)
-    trials = _study(tmp_path).get_trials()
-    assert len(trials) == 2 and all(t.state is TrialState.COMPLETE for t in trials)
-    for trial in trials:
-        assert trial.values == [trial.user_attrs["throughput"], trial.user_attrs["data_wait"]]
-        assert trial.user_attrs["my_batch_size"] in (32, 64, 128)  # the user's own metric
-    # No global batch in the dict: a batch change is "unknown", never "same training" (issue 22).
-    assert all(t.user_attrs.get("global_batch") is None for t in trials)
-    assert "(a) same training: #1" not in proc.stdout, proc.stdout[-3000:]
-    # (b), with no confirmation: the higher throughput (the first objective's best, on the front);
-    # which trial that is is the machine's to say, what the summary says is checked either way
-    best = max(trials, key=lambda t: t.values[0])
-    if best.number == 1:  # the searched batch: a change the task did not say the size of
-        assert "(b) best overall: #1 " in proc.stdout, proc.stdout[-3000:]
-        assert "(a) same training: unknown: the task did not report its global batch" in proc.stdout
-        assert "it changes data.batch_size=" in proc.stdout, proc.stdout[-3000:]
-    else:  # the baseline: nothing changed, so nothing unknown
-        assert "(b) best overall: #1 " not in proc.stdout, proc.stdout[-3000:]
-        assert "(a) same training: unknown" not in proc.stdout, proc.stdout[-3000:]
 
 
 def test_a_dict_of_named_metrics_is_read_like_a_trial_result():
