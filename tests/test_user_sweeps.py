@@ -211,30 +211,13 @@ def cluster():
 
 @pytest.mark.slow
 @needs_slurm
-def test_on_slurm_a_torchrun_style_script_runs_as_two_tasks_of_one_job(tmp_path, cluster):
-    write_app(tmp_path, "torchrun")
-    env = {**_env(tmp_path), **cluster.env}
-    log = _sweep(
-        tmp_path, *SLURM_JOB, "hydra.sweeper.n_trials=1", "hydra.sweeper.confirm.rounds=0", env=env
-    )
-    assert log.startswith("exit 0"), log + cluster.logs()
-    _, (trial,) = _trials(tmp_path)
-    assert trial.user_attrs["status"] == "ok", trial.user_attrs.get("reason")
-    assert trial.user_attrs["world_size"] == 2 and trial.user_attrs["global_batch"] == 64
-    (script,) = tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh")
-    text = script.read_text()
-    assert "--ntasks-per-node=2" in text and "--kill-on-bad-exit=1" in text
-    # the failing rank of the next trial: its own error, SLURM ending the job's other task
-    log = _sweep(tmp_path, *SLURM_JOB, "hydra.sweeper.n_trials=2", env={**env, "FAIL_RANK": "1"})
-    _, trials = _trials(tmp_path)
-    assert trials[-1].user_attrs["reason"].startswith("rank 1: RuntimeError: rank 1 broke"), log
-
-
-@pytest.mark.slow
-@needs_slurm
-def test_on_slurm_measure_job_measures_each_task_of_a_plain_loop_job(tmp_path, cluster):
-    """gpuopt.MeasureJob in the YAML alone, the job's two ranks SLURM tasks (each one a Hydra job
-    of its own, its callback measuring its loop): the trial is the job."""
+def test_on_slurm_a_multi_rank_job_is_two_tasks_of_one_job_and_its_failing_rank_the_reason(
+    tmp_path, cluster
+):
+    """A torchrun-style loop with gpuopt.MeasureJob in its YAML alone, its two ranks the SLURM
+    tasks of one job (each a Hydra job of its own, its callback measuring its loop): the trial is
+    the job. Then a failing rank of the next trial: its own error, SLURM ending the job's other
+    task. (A script calling gpuopt.measure_step starts its ranks the same way: slurm_ranks.)"""
     write_app(tmp_path, "plain_ddp")
     env = {**_env(tmp_path), **cluster.env}
     log = _sweep(tmp_path, *SLURM_JOB, *BASELINE_ONLY, env=env)
@@ -244,6 +227,12 @@ def test_on_slurm_measure_job_measures_each_task_of_a_plain_loop_job(tmp_path, c
     assert attrs["status"] == "ok" and attrs["world_size"] == 2, attrs.get("reason")
     assert attrs["config"]["engine"]["name"] == "measure_job" and attrs["global_batch"] == 64
     assert [row["rank"] for row in attrs["ranks"]] == [0, 1]
+    (script,) = tmp_path.glob("multirun/*/*/.submitit/*/*_submission.sh")
+    text = script.read_text()
+    assert "--ntasks-per-node=2" in text and "--kill-on-bad-exit=1" in text
+    log = _sweep(tmp_path, *SLURM_JOB, "hydra.sweeper.n_trials=2", env={**env, "FAIL_RANK": "1"})
+    _, trials = _trials(tmp_path)
+    assert trials[-1].user_attrs["reason"].startswith("rank 1: RuntimeError: rank 1 broke"), log
 
 
 @pytest.mark.slow
@@ -452,3 +441,28 @@ def test_a_relaunched_rank_runs_the_script_as_its_own_and_writes_its_failure(tmp
         failure.text
         == "rank 1: ModuleNotFoundError: No module named 'a_module_that_is_not_installed'"
     )
+
+
+def test_on_slurm_rank_0_broken_by_a_peers_failure_reports_the_peers_own_error(
+    tmp_path, monkeypatch
+):
+    """Rank 0's collective breaks because rank 1 failed and ended ("Connection closed by peer"):
+    the trial's reason is rank 1's own error, read from the rank file it wrote before it ended;
+    with no peer's failure on record rank 0's own exception stands."""
+    from gpuopt.core import rank_files
+    from gpuopt.core.result import Status, TrialResult
+    from gpuopt.sweeper.launchers import slurm_ranks
+
+    monkeypatch.setenv(rank_files.RANKS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setattr(slurm_ranks, "PEER_FAILURE_WAIT_S", 0.2)
+
+    def broken() -> None:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        slurm_ranks.run_as_slurm_rank(broken, tmp_path)
+    rank_files.write_rank_result(TrialResult(Status.ERROR, reason="ValueError: a bug"), rank=1)
+    result = slurm_ranks.run_as_slurm_rank(broken, tmp_path)
+    assert result.status is Status.ERROR and result.reason == "rank 1: ValueError: a bug"

@@ -143,6 +143,8 @@ def main(cfg):"""
     for epoch in range(100):
         sampler.set_epoch(epoch)
         for x, y in loader:
+            if dist.get_rank() == FAIL_RANK:
+                raise RuntimeError(f"rank {FAIL_RANK} broke on purpose")
             loss = nn.functional.cross_entropy(ddp(x), y)
             opt.zero_grad()
             loss.backward()

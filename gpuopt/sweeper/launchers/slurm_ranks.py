@@ -8,7 +8,9 @@ per job (from its id: every task computes the same one, no task has to tell the 
 A rank other than 0 whose task failed exits non-zero after writing its failure
 (gpuopt.core.rank_files): the job's `srun` runs with `--kill-on-bad-exit=1`, so SLURM ends the
 other tasks at once rather than leaving them in a collective. Rank 0's return is the trial's
-(the launcher reads task 0's result, then cancels whatever still runs of the job).
+(the launcher reads task 0's result, then cancels whatever still runs of the job); where rank 0
+raised because a peer failed first (its collective broke: "Connection closed by peer"), the
+peer's own error is the trial's reason, as gpuopt's own ranks report it.
 
 Torch-free (it runs in the trial's process before the task imports anything).
 """
@@ -16,6 +18,7 @@ Torch-free (it runs in the trial's process before the task imports anything).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,10 +38,28 @@ def run_as_slurm_rank(run: Callable[[], Any], folder: Path) -> Any:
         value = run()
     except Exception as exc:
         if rank == 0:
-            raise
+            peer = _peer_failure(folder)
+            if peer is None:
+                raise
+            return TrialResult(peer.status, reason=peer.text)
         value = TrialResult(Status.ERROR, reason=f"{type(exc).__name__}: {exc}")
     if rank > 0 and isinstance(value, TrialResult) and not value.ok:
         if rank_files.first_failure(folder) is None:
             rank_files.write_rank_result(value, rank)
         raise SystemExit(f"rank {rank}: {value.reason}")
     return value
+
+
+# A peer writes its failure before its process ends, and its end is what breaks rank 0's
+# collective; this long is left for a file system slower than the socket's news.
+PEER_FAILURE_WAIT_S = 1.0
+
+
+def _peer_failure(folder: Path) -> rank_files.RankFailureRecord | None:
+    """The first failure another rank of the job wrote, if one did (within PEER_FAILURE_WAIT_S)."""
+    deadline = time.monotonic() + PEER_FAILURE_WAIT_S
+    while True:
+        failure = rank_files.first_failure(folder)
+        if (failure is not None and failure.rank != 0) or time.monotonic() >= deadline:
+            return failure if failure is not None and failure.rank != 0 else None
+        time.sleep(0.1)
