@@ -280,16 +280,31 @@ WINDOW_METER = "gpuopt.engines._meter"
 WINDOW_DRIVERS = ("make_clock", "StopRule", "from_measure", "next_stop_check")
 
 
-def window_driver_calls(source: str) -> list[tuple[int, str]]:
-    """(line, name) of each call of a WINDOW_DRIVERS function or method in `source`."""
+def named_calls(source: str, names: tuple[str, ...]) -> list[tuple[int, str, ast.Call]]:
+    """(line, name, call) of each call of a function or method named in `names` in `source`."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if name in WINDOW_DRIVERS:
-                found.append((node.lineno, name))
+            if name in names:
+                found.append((node.lineno, name, node))
     return found
+
+
+def calls_outside(find, allowed: set[str]) -> dict[str, str]:
+    """{"module:line": name} of every call `find(source)` finds in a module not in `allowed`: the
+    shape of the "one of each" rules below."""
+    return {
+        f"{module}:{line}": name
+        for module in sorted(set(modules()) - allowed)
+        for line, name in find(modules()[module].read_text())
+    }
+
+
+def window_driver_calls(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each call of a WINDOW_DRIVERS function or method in `source`."""
+    return [(line, name) for line, name, _ in named_calls(source, WINDOW_DRIVERS)]
 
 
 def test_the_window_rule_sees_a_clock_or_rule_driven_by_hand() -> None:
@@ -306,11 +321,7 @@ def test_one_window_state_machine_every_engine_feeds() -> None:
     copy of the window (three existed: the native loop's, a hook meter's, Lightning's) cannot grow
     back unseen. trial.measure defines them; _distributed wraps them for ranks."""
     allowed = {WINDOW_METER, "gpuopt.trial.measure", "gpuopt.engines._distributed"}
-    calls = {
-        f"{module}:{line}": name
-        for module in sorted(set(modules()) - allowed)
-        for line, name in window_driver_calls(modules()[module].read_text())
-    }
+    calls = calls_outside(window_driver_calls, allowed)
     assert not calls, f"a window driven outside {WINDOW_METER}: {calls}"
     assert window_driver_calls(modules()[WINDOW_METER].read_text())
 
@@ -338,13 +349,11 @@ STORAGE_ADAPTERS = {"gpuopt.core._compat", "gpuopt.study.storage"}
 def study_write_calls(source: str) -> list[tuple[int, str]]:
     """(line, method) of each call of an Optuna write method in `source` (a `tell` with no
     argument is a file's position, not a study's)."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            name = node.func.attr
-            if name in STUDY_WRITES and (name != "tell" or node.args or node.keywords):
-                found.append((node.lineno, name))
-    return found
+    return [
+        (line, name)
+        for line, name, call in named_calls(source, STUDY_WRITES)
+        if isinstance(call.func, ast.Attribute) and (name != "tell" or call.args or call.keywords)
+    ]
 
 
 def test_the_study_write_rule_sees_every_way_to_write() -> None:
@@ -356,12 +365,7 @@ def test_one_module_writes_the_study() -> None:
     """Every record users read (trials, their attrs, the study's attrs, the workers' claims) is
     written through gpuopt.sweeper.record: what is written, and that no secret is, is checked in
     one place; the comparison service and the confirmation's rounds cannot start writing unseen."""
-    allowed = {STUDY_WRITER} | STORAGE_ADAPTERS
-    calls = {
-        f"{module}:{line}": name
-        for module in sorted(set(modules()) - allowed)
-        for line, name in study_write_calls(modules()[module].read_text())
-    }
+    calls = calls_outside(study_write_calls, {STUDY_WRITER} | STORAGE_ADAPTERS)
     assert not calls, f"the study written outside {STUDY_WRITER}: {calls}"
     assert study_write_calls(modules()[STUDY_WRITER].read_text())
 
@@ -376,15 +380,11 @@ def test_one_comparison_service() -> None:
     """A paired ratio, its interval or a Stein count computed outside the comparison service
     would be a fifth way to compare (four existed: the race's screen, its whole trials, the two
     confirmations); the service and what calls it record nothing in the study themselves."""
-    calls = {}
-    for module in sorted(set(modules()) - {COMPARISON, "gpuopt.core.stats"}):
-        tree = ast.parse(modules()[module].read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                func = node.func
-                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-                if name in PAIRED_STATS:
-                    calls[f"{module}:{node.lineno}"] = name
+
+    def paired_stats_calls(source: str) -> list[tuple[int, str]]:
+        return [(line, name) for line, name, _ in named_calls(source, PAIRED_STATS)]
+
+    calls = calls_outside(paired_stats_calls, {COMPARISON, "gpuopt.core.stats"})
     assert not calls, f"paired statistics outside {COMPARISON}: {calls}"
     graph = import_graph(include_deferred=True)
     for module in (COMPARISON, "gpuopt.sweeper.race.screen", "gpuopt.sweeper.confirm.verdicts"):

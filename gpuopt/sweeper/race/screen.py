@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuopt.core.metrics import higher_is_better
+from gpuopt.core import metrics
 from gpuopt.core.result import TrialResult
 from gpuopt.core.shared_protocol import Added, Failure, Reading
 from gpuopt.sweeper import comparison
@@ -99,15 +99,13 @@ class ScreenWindows:
         return Measurement(window.status if isinstance(window, Failure) else "error", None, detail)
 
 
-def direction(metric: str) -> str:
-    return "maximize" if higher_is_better(metric) else "minimize"
-
-
-def raw_ratios(compared: Compared, metric: str) -> dict[str, float | None]:
-    """Each arm's window over its neighbouring baseline windows (> 1: faster)."""
+def raw_ratios(compared: Compared, metric_name: str) -> dict[str, float | None]:
+    """Each arm's window over its neighbouring baseline windows (> 1: faster, whichever way the
+    catalogue says the metric is better)."""
+    direction = metrics.metric(metric_name).goal or metrics.MAX
     out = {}
     for arm in compared.arms:
-        ratio = compared.ratio(arm, direction(metric))
+        ratio = compared.ratio(arm, direction)
         out[arm] = None if ratio is None else ratio.ratio
     return out
 
