@@ -7,12 +7,14 @@ it confirms a real one (the power).
 The ways (each with the sweep's own code and constants):
 - screen: a race process as the race runs one (gpuopt.sweeper.race): the baseline as a whole
   trial, then the round's screen (`race.screen.screen`: the control build and identical
-  candidates, each built and read in one window between two baseline windows); the ratio to the baseline windows' geometric
-  mean, over the control's (`comparison.calibrated`; the raw ratio kept beside it). A claim: an
-  identical candidate read below the race's floor (pruned as "cannot be an answer").
-- whole: the same configuration as whole trials of that process (the race's finalists) against
-  the baseline's whole trial. A claim: a finalist read below `measure.contender_floor` (its
-  extras skipped: "no answer"), or above 1/floor.
+  candidates, each built and read in `race.slices` short windows, each between two baseline
+  windows); the paired ratio over the baseline's windows, over the control's
+  (`comparison.calibrated`; the raw ratio kept beside it). A claim: an identical candidate read
+  below the race's floor (pruned as "cannot be an answer").
+- whole: the same configuration as the race's finalists run: read over the baseline after the
+  screen (`race.whole.read_over_baseline`), then a whole trial of that process told in the
+  baseline's frame (`race.whole.over_baseline`), over the baseline's whole trial. A claim: a
+  finalist below the race's floor (pruned: "no answer"), or above 1/floor.
 - in-process: the confirmation's rounds (`rounds.run_rounds` on the comparison service, Stein's
   two-stage stop) in a
   shared process of the baseline and an identical candidate, its plan sized as the default
@@ -43,7 +45,7 @@ from gpuopt.sweeper.confirm import in_process, schedule
 from gpuopt.sweeper.confirm.rounds import Rule, run_rounds
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.options import ConfirmOptions, RaceOptions
-from gpuopt.sweeper.race import policy, screen
+from gpuopt.sweeper.race import policy, screen, whole
 from gpuopt.sweeper.race.process import RaceProcess
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -77,7 +79,7 @@ def arms(model: str, slowdown: float = 0.0) -> dict[str, list[str]]:
     return arms
 
 
-def screen_and_whole(model: str, per_run: int, whole: int) -> dict[str, list[float]]:
+def screen_and_whole(model: str, per_run: int, wholes: int) -> dict[str, list[float]]:
     """One race process: the screen's ratios of `per_run` identical candidates (raw, and over
     the round's control as the race reads them: policy.CONTROL), then `whole` whole trials of the
     same configuration against the baseline's."""
@@ -107,15 +109,15 @@ def screen_and_whole(model: str, per_run: int, whole: int) -> dict[str, list[flo
             report=lambda *_: None,
         )
         raw = screen.raw_ratios(compared, "throughput")
-        ratios, _ = calibrated(raw, policy.CONTROL)
+        ratios, control = calibrated(raw, policy.CONTROL)
+        read = whole_trials(race, paths["candidate"], folder, base, first, control, wholes)
         race.drop(policy.BASELINE)
-        wholes = whole_trials(race, folder, base, first, whole)
     finally:
         race.close()
     return {
         "screen": [ratios[label] for label in labels[1:]],
         "screen_raw": [raw[label] for label in labels[1:]],
-        "whole": wholes,
+        "whole": read,
     }
 
 
@@ -123,19 +125,31 @@ def _no_restart(race: RaceProcess) -> RaceProcess:
     raise AssertionError(f"the race process failed: {race.error}")
 
 
-def whole_trials(race: RaceProcess, folder: Path, base: list[str], first: Any, n: int) -> list:
-    """`n` whole trials of the baseline's configuration, as the race's finalists run, over the
-    baseline's own (trial 0)."""
-    floor = policy.contender_floor(OBJECTIVE, first.metrics.__dict__, RaceOptions().floor)
-    wholes = []
+def whole_trials(
+    race: RaceProcess,
+    screened: Path,
+    folder: Path,
+    base: list[str],
+    first: Any,
+    control: float | None,
+    n: int,
+) -> list:
+    """`n` finalists of the baseline's configuration as the race runs them: each read over the
+    baseline (its screened config), then its whole trial told in the baseline's frame; each
+    told throughput over the baseline's whole trial's (trial 0)."""
+    config = benchlib.composed_configs(folder, {"whole": base})["whole"]
+    baseline = first.metrics.__dict__
+    restart = functools.partial(_no_restart, race)
+    out = []
     for i in range(n):
-        config = benchlib.composed_configs(
-            folder, {f"whole{i}": [*base, f"++measure.contender_floor={floor!r}"]}
-        )[f"whole{i}"]
+        paired, _ = whole.read_over_baseline(
+            race, f"w{i}", screened, OBJECTIVE, RaceOptions(), restart, control
+        )
         result = race.whole_trial(f"w{i}", config, folder / f"whole_{i}")
         assert result is not None and result.ok, race.error or result
-        wholes.append(result.metrics.throughput / first.metrics.throughput)
-    return wholes
+        told, _ = whole.over_baseline(result, baseline, paired)
+        out.append(told.metrics.throughput / first.metrics.throughput)
+    return out
 
 
 def _configs() -> list[ConfirmedConfig]:

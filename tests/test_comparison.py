@@ -26,8 +26,8 @@ class Scripted:
     """Reads each label at `truth[label]` x the machine's speed at that run (`speed[i]`, 1.0
     when absent); a label in `fails` gives no value."""
 
-    def __init__(self, truth, speed=(), fails=()):
-        self.truth, self.speed, self.fails = truth, list(speed), set(fails)
+    def __init__(self, truth, speed=(), fails=(), last=()):
+        self.truth, self.speed, self.fails, self.last = truth, list(speed), set(fails), set(last)
         self.runs: list[str] = []
         self.seen: list[int] = []  # how many readings the executor was shown before each run
 
@@ -37,7 +37,8 @@ class Scripted:
         if label in self.fails:
             return Measurement("oom")
         level = self.speed[job] if job < len(self.speed) else 1.0
-        return Measurement("ok", 100.0 * self.truth.get(label, 1.0) * level)
+        value = 100.0 * self.truth.get(label, 1.0) * level
+        return Measurement("ok", value, last=label in self.last)
 
 
 def _ratio(compared, label, direction="maximize"):
@@ -64,6 +65,19 @@ def test_bracketed_puts_the_control_on_both_sides_of_every_arm():
     executor = Scripted({})
     compare(["a", "b"], B, Budget(), FixedCount(1), executor, order=BRACKETED, load=lambda: 0.0)
     assert executor.runs == [B, "a", B, "b", B]
+
+
+def test_an_arms_turn_is_several_short_readings_each_between_two_of_the_controls():
+    executor = Scripted({"a": 2.0})
+    done = compare(["a"], B, Budget(), FixedCount(1), executor, order=BRACKETED, turn=3)
+    assert executor.runs == [B, "a", B, "a", B, "a", B] and done.rounds == 1
+    speedup = done.ratio("a", "maximize")
+    assert speedup.n_pairs == 3 and speedup.ratio == pytest.approx(2.0)
+    # a reading that ends the arm's turn (read on its drain, or failed): the control after it
+    # is read, the rest of the turn is not
+    executor = Scripted({}, last={"a"}, fails={"b"})
+    compare(["a", "b", "c"], B, Budget(), FixedCount(1), executor, order=BRACKETED, turn=2)
+    assert executor.runs == [B, "a", B, "b", B, "c", B, "c", B]
 
 
 def test_a_linear_drift_of_the_machine_cancels_in_a_bracketed_ratio():

@@ -68,14 +68,15 @@ def test_the_summary_says_when_no_candidate_was_a_contender() -> None:
     assert policy.no_contender_note([baseline, _raced(4, TrialState.PRUNED, 1.3)]) is None
 
 
-def test_the_finalists_contender_floor_is_the_races_floor_of_the_baselines_throughput():
-    attrs = {"throughput": 283.1}
-    assert policy.contender_floor("throughput_amortized", attrs, 0.9) == pytest.approx(254.79)
-    assert policy.contender_floor("throughput", attrs) == 283.1
-    assert policy.contender_floor("throughput", attrs, 0.0) is None  # race.floor=0: no floor
-    assert policy.contender_floor("step_time_ms", attrs) is None  # a smaller batch can win at less
-    assert policy.contender_floor("throughput", {}) is None
-    assert policy.contender_floor("throughput", {"throughput": 0.0}) is None
+def test_a_just_built_candidate_gives_up_below_a_share_of_the_floor_of_the_baselines_window():
+    window, give_up = {"throughput": 283.1}, policy.SCREEN_GIVE_UP
+    assert policy.give_up_below("throughput_amortized", 0.9, window) == pytest.approx(
+        give_up * 254.79
+    )
+    assert policy.give_up_below("throughput", 0.0, window) is None  # race.floor=0: no floor
+    assert policy.give_up_below("step_time_ms", 0.9, window) is None  # a smaller batch can win
+    assert policy.give_up_below("throughput", 0.9, {}) is None
+    assert policy.give_up_below("throughput", 0.9, {"throughput": 0.0}) is None
 
 
 def test_a_candidate_gives_up_on_its_drain_only_far_below_the_floor():
@@ -86,30 +87,6 @@ def test_a_candidate_gives_up_on_its_drain_only_far_below_the_floor():
     assert policy.SCREEN_GIVE_UP < 1.0  # room for the baseline's drift between its windows
     assert policy.give_up_below("step_time_ms", 0.9, window) is None
     assert policy.give_up_below("throughput", 0.9, {"status": "error"}) is None
-
-
-def test_a_finalist_that_skipped_its_extras_is_no_candidate_for_the_confirmation() -> None:
-    from optuna.distributions import IntDistribution
-
-    from gpuopt.study.keys import ATTR_EXTRAS_SKIPPED
-    from gpuopt.sweeper.confirm.schedule import candidates
-
-    def trial(number: int, value: float, batch: int, **attrs: object) -> optuna.trial.FrozenTrial:
-        made = optuna.trial.create_trial(
-            value=value,
-            params={"loader.batch_size": batch},
-            distributions={"loader.batch_size": IntDistribution(1, 1024)},
-            user_attrs=dict(attrs),
-        )
-        made.number = number
-        return made
-
-    baseline = trial(0, 100.0, 32, **{ATTR_BASELINE: True})
-    faster, slower = trial(1, 150.0, 64), trial(2, 90.0, 128)
-    skipped = trial(3, 95.0, 512, **{ATTR_EXTRAS_SKIPPED: "its window read 95 samples/s"})
-    found, ranked, feasible = candidates([baseline, faster, slower, skipped], ["maximize"])
-    assert found is baseline and ranked == [faster, slower]  # only the skipped one is left out
-    assert skipped in feasible  # still a feasible trial of the study
 
 
 def test_a_race_without_a_contender_answers_keep_your_configuration(tmp_path: Path) -> None:
@@ -141,7 +118,13 @@ def test_a_pruned_candidates_reason_says_whether_the_floor_or_its_rank_stopped_i
         entry, 0.5, 4, 9, race
     )
     assert "the best 2 went on" in prune_reason(entry, 1.4, 3, 9, race)
-    assert "in a 0.3 s window" in prune_reason(entry, 0.5, 4, 9, race)
+    window = Reading("#1", 1.0, 1.0, 1.0, steps=30, seconds=0.1)
+    entry.turn = Turn(None)
+    for _ in range(5):
+        entry.turn.add(window)
+    assert "0.50x the baseline in 5 windows of 0.1 s (rank 4" in prune_reason(
+        entry, 0.5, 4, 9, race
+    )
     entry.turn = Turn(Reading("#1", 1.0, 1.0, 1.0, steps=1, seconds=0.3, read_on_drain=True))
     assert "0.50x the baseline on its drain steps, its fastest" in prune_reason(
         entry, 0.5, 4, 9, race
@@ -286,7 +269,8 @@ def test_the_wait_for_idle_workers_ends_once_they_stop_using_cpu() -> None:
 TINY_RACE = [
     *FIXED_SPEED,
     "hydra.sweeper.n_trials=4",
-    "hydra.sweeper.race.window_s=0.2",
+    "hydra.sweeper.race.window_s=0.05",
+    "hydra.sweeper.race.slices=2",
     "hydra.sweeper.race.finalists=1",
     "hydra.sweeper.confirm.window_s=0.2",
     "hydra.sweeper.confirm.target_halfwidth=0.5",  # the protocol, not its precision: few rounds
@@ -346,7 +330,19 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
     # trial with its extras
     batches = [t.params["loader.batch_size"] for t in trials[1:]]
     assert finalist.params["loader.batch_size"] == max(batches)
-    assert finalist.user_attrs["profile"] and "extras_skipped" not in finalist.user_attrs
+    assert finalist.user_attrs["profile"]
+    # read over the baseline after the screen, in more windows, and told in the baseline's frame:
+    # its window metrics the baseline's whole-trial value x that paired ratio, its own whole
+    # trial's window reading kept beside
+    paired = screen["paired"]
+    assert paired["windows"] >= 1 and paired["throughput"]["ratio"] >= RaceOptions().floor
+    low, high = paired["throughput"]["ci"]
+    assert low <= paired["throughput"]["ratio"] <= high
+    for name in ("throughput", "throughput_amortized"):  # the objective is the amortized one
+        told = baseline.user_attrs[name] * paired[name]["ratio"]
+        assert finalist.user_attrs[name] == pytest.approx(told)
+    assert finalist.values[0] == pytest.approx(finalist.user_attrs["throughput_amortized"])
+    assert screen["whole_window"]["throughput"] > 0
     # every whole trial ran in the race's one process: no launcher job of its own
     sweep_dir = Path(finalist.user_attrs["run_dir"]).parent
     assert (sweep_dir / "race" / "interleave.log").is_file()
@@ -507,8 +503,9 @@ class _ScriptedRace:
     """A race process that reads each label at a set throughput; `dies_on` a label's window
     ends the process (its `error` set, as a real one's is)."""
 
-    def __init__(self, readings: dict[str, float], dies_on: str | None = None) -> None:
+    def __init__(self, readings: dict[str, float], dies_on: str | None = None, step_s=None):
         self.readings, self.dies_on, self.error = readings, dies_on, None
+        self.step_s = step_s or {}  # a label's window takes this long (one long step)
         self.calls: list[tuple[str, str]] = []
 
     def add(self, label, config, timeout_s=None):
@@ -526,7 +523,7 @@ class _ScriptedRace:
             return Failure(label, status="error", reason=self.error)
         value = self.readings[label]
         return Reading(label, throughput=value, throughput_amortized=value, step_time_ms=1.0,
-                       steps=3, seconds=0.3)  # fmt: skip
+                       steps=3, seconds=self.step_s.get(label, window_s))  # fmt: skip
 
     def drop(self, label):
         self.calls.append(("drop", label))
@@ -544,14 +541,14 @@ def _screened(race, dies_on=None, restarted=None):
         race,
         configs,
         "throughput",
-        RaceOptions(),
+        RaceOptions(slices=2),
         lambda: restarted.append(fresh) or fresh,
         lambda label, turn, ratio: lines.append((label, ratio)),
     )
     return compared, windows, lines
 
 
-def test_the_control_is_read_between_two_baseline_windows_and_dropped():
+def test_the_control_is_read_in_its_windows_each_between_two_baseline_windows_and_dropped():
     from gpuopt.sweeper.comparison import calibrated
     from gpuopt.sweeper.race import screen
 
@@ -561,9 +558,27 @@ def test_the_control_is_read_between_two_baseline_windows_and_dropped():
     ratios, control = calibrated(screen.raw_ratios(compared, "throughput"), policy.CONTROL)
     assert control == pytest.approx(0.8)  # candidates are read over 0.8x from here on
     assert ratios["#1"] == pytest.approx(1.25) and lines == [("#1", pytest.approx(1.25))]
-    assert race.calls[:5] == [("measure", policy.BASELINE), ("add", policy.CONTROL),
+    assert race.calls[:8] == [("measure", policy.BASELINE), ("add", policy.CONTROL),
+                              ("measure", policy.CONTROL), ("measure", policy.BASELINE),
                               ("measure", policy.CONTROL), ("drop", policy.CONTROL),
-                              ("measure", policy.BASELINE)]  # fmt: skip
+                              ("measure", policy.BASELINE), ("add", "#1")]  # fmt: skip
+    assert len(compared.of("#1")) == 2 and race.calls[-2:] == [
+        ("drop", "#1"),
+        ("measure", policy.BASELINE),
+    ]
+
+
+def test_a_candidate_of_long_steps_is_read_in_as_few_windows_as_its_turns_seconds_hold():
+    """Two windows of 0.1 s are the turn; #1's first window took 0.3 s (steps longer than a
+    window): its turn ends there, its reading that window's."""
+    race = _ScriptedRace({policy.BASELINE: 100.0, policy.CONTROL: 100.0, "#1": 50.0},
+                         step_s={"#1": 0.3})  # fmt: skip
+    compared, windows, lines = _screened(race, restarted=[])
+    assert len(compared.of(policy.CONTROL)) == 2 and len(compared.of("#1")) == 1
+    turn = windows.turns["#1"]
+    assert turn.window.seconds == pytest.approx(0.3) and lines == [("#1", pytest.approx(0.5))]
+    control = windows.turns[policy.CONTROL].window  # its two windows joined
+    assert (control.steps, control.seconds, control.throughput) == (6, pytest.approx(0.2), 100.0)
 
 
 def test_a_control_that_costs_the_process_leaves_the_round_uncalibrated():
@@ -595,3 +610,33 @@ def test_the_screens_progress_line_gives_the_ratio_the_race_decides_on() -> None
     entry = Screened(SimpleNamespace(number=3), [], "#3", Turn(window, {}, 1.5), 2.5)
     line = screen_line(entry, 2, 9, "throughput_amortized")
     assert line == "race: screened 2/9 #3: throughput=200 (2.50x the baseline), built in 1.5 s"
+
+
+def test_a_finalists_whole_trial_is_told_in_the_baselines_frame() -> None:
+    """Its window metrics: the baseline's whole-trial value x its paired ratio over the baseline
+    (over the round's control's), divided where lower is better; its own readings kept."""
+    from gpuopt.core.result import Metrics, Status, TrialResult
+    from gpuopt.core.stats import speedup
+    from gpuopt.sweeper.race.runner import Screened, paired_line
+    from gpuopt.sweeper.race.whole import Paired, over_baseline
+
+    faster = speedup([110.0, 121.0], [100.0, 110.0], "maximize")  # 1.1x in both pairs
+    quicker = speedup([9.0, 10.0], [9.9, 11.0], "minimize")  # 10% shorter steps: 1.1x
+    paired = Paired({"throughput": faster, "step_time_ms": quicker, "throughput_amortized": None},
+                    turn=None, control=1.0)  # fmt: skip
+    measured = TrialResult(Status.OK, Metrics(throughput=90.0, step_time_ms=12.0))
+    baseline = {"throughput": 200.0, "step_time_ms": 5.0, "throughput_amortized": 190.0}
+    told, own = over_baseline(measured, baseline, paired)
+    assert told.metrics.throughput == pytest.approx(220.0)
+    assert told.metrics.step_time_ms == pytest.approx(5.0 / 1.1)
+    assert told.metrics.throughput_amortized is None  # not measured: nothing to tell
+    assert own == {"throughput": 90.0, "step_time_ms": 12.0}
+    # over a control build that read 1.1x the baseline's windows: the finalist reads 1.0x
+    calibrated = Paired({"throughput": faster}, turn=None, control=1.1)
+    told, _ = over_baseline(measured, baseline, calibrated)
+    assert told.metrics.throughput == pytest.approx(200.0)
+    read = calibrated.to_json()["throughput"]
+    assert read["ratio"] == pytest.approx(1.0) and read["pairs"] == 2
+    entry = Screened(SimpleNamespace(number=4), [], "#4")  # type: ignore[arg-type]
+    line = paired_line(entry, calibrated, "throughput")
+    assert line.startswith("#4 read over the baseline in 0 windows: 1.00x")

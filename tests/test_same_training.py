@@ -555,18 +555,20 @@ def test_the_confirmation_keeps_both_answers_in_fewer_rounds_where_the_cap_is_ti
     assert plan(2, 4, 1.0, 5, 2, keep=2).top_k == 1  # not even 2 rounds of both: the best stays
 
 
-def test_a_same_training_finalist_below_the_floor_in_its_whole_trial_is_the_evidence_for_keep():
-    """The race kept #1 (batch 32, bf16) as its same-training finalist; its whole trial read below
-    the race's floor of the baseline, so it skipped its extras, the guard among them: answer (a)
-    is the baseline, and the evidence says why with the floor it missed."""
+def test_a_same_training_finalist_below_the_floor_after_the_screen_is_the_evidence_for_keep():
+    """The race kept #1 (batch 32, bf16) as its same-training finalist; its read over the
+    baseline after the screen found it below the race's floor, so it was pruned without a whole
+    trial: answer (a) is the baseline, and the evidence says why with the floor it missed."""
+    from optuna.trial import TrialState
+
     from gpuopt.study.answers import same_training_evidence
 
     base, finalist = _frozen(0, 32, 10.0, baseline=True), _frozen(1, 32, 8.0)
     base.number, finalist.number = 0, 1
+    finalist.state, finalist.values = TrialState.PRUNED, None
+    paired = {"windows": 20, "throughput": {"ratio": 0.85, "ci": [0.83, 0.87], "pairs": 20}}
     finalist.user_attrs.update(
-        race={"same_training": True, "floor": 0.9, "ratio": 1.02},
-        extras_skipped="its window read 8 samples/s, below measure.contender_floor=9",
-        numerics={"passed": None, "not_run": "extras skipped", "changes": ["precision bf16"]},
+        race={"same_training": True, "floor": 0.9, "ratio": 1.02, "paired": paired}
     )
     evidence = same_training_evidence([base, finalist], base, None, "global batch 32")
-    assert evidence == "same-training #1 read below 0.9x the baseline in its whole trial"
+    assert evidence == "same-training #1 read below 0.9x the baseline after the screen"

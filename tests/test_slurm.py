@@ -188,40 +188,34 @@ def test_sweep_runs_its_trials_as_slurm_jobs_to_completion(tmp_path, cluster):
     assert all(f"Starting with JobEnvironment(job_id={k}," in text for k, text in logs.items())
 
 
-def _warned_and_running(tmp_path: Path, cluster: slurm_helper.SlurmCluster) -> set[str]:
-    """The sweep's jobs SLURM's time-limit warning has reached (gpuopt's USR2 line in the job's
-    stderr) that still run."""
-    warned = {
-        path.parent.name
-        for path in tmp_path.glob("sweeps/*/*/.submitit/*/*_0_log.err")
-        if "gpuopt: SLURM sent SIGUSR2" in path.read_text(errors="replace")
-    }
-    states = squeue_states(cluster)
-    return {job for job in warned if job in states and states[job].state == "RUNNING"}
+def _running(cluster: slurm_helper.SlurmCluster) -> set[str]:
+    return {job for job, state in squeue_states(cluster).items() if state.state == "RUNNING"}
 
 
-def _end_now(cluster: slurm_helper.SlurmCluster, job_id: str) -> datetime:
-    """Move a running job's end time to a second from now, as an administrator shortens its time
-    limit (`scontrol update EndTime=`); slurmctld's next time-limit check (every 30 s) kills it with
-    the TIMEOUT of a job that reached its limit. Returns when the end was set."""
-    now = datetime.now().replace(microsecond=0)
-    subprocess.run(
-        ["scontrol", "update", f"JobId={job_id}", "EndTime=now+1"],
-        env={**os.environ, **cluster.env},
-        capture_output=True,
-        text=True,
-        check=True,
+def _warned(tmp_path: Path, job_id: str) -> bool:
+    """gpuopt's USR2 line is in the job's stderr (the trial went on after SLURM's warning)."""
+    return any(
+        "gpuopt: SLURM sent SIGUSR2" in path.read_text(errors="replace")
+        for path in tmp_path.glob(f"sweeps/*/*/.submitit/{job_id}/{job_id}_0_log.err")
     )
-    return now
+
+
+def _scontrol(cluster: slurm_helper.SlurmCluster, *args: str) -> None:
+    env = {**os.environ, **cluster.env}
+    subprocess.run(list(args), env=env, capture_output=True, text=True, check=True)
 
 
 @pytest.mark.slow
 @needs_slurm
 def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp_path, cluster):
-    """Trial #1 hangs; SLURM's warning (submitit's USR2, signal_delay_s=120 > timeout_min=1: sent at
-    slurmctld's first time-limit check) reaches it and it runs on; then its end time is moved to now
-    and the next check (30 s later, not the minute of timeout_min=1 plus up to 30 s) kills it at its
-    limit; trial #2 still runs. The grid's seed puts the hanging point first."""
+    """Trial #1 hangs. Once its task runs (its pid noted), SLURM's time-limit warning is sent to
+    it as slurmctld sends it (`scancel --signal=USR2`: submitit's signal) and it runs on; then its
+    end time is moved to now (`scontrol update EndTime=`, as an administrator shortens a limit)
+    and slurmctld's next time-limit check (every 30 s) kills it with the TIMEOUT of a job that
+    reached its limit; trial #2 still runs. timeout_min=5 leaves SLURM's own warning and limit
+    out of the test's way. The grid's seed puts the hanging point first."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
     env = {**os.environ, **cluster.env, "GPUOPT_OUTPUT_DIR": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
     cmd = [
         str(HELPERS / "fake_task.py"), "-m", *SLURM_JOB, *FAST,
@@ -231,7 +225,8 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
         "hydra.sweeper.max_failure_rate=0.9",
         "hydra/sweeper/sampler=grid",
         "hydra.sweeper.sampler.seed=0",
-        "hydra.launcher.timeout_min=1",
+        "hydra.launcher.timeout_min=5",
+        f"model.pid_dir={pids}",
         "model.case=choice(hang,fine)",
     ]  # fmt: skip
     out = tmp_path / "sweep.out"
@@ -239,12 +234,18 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
         proc = subprocess.Popen(
             [sys.executable, *cmd], cwd=tmp_path, env=env, stdout=stdout, stderr=subprocess.STDOUT
         )
+    hanging: str | None = None  # the hanging trial's job, once its task runs
     ended: dict[str, datetime] = {}  # job -> when its end time was moved to now
     try:
         deadline = time.monotonic() + 170
         while proc.poll() is None and time.monotonic() < deadline:
-            for job_id in _warned_and_running(tmp_path, cluster) - set(ended):
-                ended[job_id] = _end_now(cluster, job_id)
+            if hanging is None and len(list(pids.iterdir())) == 2 and _running(cluster):
+                # the baseline's task and the hanging one's ran: the job running is #1's
+                (hanging,) = _running(cluster)
+                _scontrol(cluster, "scancel", "--signal=USR2", hanging)
+            elif hanging and hanging not in ended and _warned(tmp_path, hanging):
+                ended[hanging] = datetime.now().replace(microsecond=0)
+                _scontrol(cluster, "scontrol", "update", f"JobId={hanging}", "EndTime=now+1")
             time.sleep(0.5)
     finally:
         if proc.poll() is None:
@@ -258,16 +259,14 @@ def test_trial_killed_at_slurms_time_limit_is_an_error_and_the_sweep_goes_on(tmp
     assert baseline.user_attrs["status"] == "ok" and after.user_attrs["status"] == "ok"
     assert hung.state == TrialState.FAIL and hung.user_attrs["status"] == "error"
     reason = hung.user_attrs["reason"]
-    assert reason.startswith("cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min=1), job ")
+    assert reason.startswith("cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min=5), job ")
     # The job's stderr, slurmstepd's verdict included, is kept with the trial.
     verdict = re.search(r"CANCELLED AT (\S+) DUE TO TIME LIMIT", hung.user_attrs["traceback"])
     assert verdict, hung.user_attrs["traceback"][-2000:]
     job_id = reason.rsplit("job ", 1)[1]
     assert settled_states(cluster)[job_id].state == "TIMEOUT"
-    # submitit's USR2 did not end or requeue it: it ran on after the warning (until its end time).
-    (stderr,) = tmp_path.glob(f"sweeps/*/*/.submitit/{job_id}/{job_id}_0_log.err")
-    assert "gpuopt: SLURM sent SIGUSR2" in stderr.read_text()
-    assert job_id in ended, (ended, text[-3000:])
+    # The warning did not end or requeue it: it ran on after it, until its end time.
+    assert job_id in ended and _warned(tmp_path, job_id), (ended, text[-3000:])
     assert datetime.fromisoformat(verdict.group(1)) >= ended[job_id]
     assert "gpuopt sweep summary" in text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -456,8 +457,8 @@ def test_overrides_to_experiment():
 
 
 def test_the_sweeps_measurement_settings_are_no_part_of_the_answer(tmp_path):
-    """How gpuopt measured (a preset's short windows, the race's contender floor, the guard's
-    global batch) is left out of best.yaml, the change to apply and the report's keys that
+    """How gpuopt measured (a preset's short windows, a window's settings, the guard's global
+    batch) is left out of best.yaml, the change to apply and the report's keys that
     differ: `+experiment=best` measures with the user's own settings."""
     from gpuopt.report.build import config_diff
     from gpuopt.study.experiment import override_diff
@@ -465,12 +466,12 @@ def test_the_sweeps_measurement_settings_are_no_part_of_the_answer(tmp_path):
 
     sweep = SweepIdentity("s", "sqlite://", tmp_path, ["throughput"], ["maximize"], "app", [])
     trial = ["loader.batch_size=64", "measure.time_budget_s=2.0", "guard.global_batch=32",
-             "++measure.contender_floor=10.0", "measure=quick", "+guard.x=1"]  # fmt: skip
+             "++measure.min_steps=10", "measure=quick", "+guard.x=1"]  # fmt: skip
     assert _experiment_overrides(trial, sweep) == (["loader.batch_size=64"], None)
     baseline = ["loader.batch_size=32", "measure.time_budget_s=2.0", "guard.global_batch=32"]
     assert override_diff(baseline, trial) == (["loader.batch_size=64"], [])
-    base_conf = {"loader": {"batch_size": 32}, "measure": {"contender_floor": None}}
-    best_conf = {"loader": {"batch_size": 64}, "measure": {"contender_floor": 10.0}}
+    base_conf = {"loader": {"batch_size": 32}, "measure": {"min_steps": 5}}
+    best_conf = {"loader": {"batch_size": 64}, "measure": {"min_steps": 10}}
     assert [c.key for c in config_diff(base_conf, best_conf)] == ["loader.batch_size"]
 
 
@@ -512,9 +513,30 @@ def test_default_storage_is_the_output_dirs_gpuopt_db(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()  # finding the study creates nothing
 
 
-def test_probe_env_failure_is_reported_not_raised():
+def test_probe_env_failure_is_reported_not_raised_nor_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path))
     probe = hardware.probe_env(python=sys.executable + "-does-not-exist")
     assert probe.error and probe.data == {}  # no facts: nothing judged poor
+    assert not (tmp_path / hardware.PROBE_FILE).exists()
+
+
+def test_the_env_probe_is_kept_per_machine_interpreter_and_visible_gpus(monkeypatch, tmp_path):
+    """A second sweep on the same machine reads the kept probe (no subprocess importing torch);
+    other visible GPUs are another key, so they are probed afresh."""
+    monkeypatch.setenv("GPUOPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    ran = []
+    real_run = subprocess.run
+    monkeypatch.setattr(
+        hardware.subprocess, "run", lambda *a, **k: ran.append(a[0]) or real_run(*a, **k)
+    )
+    first = hardware.probe_env()
+    assert not first.error and first.data["device"] == "cpu" and len(ran) == 1
+    assert hardware.probe_env().data == first.data and len(ran) == 1  # kept
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert hardware.probe_env().data["device"] == "cpu" and len(ran) == 2  # another key
+    kept = json.loads((tmp_path / hardware.PROBE_FILE).read_text())
+    assert len(kept) == 2 and all(json.loads(k)["python"] == sys.executable for k in kept)
 
 
 def test_the_env_probe_runs_only_where_it_can_judge_a_searched_key(monkeypatch):

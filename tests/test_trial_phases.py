@@ -89,41 +89,6 @@ def test_the_clock_leaves_out_what_a_trial_did_not_run_and_keeps_a_failures_phas
     assert "guard" not in failed.phases  # the guard runs after a trial measured ok only
 
 
-def test_a_window_below_the_contender_floor_skips_the_extras_only_an_answer_needs(compose_cfg):
-    """measure.contender_floor (the race's floor of its baseline's throughput): a finalist
-    slower in its own window gets no profile, compute ceiling or numerics guard, says so, and
-    its math change is "not checked" (never the same training); at or above the floor every
-    extra runs."""
-    import optuna
-
-    from gpuopt.study.rules import numerics_unchecked
-
-    extras = {"profile", "ceiling", "guard", "guard_reference"}
-    on = [*MLP, *GUARD, "precision=bf16", "profile=on", "profile.steps=2"]
-    above = run_trial(_spec(compose_cfg, *on, "measure.contender_floor=1e-6"), device=CPU)
-    assert above.status is Status.OK, above.reason
-    assert extras <= set(above.phases) and above.extras_skipped is None
-    assert above.profile and above.numerics["passed"] is True
-
-    below = run_trial(_spec(compose_cfg, *on, "measure.contender_floor=1e12"), device=CPU)
-    assert below.status is Status.OK, below.reason
-    assert extras.isdisjoint(below.phases)  # the window and the cheap extras still ran
-    assert {"window", "boundary", "loader_cost", "peak_probe"} <= set(below.phases)
-    assert below.profile is None and below.metrics.ceiling_throughput is None
-    assert "below measure.contender_floor=1e+12" in below.extras_skipped
-    assert any(w.startswith("extras skipped:") for w in below.warnings)
-    assert below.numerics == {
-        "passed": None,
-        "not_run": f"skipped: {below.extras_skipped}",
-        "changes": ["precision bf16"],
-    }
-    attrs = result_user_attrs(below)
-    assert attrs["extras_skipped"] == below.extras_skipped
-    stored = optuna.trial.create_trial(value=1.0, user_attrs=attrs)
-    assert numerics_unchecked(stored).startswith("skipped: its window read")
-    assert TrialResult.from_dict(below.to_dict()).extras_skipped == below.extras_skipped
-
-
 def test_trial_phase_sums_a_phase_that_runs_twice_also_when_it_raises():
     trial = Trial(spec=None, device=CPU)  # type: ignore[arg-type]
     with trial.phase("a"):

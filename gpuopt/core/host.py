@@ -54,26 +54,36 @@ def steal_percent(before: dict[str, int] | None, after: dict[str, int] | None) -
     return 100.0 * (after["steal"] - before["steal"]) / total
 
 
-def children_cpu_ticks(pid: int | None = None) -> int | None:
-    """CPU time (user + system, clock ticks) of the live child processes of `pid` (this process by
-    default), from /proc (Linux): a DataLoader's workers are such children. None elsewhere."""
+def child_pids(pid: int | None = None) -> list[str] | None:
+    """The live child processes of `pid` (this process by default), from /proc (Linux): a
+    DataLoader's workers are such children. None elsewhere."""
     pid = os.getpid() if pid is None else pid
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
-    total = 0
+    out: list[str] = []
     for tid in tasks:
         try:
-            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+            out += Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
         except OSError:
             continue  # the thread ended, or the kernel lacks CONFIG_PROC_CHILDREN
-        for child in children:
-            try:
-                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue  # the child ended meanwhile
-            total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5) fields 14, 15)
+    return out
+
+
+def children_cpu_ticks(pid: int | None = None) -> int | None:
+    """CPU time (user + system, clock ticks) of the live child processes of `pid`; None where
+    /proc is absent."""
+    children = child_pids(pid)
+    if children is None:
+        return None
+    total = 0
+    for child in children:
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the child ended meanwhile
+        total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5) fields 14, 15)
     return total
 
 
@@ -89,7 +99,7 @@ def wait_for_idle_children(
 
     started = time.monotonic()
     last, last_change = children_cpu_ticks(), started
-    if last is None:
+    if last is None or not child_pids():  # no loader workers: nothing to wait for
         return 0.0
     while time.monotonic() - started < max_s:
         time.sleep(poll_s)

@@ -49,9 +49,6 @@ class TrialResult:
     # trial (build, flops, warmup, window, ..., guard, other), summing to its wall time in
     # run_measured. Not a metric (no objective, not in the table); None where nothing was clocked.
     phases: dict[str, float] | None = None
-    # Why the extras only an answer needs (profile, compute ceiling, numerics guard) were skipped:
-    # its window read below measure.contender_floor (a race's slow finalist). None: not skipped.
-    extras_skipped: str | None = None
     # What the app's own task returned beside a measuring callback's result (a float as
     # {"value": x}, a dict's scalars): kept, never an objective unless named (user attrs `app.*`).
     app_return: dict[str, Any] | None = None
@@ -86,7 +83,6 @@ class TrialResult:
             numerics=data.get("numerics"),
             ranks=data.get("ranks") if isinstance(data.get("ranks"), list) else None,
             phases=data.get("phases") if isinstance(data.get("phases"), dict) else None,
-            extras_skipped=data.get("extras_skipped"),
             app_return=data.get("app_return") if isinstance(data.get("app_return"), dict) else None,
         )
 
@@ -110,7 +106,6 @@ ATTR_PROFILE = "profile"  # the profiled window's summary (dict), on profiled tr
 ATTR_NUMERICS = "numerics"  # the numerics guard's evidence (dict), absent when it did not run
 ATTR_RANKS = "ranks"  # a distributed trial's per-rank rows (list), absent for one process
 ATTR_PHASES = "phases"  # the trial's phase clock (dict: phase -> seconds), absent when not clocked
-ATTR_EXTRAS_SKIPPED = "extras_skipped"  # why its profile, ceiling and guard did not run (str)
 ATTR_APP_PREFIX = "app."  # the app's own returned metrics beside a callback's result (app.value)
 
 
@@ -130,8 +125,6 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
         attrs[ATTR_RANKS] = result.ranks
     if result.phases is not None:
         attrs[ATTR_PHASES] = result.phases
-    if result.extras_skipped is not None:
-        attrs[ATTR_EXTRAS_SKIPPED] = result.extras_skipped
     for name, value in (result.app_return or {}).items():
         attrs[f"{ATTR_APP_PREFIX}{name}"] = value
     return json.loads(json.dumps(attrs, default=str))

@@ -141,10 +141,6 @@ class MeasureConf:
     nvml_interval_s: float = 0.1
     peak_probe: bool = True  # a matmul probe of this machine's peak (cached): mfu_achievable
     loader_cost: bool = True  # price the input pipeline per sample: limit_throughput
-    # samples/s: a single-process native trial whose timed window reads slower skips the extras
-    # only an answer needs (profile, compute ceiling, numerics guard; gpuopt.engines.native). The
-    # race sets it to its baseline's throughput for the finalists' whole trials; None: no floor.
-    contender_floor: float | None = None
 
 
 @dataclass

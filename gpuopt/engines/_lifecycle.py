@@ -167,7 +167,6 @@ def run_measured(
         profile=trial.profile,
         numerics=trial.numerics,
         phases=dict(trial.phases),
-        extras_skipped=trial.extras_skipped,
     )
 
 

@@ -49,7 +49,7 @@ from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._step import Batch, Workload, build_workload
 from gpuopt.engines._window import flop_notes
-from gpuopt.trial import numerics, policies
+from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import StepFlops, measure_step_flops, synchronize
 from gpuopt.trial.memory import MemoryBaseline
@@ -316,14 +316,13 @@ def measure(trial: Trial, process_t0: float) -> None:
     with phase("window"):
         timed_window(meter, step, workload, process_t0)
     window_fetch_s = feed.wait.fetch_s  # the window's (its marks stopped with the window)
-    contender = ranks is not None or not skip_extras(trial)
-    if trial.spec.profile.enabled and contender:  # before the boundary stops the loader
+    if trial.spec.profile.enabled:  # before the boundary stops the loader
         with phase("profile"):
             profiled_window(trial, workload, feed, ranks)
     boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
     record_steady_state(trial.metrics, boundary)
     ceiling = None
-    if trial.spec.measure.ceiling and ranks is None and contender:  # time-budgeted: ranks
+    if trial.spec.measure.ceiling and ranks is None:  # time-budgeted: ranks
         with phase("ceiling"):  # would disagree
             ceiling = compute_ceiling(trial, workload, feed, first_step)
     elif trial.spec.measure.ceiling and ranks is not None and leader:
@@ -335,30 +334,6 @@ def measure(trial: Trial, process_t0: float) -> None:
     if trial.spec.measure.peak_probe and leader:
         with phase("peak_probe"):  # the matmul peak: cached on disk (gpuopt.trial.matmul_peak)
             record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
-
-
-def skip_extras(trial: Trial) -> bool:
-    """Whether this single-process trial's timed window read below `measure.contender_floor`:
-    then it skips the extras only an answer needs (the profiled window, the compute ceiling, the
-    numerics guard: seconds each on a large batch, the guard's fp32 reference most), and says so
-    (a warning, `extras_skipped`, and, where its math changed, numerics "not checked": never the
-    same training). The race sets the floor to race.floor x its baseline's throughput for its
-    finalists' whole trials: a finalist its own whole trial reads below that is no answer
-    (gpuopt.sweeper.confirm.schedule.candidates leaves it out), so its guard would decide nothing."""
-    floor, throughput = trial.spec.measure.contender_floor, trial.metrics.throughput
-    if floor is None or throughput is None or throughput >= floor:
-        return False
-    why = (
-        f"its window read {throughput:.4g} samples/s, below measure.contender_floor={floor:.4g} "
-        "(the race's floor of its baseline): no answer, so no profile, compute ceiling or "
-        "numerics guard"
-    )
-    trial.extras_skipped = why
-    trial.warnings.append(f"extras skipped: {why}")
-    if guard_numerics in trial.after_release:
-        trial.after_release.remove(guard_numerics)
-    numerics.record_skipped(trial, why)
-    return True
 
 
 # -- the sweeper's probing processes (through gpuopt.engines.registry.engine_entry) ---------------

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from optuna.trial import TrialState
 
 from gpuopt.core.stats import TOO_NOISY
-from gpuopt.study.keys import ATTR_BASELINE, ATTR_EXTRAS_SKIPPED, ATTR_RACE
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE
 from gpuopt.study.records import IN_PROCESS, Comparison, Confirmation
 from gpuopt.study.rules import feasible_trials, same_training, training_change
 
@@ -225,20 +225,21 @@ def same_training_evidence(
 
 def _screened_evidence(trials: Sequence[Any], baseline: Any) -> str | None:
     """What the race read of its candidates that held the training by their params (their
-    `race` record's flag): a finalist whose whole-trial window read slower, one the numerics
-    guard turned down, or the closest the screen read below its floor."""
+    `race` record's flag): a finalist its read over the baseline after the screen (`paired`)
+    found below the floor, one the numerics guard turned down, or the closest the screen read
+    below its floor."""
     records = [
         (t, t.user_attrs[ATTR_RACE])
         for t in trials
         if isinstance(t.user_attrs.get(ATTR_RACE), dict)
         and t.user_attrs[ATTR_RACE].get("same_training")
     ]
-    slower = [(t, r) for t, r in records if t.user_attrs.get(ATTR_EXTRAS_SKIPPED)]
+    slower = [(t, r) for t, r in records if t.state == TrialState.PRUNED and r.get("paired")]
     if slower:
         trial, record = slower[0]
         floor = record.get("floor")
         below = f"{floor:g}x the baseline" if isinstance(floor, int | float) else "the baseline"
-        return f"same-training #{trial.number} read below {below} in its whole trial"
+        return f"same-training #{trial.number} read below {below} after the screen"
     whole = [t for t, _ in records if t.state == TrialState.COMPLETE]
     if whole:  # held the global batch, but not the training: the guard said no
         return f"#{whole[0].number} held the global batch: {training_change(baseline, whole[0])}"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 # How gpuopt measures and guards a trial, never what it trains: a sweep fixes them for its trials
-# (a preset's shorter windows, the race's contender floor, the guard's global batch), so they are
+# (a preset's shorter windows, the guard's global batch), so they are
 # no part of the configuration an answer hands back (best.yaml, the report's keys that differ):
 # `+experiment=best` measures with the user's own settings.
 MEASUREMENT_GROUPS = ("measure", "guard")

@@ -5,8 +5,8 @@ is a user attr (optuna-dashboard and `optuna trials` show it) or a system attr (
 bookkeeping). The strings are the stored format: existing studies hold them, so never change one.
 
 The attrs a trial's own `TrialResult` is stored under (status, reason, env, config, warnings,
-profile, numerics, ranks, phases, extras_skipped: `gpuopt.core.result.result_user_attrs`) are named in core/result.py, which
-writes them and imports nothing of the study; they are listed here too, so that every reader takes
+profile, numerics, ranks, phases: `gpuopt.core.result.result_user_attrs`) are named in core/result.py,
+which writes them and imports nothing of the study; they are listed here too, so that every reader takes
 every key from this module. Every metric is stored flat under its own name (`throughput`, ...:
 the metric catalogue, `gpuopt.core.metrics.Metrics`).
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 from gpuopt.core.result import (
     ATTR_CONFIG,
     ATTR_ENV,
-    ATTR_EXTRAS_SKIPPED,
     ATTR_NUMERICS,
     ATTR_PHASES,
     ATTR_PROFILE,
@@ -32,7 +31,6 @@ __all__ = [
     "ATTR_BASELINE_SKIPPED",
     "ATTR_CONFIG",
     "ATTR_ENV",
-    "ATTR_EXTRAS_SKIPPED",
     "ATTR_FIXED_PARAMS",
     "ATTR_GRID_ID",
     "ATTR_HEARTBEAT",

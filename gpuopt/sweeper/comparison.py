@@ -12,9 +12,15 @@ gpuopt makes is a call of it with its own settings:
 
 Orders. "rounds": each round measures the control and every arm still in, A B1 B2 in even rounds
 and B2 B1 A in odd ones (`round_order`), an arm's reading paired with the control's of its round.
-"bracketed": the control between every two arms, B c1 B c2 ... B, an arm's reading paired with the
-geometric mean of the control readings on either side of it. Either way the machine's slow drift
-cancels within a pair, and the ratio is the paired estimator of gpuopt.core.stats.speedup.
+"bracketed": the control between every two arms' readings, an arm's reading paired with the
+geometric mean of the control readings on either side of it; an arm's `turn` is that many short
+readings in a row, each between two of the control's (B c1 B c1 B c1 B c2 ...). Either way the
+machine's drift cancels within a pair, and the ratio is the paired estimator of
+gpuopt.core.stats.speedup. Why short readings: this 2-core VM's speed moves by 10-40% within a
+second (one process, one build, back-to-back 0.8 s windows: 0.77-1.31x their median, steal 0%),
+so a pair is as good as it is close in time: 1 s of an arm against 1 s of its control read
+identical builds at a log-sd of 0.131 as one window each, 0.055 in 0.25 s slices, 0.022 in 0.1 s
+slices (docs/benchmarks.md, "Slicing the screen").
 
 The service records nothing in Optuna and writes no file: a caller stores what it returns (the
 confirmation's record, the race's trials through the trial loop).
@@ -42,11 +48,18 @@ ROUNDS, BRACKETED = "rounds", "bracketed"
 class Measurement:
     """What an executor gives back for one measurement: `status` "ok" with the compared `value`,
     or how it ended (oom, error, slow, ...) and no value; `detail`: the executor's own answer (a
-    window's reading, a trial's outcome), kept for the caller."""
+    window's reading, a trial's outcome), kept for the caller. `last`: the executor has no more
+    readings of this arm in its turn (the screen's arm read on its drain); a failed one has none
+    either."""
 
     status: str
     value: float | None = None
     detail: Any = None
+    last: bool = False
+
+    @property
+    def ends_turn(self) -> bool:
+        return self.last or self.status != "ok"
 
     @classmethod
     def of(cls, outcome: Any) -> Measurement:
@@ -70,6 +83,10 @@ class Reading:
     @property
     def value(self) -> float | None:
         return self.measurement.value if self.measurement.status == "ok" else None
+
+
+def _value(reading: Reading) -> float | None:
+    return reading.value
 
 
 class Executor(Protocol):
@@ -110,15 +127,18 @@ class Compared:
         """The arm's values by round (a failed measurement: no entry)."""
         return {r.round: r.value for r in self.of(label) if r.value is not None}
 
-    def neighbours(self, reading: Reading) -> tuple[float | None, float | None]:
-        """The control's values just before and just after `reading` in run order (bracketed)."""
+    def neighbours(
+        self, reading: Reading, value: Callable[[Reading], float | None] = _value
+    ) -> tuple[float | None, float | None]:
+        """The control's values just before and just after `reading` in run order (bracketed);
+        `value`: which of a reading's values (its compared one by default)."""
         i = self.readings.index(reading)
-        return self._control_value(i - 1), self._control_value(i + 1)
+        return self._control_value(i - 1, value), self._control_value(i + 1, value)
 
-    def _control_value(self, index: int) -> float | None:
+    def _control_value(self, index: int, value: Callable[[Reading], float | None]) -> float | None:
         if not 0 <= index < len(self.readings) or self.readings[index].label != self.control:
             return None
-        return self.readings[index].value
+        return value(self.readings[index])
 
     def ratio(
         self,
@@ -127,17 +147,20 @@ class Compared:
         over: str | None = None,
         target: float = DEFAULT_TARGET,
         first_stage: int | None = None,
+        value: Callable[[Reading], float | None] = _value,
     ) -> Speedup | None:
         """The arm's paired speedup over the control (or another arm, `over`): > 1 is better
         whichever the direction, with its 95% interval from 2 pairs on. In round order pairs are
         rounds (`first_stage`: Stein's interval); in bracketed order an arm's reading is paired
-        with the geometric mean of the control readings either side of it. None without a pair."""
+        with the geometric mean of the control readings either side of it, on `value` (another
+        of the executor's readings than the compared one: the race reads each window metric).
+        None without a pair."""
         reference = over or self.control
         if self.order == BRACKETED and reference == self.control:
             own = self.of(label)
-            brackets = [_geomean(self.neighbours(r)) for r in own]
+            brackets = [_geomean(self.neighbours(r, value)) for r in own]
             try:
-                return speedup([r.value for r in own], brackets, direction, target=target)
+                return speedup([value(r) for r in own], brackets, direction, target=target)
             except ValueError:
                 return None
         return paired_speedup(
@@ -259,11 +282,13 @@ def round_order(labels: Sequence[str], round_index: int) -> list[str]:
     return list(labels) if round_index % 2 == 0 else list(reversed(labels))
 
 
-def bracketed_order(control: str, arms: Sequence[str]) -> list[str]:
-    """B c1 B c2 ... B: a control measurement on each side of every arm's."""
+def bracketed_order(control: str, arms: Sequence[str], turn: int = 1) -> list[str]:
+    """B c1 B c2 ... B: a control measurement on each side of every arm's; each arm `turn`
+    times in a row (B c1 B c1 B c2 B c2 B for 2). `compare` ends an arm's turn early where a
+    measurement says so (`Measurement.ends_turn`)."""
     order = [control]
     for label in arms:
-        order += [label, control]
+        order += [label, control] * turn
     return order
 
 
@@ -275,25 +300,35 @@ def compare(
     executor: Executor,
     *,
     order: str = ROUNDS,
+    turn: int = 1,
     report: Callable[[Reading, Compared], None] | None = None,
     load: Callable[[], float] = lambda: os.getloadavg()[0],
 ) -> Compared:
     """Measure `arms` around `control`: `stop.first` rounds of every arm, then each arm for as
-    many rounds as `stop.wanted` gives it, while the budget allows a whole round. `report` is
-    called after each reading (a progress line)."""
+    many rounds as `stop.wanted` gives it, while the budget allows a whole round; in bracketed
+    order each arm's `turn` readings in a row. `report` is called after each reading (a
+    progress line)."""
     compared = Compared(control, tuple(arms), order)
     wanted = dict.fromkeys(arms, stop.first)
     ticks = cpu_ticks()
     while active := [a for a in arms if compared.rounds < wanted[a]]:
-        labels = _round_labels(order, control, active, compared.rounds)
+        labels = _round_labels(order, control, active, compared.rounds, turn)
         if budget.max_runs is not None and compared.runs + len(labels) > budget.max_runs:
             log.info("comparison: the run cap (%d) is reached", budget.max_runs)
             break
+        ended: set[str] = set()  # arms whose turn a measurement ended
+        skipped = False  # the last label was an ended arm's: its control window goes too
         for label in labels:
+            if label in ended or (skipped and label == control):
+                skipped = label in ended
+                continue
+            skipped = False
             compared.loads.append(load())
             measurement = executor(label, compared.runs, compared)
             reading = Reading(label, compared.rounds, compared.runs, measurement)
             compared.readings.append(reading)
+            if label != control and measurement.ends_turn:
+                ended.add(label)
             if report is not None:
                 report(reading, compared)
         compared.rounds += 1
@@ -303,9 +338,11 @@ def compare(
     return compared
 
 
-def _round_labels(order: str, control: str, active: Sequence[str], index: int) -> list[str]:
+def _round_labels(
+    order: str, control: str, active: Sequence[str], index: int, turn: int
+) -> list[str]:
     if order == BRACKETED:
-        return bracketed_order(control, active)
+        return bracketed_order(control, active, turn)
     return round_order([control, *active], index)
 
 

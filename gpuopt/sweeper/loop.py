@@ -282,9 +282,11 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
                 log.info("trials in fresh processes, one each (no race: %s)", why)
             return None
         log.info(
-            "race: the trials in one process: the baseline, then each candidate in a %g s window "
-            "between two baseline windows, %d per screen; each screen's best %d at %gx the "
-            "baseline or faster measured as whole trials, the others pruned",
+            "race: the trials in one process: the baseline, then each candidate in %d windows "
+            "of %g s, each between two baseline windows, %d per screen; each screen's best %d "
+            "at %gx the baseline or faster read over it again and measured as whole trials, "
+            "the others pruned",
+            self.options.race.slices,
             self.options.race.window_s,
             self.options.race.screen,
             self.options.race.finalists,

@@ -1,7 +1,9 @@
 """What machine the study measures, without importing torch in the sweeping process.
 
 - `probe_env`: `python -m gpuopt.env --json` once, in a subprocess (its facts, judged by the knob
-  catalogue's rules, drive the device-aware presets; torch is imported there, not here).
+  catalogue's rules, drive the device-aware presets; torch is imported there, not here), kept in
+  gpuopt's cache folder under what it depends on (`probe_key`), so a sweep on the same machine,
+  interpreter and GPUs does not import torch for it again (~2 s of every sweep's start).
 - `hardware_id`: a stable short id of the hardware (CPU model, core count, GPU names through NVML),
   part of the default study name, so one study never mixes machines.
 - `default_study_name`: the study's name when the user does not give one (where it lives:
@@ -21,8 +23,10 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from gpuopt.core import machine_cache
 from gpuopt.core.host import cpu_model
 from gpuopt.sweeper.launchers.gpus import nvml_strings, setup_line
 
@@ -42,9 +46,61 @@ class EnvProbe:
         return self.data.get("device") or None
 
 
+PROBE_FILE = "env_probe.json"
+PROBE_KEEP = 8  # probes kept (machines, interpreters, GPU sets); the oldest goes first
+# The modules whose code makes the probe's answer: a change to one is a new key.
+PROBE_SOURCES = ("env.py", "core/knobs.py", "trial/devices.py", "trial/matmul_peak.py")
+
+
+def probe_key(python: str) -> str:
+    """What the probe's answer depends on: the hardware (CPU, cores, GPU names through NVML), the
+    CPUs and GPUs this process may use, the interpreter, torch's version, and the
+    code that makes the answer (its modules' sizes and times)."""
+    from importlib import metadata
+
+    root = Path(__file__).resolve().parents[1]
+    sources = []
+    for name in PROBE_SOURCES:
+        try:
+            stat = (root / name).stat()
+            sources.append((name, stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            sources.append((name, None, None))
+    try:
+        torch_version: str | None = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = None
+    facts = {
+        **hardware_facts(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "host": platform.node(),
+        "python": python,
+        "torch": torch_version,
+        "sources": sources,
+    }
+    return json.dumps(facts, sort_keys=True, default=str)
+
+
 def probe_env(timeout_s: float = 120.0, python: str | None = None) -> EnvProbe:
+    """What `python -m gpuopt.env --json` says here: kept from an earlier sweep under the same
+    `probe_key`, else run in a subprocess (and kept when it worked); never raises."""
+    python = python or sys.executable
+    path = machine_cache.cache_dir() / PROBE_FILE
+    key = probe_key(python)
+    kept = machine_cache.read_json(path)
+    if isinstance(kept.get(key), dict):
+        return EnvProbe(data=kept[key])
+    probe = _run_probe(timeout_s, python)
+    if not probe.error:
+        entries = [(k, v) for k, v in kept.items() if k != key][-(PROBE_KEEP - 1) :]
+        machine_cache.write_json(path, {**dict(entries), key: probe.data})
+    return probe
+
+
+def _run_probe(timeout_s: float, python: str) -> EnvProbe:
     """Run `python -m gpuopt.env --json` in a subprocess; never raises."""
-    cmd = [python or sys.executable, "-m", "gpuopt.env", "--json"]
+    cmd = [python, "-m", "gpuopt.env", "--json"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:

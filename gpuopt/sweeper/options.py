@@ -58,14 +58,17 @@ class ConfirmOptions:
 class RaceOptions:
     """The race (sweeper/race/): where every configuration of the space can share one process with
     the baseline (gpuopt's own task; DataLoader, batch, threads, precision), the trials are raced
-    in that one process instead of one fresh process each: every candidate gets a short window
-    between two baseline windows, the best `finalists` by that paired ratio are measured as whole
-    trials in the same process (if they read `floor` of the baseline or faster), the others are
-    recorded pruned. false: every trial in a fresh
+    in that one process instead of one fresh process each: every candidate gets `slices` short
+    windows, each between two baseline windows, the best `finalists` by that paired ratio are
+    read over the baseline again and measured as whole trials in the same process (if they read
+    `floor` of the baseline or faster), the others are recorded pruned. false: every trial in a fresh
     process (the protocol before the race)."""
 
     enabled: bool = True
-    window_s: float = 0.3  # one screening window (at least 3 steps however long they take)
+    window_s: float = 0.1  # one screening window (at least one step however long it takes)
+    # ...`slices` of them per candidate, each between two baseline windows (long steps: fewer,
+    # to as many windows' seconds)
+    slices: int = 5
     finalists: int = 2  # candidates measured as whole trials after each screen
     # ...of those the screen reads at this share of the baseline or faster (contenders; the rest
     # cannot be an answer): 0.9 leaves room for the screen's short windows' noise.
@@ -180,8 +183,14 @@ class SweeperOptions:
             (
                 "race.window_s",
                 self.race.window_s,
-                _number_in(self.race.window_s, 0.05, 60.0),
-                "seconds in [0.05, 60]",
+                _number_in(self.race.window_s, 0.02, 60.0),
+                "seconds in [0.02, 60]",
+            ),
+            (
+                "race.slices",
+                self.race.slices,
+                _int_at_least(self.race.slices, 1),
+                "an integer >= 1",
             ),
             (
                 "race.finalists",

@@ -75,6 +75,7 @@ class RaceConf:
 
     enabled: bool = _DEFAULTS.race.enabled  # false: every trial in a fresh process
     window_s: float = _DEFAULTS.race.window_s  # one screening window's length
+    slices: int = _DEFAULTS.race.slices  # screening windows per candidate
     finalists: int = _DEFAULTS.race.finalists  # candidates measured as whole trials after it
     floor: float = _DEFAULTS.race.floor  # ...that read this share of the baseline or faster
     screen: int = _DEFAULTS.race.screen  # candidates per screen (a longer sweep: rounds of them)

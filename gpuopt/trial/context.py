@@ -44,8 +44,6 @@ class Trial:
     # order, before the result is built. Each takes the trial and never raises.
     after_release: list[Callable[[Trial], None]] = field(default_factory=list)
     numerics: dict[str, Any] | None = None  # the numerics guard's evidence (gpuopt.trial.numerics)
-    # Why the extras only an answer needs did not run (measure.contender_floor), or None.
-    extras_skipped: str | None = None
     # Seconds per phase of this trial (`phase`), in the order they first ran: the result's `phases`.
     phases: dict[str, float] = field(default_factory=dict)
 

@@ -303,15 +303,6 @@ def record_not_run(trial: Trial, exc: Exception, changes: list[str] | None = Non
     trial.numerics = _unchecked(why, changes or [])
 
 
-def record_skipped(trial: Trial, why: str) -> None:
-    """The guard skipped on purpose (a trial that is no answer: gpuopt.engines.native.skip_extras):
-    where it would have checked a math change, the evidence says "not checked" (`passed` None), as
-    `record_not_run` does, so the trial is never called the same training."""
-    changes = math_changes(trial.spec) if trial.spec.guard.enabled else []
-    if changes:
-        trial.numerics = _unchecked(f"skipped: {why}", changes)
-
-
 def _unchecked(why: str, changes: list[str]) -> dict[str, Any]:
     """The evidence of a math change the guard did not check (gpuopt.study.rules reads it)."""
     return {"passed": None, "not_run": why, "changes": list(changes)}

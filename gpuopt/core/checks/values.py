@@ -155,11 +155,6 @@ def _check_measure(measure: MeasureConf) -> None:
             "measure.stability_target", measure.stability_target, "a fraction in (0, 1), e.g. 0.03"
         )
     check_min("measure.ceiling_steps", measure.ceiling_steps, 1, "an integer >= 1")
-    floor = measure.contender_floor
-    if floor is not None and (
-        isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor > 0
-    ):
-        raise ConfigError("measure.contender_floor", floor, "samples/s > 0, or null (no floor)")
     if not measure.nvml_interval_s > 0:
         raise ConfigError("measure.nvml_interval_s", measure.nvml_interval_s, "seconds > 0")
 

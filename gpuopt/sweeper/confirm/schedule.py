@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuopt.core.metrics import window_metrics
-from gpuopt.study.keys import ATTR_BASELINE, ATTR_EXTRAS_SKIPPED, ATTR_OVERRIDES
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_OVERRIDES
 from gpuopt.study.records import ConfirmedConfig
 from gpuopt.study.rules import feasible_trials, same_training
 
@@ -26,10 +26,7 @@ def candidates(
     trials: Sequence[Any], directions: Sequence[str]
 ) -> tuple[Any | None, list[Any], list[Any]]:
     """(the feasible baseline, the other feasible trials best first with one per distinct params
-    and none with the baseline's, every feasible trial). A trial that skipped its extras (its
-    window read below the race's floor of its baseline: `extras_skipped`,
-    gpuopt.engines.native) is no candidate: it is no answer, and its math change went
-    unchecked."""
+    and none with the baseline's, every feasible trial)."""
     feasible = feasible_trials(trials)
     baseline = next((t for t in feasible if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is None:
@@ -37,12 +34,8 @@ def candidates(
     sign = 1 if directions[0] == "maximize" else -1
     seen = {params_key(baseline.params)}
     chosen = []
-    contenders = (
-        t
-        for t in feasible
-        if not t.user_attrs.get(ATTR_BASELINE) and not t.user_attrs.get(ATTR_EXTRAS_SKIPPED)
-    )
-    for t in sorted(contenders, key=lambda t: -sign * t.values[0]):
+    others = (t for t in feasible if not t.user_attrs.get(ATTR_BASELINE))
+    for t in sorted(others, key=lambda t: -sign * t.values[0]):
         if params_key(t.params) not in seen:
             seen.add(params_key(t.params))
             chosen.append(t)

@@ -9,8 +9,8 @@ machine (a SLURM or multi-worker sweep spreads its trials), a first objective a 
 and a baseline to pair every window with.
 
 The screen (race/screen.py, a call of the comparison service): baseline windows between
-candidate windows, B c1 B c2 B ... B, so each candidate's window sits between two baseline windows
-and its ratio to their geometric mean cancels the machine's linear drift. The best `finalists`
+candidate windows, B c1 B c1 B ... c2 B, so each candidate's short window sits between two
+baseline windows and its ratio to their geometric mean cancels the machine's drift. The best `finalists`
 by that ratio go on as whole trials, if the screen reads them at `race.floor` of the baseline
 or faster (contenders); the others are pruned.
 """
@@ -31,14 +31,12 @@ BASELINE = "baseline"
 # What the screen ranks on, per first objective: a window's own reading of it (or the one its
 # record names: a candidate's epoch boundary is not measured yet).
 SCREEN_METRIC = {name: metric(name).screen or name for name in sorted(WINDOW_OBJECTIVES)}
-# A screening window is at least this many optimizer steps (a large batch of a slow model takes
-# seconds a step; the screen only ranks, and the finalists' whole trials measure apart).
-SCREEN_MIN_STEPS = 3
-# ...but its drain and its window each end after one step once they took this many window lengths
-# (0.9 s at the default 0.3 s window): a candidate of long steps (a cnn's batch 256-512: 1-2 s a
-# step on a 2-core CPU) is read on one or two steps, not waited for. Its loader keeps up with such
-# steps, so a shorter drain leaves no prefetched batch to flatter its window, and one long step
-# varies by a few percent: enough to rank it against the floor and the other candidates.
+# A screening window's drain and its steps each end after one step once they took this many
+# window lengths (0.3 s at the default 0.1 s window): a candidate of long steps (a cnn's batch
+# 256-512: 1-2 s a step on a 2-core CPU) is read on one step a window, and its turn ends once its
+# windows took the turn's seconds (race/screen.py). Its loader keeps up with such steps, so a
+# shorter drain leaves no prefetched batch to flatter its window, and one long step varies by a
+# few percent: enough to rank it against the floor and the other candidates.
 SCREEN_DEADLINE = 3.0
 # A just-built candidate whose drain steps (prefetched batches right after its own warm-up: the
 # fastest it runs) read below this share of the race's floor x the baseline's last window is read
@@ -54,26 +52,14 @@ SCREEN_WARMUP = "measure.warmup_steps=1"
 
 def give_up_below(objective: str, floor: float, baseline_window: Mapping[str, Any]) -> float | None:
     """The screen's `give_up_below` for a candidate (samples/s): SCREEN_GIVE_UP x the floor x
-    the baseline's last window (read as `contender_floor` reads a whole trial); None where
-    that is."""
-    baseline = contender_floor(objective, baseline_window)
-    return None if baseline is None else SCREEN_GIVE_UP * floor * baseline
-
-
-def contender_floor(
-    objective: str, baseline_attrs: Mapping[str, Any], share: float = 1.0
-) -> float | None:
-    """The finalists' `measure.contender_floor`: `share` (the race's floor) x the baseline's
-    whole-trial throughput (samples/s), for an objective that rises with it (throughput,
+    the baseline's last window's throughput, for an objective that rises with it (throughput,
     throughput_amortized: the window's throughput bounds the amortized one); None for any other
-    (step_time_ms favours a smaller batch at a lower throughput), a baseline without it, or no
-    floor (share 0). Why the share: whole trials of one configuration in one process read
-    0.76-1.20x its first (where each build's tensors land: the A/A benchmark,
-    docs/benchmarks.md), so a finalist the screen kept is held to the screen's own floor."""
-    value = baseline_attrs.get("throughput")
+    (step_time_ms favours a smaller batch at a lower throughput), a window without it, or no
+    floor (race.floor=0)."""
+    value = baseline_window.get("throughput")
     if SCREEN_METRIC.get(objective) != "throughput" or not isinstance(value, (int, float)):
         return None
-    return share * value if value > 0 and share > 0 else None
+    return SCREEN_GIVE_UP * floor * value if value > 0 and floor > 0 else None
 
 
 def why_not(

@@ -8,18 +8,18 @@ process (`gpuopt.processes.shared_windows`, RaceProcess) measures them all:
 1. the baseline as a whole trial (window, compute ceiling, loader cost, FLOPs, numerics guard,
    profile): the study's trial 0, whose facts enqueue the expert seeds;
 2. the screen: the next `race.screen` configurations asked from Optuna at once, each built in
-   turn and measured in one short window (`race.window_s`) between two baseline windows
-   (B c1 B c2 ... B; each built only while its turn lasts), ranked by the paired ratio;
-3. the screen's best `race.finalists` measured as whole trials in the same process (told COMPLETE
-   with every metric, as a fresh-process trial is), of those the screen read at `race.floor` of
-   the baseline or faster, and, when none of them keeps the baseline's training (its global
-   batch and lr: sweeper/global_batch.py), the best candidate that does as one more, so that
-   answer (a) is measured and confirmed rather than pruned behind a larger batch; a finalist whose own whole-trial window reads slower than the
-   baseline's skips the extras only an answer needs (profile, compute ceiling, numerics guard:
-   `measure.contender_floor`) and is no candidate for the confirmation; the others told PRUNED,
-   the screen's reading kept in their `race` user attr (and, for one objective, as Optuna's
-   intermediate value). A round without a contender
-   ends with no whole trial: the answer is then the baseline's, without a confirmation.
+   turn and read in `race.slices` short windows (`race.window_s`), each between two baseline
+   windows (B c1 B c1 ... B c2 ...; each built only while its turn lasts: race/screen.py),
+   ranked by the paired ratio;
+3. the screen's best `race.finalists`, of those it read at `race.floor` of the baseline or
+   faster, and, when none of them keeps the baseline's training (its global batch and lr:
+   sweeper/global_batch.py), the best candidate that does as one more (answer (a) is measured
+   and confirmed rather than pruned behind a larger batch): each read over the baseline again in
+   more windows, pruned if that reads it below the floor, else measured as a whole trial in the
+   same process (told COMPLETE with every metric, its window metrics in the baseline's frame:
+   race/whole.py); the others told PRUNED, the screen's reading kept in their `race` user attr
+   (and, for one objective, as Optuna's intermediate value). A round without a contender ends
+   with no whole trial: the answer is then the baseline's, without a confirmation.
 
 Steps 2-3 repeat until n_trials: a round's trials are all told before the next round is asked, so
 a sweep longer than one screen is still guided by its sampler (a screen of everything at once
@@ -64,7 +64,7 @@ from gpuopt.sweeper.launchers.results import TrialDiagnostics
 from gpuopt.sweeper.memory_axis import write_probe_config
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.progress import Progress
-from gpuopt.sweeper.race import policy, screen
+from gpuopt.sweeper.race import policy, screen, whole
 from gpuopt.sweeper.race.process import RaceProcess
 from gpuopt.sweeper.race.screen import Turn
 from gpuopt.sweeper.space import SearchSpace
@@ -110,10 +110,9 @@ class RaceRunner(TrialRunner):
     objective: str = "throughput"
     directory: Path = Path("race")
     process: RaceProcess | None = None  # the race's process, once started
-    # The finalists' measure.contender_floor: race.floor x the baseline's whole-trial throughput
-    # (samples/s), for a throughput objective; a finalist its whole trial reads slower skips its
-    # extras.
-    floor: float | None = None
+    # The baseline's whole-trial metrics (its user attrs): a finalist's window metrics are told
+    # in its frame (race/whole.py).
+    baseline_metrics: dict[str, Any] = field(default_factory=dict)
     baseline_overrides: list[str] = field(default_factory=list)  # the baseline trial's
     # This round's control (policy.CONTROL): the baseline's configuration built as a candidate,
     # its ratio to the baseline's windows; every candidate's is read over it.
@@ -172,8 +171,7 @@ class RaceRunner(TrialRunner):
             chosen = self._decide(study, screened, space, progress)
             for entry in screened:
                 if entry.label in chosen and self.process is not None:
-                    process, read = self.process, chosen[entry.label]
-                    self._whole(study, entry.trial, entry.overrides, space, progress, process, read)
+                    self._finalist(study, entry, chosen[entry.label], space, progress)
         except Exception as exc:
             resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
             raise
@@ -200,18 +198,16 @@ class RaceRunner(TrialRunner):
             done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
             return False
-        self.floor = policy.contender_floor(
-            self.objective, done.user_attrs, self.options.race.floor
-        )
+        self.baseline_metrics = dict(done.user_attrs)
         self.baseline_overrides = overrides
         answer = race.add(policy.BASELINE, self._config_file(overrides, policy.BASELINE))
         return answer.status == "ok"
 
     # ---- 2. the screen ------------------------------------------------------------------------
     def _screen(self, trials: list[Trial], space: SearchSpace, race: RaceProcess) -> list[Screened]:
-        """B ctl B c1 B c2 ... B (race/screen.py), each arm built only for its turn; one that
-        takes longer than SCREEN_TIMEOUT_S costs the process, which starts again with the
-        baseline."""
+        """B ctl B ctl ... B c1 B c1 ... B (race/screen.py), each arm built only for its turn;
+        one that takes longer than SCREEN_TIMEOUT_S costs the process, which starts again with
+        the baseline."""
         entries = [Screened(t, self._configure(t, space), f"#{t.number}") for t in trials]
         control = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
         configs = {policy.CONTROL: self._config_file(control, policy.CONTROL)}
@@ -226,15 +222,16 @@ class RaceRunner(TrialRunner):
             done.append(label)
             log.info(screen_line(entry, len(done), len(entries), self.objective))
 
-        compared, _ = screen.screen(
+        compared, windows = screen.screen(
             race, configs, self.objective, self.options.race, self._restart, report
         )
         metric = policy.SCREEN_METRIC[self.objective]
         ratios, self.control = calibrated(screen.raw_ratios(compared, metric), policy.CONTROL)
         for entry in entries:
-            (reading,) = compared.of(entry.label)
-            entry.turn, entry.ratio = reading.measurement.detail, ratios[entry.label]
-            entry.neighbours = compared.neighbours(reading)
+            readings = compared.of(entry.label)  # its turn's windows
+            first, last = readings[0], readings[-1]
+            entry.turn, entry.ratio = windows.turns.get(entry.label), ratios[entry.label]
+            entry.neighbours = (compared.neighbours(first)[0], compared.neighbours(last)[1])
         return entries
 
     def _restart(self) -> RaceProcess:
@@ -269,7 +266,7 @@ class RaceRunner(TrialRunner):
                 ret = _returned(entry.failure)
                 self._record(study, entry.trial, entry.overrides, ret, space, progress)
             elif entry.label not in chosen:
-                self._prune(study, entry, ratios, progress)
+                self._prune(study, entry, self._screen_record(entry, ratios), progress)
         by_label = {entry.label: entry for entry in screened}
         return {label: self._screen_record(by_label[label], ratios) for label in chosen}
 
@@ -294,13 +291,13 @@ class RaceRunner(TrialRunner):
         self,
         study: optuna.Study,
         entry: Screened,
-        ratios: dict[str, float | None],
+        read: dict[str, Any],
         progress: Progress,
+        reason: str | None = None,
     ) -> None:
-        """Told PRUNED, with what the screen read."""
-        read = self._screen_record(entry, ratios)
-        ratio, rank = read["ratio"], read["rank"]
-        reason = prune_reason(entry, ratio, rank, len(ratios), self.options.race)
+        """Told PRUNED, with what the race read of it (`read`: its `race` user attr)."""
+        ratio, rank, of = read["ratio"], read["rank"], read["of"]
+        reason = reason or prune_reason(entry, ratio, rank, of, self.options.race)
         attrs = {
             ATTR_OVERRIDES: entry.overrides,
             ATTR_STATUS: "pruned",
@@ -315,7 +312,38 @@ class RaceRunner(TrialRunner):
             progress.record(entry.trial.number, False, outcome, study.get_trials(deepcopy=False))
         )
 
-    # ---- 3. whole trials ----------------------------------------------------------------------
+    # ---- 3. the finalists: read over the baseline, then whole trials ---------------------------
+    def _finalist(
+        self,
+        study: optuna.Study,
+        entry: Screened,
+        screened: dict[str, Any],
+        space: SearchSpace,
+        progress: Progress,
+    ) -> None:
+        """`entry` read over the baseline in more windows (race/whole.py); pruned there if that
+        reads it below the floor, else measured as a whole trial told in the baseline's frame."""
+        assert self.process is not None
+        config = self.directory / f"trial{entry.trial.number}.yaml"  # as the screen built it
+        paired, self.process = whole.read_over_baseline(
+            self.process, entry.label, config, self.objective, self.options.race,
+            self._restart, self.control,
+        )  # fmt: skip
+        screened = {**screened, "paired": paired.to_json()}
+        ratio = paired.ratio(policy.SCREEN_METRIC[self.objective])
+        floor = self.options.race.floor
+        log.info("race: %s", paired_line(entry, paired, self.objective))
+        if ratio is None or ratio < floor:
+            read = "no paired reading" if ratio is None else f"{ratio:.2f}x the baseline"
+            reason = (
+                f"raced out: {read} in its {paired.to_json()['windows']} windows after the "
+                f"screen; below the race's floor of {floor:g}x: cannot be an answer"
+            )
+            self._prune(study, entry, screened, progress, reason)
+            return
+        self._whole(study, entry.trial, entry.overrides, space, progress, self.process, screened,
+                    paired)  # fmt: skip
+
     def _whole(
         self,
         study: optuna.Study,
@@ -325,18 +353,18 @@ class RaceRunner(TrialRunner):
         progress: Progress,
         race: RaceProcess,
         screen: dict[str, Any] | None = None,
+        paired: whole.Paired | None = None,
     ) -> None:
         """`trial` measured as a whole trial of the race process (profiled, when profiling is on:
         the baseline and the finalists, so the best needs no extra profiled run), recorded; a
-        finalist's `race` user attr keeps what the screen read of it (`screen`) beside the whole
-        trial's seconds, so the screen's ranking can be set against the whole trials'."""
+        finalist's `race` user attr keeps what the screen and its read over the baseline read of
+        it (`screen`) beside the whole trial's seconds and own window reading, its window metrics
+        told in the baseline's frame (`paired`: race/whole.py)."""
         launched = (
             [*overrides, profile_runs.PROFILE_ON]
             if profile_runs.enabled(self.options)
             else overrides
         )
-        if screen is not None and self.floor is not None:  # a finalist: extras if a contender
-            launched = [*launched, f"++measure.contender_floor={self.floor!r}"]
         run_dir = self.directory.parent / f"trial_{trial.number}"
         config = self._config_file(launched, f"trial{trial.number}")
         started = time.monotonic()
@@ -344,9 +372,12 @@ class RaceRunner(TrialRunner):
         if result is None:
             ret: Any = RuntimeError(f"the race process failed: {race.error}")
         else:
-            ret = _returned(result, run_dir, self.directory)
             seconds = time.monotonic() - started
             screened = {**(screen or {}), "seconds": seconds}
+            if paired is not None and result.ok:
+                result, own = whole.over_baseline(result, self.baseline_metrics, paired)
+                screened["whole_window"] = own
+            ret = _returned(result, run_dir, self.directory)
             record.trial_attrs(study, trial, {ATTR_RACE: screened})
         self._record(study, trial, overrides, ret, space, progress)
 
@@ -395,6 +426,17 @@ def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
     return f"{head}: {metric}={_value(entry.window, metric):.4g}{said}, built in {build_s or 0.0:.1f} s"
 
 
+def paired_line(entry: Screened, paired: whole.Paired, objective: str) -> str:
+    """The progress line of a finalist's read over the baseline (before its whole trial)."""
+    metric = policy.SCREEN_METRIC[objective]
+    read = paired.to_json().get(metric)
+    head = f"#{entry.trial.number} read over the baseline in {paired.to_json()['windows']} windows"
+    if not read:
+        return f"{head}: no paired reading"
+    ci = f" [95% CI {read['ci'][0]:.2f}-{read['ci'][1]:.2f}]" if read.get("ci") else ""
+    return f"{head}: {read['ratio']:.2f}x{ci} on {metric}"
+
+
 def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int, race: Any) -> str:
     """Why a candidate went no further, as its `reason` user attr says it."""
     if ratio is None:
@@ -403,12 +445,18 @@ def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int
     where = (
         "on its drain steps, its fastest"
         if isinstance(entry.window, Reading) and entry.window.read_on_drain
-        else f"in a {race.window_s:g} s window"
+        else f"in {_windows(entry)} of {race.window_s:g} s"
     )
     head = f"raced out: {ratio:.2f}x the baseline {where} (rank {rank} of {of}"
     if ratio < race.floor:
         return f"{head}; below the race's floor of {race.floor:g}x: cannot be an answer)"
     return f"{head}; the best {race.finalists} went on)"
+
+
+def _windows(entry: Screened) -> str:
+    """How many screening windows read the candidate ("5 windows")."""
+    n = len(entry.turn.slices) if entry.turn and entry.turn.slices else 1
+    return f"{n} window{'s' if n > 1 else ''}"
 
 
 def _value(answer: Reading | Failure | None, metric: str) -> float | None:

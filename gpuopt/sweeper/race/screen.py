@@ -1,18 +1,21 @@
 """The race's screen: one call of the comparison service (gpuopt.sweeper.comparison).
 
-B ctl B c1 B c2 ... B in one race process: the baseline member's windows are the control, each
-arm (the round's control build, policy.CONTROL, then the candidates) is built for its turn,
-read in one short window and dropped (`ScreenWindows`, the executor); each arm's ratio is its
-window over its two neighbouring baseline windows, then over the control build's
-(comparison.calibrated). An arm that costs the process (too slow to build or to step) is read as
-"slow" and the next baseline window runs in a new process, the baseline built first.
+B ctl B ctl ... B c1 B c1 ... B in one race process: the baseline member's windows are the
+control; each arm (the round's control build, policy.CONTROL, then the candidates) is built for its
+turn, read in `race.slices` short windows of `race.window_s`, each between two of the baseline's
+(the service's bracketed order with a turn), and dropped (`ScreenWindows`, the executor); each
+arm's ratio is the paired ratio of its windows over their neighbouring baseline windows, then over
+the control build's (comparison.calibrated). Why slices: the machine's speed moves within a second,
+so only windows close in time share it (comparison.py). An arm that costs the process (too slow to
+build or to step) is read as "slow" and the next baseline window runs in a new process, the
+baseline built first.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +32,22 @@ log = logging.getLogger("gpuopt.sweeper")
 
 @dataclass
 class Turn:
-    """One arm's turn in the screen: its window (or why none), the stored spec its build
-    reported, how long the build took."""
+    """One arm's turn in the screen: its windows as one (`window`: the first failure, else their
+    steps and seconds joined), the stored spec its build reported, how long the build took."""
 
-    window: Reading | Failure
+    window: Reading | Failure | None  # None: built, no window read yet
     config: dict[str, Any] | None = None
     build_s: float | None = None
+    slices: list[Reading | Failure] = field(default_factory=list)
+
+    def add(self, window: Reading | Failure) -> None:
+        self.slices.append(window)
+        failed = [w for w in self.slices if isinstance(w, Failure)]
+        self.window = failed[0] if failed else joined(self.slices)  # type: ignore[arg-type]
+
+    @property
+    def seconds(self) -> float:
+        return sum(w.seconds for w in self.slices if isinstance(w, Reading))
 
     def failure(self) -> TrialResult | None:
         """The arm's own failure (an OOM in its build or window) as a trial's result; None for
@@ -44,11 +57,32 @@ class Turn:
         return None
 
 
+def joined(windows: Sequence[Reading]) -> Reading:
+    """Windows of one configuration as one reading: their steps and seconds summed, each rate
+    weighted by its window's seconds, the drain of the first (a just-built arm's)."""
+    seconds = sum(w.seconds for w in windows)
+    steps = sum(w.steps for w in windows)
+    amortized = [w.throughput_amortized for w in windows]
+    return Reading(
+        windows[0].label,
+        throughput=sum(w.throughput * w.seconds for w in windows) / seconds,
+        throughput_amortized=None
+        if None in amortized
+        else sum(a * w.seconds for a, w in zip(amortized, windows, strict=True)) / seconds,  # type: ignore[operator]
+        step_time_ms=1000.0 * seconds / steps,
+        steps=steps,
+        seconds=seconds,
+        drained=windows[0].drained,
+        read_on_drain=windows[0].read_on_drain,
+    )
+
+
 @dataclass
 class ScreenWindows:
-    """The screen's executor: the baseline's windows measured in place, each arm built (one
-    warm-up step), read in one window and dropped. `configs`: each arm's composed job config;
-    `restart()`: a new race process with the baseline built, after one an arm cost."""
+    """The screen's executor: the baseline's windows measured in place; each arm built for its
+    turn (one warm-up step), read in windows of `window_s` until its turn's `slices` windows (or
+    as many windows' seconds: long steps) are read, then dropped. `configs`: each arm's composed
+    job config; `restart()`: a new race process with the baseline built, after one an arm cost."""
 
     race: RaceProcess
     configs: Mapping[str, Path]
@@ -56,6 +90,9 @@ class ScreenWindows:
     window_s: float
     floor: float
     restart: Callable[[], RaceProcess]
+    slices: int = 1
+    give_up: bool = True  # a just-built arm far below the floor is read on its drain (the screen)
+    turns: dict[str, Turn] = field(default_factory=dict)
 
     @property
     def metric(self) -> str:
@@ -65,38 +102,57 @@ class ScreenWindows:
         if self.race.error:  # the last arm cost the process
             self.race = self.restart()
         if label == policy.BASELINE:
-            window = self.race.measure(policy.BASELINE, self.window_s, policy.SCREEN_MIN_STEPS)
-            return self._measurement(window, window)
-        turn = self._turn(label, so_far)
-        return self._measurement(turn.window, turn)
+            return self._measurement(self.race.measure(policy.BASELINE, self.window_s, 1))
+        turn = self.turns.get(label)
+        if turn is None:
+            turn = self.turns[label] = self._built(label)
+            if isinstance(turn.window, Failure):
+                return self._measurement(turn.window, last=True)
+        window = self._window(label, not turn.slices, so_far)
+        turn.add(window)
+        last = (
+            len(turn.slices) >= self.slices
+            or turn.seconds >= self.slices * self.window_s
+            or (isinstance(window, Reading) and window.read_on_drain)
+        )
+        if last and not self.race.error:
+            self.race.drop(label)
+        return self._measurement(window, last)
 
-    def _turn(self, label: str, so_far: Compared) -> Turn:
-        """`label` built, read in one window, dropped. A just-built candidate whose drain already
-        reads it far below the floor against the baseline's last window is read on its drain
-        (policy.give_up_below); the floor is scaled by the control build's ratio, as the race
-        reads every candidate over it."""
+    def _built(self, label: str) -> Turn:
+        """`label` built for its turn (its failure the turn's window where it did not build)."""
         built = self.race.add(label, self.configs[label], timeout_s=policy.SCREEN_TIMEOUT_S)
         if isinstance(built, Added):
-            give_up = None
-            if label != policy.CONTROL:
-                scale = control_ratio(so_far, self.metric) or 1.0
-                last = so_far.of(policy.BASELINE)[-1].measurement.detail
-                give_up = policy.give_up_below(self.objective, self.floor * scale, last.to_json())
-            window = self.race.measure(
-                label, self.window_s, policy.SCREEN_MIN_STEPS, settle=False, give_up_below=give_up
-            )
-            self.race.drop(label)
-            turn = Turn(window, built.config, built.command_s)
-        else:
-            turn = Turn(built, None, built.command_s)
-        if isinstance(turn.window, Failure) and self.race.error:
-            turn.window = Failure(label, "slow", self.race.error)
-        return turn
+            return Turn(None, built.config, built.command_s)
+        return Turn(self._slow(built), None, built.command_s)
 
-    def _measurement(self, window: Reading | Failure, detail: Any) -> Measurement:
+    def _window(self, label: str, first: bool, so_far: Compared) -> Reading | Failure:
+        """One window of `label`. A just-built candidate whose drain already reads it far below
+        the floor against the baseline's last window is read on its drain, its turn over
+        (policy.give_up_below); the floor is scaled by the control build's ratio, as the race
+        reads every candidate over it."""
+        give_up = None
+        if first and self.give_up and label != policy.CONTROL:
+            scale = control_ratio(so_far, self.metric) or 1.0
+            last = so_far.of(policy.BASELINE)[-1].measurement.detail
+            if isinstance(last, Reading):
+                give_up = policy.give_up_below(self.objective, self.floor * scale, last.to_json())
+        window = self.race.measure(label, self.window_s, 1, give_up_below=give_up)
+        return self._slow(window)
+
+    def _slow(self, answer: Any) -> Any:
+        """A failure that cost the process is the arm's "slow" (the process is restarted)."""
+        if isinstance(answer, Failure) and self.race.error:
+            return Failure(answer.label, "slow", self.race.error)
+        return answer
+
+    def _measurement(self, window: Reading | Failure, last: bool = False) -> Measurement:
+        """The window as the service's measurement (its detail: the window, whose every metric
+        `window_ratio` reads; the arm's turn is in `turns`)."""
         if isinstance(window, Reading) and window.value(self.metric) is not None:
-            return Measurement("ok", window.value(self.metric), detail)
-        return Measurement(window.status if isinstance(window, Failure) else "error", None, detail)
+            return Measurement("ok", window.value(self.metric), window, last)
+        status = window.status if isinstance(window, Failure) else "error"
+        return Measurement(status, None, window, last)
 
 
 def raw_ratios(compared: Compared, metric_name: str) -> dict[str, float | None]:
@@ -108,6 +164,18 @@ def raw_ratios(compared: Compared, metric_name: str) -> dict[str, float | None]:
         ratio = compared.ratio(arm, direction)
         out[arm] = None if ratio is None else ratio.ratio
     return out
+
+
+def window_ratio(compared: Compared, label: str, metric_name: str) -> Any:
+    """The arm's paired speedup over the baseline on one window metric (the windows' own
+    readings of it: throughput, step time, ...); None without a pair."""
+
+    def value(reading: comparison.Reading) -> float | None:
+        window = reading.measurement.detail
+        return window.value(metric_name) if isinstance(window, Reading) else None
+
+    direction = metrics.metric(metric_name).goal or metrics.MAX
+    return compared.ratio(label, direction, value=value)
 
 
 def control_ratio(compared: Compared, metric: str) -> float | None:
@@ -122,16 +190,26 @@ def screen(
     options: Any,
     restart: Callable[[], RaceProcess],
     report: Callable[[str, Turn, float | None], None],
+    slices: int | None = None,
+    give_up: bool = True,
 ) -> tuple[Compared, ScreenWindows]:
     """The round's screen of `configs` (the control build first, then the candidates), as one
-    comparison: the readings, and the executor (its `race`: the process the screen ended in).
-    `report(label, turn, ratio)` once an arm's ratio is read (its progress line)."""
-    windows = ScreenWindows(race, configs, objective, options.window_s, options.floor, restart)
+    comparison: the readings, and the executor (its `race`: the process the screen ended in,
+    its `turns`). `report(label, turn, ratio)` once an arm's ratio is read (its progress line);
+    `slices`: each arm's windows (race.slices by default); `give_up` false: no arm is read on
+    its drain (a finalist's read over the baseline: it already read at the floor)."""
+    slices = slices or options.slices
+    windows = ScreenWindows(
+        race, configs, objective, options.window_s, options.floor, restart, slices, give_up
+    )
     metric = windows.metric
 
     def progress(reading: comparison.Reading, so_far: Compared) -> None:
+        """After the baseline window that closes an arm's turn: its progress line."""
         before = so_far.readings[-2] if len(so_far.readings) > 1 else None
         if reading.label != policy.BASELINE or before is None or before.label == policy.BASELINE:
+            return
+        if not before.measurement.ends_turn:
             return
         ratios, control = comparison.calibrated(raw_ratios(so_far, metric), policy.CONTROL)
         if before.label == policy.CONTROL and control is not None:
@@ -142,7 +220,7 @@ def screen(
                 control,
             )
         elif before.label != policy.CONTROL:
-            report(before.label, before.measurement.detail, ratios.get(before.label))
+            report(before.label, windows.turns[before.label], ratios.get(before.label))
 
     compared = comparison.compare(
         list(configs),
@@ -151,6 +229,7 @@ def screen(
         FixedCount(1),
         windows,
         order=BRACKETED,
+        turn=slices,
         report=progress,
     )
     return compared, windows
