@@ -16,11 +16,11 @@ and B2 B1 A in odd ones (`round_order`), an arm's reading paired with the contro
 geometric mean of the control readings on either side of it; an arm's `turn` is that many short
 readings in a row, each between two of the control's (B c1 B c1 B c1 B c2 ...). Either way the
 machine's drift cancels within a pair, and the ratio is the paired estimator of
-gpuopt.core.stats.speedup. Why short readings: this 2-core VM's speed moves by 10-40% within a
-second (one process, one build, back-to-back 0.8 s windows: 0.77-1.31x their median, steal 0%),
-so a pair is as good as it is close in time: 1 s of an arm against 1 s of its control read
-identical builds at a log-sd of 0.131 as one window each, 0.055 in 0.25 s slices, 0.022 in 0.1 s
-slices (docs/benchmarks.md, "Slicing the screen").
+gpuopt.core.stats.speedup. Why short readings: a 2-core VM's speed moves from one second to the
+next (one process, one build, back-to-back 0.8 s windows: 0.89-1.20x their median, steal 0%), so
+a pair is as good as it is close in time: 1 s of an arm against 1 s of its control read identical
+builds at a log-sd of 0.098 as one window each, 0.026 in 0.1 s slices (scripts/bench_slices.py,
+docs/benchmarks.md "Slicing the screen").
 
 The service records nothing in Optuna and writes no file: a caller stores what it returns (the
 confirmation's record, the race's trials through the trial loop).

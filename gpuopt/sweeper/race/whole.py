@@ -1,7 +1,7 @@
 """A finalist read over the baseline before its whole trial, and its whole trial told as read so.
 
-Why: a whole trial is one long window at a time of its own, and this machine's speed moves by
-10-40% within seconds (gpuopt/sweeper/comparison.py): the baseline's configuration measured again
+Why: a whole trial is one long window at a time of its own, and a shared machine's speed moves
+from one second to the next (gpuopt/sweeper/comparison.py): the baseline's configuration measured again
 as a whole trial in the race process read 0.76-1.20x its first (A/A, docs/benchmarks.md), so a
 real 1.3x finalist could read 0.87x and be taken for no answer. So each finalist is first read
 over the baseline in 4x the screen's windows (the screen's executor with a longer turn:
