@@ -85,6 +85,7 @@ class Screened:
     turn: Turn | None = None
     ratio: float | None = None
     neighbours: tuple[float | None, float | None] = (None, None)
+    config_file: Path | None = None  # the job config the screen built it from
 
     @property
     def window(self) -> Reading | Failure | None:
@@ -213,7 +214,8 @@ class RaceRunner(TrialRunner):
         configs = {policy.CONTROL: self._config_file(control, policy.CONTROL)}
         for entry in entries:
             screened_as = with_overrides(entry.overrides, [policy.SCREEN_WARMUP])
-            configs[entry.label] = self._config_file(screened_as, f"trial{entry.trial.number}")
+            entry.config_file = self._config_file(screened_as, f"trial{entry.trial.number}")
+            configs[entry.label] = entry.config_file
         by_label = {entry.label: entry for entry in entries}
         done: list[str] = []
 
@@ -323,10 +325,9 @@ class RaceRunner(TrialRunner):
     ) -> None:
         """`entry` read over the baseline in more windows (race/whole.py); pruned there if that
         reads it below the floor, else measured as a whole trial told in the baseline's frame."""
-        assert self.process is not None
-        config = self.directory / f"trial{entry.trial.number}.yaml"  # as the screen built it
+        assert self.process is not None and entry.config_file is not None
         paired, self.process = whole.read_over_baseline(
-            self.process, entry.label, config, self.objective, self.options.race,
+            self.process, entry.label, entry.config_file, self.objective, self.options.race,
             self._restart, self.control,
         )  # fmt: skip
         screened = {**screened, "paired": paired.to_json()}
@@ -336,7 +337,7 @@ class RaceRunner(TrialRunner):
         if ratio is None or ratio < floor:
             read = "no paired reading" if ratio is None else f"{ratio:.2f}x the baseline"
             reason = (
-                f"raced out: {read} in its {paired.to_json()['windows']} windows after the "
+                f"raced out: {read} in its {screened['paired']['windows']} windows after the "
                 f"screen; below the race's floor of {floor:g}x: cannot be an answer"
             )
             self._prune(study, entry, screened, progress, reason)
@@ -428,9 +429,9 @@ def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
 
 def paired_line(entry: Screened, paired: whole.Paired, objective: str) -> str:
     """The progress line of a finalist's read over the baseline (before its whole trial)."""
-    metric = policy.SCREEN_METRIC[objective]
-    read = paired.to_json().get(metric)
-    head = f"#{entry.trial.number} read over the baseline in {paired.to_json()['windows']} windows"
+    metric, record = policy.SCREEN_METRIC[objective], paired.to_json()
+    read = record.get(metric)
+    head = f"#{entry.trial.number} read over the baseline in {record['windows']} windows"
     if not read:
         return f"{head}: no paired reading"
     ci = f" [95% CI {read['ci'][0]:.2f}-{read['ci'][1]:.2f}]" if read.get("ci") else ""

@@ -22,6 +22,7 @@ from typing import Any
 from gpuopt.core import metrics
 from gpuopt.core.result import TrialResult
 from gpuopt.core.shared_protocol import Added, Failure, Reading
+from gpuopt.core.stats import Speedup
 from gpuopt.sweeper import comparison
 from gpuopt.sweeper.comparison import BRACKETED, Budget, Compared, FixedCount, Measurement
 from gpuopt.sweeper.race import policy
@@ -62,13 +63,16 @@ def joined(windows: Sequence[Reading]) -> Reading:
     weighted by its window's seconds, the drain of the first (a just-built arm's)."""
     seconds = sum(w.seconds for w in windows)
     steps = sum(w.steps for w in windows)
-    amortized = [w.throughput_amortized for w in windows]
+
+    def weighted(rates: list[float | None]) -> float | None:
+        if any(r is None for r in rates):
+            return None
+        return sum(r * w.seconds for r, w in zip(rates, windows, strict=True)) / seconds  # type: ignore[operator]
+
     return Reading(
         windows[0].label,
-        throughput=sum(w.throughput * w.seconds for w in windows) / seconds,
-        throughput_amortized=None
-        if None in amortized
-        else sum(a * w.seconds for a, w in zip(amortized, windows, strict=True)) / seconds,  # type: ignore[operator]
+        throughput=weighted([w.throughput for w in windows]) or 0.0,
+        throughput_amortized=weighted([w.throughput_amortized for w in windows]),
         step_time_ms=1000.0 * seconds / steps,
         steps=steps,
         seconds=seconds,
@@ -166,7 +170,7 @@ def raw_ratios(compared: Compared, metric_name: str) -> dict[str, float | None]:
     return out
 
 
-def window_ratio(compared: Compared, label: str, metric_name: str) -> Any:
+def window_ratio(compared: Compared, label: str, metric_name: str) -> Speedup | None:
     """The arm's paired speedup over the baseline on one window metric (the windows' own
     readings of it: throughput, step time, ...); None without a pair."""
 
