@@ -12,8 +12,8 @@ The ways (each with the sweep's own code and constants):
   (`comparison.calibrated`; the raw ratio kept beside it). A claim: an identical candidate read
   below the race's floor (pruned as "cannot be an answer").
 - whole: the same configuration as the race's finalists run: read over the baseline after the
-  screen (`race.whole.read_over_baseline`), then a whole trial of that process told in the
-  baseline's frame (`race.whole.over_baseline`), over the baseline's whole trial. A claim: a
+  screen (`race.screen.read_over_baseline`), then a whole trial of that process told in the
+  baseline's frame (`race.screen.over_baseline`), over the baseline's whole trial. A claim: a
   finalist below the race's floor (pruned: "no answer"), or above 1/floor.
 - in-process: the confirmation's rounds (`rounds.run_rounds` on the comparison service, Stein's
   two-stage stop) in a
@@ -45,7 +45,7 @@ from gpuopt.sweeper.confirm import in_process, schedule
 from gpuopt.sweeper.confirm.rounds import Rule, run_rounds
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.options import ConfirmOptions, RaceOptions
-from gpuopt.sweeper.race import policy, screen, whole
+from gpuopt.sweeper.race import policy, screen
 from gpuopt.sweeper.race.process import RaceProcess
 
 SCRIPTS = Path(__file__).resolve().parent
@@ -142,12 +142,12 @@ def whole_trials(
     restart = functools.partial(_no_restart, race)
     out = []
     for i in range(n):
-        paired, _ = whole.read_over_baseline(
+        paired, _ = screen.read_over_baseline(
             race, f"w{i}", screened, OBJECTIVE, RaceOptions(), restart, control
         )
         result = race.whole_trial(f"w{i}", config, folder / f"whole_{i}")
         assert result is not None and result.ok, race.error or result
-        told, _ = whole.over_baseline(result, baseline, paired)
+        told, _ = screen.over_baseline(result, baseline, paired)
         out.append(told.metrics.throughput / first.metrics.throughput)
     return out
 

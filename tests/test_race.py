@@ -618,7 +618,7 @@ def test_a_finalists_whole_trial_is_told_in_the_baselines_frame() -> None:
     from gpuopt.core.result import Metrics, Status, TrialResult
     from gpuopt.core.stats import speedup
     from gpuopt.sweeper.race.runner import Screened, paired_line
-    from gpuopt.sweeper.race.whole import Paired, over_baseline
+    from gpuopt.sweeper.race.screen import Paired, over_baseline
 
     faster = speedup([110.0, 121.0], [100.0, 110.0], "maximize")  # 1.1x in both pairs
     quicker = speedup([9.0, 10.0], [9.9, 11.0], "minimize")  # 10% shorter steps: 1.1x

@@ -17,7 +17,7 @@ process (`gpuopt.processes.shared_windows`, RaceProcess) measures them all:
    and confirmed rather than pruned behind a larger batch): each read over the baseline again in
    more windows, pruned if that reads it below the floor, else measured as a whole trial in the
    same process (told COMPLETE with every metric, its window metrics in the baseline's frame:
-   race/whole.py); the others told PRUNED, the screen's reading kept in their `race` user attr
+   race/screen.py); the others told PRUNED, the screen's reading kept in their `race` user attr
    (and, for one objective, as Optuna's intermediate value). A round without a contender ends
    with no whole trial: the answer is then the baseline's, without a confirmation.
 
@@ -64,7 +64,7 @@ from gpuopt.sweeper.launchers.results import TrialDiagnostics
 from gpuopt.sweeper.memory_axis import write_probe_config
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.progress import Progress
-from gpuopt.sweeper.race import policy, screen, whole
+from gpuopt.sweeper.race import policy, screen
 from gpuopt.sweeper.race.process import RaceProcess
 from gpuopt.sweeper.race.screen import Turn
 from gpuopt.sweeper.space import SearchSpace
@@ -112,7 +112,7 @@ class RaceRunner(TrialRunner):
     directory: Path = Path("race")
     process: RaceProcess | None = None  # the race's process, once started
     # The baseline's whole-trial metrics (its user attrs): a finalist's window metrics are told
-    # in its frame (race/whole.py).
+    # in its frame (race/screen.py).
     baseline_metrics: dict[str, Any] = field(default_factory=dict)
     baseline_overrides: list[str] = field(default_factory=list)  # the baseline trial's
     # This round's control (policy.CONTROL): the baseline's configuration built as a candidate,
@@ -323,10 +323,10 @@ class RaceRunner(TrialRunner):
         space: SearchSpace,
         progress: Progress,
     ) -> None:
-        """`entry` read over the baseline in more windows (race/whole.py); pruned there if that
+        """`entry` read over the baseline in more windows (race/screen.py); pruned there if that
         reads it below the floor, else measured as a whole trial told in the baseline's frame."""
         assert self.process is not None and entry.config_file is not None
-        paired, self.process = whole.read_over_baseline(
+        paired, self.process = screen.read_over_baseline(
             self.process, entry.label, entry.config_file, self.objective, self.options.race,
             self._restart, self.control,
         )  # fmt: skip
@@ -353,14 +353,14 @@ class RaceRunner(TrialRunner):
         space: SearchSpace,
         progress: Progress,
         race: RaceProcess,
-        screen: dict[str, Any] | None = None,
-        paired: whole.Paired | None = None,
+        raced: dict[str, Any] | None = None,
+        paired: screen.Paired | None = None,
     ) -> None:
         """`trial` measured as a whole trial of the race process (profiled, when profiling is on:
         the baseline and the finalists, so the best needs no extra profiled run), recorded; a
         finalist's `race` user attr keeps what the screen and its read over the baseline read of
-        it (`screen`) beside the whole trial's seconds and own window reading, its window metrics
-        told in the baseline's frame (`paired`: race/whole.py)."""
+        it (`raced`) beside the whole trial's seconds and own window reading, its window metrics
+        told in the baseline's frame (`paired`: race/screen.py)."""
         launched = (
             [*overrides, profile_runs.PROFILE_ON]
             if profile_runs.enabled(self.options)
@@ -374,9 +374,9 @@ class RaceRunner(TrialRunner):
             ret: Any = RuntimeError(f"the race process failed: {race.error}")
         else:
             seconds = time.monotonic() - started
-            screened = {**(screen or {}), "seconds": seconds}
+            screened = {**(raced or {}), "seconds": seconds}
             if paired is not None and result.ok:
-                result, own = whole.over_baseline(result, self.baseline_metrics, paired)
+                result, own = screen.over_baseline(result, self.baseline_metrics, paired)
                 screened["whole_window"] = own
             ret = _returned(result, run_dir, self.directory)
             record.trial_attrs(study, trial, {ATTR_RACE: screened})
@@ -427,7 +427,7 @@ def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
     return f"{head}: {metric}={_value(entry.window, metric):.4g}{said}, built in {build_s or 0.0:.1f} s"
 
 
-def paired_line(entry: Screened, paired: whole.Paired, objective: str) -> str:
+def paired_line(entry: Screened, paired: screen.Paired, objective: str) -> str:
     """The progress line of a finalist's read over the baseline (before its whole trial)."""
     metric, record = policy.SCREEN_METRIC[objective], paired.to_json()
     read = record.get(metric)

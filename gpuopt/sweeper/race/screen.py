@@ -1,4 +1,5 @@
-"""The race's screen: one call of the comparison service (gpuopt.sweeper.comparison).
+"""The race's comparisons, each one call of the comparison service (gpuopt.sweeper.comparison):
+the screen, and a finalist's read over the baseline.
 
 B ctl B ctl ... B c1 B c1 ... B in one race process: the baseline member's windows are the
 control; each arm (the round's control build, policy.CONTROL, then the candidates) is built for its
@@ -9,15 +10,24 @@ the control build's (comparison.calibrated). Why slices: the machine's speed mov
 so only windows close in time share it (comparison.py). An arm that costs the process (too slow to
 build or to step) is read as "slow" and the next baseline window runs in a new process, the
 baseline built first.
+
+A finalist is read over the baseline again, in 4x the screen's windows, before its whole trial
+(`read_over_baseline`); one that reads below `race.floor` there is pruned without a whole trial,
+and the others' whole trials are told in the baseline's frame (`over_baseline`): their window
+metrics are the baseline's whole-trial value x that paired ratio. Why: a whole trial is one long
+window at a time of its own, and a shared machine's speed moves from one second to the next: the
+baseline's configuration measured again as a whole trial in the race process read 0.76-1.20x its
+first (A/A, docs/benchmarks.md), so a real 1.3x finalist could read 0.87x and be taken for no
+answer.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuopt.core import metrics
 from gpuopt.core.result import TrialResult
@@ -26,7 +36,9 @@ from gpuopt.core.stats import Speedup
 from gpuopt.sweeper import comparison
 from gpuopt.sweeper.comparison import BRACKETED, Budget, Compared, FixedCount, Measurement
 from gpuopt.sweeper.race import policy
-from gpuopt.sweeper.race.process import RaceProcess
+
+if TYPE_CHECKING:
+    from gpuopt.sweeper.race.process import RaceProcess
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -237,3 +249,82 @@ def screen(
         report=progress,
     )
     return compared, windows
+
+
+# A finalist's windows in its read over the baseline, per screening window of race.slices (of
+# race.window_s each; a candidate of long steps gets fewer, to as many windows' seconds): 20
+# windows, 2 s, by default, against the screen's 5.
+FINAL_SLICES_PER_SCREEN_SLICE = 4
+
+
+@dataclass
+class Paired:
+    """A finalist's read over the baseline: its paired speedup on each window metric (> 1:
+    better), over the round's control build's (`control`, the screen's calibration) where one
+    was read; its turn (windows, build)."""
+
+    speedups: Mapping[str, Speedup | None]
+    turn: Turn | None
+    control: float | None = None
+
+    def ratio(self, metric_name: str) -> float | None:
+        speedup = self.speedups.get(metric_name)
+        if speedup is None:
+            return None
+        return speedup.ratio / self.control if self.control else speedup.ratio
+
+    def to_json(self) -> dict[str, Any]:
+        """What the study keeps: each metric's ratio, its 95% interval and pairs."""
+        out: dict[str, Any] = {"windows": len(self.turn.slices) if self.turn else 0}
+        for name, speedup in self.speedups.items():
+            if speedup is None:
+                continue
+            scale = self.control or 1.0
+            low, high = speedup.ci_low, speedup.ci_high
+            out[name] = {
+                "ratio": speedup.ratio / scale,
+                "ci": None if low is None or high is None else [low / scale, high / scale],
+                "pairs": speedup.n_pairs,
+            }
+        return out
+
+
+def read_over_baseline(
+    race: RaceProcess,
+    label: str,
+    config: Path,
+    objective: str,
+    options: Any,
+    restart: Callable[[], RaceProcess],
+    control: float | None,
+) -> tuple[Paired, RaceProcess]:
+    """`config` built as `label`, read in FINAL_SLICES_PER_SCREEN_SLICE x race.slices
+    windows each between two of the baseline's, dropped; the read, and the race process it
+    ended in."""
+    slices = FINAL_SLICES_PER_SCREEN_SLICE * options.slices
+    compared, windows = screen(
+        race, {label: config}, objective, options, restart, lambda *_: None, slices, give_up=False
+    )
+    speedups = {m: window_ratio(compared, label, m) for m in Reading.metrics()}
+    return Paired(speedups, windows.turns.get(label), control), windows.race
+
+
+def over_baseline(
+    result: TrialResult, baseline: Mapping[str, Any], paired: Paired
+) -> tuple[TrialResult, dict[str, float]]:
+    """`result` with each window metric the baseline's whole-trial value x the paired ratio
+    (divided where lower is better); and the whole trial's own readings of those it replaced."""
+    told: dict[str, float] = {}
+    own: dict[str, float] = {}
+    for name in Reading.metrics():
+        base, measured, ratio = (
+            baseline.get(name),
+            getattr(result.metrics, name),
+            paired.ratio(name),
+        )
+        if measured is None or not isinstance(base, (int, float)) or not ratio:
+            continue
+        higher_is_better = (metrics.metric(name).goal or metrics.MAX) == metrics.MAX
+        told[name] = base * ratio if higher_is_better else base / ratio
+        own[name] = measured
+    return replace(result, metrics=replace(result.metrics, **told)), own
