@@ -537,6 +537,13 @@ def test_the_env_probe_is_kept_per_machine_interpreter_and_visible_gpus(monkeypa
     assert hardware.probe_env().data["device"] == "cpu" and len(ran) == 2  # another key
     kept = json.loads((tmp_path / hardware.PROBE_FILE).read_text())
     assert len(kept) == 2 and all(json.loads(k)["python"] == sys.executable for k in kept)
+    # the least recently made probe goes first once PROBE_KEEP are kept
+    monkeypatch.setattr(hardware, "PROBE_KEEP", 2)
+    oldest = min(kept, key=lambda k: kept[k]["made"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    hardware.probe_env()
+    now_kept = json.loads((tmp_path / hardware.PROBE_FILE).read_text())
+    assert len(now_kept) == 2 and oldest not in now_kept and len(ran) == 3
 
 
 def test_the_env_probe_runs_only_where_it_can_judge_a_searched_key(monkeypatch):

@@ -1,6 +1,7 @@
 """What gpuopt measured about this machine once and keeps: the cache folder and its files.
 
-Two files live there (`cache_dir()`): the matmul peak per hardware, precision and thread count
+Three files live there (`cache_dir()`): the sweep's machine probe (`env_probe.json`,
+gpuopt.sweeper.machine.probe_env), the matmul peak per hardware, precision and thread count
 (`peak_flops.json`, gpuopt.trial.matmul_peak), and the run-to-run spread of one workload's
 throughput between fresh processes (`run_spread.json`, this module), which
 `scripts/bench_noise.py` measures and stores. Why the spread is kept: a trial's own interval

@@ -22,6 +22,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ class EnvProbe:
 
 
 PROBE_FILE = "env_probe.json"
-PROBE_KEEP = 8  # probes kept (machines, interpreters, GPU sets); the oldest goes first
+PROBE_KEEP = 8  # probes kept (machines, interpreters, GPU sets); the least recently made goes
 # The modules whose code makes the probe's answer: a change to one is a new key.
 PROBE_SOURCES = ("env.py", "core/knobs.py", "trial/devices.py", "trial/matmul_peak.py")
 
@@ -89,12 +90,15 @@ def probe_env(timeout_s: float = 120.0, python: str | None = None) -> EnvProbe:
     path = machine_cache.cache_dir() / PROBE_FILE
     key = probe_key(python)
     kept = machine_cache.read_json(path)
-    if isinstance(kept.get(key), dict):
-        return EnvProbe(data=kept[key])
+    entry = kept.get(key)
+    if isinstance(entry, dict) and isinstance(entry.get("data"), dict):
+        return EnvProbe(data=entry["data"])
     probe = _run_probe(timeout_s, python)
     if not probe.error:
-        entries = [(k, v) for k, v in kept.items() if k != key][-(PROBE_KEEP - 1) :]
-        machine_cache.write_json(path, {**dict(entries), key: probe.data})
+        others = [(k, v) for k, v in kept.items() if k != key and isinstance(v, dict)]
+        newest = sorted(others, key=lambda kv: kv[1].get("made", 0.0))[-(PROBE_KEEP - 1) :]
+        made = {"made": time.time(), "data": probe.data}
+        machine_cache.write_json(path, {**dict(newest), key: made})
     return probe
 
 
