@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from gpuopt.core import knobs
 from gpuopt.core.host import children_cpu_ticks, wait_for_idle_children
-from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, STUDY_CONFIRMATION
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, ATTR_REASON, STUDY_CONFIRMATION
 from gpuopt.study.records import IN_PROCESS
 from gpuopt.sweeper import resume
 from gpuopt.sweeper.options import RaceOptions, SweepConfigError, SweeperOptions
@@ -640,3 +640,34 @@ def test_a_finalists_whole_trial_is_told_in_the_baselines_frame() -> None:
     entry = Screened(SimpleNamespace(number=4), [], "#4")  # type: ignore[arg-type]
     line = paired_line(entry, calibrated, "throughput")
     assert line.startswith("#4 read over the baseline in 0 windows: 1.00x")
+
+
+def test_a_finalist_read_below_the_floor_over_the_baseline_is_pruned_without_a_whole_trial(
+    tmp_path: Path,
+) -> None:
+    """The screen read #1 at 1.2x; its read over the baseline (4x the screen's windows) reads
+    0.8x: pruned there, with that read in its `race` record; no whole trial is asked of the race
+    process (the scripted one has none to give)."""
+    from gpuopt.sweeper.progress import Progress
+    from gpuopt.sweeper.race.runner import RaceRunner, Screened
+
+    race = _ScriptedRace({policy.BASELINE: 100.0, "#1": 80.0})
+    runner = RaceRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+    runner.process, runner.directory = race, tmp_path  # type: ignore[assignment]
+    study = optuna.create_study(direction="maximize")
+    entry = Screened(study.ask(), [], "#1", config_file=tmp_path / "trial1.yaml")
+    progress = Progress(10, ["throughput"], ["maximize"], 1, time.monotonic())
+    read = {"ratio": 1.2, "rank": 1, "of": 9, "floor": 0.9}
+    runner._finalist(study, entry, read, None, progress)  # type: ignore[arg-type]
+    (trial,) = study.get_trials()
+    assert trial.state == TrialState.PRUNED
+    assert trial.user_attrs[ATTR_REASON].startswith(
+        "raced out: 0.80x the baseline in its 20 windows after the screen; below the race's "
+        "floor of 0.9x"
+    )
+    paired = trial.user_attrs[ATTR_RACE]["paired"]
+    assert paired["throughput"]["ratio"] == pytest.approx(0.8) and paired["windows"] == 20
+    assert race.calls.count(("measure", "#1")) == 20 and race.calls[-2:] == [
+        ("drop", "#1"),
+        ("measure", policy.BASELINE),
+    ]
