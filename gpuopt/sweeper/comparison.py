@@ -6,7 +6,8 @@ gpuopt makes is a call of it with its own settings:
 
 | caller                      | order     | stop                       | executor                    |
 |-----------------------------|-----------|----------------------------|-----------------------------|
-| the race's screen           | bracketed | FixedCount(1)              | race/screen.ScreenWindows   |
+| the race's screen           | bracketed, turn race.slices | FixedCount(1) | race/screen.ScreenWindows |
+| a race finalist's read      | bracketed, turn 4x that | FixedCount(1)  | race/screen.ScreenWindows   |
 | the in-process confirmation | rounds    | PairStop (Stein, two-stage)| one window of SharedProcess |
 | the fresh-process one       | rounds    | PairStop                   | a run of the sweep's launcher|
 
