@@ -238,6 +238,9 @@ def test_race_settings_are_checked_before_anything_runs() -> None:
     assert SweeperOptions.build(race={"floor": 0}).race.floor == 0
     with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.floor=-1.*\[0, 10\]"):
         SweeperOptions.build(race={"floor": -1})
+    assert SweeperOptions.build(race={"slices": 3}).race.slices == 3
+    with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.slices=0.*integer >= 1"):
+        SweeperOptions.build(race={"slices": 0})
     with pytest.raises(SweepConfigError, match=r"hydra.sweeper.race.rungs"):
         SweeperOptions.build(race={"rungs": 2})
 

@@ -97,10 +97,10 @@ def wait_for_idle_children(
     candidate with workers). Where /proc is absent this returns at once."""
     import time
 
+    if not child_pids():  # no loader workers (or no /proc): nothing to wait for
+        return 0.0
     started = time.monotonic()
     last, last_change = children_cpu_ticks(), started
-    if last is None or not child_pids():  # no loader workers: nothing to wait for
-        return 0.0
     while time.monotonic() - started < max_s:
         time.sleep(poll_s)
         ticks = children_cpu_ticks()

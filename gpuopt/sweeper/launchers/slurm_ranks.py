@@ -60,6 +60,8 @@ def _peer_failure(folder: Path) -> rank_files.RankFailureRecord | None:
     deadline = time.monotonic() + PEER_FAILURE_WAIT_S
     while True:
         failure = rank_files.first_failure(folder)
-        if (failure is not None and failure.rank != 0) or time.monotonic() >= deadline:
-            return failure if failure is not None and failure.rank != 0 else None
+        if failure is not None and failure.rank != 0:
+            return failure
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(0.1)

@@ -429,9 +429,9 @@ def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
 
 def paired_line(entry: Screened, paired: screen.Paired, objective: str) -> str:
     """The progress line of a finalist's read over the baseline (before its whole trial)."""
-    metric, record = policy.SCREEN_METRIC[objective], paired.to_json()
-    read = record.get(metric)
-    head = f"#{entry.trial.number} read over the baseline in {record['windows']} windows"
+    metric = policy.SCREEN_METRIC[objective]
+    read = paired.read(metric)
+    head = f"#{entry.trial.number} read over the baseline in {paired.to_json()['windows']} windows"
     if not read:
         return f"{head}: no paired reading"
     ci = f" [95% CI {read['ci'][0]:.2f}-{read['ci'][1]:.2f}]" if read.get("ci") else ""

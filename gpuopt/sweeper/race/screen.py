@@ -174,10 +174,9 @@ class ScreenWindows:
 def raw_ratios(compared: Compared, metric_name: str) -> dict[str, float | None]:
     """Each arm's window over its neighbouring baseline windows (> 1: faster, whichever way the
     catalogue says the metric is better)."""
-    direction = metrics.metric(metric_name).goal or metrics.MAX
     out = {}
     for arm in compared.arms:
-        ratio = compared.ratio(arm, direction)
+        ratio = window_ratio(compared, arm, metric_name)
         out[arm] = None if ratio is None else ratio.ratio
     return out
 
@@ -268,25 +267,26 @@ class Paired:
     control: float | None = None
 
     def ratio(self, metric_name: str) -> float | None:
-        speedup = self.speedups.get(metric_name)
+        read = self.read(metric_name)
+        return None if read is None else read["ratio"]
+
+    def read(self, metric_name: str) -> dict[str, Any] | None:
+        """One metric's ratio over the control, its 95% interval and pairs; None without one."""
+        speedup, scale = self.speedups.get(metric_name), self.control or 1.0
         if speedup is None:
             return None
-        return speedup.ratio / self.control if self.control else speedup.ratio
+        low, high = speedup.ci_low, speedup.ci_high
+        return {
+            "ratio": speedup.ratio / scale,
+            "ci": None if low is None or high is None else [low / scale, high / scale],
+            "pairs": speedup.n_pairs,
+        }
 
     def to_json(self) -> dict[str, Any]:
-        """What the study keeps: each metric's ratio, its 95% interval and pairs."""
-        out: dict[str, Any] = {"windows": len(self.turn.slices) if self.turn else 0}
-        for name, speedup in self.speedups.items():
-            if speedup is None:
-                continue
-            scale = self.control or 1.0
-            low, high = speedup.ci_low, speedup.ci_high
-            out[name] = {
-                "ratio": speedup.ratio / scale,
-                "ci": None if low is None or high is None else [low / scale, high / scale],
-                "pairs": speedup.n_pairs,
-            }
-        return out
+        """What the study keeps: its windows, and each metric's `read`."""
+        reads = {name: self.read(name) for name in self.speedups}
+        windows = len(self.turn.slices) if self.turn else 0
+        return {"windows": windows, **{k: v for k, v in reads.items() if v is not None}}
 
 
 def read_over_baseline(
@@ -324,7 +324,6 @@ def over_baseline(
         )
         if measured is None or not isinstance(base, (int, float)) or not ratio:
             continue
-        higher_is_better = (metrics.metric(name).goal or metrics.MAX) == metrics.MAX
-        told[name] = base * ratio if higher_is_better else base / ratio
+        told[name] = base * ratio if metrics.higher_is_better(name) else base / ratio
         own[name] = measured
     return replace(result, metrics=replace(result.metrics, **told)), own
