@@ -46,7 +46,7 @@ from gpuopt.sweeper.confirm.rounds import Rule, run_rounds
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.options import ConfirmOptions, RaceOptions
 from gpuopt.sweeper.race import policy, screen
-from gpuopt.sweeper.race.process import RaceProcess
+from gpuopt.sweeper.shared_process import SharedProcess
 
 SCRIPTS = Path(__file__).resolve().parent
 # The default sweep's fixed measure settings (conf/search/default.yaml).
@@ -94,7 +94,7 @@ def screen_and_whole(model: str, per_run: int, wholes: int) -> dict[str, list[fl
             "candidate": [*base, policy.SCREEN_WARMUP],
         },
     )
-    race = RaceProcess.open(folder, "throughput", window_s)
+    race = SharedProcess.open(folder, "throughput", window_s)
     try:
         first = race.whole_trial("#0", paths["trial0"], folder / "trial_0")
         assert first is not None and first.ok, race.error or first
@@ -121,12 +121,12 @@ def screen_and_whole(model: str, per_run: int, wholes: int) -> dict[str, list[fl
     }
 
 
-def _no_restart(race: RaceProcess) -> RaceProcess:
+def _no_restart(race: SharedProcess) -> SharedProcess:
     raise AssertionError(f"the race process failed: {race.error}")
 
 
 def whole_trials(
-    race: RaceProcess,
+    race: SharedProcess,
     screened: Path,
     folder: Path,
     base: list[str],
@@ -171,7 +171,7 @@ def in_process_confirmation(model: str, slowdown: float, trial_s: float) -> dict
     options = ConfirmOptions()
     folder = Path(tempfile.mkdtemp(prefix="gpuopt-aa-confirm-"))
     paths = benchlib.composed_configs(folder, arms(model, slowdown))
-    shared = in_process.SharedProcess.start(paths, {}, OBJECTIVE, options.window_s, folder)
+    shared = SharedProcess.start(paths, {}, OBJECTIVE, options.window_s, folder)
     try:
         fresh = schedule.plan(options.top_k, options.rounds, options.max_share, DEFAULT_TRIALS, 1)
         assert fresh is not None

@@ -85,8 +85,7 @@ def measure_windows(
     from hydra import compose, initialize_config_module
 
     import gpuopt.run  # noqa: F401 - registers the schemas
-    from gpuopt.sweeper.confirm.in_process import SharedProcess
-    from gpuopt.sweeper.memory_axis import write_probe_config
+    from gpuopt.sweeper.shared_process import SharedProcess, write_config
 
     arms = {"reference": [*WINDOW, *reference], "candidate": [*WINDOW, *candidate]}
     directory = Path(tempfile.mkdtemp(prefix="bench_confirm_"))
@@ -94,7 +93,7 @@ def measure_windows(
     for name, overrides in arms.items():
         with initialize_config_module(config_module="gpuopt.conf"):
             cfg = compose("config", overrides=overrides, return_hydra_config=True)
-        paths[name] = write_probe_config(cfg, directory, f"{name}.yaml")
+        paths[name] = write_config(cfg, directory, f"{name}.yaml")
     shared = SharedProcess.start(paths, {}, "throughput", window_s, directory)
     if shared.error:
         raise SystemExit(f"gpuopt.processes.shared_windows: {shared.error}")

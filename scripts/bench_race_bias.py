@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
 from gpuopt.core.stats import speedup
-from gpuopt.sweeper.race.process import RaceProcess
+from gpuopt.sweeper.shared_process import SharedProcess
 
 WINDOW = [
     "device=cpu",
@@ -71,7 +71,7 @@ def configs(folder: Path, candidate: list[str], profile: bool) -> dict[str, Path
 
 def shared(rounds: int, window_s: float, candidate: list[str], whole_first: bool) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="gpuopt-race-bias-"))
-    race = RaceProcess.open(folder, "throughput", window_s)
+    race = SharedProcess.open(folder, "throughput", window_s)
     try:
         if whole_first:
             for label, path in configs(folder, candidate, profile=True).items():

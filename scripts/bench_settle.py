@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
-from gpuopt.sweeper.race.process import RaceProcess
+from gpuopt.sweeper.shared_process import SharedProcess
 
 BASE = ["device=cpu", "loader.batch_size=32", "loader.num_workers=0"]
 
@@ -55,7 +55,7 @@ def main() -> int:
     parser.add_argument("--json")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="gpuopt-settle-"))
-    race = RaceProcess.open(folder, "throughput", args.window_s)
+    race = SharedProcess.open(folder, "throughput", args.window_s)
     readings: dict[bool, dict[str, list[float]]] = {
         m: {"b": [], "c": [], "r": []} for m in (True, False)
     }

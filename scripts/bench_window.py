@@ -47,13 +47,11 @@ def build_gpuopt(overrides: list[str], directory: Path) -> Any:
     import gpuopt.run  # noqa: F401 - registers the schemas
     from gpuopt.core.shared_protocol import Steady
     from gpuopt.processes.shared_windows import build_member
-    from gpuopt.sweeper.memory_axis import write_probe_config
+    from gpuopt.sweeper.shared_process import write_config
 
     with initialize_config_module(config_module="gpuopt.conf"):
         cfg = compose("config", overrides=overrides, return_hydra_config=True)
-    member = build_member(
-        "gpuopt", str(write_probe_config(cfg, directory, "gpuopt.yaml")), Steady()
-    )
+    member = build_member("gpuopt", str(write_config(cfg, directory, "gpuopt.yaml")), Steady())
     if member.failure:
         raise SystemExit(f"gpuopt's trial failed to build: {member.failure}")
     return member

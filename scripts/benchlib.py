@@ -181,11 +181,11 @@ def composed_configs(folder: Path, arms: Mapping[str, Sequence[str]]) -> dict[st
     from hydra import compose, initialize_config_module
 
     import gpuopt.run  # noqa: F401 - registers the schemas
-    from gpuopt.sweeper.memory_axis import write_probe_config
+    from gpuopt.sweeper.shared_process import write_config
 
     paths = {}
     for label, overrides in arms.items():
         with initialize_config_module(config_module="gpuopt.conf"):
             cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
-        paths[label] = write_probe_config(cfg, folder, f"{label}.yaml")
+        paths[label] = write_config(cfg, folder, f"{label}.yaml")
     return paths

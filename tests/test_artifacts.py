@@ -16,11 +16,12 @@ from hydra.core.utils import JobReturn, JobStatus
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, get_all_artifact_meta
 
 from gpuopt.core._compat import storage_of
+from gpuopt.core.errors import SweepConfigError
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.study.artifact_store import store_page
 from gpuopt.study.keys import ATTR_ARTIFACTS, STUDY_ARTIFACT_STORE
 from gpuopt.sweeper.objectives import outcome_from_return
-from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
+from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.record import record_trial
 from gpuopt.sweeper.trial_artifacts import TrialFiles, store_dir
 

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpuopt.sweeper.confirm import in_process as interleaved
-from gpuopt.sweeper.confirm.in_process import SharedProcess, shareable, window_plan, window_seconds
+from gpuopt.sweeper.confirm.in_process import window_plan, window_seconds
+from gpuopt.sweeper.shared_process import SharedProcess, shareable
 from tests.helpers.interleave import group_members, probe_configs
 
 SPEC = {
@@ -189,7 +190,7 @@ def test_a_killed_sweep_takes_its_shared_process_with_it(tmp_path) -> None:
         f"""
         import time
         from pathlib import Path
-        from gpuopt.sweeper.confirm.in_process import SharedProcess
+        from gpuopt.sweeper.shared_process import SharedProcess
         shared = SharedProcess.start({{"baseline": Path({str(paths["baseline"])!r})}}, {{}},
                                      "throughput", 0.2, Path({str(tmp_path)!r}))
         assert shared.error is None, shared.error

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from gpuopt.core.shared_protocol import Drop, Failure
-from gpuopt.sweeper.confirm.in_process import SharedProcess
 from gpuopt.sweeper.launchers.results import fatal_error
+from gpuopt.sweeper.shared_process import SharedProcess
 from gpuopt.trial import library_bugs
 
 CPU = torch.device("cpu")

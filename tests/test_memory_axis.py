@@ -22,6 +22,7 @@ from gpuopt.sweeper.memory_axis import (
     powers_of_two,
     preset_batches,
 )
+from gpuopt.sweeper.shared_process import write_config
 from gpuopt.sweeper.space import build_search_space
 
 PRESET = {"loader.batch_size": "choice(32,64,128,256,512)", "loader.num_workers": "choice(0,1)"}
@@ -146,7 +147,7 @@ def _stub_probe(monkeypatch, points, ram_mb=64000.0, error=None):
         return MemoryProbe(points=points, available_ram_mb=ram_mb, error=error)
 
     monkeypatch.setattr(memory_axis, "run_probe", fake)
-    monkeypatch.setattr(memory_axis, "write_probe_config", lambda config, d: Path(d) / "c.yaml")
+    monkeypatch.setattr(memory_axis, "write_config", lambda config, d, name: Path(d) / "c.yaml")
     return calls
 
 
@@ -198,7 +199,7 @@ def test_an_accelerator_grows_the_axis_to_its_memory(monkeypatch, tmp_path) -> N
         return MemoryProbe(points=points, device_memory_mb=10000.0)
 
     monkeypatch.setattr(memory_axis, "run_probe", fake)
-    monkeypatch.setattr(memory_axis, "write_probe_config", lambda config, d: Path(d) / "c.yaml")
+    monkeypatch.setattr(memory_axis, "write_config", lambda config, d, name: Path(d) / "c.yaml")
     axis = plan_batch_axis(None, PRESET, [], "cuda", AxisSettings(), tmp_path)
     assert axis is not None and axis.choices[-1] == 4096  # 8500 - 1000 = 7500 -> 4096
     assert axis.added == [1024, 2048, 4096]
@@ -219,7 +220,7 @@ def test_the_probe_measures_a_growing_peak_on_cpu(tmp_path) -> None:
             overrides=["device=cpu", "model.width=2048"],
             return_hydra_config=True,
         )
-    path = memory_axis.write_probe_config(cfg, tmp_path)
+    path = write_config(cfg, tmp_path, "memory_probe.yaml")
     probe = memory_axis.run_probe(path, (32, 4096), timeout_s=300)
     assert probe.error is None, probe.error
     assert [b for b, _ in probe.points] == [32, 4096]

@@ -22,6 +22,7 @@ from gpuopt.sweeper.memory_axis import (
     read_probe_line,
     run_probe,
 )
+from gpuopt.sweeper.shared_process import write_config
 
 PRESET = {"loader.batch_size": "choice(32,64,128,256,512)"}
 
@@ -103,7 +104,7 @@ def test_a_failed_distributed_probe_turns_the_axis_off_not_the_sweep(
         "run_probe",
         lambda path, batches, timeout_s: real(path, batches, timeout_s, python),
     )
-    monkeypatch.setattr(memory_axis, "write_probe_config", lambda config, d: Path(d) / "c.yaml")
+    monkeypatch.setattr(memory_axis, "write_config", lambda config, d, name: Path(d) / "c.yaml")
     with caplog.at_level(logging.WARNING, logger="gpuopt.sweeper.memory_axis"):
         axis = plan_batch_axis(None, PRESET, [], "cuda", AxisSettings(), tmp_path)
     assert axis is None
@@ -121,7 +122,7 @@ def test_the_axis_log_says_the_peak_is_per_rank_of_the_world_size(
         rank_peaks={32: [120.0, 132.0], 128: [228.0, 210.0]},
     )
     monkeypatch.setattr(memory_axis, "run_probe", lambda *args, **kwargs: probe)
-    monkeypatch.setattr(memory_axis, "write_probe_config", lambda config, d: Path(d) / "c.yaml")
+    monkeypatch.setattr(memory_axis, "write_config", lambda config, d, name: Path(d) / "c.yaml")
     with caplog.at_level(logging.INFO, logger="gpuopt.sweeper.memory_axis"):
         axis = plan_batch_axis(None, PRESET, [], "cpu", AxisSettings(cap_mb=250), tmp_path)
     assert axis is not None and axis.choices == [32, 64]
@@ -156,7 +157,7 @@ def _probe_config(tmp_path: Path, name: str, *overrides: str) -> Path:
             ],
             return_hydra_config=True,
         )
-    return memory_axis.write_probe_config(cfg, tmp_path, f"{name}.yaml")
+    return write_config(cfg, tmp_path, f"{name}.yaml")
 
 
 @pytest.mark.slow  # starts a probe process with two real gloo ranks

@@ -17,11 +17,18 @@ import pytest
 from optuna.trial import TrialState
 
 from gpuopt.core import knobs
+from gpuopt.core.errors import SweepConfigError
 from gpuopt.core.host import children_cpu_ticks, wait_for_idle_children
-from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE, ATTR_REASON, STUDY_CONFIRMATION
+from gpuopt.study.keys import (
+    ATTR_BASELINE,
+    ATTR_RACE,
+    ATTR_REASON,
+    STUDY_BATCH_RULE,
+    STUDY_CONFIRMATION,
+)
 from gpuopt.study.records import IN_PROCESS
 from gpuopt.sweeper import resume
-from gpuopt.sweeper.options import RaceOptions, SweepConfigError, SweeperOptions
+from gpuopt.sweeper.options import RaceOptions, SweeperOptions
 from gpuopt.sweeper.race import policy
 from tests.helpers.fixed_speed import FIXED_SPEED
 from tests.helpers.interleave import group_members, probe_configs
@@ -384,12 +391,12 @@ def test_a_raced_sweep_prunes_in_the_study_and_confirms_its_answer(tmp_path: Pat
 @pytest.mark.slow
 def test_the_race_process_builds_screens_drops_and_measures_whole_trials(tmp_path: Path) -> None:
     from gpuopt.core.shared_protocol import Window
-    from gpuopt.sweeper.race.process import RaceProcess
+    from gpuopt.sweeper.shared_process import SharedProcess
 
     paths = probe_configs(
         tmp_path, {"base": [], "big": ["loader.batch_size=256", "loader.num_workers=1"]}
     )
-    race = RaceProcess.open(tmp_path / "race", "throughput", 0.2)
+    race = SharedProcess.open(tmp_path / "race", "throughput", 0.2)
     try:
         assert race.add("base", paths["base"]).status == "ok"
         built = race.add("big", paths["big"])
@@ -467,7 +474,9 @@ def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[s
         grid=False,
     )
     study = optuna.create_study(direction="maximize")
-    global_batch.record(study, global_batch.gpuopt_rule({"loader.batch_size": 32}))
+    study.set_user_attr(
+        STUDY_BATCH_RULE, global_batch.gpuopt_rule({"loader.batch_size": 32}).to_attr()
+    )
     study.enqueue_trial({"loader.batch_size": 32, "loader.num_workers": 0}, {ATTR_BASELINE: True})
     study.tell(study.ask(dict(space.distributions)), 100.0)
     screened = []

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
+from gpuopt.study.keys import STUDY_BATCH_RULE
 from gpuopt.sweeper import baseline
 from gpuopt.sweeper.seeding import SeedFacts, core_splits, expert_seeds, loader_share, snap
 from gpuopt.sweeper.space import build_search_space
@@ -290,7 +291,9 @@ def test_enqueued_after_the_baseline_by_the_studys_rule():
     from gpuopt.sweeper import global_batch
 
     study, space = _study_and_space()
-    global_batch.record(study, global_batch.gpuopt_rule({"loader.batch_size": 32}))
+    study.set_user_attr(
+        STUDY_BATCH_RULE, global_batch.gpuopt_rule({"loader.batch_size": 32}).to_attr()
+    )
     # n_trials=9 and no trial in the study yet: room for 9, as a 10-trial sweep after its baseline
     baseline.enqueue_seeds(study, SimpleNamespace(params=dict(BASE)), _outcome(), space, 9)
     waiting = study.get_trials(states=[optuna.trial.TrialState.WAITING])

@@ -17,6 +17,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 
 from gpuopt.core import knobs, lifeline
+from gpuopt.core.errors import SweepConfigError
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.core.stats import speedup, t_quantile
 from gpuopt.study import storage
@@ -28,7 +29,6 @@ from gpuopt.sweeper import resume
 from gpuopt.sweeper.confirm import schedule as confirm_schedule
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.objectives import outcome_from_return, resolve_objectives
-from gpuopt.sweeper.options import SweepConfigError
 from gpuopt.sweeper.space import (
     baseline_params,
     choice_text,

@@ -22,6 +22,16 @@ class ConfigError(ValueError):
         super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
 
 
+class SweepConfigError(ConfigError):
+    """A sweep setting that cannot work (a `hydra.sweeper` key, a sweep argument, the study's
+    storage): raised before any trial runs. The one ConfigError of every process (the sweeper prints
+    it as one line, exit status 2), whose line says it is the sweep's config that is wrong."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(key, value, allowed)
+        self.args = (f"invalid sweep config: {key}={value!r}; allowed: {allowed}",)
+
+
 class ConfigFileError(ConfigError):
     """A config file that is not valid YAML: names the file, line and column."""
 

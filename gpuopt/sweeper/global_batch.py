@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuopt.core import knobs
+from gpuopt.core.errors import SweepConfigError
 from gpuopt.study.keys import STUDY_BATCH_RULE
-from gpuopt.sweeper.options import KEY, SweepConfigError
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -179,7 +179,9 @@ def for_sweep(
         value = OmegaConf.select(config, key, default=_ABSENT)
         if value is _ABSENT and key not in searched and key not in fixed and batch_keys:
             raise SweepConfigError(
-                f"{KEY}.batch_keys", list(batch_keys), f"keys of the config ({key} is not one)"
+                "hydra.sweeper.batch_keys",
+                list(batch_keys),
+                f"keys of the config ({key} is not one)",
             )
         values[key] = None if value is _ABSENT else value
     values.update({k: v for k, v in fixed.items() if k in rule.keys})
@@ -195,17 +197,10 @@ def found_batch_keys(searched: Sequence[str]) -> list[str]:
     found = batch_keys_among(searched)
     if found:
         log.info(
-            "%s.batch_keys not set: %s (the searched keys named like a batch size and an "
-            "accumulation count; set %s.batch_keys to name others)", KEY, found, KEY,
+            "hydra.sweeper.batch_keys not set: %s (the searched keys named like a batch size and "
+            "an accumulation count; set hydra.sweeper.batch_keys to name others)", found,
         )  # fmt: skip
     return found
-
-
-def record(study: Any, rule: BatchRule | None) -> None:
-    """Store the sweep's rule on the study (each sweep: a re-run may declare other keys)."""
-    from gpuopt.sweeper import record as record_
-
-    record_.study_attrs(study, {STUDY_BATCH_RULE: None if rule is None else rule.to_attr()})
 
 
 def read(study_attrs: Mapping[str, Any]) -> BatchRule | None:

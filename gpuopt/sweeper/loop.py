@@ -31,6 +31,7 @@ from gpuopt.core._compat import stock_sweeper_impl, submitit_executor_kind
 from gpuopt.core.lifeline import terminate_as_interrupt
 from gpuopt.core.secrets import mask_config_secrets
 from gpuopt.study import storage as storage_mod
+from gpuopt.study.keys import STUDY_BATCH_RULE
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import same_training_params
 from gpuopt.sweeper import (
@@ -43,6 +44,7 @@ from gpuopt.sweeper import (
     open_study,
     outputs,
     profile_runs,
+    record,
     resume,
     task,
     trial_artifacts,
@@ -54,7 +56,6 @@ from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.progress import Progress
 from gpuopt.sweeper.race import policy as race_policy
 from gpuopt.sweeper.race.runner import RaceRunner
-from gpuopt.sweeper.record import outcome_of
 from gpuopt.sweeper.space import (
     SearchSpace,
     build_search_space,
@@ -138,7 +139,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             list(space.distributions),
         )
         study, url, created = self._open_study(names, directions, facts, probe, space)
-        global_batch.record(study, rule)
+        record.study_attrs(study, {STUDY_BATCH_RULE: None if rule is None else rule.to_attr()})
         names = task.study_metric_names(study, names)
         self._files = trial_artifacts.for_sweep(self.options, self.storage, study)
         task.check_sampler(self.sampler, directions)
@@ -348,4 +349,4 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         self, overrides: list[str], job: int, names: list[str], directions: list[str]
     ) -> TrialOutcome:
         """One confirmation run (not a trial of the study)."""
-        return outcome_of(launch(self.launcher, [overrides], [job])[0], names, directions)
+        return record.outcome_of(launch(self.launcher, [overrides], [job])[0], names, directions)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt.core import knobs
+from gpuopt.sweeper.shared_process import write_config
 
 log = logging.getLogger(__name__)
 
@@ -265,18 +266,6 @@ def run_probe(
     return probe
 
 
-def write_probe_config(config: Any, directory: Path, name: str = "memory_probe.yaml") -> Path:
-    """The composed task config (no hydra node, resolved), as the probe and gpuopt.processes.shared_windows
-    read it."""
-    from omegaconf import OmegaConf
-
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
-    path.write_text(OmegaConf.to_yaml(task, resolve=True))
-    return path
-
-
 def peak_label(world_size: int = 1) -> str:
     """What the fitted peak is: one process's, or a distributed job's largest rank's."""
     return "peak" if world_size <= 1 else f"peak per rank of {world_size}"
@@ -337,7 +326,9 @@ def plan_batch_axis(
         return None
     low = min(preset)
     probe = run_probe(
-        write_probe_config(config, probe_dir), (low, PROBE_SPREAD * low), settings.timeout_s
+        write_config(config, probe_dir, "memory_probe.yaml"),
+        (low, PROBE_SPREAD * low),
+        settings.timeout_s,
     )
     if probe.error:
         log.warning("memory-aware batch axis off (the preset's stays): %s", probe.error)

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuopt.core.errors import SweepConfigError
 from gpuopt.core.metrics import goals, on_device
 from gpuopt.core.result import Metrics, Status, TrialResult, result_user_attrs
-from gpuopt.sweeper.options import SweepConfigError
 
 DEFAULT_OBJECTIVES = ("throughput_amortized", "utilization")
 UTILIZATION = "utilization"  # NVML's util.gpu; where GPM is there, its stand-in (`on_device`)

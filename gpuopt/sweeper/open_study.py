@@ -14,13 +14,12 @@ from typing import Any
 
 import optuna
 
-from gpuopt.core.errors import ConfigError
+from gpuopt.core.errors import ConfigError, SweepConfigError
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import STUDY_DIRECTIONS, STUDY_HARDWARE, STUDY_OBJECTIVES
 from gpuopt.study.rules import plain_names
 from gpuopt.sweeper import machine, record
-from gpuopt.sweeper.options import SweepConfigError
 
 log = logging.getLogger("gpuopt.sweeper")
 

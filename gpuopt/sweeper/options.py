@@ -16,19 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.core.errors import ConfigError
+from gpuopt.core.errors import SweepConfigError
 
 KEY = "hydra.sweeper"
-
-
-class SweepConfigError(ConfigError):
-    """A sweep setting that cannot work (a `hydra.sweeper` key, a sweep argument, the study's
-    storage): raised before any trial runs. The one ConfigError of every process (plugin.py prints
-    it as one line, exit status 2), whose line says it is the sweep's config that is wrong."""
-
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
-        super().__init__(key, value, allowed)
-        self.args = (f"invalid sweep config: {key}={value!r}; allowed: {allowed}",)
 
 
 # The most confirmation runs a sweep may make, as a share of its n_trials (confirm.max_share).

@@ -16,7 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, Override, Transformer
 
 from gpuopt.core import knobs
-from gpuopt.sweeper.options import SweepConfigError
+from gpuopt.core.errors import SweepConfigError
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,14 @@ import optuna
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gpuopt.core import knobs
+from gpuopt.core.errors import SweepConfigError
 from gpuopt.core.metrics import goals
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.rules import plain_labels, plain_names
 from gpuopt.sweeper import machine
 from gpuopt.sweeper.objectives import on_this_device, resolve_objectives, utilization_note
 from gpuopt.sweeper.open_study import space_digest
-from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
+from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.outputs import SweepIdentity
 from gpuopt.sweeper.space import SearchSpace
 

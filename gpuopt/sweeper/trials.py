@@ -44,12 +44,13 @@ from gpuopt.core._compat import (
     storage_of,
     trial_id,
 )
+from gpuopt.core.errors import SweepConfigError
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER, ATTR_REPLICATE_OF
 from gpuopt.sweeper import baseline, interference, profile_runs, record, repeats, resume
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.open_study import relabel_plain_objectives
-from gpuopt.sweeper.options import SweepConfigError, SweeperOptions
+from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.progress import Progress
 from gpuopt.sweeper.record import outcome_of, record_trial
 from gpuopt.sweeper.space import SearchSpace, override_text, suggest

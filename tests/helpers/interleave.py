@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuopt.sweeper import memory_axis
+from gpuopt.sweeper.shared_process import write_config
 
 # A tiny CPU trial: each arm's overrides are added to these.
 TINY = [
@@ -29,7 +29,7 @@ def probe_configs(tmp_path: Path, arms: dict[str, list[str]]) -> dict[str, Path]
     for label, overrides in arms.items():
         with initialize_config_module(config_module="gpuopt.conf"):
             cfg = compose("config", overrides=[*TINY, *overrides], return_hydra_config=True)
-        paths[label] = memory_axis.write_probe_config(cfg, tmp_path, f"{label}.yaml")
+        paths[label] = write_config(cfg, tmp_path, f"{label}.yaml")
     return paths
 
 

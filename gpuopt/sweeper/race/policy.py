@@ -24,28 +24,18 @@ from typing import Any
 from gpuopt.core import knobs
 from gpuopt.core._compat import submitit_executor_kind
 from gpuopt.core.metrics import metric
-from gpuopt.sweeper.confirm.in_process import shareable
 from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
+from gpuopt.sweeper.shared_process import shareable
 
 BASELINE = "baseline"
 # What the screen ranks on, per first objective: a window's own reading of it (or the one its
 # record names: a candidate's epoch boundary is not measured yet).
 SCREEN_METRIC = {name: metric(name).screen or name for name in sorted(WINDOW_OBJECTIVES)}
-# A screening window's drain and its steps each end after one step once they took this many
-# window lengths (0.3 s at the default 0.1 s window): a candidate of long steps (a cnn's batch
-# 256-512: 1-2 s a step on a 2-core CPU) is read on one step a window, and its turn ends once its
-# windows took the turn's seconds (race/screen.py). Its loader keeps up with such steps, so a
-# shorter drain leaves no prefetched batch to flatter its window, and one long step varies by a
-# few percent: enough to rank it against the floor and the other candidates.
-SCREEN_DEADLINE = 3.0
 # A just-built candidate whose drain steps (prefetched batches right after its own warm-up: the
 # fastest it runs) read below this share of the race's floor x the baseline's last window is read
 # on them, its window not run: it cannot reach the floor (the 0.8 leaves room for the baseline's
 # drift between its two neighbour windows).
 SCREEN_GIVE_UP = 0.8
-# A candidate whose build or window takes longer than this is pruned: its steps are that slow
-# (fp16 convolutions on some CPUs: minutes a step). The process is restarted without it.
-SCREEN_TIMEOUT_S = 60.0
 # Untimed steps after a screened candidate is built (the whole trials warm up as configured).
 SCREEN_WARMUP = "measure.warmup_steps=1"
 

@@ -3,7 +3,7 @@
 Why: a trial in a fresh process pays its imports and build (~5 s on the 2-core CPU) for a 1-2 s
 window, and fresh processes differ by 4-14% from one another, so the sweep's single reading per
 configuration is noisy too. Where every configuration can share a process (policy.why_not), one
-process (`gpuopt.processes.shared_windows`, RaceProcess) measures them all:
+process (`gpuopt.processes.shared_windows`, SharedProcess) measures them all:
 
 1. the baseline as a whole trial (window, compute ceiling, loader cost, FLOPs, numerics guard,
    profile): the study's trial 0, whose facts enqueue the expert seeds;
@@ -61,12 +61,11 @@ from gpuopt.sweeper import global_batch, profile_runs, record, resume
 from gpuopt.sweeper.comparison import calibrated
 from gpuopt.sweeper.confirm.schedule import with_overrides
 from gpuopt.sweeper.launchers.results import TrialDiagnostics
-from gpuopt.sweeper.memory_axis import write_probe_config
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.progress import Progress
 from gpuopt.sweeper.race import policy, screen
-from gpuopt.sweeper.race.process import RaceProcess
 from gpuopt.sweeper.race.screen import Turn
+from gpuopt.sweeper.shared_process import SharedProcess, write_config
 from gpuopt.sweeper.space import SearchSpace
 from gpuopt.sweeper.trials import TrialRunner
 
@@ -110,7 +109,7 @@ class RaceRunner(TrialRunner):
     same_training: set[str] = field(default_factory=set)
     objective: str = "throughput"
     directory: Path = Path("race")
-    process: RaceProcess | None = None  # the race's process, once started
+    process: SharedProcess | None = None  # the race's process, once started
     # The baseline's whole-trial metrics (its user attrs): a finalist's window metrics are told
     # in its frame (race/screen.py).
     baseline_metrics: dict[str, Any] = field(default_factory=dict)
@@ -122,7 +121,7 @@ class RaceRunner(TrialRunner):
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """The race; its process stays open (`process`) until the caller closes it."""
         progress.start(study.get_trials(deepcopy=False))
-        race = RaceProcess.open(self.directory, self.objective, self.options.race.window_s)
+        race = SharedProcess.open(self.directory, self.objective, self.options.race.window_s)
         self.process = race
         if race.error:
             log.warning("race: %s; every trial in a fresh process instead", race.error)
@@ -135,7 +134,7 @@ class RaceRunner(TrialRunner):
             raise
 
     def _race(
-        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: RaceProcess
+        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: SharedProcess
     ) -> None:
         baseline_ok = self._baseline(study, space, progress, race)
         to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
@@ -160,7 +159,7 @@ class RaceRunner(TrialRunner):
         trials: list[Trial],
         space: SearchSpace,
         progress: Progress,
-        race: RaceProcess,
+        race: SharedProcess,
     ) -> None:
         """One screen of `trials` (asked at once), its finalists' whole trials, every trial told:
         the sampler sees this round's results before it asks the next round's."""
@@ -182,7 +181,7 @@ class RaceRunner(TrialRunner):
 
     # ---- 1. the baseline, a whole trial -------------------------------------------------------
     def _baseline(
-        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: RaceProcess
+        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: SharedProcess
     ) -> bool:
         """Trial 0 as a whole trial (unless a raced study resumes with it done); then the
         baseline built for the screen. Whether both worked."""
@@ -205,7 +204,9 @@ class RaceRunner(TrialRunner):
         return answer.status == "ok"
 
     # ---- 2. the screen ------------------------------------------------------------------------
-    def _screen(self, trials: list[Trial], space: SearchSpace, race: RaceProcess) -> list[Screened]:
+    def _screen(
+        self, trials: list[Trial], space: SearchSpace, race: SharedProcess
+    ) -> list[Screened]:
         """B ctl B ctl ... B c1 B c1 ... B (race/screen.py), each arm built only for its turn;
         one that takes longer than SCREEN_TIMEOUT_S costs the process, which starts again with
         the baseline."""
@@ -236,9 +237,9 @@ class RaceRunner(TrialRunner):
             entry.neighbours = (compared.neighbours(first)[0], compared.neighbours(last)[1])
         return entries
 
-    def _restart(self) -> RaceProcess:
+    def _restart(self) -> SharedProcess:
         """A new race process with the baseline built (after a candidate too slow to screen)."""
-        race = RaceProcess.open(self.directory, self.objective, self.options.race.window_s)
+        race = SharedProcess.open(self.directory, self.objective, self.options.race.window_s)
         self.process = race
         race.add(policy.BASELINE, self.directory / f"{policy.BASELINE}.yaml")
         return race
@@ -352,7 +353,7 @@ class RaceRunner(TrialRunner):
         overrides: list[str],
         space: SearchSpace,
         progress: Progress,
-        race: RaceProcess,
+        race: SharedProcess,
         raced: dict[str, Any] | None = None,
         paired: screen.Paired | None = None,
     ) -> None:
@@ -385,7 +386,7 @@ class RaceRunner(TrialRunner):
     def _config_file(self, overrides: list[str], stem: str) -> Path:
         """The job config the launcher would compose for `overrides`, as `<stem>.yaml`."""
         assert self.compose is not None
-        return write_probe_config(self.compose(list(overrides)), self.directory, f"{stem}.yaml")
+        return write_config(self.compose(list(overrides)), self.directory, f"{stem}.yaml")
 
 
 def _keeping_training(study: optuna.Study, screened: list[Screened]) -> set[str]:

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuopt.core import metrics
 from gpuopt.core.result import TrialResult
@@ -36,9 +36,7 @@ from gpuopt.core.stats import Speedup
 from gpuopt.sweeper import comparison
 from gpuopt.sweeper.comparison import BRACKETED, Budget, Compared, FixedCount, Measurement
 from gpuopt.sweeper.race import policy
-
-if TYPE_CHECKING:
-    from gpuopt.sweeper.race.process import RaceProcess
+from gpuopt.sweeper.shared_process import SCREEN_TIMEOUT_S, SharedProcess
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -100,12 +98,12 @@ class ScreenWindows:
     as many windows' seconds: long steps) are read, then dropped. `configs`: each arm's composed
     job config; `restart()`: a new race process with the baseline built, after one an arm cost."""
 
-    race: RaceProcess
+    race: SharedProcess
     configs: Mapping[str, Path]
     objective: str
     window_s: float
     floor: float
-    restart: Callable[[], RaceProcess]
+    restart: Callable[[], SharedProcess]
     slices: int = 1
     give_up: bool = True  # a just-built arm far below the floor is read on its drain (the screen)
     turns: dict[str, Turn] = field(default_factory=dict)
@@ -137,7 +135,7 @@ class ScreenWindows:
 
     def _built(self, label: str) -> Turn:
         """`label` built for its turn (its failure the turn's window where it did not build)."""
-        built = self.race.add(label, self.configs[label], timeout_s=policy.SCREEN_TIMEOUT_S)
+        built = self.race.add(label, self.configs[label], timeout_s=SCREEN_TIMEOUT_S)
         if isinstance(built, Added):
             return Turn(None, built.config, built.command_s)
         return Turn(self._slow(built), None, built.command_s)
@@ -199,11 +197,11 @@ def control_ratio(compared: Compared, metric: str) -> float | None:
 
 
 def screen(
-    race: RaceProcess,
+    race: SharedProcess,
     configs: Mapping[str, Path],
     objective: str,
     options: Any,
-    restart: Callable[[], RaceProcess],
+    restart: Callable[[], SharedProcess],
     report: Callable[[str, Turn, float | None], None],
     slices: int | None = None,
     give_up: bool = True,
@@ -290,14 +288,14 @@ class Paired:
 
 
 def read_over_baseline(
-    race: RaceProcess,
+    race: SharedProcess,
     label: str,
     config: Path,
     objective: str,
     options: Any,
-    restart: Callable[[], RaceProcess],
+    restart: Callable[[], SharedProcess],
     control: float | None,
-) -> tuple[Paired, RaceProcess]:
+) -> tuple[Paired, SharedProcess]:
     """`config` built as `label`, read in FINAL_SLICES_PER_SCREEN_SLICE x race.slices
     windows each between two of the baseline's, dropped; the read, and the race process it
     ended in."""

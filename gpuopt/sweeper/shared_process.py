@@ -1,0 +1,252 @@
+"""The shared measuring process, sweeper side (torch-free): `python -m gpuopt.processes.shared_windows`
+driven one command at a time (gpuopt.core.shared_protocol), for the race and the in-process
+confirmation, and which configurations may share it (`shareable`).
+
+Configurations are built in it (at start, or on command: `add`), read in windows (`window`,
+`measure`), released (`drop`) or measured as a whole trial of that process (`whole_trial`). Every
+answer is one JSON line; the process dies with the sweep (parent-death signal) and is killed with
+its DataLoader workers (its own process group) on close or a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from gpuopt.core import knobs
+from gpuopt.core import shared_protocol as protocol
+from gpuopt.core.result import TrialResult
+from gpuopt.study.configs import flatten
+from gpuopt.sweeper.objectives import TrialOutcome, error_outcome
+
+log = logging.getLogger("gpuopt.sweeper")
+
+MIN_STEPS = 3  # a window is at least this many optimizer steps, however long they take
+READY_TIMEOUT_S = 600.0  # building and warming every member (a GPT-2 124M on CPU: ~2 min)
+WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
+TRIAL_TIMEOUT_S = 1200.0  # one whole trial (the fresh-process launcher's default timeout_s)
+PROGRESS_S = 10.0  # a line this often while an answer takes long: a sweep never looks hung
+# A screening window's drain and its steps each end after one step once they took this many
+# window lengths (0.3 s at the default 0.1 s window): a candidate of long steps (a cnn's batch
+# 256-512: 1-2 s a step on a 2-core CPU) is read on one step a window, and its turn ends once its
+# windows took the turn's seconds (race/screen.py). Its loader keeps up with such steps, so a
+# shorter drain leaves no prefetched batch to flatter its window, and one long step varies by a
+# few percent: enough to rank it against the floor and the other candidates.
+SCREEN_DEADLINE = 3.0
+# A candidate whose build or window takes longer than this is pruned: its steps are that slow
+# (fp16 convolutions on some CPUs: minutes a step). The process is restarted without it.
+SCREEN_TIMEOUT_S = 60.0
+
+
+def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+    """Why `candidate` cannot share a process with `baseline` (their stored spec dicts), or None."""
+    if not baseline or not candidate:
+        return "no resolved gpuopt trial config (a task of its own)"
+    for config in (baseline, candidate):
+        if (config.get("engine") or {}).get("name", "native") != "native":
+            return "the Lightning engine builds its own loop"
+        if (config.get("compile") or {}).get("mode", "off") != "off":
+            return "torch.compile"
+        if (config.get("distributed") or {}).get("kind", "none") != "none":
+            return "a distributed trial starts its own ranks"
+    a, b = flatten(dict(baseline)), flatten(dict(candidate))
+    differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    # Shareable knobs: each member builds its own loader, model and optimizer, and the process-wide
+    # settings (threads, matmul precision) are re-applied before each window (gpuopt.core.knobs).
+    apart = [k for k in differing if not knobs.shareable(k)]
+    return f"{apart[0]} differs" if apart else None
+
+
+def write_config(config: Any, directory: Path, name: str) -> Path:
+    """The composed task config (no hydra node, resolved), as the memory probe and the shared
+    process read it."""
+    from omegaconf import OmegaConf
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    path.write_text(OmegaConf.to_yaml(task, resolve=True))
+    return path
+
+
+class SharedProcess:
+    """`python -m gpuopt.processes.shared_windows` with every configuration built once, asked for one window
+    at a time; it dies with the sweep (parent-death signal) and is killed, with its DataLoader
+    workers (its own process group), on close or a timeout."""
+
+    def __init__(
+        self, process: subprocess.Popen, objective: str, log_path: Path | None = None
+    ) -> None:
+        self.process, self.objective, self.log_path = process, objective, log_path
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(process.stdout, selectors.EVENT_READ)
+        self.error: str | None = None
+        self.what = (
+            "gpuopt.processes.shared_windows"  # what the progress lines name (the last command)
+        )
+
+    @classmethod
+    def start(
+        cls,
+        configs: Mapping[str, Path],
+        steady: Mapping[str, Mapping[str, Any]],
+        objective: str,
+        window_s: float,
+        directory: Path,
+        python: str | None = None,
+    ) -> SharedProcess:
+        files = {k: str(v) for k, v in configs.items()}
+        facts = {k: protocol.Steady.from_json(dict(v)) for k, v in steady.items()}
+        path = directory / "interleave.json"
+        protocol.Spec(files, window_s, MIN_STEPS, facts).write(path)
+        stderr = open(directory / "interleave.log", "w")  # noqa: SIM115 - the child writes to it
+        process = subprocess.Popen(
+            [python or sys.executable, "-m", "gpuopt.processes.shared_windows", str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        stderr.close()
+        shared = cls(process, objective, directory / "interleave.log")
+        ready = shared._read(READY_TIMEOUT_S)
+        if ready is not None and "ready" not in ready:
+            shared._fail(f"unexpected first line {ready}")
+        return shared
+
+    def _read(self, timeout_s: float) -> dict[str, Any] | None:
+        """The child's next JSON line, or None (and `error` set) when it ended or timed out;
+        while it takes long (a whole trial of a slow model), a line every PROGRESS_S seconds."""
+        if self.error:
+            return None
+        started = time.monotonic()
+        deadline, next_line = started + timeout_s, started + PROGRESS_S
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._selector.select(timeout=min(left, max(0.0, next_line - time.monotonic()))):
+                if time.monotonic() >= next_line:
+                    waited = time.monotonic() - started
+                    log.info("%s: still measuring (%.0f s so far)", self.what, waited)
+                    next_line += PROGRESS_S
+                continue
+            line = self.process.stdout.readline()
+            if not line:
+                self._fail(self._death())
+                return None
+            with suppress(json.JSONDecodeError):
+                return json.loads(line)
+        self._fail(f"gpuopt.processes.shared_windows gave no answer within {timeout_s:g} s")
+        return None
+
+    def _death(self) -> str:
+        """How the process ended, in words, with the native crash its log names (faulthandler's
+        "Fatal Python error" line and the frame that was running), if any."""
+        from gpuopt.sweeper.launchers.results import describe_exit, fatal_error
+
+        why = f"gpuopt.processes.shared_windows {describe_exit(self.process.wait())}"
+        crash = fatal_error(self.log_path) if self.log_path is not None else None
+        return f"{why}: {crash}" if crash else why
+
+    def _fail(self, why: str) -> None:
+        self.error = why
+        self.close()
+
+    def command(self, command: protocol.Command, timeout_s: float) -> protocol.Answer:
+        """Send one command (gpuopt.core.shared_protocol); its answer, or a Failure ("error")
+        once the process failed."""
+        self.what = f"{command.label} ({command.op})"
+        if not self.error:
+            try:
+                self.process.stdin.write(json.dumps(command.to_json()) + "\n")
+                self.process.stdin.flush()
+            except OSError as exc:
+                self._fail(f"gpuopt.processes.shared_windows: {exc}")
+        answer = self._read(timeout_s)
+        if answer is None:
+            return protocol.Failure(command.label, "error", self.error or "no answer")
+        return protocol.answer_from_json(answer, command.answer)
+
+    def add(
+        self,
+        label: str,
+        config: Path,
+        steady: protocol.Steady | None = None,
+        timeout_s: float = READY_TIMEOUT_S,
+    ) -> protocol.Added | protocol.Failure:
+        """Build `config` (a composed job config) as `label`, warmed up (one it had is released
+        first)."""
+        answer = self.command(
+            protocol.Add(label, str(config), steady or protocol.Steady()), timeout_s
+        )
+        assert isinstance(answer, (protocol.Added, protocol.Failure))
+        return answer
+
+    def window(self, label: str) -> TrialOutcome:
+        """One window of `label` (the spec's length), as the TrialOutcome of its objective."""
+        answer = self.command(protocol.Window(label), WINDOW_TIMEOUT_S)
+        if isinstance(answer, protocol.Failure):
+            if self.error:
+                return error_outcome(answer.reason)
+            return TrialOutcome(answer.status, None, user_attrs={"reason": answer.reason})
+        value = answer.value(self.objective) if isinstance(answer, protocol.Reading) else None
+        if value is None or not math.isfinite(value):
+            return error_outcome(f"no {self.objective} in {answer}")
+        return TrialOutcome("ok", [float(value)], user_attrs=answer.to_json())
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with suppress(OSError):
+                self.process.stdin.close()
+            with suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+        if self.process.poll() is None:
+            with suppress(OSError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        with suppress(OSError, ValueError):
+            self._selector.close()
+
+    @classmethod
+    def open(cls, directory: Path, objective: str, window_s: float) -> SharedProcess:
+        """The race's process: started with no configuration, each built on command (`add`)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        process = cls.start({}, {}, objective, window_s, directory)
+        return process
+
+    def measure(
+        self,
+        label: str,
+        window_s: float,
+        min_steps: int,
+        settle: bool = True,
+        give_up_below: float | None = None,
+    ) -> protocol.Reading | protocol.Failure:
+        """One window of `label` (`window_s` and at least `min_steps` optimizer steps), cut short
+        after SCREEN_DEADLINE x `window_s`; `settle` false for a configuration dropped right after
+        (its workers need not go idle); `give_up_below` (samples/s): a just-built configuration
+        whose drain reads slower is read on its drain (`read_on_drain`)."""
+        deadline_s = SCREEN_DEADLINE * window_s
+        command = protocol.Window(label, window_s, min_steps, deadline_s, settle, give_up_below)
+        answer = self.command(command, SCREEN_TIMEOUT_S)
+        assert isinstance(answer, (protocol.Reading, protocol.Failure))
+        return answer
+
+    def drop(self, label: str) -> None:
+        self.command(protocol.Drop(label), SCREEN_TIMEOUT_S)
+
+    def whole_trial(self, label: str, config: Path, run_dir: Path) -> TrialResult | None:
+        """`config` measured as a whole trial of this process; its TrialResult, or None when the
+        process failed (`error` says why)."""
+        answer = self.command(protocol.Trial(label, str(config), str(run_dir)), TRIAL_TIMEOUT_S)
+        return answer.result if isinstance(answer, protocol.TrialDone) else None
