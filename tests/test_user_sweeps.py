@@ -100,32 +100,37 @@ def _marked(folder: Path) -> list[int]:
     return found
 
 
-# ---- each kind swept: its baseline, the job's world size and global batch -------------------------
+# ---- each kind swept: its baseline (world size, global batch), then a trial whose rank fails ------
 BASELINE_ONLY = ["hydra.sweeper.n_trials=1", "hydra.sweeper.confirm.rounds=0"]
+# The searched batch size the second trial runs (the baseline's is the other choice).
+OTHER_BATCH = {"lightning": "64", "torchrun": "64", "hf_trainer": "16"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_each_kind_of_multi_rank_script_sweeps_with_its_baseline(tmp_path, kind):
+def test_each_kind_sweeps_its_baseline_and_a_failing_rank_is_the_next_trials_reason(tmp_path, kind):
+    """One sweep per kind: the baseline measured as the job it is; the next trial's rank 1 fails
+    ($FAIL_BATCH: only at the other batch size), and its own error is that trial's reason."""
     _needs(kind)
     write_app(tmp_path, kind)
-    log = _sweep(tmp_path, *BASELINE_ONLY, env=_env(tmp_path))
-    assert log.startswith("exit 0"), log
+    env = _env(tmp_path, FAIL_RANK="1", FAIL_BATCH=OTHER_BATCH[kind])
+    log = _sweep(tmp_path, "hydra.sweeper.n_trials=2", "hydra.sweeper.confirm.rounds=0", env=env)
     study, trials = _trials(tmp_path)
-    counted = [t for t in trials if t.user_attrs.get("status") != "void"]
-    assert len(counted) == 1, log
-    assert all(t.state is TrialState.COMPLETE for t in counted), log
-    for trial in counted:
-        attrs = trial.user_attrs
-        assert attrs["status"] == "ok" and attrs["world_size"] == 2, attrs.get("reason")
-        micro, accumulation = attrs["micro_batch"], attrs["accumulation_steps"]
-        assert attrs["global_batch"] == micro * accumulation * 2  # x the world size
-        assert [row["rank"] for row in attrs["ranks"]] == [0, 1]
-        assert len({row["timed_steps"] for row in attrs["ranks"]}) == 1  # aligned windows
-    baseline = counted[0].user_attrs
-    assert baseline["baseline"] is True
-    assert (baseline["micro_batch"], baseline["accumulation_steps"]) == BASELINE_BATCH[kind]
+    baseline, other = [t for t in trials if t.user_attrs.get("status") != "void"]
+    attrs = baseline.user_attrs
+    assert attrs["status"] == "ok" and attrs["world_size"] == 2, attrs.get("reason")
+    assert attrs["baseline"] is True and baseline.state is TrialState.COMPLETE, log
+    micro, accumulation = attrs["micro_batch"], attrs["accumulation_steps"]
+    assert (micro, accumulation) == BASELINE_BATCH[kind]
+    assert attrs["global_batch"] == micro * accumulation * 2  # x the world size
+    assert [row["rank"] for row in attrs["ranks"]] == [0, 1]
+    assert len({row["timed_steps"] for row in attrs["ranks"]}) == 1  # aligned windows
+    assert other.user_attrs["status"] == "error", log
+    reason = other.user_attrs["reason"]
+    assert reason.startswith("rank 1: RuntimeError: rank 1 broke on purpose"), reason
+    assert "OOM killer" not in reason
     assert STUDY_CONFIRMATION not in study.user_attrs
+    assert not _marked(tmp_path), "a rank outlived its trial"
 
 
 @pytest.mark.slow
@@ -143,22 +148,6 @@ def test_measure_job_measures_every_rank_of_a_plain_loop_under_nproc_per_node(tm
     assert (attrs["micro_batch"], attrs["global_batch"]) == (32, 64)  # x the world size
     assert [row["rank"] for row in attrs["ranks"]] == [0, 1]
     assert len({row["timed_steps"] for row in attrs["ranks"]}) == 1  # aligned windows
-    assert not _marked(tmp_path), "a rank outlived its trial"
-
-
-# ---- a failing rank: its own error is the trial's reason --------------------------------------------
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_failing_rank_is_the_trials_reason_in_its_own_words(tmp_path, kind):
-    _needs(kind)
-    write_app(tmp_path, kind)
-    log = _sweep(tmp_path, *ONE_TRIAL, env=_env(tmp_path, FAIL_RANK="1"), timeout=300)
-    _, trials = _trials(tmp_path)
-    (trial,) = trials
-    assert trial.user_attrs["status"] == "error", log
-    reason = trial.user_attrs["reason"]
-    assert reason.startswith("rank 1: RuntimeError: rank 1 broke on purpose"), reason
-    assert "OOM killer" not in reason
     assert not _marked(tmp_path), "a rank outlived its trial"
 
 

@@ -6,8 +6,8 @@ torchrun-style script (its own `dist.init_process_group("gloo")`, DDP, Distribut
 gpuopt's in its code (`gpuopt.MeasureJob` in its YAML), and the Hugging Face `Trainer` on a small
 GPT-2 built from its config, also with `nproc_per_node=2`.
 
-Each script's rank `$FAIL_RANK` fails in its training step ("rank 1 broke on purpose"), and each
-process notes its pid in the trial's run directory (`pids/<pid>`), so a test can tell which
+Each script's rank `$FAIL_RANK` fails in its training step ("rank 1 broke on purpose"), in every
+trial or, with `$FAIL_BATCH`, only in a trial of that batch size, and each process notes its pid in the trial's run directory (`pids/<pid>`), so a test can tell which
 processes a trial had.
 """
 
@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 """
 _DDP_SETUP = """
-    note_pid()
+    note_pid(cfg)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, 4))
@@ -40,10 +40,15 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 
-FAIL_RANK = int(os.environ.get("FAIL_RANK", "-1"))
+FAIL_RANK = -1
 
 
-def note_pid():
+def note_pid(cfg):
+    # Arms the failing rank (for this trial's batch size) and notes this process's pid.
+    global FAIL_RANK
+    batch = cfg.get("batch_size", cfg.get("per_device_train_batch_size"))
+    if os.environ.get("FAIL_BATCH") in (None, str(batch)):
+        FAIL_RANK = int(os.environ.get("FAIL_RANK", "-1"))
     pids = Path(HydraConfig.get().runtime.output_dir) / "pids"
     pids.mkdir(exist_ok=True)
     (pids / str(os.getpid())).touch()
@@ -79,7 +84,7 @@ class Net(L.LightningModule):
 
 @hydra.main(config_path="conf", config_name="config")
 def main(cfg):
-    note_pid()
+    note_pid(cfg)
     data = TensorDataset(torch.randn(4096, 32), torch.randint(0, 4, (4096,)))
     loader = DataLoader(data, batch_size=cfg.batch_size)
     meter = gpuopt.MeasureCallback(measure="quick")
@@ -180,7 +185,7 @@ class Tokens(torch.utils.data.Dataset):
 
 @hydra.main(config_path="conf", config_name="config")
 def main(cfg):
-    note_pid()
+    note_pid(cfg)
     config = GPT2Config(n_layer=1, n_head=2, n_embd=64, vocab_size=256, n_positions=32)
     args = TrainingArguments(
         output_dir=HydraConfig.get().runtime.output_dir,
