@@ -1,8 +1,6 @@
-"""Read an Optuna study written by the gpuopt sweeper into a `StudyReport`: plain data, no printing.
-
-Everything the terminal and HTML views show is computed here, so tests assert on this object. The
-picks (baseline, best, same training) are the sweeper's own (gpuopt.study.rules), so the report
-and the sweep's best.yaml agree.
+"""Read an Optuna study written by the gpuopt sweeper into a `StudyReport`: plain data, no printing,
+so tests assert on it. The picks (baseline, best, same training) are the sweeper's own
+(gpuopt.study.rules), so the report and the sweep's best.yaml agree.
 """
 
 from __future__ import annotations
@@ -127,9 +125,8 @@ class StudyReport:
     override_changes: list[str]  # best overrides not already in the baseline's
     reverted_overrides: list[str]  # baseline overrides the best trial does not use
     config_changes: list[ConfigChange]
-    importances: dict[str, dict[str, float]] = field(
-        default_factory=dict
-    )  # objective -> param -> share
+    # objective -> param -> share
+    importances: dict[str, dict[str, float]] = field(default_factory=dict)
     importance_note: str | None = None
     # The two answers (gpuopt.study.rules): the best that keeps the baseline's training math,
     # and what the best overall changes in the training (None: it keeps it).
@@ -158,6 +155,11 @@ class StudyReport:
     @property
     def ok_trials(self) -> list[TrialView]:
         return [t for t in self.trials if t.status == "ok" and t.values is not None]
+
+    @property
+    def confirmed(self) -> bool:
+        """A confirmation ran and compared candidates with the baseline."""
+        return self.confirmation is not None and bool(self.confirmation.comparisons)
 
 
 def _objective_names(study: optuna.Study) -> list[str]:
@@ -195,8 +197,7 @@ def config_diff(baseline: dict[str, Any], best: dict[str, Any]) -> list[ConfigCh
 def trial_view(
     trial: FrozenTrial, hardware: dict[str, Any] | None, highest: HighestLimit | None = None
 ) -> TrialView:
-    """One trial with its status and bottleneck diagnosis (against the study's highest measured
-    limit, `machine`)."""
+    """One trial with its status and bottleneck diagnosis (against the study's highest limit)."""
     status = trial_status(trial)
     attrs = dict(trial.user_attrs)
     return TrialView(
@@ -249,9 +250,8 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     ordered = {s: counts.get(s, 0) for s in STATUS_ORDER}
     ordered.update({s: n for s, n in counts.items() if s not in ordered})
 
-    # Best and baseline = the sweeper's own picks (gpuopt.study.rules), so the report and the
-    # sweep's best.yaml agree: the confirmed winner when a confirmation ran, else the best first
-    # objective (on the Pareto front when there are several objectives).
+    # The best: the confirmed winner when a confirmation ran, else the best first objective (on
+    # the Pareto front when there are several objectives).
     pool = feasible_trials(frozen)
     pareto_frozen = (
         [t for t in study.best_trials if feasible(t)] if len(directions) > 1 and pool else []
@@ -312,8 +312,8 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
 
 
 def _noise(pool: list[FrozenTrial], names: list[str], directions: list[str]) -> NoiseView | None:
-    """The sweep summary's noise groups (gpuopt.study.noise), where an objective is one of
-    gpuopt's metrics (a noisy timing); an app's own values are exact."""
+    """The sweep summary's noise groups where an objective is one of gpuopt's metrics (a noisy
+    timing); an app's own values are exact."""
     if not pool or not any(name in goals() for name in names):
         return None
     return noise_view(pool, names, directions)

@@ -1,19 +1,15 @@
-"""The report page's charts (plotly; gpuopt.report.page lays them out): the confirmed speedups with
-their intervals, the profiled step of the baseline and the best, and the search (optimization
-history, Pareto front, importances, parallel coordinates, throughput vs batch size, from
-optuna.visualization). Each needs plotly (`pip install 'gpuopt[report]'`).
-"""
+"""The report page's plotly charts: the confirmed speedups with their intervals, the profiled step
+of the baseline and the best, and the search (mostly optuna.visualization's)."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import optuna
 
 from gpuopt.report.build import StudyReport, TrialView
 from gpuopt.report.evidence import PHASE_LABELS, PHASE_ORDER
-from gpuopt.report.importance import importance_target
+from gpuopt.report.importance import importance_target, quiet_ped_anova
 from gpuopt.study.keys import ATTR_PROFILE
 from gpuopt.study.storage import in_memory_copy
 
@@ -95,17 +91,15 @@ def phases_figure(report: StudyReport) -> Any:
     """Stacked horizontal bars: the profiled step of the baseline and the best, ms per phase."""
     import plotly.graph_objects as go
 
+    base, best = report.baseline, report.best
     sides = [
-        (f"{name} #{trial.number}", profile_of(trial) or (report.best_profile if own else None))
-        for name, trial, own in (
-            ("baseline", report.baseline, False),
-            ("best", report.best, True),
+        (f"{name} #{trial.number}", profile)
+        for name, trial, profile in (
+            ("baseline", base, profile_of(base)),
+            ("best", best, profile_of(best) or report.best_profile),
         )
-        if trial is not None
+        if trial is not None and profile is not None and not (name == "best" and trial is base)
     ]
-    if report.best is not None and report.best is report.baseline:
-        sides = sides[:1]
-    sides = [(label, profile) for label, profile in sides if profile is not None]
     if not sides:
         return None
     figure = go.Figure()
@@ -136,14 +130,6 @@ def phases_figure(report: StudyReport) -> Any:
     return figure
 
 
-def _ok_study(study: optuna.Study, report: StudyReport) -> optuna.Study:
-    """An in-memory copy holding only the ok trials: worst-case values of OOM/diverged trials would
-    flatten every axis and every importance."""
-    ok_numbers = {t.number for t in report.ok_trials}
-    trials = study.get_trials(deepcopy=False)
-    return in_memory_copy(study, [t for t in trials if t.number in ok_numbers])
-
-
 def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:
     """(title, plotly figure) pairs; needs plotly."""
     import plotly.graph_objects as go
@@ -151,7 +137,11 @@ def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:
 
     if not report.ok_trials:
         return []
-    ok = _ok_study(study, report)
+    # Only the ok trials: worst-case values of OOM/diverged ones would flatten every axis.
+    ok_numbers = {t.number for t in report.ok_trials}
+    ok = in_memory_copy(
+        study, [t for t in study.get_trials(deepcopy=False) if t.number in ok_numbers]
+    )
     first = report.objectives[0]
     target = (
         {"target": (lambda t: t.values[0]), "target_name": first}
@@ -164,9 +154,7 @@ def figures(study: optuna.Study, report: StudyReport) -> list[tuple[str, Any]]:
     if report.multi_objective and len(report.objectives) <= 3:
         result.append(("Pareto front", vis.plot_pareto_front(ok, target_names=report.objectives)))
     for index, (name, importances) in enumerate(report.importances.items()):
-        with warnings.catch_warnings():  # the sign is handled by importance_target (importance.py)
-            warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
-            warnings.filterwarnings("ignore", message="Some regimes for parameter")
+        with quiet_ped_anova():
             figure = vis.plot_param_importances(
                 ok,
                 params=list(importances),

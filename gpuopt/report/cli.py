@@ -7,15 +7,15 @@ import io
 import sys
 from pathlib import Path
 
+import optuna
 from rich.console import Console
 from rich.table import Table
 
-from gpuopt.core.fmt import metric as fmt
 from gpuopt.report.build import StudyReport, build_report, config_diff
 from gpuopt.report.export_best import compose_experiment, export_experiment
 from gpuopt.report.page import PLOTLY_HINT, plotly_available, write_html
 from gpuopt.report.report_error import ReportError
-from gpuopt.report.text import render, trial_detail
+from gpuopt.report.text import render, trial_detail, values_text
 from gpuopt.study.artifact_store import store_page
 from gpuopt.study.storage import (
     StorageError,
@@ -112,13 +112,10 @@ def compare_trials(
     references: list[str], url: str, study_name: str | None, console: Console
 ) -> None:
     """--compare A B: the study is read only when a side is a trial number."""
-    from gpuopt.report.compare import compare, is_trial_number, render_comparison, resolve_side
+    from gpuopt.report.compare import compare, render_comparison, resolve_side
 
     report = None
-    if any(is_trial_number(r) for r in references):
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if any(r.isdigit() for r in references):
         report = build_report(load_study(open_existing(url), url, study_name), url)
     a, b = (resolve_side(r, report) for r in references)
     render_comparison(compare(a, b), console)
@@ -156,9 +153,7 @@ def export_best(report: StudyReport, path: Path, console: Console) -> None:
         raise ReportError(f"study {report.study_name!r} has no completed ok trial to export")
     if best.overrides is None:
         raise ReportError(f"trial #{best.number} has no recorded overrides: cannot export it")
-    values = ", ".join(
-        f"{n} {fmt(n, v)}" for n, v in zip(report.objectives, best.values or (), strict=False)
-    )
+    values = values_text(report, best)
     header = [f"Best configuration of study {report.study_name}: trial #{best.number} ({values})"]
     if report.speedup is not None:
         header.append(
@@ -178,7 +173,7 @@ def export_best(report: StudyReport, path: Path, console: Console) -> None:
     try:
         composed = compose_experiment(text, name=path.stem)
     except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        first_line = (str(exc).strip().splitlines() or [""])[0]
         console.print(
             "[yellow]Not verified: composing the export failed: "
             f"{type(exc).__name__}: {first_line}[/]"
@@ -201,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     # Piped output (a file, a CI log) gets a fixed width wide enough for the trials table.
     console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
     url = args.storage or default_url()
+    # Importances and plots are computed quietly; Optuna's INFO logs would drown the report.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         if args.compare:
             compare_trials(args.compare, url, args.study, console)
@@ -213,10 +210,6 @@ def main(argv: list[str] | None = None) -> int:
         study = load_study(storage, url, args.study)
         if args.study is None:
             console.print(studies_table(studies, study.study_name))
-        # Importances and plots are computed quietly; Optuna's INFO logs would drown the report.
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         report = build_report(study, url)
         limit = None if args.all else args.top
         render(report, console, limit)
@@ -241,5 +234,5 @@ def main(argv: list[str] | None = None) -> int:
             export_best(report, Path(args.export_best), console)
     except (ReportError, StorageError) as exc:
         print(f"gpuopt.report: error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", 2)
+        return 2
     return 0

@@ -1,9 +1,6 @@
-"""`python -m gpuopt.report --compare A B`: two trials side by side - what differs in their
-configs, their metrics with B's change against A, their diagnoses and (when profiled) their phase
-breakdowns.
-
-A and B are trial numbers of the study, or paths to a trial's `result.json` (a run outside a
-sweep), in any mix. Plain data first (`Comparison`), rendering apart, so tests assert on the data.
+"""`python -m gpuopt.report --compare A B`: two trials side by side (config diff, metrics with B's
+change against A, diagnoses, phase breakdowns). A and B are trial numbers of the study or paths to
+a run's `result.json`, in any mix; plain data first (`Comparison`) so tests assert on the data.
 """
 
 from __future__ import annotations
@@ -16,12 +13,7 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from gpuopt.core.result import TrialResult, result_user_attrs
-from gpuopt.report.build import (
-    COMPARED_METRICS,
-    ConfigChange,
-    StudyReport,
-    config_diff,
-)
+from gpuopt.report.build import COMPARED_METRICS, ConfigChange, StudyReport, config_diff
 from gpuopt.report.diagnose import Diagnosis, diagnose
 from gpuopt.report.evidence import PHASE_ORDER, attr_number
 from gpuopt.report.report_error import ReportError
@@ -94,13 +86,9 @@ def side_from_study(report: StudyReport, number: int) -> TrialSide:
     return TrialSide(f"trial #{number}", trial.status, trial.attrs, trial.config, trial.diagnosis)
 
 
-def is_trial_number(reference: str) -> bool:
-    return reference.isdigit()
-
-
 def resolve_side(reference: str, report: StudyReport | None) -> TrialSide:
     """A trial number (needs the study's report) or a path to a result.json (or its run dir)."""
-    if is_trial_number(reference):
+    if reference.isdigit():
         if report is None:
             raise ReportError(f"trial #{reference} needs a study (--storage, --study)")
         return side_from_study(report, int(reference))

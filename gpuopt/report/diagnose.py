@@ -1,39 +1,11 @@
 """Bottleneck diagnosis: what limits a trial's throughput, with the numbers that say so.
 
-The rules read only measured metrics (see gpuopt/core/result.py, `Metrics`) and never guess past them:
-
-0. at the machine's limit_efficiency >= LIMIT_HIGH_PCT: throughput is close to the most these cores
-   limit             and this device can do for the workload (gpuopt.core.limits): no setting helps much,
-                     only cheaper data, more cores, or (when the compute bounds it) less math
-1. input-bound       data_wait >= DATA_WAIT_HIGH_PCT or input_efficiency <= INPUT_EFFICIENCY_LOW_PCT
-                     (the device waits for the next batch / the loader costs throughput vs. the
-                     compute-only ceiling). data_wait is the device's starvation: on CUDA read on
-                     the GPU timeline, never host_data_wait (loader time that overlaps queued
-                     compute costs nothing); elsewhere the host's wait, the same thing there
-2. host/launch-bound (GPU) utilization < UTILIZATION_LOW_PCT without data wait: the GPU idles
-                     between kernels because the CPU cannot issue them fast enough
-3. memory-bound or   (GPU) utilization high but mfu < MFU_LOW_PCT: kernels run, but do little math
-   small kernels     (bandwidth-bound elementwise ops, or kernels too small to fill the device)
-4. near the limit    mfu >= MFU_HIGH_PCT: little left to gain from the same math
-5. compute-bound     busy, mfu between the two thresholds - or on CPU, where utilization is derived
-                     as 100 - data_wait and MFU is not measured ("MFU unknown")
-
-Where the GPU has GPM (Hopper and newer), two rules read what utilization cannot
-(gpuopt/report/gpm_rules.py): busy but idle SMs (utilization high, sm_active low: kernels too
-small or launch-bound), before the utilization rule; tensor cores idle in a matmul-heavy step at
-fp32, before the MFU rules.
-
-The rules are the table `RULES` (first match wins), each a small `Rule`: when it applies, its
-verdict, the evidence lines it cites and its suggestions. What they read (`Facts`), the thresholds
-above and the helpers that cite evidence and suggest settings are gpuopt/report/evidence.py.
-Utilization only counts as evidence on CUDA devices, where it is NVML's sampled
-`utilization.gpu`; elsewhere it is derived from data_wait and says nothing new.
-
-A profiled trial (gpuopt.trial.profiled_window; the user attribute `profile`) adds its phase breakdown: every
-verdict then cites the shares of the step ("53% of the step in next(loader)"), the evidence lists
-all phases, and phase-specific tips come first ("optimizer 18% of the step: try
-optimizer.fused=true"). On CUDA its GPU time split adds a rule of its own, before NVML's: GPU idle
-with most of it host wait (the next kernel not launched yet) is launch-bound.
+The rules are the table `RULES` (first match wins; docs/report.md lists them), read only from
+measured metrics, never guessing past one not recorded. What they read (`Facts`), their thresholds
+and the helpers that cite evidence and suggest settings are gpuopt/report/evidence.py; the two that
+read GPM (Hopper and newer) are gpuopt/report/gpm_rules.py. data_wait is the device's starvation:
+on CUDA read on the GPU timeline, never host_data_wait (loader time that overlaps queued compute
+costs nothing). A profiled trial's verdicts cite its phase shares and put its phase tips first.
 """
 
 from __future__ import annotations
@@ -45,43 +17,9 @@ from typing import Any
 
 from gpuopt.core.knobs import MICRO_BATCH, THREADS
 from gpuopt.core.limits import HighestLimit
-from gpuopt.report.evidence import (
-    MFU_HIGH_PCT,
-    MFU_LOW_PCT,
-    UTILIZATION_LOW_PCT,
-    Facts,
-    at_limit,
-    cpu_compute_summary,
-    cpu_evidence,
-    gpu_evidence,
-    host_suggestions,
-    idle_citation,
-    input_bound,
-    input_citation,
-    input_evidence,
-    input_suggestions,
-    largest_phase_citation,
-    launch_bound_profiled,
-    limit_evidence,
-    limit_suggestions,
-    limit_summary,
-    memory_suggestions,
-    merge_tips,
-    no_input_evidence,
-    nothing,
-    phase_evidence,
-    phase_suggestions,
-)
-from gpuopt.report.gpm_rules import (
-    busy_but_idle_sms,
-    idle_sms_evidence,
-    idle_sms_suggestions,
-    idle_sms_summary,
-    idle_tensor_cores,
-    idle_tensor_evidence,
-    idle_tensor_suggestions,
-    idle_tensor_summary,
-)
+from gpuopt.report import evidence as ev
+from gpuopt.report import gpm_rules as gpm
+from gpuopt.report.evidence import Facts
 
 NEAR_LIMIT_SUMMARY = (
     "MFU is close to what dense training reaches: little to gain from the same math"
@@ -109,18 +47,16 @@ class Diagnosis:
 
 @dataclass(frozen=True)
 class Rule:
-    """One bottleneck rule: when it applies, its verdict, the evidence lines it cites and what
-    it suggests. `RULES` is read in order; the first rule that applies gives the diagnosis.
-    When the trial was profiled, `cite` adds the phase shares behind the verdict to its summary,
-    and every measured verdict lists the phases and puts the phase tips first."""
+    """One bottleneck rule: when it applies, its verdict, evidence and suggestions; `cite` adds
+    the profiled phase shares behind the verdict to its summary."""
 
     name: str
     applies: Callable[[Facts], bool]
     bottleneck: Bottleneck
     summary: str | Callable[[Facts], str]
-    evidence: Callable[[Facts], list[str]] = nothing
-    suggestions: Callable[[Facts], list[str]] = nothing
-    cite: Callable[[Facts], str | None] = largest_phase_citation
+    evidence: Callable[[Facts], list[str]] = lambda f: []
+    suggestions: Callable[[Facts], list[str]] = lambda f: []
+    cite: Callable[[Facts], str | None] = ev.largest_phase_citation
 
     def diagnose(self, f: Facts) -> Diagnosis:
         summary = self.summary if isinstance(self.summary, str) else self.summary(f)
@@ -132,8 +68,8 @@ class Rule:
         return Diagnosis(
             self.bottleneck,
             summary,
-            [*self.evidence(f), *phase_evidence(f)],
-            merge_tips(phase_suggestions(f), self.suggestions(f)),
+            [*self.evidence(f), *ev.phase_evidence(f)],
+            ev.merge_tips(ev.phase_suggestions(f), self.suggestions(f)),
         )
 
 
@@ -146,117 +82,122 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "at the machine's limit",
-        at_limit,
+        lambda f: f.limit_efficiency is not None and f.limit_efficiency >= ev.LIMIT_HIGH_PCT,
         Bottleneck.AT_MACHINE_LIMIT,
-        limit_summary,
-        limit_evidence,
-        limit_suggestions,
+        ev.limit_summary,
+        ev.limit_evidence,
+        ev.limit_suggestions,
     ),
     Rule(
         "no input metrics",
         lambda f: f.data_wait is None and f.input_efficiency is None,
         Bottleneck.UNKNOWN,
         "cannot tell whether the input pipeline limits throughput",
-        no_input_evidence,
+        lambda f: [*ev.input_evidence(f), "no data_wait or input_efficiency recorded"],
     ),
     Rule(
         "input-bound",
-        input_bound,
+        lambda f: (
+            (f.data_wait is not None and f.data_wait >= ev.DATA_WAIT_HIGH_PCT)
+            or (
+                f.input_efficiency is not None and f.input_efficiency <= ev.INPUT_EFFICIENCY_LOW_PCT
+            )
+        ),
         Bottleneck.INPUT,
         "the step waits for data: the input pipeline limits throughput",
-        input_evidence,
-        lambda f: input_suggestions(f.config, f.cuda),
-        input_citation,
+        ev.input_evidence,
+        ev.input_suggestions,
+        ev.input_citation,
     ),
     Rule(
         "CPU near the limit",
-        lambda f: not f.cuda and f.mfu is not None and f.mfu >= MFU_HIGH_PCT,
+        lambda f: not f.cuda and f.mfu is not None and f.mfu >= ev.MFU_HIGH_PCT,
         Bottleneck.NEAR_LIMIT,
         NEAR_LIMIT_SUMMARY,
-        cpu_evidence,
+        ev.cpu_evidence,
         lambda f: ["less work per sample (smaller model, fewer FLOPs) is what is left"],
     ),
     Rule(
         "CPU compute-bound",
         lambda f: not f.cuda,
         Bottleneck.COMPUTE,
-        cpu_compute_summary,
-        cpu_evidence,
+        ev.cpu_compute_summary,
+        ev.cpu_evidence,
         lambda f: [f"compute threads: {THREADS.key}", f"larger batch: {MICRO_BATCH.key}"],
     ),
     Rule(
         "launch-bound (profiled)",
-        launch_bound_profiled,
+        lambda f: f.cuda and (f.gpu_share("host_wait") or 0.0) >= ev.HOST_WAIT_HIGH_PCT,
         Bottleneck.HOST,
         "the GPU waits for the host to launch work: host/launch overhead limits throughput",
-        gpu_evidence,
-        host_suggestions,
-        idle_citation,
+        ev.gpu_evidence,
+        ev.host_suggestions,
+        ev.idle_citation,
     ),
     Rule(
         "busy GPU, idle SMs (GPM)",
-        busy_but_idle_sms,
+        gpm.busy_but_idle_sms,
         Bottleneck.HOST,
-        idle_sms_summary,
-        idle_sms_evidence,
-        idle_sms_suggestions,
+        gpm.idle_sms_summary,
+        gpm.idle_sms_evidence,
+        gpm.idle_sms_suggestions,
     ),
     Rule(
         "host/launch-bound",
-        lambda f: f.cuda and f.utilization is not None and f.utilization < UTILIZATION_LOW_PCT,
+        lambda f: f.cuda and f.utilization is not None and f.utilization < ev.UTILIZATION_LOW_PCT,
         Bottleneck.HOST,
         "the GPU idles between kernels without waiting for data: "
         "host/launch overhead limits throughput",
-        gpu_evidence,
-        host_suggestions,
-        lambda f: idle_citation(f) or largest_phase_citation(f),
+        ev.gpu_evidence,
+        ev.host_suggestions,
+        lambda f: ev.idle_citation(f) or ev.largest_phase_citation(f),
     ),
     Rule(
         "tensor cores idle at fp32 (GPM)",
-        idle_tensor_cores,
+        gpm.idle_tensor_cores,
         Bottleneck.COMPUTE,
-        idle_tensor_summary,
-        idle_tensor_evidence,
-        idle_tensor_suggestions,
+        gpm.idle_tensor_summary,
+        gpm.idle_tensor_evidence,
+        gpm.idle_tensor_suggestions,
     ),
     Rule(
         "busy GPU, MFU unknown",
         lambda f: f.cuda and f.mfu is None,
         Bottleneck.COMPUTE,
         "the GPU is busy; MFU unknown, so memory-bound and near-the-limit cannot be told apart",
-        gpu_evidence,
+        ev.gpu_evidence,
     ),
     Rule(
         "GPU near the limit",
-        lambda f: f.cuda and f.mfu is not None and f.mfu >= MFU_HIGH_PCT,
+        lambda f: f.cuda and f.mfu is not None and f.mfu >= ev.MFU_HIGH_PCT,
         Bottleneck.NEAR_LIMIT,
         NEAR_LIMIT_SUMMARY,
-        gpu_evidence,
+        ev.gpu_evidence,
         lambda f: [
             "less work per sample is what is left (lower precision if not yet, smaller model)"
         ],
     ),
     Rule(
         "low MFU, utilization unknown",
-        lambda f: f.cuda and f.mfu is not None and f.mfu < MFU_LOW_PCT and f.utilization is None,
+        lambda f: f.cuda and f.mfu is not None and f.mfu < ev.MFU_LOW_PCT and f.utilization is None,
         Bottleneck.UNKNOWN,
         "low MFU, but without utilization host-bound and memory-bound cannot be told apart",
-        gpu_evidence,
+        ev.gpu_evidence,
     ),
     Rule(
         "memory-bound or small kernels",
-        lambda f: f.cuda and f.mfu is not None and f.mfu < MFU_LOW_PCT,
+        lambda f: f.cuda and f.mfu is not None and f.mfu < ev.MFU_LOW_PCT,
         Bottleneck.MEMORY_OR_SMALL_KERNELS,
         "the GPU is busy but does little math: memory-bound or small kernels",
-        gpu_evidence,
-        memory_suggestions,
+        ev.gpu_evidence,
+        ev.memory_suggestions,
     ),
     Rule(
         "GPU compute-bound",
         lambda f: f.cuda,
         Bottleneck.COMPUTE,
         "the GPU is busy with useful math; no single cause stands out",
-        gpu_evidence,
+        ev.gpu_evidence,
         lambda f: [f"{MICRO_BATCH.tip} or lower precision may still help"],
     ),
 )
@@ -270,14 +211,10 @@ def diagnose(
     config: Mapping[str, Any] | None = None,
     highest: HighestLimit | None = None,
 ) -> Diagnosis:
-    """Diagnose one trial from its metrics (flat user attributes), status and device type: the
-    first rule of `RULES` that applies.
+    """One trial's diagnosis from its metrics (flat user attributes): the first rule that applies.
 
-    `device_type` is "cuda", "cuda:N", "cpu", "mps" or None (unknown); `config` (the resolved trial
-    config) only tailors the suggestions; `highest` (the study's highest measured limit,
-    gpuopt.core.limits.highest_limit) keeps a trial at its own settings' limit from reading as "only
-    cheaper data or more cores help" when other settings measured more.
-    """
+    `config` only tailors the suggestions; `highest` (the study's highest measured limit) keeps a
+    trial at its own settings' limit from reading as "only cheaper data or more cores help"."""
     facts = Facts.of(metrics, status, device_type, config or {}, highest)
     rule = next(rule for rule in RULES if rule.applies(facts))
     return rule.diagnose(facts)

@@ -1,11 +1,7 @@
 """What the bottleneck rules (gpuopt/report/diagnose.py) read and cite: one trial's measured facts
-(`Facts`), the thresholds they are read against, and the evidence lines, citations and
-suggestions each rule gives.
-
-Every number comes from the trial's stored metrics (gpuopt/core/result.py, `Metrics`); a metric
-that was not recorded is None and never guessed past. Utilization only counts as evidence on CUDA
-devices, where it is NVML's sampled `utilization.gpu`; elsewhere it is derived from data_wait and
-says nothing new. A profiled trial adds its phase shares and, on CUDA, its GPU time split.
+(`Facts`, None where not recorded), the thresholds, and each rule's evidence lines, citations and
+suggestions. Utilization is evidence only on CUDA (NVML's sampled `utilization.gpu`); elsewhere it
+is derived from data_wait and says nothing new.
 """
 
 from __future__ import annotations
@@ -61,32 +57,8 @@ def attr_number(metrics: Mapping[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _is_cuda(device_type: str | None) -> bool:
     return bool(device_type) and str(device_type).startswith("cuda")
-
-
-def input_suggestions(config: Mapping[str, Any], cuda: bool) -> list[str]:
-    """The suggestions name knobs as the knob catalogue words them (gpuopt.core.knobs, `tip`)."""
-    workers = _get(config, knobs.WORKERS.key)
-    now = f" (now {workers})" if workers is not None else ""
-    tips = [f"more DataLoader workers: {knobs.WORKERS.tip}{now}"]
-    if cuda and _get(config, knobs.PIN_MEMORY.key) is not True:
-        tips.append(f"pinned memory + async copies: {knobs.PIN_MEMORY.tip}")
-    if workers and _get(config, knobs.PERSISTENT_WORKERS.key) is not True:
-        tips.append(f"keep workers between epochs: {knobs.PERSISTENT_WORKERS.tip}")
-    tips.append("cheaper per-sample transforms, or pre-process/cache the dataset once")
-    if not cuda:
-        tips.append(f"on CPU, loader workers share cores with compute: {knobs.THREADS.tip}")
-    return tips
 
 
 @dataclass(frozen=True)
@@ -136,6 +108,9 @@ class Facts:
         def number(name: str) -> float | None:
             return attr_number(metrics, name)
 
+        profile = metrics.get("profile")  # gpuopt.trial.profiled_window.ProfileSummary
+        profile = profile if isinstance(profile, Mapping) else {}
+        phases, gpu = profile.get("phases_pct"), profile.get("gpu")
         data_wait = number("data_wait")
         if data_wait is None and not _is_cuda(device_type):
             data_wait = number("host_data_wait")  # off CUDA the host's wait is the device's
@@ -151,9 +126,7 @@ class Facts:
             ceiling=number("ceiling_throughput"),
             limit_efficiency=number("limit_efficiency"),
             limit_throughput=number("limit_throughput"),
-            limit_bound=metrics.get("limit_bound")
-            if isinstance(metrics.get("limit_bound"), str)
-            else None,
+            limit_bound=bound if isinstance(bound := metrics.get("limit_bound"), str) else None,
             higher_limit=highest if higher_elsewhere(metrics, highest) else None,
             comm_share=number("comm_share"),
             comm_exposed=number("comm_exposed"),
@@ -162,7 +135,8 @@ class Facts:
             tensor_active=number("tensor_active"),
             dram_bw_util=number("dram_bw_util"),
             compute_dtype=dtype if isinstance(dtype := metrics.get("compute_dtype"), str) else None,
-            **_profile_facts(metrics.get("profile")),
+            phases=phases if isinstance(phases, Mapping) and phases else None,
+            gpu=gpu if isinstance(gpu, Mapping) else None,
         )
 
     def phase(self, name: str) -> float | None:
@@ -178,22 +152,12 @@ class Facts:
         return _is_cuda(self.device_type)
 
     def setting(self, dotted: str) -> Any:
-        return _get(self.config, dotted)
-
-
-def _profile_facts(profile: Any) -> dict[str, Any]:
-    """Facts' profile fields from the `profile` user attribute (gpuopt.trial.profiled_window.ProfileSummary)."""
-    if not isinstance(profile, Mapping):
-        return {}
-    phases = profile.get("phases_pct")
-    gpu = profile.get("gpu")
-    return {
-        "phases": phases if isinstance(phases, Mapping) and phases else None,
-        "gpu": gpu if isinstance(gpu, Mapping) else None,
-    }
-
-
-# -- the profiled window: what verdicts cite -------------------------------------------------------
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return None
+            node = node[part]
+        return node
 
 
 # -- the profiled window: what verdicts cite -------------------------------------------------------
@@ -272,14 +236,6 @@ def merge_tips(first: list[str], rest: list[str]) -> list[str]:
     return first + [tip for tip in rest if not any(o in tip.split() for o in overrides)]
 
 
-def launch_bound_profiled(f: Facts) -> bool:
-    host = f.gpu_share("host_wait")
-    return f.cuda and host is not None and host >= HOST_WAIT_HIGH_PCT
-
-
-# -- evidence: the numbers behind a verdict, each with the threshold it is read against ----------
-
-
 # -- evidence: the numbers behind a verdict, each with the threshold it is read against ----------
 def input_evidence(f: Facts) -> list[str]:
     lines = []
@@ -306,10 +262,6 @@ def _mfu_text(f: Facts) -> str:
     if f.mfu is None:
         return "MFU unknown (not measured on this device)"
     return f"mfu {f.mfu:.1f}% of peak"
-
-
-def no_input_evidence(f: Facts) -> list[str]:
-    return [*input_evidence(f), "no data_wait or input_efficiency recorded"]
 
 
 def cpu_evidence(f: Facts) -> list[str]:
@@ -348,9 +300,21 @@ def gpm_lines(f: Facts) -> list[str]:
 
 
 # -- suggestions: what to try next, as config keys -----------------------------------------------
+def input_suggestions(f: Facts) -> list[str]:
+    """The suggestions name knobs as the knob catalogue words them (gpuopt.core.knobs, `tip`)."""
+    workers = f.setting(knobs.WORKERS.key)
+    now = f" (now {workers})" if workers is not None else ""
+    tips = [f"more DataLoader workers: {knobs.WORKERS.tip}{now}"]
+    if f.cuda and f.setting(knobs.PIN_MEMORY.key) is not True:
+        tips.append(f"pinned memory + async copies: {knobs.PIN_MEMORY.tip}")
+    if workers and f.setting(knobs.PERSISTENT_WORKERS.key) is not True:
+        tips.append(f"keep workers between epochs: {knobs.PERSISTENT_WORKERS.tip}")
+    tips.append("cheaper per-sample transforms, or pre-process/cache the dataset once")
+    if not f.cuda:
+        tips.append(f"on CPU, loader workers share cores with compute: {knobs.THREADS.tip}")
+    return tips
 
 
-# -- suggestions: what to try next, as config keys -----------------------------------------------
 def _uncompiled(f: Facts, *also: str) -> bool:
     return f.setting(knobs.COMPILE.key) in (None, "off", *also)
 
@@ -377,28 +341,12 @@ def memory_suggestions(f: Facts) -> list[str]:
     return tips
 
 
-# -- the rest of the rules' predicates, summaries, evidence and suggestions ------------------------
-
-
+# -- the rest of the rules' summaries, evidence and suggestions ------------------------------------
 def cpu_compute_summary(f: Facts) -> str:
     where = "CPU" if f.device_type == "cpu" else f"device {f.device_type or 'unknown'}"
     return f"the training step itself limits throughput on {where}; " + (
         "MFU unknown, no finer diagnosis" if f.mfu is None else "no single cause stands out"
     )
-
-
-def input_bound(f: Facts) -> bool:
-    return (f.data_wait is not None and f.data_wait >= DATA_WAIT_HIGH_PCT) or (
-        f.input_efficiency is not None and f.input_efficiency <= INPUT_EFFICIENCY_LOW_PCT
-    )
-
-
-def nothing(_: Facts) -> list[str]:
-    return []
-
-
-def at_limit(f: Facts) -> bool:
-    return f.limit_efficiency is not None and f.limit_efficiency >= LIMIT_HIGH_PCT
 
 
 def limit_summary(f: Facts) -> str:

@@ -1,9 +1,7 @@
 """--export-best: the best trial's overrides as a Hydra experiment config, verified by composing it.
 
-The overrides -> experiment conversion is gpuopt.study.experiment's (one implementation for the report
-and the sweep's own best.yaml). This module adds what the report needs around it: which keys are
-config groups of gpuopt's packaged conf/, and a check that the written file composes to the
-trial's resolved config.
+The conversion is gpuopt.study.experiment's (shared with the sweep's best.yaml); this module adds
+the packaged conf/'s groups and the check that the written file composes to the trial's config.
 """
 
 from __future__ import annotations
@@ -23,39 +21,31 @@ CONF_PACKAGE = "gpuopt.conf"
 
 
 @functools.cache
-def conf_groups(package: str = CONF_PACKAGE) -> frozenset[str]:
-    """Config groups: the folders of the packaged conf/ (a dotless key naming one is a group)."""
+def conf_groups() -> frozenset[str]:
+    """The folders of the packaged conf/: a dotless key naming one is a config group."""
     return frozenset(
         entry.name
-        for entry in resources.files(package).iterdir()
+        for entry in resources.files(CONF_PACKAGE).iterdir()
         if entry.is_dir() and not entry.name.startswith(("_", "."))
     )
 
 
-def experiment_body(overrides: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-    """(experiment config as a dict, overrides that cannot be written as a config file)."""
-    return overrides_to_experiment(overrides, conf_groups())
-
-
 def experiment_text(overrides: Sequence[str]) -> str:
     """The experiment config as YAML, for showing in the report (no header)."""
-    body, _ = experiment_body(overrides)
+    body, _ = overrides_to_experiment(overrides, conf_groups())
     return "# @package _global_\n" + (OmegaConf.to_yaml(OmegaConf.create(body)) if body else "{}\n")
 
 
 def export_experiment(path: Path, overrides: Sequence[str], header: Sequence[str]) -> list[str]:
     """Write the experiment file; returns the skipped overrides."""
-    body, skipped = experiment_body(overrides)
+    body, skipped = overrides_to_experiment(overrides, conf_groups())
     write_experiment(path, body, header)
     return skipped
 
 
-def compose_experiment(yaml_text: str, name: str = "exported") -> dict[str, Any]:
-    """Compose gpuopt's config with `+experiment=<this text>`, as `python -m gpuopt.run` would.
-
-    The text goes into a temporary `experiment/` folder searched after the packaged conf/, so the
-    check does not depend on where the file was written. Returns the resolved config (no `hydra`).
-    """
+def compose_experiment(yaml_text: str, name: str) -> dict[str, Any]:
+    """The resolved config (no `hydra`) of `+experiment=<this text>`, as `python -m gpuopt.run`
+    would compose it; from a temporary folder, so the check does not depend on where the file is."""
     from hydra import compose, initialize_config_search_path
 
     from gpuopt.core.spec import register_schemas

@@ -1,14 +1,8 @@
 """The bottleneck rules that read GPM (NVML GPU Performance Monitoring, Hopper and newer): what
-`utilization` (NVML's `utilization.gpu`: a kernel was running) cannot tell apart.
-
-- busy but idle SMs: utilization >= UTILIZATION_LOW_PCT while sm_active < SM_ACTIVE_LOW_PCT: the
-  GPU reads busy, yet most SMs do nothing: kernels too small to fill it, or launched one by one
-  (the host issues them no faster than they run);
-- tensor cores idle at fp32: compute_dtype fp32, tensor_active < TENSOR_ACTIVE_LOW_PCT, in a
-  matmul-heavy step (its counted matmul/convolution FLOPs reach MATMUL_HEAVY_MFU_PCT of the fp32
-  peak: mfu): bf16 or tf32 runs those matmuls on the tensor cores.
-
-Each cites the metric values it read (gpuopt/report/diagnose.py's `RULES` holds them in order).
+`utilization` (NVML's `utilization.gpu`: a kernel was running) cannot tell apart. Busy but idle
+SMs: the GPU reads busy, yet most SMs do nothing (kernels too small to fill it, or launched no
+faster than they run). Tensor cores idle in a matmul-heavy fp32 step: bf16 or tf32 runs those
+matmuls on them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import optuna
@@ -22,16 +24,22 @@ def importance_target(direction: optuna.study.StudyDirection, index: int) -> Any
     return lambda trial: sign * trial.values[index]
 
 
+@contextlib.contextmanager
+def quiet_ped_anova() -> Iterator[None]:
+    """Optuna warns whenever a `target` is given (importance_target handles the sign) and on few
+    trials per choice, the normal case for a sweep (the table says PED-ANOVA)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+        warnings.filterwarnings("ignore", message="Some regimes for parameter")
+        yield
+
+
 def param_importances(
     study: optuna.Study, trials: list[FrozenTrial], objectives: list[str]
 ) -> tuple[dict[str, dict[str, float]], str | None]:
-    """Per-objective parameter importances over the ok trials (PED-ANOVA, Optuna's default).
-
-    Optuna warns whenever a `target` is given (PED-ANOVA's "low is good" convention); the
-    sign is handled by `importance_target`, so that warning is silenced here.
-    Infeasible trials carry worst-case values that would make every OOM-prone parameter look
-    important; they are left out by copying the ok trials into an in-memory study.
-    """
+    """Per-objective importances, and a note where there are none; over an in-memory copy of the
+    ok trials: infeasible ones' worst-case values would make every OOM-prone parameter look
+    important."""
     with_params = [t for t in trials if t.params]
     if len(with_params) < MIN_TRIALS_FOR_IMPORTANCE:
         return {}, (
@@ -50,10 +58,7 @@ def param_importances(
     result: dict[str, dict[str, float]] = {}
     for index, name in enumerate(objectives):
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
-                # Few trials per choice is the normal case for a sweep; the table says PED-ANOVA.
-                warnings.filterwarnings("ignore", message="Some regimes for parameter")
+            with quiet_ped_anova():
                 result[name] = optuna.importance.get_param_importances(
                     copy,
                     params=sorted(varied),

@@ -1,9 +1,6 @@
-"""The report's noise groups (gpuopt.study.noise), as the terminal shows them: the Pareto front
-with configurations within noise of each other as one choice, the trials table's group column,
-and what noise says of the best pick, in the sweep summary's words.
-
-Why apart from text.py: the same groups and words serve the text report and the page
-(gpuopt.report.page), and text.py is long enough already.
+"""The report's noise groups (gpuopt.study.noise) in the sweep summary's words, for the text report
+and the page: the Pareto front with configurations within noise of each other as one choice, the
+trials tables' group column, and what noise says of the best pick.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from rich.table import Table
 
 from gpuopt.core.fmt import metric as fmt
 from gpuopt.report.build import StudyReport, TrialView
-from gpuopt.study.noise import front_lines, runner_up_text, within_text
+from gpuopt.study.noise import runner_up_text, within_text
 
 GROUP_HEADER = "≈"  # the trials table's noise-group column
 
@@ -54,14 +51,6 @@ def front_table(report: StudyReport, params_text: Callable[[TrialView], str]) ->
     return table
 
 
-def front_text(report: StudyReport, shown: Callable[[TrialView], str]) -> list[str]:
-    """The front in plain lines (the page), as the sweep summary says it."""
-    if report.noise is None:
-        return []
-    by_number = {t.number: t for t in report.trials}
-    return front_lines(report.noise, report.objectives, lambda t: shown(by_number[t.number]))
-
-
 def group_cell(report: StudyReport, trial: TrialView) -> str | None:
     """The trials table's noise group of `trial` ("1": within noise of the best; None: no
     column), or "" for a trial without one (not ok)."""
@@ -73,19 +62,16 @@ def group_cell(report: StudyReport, trial: TrialView) -> str | None:
 
 
 def best_noise_lines(report: StudyReport) -> list[str]:
-    """What noise says of the best pick where no confirmation said it: an unconfirmed best the
-    sweep's readings cannot tell from the baseline, and one they cannot tell from its
-    runner-up (the confirmation's top-two line says it where one ran)."""
+    """What noise says of the best pick where no confirmation said it: within noise of the
+    baseline, or of its runner-up."""
     noise, best, base = report.noise, report.best, report.baseline
     if noise is None or best is None:
         return []
-    confirmation = report.confirmation
-    confirmed = confirmation is not None and bool(confirmation.comparisons)
     lines = []
-    unconfirmed = not confirmed and base is not None and base is not best
+    unconfirmed = not report.confirmed and base is not None and base is not best
     if unconfirmed and noise.apart(best.number, base.number) is False:  # type: ignore[union-attr]
         lines.append("Within noise of the baseline: nothing here is measurably faster.")
-    if not confirmed or confirmation.top_two is None:  # type: ignore[union-attr]
+    if not report.confirmed or report.confirmation.top_two is None:  # type: ignore[union-attr]
         runner_up = runner_up_text(noise, best.number)
         if runner_up:
             lines.append(runner_up[0].upper() + runner_up[1:] + ".")

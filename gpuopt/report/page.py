@@ -1,26 +1,12 @@
-"""The report page (`python -m gpuopt.report --html PATH`): one self-contained file, read top down.
-
-1. The answer: both of them (docs/same-training.md), (a) the best that keeps the baseline's
-   training and (b) the best overall, each with its speedup and confidence interval (the
-   sweeper's confirmation round; without one, the single-measurement ratio and a note saying it
-   has no interval) and its change to apply, (b) with what it changes in the training (global
-   batch, learning-rate advice); "keep your configuration" where nothing same-training is
-   measurably faster; the share of the machine's limit reached (metric `limit_efficiency`, once
-   trials record it) and each side's diagnosis in one line.
-2. Where the time goes: stacked bars of the profiled step phases (ms per step), baseline vs best
-   (trials profiled with `profile=on`; the sweeper profiles both by default).
-3. The search: optimization history, Pareto front, importances, parallel coordinates, throughput
-   vs batch size (`gpuopt.report.charts.figures`, optuna.visualization and plotly).
-   Below the charts, the Pareto front in noise groups: trials within noise of each other are one
-   choice, never trade-offs (gpuopt.study.noise; Optuna's own chart draws every front trial).
-4. The trials: a table sortable by any column (a few lines of inline JavaScript), with each
-   ok trial's noise group (one number: no measurable difference) where a group holds several.
-The full terminal report follows, folded.
+"""The report page (`python -m gpuopt.report --html PATH`): one self-contained file, read top down:
+the two answers (docs/same-training.md) with their speedups and changes, where the time goes (the
+profiled phases), the search (charts, then the Pareto front in noise groups, where Optuna's chart
+draws every front trial), the trials (sortable), the full terminal report folded.
 
 Offline: plotly.js is inlined once with the first chart; no external script, font or style. Laid
-out for a laptop screen (1366 px): a centred column of at most 1280 px, charts in a grid of two
-fixed columns (one below 1100 px; fixed, so a chart has its final width when plotly draws it:
-plotly re-lays out on window resizes only), a table that wraps its cells.
+out for a laptop screen (1366 px): charts in a grid of two fixed columns (one below 1100 px), fixed
+so that a chart has its final width when plotly draws it (plotly re-lays out on window resizes
+only).
 """
 
 from __future__ import annotations
@@ -35,9 +21,9 @@ import optuna
 from gpuopt.core.metrics import columns
 from gpuopt.report.build import StudyReport, TrialView
 from gpuopt.report.charts import figures, phases_figure, speedup_figure
-from gpuopt.report.noise_tables import front_text, group_cell
+from gpuopt.report.noise_tables import group_cell
 from gpuopt.study.answers import KEEP_SAME
-from gpuopt.study.records import Comparison
+from gpuopt.study.noise import front_lines
 
 PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
 CHART_HEIGHT = 360  # px: two charts side by side and a heading fit a laptop screen
@@ -105,14 +91,6 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _comparison(report: StudyReport, trial: TrialView | None) -> Comparison | None:
-    """The confirmation's measured verdict on `trial` vs the baseline, if it was a candidate."""
-    if report.confirmation is None or trial is None:
-        return None
-    entry = report.confirmation.comparison_of(trial.number)
-    return entry if entry is not None and entry.measured else None
-
-
 # -- sections -------------------------------------------------------------------------------------
 def _card(label: str, value: str, note: str = "") -> str:
     note_html = f'<div class="note">{note}</div>' if note else ""
@@ -135,8 +113,8 @@ def _speedup_card(report: StudyReport, label: str, trial: TrialView | None) -> s
     if trial is report.baseline:
         return _card(f"{label}: the baseline", "keep", "nothing measurably faster")
     named = f"{label} (trial #{trial.number})"
-    confirmed = _comparison(report, trial)
-    if confirmed is not None:
+    confirmed = report.confirmation and report.confirmation.comparison_of(trial.number)
+    if confirmed and confirmed.measured:
         low, high = confirmed.ci_low, confirmed.ci_high
         interval = f"95% CI {low:.2f}-{high:.2f}x" if low is not None and high is not None else ""
         return _card(named, f"{confirmed.ratio:.2f}x", _e(f"re-measured, {interval}"))
@@ -264,11 +242,13 @@ def noise_section(report: StudyReport) -> str:
     if noise is None or not noise.front:
         return ""
 
-    def shown(trial: TrialView) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+    by_number = {t.number: t for t in report.trials}
+
+    def shown(trial: Any) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in by_number[trial.number].params.items())
         return f"({params or 'as configured'})"
 
-    lines = front_text(report, shown)
+    lines = front_lines(noise, report.objectives, shown)
     items = "".join(f"<li>{_e(line.strip())}</li>" for line in lines[1:])
     return f"<p><b>{_e(lines[0])}</b></p><ul>{items}</ul>"
 

@@ -15,17 +15,10 @@ from gpuopt.core.fmt import limit_share
 from gpuopt.core.fmt import metric as fmt
 from gpuopt.core.metrics import columns, goals, unit
 from gpuopt.report.build import COMPARED_METRICS, StudyReport, TrialView
-from gpuopt.report.diagnose import Bottleneck, Diagnosis
+from gpuopt.report.diagnose import Bottleneck
 from gpuopt.report.export_best import experiment_text
 from gpuopt.report.noise_tables import GROUP_HEADER, best_noise_lines, front_table, group_cell
-from gpuopt.study.answers import (
-    STRONG,
-    WARNING,
-    Shown,
-    TwoAnswers,
-    confirmation_lines,
-    two_answers,
-)
+from gpuopt.study.answers import STRONG, WARNING, Shown, TwoAnswers, confirmation_lines, two_answers
 from gpuopt.study.configs import flatten
 
 # Bottleneck labels short enough for a table column.
@@ -69,7 +62,7 @@ def change(name: str, base: float | None, best: float | None) -> str:
     return f"[green]{text}[/]" if better else f"[red]{text}[/]"
 
 
-def _values_text(report: StudyReport, trial: TrialView) -> str:
+def values_text(report: StudyReport, trial: TrialView) -> str:
     if trial.values is None:
         return "-"
     return ", ".join(
@@ -117,9 +110,8 @@ def header(report: StudyReport) -> Panel:
             if ".fingerprint." not in k
             and not k.startswith(("poor_choices", "dropped", "env.poor_choices"))
         }
-        keys = [k for k in HARDWARE_KEYS if k in facts] + [
-            k for k in facts if k not in HARDWARE_KEYS
-        ]
+        order = {k: i for i, k in enumerate(HARDWARE_KEYS)}
+        keys = sorted(facts, key=lambda k: order.get(k, len(order)))
         shown = [f"{k}={_short(facts[k])}" for k in keys[:MAX_HARDWARE_FACTS]]
         lines.append("Hardware: " + escape("  ".join(shown)))
     else:
@@ -154,19 +146,12 @@ def comparison_table(report: StudyReport) -> Table:
     table.add_column(f"best #{best.number}", justify="right", style="bold")
     if base is not None:
         table.add_column("change", justify="right")
-    names = list(dict.fromkeys([*report.objectives, *COMPARED_METRICS]))
-    for name in names:
-        best_value = best.metric(name)
-        base_value = base.metric(name) if base is not None else None
-        if best_value is None and base_value is None:
-            continue
-        row = [name]
-        if base is not None:
-            row.append(fmt(name, base_value))
-        row.append(fmt(name, best_value))
-        if base is not None:
-            row.append(change(name, base_value, best_value))
-        table.add_row(*row)
+    for name in dict.fromkeys([*report.objectives, *COMPARED_METRICS]):
+        new, old = best.metric(name), base.metric(name) if base is not None else None
+        if base is not None and (new is not None or old is not None):
+            table.add_row(name, fmt(name, old), fmt(name, new), change(name, old, new))
+        elif new is not None:
+            table.add_row(name, fmt(name, new))
     return table
 
 
@@ -178,7 +163,7 @@ def speedup_lines(report: StudyReport) -> list[str]:
         lines.append(f"The baseline ended as {report.baseline.status}: speedup unknown.")
     elif report.best is report.baseline:
         pass  # nothing beat it: confirmation_lines (or the change section) says so
-    elif report.speedup is not None and not _confirmed(report):
+    elif report.speedup is not None and not report.confirmed:
         # one reading each and no confirmation: a ratio to read, never an answer's speedup
         lines.append(
             f"Not confirmed: trial #{report.best.number} read {report.speedup:.2f}x the "  # type: ignore[union-attr]
@@ -197,13 +182,8 @@ def speedup_lines(report: StudyReport) -> list[str]:
     return lines
 
 
-def _confirmed(report: StudyReport) -> bool:
-    return report.confirmation is not None and bool(report.confirmation.comparisons)
-
-
 def confirmation_section(report: StudyReport) -> list[str]:
-    """The sweeper's end-of-sweep re-measurement (gpuopt/sweeper/confirm/): baseline vs top-k,
-    interleaved, each speedup with a 95% CI; the words are the sweep summary's
+    """The sweeper's end-of-sweep re-measurement, in the sweep summary's words
     (gpuopt.study.answers)."""
     confirmation = report.confirmation
     if confirmation is None and report.unread_confirmation is not None:
@@ -225,15 +205,14 @@ def confirmation_section(report: StudyReport) -> list[str]:
 
 
 def two_answers_lines(report: StudyReport) -> list[str]:
-    """(a) the best that keeps the baseline's training math, (b) the best overall and what it
-    changes in the training, each with its confirmation; the LR scaling the best applied."""
+    """The two answers in the sweep summary's words; the LR scaling and loss drift of the best."""
     best, same = report.best, report.same_training
     if best is None or report.baseline is None:
         return []
     held = f"global batch {report.global_batch}" if report.global_batch else "the same batch"
 
     def shown(trial: TrialView, apply: list[str]) -> Shown:
-        return Shown(trial.number, f"({_values_text(report, trial)})", tuple(apply))
+        return Shown(trial.number, f"({values_text(report, trial)})", tuple(apply))
 
     said = two_answers(
         TwoAnswers(
@@ -266,8 +245,8 @@ def two_answers_lines(report: StudyReport) -> list[str]:
 
 
 def pareto_table(report: StudyReport) -> Table:
-    """The Pareto front: in noise groups where the objectives are gpuopt's metrics (noise is
-    never a trade-off: gpuopt.report.noise_tables), else every trial on Optuna's front."""
+    """The Pareto front in noise groups where the objectives are gpuopt's metrics, else every
+    trial on Optuna's front."""
     grouped = front_table(report, _params_text)
     if grouped is not None:
         return grouped
@@ -290,10 +269,9 @@ def pareto_table(report: StudyReport) -> Table:
 def change_section(report: StudyReport) -> Group:
     best = report.best
     assert best is not None
-    parts: list[Any] = []
     if report.baseline is best:
-        parts.append(Text("The baseline is the best trial: nothing to change."))
-        return Group(*parts)
+        return Group(Text("The baseline is the best trial: nothing to change."))
+    parts: list[Any] = []
     if best.overrides is None:
         parts.append(Text("The best trial has no recorded overrides; see the config diff."))
     elif not report.override_changes and not report.reverted_overrides:
@@ -322,7 +300,8 @@ def change_section(report: StudyReport) -> Group:
     return Group(*parts)
 
 
-def diagnosis_panel(title: str, trial: TrialView, diagnosis: Diagnosis) -> Panel:
+def diagnosis_panel(title: str, trial: TrialView) -> Panel:
+    diagnosis = trial.diagnosis
     lines = [f"[bold]{diagnosis.bottleneck.value}[/]: {escape(diagnosis.summary)}"]
     lines += [f"  - {escape(e)}" for e in diagnosis.evidence]
     if diagnosis.suggestions:
@@ -336,17 +315,12 @@ def diagnosis_panel(title: str, trial: TrialView, diagnosis: Diagnosis) -> Panel
     )
 
 
-def ranked_trials(report: StudyReport) -> list[TrialView]:
-    """ok trials best first (by the first objective), then the rest by number."""
-    maximize = report.directions[0] == "maximize"
-    ok = sorted(report.ok_trials, key=lambda t: t.values[0], reverse=maximize)  # type: ignore[index]
-    rest = [t for t in report.trials if t not in ok]
-    return ok + rest
-
-
 def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
-    """The trials, best first; returns the table and how many trials it leaves out."""
-    ranked = ranked_trials(report)
+    """The ok trials best first (by the first objective), then the rest by number; returns the
+    table and how many trials it leaves out."""
+    maximize = report.directions[0] == "maximize"
+    ranked = sorted(report.ok_trials, key=lambda t: t.values[0], reverse=maximize)  # type: ignore[index]
+    ranked += [t for t in report.trials if t not in ranked]
     shown = list(ranked if limit is None else ranked[:limit])
     if report.baseline is not None and report.baseline not in shown:
         shown.append(report.baseline)
@@ -436,9 +410,8 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
             console.print(table)
         return
     console.print(comparison_table(report))
-    for line in two_answers_lines(report):  # both answers first, then the confirmation
-        console.print(line)
-    for line in speedup_lines(report) + best_noise_lines(report):
+    # both answers first, then the confirmation
+    for line in two_answers_lines(report) + speedup_lines(report) + best_noise_lines(report):
         console.print(line)
     if report.multi_objective:
         console.print(pareto_table(report))
@@ -452,9 +425,9 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
     console.rule("The change to apply")
     console.print(change_section(report))
     console.rule("Bottlenecks")
-    console.print(diagnosis_panel("best", report.best, report.best.diagnosis))
+    console.print(diagnosis_panel("best", report.best))
     if report.baseline is not None and report.baseline is not report.best:
-        console.print(diagnosis_panel("baseline", report.baseline, report.baseline.diagnosis))
+        console.print(diagnosis_panel("baseline", report.baseline))
     table, hidden = trials_table(report, limit)
     console.print(table)
     if hidden > 0:
@@ -469,13 +442,11 @@ def trial_detail(report: StudyReport, trial: TrialView) -> Group:
         + (" - the baseline" if trial.baseline else "")
     ]
     if trial.values is not None and trial.status == "ok":
-        lines.append("Values: " + _values_text(report, trial))
+        lines.append("Values: " + values_text(report, trial))
     lines.append("Overrides: " + escape(" ".join(trial.overrides or []) or "(none recorded)"))
     for key in ("run_dir", "reason"):
         if trial.attrs.get(key):
             lines.append(f"{key}: {escape(str(trial.attrs[key]))}")
     for warning in trial.attrs.get("warnings") or []:
         lines.append(f"[yellow]warning:[/] {escape(str(warning))}")
-    return Group(
-        Text.from_markup("\n".join(lines)), diagnosis_panel("trial", trial, trial.diagnosis)
-    )
+    return Group(Text.from_markup("\n".join(lines)), diagnosis_panel("trial", trial))
