@@ -2,7 +2,7 @@
 
 `compare(arms, control, budget, stop, executor)` measures the arms interleaved around a control and
 returns every reading with each arm's ratio over the control and its interval. Every comparison
-gpuopt makes is a call of it with its own settings:
+gpuopt makes is a call of it:
 
 | caller                      | order     | stop                       | executor                    |
 |-----------------------------|-----------|----------------------------|-----------------------------|
@@ -11,20 +11,15 @@ gpuopt makes is a call of it with its own settings:
 | the in-process confirmation | rounds    | PairStop (Stein, two-stage)| one window of SharedProcess |
 | the fresh-process one       | rounds    | PairStop                   | a run of the sweep's launcher|
 
-Orders. "rounds": each round measures the control and every arm still in, A B1 B2 in even rounds
-and B2 B1 A in odd ones (`round_order`), an arm's reading paired with the control's of its round.
-"bracketed": the control between every two arms' readings, an arm's reading paired with the
-geometric mean of the control readings on either side of it; an arm's `turn` is that many short
-readings in a row, each between two of the control's (B c1 B c1 B c1 B c2 ...). Either way the
-machine's drift cancels within a pair, and the ratio is the paired estimator of
-gpuopt.core.stats.speedup. Why short readings: a 2-core VM's speed moves from one second to the
-next (one process, one build, back-to-back 0.8 s windows: 0.89-1.20x their median, steal 0%), so
-a pair is as good as it is close in time: 1 s of an arm against 1 s of its control read identical
-builds at a log-sd of 0.098 as one window each, 0.026 in 0.1 s slices (scripts/bench_slices.py,
-docs/benchmarks.md "Slicing the screen").
+Orders. "rounds": A B1 B2, then B2 B1 A (`round_order`), an arm paired with the control of its
+round. "bracketed": B c1 B c1 B c2 ..., an arm's reading paired with the geometric mean of the
+control readings either side of it, `turn` readings of an arm in a row. Either way the machine's
+drift cancels within a pair. Why short readings: a 2-core VM's speed moves from one second to the
+next (back-to-back 0.8 s windows of one build: 0.89-1.20x their median, steal 0%), so a pair is
+as good as it is close in time: identical builds read at a log-sd of 0.098 in 1 s windows, 0.026
+in 0.1 s slices (scripts/bench_slices.py, docs/benchmarks.md "Slicing the screen").
 
-The service records nothing in Optuna and writes no file: a caller stores what it returns (the
-confirmation's record, the race's trials through the trial loop).
+The service records nothing and writes no file: its callers store what it returns.
 """
 
 from __future__ import annotations
@@ -34,6 +29,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Protocol
 
 from gpuopt.core.host import cpu_ticks, steal_percent
@@ -43,15 +39,13 @@ from gpuopt.core.stats import stein_pairs as _stein_pairs
 log = logging.getLogger("gpuopt.sweeper")
 
 ROUNDS, BRACKETED = "rounds", "bracketed"
+_VALUE = attrgetter("value")  # a reading's compared value
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """What an executor gives back for one measurement: `status` "ok" with the compared `value`,
-    or how it ended (oom, error, slow, ...) and no value; `detail`: the executor's own answer (a
-    window's reading, a trial's outcome), kept for the caller. `last`: the executor has no more
-    readings of this arm in its turn (the screen's arm read on its drain); a failed one has none
-    either."""
+    """One measurement: `status` "ok" with `value`, or how it ended (oom, error, slow, ...);
+    `detail`: the executor's own answer, kept for the caller; `last`: the arm's turn ends here."""
 
     status: str
     value: float | None = None
@@ -64,8 +58,7 @@ class Measurement:
 
     @classmethod
     def of(cls, outcome: Any) -> Measurement:
-        """A TrialOutcome (a fresh-process run, a shared-process window) as a measurement of
-        its first value."""
+        """A TrialOutcome as a measurement of its first value."""
         ok = outcome.feasible and outcome.values
         value = float(outcome.values[0]) if ok else None
         return cls("ok" if ok else outcome.status, value, outcome)
@@ -73,8 +66,7 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Reading:
-    """One measurement as the comparison ran it: which arm (or the control), in which round, the
-    how-manieth run of the comparison (`job`)."""
+    """One measurement as the comparison ran it (`job`: its index among the comparison's runs)."""
 
     label: str
     round: int
@@ -86,28 +78,24 @@ class Reading:
         return self.measurement.value if self.measurement.status == "ok" else None
 
 
-def _value(reading: Reading) -> float | None:
-    return reading.value
-
-
 class Executor(Protocol):
-    """Measures `label` once as run `job` of the comparison; may read what was measured so far
-    (`so_far`: a screen reads a just-built arm against the control's last window)."""
+    """Measures `label` once as run `job`; `so_far`: what was measured before (a screen reads a
+    just-built arm against the control's last window)."""
 
     def __call__(self, label: str, job: int, so_far: Compared) -> Measurement: ...
 
 
 @dataclass(frozen=True)
 class Budget:
-    """At most `max_runs` measurements in all (None: no cap); a round that would pass it is not
-    started, so pairs stay whole."""
+    """At most `max_runs` measurements (None: no cap); a round that would pass it is not started,
+    so pairs stay whole."""
 
     max_runs: int | None = None
 
 
 @dataclass
 class Compared:
-    """The readings in the order they ran, and what they say."""
+    """The readings in the order they ran."""
 
     control: str
     arms: tuple[str, ...]
@@ -129,35 +117,30 @@ class Compared:
         return {r.round: r.value for r in self.of(label) if r.value is not None}
 
     def neighbours(
-        self, reading: Reading, value: Callable[[Reading], float | None] = _value
+        self, reading: Reading, value: Callable[[Reading], float | None] = _VALUE
     ) -> tuple[float | None, float | None]:
-        """The control's values just before and just after `reading` in run order (bracketed);
-        `value`: which of a reading's values (its compared one by default)."""
+        """The control's `value`s just before and just after `reading` in run order."""
         i = self.readings.index(reading)
-        return self._control_value(i - 1, value), self._control_value(i + 1, value)
-
-    def _control_value(self, index: int, value: Callable[[Reading], float | None]) -> float | None:
-        if not 0 <= index < len(self.readings) or self.readings[index].label != self.control:
-            return None
-        return value(self.readings[index])
+        before, after = (
+            value(self.readings[j])
+            if 0 <= j < len(self.readings) and self.readings[j].label == self.control
+            else None
+            for j in (i - 1, i + 1)
+        )
+        return before, after
 
     def ratio(
         self,
         label: str,
         direction: str,
-        over: str | None = None,
         target: float = DEFAULT_TARGET,
         first_stage: int | None = None,
-        value: Callable[[Reading], float | None] = _value,
+        value: Callable[[Reading], float | None] = _VALUE,
     ) -> Speedup | None:
-        """The arm's paired speedup over the control (or another arm, `over`): > 1 is better
-        whichever the direction, with its 95% interval from 2 pairs on. In round order pairs are
-        rounds (`first_stage`: Stein's interval); in bracketed order an arm's reading is paired
-        with the geometric mean of the control readings either side of it, on `value` (another
-        of the executor's readings than the compared one: the race reads each window metric).
-        None without a pair."""
-        reference = over or self.control
-        if self.order == BRACKETED and reference == self.control:
+        """The arm's paired speedup over the control (> 1: better), None without a pair. In round
+        order pairs are rounds (`first_stage`: Stein's interval); in bracketed order each reading
+        is paired with its neighbours' geometric mean, on `value` (the race reads each metric)."""
+        if self.order == BRACKETED:
             own = self.of(label)
             brackets = [_geomean(self.neighbours(r, value)) for r in own]
             try:
@@ -165,7 +148,7 @@ class Compared:
             except ValueError:
                 return None
         return paired_speedup(
-            self.by_round(label), self.by_round(reference), direction, target, first_stage
+            self.by_round(label), self.by_round(self.control), direction, target, first_stage
         )
 
 
@@ -176,9 +159,8 @@ def paired_speedup(
     target: float = DEFAULT_TARGET,
     first_stage: int | None = None,
 ) -> Speedup | None:
-    """gpuopt.core.stats.speedup of two arms' values by round, rounds missing either side left
-    out; `first_stage` (the rounds run before the count was chosen) counted in pairs. None
-    without one pair."""
+    """gpuopt.core.stats.speedup of two arms' values by round; `first_stage` (the rounds run
+    before the count was chosen) counted in pairs. None without one pair."""
     rounds = sorted(set(arm) | set(reference))
     if first_stage:
         first_stage = sum(1 for r in rounds if r < first_stage and r in arm and r in reference)
@@ -214,10 +196,9 @@ class FixedCount:
 
 @dataclass(frozen=True)
 class PairStop:
-    """The sequential rule: after a first stage of `first` rounds, Stein's count of pairs for a
-    95% interval of +-`target` (the interval reported is Stein's too: its coverage holds after
-    the count was chosen from the first stage's spread); an arm the first stage already shows
-    slower than another leaves (`beaten`)."""
+    """After a first stage of `first` rounds, Stein's count of pairs for a 95% interval of
+    +-`target` (reported as Stein's interval: its coverage holds after the count was chosen from
+    the first stage's spread); an arm the first stage shows slower than another leaves."""
 
     direction: str
     target: float
@@ -238,8 +219,8 @@ class PairStop:
         return wanted
 
     def pairs(self, compared: Compared, arm: str) -> int:
-        """Total rounds for `arm`, from the spread of its first-stage pairs (no more when fewer
-        than 2 were measured: the runs fail, more would not help); whole A B / B A cycles."""
+        """Total rounds for `arm` (no more when fewer than 2 pairs were measured: the runs fail);
+        whole A B / B A cycles."""
         d = self._log_ratios(compared, arm, compared.control)
         if len(d) < 2:
             return self.first
@@ -247,11 +228,9 @@ class PairStop:
         return self.first + (n - len(d)) + (n - len(d)) % 2
 
     def beaten(self, compared: Compared) -> dict[str, str]:
-        """The arms the first stage already shows slower than another one, each with who beats
-        it: the 95% interval of their paired log-ratio lies below 0. Such an arm cannot be the
-        answer, so its further rounds would only narrow an interval nobody acts on. A protected
-        arm (a same-training candidate: it may be the same-training answer) is only beaten by
-        another protected one."""
+        """The arms whose first-stage log-ratio interval lies below 0 against another one, with
+        who beats it: such an arm cannot be the answer. A protected arm (a same-training
+        candidate: it may be that answer) is only beaten by another protected one."""
         out: dict[str, str] = {}
         for arm in compared.arms:
             rivals = [
@@ -276,21 +255,10 @@ class PairStop:
 
 
 def round_order(labels: Sequence[str], round_index: int) -> list[str]:
-    """A B1 B2 in even rounds, B2 B1 A in odd ones, so a position effect (the first run of a
-    round, or the one after a given config) does not favour one config. In a fixed order a
-    benchmark read -13% in 5 of 5 rounds between two timings that agreed within 1.1% once the
-    order alternated (docs/benchmarks.md). The benchmarks in scripts/ use the same order."""
+    """A B1 B2 in even rounds, B2 B1 A in odd ones: in a fixed order a benchmark read -13% in 5 of
+    5 rounds between two timings that agreed within 1.1% once the order alternated
+    (docs/benchmarks.md)."""
     return list(labels) if round_index % 2 == 0 else list(reversed(labels))
-
-
-def bracketed_order(control: str, arms: Sequence[str], turn: int = 1) -> list[str]:
-    """B c1 B c2 ... B: a control measurement on each side of every arm's; each arm `turn`
-    times in a row (B c1 B c1 B c2 B c2 B for 2). `compare` ends an arm's turn early where a
-    measurement says so (`Measurement.ends_turn`)."""
-    order = [control]
-    for label in arms:
-        order += [label, control] * turn
-    return order
 
 
 def compare(
@@ -305,15 +273,16 @@ def compare(
     report: Callable[[Reading, Compared], None] | None = None,
     load: Callable[[], float] = lambda: os.getloadavg()[0],
 ) -> Compared:
-    """Measure `arms` around `control`: `stop.first` rounds of every arm, then each arm for as
-    many rounds as `stop.wanted` gives it, while the budget allows a whole round; in bracketed
-    order each arm's `turn` readings in a row. `report` is called after each reading (a
-    progress line)."""
+    """Measure `arms` around `control`: `stop.first` rounds of every arm, then as many as
+    `stop.wanted` gives each, while the budget allows a whole round; `report` after each reading."""
     compared = Compared(control, tuple(arms), order)
     wanted = dict.fromkeys(arms, stop.first)
     ticks = cpu_ticks()
     while active := [a for a in arms if compared.rounds < wanted[a]]:
-        labels = _round_labels(order, control, active, compared.rounds, turn)
+        if order == BRACKETED:  # B c1 B c1 B c2 ...: an arm's turn ends early on `ends_turn`
+            labels = [control, *[x for a in active for x in (a, control) * turn]]
+        else:
+            labels = round_order([control, *active], compared.rounds)
         if budget.max_runs is not None and compared.runs + len(labels) > budget.max_runs:
             log.info("comparison: the run cap (%d) is reached", budget.max_runs)
             break
@@ -339,20 +308,11 @@ def compare(
     return compared
 
 
-def _round_labels(
-    order: str, control: str, active: Sequence[str], index: int, turn: int
-) -> list[str]:
-    if order == BRACKETED:
-        return bracketed_order(control, active, turn)
-    return round_order([control, *active], index)
-
-
 def calibrated(
     ratios: Mapping[str, float | None], by: str
 ) -> tuple[dict[str, float | None], float | None]:
-    """(the other arms' ratios over arm `by`'s, `by`'s own ratio): where an arm that is the
-    control's configuration built again reads the control's build effect (the race's
-    policy.CONTROL); the ratios as they are where `by` has none."""
+    """(the other arms' ratios over arm `by`'s, `by`'s own ratio; as they are where `by` has
+    none): `by` is the control's configuration built again (the race's policy.CONTROL)."""
     own = ratios.get(by)
     out = {label: r for label, r in ratios.items() if label != by}
     if own is None or own <= 0:

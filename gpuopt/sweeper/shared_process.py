@@ -1,11 +1,6 @@
 """The shared measuring process, sweeper side (torch-free): `python -m gpuopt.processes.shared_windows`
-driven one command at a time (gpuopt.core.shared_protocol), for the race and the in-process
+driven one command at a time (gpuopt.core.shared_protocol) for the race and the in-process
 confirmation, and which configurations may share it (`shareable`).
-
-Configurations are built in it (at start, or on command: `add`), read in windows (`window`,
-`measure`), released (`drop`) or measured as a whole trial of that process (`whole_trial`). Every
-answer is one JSON line; the process dies with the sweep (parent-death signal) and is killed with
-its DataLoader workers (its own process group) on close or a timeout.
 """
 
 from __future__ import annotations
@@ -38,11 +33,9 @@ WINDOW_TIMEOUT_S = 120.0  # one window beyond its length (MIN_STEPS slow steps)
 TRIAL_TIMEOUT_S = 1200.0  # one whole trial (the fresh-process launcher's default timeout_s)
 PROGRESS_S = 10.0  # a line this often while an answer takes long: a sweep never looks hung
 # A screening window's drain and its steps each end after one step once they took this many
-# window lengths (0.3 s at the default 0.1 s window): a candidate of long steps (a cnn's batch
-# 256-512: 1-2 s a step on a 2-core CPU) is read on one step a window, and its turn ends once its
-# windows took the turn's seconds (race/screen.py). Its loader keeps up with such steps, so a
-# shorter drain leaves no prefetched batch to flatter its window, and one long step varies by a
-# few percent: enough to rank it against the floor and the other candidates.
+# window lengths: a candidate of long steps (a cnn's batch 256-512: 1-2 s a step on a 2-core CPU)
+# is read on one step a window; its loader keeps up with such steps, so no prefetched batch
+# flatters it, and one long step varies by a few percent: enough to rank it.
 SCREEN_DEADLINE = 3.0
 # A candidate whose build or window takes longer than this is pruned: its steps are that slow
 # (fp16 convolutions on some CPUs: minutes a step). The process is restarted without it.
@@ -62,15 +55,14 @@ def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str 
             return "a distributed trial starts its own ranks"
     a, b = flatten(dict(baseline)), flatten(dict(candidate))
     differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    # Shareable knobs: each member builds its own loader, model and optimizer, and the process-wide
-    # settings (threads, matmul precision) are re-applied before each window (gpuopt.core.knobs).
+    # each member builds its own loader, model and optimizer; process-wide settings (threads,
+    # matmul precision) are re-applied before each window (gpuopt.core.knobs)
     apart = [k for k in differing if not knobs.shareable(k)]
     return f"{apart[0]} differs" if apart else None
 
 
 def write_config(config: Any, directory: Path, name: str) -> Path:
-    """The composed task config (no hydra node, resolved), as the memory probe and the shared
-    process read it."""
+    """The composed task config (no hydra node, resolved) as `directory/name`."""
     from omegaconf import OmegaConf
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -81,9 +73,8 @@ def write_config(config: Any, directory: Path, name: str) -> Path:
 
 
 class SharedProcess:
-    """`python -m gpuopt.processes.shared_windows` with every configuration built once, asked for one window
-    at a time; it dies with the sweep (parent-death signal) and is killed, with its DataLoader
-    workers (its own process group), on close or a timeout."""
+    """The process, asked one command at a time; it dies with the sweep (parent-death signal) and
+    is killed with its DataLoader workers (its own process group) on close or a timeout."""
 
     def __init__(
         self, process: subprocess.Popen, objective: str, log_path: Path | None = None
@@ -92,9 +83,7 @@ class SharedProcess:
         self._selector = selectors.DefaultSelector()
         self._selector.register(process.stdout, selectors.EVENT_READ)
         self.error: str | None = None
-        self.what = (
-            "gpuopt.processes.shared_windows"  # what the progress lines name (the last command)
-        )
+        self.what = "gpuopt.processes.shared_windows"  # the progress lines' name for it
 
     @classmethod
     def start(
@@ -104,7 +93,6 @@ class SharedProcess:
         objective: str,
         window_s: float,
         directory: Path,
-        python: str | None = None,
     ) -> SharedProcess:
         files = {k: str(v) for k, v in configs.items()}
         facts = {k: protocol.Steady.from_json(dict(v)) for k, v in steady.items()}
@@ -112,7 +100,7 @@ class SharedProcess:
         protocol.Spec(files, window_s, MIN_STEPS, facts).write(path)
         stderr = open(directory / "interleave.log", "w")  # noqa: SIM115 - the child writes to it
         process = subprocess.Popen(
-            [python or sys.executable, "-m", "gpuopt.processes.shared_windows", str(path)],
+            [sys.executable, "-m", "gpuopt.processes.shared_windows", str(path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -127,8 +115,7 @@ class SharedProcess:
         return shared
 
     def _read(self, timeout_s: float) -> dict[str, Any] | None:
-        """The child's next JSON line, or None (and `error` set) when it ended or timed out;
-        while it takes long (a whole trial of a slow model), a line every PROGRESS_S seconds."""
+        """The child's next JSON line, or None (and `error` set) when it ended or timed out."""
         if self.error:
             return None
         started = time.monotonic()
@@ -150,8 +137,7 @@ class SharedProcess:
         return None
 
     def _death(self) -> str:
-        """How the process ended, in words, with the native crash its log names (faulthandler's
-        "Fatal Python error" line and the frame that was running), if any."""
+        """How the process ended, with the native crash its log names, if any."""
         from gpuopt.sweeper.launchers.results import describe_exit, fatal_error
 
         why = f"gpuopt.processes.shared_windows {describe_exit(self.process.wait())}"
@@ -163,8 +149,7 @@ class SharedProcess:
         self.close()
 
     def command(self, command: protocol.Command, timeout_s: float) -> protocol.Answer:
-        """Send one command (gpuopt.core.shared_protocol); its answer, or a Failure ("error")
-        once the process failed."""
+        """One command's answer, or a Failure ("error") once the process failed."""
         self.what = f"{command.label} ({command.op})"
         if not self.error:
             try:
@@ -178,22 +163,15 @@ class SharedProcess:
         return protocol.answer_from_json(answer, command.answer)
 
     def add(
-        self,
-        label: str,
-        config: Path,
-        steady: protocol.Steady | None = None,
-        timeout_s: float = READY_TIMEOUT_S,
+        self, label: str, config: Path, timeout_s: float = READY_TIMEOUT_S
     ) -> protocol.Added | protocol.Failure:
-        """Build `config` (a composed job config) as `label`, warmed up (one it had is released
-        first)."""
-        answer = self.command(
-            protocol.Add(label, str(config), steady or protocol.Steady()), timeout_s
-        )
+        """Build `config` as `label`, warmed up (one it had is released first)."""
+        answer = self.command(protocol.Add(label, str(config), protocol.Steady()), timeout_s)
         assert isinstance(answer, (protocol.Added, protocol.Failure))
         return answer
 
     def window(self, label: str) -> TrialOutcome:
-        """One window of `label` (the spec's length), as the TrialOutcome of its objective."""
+        """One window of `label` (the spec's length) as a TrialOutcome."""
         answer = self.command(protocol.Window(label), WINDOW_TIMEOUT_S)
         if isinstance(answer, protocol.Failure):
             if self.error:
@@ -221,8 +199,7 @@ class SharedProcess:
     def open(cls, directory: Path, objective: str, window_s: float) -> SharedProcess:
         """The race's process: started with no configuration, each built on command (`add`)."""
         directory.mkdir(parents=True, exist_ok=True)
-        process = cls.start({}, {}, objective, window_s, directory)
-        return process
+        return cls.start({}, {}, objective, window_s, directory)
 
     def measure(
         self,
@@ -232,9 +209,8 @@ class SharedProcess:
         settle: bool = True,
         give_up_below: float | None = None,
     ) -> protocol.Reading | protocol.Failure:
-        """One window of `label` (`window_s` and at least `min_steps` optimizer steps), cut short
-        after SCREEN_DEADLINE x `window_s`; `settle` false for a configuration dropped right after
-        (its workers need not go idle); `give_up_below` (samples/s): a just-built configuration
+        """One window of `label`, cut short after SCREEN_DEADLINE x `window_s`; `settle` false for a
+        configuration dropped right after; `give_up_below` (samples/s): a just-built configuration
         whose drain reads slower is read on its drain (`read_on_drain`)."""
         deadline_s = SCREEN_DEADLINE * window_s
         command = protocol.Window(label, window_s, min_steps, deadline_s, settle, give_up_below)
@@ -246,7 +222,6 @@ class SharedProcess:
         self.command(protocol.Drop(label), SCREEN_TIMEOUT_S)
 
     def whole_trial(self, label: str, config: Path, run_dir: Path) -> TrialResult | None:
-        """`config` measured as a whole trial of this process; its TrialResult, or None when the
-        process failed (`error` says why)."""
+        """`config` measured as a whole trial of this process; None when the process failed."""
         answer = self.command(protocol.Trial(label, str(config), str(run_dir)), TRIAL_TIMEOUT_S)
         return answer.result if isinstance(answer, protocol.TrialDone) else None

@@ -1,11 +1,8 @@
 """The confirmation's in-process mode: how many windows the budget buys (`window_plan`) and the
-shared process with the baseline and its candidates built (`open_shared`), read one window at a
-time, each window's answer a TrialOutcome like a fresh-process run's.
+shared process with the baseline and its candidates built (`open_shared`).
 
-Fresh-process pairs stay the mode for everything else: a task of its own (gpuopt cannot build it),
-the Lightning engine, torch.compile, allocator and cache settings, another model or dataset.
-In-process windows read a long-lived process, faster than a fresh one; both sides of every pair are
-in that process, so the ratio is fair, and the mode is recorded with the confirmation.
+A long-lived process reads faster than a fresh one, but both sides of every pair are in it, so
+the ratio is fair; the mode is recorded with the confirmation.
 """
 
 from __future__ import annotations
@@ -23,10 +20,9 @@ from gpuopt.sweeper.shared_process import MIN_STEPS, SharedProcess, shareable, w
 log = logging.getLogger("gpuopt.sweeper")
 
 FIRST_STAGE_ROUNDS = 8  # windows are cheap: a first stage with more df narrows Stein's interval
-# ...as many of those rounds as fit in this many seconds (at least confirm.rounds): 8 rounds of
-# 0.5 s windows take ~12 s, of a cnn's 3-step windows of 0.3 s steps ~30 s, and the spread of
-# such slow windows is small (a +-1.3% interval after 8 rounds: docs/benchmarks.md); Stein's
-# second stage adds rounds where the first ones say the interval needs them.
+# ...as many of those rounds as fit in this many seconds: 8 rounds of a cnn's 3-step windows of
+# 0.3 s steps take ~30 s, and such slow windows spread little (+-1.3% after 8 rounds:
+# docs/benchmarks.md); Stein's second stage adds rounds where needed.
 FIRST_STAGE_S = 16.0
 MAX_WINDOWS = 400
 # What each arm's trial measured that its windows use: the epoch boundary (amortized as the trial
@@ -35,8 +31,7 @@ STEADY_FACTS = names(window="uses")
 
 
 def window_seconds(trial: Any, window_s: float) -> float:
-    """What one window of `trial`'s configuration takes: `window_s`, or MIN_STEPS of its measured
-    steps when those are longer, plus the drained step."""
+    """What one window of `trial`'s configuration takes, its drained step included."""
     step_ms = trial.user_attrs.get("step_time_ms")
     step_s = step_ms / 1000.0 if isinstance(step_ms, (int, float)) and step_ms > 0 else 0.0
     return max(window_s, MIN_STEPS * step_s) + step_s
@@ -45,10 +40,9 @@ def window_seconds(trial: Any, window_s: float) -> float:
 def window_plan(
     rounds: int, max_runs: int, trial_seconds: Sequence[float], windows_s: Sequence[float]
 ) -> tuple[int, int]:
-    """(first-stage rounds, cap on windows) for arms whose windows take `windows_s`: the
-    fresh-process cap's time (max_runs runs of the sweep's median trial) spent on windows; the
-    first stage as many rounds (up to FIRST_STAGE_ROUNDS, at least `rounds`) as FIRST_STAGE_S
-    holds."""
+    """(first-stage rounds, cap on windows): the fresh-process cap's time (max_runs runs of the
+    sweep's median trial) spent on windows; the first stage as many rounds as FIRST_STAGE_S holds
+    (up to FIRST_STAGE_ROUNDS, at least `rounds`)."""
     median = sorted(trial_seconds)[len(trial_seconds) // 2] if trial_seconds else 10.0
     arms, round_s = len(windows_s), sum(windows_s)
     windows = int(max_runs * median / (round_s / arms))
@@ -66,16 +60,14 @@ def open_shared(
     window_s: float,
     directory: Path,
 ) -> SharedProcess | None:
-    """The shared process for these trials (baseline first), or None with the reason logged:
-    a member that cannot share, or the process failed to build them."""
+    """The shared process for these trials (baseline first), or None with the reason logged."""
     configs = [config_of(t.user_attrs) for t in trials]
     for label, config in zip(labels[1:], configs[1:], strict=True):
         why = shareable(configs[0], config)
         if why:
             log.info("confirmation in fresh processes: %s cannot share a process (%s)", label, why)
             return None
-    directory.mkdir(parents=True, exist_ok=True)
-    paths, steady = {}, {}
+    paths, steady = {}, {}  # write_config makes the directory
     for label, trial in zip(labels, trials, strict=True):
         overrides = list(trial.user_attrs.get(ATTR_OVERRIDES) or [])
         paths[label] = write_config(compose(overrides), directory, f"{label}.yaml")

@@ -1,33 +1,12 @@
 """The confirmation round: re-measure the baseline and the top candidates, interleaved, in pairs.
 
-`confirm_if_last` runs it at the end of a sweep: which trials are candidates and how many runs
-the budget allows (schedule.py), the interleaved rounds with their two-stage stop (`run_rounds`:
-a call of the comparison service, gpuopt.sweeper.comparison, with its `PairStop`), and the
-verdict (verdicts.py; the winner rule is gpuopt.study.records.Confirmation.winner: the best pick
-reads it). `elsewhere` tells a worker that does not confirm where the result comes from
-(`Pending`).
-
 Throughput of one configuration drifts 4-14% between fresh processes on these machines, so the
-sweep's single measurement per configuration can crown a lucky one. At the end, the baseline (A)
+sweep's single measurement per configuration can crown a lucky one. At the end the baseline (A)
 and the top-k candidates (B1, B2, ...) run again as A B1 B2, B2 B1 A, ..., each run a fresh
-process (the sweep's launcher: a long-lived process reads 10-35% faster, so in-process numbers must
-never meet fresh-process ones) - or, where the configurations can share one, alternating windows
-of one process (in_process.py), both sides of every pair in it.
-
-The estimator is paired (gpuopt.core.stats.speedup): each round gives one log-ratio log(B/A) of
-runs made next to each other, so the machine's slow drift cancels within the pair. How many rounds:
-Stein's two-stage procedure (`gpuopt.core.stats.stein_pairs`) - `confirm.rounds` first, then as
-many as the first rounds' spread says the interval needs to reach +-`confirm.target_halfwidth`, up
-to the `confirm.max_share` cap; a candidate leaves the rounds once it has its pairs, or once
-the first stage shows another candidate faster than it (`PairStop.beaten`). Runs are lean
-where the objective allows (schedule.lean_overrides): no compute-ceiling replay, FLOP count, loader
-pricing.
-
-Verdicts (gpuopt.core.stats.verdict): faster / slower (the interval excludes 1.0x), same (it
-includes 1.0x and is within the target: no difference worth having), too noisy (it includes 1.0x
-and is wider than the target: this machine, at this load, cannot tell; the record keeps the spread
-and the load seen). When no candidate is measurably faster, the baseline wins: "keep your
-configuration".
+process (a long-lived process reads 10-35% faster, so in-process numbers must never meet
+fresh-process ones), or, where the configurations can share one, as alternating windows of one
+process (in_process.py). How many rounds: Stein's two-stage procedure (comparison.PairStop), up to
+the `confirm.max_share` cap. When no candidate is measurably faster, the baseline wins.
 """
 
 from __future__ import annotations
@@ -78,17 +57,12 @@ from gpuopt.sweeper.record import store_confirmation
 
 log = logging.getLogger("gpuopt.sweeper")
 
-# Job numbers of the confirmation runs (the sweep's trials are numbered from 0).
-FIRST_CONFIRM_JOB = 10_000
-
-
-# ---- at the end of a sweep ----------------------------------------------------------------------
+FIRST_CONFIRM_JOB = 10_000  # the confirmation runs' job numbers (the sweep's trials: from 0)
 
 
 def confirm_if_last(study: Any, settings: ConfirmOptions, **context: Any) -> Confirmation | None:
-    """The confirmation round runs in the last worker to finish (the others' trials are done);
-    the others return the stored record, if any. `settings`: the sweeper's ConfirmOptions;
-    `context`: the rest of `run`'s arguments."""
+    """The confirmation round runs in the last worker to finish; the others return the stored
+    record, if any. `context`: the rest of `run`'s arguments."""
     others = resume.running_elsewhere(study.get_trials(deepcopy=False))
     if others:
         log.info(
@@ -113,13 +87,8 @@ def run(
     app_config: Mapping[str, Any] | None = None,
 ) -> Confirmation | None:
     """Plan, claim and run the round; store and return its record (None when it does not run).
-
-    `measure(overrides, index)` runs one configuration in a fresh process and returns its
-    TrialOutcome. With `settings.in_process` and `compose(overrides)` (the sweep's composition of
-    a job's config), configurations that can share a process are measured in alternating windows
-    of one process instead (gpuopt/sweeper/confirm/in_process.py). `app_config`: the sweep's
-    composed config as a plain dict, which the runs' overrides apply to.
-    """
+    `measure(overrides, index)`: one fresh-process run's TrialOutcome; `compose(overrides)`: a
+    job's config, for the in-process mode; `app_config`: the config the overrides apply to."""
     if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
         return None  # a stock-style task: its values are not noisy measurements to confirm
     all_trials = study.get_trials(deepcopy=False)
@@ -174,7 +143,7 @@ def run(
 
 @dataclass(frozen=True)
 class Rule:
-    """The confirmation's goal: the objective's direction, the interval's +-target."""
+    """The objective's direction, the interval's +-target."""
 
     direction: str
     target: float
@@ -182,9 +151,8 @@ class Rule:
 
 @dataclass
 class Measured:
-    """The rounds as run: the objective, the configs with their values, the plan they ran under,
-    the comparison's readings, how they were measured (`mode`, IN_PROCESS: with its window) and
-    fresh runs' lean overrides."""
+    """The rounds as run: under which plan, how (`mode`, with its window in-process or fresh
+    runs' lean overrides), the comparison's readings."""
 
     objective: str
     configs: list[ConfirmedConfig]
@@ -195,8 +163,7 @@ class Measured:
     lean: list[str] = field(default_factory=list)
 
     def record(self, rule: Rule, after_trials: int, sweep_dir: str) -> Confirmation:
-        """The confirmation's record (the study's user attr): how it ran and its comparisons,
-        each carrying the target, loads and steal seen (a "too noisy" verdict's why)."""
+        """The confirmation's record (the study's user attr)."""
         done, first = self.done, self.plan.rounds
         verdicts = compare(
             self.configs, rule.direction, rule.target, first, done.loads, done.steal_pct
@@ -233,8 +200,8 @@ def in_process_rounds(
     window_s: float,
     sweep_dir: str,
 ) -> Measured | None:
-    """The rounds as alternating windows of one shared process (in_process.py), within the
-    fresh-process plan's time; None when the chosen trials cannot share one."""
+    """The rounds as alternating windows of one shared process, within the fresh-process plan's
+    time; None when the chosen trials cannot share one."""
     directory = Path(sweep_dir) / "confirm"
     shared = in_process.open_shared(chosen, labels(chosen), compose, objective, window_s, directory)
     if shared is None:
@@ -262,8 +229,8 @@ def in_process_rounds(
 
 
 def trial_seconds(trials: Sequence[Any]) -> list[float]:
-    """How long each finished trial took (its process, as the launcher ran it; a raced trial's
-    whole-trial command, since it was asked long before it ran: ATTR_RACE's seconds)."""
+    """How long each finished trial took (a raced trial: its whole-trial command, since it was
+    asked long before it ran)."""
     seconds = []
     for t in trials:
         raced = t.user_attrs.get(ATTR_RACE)
@@ -272,9 +239,6 @@ def trial_seconds(trials: Sequence[Any]) -> list[float]:
         elif t.datetime_start is not None and t.datetime_complete is not None:
             seconds.append((t.datetime_complete - t.datetime_start).total_seconds())
     return seconds
-
-
-# ---- the rounds ---------------------------------------------------------------------------------
 
 
 def run_rounds(
@@ -286,10 +250,8 @@ def run_rounds(
     load: Callable[[], float] = lambda: os.getloadavg()[0],
     how: str = "interleaved, fresh processes",
 ) -> Compared:
-    """The comparison service's rounds of the candidates around the baseline (configs[0]):
-    the first stage (`confirm_plan.rounds` rounds of every config), then Stein's count for each
-    candidate (PairStop), while the run cap allows a whole round. Each config's record gets its
-    re-measurements (confirm_values by round, every run's status)."""
+    """The comparison service's rounds of the candidates around the baseline (configs[0]), with
+    Stein's two-stage stop; each config's record gets its re-measurements."""
     base, cands = configs[0], configs[1:]
     log.info(
         "confirmation: %d round(s) of %s (%s) on %s, then up to %d runs in all for +-%.0f%%",
@@ -313,7 +275,13 @@ def run_rounds(
         budget,
         stop,
         executor,
-        report=lambda reading, _: _run_line(reading, objective),
+        report=lambda r, _: log.info(
+            "confirmation run %d (round %d) %s: %s",
+            r.job + 1,
+            r.round + 1,
+            r.label,
+            f"{objective}={r.value:.4g}" if r.value is not None else r.measurement.status,
+        ),
         load=load,
     )
     for cfg in configs:
@@ -324,24 +292,13 @@ def run_rounds(
     return done
 
 
-def _run_line(reading: comparison.Reading, objective: str) -> None:
-    value = reading.value
-    log.info(
-        "confirmation run %d (round %d) %s: %s",
-        reading.job + 1,
-        reading.round + 1,
-        reading.label,
-        f"{objective}={value:.4g}" if value is not None else reading.measurement.status,
-    )
-
-
 def fresh_process_runs(
     measure: Callable[[list[str], int], Any],
     lean: Sequence[str],
     configs: Sequence[ConfirmedConfig],
 ) -> Executor:
-    """The executor of fresh-process rounds: one run of a config through the sweep's launcher
-    (`measure(overrides, job)`), with the lean overrides, in its own subdirectory."""
+    """The executor of fresh-process rounds: one run of a config through the sweep's launcher,
+    with the lean overrides, in its own subdirectory."""
     by_label = {c.label: c for c in configs}
 
     def measure_config(label: str, job: int, so_far: Compared) -> Measurement:
@@ -350,9 +307,6 @@ def fresh_process_runs(
         return Measurement.of(measure(overrides, FIRST_CONFIRM_JOB + job))
 
     return measure_config
-
-
-# ---- a worker that does not confirm -------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -376,22 +330,21 @@ def elsewhere(
     n_trials: int,
 ) -> Pending | None:
     """Where this study's result is made, when not in this worker and not yet final (None: here,
-    or done). Another worker holds the confirmation's claim for these trials, or still runs
-    trials (the last worker to finish confirms and writes the final result). A worker that does
-    not confirm publishes the best known so far, marked pending, never a best.yaml of its own: the
-    confirming worker may overturn it. `settings`: the sweeper's ConfirmOptions."""
+    or done): another worker holds the confirmation's claim for these trials, or still runs
+    trials. A worker that does not confirm publishes the best so far, marked pending, never a
+    best.yaml of its own: the confirming worker may overturn it."""
     trials = study.get_trials(deepcopy=False)
     counted = sum(1 for t in trials if resume.counted(t))
     if confirmation is not None and confirmation.after_trials == counted:
         return None  # final for these trials
-    me = resume.this_owner()
     claim = storage_of(study).get_study_system_attrs(resume.study_id(study))
     claim = claim.get(STUDY_CONFIRM_CLAIM)
+    confirms = _confirms(study, trials, directions, settings, n_trials)
     if (
-        _confirms(study, trials, directions, settings, n_trials)
+        confirms
         and isinstance(claim, dict)
         and claim.get("after_trials") == counted
-        and claim.get("owner") not in (None, me)
+        and claim.get("owner") not in (None, resume.this_owner())
         and resume.owner_alive(claim.get("owner")) is not False
     ):
         owner = claim["owner"]
@@ -401,7 +354,7 @@ def elsewhere(
     others = tuple(sorted({f"{o.get('host')}:{o.get('pid')}" for o in owners}))
     if not others:
         return None
-    then = "confirms and " if _confirms(study, trials, directions, settings, n_trials) else ""
+    then = "confirms and " if confirms else ""
     return Pending(
         others,
         f"trials still run in {', '.join(others)}: the last worker to finish {then}writes the "
@@ -412,7 +365,7 @@ def elsewhere(
 def _confirms(
     study: Any, trials: Any, directions: list[str], settings: ConfirmOptions, n_trials: int
 ) -> bool:
-    """Whether the study's trials get a confirmation round (gpuopt's metrics, a plan that fits)."""
+    """Whether the study's trials get a confirmation round."""
     _, ranked, _ = candidates(trials, directions)
     if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)) or not ranked:
         return False

@@ -1,13 +1,4 @@
-"""What the confirmation re-measures, and how many runs it may make.
-
-- `candidates`: the feasible baseline and the other feasible trials best first, one per distinct
-  params; `with_same_training_pick` makes sure the best same-training candidate is among them (both
-  answers get their own confirmation);
-- `plan`: how many candidates and first-stage rounds the budget (`confirm.max_share` of n_trials
-  runs) allows, both answers kept where two rounds of them fit (`answers_among`);
-- `lean_overrides`: the measure.* overrides that shorten a run without changing its objective;
-- `confirmed_configs`: the record's entry for each chosen trial.
-"""
+"""What the confirmation re-measures (`candidates`), and how many runs it may make (`plan`)."""
 
 from __future__ import annotations
 
@@ -25,8 +16,8 @@ from gpuopt.study.rules import feasible_trials, same_training
 def candidates(
     trials: Sequence[Any], directions: Sequence[str]
 ) -> tuple[Any | None, list[Any], list[Any]]:
-    """(the feasible baseline, the other feasible trials best first with one per distinct params
-    and none with the baseline's, every feasible trial)."""
+    """(the feasible baseline, the others best first, one per distinct params and none with the
+    baseline's, every feasible trial)."""
     feasible = feasible_trials(trials)
     baseline = next((t for t in feasible if t.user_attrs.get(ATTR_BASELINE)), None)
     if baseline is None:
@@ -53,8 +44,7 @@ def with_same_training_pick(ranked: list[Any], baseline: Any, top_k: int) -> tup
 
 
 def answers_among(ranked: Sequence[Any], baseline: Any) -> int:
-    """How many of the first candidates `plan` must keep so that both answers are confirmed:
-    up to the best same-training one (with_same_training_pick puts it first or second)."""
+    """How many of the first candidates `plan` must keep so that both answers are confirmed."""
     same = next((i for i, t in enumerate(ranked) if same_training(t, baseline)), None)
     return 1 if same is None else min(same + 1, 2)
 
@@ -66,8 +56,7 @@ class ConfirmPlan:
     max_runs: int = 0  # the cap on all confirmation runs (0: the first stage only)
 
     @property
-    def runs(self) -> int:
-        """Runs of the first stage."""
+    def runs(self) -> int:  # of the first stage
         return self.rounds * (self.top_k + 1)
 
 
@@ -79,15 +68,10 @@ def plan(
     n_candidates: int,
     keep: int = 1,
 ) -> ConfirmPlan | None:
-    """Size the round to at most max_share * n_trials runs. An interval needs 2 pairs, so
-    candidates are dropped (the weakest first) until the first stage (`rounds`, at least 2) fits;
-    the first `keep` candidates (both answers: `answers_among`) are dropped only where not even
-    2 rounds of them fit: the first stage gets fewer rounds instead. The rest of the cap is for
-    the second stage.
-
-    None when it is off (rounds=0 or top_k=0), there is nothing to confirm, or the cap does not
-    allow two rounds of the baseline and one candidate.
-    """
+    """Size the round to at most max_share * n_trials runs: candidates dropped (the weakest
+    first) until the first stage (`rounds`, at least 2: an interval needs 2 pairs) fits, the first
+    `keep` only where not even 2 rounds of them fit. None when it is off, there is nothing to
+    confirm, or the cap does not allow two rounds of the baseline and one candidate."""
     k = min(top_k, n_candidates)
     if rounds <= 0 or k <= 0:
         return None
@@ -102,7 +86,7 @@ def plan(
 
 
 # Objectives read from the timed window (and the epoch boundary) alone: for these the confirmation
-# runs skip the extras measured beside the window. Any other objective keeps every measurement.
+# runs skip the extras measured beside the window.
 WINDOW_OBJECTIVES = window_metrics()
 LEAN_MEASURE = (
     "measure.ceiling=false",
@@ -113,9 +97,8 @@ LEAN_MEASURE = (
 
 
 def lean_overrides(objective: str, config: Any) -> list[str]:
-    """The measure.* overrides that shorten a confirmation run without changing its objective:
-    more pairs in the same time. Both sides of every pair get them, so the ratio stays fair. Only
-    where the trial's resolved `config` has those keys (a task of its own may not)."""
+    """The measure.* overrides that shorten a confirmation run without changing its objective
+    (both sides of every pair get them), where the resolved `config` has those keys."""
     measure = config.get("measure") if isinstance(config, dict) else None
     keys = [o.split("=", 1)[0].split(".", 1)[1] for o in LEAN_MEASURE]
     if objective not in WINDOW_OBJECTIVES or not isinstance(measure, dict):
@@ -130,7 +113,7 @@ def with_overrides(overrides: Sequence[str], extra: Sequence[str]) -> list[str]:
 
 
 def labels(chosen: Sequence[Any]) -> list[str]:
-    """baseline, candidate1, candidate2, ... for the baseline and the chosen candidates."""
+    """baseline, candidate1, candidate2, ..."""
     return ["baseline" if i == 0 else f"candidate{i}" for i in range(len(chosen))]
 
 

@@ -1,6 +1,5 @@
-"""The confirmation's verdicts, from its re-measurements only: each candidate's paired speedup over
-the baseline and the top two candidates against each other, in the stored record's shape
-(gpuopt.study.records.Comparison reads them back).
+"""The confirmation's verdicts, in the stored record's shape (gpuopt.study.records.Comparison),
+from its re-measurements only.
 
 The sweep's own measurement of a candidate is left out: it was picked for being high (on a 2-core
 CPU that bias let the sweeper recommend a candidate ~5% slower than the baseline,
@@ -22,8 +21,7 @@ from gpuopt.sweeper.comparison import paired_speedup
 def paired(
     cand: ConfirmedConfig, ref: ConfirmedConfig, direction: str, **kwargs: Any
 ) -> dict[str, Any]:
-    """The comparison service's paired speedup of cand over ref, from the rounds both ran, as a
-    record entry."""
+    """The paired speedup of cand over ref, as a record entry."""
     s = paired_speedup(cand.by_round(), ref.by_round(), direction, **kwargs)
     if s is None:
         return {"error": "speedup needs at least one round with a positive measurement each"}
@@ -38,10 +36,9 @@ def compare(
     loads: Sequence[float] = (),
     steal_pct: float | None = None,
 ) -> dict[str, Any]:
-    """The record's `comparisons` (paired speedups over the baseline, configs[0]) and `top_two`
-    (whether the top two candidates can be told apart). `loads`: the 1-min load averages seen
-    before the runs and `steal_pct` the CPU time the hypervisor took over them, kept on each entry
-    for a "too noisy" verdict."""
+    """The record's `comparisons` (over the baseline, configs[0]) and `top_two` (the top two
+    candidates against each other); `loads` and `steal_pct` kept on each entry for a "too noisy"
+    verdict."""
     base = configs[0]
     seen: dict[str, Any] = {"target_halfwidth": target}
     if loads:

@@ -1,18 +1,9 @@
-"""When a sweep can race, and the race's arithmetic (torch-free, pure functions).
+"""When a sweep can race (`why_not`), and the race's arithmetic (torch-free, pure functions).
 
-A race needs every configuration of the space to share one process with the baseline: gpuopt's own
-task on its native engine, no torch.compile, no distributed trial, and only knobs that the shared
-process re-applies per configuration (the DataLoader's, batch and accumulation, compute threads,
-precision: the knob catalogue's, gpuopt.core.knobs.shareable). It also needs a fresh study (values
-measured in a warm shared process must never meet values of fresh processes), one worker on this
-machine (a SLURM or multi-worker sweep spreads its trials), a first objective a window measures,
-and a baseline to pair every window with.
-
-The screen (race/screen.py, a call of the comparison service): baseline windows between
-candidate windows, B c1 B c1 B ... c2 B, so each candidate's short window sits between two
-baseline windows and its ratio to their geometric mean cancels the machine's drift. The best `finalists`
-by that ratio go on as whole trials, if the screen reads them at `race.floor` of the baseline
-or faster (contenders); the others are pruned.
+A race needs every configuration of the space to share one process with the baseline, a fresh
+study (values measured in a warm shared process must never meet values of fresh processes), one
+worker on this machine, a first objective a window measures, and a baseline to pair every window
+with.
 """
 
 from __future__ import annotations
@@ -28,12 +19,10 @@ from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
 from gpuopt.sweeper.shared_process import shareable
 
 BASELINE = "baseline"
-# What the screen ranks on, per first objective: a window's own reading of it (or the one its
-# record names: a candidate's epoch boundary is not measured yet).
+# What the screen ranks on, per first objective (a candidate's epoch boundary is not measured yet).
 SCREEN_METRIC = {name: metric(name).screen or name for name in sorted(WINDOW_OBJECTIVES)}
-# A just-built candidate whose drain steps (prefetched batches right after its own warm-up: the
-# fastest it runs) read below this share of the race's floor x the baseline's last window is read
-# on them, its window not run: it cannot reach the floor (the 0.8 leaves room for the baseline's
+# A just-built candidate whose drain steps (its fastest) read below this share of the floor x the
+# baseline's last window is read on them: it cannot reach the floor (0.8: room for the baseline's
 # drift between its two neighbour windows).
 SCREEN_GIVE_UP = 0.8
 # Untimed steps after a screened candidate is built (the whole trials warm up as configured).
@@ -41,11 +30,9 @@ SCREEN_WARMUP = "measure.warmup_steps=1"
 
 
 def give_up_below(objective: str, floor: float, baseline_window: Mapping[str, Any]) -> float | None:
-    """The screen's `give_up_below` for a candidate (samples/s): SCREEN_GIVE_UP x the floor x
-    the baseline's last window's throughput, for an objective that rises with it (throughput,
-    throughput_amortized: the window's throughput bounds the amortized one); None for any other
-    (step_time_ms favours a smaller batch at a lower throughput), a window without it, or no
-    floor (race.floor=0)."""
+    """The screen's `give_up_below` (samples/s): SCREEN_GIVE_UP x the floor x the baseline's last
+    window's throughput, for an objective screened on throughput (step_time_ms favours a smaller
+    batch at a lower throughput: None), a window with it and a floor."""
     value = baseline_window.get("throughput")
     if SCREEN_METRIC.get(objective) != "throughput" or not isinstance(value, (int, float)):
         return None
@@ -81,8 +68,7 @@ def why_not(
     for failed, why in checks:
         if failed:
             return why
-    # Only what is searched: fixed params and overrides are the same for every trial, the
-    # baseline included (`model=cnn` on the command line races the cnn).
+    # only what is searched: fixed params and overrides are the baseline's too
     apart = [k for k in space.distributions if not knobs.shareable(k)]
     if apart:
         return f"{apart[0]} cannot change inside one process"
@@ -90,9 +76,8 @@ def why_not(
 
 
 def measured_apart(trials: Sequence[Any]) -> int:
-    """How many of a study's trials hold values measured outside a race (a fresh process each):
-    a study with any keeps fresh processes, so warm and fresh values never meet. A raced study
-    (every value from a race: ATTR_RACE on its whole trials) resumes racing in a new process."""
+    """How many of a study's trials hold values measured outside a race: a study with any keeps
+    fresh processes, so warm and fresh values never meet."""
     from optuna.trial import TrialState
 
     from gpuopt.study.keys import ATTR_RACE
@@ -103,8 +88,8 @@ def measured_apart(trials: Sequence[Any]) -> int:
 
 
 def task_config(config: Any) -> dict[str, Any]:
-    """The composed config without its `hydra` node, resolved (what `shareable` compares); {}
-    when it does not resolve here (then the sweep does not race)."""
+    """The composed config without its `hydra` node, resolved; {} when it does not resolve here
+    (then the sweep does not race)."""
     from omegaconf import OmegaConf
 
     try:
@@ -120,10 +105,9 @@ def task_config(config: Any) -> dict[str, Any]:
 
 
 def is_gpuopt_main(task_function: Any) -> bool:
-    """Whether the sweep's task is `gpuopt.run`'s own main (the race measures with gpuopt's
-    engines, so an app with its own task function on gpuopt's configs must not race). By its
-    source file: under `python -m gpuopt.run` the module is `__main__`. gpuopt.run is located,
-    not imported (it imports torch)."""
+    """Whether the sweep's task is `gpuopt.run`'s own main (an app with its own task function on
+    gpuopt's configs must not race). By its source file: under `python -m gpuopt.run` the module
+    is `__main__`; located, not imported (it imports torch)."""
     import importlib.util
 
     code = getattr(task_function, "__code__", None)
@@ -137,13 +121,10 @@ def is_gpuopt_main(task_function: Any) -> bool:
 
 # The baseline's own configuration, built for the screen as a candidate is: each round's first
 # screened entry. Why: where a configuration's tensors land in memory sets its speed on a CPU
-# (4 KiB aliasing between a parameter, its gradient and its optimizer states: the same
-# configuration read up to 25% apart from one build to the next on a 2-core Xeon, fixed for the
-# build's life), and the baseline member is one build made before any candidate, so every
-# candidate of a race read 0.80x, 1.00x or 1.23x the baseline by run in A/A screens
-# (scripts/bench_aa.py, docs/benchmarks.md). The control is a candidate in all but its config:
-# its ratio is what a build made now pays or gains against the baseline's, and every candidate's
-# ratio is read over it (gpuopt.sweeper.comparison.calibrated).
+# (4 KiB aliasing: the same configuration read up to 25% apart from one build to the next on a
+# 2-core Xeon), so every candidate of a race read 0.80x, 1.00x or 1.23x the baseline by run in
+# A/A screens (scripts/bench_aa.py). Every candidate's ratio is read over the control's
+# (gpuopt.sweeper.comparison.calibrated).
 CONTROL = "control"
 
 
@@ -153,15 +134,10 @@ def finalists(
     floor: float = 0.0,
     same_training: Collection[str] = (),
 ) -> list[str]:
-    """The `count` candidates with the highest ratio, of those at `floor` or above (those without
-    one never go on), and, when none of them keeps the baseline's training, the best of the
-    `same_training` candidates at the floor or above as one more (answer (a) is then measured
-    and confirmed, not pruned for being slower than a larger batch: docs/same-training.md).
-
-    Why a floor: a candidate the screen reads well below the baseline can be neither answer
-    (both are speedups over the baseline), so its whole trial (a window, the ceiling, the
-    profile, the numerics guard: most of a raced sweep's time) buys nothing; a round with no
-    contender ends with every candidate pruned."""
+    """The `count` candidates with the highest ratio at `floor` or above, and, when none of them
+    keeps the baseline's training, the best `same_training` one at the floor as one more (answer
+    (a) is then confirmed, not pruned behind a larger batch). A candidate below the floor can be
+    neither answer, so its whole trial (most of a raced sweep's time) would buy nothing."""
     ranked = sorted((r, label) for label, r in ratios.items() if r is not None and r >= floor)
     order = [label for _, label in reversed(ranked)]
     chosen = order[:count]
@@ -179,7 +155,7 @@ def rank_of(label: str, ratios: Mapping[str, float | None]) -> int | None:
 
 def no_contender_note(trials: Sequence[Any]) -> str | None:
     """The summary's line when a race measured no candidate as a whole trial because none read
-    its floor (so the answer is the baseline, and there is nothing to confirm); else None."""
+    its floor; else None."""
     from optuna.trial import TrialState
 
     from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE

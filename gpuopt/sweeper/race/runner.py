@@ -1,35 +1,15 @@
 """The race: a sweep's trials measured in one warm process instead of one fresh process each.
 
 Why: a trial in a fresh process pays its imports and build (~5 s on the 2-core CPU) for a 1-2 s
-window, and fresh processes differ by 4-14% from one another, so the sweep's single reading per
-configuration is noisy too. Where every configuration can share a process (policy.why_not), one
-process (`gpuopt.processes.shared_windows`, SharedProcess) measures them all:
+window, and fresh processes differ by 4-14% from one another. Where every configuration can share
+a process (policy.why_not), one process (SharedProcess) measures them all: the baseline as a whole
+trial; then rounds of `race.screen` trials asked at once and screened (race/screen.py), the best
+`race.finalists` at `race.floor` or faster (plus the best same-training one) read over the baseline
+again and measured as whole trials, the others told PRUNED. A round's trials are all told before
+the next round is asked, so a sweep longer than one screen is still guided by its sampler; the
+default screen (9) is no more than `gpuopt_tpe`'s n_startup_trials (10), sampled blind anyway.
 
-1. the baseline as a whole trial (window, compute ceiling, loader cost, FLOPs, numerics guard,
-   profile): the study's trial 0, whose facts enqueue the expert seeds;
-2. the screen: the next `race.screen` configurations asked from Optuna at once, each built in
-   turn and read in `race.slices` short windows (`race.window_s`), each between two baseline
-   windows (B c1 B c1 ... B c2 ...; each built only while its turn lasts: race/screen.py),
-   ranked by the paired ratio;
-3. the screen's best `race.finalists`, of those it read at `race.floor` of the baseline or
-   faster, and, when none of them keeps the baseline's training (its global batch and lr:
-   sweeper/global_batch.py), the best candidate that does as one more (answer (a) is measured
-   and confirmed rather than pruned behind a larger batch): each read over the baseline again in
-   more windows, pruned if that reads it below the floor, else measured as a whole trial in the
-   same process (told COMPLETE with every metric, its window metrics in the baseline's frame:
-   race/screen.py); the others told PRUNED, the screen's reading kept in their `race` user attr
-   (and, for one objective, as Optuna's intermediate value). A round without a contender ends
-   with no whole trial: the answer is then the baseline's, without a confirmation.
-
-Steps 2-3 repeat until n_trials: a round's trials are all told before the next round is asked, so
-a sweep longer than one screen is still guided by its sampler (a screen of everything at once
-would ask 49 trials of a 50-trial sweep blind). The default screen (9) is the whole default sweep
-after its baseline, and no more than `gpuopt_tpe`'s `n_startup_trials` (10), which a sequential
-sweep samples blind anyway.
-
-Every value told comes from this one process, so values never mix fresh and warm processes (a
-long-lived process reads faster); the published speedup is still the confirmation's paired
-one (sweeper/confirm/), never a race value.
+Values never mix fresh and warm processes; the published speedup is still the confirmation's.
 """
 
 from __future__ import annotations
@@ -74,9 +54,8 @@ log = logging.getLogger("gpuopt.sweeper")
 
 @dataclass
 class Screened:
-    """One candidate of the screen: its trial and overrides, its turn in the screen (window,
-    build), its ratio as the race decides on it (over the baseline's neighbouring windows, then
-    over the round's control build) and those two baseline windows' readings."""
+    """One candidate of the screen: its turn, its ratio as the race decides on it (over the
+    round's control build) and its two neighbouring baseline windows' readings."""
 
     trial: Trial
     overrides: list[str]
@@ -102,7 +81,7 @@ class Screened:
 
 @dataclass
 class RaceRunner(TrialRunner):
-    """A TrialRunner whose trials run in one shared process (the module's protocol)."""
+    """A TrialRunner whose trials run in one shared process."""
 
     compose: Callable[[list[str]], Any] | None = None  # a job's config as the launcher composes it
     # This round's candidates that keep the baseline's training by their params (_decide)
@@ -110,13 +89,10 @@ class RaceRunner(TrialRunner):
     objective: str = "throughput"
     directory: Path = Path("race")
     process: SharedProcess | None = None  # the race's process, once started
-    # The baseline's whole-trial metrics (its user attrs): a finalist's window metrics are told
-    # in its frame (race/screen.py).
+    # the baseline's whole-trial metrics: a finalist's window metrics are told in its frame
     baseline_metrics: dict[str, Any] = field(default_factory=dict)
     baseline_overrides: list[str] = field(default_factory=list)  # the baseline trial's
-    # This round's control (policy.CONTROL): the baseline's configuration built as a candidate,
-    # its ratio to the baseline's windows; every candidate's is read over it.
-    control: float | None = None
+    control: float | None = None  # this round's control build's ratio (policy.CONTROL)
 
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """The race; its process stays open (`process`) until the caller closes it."""
@@ -161,8 +137,7 @@ class RaceRunner(TrialRunner):
         progress: Progress,
         race: SharedProcess,
     ) -> None:
-        """One screen of `trials` (asked at once), its finalists' whole trials, every trial told:
-        the sampler sees this round's results before it asks the next round's."""
+        """One screen of `trials` (asked at once), its finalists' whole trials, every trial told."""
         beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
         for beat in beats:
             beat.start()
@@ -183,8 +158,8 @@ class RaceRunner(TrialRunner):
     def _baseline(
         self, study: optuna.Study, space: SearchSpace, progress: Progress, race: SharedProcess
     ) -> bool:
-        """Trial 0 as a whole trial (unless a raced study resumes with it done); then the
-        baseline built for the screen. Whether both worked."""
+        """Trial 0 as a whole trial (unless a raced study resumes with it done), then the baseline
+        built for the screen; whether both worked."""
         done = _done_baseline(study)
         if done is not None:  # its stored overrides (a secret in them masked: none in a task's)
             overrides = list(done.user_attrs.get(ATTR_OVERRIDES) or [])
@@ -207,9 +182,7 @@ class RaceRunner(TrialRunner):
     def _screen(
         self, trials: list[Trial], space: SearchSpace, race: SharedProcess
     ) -> list[Screened]:
-        """B ctl B ctl ... B c1 B c1 ... B (race/screen.py), each arm built only for its turn;
-        one that takes longer than SCREEN_TIMEOUT_S costs the process, which starts again with
-        the baseline."""
+        """B ctl B ctl ... B c1 B c1 ... B (race/screen.py), each arm built only for its turn."""
         entries = [Screened(t, self._configure(t, space), f"#{t.number}") for t in trials]
         control = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
         configs = {policy.CONTROL: self._config_file(control, policy.CONTROL)}
@@ -251,8 +224,8 @@ class RaceRunner(TrialRunner):
         space: SearchSpace,
         progress: Progress,
     ) -> dict[str, dict[str, Any]]:
-        """The finalists by label, each with what the screen read of it (its `race` user attr);
-        the others recorded (failed as their failure, else pruned)."""
+        """The finalists by label, each with its `race` user attr; the others recorded (failed as
+        their failure, else pruned)."""
         ratios = {entry.label: entry.ratio for entry in screened}
         self.same_training = _keeping_training(study, screened)
         race = self.options.race
@@ -274,7 +247,7 @@ class RaceRunner(TrialRunner):
         return {label: self._screen_record(by_label[label], ratios) for label in chosen}
 
     def _screen_record(self, entry: Screened, ratios: dict[str, float | None]) -> dict[str, Any]:
-        """What the screen read of a candidate: its ratio to the baseline, rank, window."""
+        """What the screen read of a candidate (its `race` user attr)."""
         return {
             "ratio": ratios.get(entry.label),
             "rank": policy.rank_of(entry.label, ratios),
@@ -298,7 +271,7 @@ class RaceRunner(TrialRunner):
         progress: Progress,
         reason: str | None = None,
     ) -> None:
-        """Told PRUNED, with what the race read of it (`read`: its `race` user attr)."""
+        """Told PRUNED, with `read` as its `race` user attr."""
         ratio, rank, of = read["ratio"], read["rank"], read["of"]
         reason = reason or prune_reason(entry, ratio, rank, of, self.options.race)
         attrs = {
@@ -324,8 +297,8 @@ class RaceRunner(TrialRunner):
         space: SearchSpace,
         progress: Progress,
     ) -> None:
-        """`entry` read over the baseline in more windows (race/screen.py); pruned there if that
-        reads it below the floor, else measured as a whole trial told in the baseline's frame."""
+        """`entry` read over the baseline in more windows; pruned if that reads it below the floor,
+        else measured as a whole trial told in the baseline's frame."""
         assert self.process is not None and entry.config_file is not None
         paired, self.process = screen.read_over_baseline(
             self.process, entry.label, entry.config_file, self.objective, self.options.race,
@@ -357,11 +330,9 @@ class RaceRunner(TrialRunner):
         raced: dict[str, Any] | None = None,
         paired: screen.Paired | None = None,
     ) -> None:
-        """`trial` measured as a whole trial of the race process (profiled, when profiling is on:
-        the baseline and the finalists, so the best needs no extra profiled run), recorded; a
-        finalist's `race` user attr keeps what the screen and its read over the baseline read of
-        it (`raced`) beside the whole trial's seconds and own window reading, its window metrics
-        told in the baseline's frame (`paired`: race/screen.py)."""
+        """`trial` measured as a whole trial of the race process (profiled when profiling is on, so
+        the best needs no extra profiled run), recorded; a finalist's (`raced`, `paired`) told in
+        the baseline's frame, its `race` user attr with the whole trial's seconds and readings."""
         launched = (
             [*overrides, profile_runs.PROFILE_ON]
             if profile_runs.enabled(self.options)
@@ -391,8 +362,7 @@ class RaceRunner(TrialRunner):
 
 def _keeping_training(study: optuna.Study, screened: list[Screened]) -> set[str]:
     """The labels of the screened candidates that keep the baseline's training by their params
-    (its global batch by the study's rule, its learning rate: global_batch.keeps_training); the
-    guard checks their numerics in their whole trial."""
+    (global_batch.keeps_training)."""
     rule = global_batch.read(study.user_attrs)
     baseline = pick_baseline(study.get_trials(deepcopy=False))
     if rule is None or baseline is None:
@@ -414,8 +384,7 @@ def _done_baseline(study: optuna.Study) -> Any:
 
 
 def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
-    """The progress line of one screened candidate (the screen can take a while): its ratio as
-    the race decides on it (over its baseline windows, then over the round's control)."""
+    """The progress line of one screened candidate, with the ratio the race decides on."""
     head = f"race: screened {done}/{total} #{entry.trial.number}"
     failure = entry.failure
     if failure is not None:
@@ -444,10 +413,11 @@ def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int
     if ratio is None:
         why = entry.window.reason if isinstance(entry.window, Failure) else "no window"
         return f"raced out: too slow to screen ({why})"
+    n = len(entry.turn.slices) if entry.turn and entry.turn.slices else 1
     where = (
         "on its drain steps, its fastest"
         if isinstance(entry.window, Reading) and entry.window.read_on_drain
-        else f"in {_windows(entry)} of {race.window_s:g} s"
+        else f"in {n} window{'s' if n > 1 else ''} of {race.window_s:g} s"
     )
     head = f"raced out: {ratio:.2f}x the baseline {where} (rank {rank} of {of}"
     if ratio < race.floor:
@@ -455,14 +425,7 @@ def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int
     return f"{head}; the best {race.finalists} went on)"
 
 
-def _windows(entry: Screened) -> str:
-    """How many screening windows read the candidate ("5 windows")."""
-    n = len(entry.turn.slices) if entry.turn and entry.turn.slices else 1
-    return f"{n} window{'s' if n > 1 else ''}"
-
-
 def _value(answer: Reading | Failure | None, metric: str) -> float | None:
-    """What a window read of `metric`; None for a failed one."""
     return answer.value(metric) if isinstance(answer, Reading) else None
 
 

@@ -1,24 +1,17 @@
-"""The race's comparisons, each one call of the comparison service (gpuopt.sweeper.comparison):
-the screen, and a finalist's read over the baseline.
+"""The race's two calls of the comparison service (gpuopt.sweeper.comparison): the screen, and a
+finalist's read over the baseline.
 
 B ctl B ctl ... B c1 B c1 ... B in one race process: the baseline member's windows are the
 control; each arm (the round's control build, policy.CONTROL, then the candidates) is built for its
-turn, read in `race.slices` short windows of `race.window_s`, each between two of the baseline's
-(the service's bracketed order with a turn), and dropped (`ScreenWindows`, the executor); each
-arm's ratio is the paired ratio of its windows over their neighbouring baseline windows, then over
-the control build's (comparison.calibrated). Why slices: the machine's speed moves within a second,
-so only windows close in time share it (comparison.py). An arm that costs the process (too slow to
-build or to step) is read as "slow" and the next baseline window runs in a new process, the
-baseline built first.
+turn, read in `race.slices` short windows, each between two of the baseline's, and dropped
+(`ScreenWindows`); its ratio is read over the control build's (comparison.calibrated). An arm that
+costs the process (too slow to build or to step) is read as "slow" and the process restarted.
 
 A finalist is read over the baseline again, in 4x the screen's windows, before its whole trial
-(`read_over_baseline`); one that reads below `race.floor` there is pruned without a whole trial,
-and the others' whole trials are told in the baseline's frame (`over_baseline`): their window
-metrics are the baseline's whole-trial value x that paired ratio. Why: a whole trial is one long
-window at a time of its own, and a shared machine's speed moves from one second to the next: the
-baseline's configuration measured again as a whole trial in the race process read 0.76-1.20x its
-first (A/A, docs/benchmarks.md), so a real 1.3x finalist could read 0.87x and be taken for no
-answer.
+(`read_over_baseline`), and its whole trial told in the baseline's frame (`over_baseline`). Why: a
+whole trial is one long window at a time of its own: the baseline's configuration measured again
+as a whole trial in the race process read 0.76-1.20x its first (A/A, docs/benchmarks.md), so a
+real 1.3x finalist could read 0.87x and be taken for no answer.
 """
 
 from __future__ import annotations
@@ -43,8 +36,8 @@ log = logging.getLogger("gpuopt.sweeper")
 
 @dataclass
 class Turn:
-    """One arm's turn in the screen: its windows as one (`window`: the first failure, else their
-    steps and seconds joined), the stored spec its build reported, how long the build took."""
+    """One arm's turn in the screen: its windows as one (`window`: the first failure, else them
+    joined), the stored spec its build reported, how long the build took."""
 
     window: Reading | Failure | None  # None: built, no window read yet
     config: dict[str, Any] | None = None
@@ -61,16 +54,16 @@ class Turn:
         return sum(w.seconds for w in self.slices if isinstance(w, Reading))
 
     def failure(self) -> TrialResult | None:
-        """The arm's own failure (an OOM in its build or window) as a trial's result; None for
-        a window, or for a turn that cost the process ("slow": no result of the arm's own)."""
+        """The arm's own failure (an OOM in its build or window) as a trial's result; None for a
+        window or a turn that cost the process ("slow")."""
         if isinstance(self.window, Failure) and self.window.status != "slow":
             return self.window.result(self.config)
         return None
 
 
 def joined(windows: Sequence[Reading]) -> Reading:
-    """Windows of one configuration as one reading: their steps and seconds summed, each rate
-    weighted by its window's seconds, the drain of the first (a just-built arm's)."""
+    """Windows of one configuration as one reading: each rate weighted by its window's seconds,
+    the drain of the first (a just-built arm's)."""
     seconds = sum(w.seconds for w in windows)
     steps = sum(w.steps for w in windows)
 
@@ -93,10 +86,9 @@ def joined(windows: Sequence[Reading]) -> Reading:
 
 @dataclass
 class ScreenWindows:
-    """The screen's executor: the baseline's windows measured in place; each arm built for its
-    turn (one warm-up step), read in windows of `window_s` until its turn's `slices` windows (or
-    as many windows' seconds: long steps) are read, then dropped. `configs`: each arm's composed
-    job config; `restart()`: a new race process with the baseline built, after one an arm cost."""
+    """The screen's executor: each arm built for its turn, read in `slices` windows (or as many
+    windows' seconds: long steps), then dropped; `restart()`: a new race process with the
+    baseline built, after one an arm cost."""
 
     race: SharedProcess
     configs: Mapping[str, Path]
@@ -141,13 +133,12 @@ class ScreenWindows:
         return Turn(self._slow(built), None, built.command_s)
 
     def _window(self, label: str, first: bool, so_far: Compared) -> Reading | Failure:
-        """One window of `label`. A just-built candidate whose drain already reads it far below
-        the floor against the baseline's last window is read on its drain, its turn over
-        (policy.give_up_below); the floor is scaled by the control build's ratio, as the race
-        reads every candidate over it."""
+        """One window of `label`; a just-built candidate whose drain reads it far below the floor
+        (policy.give_up_below, scaled by the control build's ratio) is read on its drain."""
         give_up = None
         if first and self.give_up and label != policy.CONTROL:
-            scale = control_ratio(so_far, self.metric) or 1.0
+            raw = raw_ratios(so_far, self.metric)
+            scale = comparison.calibrated(raw, policy.CONTROL)[1] or 1.0
             last = so_far.of(policy.BASELINE)[-1].measurement.detail
             if isinstance(last, Reading):
                 give_up = policy.give_up_below(self.objective, self.floor * scale, last.to_json())
@@ -161,8 +152,7 @@ class ScreenWindows:
         return answer
 
     def _measurement(self, window: Reading | Failure, last: bool = False) -> Measurement:
-        """The window as the service's measurement (its detail: the window, whose every metric
-        `window_ratio` reads; the arm's turn is in `turns`)."""
+        """The window as the service's measurement (its detail: the window)."""
         if isinstance(window, Reading) and window.value(self.metric) is not None:
             return Measurement("ok", window.value(self.metric), window, last)
         status = window.status if isinstance(window, Failure) else "error"
@@ -170,18 +160,13 @@ class ScreenWindows:
 
 
 def raw_ratios(compared: Compared, metric_name: str) -> dict[str, float | None]:
-    """Each arm's window over its neighbouring baseline windows (> 1: faster, whichever way the
-    catalogue says the metric is better)."""
-    out = {}
-    for arm in compared.arms:
-        ratio = window_ratio(compared, arm, metric_name)
-        out[arm] = None if ratio is None else ratio.ratio
-    return out
+    """Each arm's window over its neighbouring baseline windows (> 1: faster)."""
+    ratios = {arm: window_ratio(compared, arm, metric_name) for arm in compared.arms}
+    return {arm: None if r is None else r.ratio for arm, r in ratios.items()}
 
 
 def window_ratio(compared: Compared, label: str, metric_name: str) -> Speedup | None:
-    """The arm's paired speedup over the baseline on one window metric (the windows' own
-    readings of it: throughput, step time, ...); None without a pair."""
+    """The arm's paired speedup over the baseline on one window metric; None without a pair."""
 
     def value(reading: comparison.Reading) -> float | None:
         window = reading.measurement.detail
@@ -189,11 +174,6 @@ def window_ratio(compared: Compared, label: str, metric_name: str) -> Speedup | 
 
     direction = metrics.metric(metric_name).goal or metrics.MAX
     return compared.ratio(label, direction, value=value)
-
-
-def control_ratio(compared: Compared, metric: str) -> float | None:
-    """The control build's ratio over the baseline's windows, once its turn is read."""
-    return comparison.calibrated(raw_ratios(compared, metric), policy.CONTROL)[1]
 
 
 def screen(
@@ -206,11 +186,9 @@ def screen(
     slices: int | None = None,
     give_up: bool = True,
 ) -> tuple[Compared, ScreenWindows]:
-    """The round's screen of `configs` (the control build first, then the candidates), as one
-    comparison: the readings, and the executor (its `race`: the process the screen ended in,
-    its `turns`). `report(label, turn, ratio)` once an arm's ratio is read (its progress line);
-    `slices`: each arm's windows (race.slices by default); `give_up` false: no arm is read on
-    its drain (a finalist's read over the baseline: it already read at the floor)."""
+    """The round's screen of `configs` (the control build first): the readings, and the executor
+    (its `race`: the process the screen ended in, its `turns`). `report(label, turn, ratio)` once
+    an arm's ratio is read; `give_up` false: no arm is read on its drain."""
     slices = slices or options.slices
     windows = ScreenWindows(
         race, configs, objective, options.window_s, options.floor, restart, slices, give_up
@@ -218,11 +196,10 @@ def screen(
     metric = windows.metric
 
     def progress(reading: comparison.Reading, so_far: Compared) -> None:
-        """After the baseline window that closes an arm's turn: its progress line."""
         before = so_far.readings[-2] if len(so_far.readings) > 1 else None
         if reading.label != policy.BASELINE or before is None or before.label == policy.BASELINE:
             return
-        if not before.measurement.ends_turn:
+        if not before.measurement.ends_turn:  # after the baseline window closing an arm's turn
             return
         ratios, control = comparison.calibrated(raw_ratios(so_far, metric), policy.CONTROL)
         if before.label == policy.CONTROL and control is not None:
@@ -248,17 +225,14 @@ def screen(
     return compared, windows
 
 
-# A finalist's windows in its read over the baseline, per screening window of race.slices (of
-# race.window_s each; a candidate of long steps gets fewer, to as many windows' seconds): 20
-# windows, 2 s, by default, against the screen's 5.
+# A finalist's windows in its read over the baseline per screening window (20 by default).
 FINAL_SLICES_PER_SCREEN_SLICE = 4
 
 
 @dataclass
 class Paired:
-    """A finalist's read over the baseline: its paired speedup on each window metric (> 1:
-    better), over the round's control build's (`control`, the screen's calibration) where one
-    was read; its turn (windows, build)."""
+    """A finalist's read over the baseline: its paired speedup on each window metric, over the
+    round's control build's (`control`) where one was read; its turn."""
 
     speedups: Mapping[str, Speedup | None]
     turn: Turn | None
@@ -269,7 +243,7 @@ class Paired:
         return None if read is None else read["ratio"]
 
     def read(self, metric_name: str) -> dict[str, Any] | None:
-        """One metric's ratio over the control, its 95% interval and pairs; None without one."""
+        """One metric's ratio over the control, its 95% interval and pairs."""
         speedup, scale = self.speedups.get(metric_name), self.control or 1.0
         if speedup is None:
             return None
@@ -296,9 +270,8 @@ def read_over_baseline(
     restart: Callable[[], SharedProcess],
     control: float | None,
 ) -> tuple[Paired, SharedProcess]:
-    """`config` built as `label`, read in FINAL_SLICES_PER_SCREEN_SLICE x race.slices
-    windows each between two of the baseline's, dropped; the read, and the race process it
-    ended in."""
+    """`config` read in FINAL_SLICES_PER_SCREEN_SLICE x race.slices windows between the
+    baseline's; the read, and the race process it ended in."""
     slices = FINAL_SLICES_PER_SCREEN_SLICE * options.slices
     compared, windows = screen(
         race, {label: config}, objective, options, restart, lambda *_: None, slices, give_up=False
