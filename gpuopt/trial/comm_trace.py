@@ -1,37 +1,24 @@
-"""The communication share of a distributed trial's profiled step, read from one rank's Chrome
-trace (gpuopt.trial.profiled_window records it; gpuopt.trial.trace reads the phases): how much of the step
-a collective was in flight, and how much of that the training thread spent blocked on it
-(exposed) rather than computing beside it (overlapped).
+"""The communication share of a distributed trial's profiled step, from one rank's Chrome trace:
+how much of the step a collective was in flight, and how much of that the training thread was
+blocked on it (exposed) rather than computing beside it (overlapped).
 
-What torch names the collectives (measured on torch 2.13: a 2-rank gloo DDP and FSDP2 on CPU,
-the NCCL names from torch's profiler documentation and issues, not measured here):
+What torch names the collectives (measured on torch 2.13: a 2-rank gloo DDP and FSDP2 on CPU; the
+NCCL names from torch's profiler documentation and issues, not measured here):
 
-- gloo runs each collective on its own worker threads (ProcessGroupGloo, two by default): a
-  `user_annotation` span `gloo:all_reduce`, `gloo:all_gather`, `gloo:broadcast`, ... from the
-  moment a worker picks the work up until it completes, waiting for the peers included. The
-  training thread only enqueues it, in a `cpu_op` `c10d::allreduce_`, `c10d::_allgather_base_`,
-  `c10d::_reduce_scatter_base_` (FSDP2's reduce-scatter is a `gloo:all_reduce` under gloo).
-- The training thread's waits have no event of their own: DDP waits for its buckets in the
-  reducer's finalize at the end of backward, FSDP2 for its all-gathers in
-  `FSDP::all_gather_copy_out` and for its reduce-scatters in `FSDP::post_backward_reduce`
-  (user annotations), with no operator running while it waits.
+- gloo runs each collective on its own worker threads: a `user_annotation` span `gloo:all_reduce`,
+  `gloo:all_gather`, ... from pick-up to completion, waiting for the peers included. The training
+  thread only enqueues it, in a `cpu_op` `c10d::allreduce_`, `c10d::_allgather_base_`, ...
+  (FSDP2's reduce-scatter is a `gloo:all_reduce` under gloo).
+- The training thread's waits have no event of their own (DDP's reducer finalize, FSDP2's
+  `FSDP::all_gather_copy_out` / `FSDP::post_backward_reduce`): no operator runs while it waits.
 - NCCL runs on the GPU: kernels `ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)` (older NCCL:
-  `ncclKernel_...`) on its own stream, the host side a `record_param_comms` / `nccl:all_reduce`.
+  `ncclKernel_...`) on its own stream.
 
-So, over the profiled steps (the `gpuopt:step` spans), on the host (gloo, CPU traces):
-
-- in flight  = the union of the collective spans on the other threads, and of the training
-  thread's own `c10d::*` operators (host time spent on communication);
-- busy       = the training thread's time inside a (non-collective) operator: at each instant the
-  innermost event on its stack is a `cpu_op`, not a user annotation and not nothing;
-- exposed    = in flight and not busy: the thread is waiting (or, for microseconds between
-  operators, running Python: an upper bound); overlapped = in flight while busy.
-
-On the GPU (CUDA traces, NCCL): in flight = the union of the NCCL kernels, busy = any other kernel
-or memcpy running, over the window `gpu_time_split` uses (HolisticTraceAnalysis' comm/compute
-overlap). The host is not blocked there: the compute stream waits for the NCCL stream.
-
-Pure data: torch-free, reads the trace's event list.
+Host basis (gloo): in flight = the collective spans on other threads and the training thread's
+own `c10d::*` operators; busy = the training thread's innermost event is a (non-collective)
+`cpu_op`; exposed = in flight and not busy (an upper bound: Python between operators counts).
+GPU basis (NCCL): in flight = the NCCL kernels, busy = any other kernel or memcpy, over
+`gpu_time_split`'s window (HolisticTraceAnalysis' comm/compute overlap).
 """
 
 from __future__ import annotations
@@ -40,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.trial.trace import KERNEL_CATEGORIES, MEMORY_CATEGORIES, STEP_SPAN
+from gpuopt.trial.trace import KERNEL_CATEGORIES, MEMORY_CATEGORIES, STEP_SPAN, length
 
 GLOO_PREFIX = "gloo:"  # ProcessGroupGloo's spans on its worker threads
 NCCL_PREFIXES = ("nccl",)  # ncclDevKernel_* / ncclKernel_* GPU kernels (lower-cased)
@@ -72,7 +59,6 @@ class CommTime:
     by_collective_s: dict[str, float] = field(default_factory=dict)  # in flight, by collective
 
 
-# -- interval arithmetic on sorted, disjoint unions -------------------------------------------------
 def union(intervals: list[Interval]) -> list[Interval]:
     merged: list[Interval] = []
     for start, end in sorted(intervals):
@@ -117,11 +103,6 @@ def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
     return out
 
 
-def length(intervals: list[Interval]) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-# -- what the events are ----------------------------------------------------------------------------
 def _complete(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
 
@@ -157,7 +138,7 @@ def _training_thread(events: list[dict[str, Any]]) -> tuple[Any, Any] | None:
 
 def _innermost_segments(thread: list[dict[str, Any]]) -> tuple[list[Interval], list[Interval]]:
     """(busy, host comm) of one thread: where its innermost event is an operator, and where it is
-    inside a collective's operator (`c10d::*`, at any depth)."""
+    inside a collective's operator at any depth."""
     busy: list[Interval] = []
     comm: list[Interval] = []
     stack: list[tuple[float, str]] = []  # (end, "op" | "comm" | "annotation")
@@ -193,10 +174,9 @@ def _innermost_segments(thread: list[dict[str, Any]]) -> tuple[list[Interval], l
     return union(busy), union(comm)
 
 
-# -- the split --------------------------------------------------------------------------------------
 def comm_time(events: list[dict[str, Any]]) -> CommTime | None:
     """The communication split of a profiled window's trace (gpu basis when it has NCCL kernels,
-    else host); None without step spans or without any collective (a single-process trace)."""
+    else host); None without step spans or without any collective."""
     events = _complete(events)
     steps = [_interval(e) for e in events if e.get("name") == STEP_SPAN]
     if not steps:
@@ -216,17 +196,9 @@ def _host_split(events: list[dict[str, Any]], steps: list[Interval]) -> CommTime
     ]
     if not others and not any(_is_host_comm(str(e.get("name", ""))) for e in own):
         return None
-    window = union(steps)
     busy, host_comm = _innermost_segments(own)
-    spans = {e["name"]: [] for e in others}
-    for e in others:
-        spans[e["name"]].append(_interval(e))
-    in_flight = intersect(union([_interval(e) for e in others] + host_comm), window)
-    by_collective = {
-        collective_name(name): length(intersect(union(found), window))
-        for name, found in spans.items()
-    }
-    return _split("host", in_flight, busy, window, len(steps), by_collective)
+    in_flight = [_interval(e) for e in others] + host_comm
+    return _split("host", others, in_flight, busy, union(steps), len(steps))
 
 
 def _gpu_split(events: list[dict[str, Any]], steps: list[Interval]) -> CommTime:
@@ -238,27 +210,28 @@ def _gpu_split(events: list[dict[str, Any]], steps: list[Interval]) -> CommTime:
     ]
     ends = [end for _, end in (*map(_interval, nccl), *compute, *steps)]
     window = [(min(start for start, _ in steps), max(ends))]
-    names: dict[str, list[Interval]] = {}
-    for e in nccl:
-        names.setdefault(collective_name(str(e["name"])), []).append(_interval(e))
-    in_flight = intersect(union([_interval(e) for e in nccl]), window)
-    by_collective = {name: length(intersect(union(found), window)) for name, found in names.items()}
-    return _split("gpu", in_flight, union(compute), window, len(steps), by_collective)
+    in_flight = [_interval(e) for e in nccl]
+    return _split("gpu", nccl, in_flight, union(compute), window, len(steps))
 
 
 def _split(
     basis: str,
+    collectives: list[dict[str, Any]],
     in_flight: list[Interval],
     busy: list[Interval],
     window: list[Interval],
     steps: int,
-    by_collective: dict[str, float],
 ) -> CommTime:
-    """Microsecond unions -> seconds per step and % of the window."""
+    """Microsecond intervals -> seconds per step and % of the window."""
+    in_flight = intersect(union(in_flight), window)
     comm_us = length(in_flight)
     exposed_us = length(subtract(in_flight, busy))
     overlapped_us = comm_us - exposed_us
     window_us = length(window)
+    found: dict[str, list[Interval]] = {}
+    for e in collectives:
+        found.setdefault(collective_name(str(e["name"])), []).append(_interval(e))
+    by_collective = {name: length(intersect(union(iv), window)) for name, iv in found.items()}
 
     def pct(us: float) -> float:
         return 100.0 * us / window_us if window_us > 0 else 0.0

@@ -1,12 +1,6 @@
-"""The per-trial context: one `Trial` object that an engine fills as it measures.
-
-Every step of a trial (the engine's building and windows, the failure handling and clean-up that
-every engine shares, the numerics guard) reads and writes this one object, so a failure can release
-what was built and the partial metrics and notes survive into the result. torch-free at import
-(`torch` is only named in annotations).
-
-The trial's phase clock lives here too (`Trial.phase`): perf_counter around each part of a whole
-trial, summed per phase name into `Trial.phases` (the result's `phases`, docs/measuring.md).
+"""The per-trial context: one `Trial` object an engine fills as it measures, so a failure can
+release what was built and the partial metrics and notes survive into the result. torch-free at
+import. `Trial.phase` is the trial's phase clock (the result's `phases`, docs/measuring.md).
 """
 
 from __future__ import annotations
@@ -36,22 +30,17 @@ class Trial:
     # What the engine built and must let go of at the trial's end (closed first where it has a
     # close()), so the device cache can be given back even after a failure.
     resources: list[Any] = field(default_factory=list)
-    profile: dict[str, Any] | None = (
-        None  # the profiled window's summary (gpuopt.trial.profiled_window)
-    )
-    # Steps the engine asks for once the trial measured ok and what it built was released (the
-    # numerics guard, gpuopt.engines._guard): run by gpuopt.engines._lifecycle.run_measured, in
-    # order, before the result is built. Each takes the trial and never raises.
+    profile: dict[str, Any] | None = None  # the profiled window's summary
+    # Steps run once the trial measured ok and released what it built (the numerics guard), in
+    # order, by gpuopt.engines._lifecycle.run_measured. Each takes the trial and never raises.
     after_release: list[Callable[[Trial], None]] = field(default_factory=list)
-    numerics: dict[str, Any] | None = None  # the numerics guard's evidence (gpuopt.trial.numerics)
-    # Seconds per phase of this trial (`phase`), in the order they first ran: the result's `phases`.
-    phases: dict[str, float] = field(default_factory=dict)
+    numerics: dict[str, Any] | None = None  # the numerics guard's evidence
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, in first-run order
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time the block as phase `name` (added to what that name already holds, so a phase that
-        runs twice sums; also when the block raises). Phases must not nest: they are meant to sum
-        to the trial's wall time (gpuopt.engines._lifecycle.run_measured adds `other`)."""
+        """Time the block as phase `name`, summed with earlier runs of it (also when it raises).
+        Phases must not nest: they sum to the trial's wall time (run_measured adds `other`)."""
         started = time.perf_counter()
         try:
             yield

@@ -1,10 +1,6 @@
-"""The devices of a trial's process, on the torch side: resolving the one a trial runs on (once,
-`trial_device`), what it is (`fingerprint`, `list_devices`, `why_no_accelerator`) and what it does
-natively (`detect_capabilities`: the facts gpuopt.core.knobs' poor-choice rules judge).
-
-The fingerprint goes into every result, so numbers from different machines or software never mix
-silently. The sweeper reads these facts through `python -m gpuopt.env --json` in a subprocess (so
-its own process never imports torch); the measured matmul peak is `gpuopt.trial.matmul_peak`.
+"""The devices of a trial's process: resolving the one a trial runs on (`trial_device`), what it
+is (`fingerprint`, in every result so numbers from different machines never mix silently) and
+what it does natively (`detect_capabilities`: the facts the knobs' poor-choice rules judge).
 """
 
 from __future__ import annotations
@@ -31,22 +27,17 @@ if TYPE_CHECKING:
 
 
 def resolve_device(device_type: str) -> torch.device:
-    """`auto` -> cuda if available, then mps, then cpu; anything else as given.
-
-    A CUDA device is made current and initialized here: allocations, streams and events without
-    an explicit device then go to cuda:N, not cuda:0, and the allocator statistics
-    (reset_peak_memory_stats) exist before the first tensor does (pytorch#72404)."""
+    """`auto` -> cuda if available, then mps, then cpu; anything else as given. A CUDA device is
+    made current and initialized: work without an explicit device then goes to cuda:N, not
+    cuda:0, and the allocator statistics exist before the first tensor does (pytorch#72404)."""
     import torch
 
-    if device_type == "auto":
-        if torch.cuda.is_available():
-            device = torch.device("cuda", torch.cuda.current_device())
-        elif torch.backends.mps.is_available():
-            return torch.device("mps")
-        else:
-            return torch.device("cpu")
-    else:
+    if device_type != "auto":
         device = torch.device(device_type)
+    elif torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
     if device.type == "cuda":
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
@@ -104,11 +95,9 @@ def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
         "gpuopt": gpuopt.__version__,
     }
     if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        info["compute_capability"] = f"{major}.{minor}"
-        info["device_memory_mb"] = round(
-            torch.cuda.get_device_properties(device).total_memory / 2**20
-        )
+        props = torch.cuda.get_device_properties(device)
+        info["compute_capability"] = f"{props.major}.{props.minor}"
+        info["device_memory_mb"] = round(props.total_memory / 2**20)
     return info
 
 
@@ -193,8 +182,7 @@ def cpu_native(dtype: str) -> bool:
 
 
 def detect_capabilities(device: torch.device | str | None = None) -> dict[str, Any]:
-    """What the device is and does natively: the facts the knob catalogue's poor-choice rules
-    judge values by (gpuopt.core.knobs.judge), here and in the torch-free sweeper alike."""
+    """What the device is and does natively: the facts gpuopt.core.knobs.judge reads."""
     import torch
 
     if device is None or isinstance(device, str):
@@ -215,19 +203,22 @@ def detect_capabilities(device: torch.device | str | None = None) -> dict[str, A
 
 
 def trial_device(spec: TrialSpec) -> tuple[torch.device, list[str]]:
-    """The device a trial runs on, resolved once (`resolve_device`), with the warnings for settings
-    that run but do nothing there. Raises ConfigError for a device that is not here and for settings
-    it cannot run: the sweeper's rules (gpuopt.core.checks.device), against this process's facts."""
+    """The device a trial runs on, with the settings the knob catalogue's rules judge poor there
+    (each with the rule's reason). Raises ConfigError for a device that is not here and settings
+    it cannot run (the sweeper's rules, gpuopt.core.checks.device, against this process's facts)."""
     check_device_facts(spec, _device_facts(spec))
     device = resolve_device(spec.device.type)
-    return device, _no_effect_warnings(spec, device)
+    facts = detect_capabilities(device)
+    values = {k.key: knobs.canonical(attrgetter(k.key)(spec)) for k in knobs.KNOBS if k.poor}
+    judged = [(key, v, knobs.judge(key, v, facts)) for key, v in values.items()]
+    return device, [f"{key}={v}: {why}" for key, v, why in judged if why]
 
 
 def _device_facts(spec: TrialSpec) -> dict[str, Any]:
-    """This process's devices as `check_device_facts` reads them, read from torch as cheaply as the
-    trial allows: GPUs only where it may run on one (a CPU trial creates no CUDA context), the bf16
-    of the GPU it asks for only where it asks for bf16 (torch's answer may put a tensor there),
-    why none is visible only where one is asked for (that may run nvidia-smi)."""
+    """This process's devices as `check_device_facts` reads them, as cheaply as the trial allows:
+    GPUs only where it may run on one (a CPU trial creates no CUDA context), the bf16 of the GPU
+    only where it asks for bf16 (torch's answer may put a tensor there), why none is visible
+    only where one is asked for (that may run nvidia-smi)."""
     import torch
 
     requested, dist = spec.device.type, spec.distributed
@@ -249,11 +240,3 @@ def _device_facts(spec: TrialSpec) -> dict[str, Any]:
     if requested.startswith("cuda") and not count:
         why = why_no_accelerator() or {"why": "CUDA is not available"}
     return {"devices": devices, "accelerator": why}
-
-
-def _no_effect_warnings(spec: TrialSpec, device: torch.device) -> list[str]:
-    """The settings the knob catalogue's rules judge poor on `device` (a no-op there, emulated,
-    more than its cores), each with the rule's reason: the sweep's trimming, said to one trial."""
-    facts = detect_capabilities(device)
-    values = {k.key: knobs.canonical(attrgetter(k.key)(spec)) for k in knobs.KNOBS if k.poor}
-    return [f"{key}={v}: {why}" for key, v in values.items() if (why := knobs.judge(key, v, facts))]

@@ -1,31 +1,20 @@
-"""One trial over several ranks (`distributed=ddp | fsdp2`): the trial's own process starts its
-ranks with torch.distributed's elastic launcher (the API behind `torchrun`:
-`torch.distributed.launcher.api.LaunchConfig` + `elastic_launch`), waits for them and reports one
-result for the whole job (gpuopt.trial.ranks merges the ranks' results).
+"""One trial over several ranks (`distributed=ddp | fsdp2`): the trial's process starts its ranks
+with torch's elastic launcher (the API behind `torchrun`), waits for them and reports one result
+for the whole job (gpuopt.trial.ranks merges the ranks' results).
 
-- Rendezvous on a free port chosen per trial (never a fixed one: parallel trials never collide on
-  29500). Over several nodes (`distributed.nnodes > 1`) each node's trial process is one agent
-  of torch's c10d rendezvous at `distributed.rdzv_endpoint`, or, in a SLURM job of one task per
-  node (hydra/launcher=slurm), on the job's first node at a port of the job's
-  (gpuopt.core.rendezvous); every node's trial merges every rank's result, read from the shared
-  run directory once the launcher's exit barrier says all ranks ended.
-- A short timeout (`distributed.timeout_s`, seconds, not NCCL's ten minutes) for the rendezvous and
-  every collective; no restarts: a failed rank is the trial's answer, not something to retry.
-- Every rank ends with the trial: each asks the kernel for SIGKILL when its parent (this process)
-  dies (gpuopt.core.lifeline's parent-death signal), so a `kill -9` of the trial, or of its own
-  parent under the fresh-process launcher, leaves no rank behind. The launcher's own handling ends
-  the other ranks as soon as one fails, so they do not wait out the timeout.
-- Backend: NCCL on CUDA, gloo on CPU (`distributed.backend=auto`); with NCCL a gloo group beside it
-  carries the host-side agreement on when the timed window stops (gpuopt.engines._distributed).
+- Rendezvous on a free port per trial (parallel trials never collide on 29500); over several
+  nodes at `distributed.rdzv_endpoint` or a SLURM job's first node (gpuopt.core.rendezvous),
+  every node's trial merging every rank's result from the shared run directory.
+- A short timeout (`distributed.timeout_s`, not NCCL's ten minutes) and no restarts: a failed
+  rank is the trial's answer, not something to retry.
+- Every rank asks for SIGKILL when its parent dies (gpuopt.core.lifeline), so a `kill -9` of the
+  trial leaves no rank behind.
 
-Each rank writes its own `TrialResult` (rank_N.json) into a scratch folder and its stdout/stderr
-into the launcher's log folder, so a rank that crashed without a result (killed, a segfault) is
-still reported with its stderr's head and tail. The ranks run outside Hydra, so the trial's run
-directory is handed down to them (as $GPUOPT_RUN_DIR, gpuopt.trial.profiled_window.RUN_DIR_ENV): what a
-rank writes into the run directory (its profiled trace) lands there directly. The rank's work
-itself is the caller's `entry(spec, device)`: a trial's gpuopt.engines.registry.run_rank, handed
-in by the registry, which this module never imports, or the memory probe's rank
-(gpuopt.processes.memory_probe.probe_rank).
+Each rank writes its `TrialResult` (rank_N.json) into a scratch folder and its output into the
+launcher's logs, so a rank that crashed without a result is still reported with its stderr. The
+ranks run outside Hydra: the run directory is handed down as $GPUOPT_RUN_DIR. The rank's work is
+the caller's `entry(spec, device)` (gpuopt.engines.registry.run_rank, never imported here, or
+the memory probe's rank).
 """
 
 from __future__ import annotations
@@ -74,10 +63,10 @@ QUIET_LOGGERS = ("torch.distributed.elastic", "torch.multiprocessing")
 BUILTIN_MODELS = "gpuopt.workload.models."
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port() -> int:
     """A TCP port nobody listens on now (the kernel's pick), for this trial's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+        sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
@@ -90,9 +79,8 @@ def backend_for(spec: TrialSpec, device: torch.device) -> str:
 
 
 def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> TrialResult:
-    """Start `distributed.nproc_per_node` ranks running `entry` on their share of the job, wait
-    for them, and return the one result of the trial (never raises for a failing rank: an OOM or a
-    crash on one rank is the trial's status, a timeout its error)."""
+    """Start `distributed.nproc_per_node` ranks running `entry`, wait for them, and return the
+    trial's one result (never raises for a failing rank: that is the trial's status)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -129,10 +117,9 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
 
 
 def check_builtin_modules(spec: TrialSpec) -> None:
-    """`shard_modules` / `checkpoint_modules` against the model, before any rank starts, where the
-    model is one of gpuopt's built-in ones (gpuopt.workload.models: built on the meta device, no
-    memory, milliseconds); any other model is checked in the ranks, once built
-    (gpuopt.engines._distributed). Raises one ConfigError."""
+    """`shard_modules` / `checkpoint_modules` against a built-in model, before any rank starts
+    (built on the meta device: milliseconds); any other model is checked in the ranks. Raises
+    one ConfigError."""
     dist = spec.distributed
     target = str(spec.model.get("_target_", ""))
     patterns = {"shard_modules": dist.shard_modules, "checkpoint_modules": dist.checkpoint_modules}
@@ -157,9 +144,8 @@ def check_builtin_modules(spec: TrialSpec) -> None:
 
 def _rank_folder(nnodes: int = 1) -> tuple[Path, bool]:
     """Where the ranks write their results and logs, and whether it stays: `ranks/` in the run's
-    directory under Hydra (kept with the run, also when the trial is killed), else a temporary
-    folder removed afterwards. Over several nodes the run directory is every node's (a shared
-    file system): no node clears what another's ranks may have written already."""
+    directory under Hydra, else a temporary folder. Over several nodes it is shared: no node
+    clears what another's ranks may have written already."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
@@ -190,8 +176,8 @@ def rendezvous_endpoint(dist: Any) -> str:
 def launch_config(
     nproc: int, nnodes: int, endpoint: str, timeout_s: float, logs: Path, run_id: str
 ) -> Any:
-    """torch's elastic launch as gpuopt starts ranks: the c10d rendezvous at `endpoint` (waiting
-    `timeout_s` for every node), no restarts, spawned ranks, each rank's output in `logs`."""
+    """torch's elastic launch as gpuopt starts ranks: c10d rendezvous at `endpoint`, no restarts,
+    spawned ranks, each rank's output in `logs`."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
@@ -223,7 +209,7 @@ def _launch_config(spec: TrialSpec, scratch: Path, endpoint: str) -> Any:
 
 
 def _node_tag() -> str:
-    """This node's agent, in its log folder's name (several nodes share the run directory)."""
+    """This node's agent, in its log folder's name."""
     return os.environ.get("SLURM_PROCID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
@@ -242,8 +228,7 @@ def _elastic_launch(
 
 @contextlib.contextmanager
 def quiet_launcher() -> Iterator[None]:
-    """The launcher logs every rank failure with its traceback into this process's stderr; the
-    trial reports the failure itself (its reason), so those lines stay quiet."""
+    """Quiet the launcher's tracebacks of rank failures: the trial reports them as its reason."""
     loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
@@ -274,8 +259,7 @@ def own_signal_handlers() -> Iterator[None]:
 
 
 def crashes_of(exc: Any, scratch: Path, nproc_per_node: int) -> dict[int, RankFailure]:
-    """What the launcher saw of each failed rank: its exit (code or signal), its exception
-    message when it raised, and its stderr's head and tail (its log is by local rank)."""
+    """What the launcher saw of each failed rank: its exit, its exception message, its stderr."""
     crashed = {}
     for rank, failure in exc.failures.items():
         exit_code = failure.exitcode
@@ -293,9 +277,8 @@ def crashes_of(exc: Any, scratch: Path, nproc_per_node: int) -> dict[int, RankFa
 
 
 def keep_logs(scratch: Path, nnodes: int = 1) -> None:
-    """Each rank's stdout/stderr copied out of the launcher's attempt folder (which the launcher
-    clears when it shuts down) as rank_N.stdout.log / rank_N.stderr.log, kept with the run (over
-    several nodes node_K.rank_N...: N is the rank on its node)."""
+    """Each rank's stdout/stderr copied out of the launcher's attempt folder (which it clears on
+    shutdown) as rank_N.stdout.log / rank_N.stderr.log (node_K.rank_N... over several nodes)."""
     for log in (scratch / "logs").glob("**/attempt_*/*/std*.log"):
         node = next((p.name for p in log.parents if p.name.startswith("node_")), None)
         prefix = f"{node}." if nnodes > 1 and node else ""
@@ -338,12 +321,9 @@ def rank_main(
     guard_cache: str | None = None,
     run_dir: str | None = None,
 ) -> None:
-    """One rank (a process the launcher spawned): end with the trial, join the process group,
-    measure through `entry`, write the result. A failed result ends the rank with an exception,
-    after writing it, so the launcher stops the others instead of leaving them in a collective.
-    Hydra is not set up in a rank, so the trial hands down `guard_cache` (the sweep's cache of
-    numerics references) and `run_dir` (its run directory, as $GPUOPT_RUN_DIR: the profiled
-    window writes the rank's trace there, gpuopt.trial.profiled_window.known_run_dir)."""
+    """One rank: end with the trial, join the process group, measure through `entry`, write the
+    result. A failed result then raises, so the launcher stops the others instead of leaving them
+    in a collective. No Hydra here: the trial hands down `guard_cache` and `run_dir`."""
     set_parent_death_signal()
     if os.getppid() != parent:  # the trial died before the signal was set
         os._exit(1)
@@ -374,8 +354,8 @@ def rank_main(
 
 
 def _rank_device(spec: TrialSpec, device_type: str, local_rank: int) -> torch.device:
-    """This rank's device (cuda:LOCAL_RANK on CUDA), its compute threads set: on CPU the node's
-    usable cores shared out between its ranks unless `device.num_threads` says."""
+    """This rank's device (cuda:LOCAL_RANK on CUDA); on CPU the node's usable cores shared out
+    between its ranks unless `device.num_threads` says."""
     import torch
 
     if device_type == "cuda":

@@ -1,9 +1,5 @@
-"""Failures are results: how an exception of a trial becomes its status (oom, diverged, error).
-
-Every engine, the public callback and the sweeper's probing processes classify the same way, so
-the same failure reads the same everywhere: out-of-memory (torch's, the CPU allocator's, MPS's, and
-cuBLAS/cuDNN's allocation failures) -> oom, a NaN/inf loss (`Diverged`, raised by `NonFiniteLoss`
-at window ends) -> diverged, anything else -> error with the exception's type and message.
+"""Failures are results: how a trial's exception becomes its status (oom, diverged, error), the
+same in every engine, the public callback and the sweeper's probing processes.
 """
 
 from __future__ import annotations
@@ -23,16 +19,13 @@ class Diverged(Exception):
     """The loss became NaN or inf."""
 
 
-# Out-of-memory as the CUDA libraries report it: a workspace or handle they could not allocate
-# (e.g. "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-# "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), raised as a RuntimeError / torch.AcceleratorError,
-# not as torch.OutOfMemoryError.
+# Out-of-memory as the CUDA libraries report it (e.g. "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when
+# calling `cublasCreate(handle)`"): a RuntimeError / torch.AcceleratorError, not an OutOfMemoryError.
 LIBRARY_OOM_STATUSES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 
 
 def is_oom(exc: BaseException) -> bool:
-    """torch.OutOfMemoryError (CUDA), the CPU allocator's failure, MPS's out-of-memory error,
-    and cuBLAS/cuDNN allocation failures (LIBRARY_OOM_STATUSES)."""
+    """torch's, the CPU allocator's, MPS's and cuBLAS/cuDNN's out-of-memory errors."""
     import torch
 
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):

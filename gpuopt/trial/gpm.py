@@ -1,23 +1,13 @@
 """NVML GPU Performance Monitoring (GPM) over the timed window: SM activity, occupancy, tensor-core
 and DRAM activity (Hopper and newer).
 
-NVML's `utilization.gpu` (gpuopt.trial.monitor) is the share of a 1/6-1 s period in which at least
-one kernel ran: one tiny kernel at a time reads 100%. GPM reads the SMs' own counters: a GPM
-sample (nvmlGpmSampleGet) is a snapshot of them, and nvmlGpmMetricsGet turns two samples (sample1
-the earlier) into each metric's average between them. So the window's numbers come from a sample
-at its start and one at its end; a long window adds a sample every `interval_s` from a
-background thread, each segment's values weighted by its seconds (the mean over the window, with
-no counter read over minutes). NVML's GPM refreshes its counters every 100 ms: a segment shorter
-than that is merged into its neighbour (the one before the end's sample is dropped).
-
-Which metrics, and the Metrics field each fills, is the metric catalogue's (`Metric.gpm`,
-gpuopt.core.metrics): `NVML_GPM_METRIC_<gpm>`. A MIG instance is sampled through its parent GPU
-(nvmlGpmMigSampleGet with its GPU instance id). Where GPM is not there (a GPU older than Hopper,
-MIG without GPM support, no permission, an nvidia-ml-py without the GPM API) `open_gpm` says why
-in one line, and the metrics stay null; no GPM call ever raises out of this module.
-
-The NVML module is injectable (tests drive it with a scripted stand-in, tests/test_gpm.py); the
-real one is pynvml (nvidia-ml-py >= 12), the handle the NVML sampler uses.
+NVML's `utilization.gpu` is the share of a period in which at least one kernel ran: one tiny
+kernel at a time reads 100%. GPM reads the SMs' own counters: nvmlGpmMetricsGet turns two samples
+into each metric's average between them. A sample at each end of the window, more every
+`interval_s` in a long one, each segment weighted by its seconds; GPM refreshes its counters
+every 100 ms, so a shorter segment is merged into its neighbour. A MIG instance is sampled
+through its parent GPU. Where GPM is not there, `open_gpm` says why in one line and the metrics
+stay null; no GPM call ever raises out of this module.
 """
 
 from __future__ import annotations
@@ -69,17 +59,18 @@ class _Segment:
     errors: dict[str, int] = field(default_factory=dict)  # the others: their nvmlReturn
 
 
-def _error_code(exc: BaseException) -> int | None:
+def _error_code(exc: BaseException | None) -> int | None:
     value = getattr(exc, "value", None)
     return value if isinstance(value, int) else None
 
 
-def why_not(nvml: Any, exc: BaseException, mig: bool = False) -> str:
-    """One line: why GPM is not there, from the NVML error a GPM call raised."""
+def why_not(nvml: Any, exc: BaseException | None, mig: bool = False) -> str:
+    """One line: why GPM is not there, from the NVML error a GPM call raised (None: the device
+    says it has no GPM)."""
     code = _error_code(exc)
     if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", NVML_ERROR_NO_PERMISSION):
         why = "no permission to read GPM counters (NVML_ERROR_NO_PERMISSION)"
-    elif code == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED):
+    elif exc is None or code == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED):
         why = "GPM is not supported " + (
             "for this MIG instance" if mig else "on this GPU (Hopper and newer have it)"
         )
@@ -89,19 +80,14 @@ def why_not(nvml: Any, exc: BaseException, mig: bool = False) -> str:
 
 
 class GpmSampler:
-    """GPM samples of one device (or MIG instance) between start() and stop(): one at each end of
-    the window, more every `interval_s` in between; stop() gives the window's metrics and frees
-    every sample buffer. `read(buffer)` fills a buffer (nvmlGpmSampleGet or nvmlGpmMigSampleGet).
-    """
+    """GPM samples of one device (or MIG instance) between start() and stop(), which gives the
+    window's metrics and frees every buffer. `read(buffer)` fills a buffer (nvmlGpmSampleGet or
+    nvmlGpmMigSampleGet)."""
 
     def __init__(
-        self,
-        nvml: Any,
-        read: Callable[[Any], Any],
-        interval_s: float = GPM_INTERVAL_S,
-        clock: Callable[[], float] = time.perf_counter,
+        self, nvml: Any, read: Callable[[Any], Any], interval_s: float = GPM_INTERVAL_S
     ) -> None:
-        self.nvml, self._read, self.interval_s, self._clock = nvml, read, interval_s, clock
+        self.nvml, self._read, self.interval_s = nvml, read, interval_s
         self.taken: list[_Taken] = []
         self._notes: list[str] = []
         self._stop = threading.Event()
@@ -122,7 +108,7 @@ class GpmSampler:
             self._note(f"nvmlGpmSampleGet: {type(exc).__name__}: {exc}")
             return exc
         with self._lock:
-            self.taken.append(_Taken(self._clock(), buffer))
+            self.taken.append(_Taken(time.perf_counter(), buffer))
         return None
 
     def _note(self, note: str) -> None:
@@ -215,8 +201,8 @@ class GpmSampler:
 
 def spaced(taken: list[_Taken], min_s: float) -> list[_Taken]:
     """The samples that bound segments of at least `min_s`: the first, each one at least `min_s`
-    after the last kept, and the last (which replaces a kept one closer than `min_s` to it, so
-    that the last segment is long enough too; a window shorter than `min_s` keeps both ends)."""
+    after the last kept, and the last (replacing a kept one closer than `min_s` to it; a window
+    shorter than `min_s` keeps both ends)."""
     if len(taken) < 2:
         return list(taken)
     kept = [taken[0]]
@@ -229,11 +215,9 @@ def spaced(taken: list[_Taken], min_s: float) -> list[_Taken]:
 
 
 def open_gpm(nvml: Any, handle: Any, interval_s: float = GPM_INTERVAL_S) -> tuple[Any, str | None]:
-    """(a GpmSampler for the device behind `handle`, None), or (None, why not in one line). A MIG
-    device handle is sampled through its parent GPU and its GPU instance id. Never raises."""
+    """(a GpmSampler for the device behind `handle`, None), or (None, why not). Never raises."""
     if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
         return None, f"this nvidia-ml-py has no GPM API (nvidia-ml-py >= 12): {NULL_NOTE}"
-    mig = False
     try:
         mig = bool(nvml.nvmlDeviceIsMigDeviceHandle(handle))
     except Exception:  # a driver without MIG: a whole GPU
@@ -256,8 +240,7 @@ def open_gpm(nvml: Any, handle: Any, interval_s: float = GPM_INTERVAL_S) -> tupl
     except Exception as exc:
         return None, why_not(nvml, exc, mig)
     if not getattr(support, "isSupportedDevice", 0):
-        code = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED)
-        return None, why_not(nvml, _Refused(code), mig)
+        return None, why_not(nvml, None, mig)
     sampler = GpmSampler(nvml, read, interval_s)
     # A first read: the permission check (a profiler holding the counters, a container without
     # them) happens here, not at the window's start.
@@ -268,16 +251,9 @@ def open_gpm(nvml: Any, handle: Any, interval_s: float = GPM_INTERVAL_S) -> tupl
     return sampler, None
 
 
-class _Refused(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
 def device_support(device: Any, nvml: Any = None) -> tuple[bool, str | None]:
-    """Whether the CUDA `device` (a torch device) has GPM, and why not (one line): the env probe's
-    `gpm` fact (gpuopt.trial.devices.detect_capabilities), which makes `sm_active` the default
-    utilization objective (gpuopt.core.metrics.on_device). Never raises."""
+    """Whether the CUDA `device` has GPM, and why not: the env probe's `gpm` fact, which makes
+    `sm_active` the default utilization objective. Never raises."""
     from gpuopt.trial import monitor
 
     try:

@@ -1,10 +1,6 @@
-"""Configurations a library bug would crash, refused before they run.
-
-A crash in native code (an abort or a segfault in a kernel) cannot be caught: it ends the trial's
-process, and with it the race's or the confirmation's shared process and every configuration built
-there. Where a bug's trigger is known and can be read off the built model and the machine, the
-trial ends first with a status and a reason that names the bug and the setting that avoids it; the
-user's own training on that machine would meet the same crash.
+"""Configurations a library bug would crash, refused before they run: a native crash cannot be
+caught and would end the trial's (possibly shared) process, so the trial ends first with a reason
+naming the bug and the setting that avoids it.
 
 Known here:
 - oneDNN's AVX2 1x1 convolution, backward by weights (`jit_1x1:avx2`, torch 2.13 CPU), on
@@ -33,8 +29,8 @@ class KnownLibraryBug(RuntimeError):
 
 
 def onednn_below_avx512() -> bool:
-    """Whether oneDNN runs its AVX2 (or older) kernels here: no AVX-512 on this CPU (torch's own
-    dispatch check), or oneDNN capped below it by ONEDNN_MAX_CPU_ISA."""
+    """Whether oneDNN runs its AVX2 (or older) kernels here: no AVX-512 on this CPU, or oneDNN
+    capped below it by ONEDNN_MAX_CPU_ISA."""
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
         return False
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
@@ -44,8 +40,8 @@ def onednn_below_avx512() -> bool:
 
 
 def crashing_convolutions(model: torch.nn.Module) -> list[str]:
-    """The convolutions of `model` that oneDNN's AVX2 1x1 backward-by-weights kernel crashes on in
-    channels_last: 1x1, stride > 1, 2-7 input channels per group, weights trained."""
+    """The convolutions of `model` the bug crashes on: 1x1, stride > 1, 2-7 input channels per
+    group, weights trained."""
     found = []
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Conv2d) or not module.weight.requires_grad:

@@ -1,8 +1,5 @@
 """The measured matmul peak: a short probe per device and precision mode, cached per hardware
-fingerprint, so that MFU has an achievable reference beside the datasheet's (and CPUs get one at
-all). `python -m gpuopt.env` shows it; a trial reads it after its timed spans (mfu_achievable).
-The cache folder and its file helpers are gpuopt.core.machine_cache's (the run-to-run spread
-lives there too).
+fingerprint, so MFU has an achievable reference beside the datasheet's (and CPUs get one at all).
 """
 
 from __future__ import annotations
@@ -12,9 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.host import usable_cpus
-from gpuopt.core.machine_cache import HARDWARE_KEYS, cache_dir
-from gpuopt.core.machine_cache import read_json as _read_cache
-from gpuopt.core.machine_cache import write_json as _write_cache
+from gpuopt.core.machine_cache import HARDWARE_KEYS, cache_dir, read_json, write_json
 from gpuopt.trial.devices import fingerprint
 
 if TYPE_CHECKING:
@@ -35,8 +30,7 @@ PROBE_REPS = 5  # timed repetitions per size (best of)
 
 
 def probe_key(fp: dict[str, Any], mode: str, threads: int) -> str:
-    """The cache key of one probe: the hardware fingerprint, the precision mode, the compute
-    threads and the torch version (a new torch can bring new kernels)."""
+    """The cache key of one probe (a new torch can bring new kernels: its version is in it)."""
     hardware = {k: fp.get(k) for k in HARDWARE_KEYS}
     return json.dumps(
         {"hardware": hardware, "mode": mode, "threads": threads, "torch": fp.get("torch")},
@@ -67,10 +61,9 @@ def _time_matmul(device: torch.device, dtype: torch.dtype, n: int, deadline: flo
     return best
 
 
-def measure_peak_flops(device: torch.device, mode: str, budget_s: float = PROBE_BUDGET_S) -> float:
-    """Achievable dense matmul FLOP/s for a precision mode: square matmuls of growing size (2n^3
-    FLOPs each), best of a few repetitions, until a size would not fit the budget. A slow
-    (emulated) dtype stops at small sizes, so the probe stays short whatever the dtype."""
+def measure_peak_flops(device: torch.device, mode: str) -> float:
+    """Achievable dense matmul FLOP/s for a precision mode: square matmuls of growing size until
+    one would not fit the budget (a slow, emulated dtype stops at small sizes)."""
     import time
 
     import torch
@@ -81,7 +74,7 @@ def measure_peak_flops(device: torch.device, mode: str, budget_s: float = PROBE_
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(matmul_precision)
     started = time.perf_counter()
-    deadline = started + budget_s
+    deadline = started + PROBE_BUDGET_S
     best = 0.0
     try:
         while True:
@@ -97,18 +90,12 @@ def measure_peak_flops(device: torch.device, mode: str, budget_s: float = PROBE_
 
 
 def probed_peak_flops(
-    device: torch.device,
-    mode: str,
-    fp: dict[str, Any] | None = None,
-    cache: Path | None = None,
+    device: torch.device, mode: str, fp: dict[str, Any] | None = None, cache: Path | None = None
 ) -> float | None:
-    """The measured peak FLOP/s of `device` for a precision mode, from the cache file
-    (`cache_dir()/peak_flops.json`, keyed by `probe_key`) or probed now and cached.
-
-    On CPU the probe runs on one thread and the peak is that per-core rate times the usable cores
-    (as a datasheet peak is stated): a probe on every core of a shared machine times its slowest
-    thread (OpenMP's barriers wait for a descheduled one) and would cache a fraction of the
-    machine. The caller's thread count is restored. None for a mode the probe does not know."""
+    """The measured peak FLOP/s of `device` for a precision mode, cached or probed now (None for
+    a mode the probe does not know). On CPU the probe runs on one thread, times the usable cores:
+    a probe on every core of a shared machine times its slowest thread (OpenMP's barriers wait
+    for a descheduled one) and would cache a fraction of the machine."""
     import torch
 
     if mode not in PROBE_MODES:
@@ -118,7 +105,7 @@ def probed_peak_flops(
     scale = usable_cpus() if device.type == "cpu" else 1
     path = cache if cache is not None else cache_dir() / "peak_flops.json"
     key = probe_key(fp, mode, threads)
-    cached = _read_cache(path).get(key)
+    cached = read_json(path).get(key)
     if isinstance(cached, dict) and isinstance(cached.get("flops"), (int, float)):
         return float(cached["flops"]) * scale
     previous = torch.get_num_threads()
@@ -127,7 +114,7 @@ def probed_peak_flops(
         flops = measure_peak_flops(device, mode)
     finally:
         torch.set_num_threads(previous)
-    data = _read_cache(path)
+    data = read_json(path)  # re-read: another process may have written meanwhile
     data[key] = {"flops": flops, "threads": threads}
-    _write_cache(path, data)
+    write_json(path, data)
     return flops * scale

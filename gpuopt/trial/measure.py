@@ -1,10 +1,8 @@
-"""The timed window: step clocks, the stability stop, step-time statistics, the compute ceiling,
-model and hardware FLOPs (MFU/HFU), and the steady state (the epoch boundary's cost, amortized).
+"""The timed window: step clocks, the stability stop, step-time statistics, model and hardware
+FLOPs (MFU/HFU), and the steady state (the epoch boundary's cost, amortized).
 
-Principles: warm-up and compilation happen before the window; on CUDA the host
-never synchronizes inside the window (that would serialize CPU and GPU): step boundaries are CUDA
-events, and the host synchronizes only at the window's ends. Throughput is samples / wall seconds of
-the whole window; step-time statistics come from the per-step boundaries.
+On CUDA the host never synchronizes inside the window (that would serialize CPU and GPU): step
+boundaries are CUDA events, and the host synchronizes only at the window's ends.
 """
 
 from __future__ import annotations
@@ -39,13 +37,12 @@ def _t975(df: int) -> float:
     return t_quantile(0.975, df)
 
 
-def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES) -> float | None:
-    """Relative half-width of the 95% CI of the mean step time (= of throughput, to first order),
-    from batch means: the steps are cut into up to `batches` equal consecutive batches of at least
-    MIN_BATCH_STEPS steps (the earliest steps left over are dropped); None below MIN_CI_BATCHES.
-    Plain Python over at most `batches` sums: ~10 us for 500 steps, inside the window."""
+def relative_ci_halfwidth(step_times: Sequence[float]) -> float | None:
+    """Relative half-width of the 95% CI of the mean step time, from up to CI_BATCHES consecutive
+    batch means (the earliest steps left over dropped); None below MIN_CI_BATCHES. Plain Python:
+    ~10 us for 500 steps, inside the window."""
     n = len(step_times)
-    count = min(batches, n // MIN_BATCH_STEPS)
+    count = min(CI_BATCHES, n // MIN_BATCH_STEPS)
     if count < MIN_CI_BATCHES:
         return None
     size = n // count
@@ -63,9 +60,8 @@ def relative_ci_halfwidth(step_times: Sequence[float], batches: int = CI_BATCHES
 @dataclass(frozen=True)
 class StopRule:
     """When the timed window ends: stable (CI under target, after min_steps and min_time_s),
-    budget, or max_steps. The CI only sees fluctuations shorter than the window, so a window of a
-    few fast steps can look stable while missing slower ones (epoch restarts, allocator, GC):
-    min_time_s keeps the window long enough to contain them."""
+    budget, or max_steps. The CI only sees fluctuations shorter than the window: min_time_s keeps
+    it long enough to contain slower ones (epoch restarts, allocator, GC)."""
 
     min_steps: int
     max_steps: int
@@ -75,7 +71,6 @@ class StopRule:
 
     @classmethod
     def from_measure(cls, measure: Any) -> StopRule:
-        """The rule a `MeasureConf` describes."""
         return cls(
             measure.min_steps,
             measure.max_steps,
@@ -88,7 +83,7 @@ class StopRule:
         self, step_times: Sequence[float], elapsed_s: float, steps: int | None = None
     ) -> str | None:
         """`step_times`: the completed steps' times; `steps`: steps run (on CUDA some may still be
-        queued on the device); `elapsed_s`: wall seconds since the window started."""
+        queued)."""
         n = len(step_times) if steps is None else steps
         if n >= self.max_steps:
             return "max_steps"
@@ -127,15 +122,11 @@ class StepClock(Protocol):
 
 
 class HostClock:
-    """CPU: the host's clock is the device's clock. On an asynchronous device without timing
-    events (MPS), `sync` makes the window's ends exact; per-step times are then host-side.
-    Each `mark` appends its step's time, so the stop rule's reads cost a copy, not a recount.
-    `timer` (tests: a scripted one) is the host's clock."""
+    """CPU: the host's clock is the device's. On an asynchronous device without timing events
+    (MPS), `sync` makes the window's ends exact; per-step times are then host-side."""
 
     def __init__(
-        self,
-        sync: Callable[[], None] | None = None,
-        timer: Callable[[], float] = time.perf_counter,
+        self, sync: Callable[[], None] | None = None, timer: Callable[[], float] = time.perf_counter
     ) -> None:
         self.sync, self.timer = sync, timer
         self.step_times: list[float] = []
@@ -166,15 +157,10 @@ class HostClock:
 
 
 class CudaEventClock:
-    """CUDA: one event per step boundary, recorded on the device's current stream (asynchronous).
-    An event is reached when the GPU gets there, so event-to-event times include GPU idle time
-    waiting for the host (e.g. for data) - what a training step costs, not just its kernels.
-
-    The events go on `device`'s own current stream (not the current device's: for cuda:N, N > 0,
-    recorded on cuda:0 they would time an idle GPU). Completed intervals are cached: each
-    `completed_step_times` call queries only the events not yet seen complete, so the stop rule's
-    repeated checks cost O(new steps), not O(all steps), and resolved events are released.
-    """
+    """CUDA: one event per step boundary on `device`'s own current stream (on cuda:0 they would
+    time an idle GPU for cuda:N). Event-to-event times include GPU idle time waiting for the host:
+    what a training step costs, not just its kernels. Each read queries only the events not yet
+    seen complete, so the stop rule's checks cost O(new steps)."""
 
     def __init__(
         self, device: torch.device, event_factory: Callable[[], Any] | None = None
@@ -206,8 +192,7 @@ class CudaEventClock:
         self._record()
 
     def completed_step_times(self) -> list[float]:
-        # Events on one stream complete in order: stop at the first one not reached yet.
-        # event.query() does not block; elapsed_time between two reached events does not either.
+        # Events on one stream complete in order; query() and elapsed_time here do not block.
         while self._pending and self._pending[0].query():
             event = self._pending.popleft()
             self._step_times.append(self._last_done.elapsed_time(event) / 1e3)
@@ -257,8 +242,8 @@ CHECK_SPACING = 20
 
 
 def next_stop_check(steps: int) -> int:
-    """The step count at which the stop rule is read next, after a read at `steps` (the same on
-    every rank of a distributed trial: it counts steps, never time)."""
+    """The step count at which the stop rule is read next (the same on every rank: it counts
+    steps, never time)."""
     return steps + max(1, steps // CHECK_SPACING)
 
 
@@ -296,9 +281,8 @@ def peak_flops(device_name: str | None, precision_mode: str) -> float | None:
 
 @dataclass(frozen=True)
 class StepFlops:
-    """FLOPs of one counted step: `hardware` is everything the device executed (an activation-
-    checkpointed forward recomputed in the backward included), `model` the model's own FLOPs
-    (forward + backward, no recompute): MFU counts model FLOPs, HFU hardware FLOPs."""
+    """FLOPs of one counted step: `hardware` everything the device executed (checkpoint recompute
+    included, for HFU), `model` the model's own (for MFU)."""
 
     hardware: float
     recompute: float = 0.0
@@ -310,11 +294,9 @@ class StepFlops:
 
 
 def step_flop_counter() -> Any:
-    """A `torch.utils.flop_counter.FlopCounterMode` that also tallies, in `recompute_flops`, the
-    FLOPs of activation-checkpoint recomputation: ops that run inside a backward pass
-    (`_current_graph_task_id() != -1`) with grad mode on. The backward itself runs with grad mode
-    off (no create_graph in a training step); torch.utils.checkpoint recomputes the forward under
-    `enable_grad()`. Engines that count inside a framework's hooks use it like FlopCounterMode."""
+    """A FlopCounterMode that also tallies activation-checkpoint recompute in `recompute_flops`:
+    ops inside a backward pass with grad mode on (the backward itself runs with grad mode off;
+    torch.utils.checkpoint recomputes the forward under `enable_grad()`)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -343,9 +325,7 @@ def step_flop_counter() -> Any:
 
 
 def measure_step_flops(run_forward_backward: Callable[[], None]) -> StepFlops:
-    """FLOPs of one forward+backward, counted by torch.utils.flop_counter (matmuls, convolutions,
-    attention), with activation-checkpoint recompute apart (`StepFlops`). Runs outside the timed
-    window."""
+    """FLOPs of one forward+backward (torch.utils.flop_counter), outside the timed window."""
     counter = step_flop_counter()
     with counter:
         run_forward_backward()
@@ -360,22 +340,18 @@ def mfu_percent(
     return 100.0 * flops_per_sample * throughput / peak
 
 
-# -- steady state ---------------------------------------------------------------------------------
 def epoch_overhead(first_fetch_s: float, steady_fetch_s: float) -> float:
-    """What one epoch boundary costs beyond the steady state, in seconds: the host time blocked
-    fetching the first batch of a fresh epoch (worker start-up, the sampler's new order, the first
-    batch made from scratch while the prefetch queue is empty) minus what a steady-state fetch
-    blocks (the window's mean fetch wait per step). Never negative."""
+    """What one epoch boundary costs beyond the steady state: the first fetch of a fresh epoch
+    (worker start-up, an empty prefetch queue) less a steady-state fetch. Never negative."""
     return max(0.0, first_fetch_s - steady_fetch_s)
 
 
 def amortized_throughput(
     throughput: float, step_s: float, epoch_steps: int | None, overhead_s: float | None
 ) -> float:
-    """Throughput of a long run whose epochs are `epoch_steps` steady-state steps of `step_s` each
-    plus `overhead_s` at each boundary: throughput * E*step / (E*step + overhead). Without an
-    epoch length (an endless stream) or a measured overhead, the steady-state throughput; with no
-    overhead exactly that (epoch_s / epoch_s may round one ulp above 1)."""
+    """Throughput of a long run whose epochs are `epoch_steps` steps of `step_s` plus `overhead_s`
+    at each boundary; the steady state's without an epoch length or overhead (exactly: epoch_s /
+    epoch_s may round one ulp above 1)."""
     if not epoch_steps or not overhead_s or step_s <= 0:
         return throughput
     epoch_s = epoch_steps * step_s

@@ -1,9 +1,6 @@
 """Where a trial's memory peaks count from (`MemoryBaseline`): the steady state's peak, not the
-one-off steps' (the FLOP count, compilation, cuDNN autotuning).
-
-Shared by every engine's timed window and by the sweeper's memory probe
-(`python -m gpuopt.processes.memory_probe`), so the peak the batch axis is fitted against is the peak a
-trial reports.
+one-off steps' (the FLOP count, compilation, cuDNN autotuning). Shared by every engine's window
+and the sweeper's memory probe, so the peak the batch axis is fitted against is a trial's.
 """
 
 from __future__ import annotations
@@ -33,8 +30,6 @@ def rss_mb() -> float | None:
     return resident_pages * resource.getpagesize() / 2**20
 
 
-# Why a CPU trial has no peak: the process's high-water mark, which cannot be reset, was set by
-# earlier work (another configuration measured in a shared process) and this trial stayed below it.
 SHARED_PEAK_NOTE = (
     "peak_memory_mb not measured: this process's peak RSS was set before the trial (another "
     "configuration measured in the same process) and cannot be reset on a CPU; a fresh-process "
@@ -46,16 +41,11 @@ SHARED_PEAK_NOTE = (
 class MemoryBaseline:
     """Where the window's memory metrics count from.
 
-    CUDA: the allocator's peak statistics are reset by `window_starting` (after warm-up, just
-    before the timed window), so `peak_mb` / `peak_reserved_mb` are the steady state's peaks, not
-    the eager FLOP-count step's activations, compilation or cudnn.benchmark's trial workspaces.
-    After a reset a peak starts at what is in use then: `release_cache` (before the warm-up steps)
-    gives the blocks those one-off steps left cached back to the driver, so the reserved peak is
-    what the warm-up and the window re-reserve (expandable_segments and compile show there).
-    CPU: ru_maxrss is the process's high-water mark and cannot be reset: the peak is how far this
-    trial raised it over the RSS at `take` (before the trial builds anything). Where the trial never
-    raised it (earlier work in the same process set it higher: the race's shared process), the
-    peak is unknown, not 0 (`unmeasured`)."""
+    CUDA: peak statistics are reset by `window_starting` (just before the window), and
+    `release_cache` (before warm-up) hands back what one-off steps left cached, so the reserved
+    peak is what warm-up and the window re-reserve. CPU: ru_maxrss cannot be reset: the peak is
+    how far this trial raised it over the RSS at `take`; where earlier work in the process set it
+    higher, the peak is unknown, not 0 (`unmeasured`)."""
 
     device: torch.device
     rss_before_mb: float  # the RSS at `take` (the high-water mark where the RSS is unreadable)
@@ -67,7 +57,7 @@ class MemoryBaseline:
         return cls(device, rss_mb() or high_water, high_water)
 
     def release_cache(self) -> None:
-        """Give cached, unused device blocks back (outside the window: before the warm-up steps)."""
+        """Give cached, unused device blocks back (before the warm-up steps)."""
         from gpuopt.trial.policies import empty_device_cache
 
         empty_device_cache(self.device)
@@ -80,8 +70,7 @@ class MemoryBaseline:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def peak_mb(self) -> float | None:
-        """CUDA: the allocator's peak of allocated memory since `window_starting`; CPU: the peak
-        RSS's growth since `take`; else None."""
+        """CUDA: peak allocated since `window_starting`; CPU: peak RSS growth since `take`."""
         import torch
 
         if self.device.type == "cuda":
@@ -94,14 +83,13 @@ class MemoryBaseline:
         return None
 
     def unmeasured(self) -> str | None:
-        """Why `peak_mb` is None on a CPU (a note for the trial), else None."""
+        """Why `peak_mb` is None on a CPU, else None."""
         if self.device.type == "cpu" and self.peak_mb() is None:
             return SHARED_PEAK_NOTE
         return None
 
     def peak_reserved_mb(self) -> float | None:
-        """CUDA: the caching allocator's peak of reserved (allocated + cached) memory since
-        `window_starting`, what the device must hold; None elsewhere."""
+        """CUDA: peak reserved (allocated + cached) memory since `window_starting`, else None."""
         import torch
 
         if self.device.type == "cuda":

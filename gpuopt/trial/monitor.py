@@ -1,20 +1,14 @@
 """NVML sampling during the timed window: GPU utilization, memory, power and energy.
 
-A background thread polls NVML every `interval_s` while the window runs (NVML calls are cheap
-driver queries, no CUDA sync). The NVML module is injectable, so tests can drive the sampler with a
-scripted stand-in; the real path imports pynvml (nvidia-ml-py) and maps the torch device to its NVML
-handle by UUID (or PCI bus id), which stays right under CUDA_VISIBLE_DEVICES, where torch's index
-and NVML's index differ.
+A background thread polls NVML every `interval_s` (cheap driver queries, no CUDA sync). The NVML
+module is injectable (tests script a stand-in); the device maps to its NVML handle by UUID or PCI
+bus id, which stay right under CUDA_VISIBLE_DEVICES, where torch's and NVML's indices differ.
 
-Windows are short (0.5-2 s) next to NVML's own averaging: nvmlDeviceGetPowerUsage is a 1 s average
-on Ampere and newer, nvmlDeviceGetUtilizationRates averages over 1/6-1 s, so a polled mean mostly
-describes warm-up. Hence, where the device supports them:
-
-- power = the energy counter's difference / the window's seconds (nvmlDeviceGetTotalEnergyConsumption,
-  mJ, Volta and newer), else the mean of the polled samples (flagged in `notes`);
-- utilization = the mean of the driver's timestamped utilization samples (nvmlDeviceGetSamples,
-  NVML_GPU_UTILIZATION_SAMPLES, one per sampling period) whose timestamps fall inside the window,
-  else the polled nvmlDeviceGetUtilizationRates (flagged).
+Windows are short (0.5-2 s) next to NVML's own averaging (nvmlDeviceGetPowerUsage is a 1 s
+average on Ampere and newer, nvmlDeviceGetUtilizationRates 1/6-1 s), so a polled mean mostly
+describes warm-up. Hence, where the device supports them, power is the energy counter's
+difference over the window, and utilization the mean of the driver's timestamped samples
+(nvmlDeviceGetSamples) inside the window; else the polled means, flagged in `notes`.
 """
 
 from __future__ import annotations
@@ -86,9 +80,8 @@ def summarize(
     device_utilization: list[float] | None = None,
 ) -> NvmlStats:
     """Statistics over a window's samples. `energy_counter_j`: the energy counter's difference
-    over the window (`window_s` seconds), when the device supports it (Volta and newer);
-    `device_utilization`: the driver's timestamped utilization samples inside the window (None:
-    the device keeps none). Each fallback to a polled average is flagged in `notes`."""
+    over the window (Volta and newer); `device_utilization`: the driver's timestamped samples
+    inside the window (None: the device keeps none)."""
     memory = [s.memory_used_mb for s in samples if s.memory_used_mb is not None]
     notes: list[str] = []
     if device_utilization:
@@ -136,10 +129,8 @@ def summarize(
 
 
 class NvmlSampler:
-    """Polls one device in a background thread between start() and stop(): memory and the
-    fallback utilization/power by polling, the driver's timestamped utilization samples by
-    fetching those newer than the last one seen (lastSeenTimeStamp), and the energy counter at
-    both ends."""
+    """Polls one device in a background thread between start() and stop(), fetching the driver's
+    utilization samples newer than the last seen, and reads the energy counter at both ends."""
 
     def __init__(self, nvml: Any, handle: Any, interval_s: float = 0.1) -> None:
         self.nvml = nvml
@@ -244,8 +235,7 @@ def import_nvml() -> ModuleType:
 
 
 def nvml_handle(nvml: Any, device: torch.device) -> Any:
-    """The NVML handle of a torch CUDA device: by UUID, else by PCI bus id (both global ids,
-    unlike indices, which CUDA_VISIBLE_DEVICES renumbers)."""
+    """The NVML handle of a torch CUDA device: by UUID, else by PCI bus id (global ids)."""
     import torch
 
     props = torch.cuda.get_device_properties(device)

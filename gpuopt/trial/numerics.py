@@ -1,32 +1,17 @@
 """The numerics guard: does a faster configuration still train the same model?
 
-A trial that changes the math (precision, torch.compile, gradient accumulation, optimizer kernels,
-channels_last) is checked once, outside its timed window: `guard.steps` (K) optimizer steps from
-the seeded initial weights on the same fixed batches (the dataset's first K x global_batch samples,
-in order: no shuffling, no workers), once the trial's way and once the fp32 reference way (fp32, no
-compile, the whole global batch in one pass, PyTorch's default optimizer kernels; the same lr).
+A trial that changes the math (precision, compile, accumulation, optimizer kernels,
+channels_last) is checked outside its timed window: `guard.steps` (K) optimizer steps from the
+seeded weights on the same fixed batches, once the trial's way and once the fp32 reference way.
 
     loss_drift = max over the K steps of |loss_k - reference_loss_k| / |reference_loss_k|
 
-Over `guard.loss_tolerance` the trial is infeasible (the sweeper tells Optuna a constraint named
-`numerics`, gpuopt.sweeper.objectives) with this module's `GuardEvidence` as the why. fp16 loss
-scaling that skips steps shows twice: in `skipped_steps`, and in the trajectory (a skipped step
-does not lower the loss). A NaN/inf loss is an infinite drift.
+Over `guard.loss_tolerance` the trial is infeasible (constraint `numerics`). What it does not
+prove: K steps are a short horizon; a drift that only appears after thousands of steps (e.g. bf16
+weight updates that round to nothing late in training) is not seen.
 
-What it does not prove: K steps are a short horizon. A small drift says the first steps follow the
-fp32 trajectory on this data; it is not a convergence guarantee, and a drift that only appears after
-thousands of steps (e.g. bf16 weight updates that round to nothing late in training) is not seen.
-
-The reference depends only on the model, data, optimizer, loss, seed, global batch, K, device and
-the thread count it trains with (every usable CPU, whatever the trial's: `reference_key`): it is
-computed once per process (`_reference_cache`: a race process's finalists, an in-process sweep's
-trials share it, bit-identical to a recomputation) and, inside a Hydra multirun, cached in the
-sweep dir (`.numerics/<key>.json`), so a sweep's trials share it.
-
-This module holds what the guard decides (which trials it checks, the reference's spec, the drift,
-the cache of reference trajectories, the evidence on the trial); the training of the K steps is the
-engines' side (gpuopt.engines._guard, a step the engines ask for once a trial measured ok). It
-imports no engine.
+The reference is computed once per process and, in a Hydra multirun, cached in the sweep dir
+(`.numerics/<key>.json`). This module decides; the K steps are trained by gpuopt.engines._guard.
 """
 
 from __future__ import annotations
@@ -53,12 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The loss the relative deviation divides by is at least this (a loss near zero would make any
-# rounding look like a huge relative drift).
+# The relative deviation divides by at least this (near zero any rounding looks like a huge drift).
 MIN_REFERENCE_LOSS = 1e-6
 CACHE_FOLDER = ".numerics"
-# The reference trajectories this process trained or read, by `reference_key` (the trial process's
-# "do it once": reused by every later trial of the same reference in this process).
+# The reference trajectories this process trained or read, by `reference_key`.
 _reference_cache: dict[str, list[float]] = {}
 _rank_cache_dir: Path | None = None  # set in a distributed trial's ranks (inherit_cache_dir)
 
@@ -101,23 +84,19 @@ class GuardEvidence:
 
 
 def math_changes(spec: TrialSpec) -> list[str]:
-    """What this configuration changes in the training math relative to the fp32 reference: the
-    knob catalogue's NUMERICS keys, each named by its record's check (`Knob.numerics`), a change
-    of several keys (a distributed job) once."""
+    """What this configuration changes in the training math relative to the fp32 reference (the
+    knob catalogue's `Knob.numerics` checks, each change once)."""
     named = (knob.numerics(spec) for knob in knobs.KNOBS if knob.numerics is not None)
     return list(dict.fromkeys(change for change in named if change))
 
 
 def guarded_spec(spec: TrialSpec) -> TrialSpec:
     """The configuration the guard trains: the trial's own, or its math changes at
-    `guard.global_batch` where that differs from the trial's global batch (a sweep sets the
-    baseline's). Why: a batch change is a training change of its own, reported apart with its
-    learning-rate advice (gpuopt.study.rules.training_change); the guard asks whether precision,
-    compile, kernels or layout keep the math, and at the baseline's batch one fp32 reference
-    serves every trial, where one per searched batch cost a cnn sweep 10-24 s of fp32 steps on the
-    2-core CPU (docs/benchmarks.md). The same lr factor rule applies at that batch (the sweep's
-    reference batch is the baseline's: the baseline's lr). A trial that accumulates
-    micro-batches, or spans ranks, keeps its own batch: its split is what the guard checks."""
+    `guard.global_batch` (a sweep sets the baseline's). Why: a batch change is reported apart
+    (gpuopt.study.rules.training_change), and at the baseline's batch one fp32 reference serves
+    every trial, where one per searched batch cost a cnn sweep 10-24 s on the 2-core CPU
+    (docs/benchmarks.md). A trial that accumulates or spans ranks keeps its own batch: its split
+    is what the guard checks."""
     batch = spec.guard.global_batch
     if batch is None or batch == spec.global_batch:
         return spec
@@ -152,8 +131,7 @@ def reference_spec(spec: TrialSpec) -> TrialSpec:
 
 
 def loss_drift(losses: list[float], reference: list[float]) -> float:
-    """The largest relative deviation of the loss from the reference's over the steps (inf when a
-    loss is NaN/inf)."""
+    """The largest relative deviation of the loss from the reference's (inf for a NaN/inf loss)."""
     drift = 0.0
     for loss, ref in zip(losses, reference, strict=True):
         if not (math.isfinite(loss) and math.isfinite(ref)):
@@ -163,18 +141,10 @@ def loss_drift(losses: list[float], reference: list[float]) -> float:
 
 
 def reference_key(
-    reference: TrialSpec,
-    device: torch.device,
-    steps: int,
-    settings: dict[str, Any] | None = None,
+    reference: TrialSpec, device: torch.device, steps: int, settings: dict[str, Any] | None = None
 ) -> str:
-    """What the reference trajectory depends on, hashed: its cache key. The reference spec's
-    model, data, optimizer (lr, lr scaling, weight decay, ...: every field), loss and seed, the
-    global batch its fixed batches hold, the guard's K steps, the device type, and the
-    process-wide settings it trains under (`settings`: gpuopt.engines._guard.reference_settings,
-    the thread count it trains with). Nothing else reaches the reference: `reference_spec` fixes
-    its precision, compile, kernels, layout and batching, and the guard's tolerance only reads
-    it."""
+    """What the reference trajectory depends on, hashed: its cache key (`reference_spec` fixes
+    everything else; `settings`: the process-wide ones it trains under, e.g. its threads)."""
     keep = {
         "model": reference.model,
         "data": reference.data,
@@ -190,8 +160,8 @@ def reference_key(
 
 
 def sweep_cache_dir() -> Path | None:
-    """The sweep dir's `.numerics` folder inside a Hydra multirun, else None (process cache only).
-    In a rank of a distributed trial (no Hydra there): the one its trial handed down."""
+    """The sweep dir's `.numerics` folder inside a Hydra multirun, else None; in a distributed
+    trial's rank (no Hydra there), the one its trial handed down."""
     if _rank_cache_dir is not None:
         return _rank_cache_dir
     try:
@@ -214,8 +184,7 @@ def inherit_cache_dir(folder: str | None) -> None:
 
 
 def cached_reference(key: str, cache_dir: Path | None) -> list[float] | None:
-    """The reference trajectory under `key`: from this process's cache or the sweep dir's, else
-    None (to be trained, then `store_reference`)."""
+    """The reference trajectory under `key`, from this process's cache or the sweep dir's."""
     if key in _reference_cache:
         return _reference_cache[key]
     path = cache_dir / f"{key}.json" if cache_dir is not None else None
@@ -229,20 +198,17 @@ def cached_reference(key: str, cache_dir: Path | None) -> list[float] | None:
 
 
 def store_reference(key: str, losses: list[float], cache_dir: Path | None) -> None:
-    """Keep a trained reference trajectory for this process and, in a multirun, the sweep."""
+    """Keep a trained reference trajectory for this process and, in a multirun, the sweep (workers
+    may write the same key at once: written aside, then renamed)."""
     _reference_cache[key] = losses
-    if cache_dir is not None:
-        _write_atomically(cache_dir / f"{key}.json", {"losses": losses})
-
-
-def _write_atomically(path: Path, data: dict[str, Any]) -> None:
-    """Workers of one sweep may write the same key at once: write aside, then rename."""
+    if cache_dir is None:
+        return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+            json.dump({"losses": losses}, f)
+        os.replace(tmp, cache_dir / f"{key}.json")
     except OSError as exc:
         log.warning("numerics reference not cached: %s", exc)
 
@@ -255,8 +221,7 @@ def evidence(
     changes: list[str] | None = None,
     trial_global_batch: int | None = None,
 ) -> GuardEvidence:
-    """The guard's verdict on the trial's trajectory against the reference's (`spec`: what the
-    guard trained, `guarded_spec`; `trial_global_batch`: the trial's own, where it differs)."""
+    """The guard's verdict (`spec`: what it trained; `trial_global_batch`: the trial's own)."""
     drift = loss_drift(losses, reference)
     return GuardEvidence(
         passed=drift <= spec.guard.loss_tolerance,
@@ -283,8 +248,7 @@ def changes_to_guard(spec: TrialSpec) -> list[str]:
 
 
 def record_evidence(trial: Trial, found: GuardEvidence) -> None:
-    """The evidence on the trial: `numerics` (the sweeper's user attr) and `loss_drift`, and a
-    warning when it is over the tolerance."""
+    """The evidence on the trial, and a warning when it is over the tolerance."""
     trial.metrics.loss_drift = found.loss_drift
     trial.numerics = {**asdict(found), "summary": found.summary}
     if not found.passed:
@@ -292,17 +256,11 @@ def record_evidence(trial: Trial, found: GuardEvidence) -> None:
 
 
 def record_not_run(trial: Trial, exc: Exception, changes: list[str] | None = None) -> None:
-    """Why the guard did not run, as a warning (the guard never turns a measured trial into an
-    error) and as the trial's evidence: `passed` None, so that a trial whose math changed
-    unchecked is never called the same training (gpuopt.study.rules.same_training). An
-    unexpected failure is also logged with its traceback."""
+    """Why the guard did not run, as a warning (it never turns a measured trial into an error) and
+    as evidence with `passed` None, so a trial whose math changed unchecked is never called the
+    same training (gpuopt.study.rules.same_training)."""
     if not isinstance(exc, NotGuarded) and not is_oom(exc):
         log.warning("numerics guard failed", exc_info=exc)
     why = f"{type(exc).__name__}: {exc}"
     trial.warnings.append(f"numerics guard not run: {why}")
-    trial.numerics = _unchecked(why, changes or [])
-
-
-def _unchecked(why: str, changes: list[str]) -> dict[str, Any]:
-    """The evidence of a math change the guard did not check (gpuopt.study.rules reads it)."""
-    return {"passed": None, "not_run": why, "changes": list(changes)}
+    trial.numerics = {"passed": None, "not_run": why, "changes": list(changes or [])}

@@ -1,8 +1,6 @@
 """Policies a trial applies around the training step: allocator environment, threads, precision
-(autocast, GradScaler, TF32), cache emptying and torch.compile.
-
-`apply_allocator_env` must run before torch is first imported in the process, so this module does not
-import torch at module level.
+(autocast, GradScaler, TF32), cache emptying and torch.compile. No torch at module level:
+`apply_allocator_env` must run before torch is first imported.
 """
 
 from __future__ import annotations
@@ -27,37 +25,28 @@ THP_VAR = "THP_MEM_ALLOC_ENABLE"
 
 
 def apply_allocator_env(cuda_alloc_conf: str | None, cpu_thp: bool) -> list[str]:
-    """Put the allocator settings into os.environ, or explain why they cannot apply.
-
-    They only take effect if torch has not been imported yet in this process (a fresh-process
-    launcher). When an earlier trial in this process already imported torch with different
-    settings, the returned warnings say the setting did not apply, so results are never mislabelled.
-    """
-    wanted: dict[str, str] = {}
-    if cuda_alloc_conf:
-        wanted.update({name: str(cuda_alloc_conf) for name in ALLOC_CONF_VARS})
-    if cpu_thp:
-        wanted[THP_VAR] = "1"
-    torch_loaded = "torch" in sys.modules
+    """Put the allocator settings into os.environ; once torch is imported they cannot apply, and
+    the returned warnings say so where they differ, so results are never mislabelled."""
+    if "torch" not in sys.modules:
+        if cuda_alloc_conf:
+            os.environ.update({name: str(cuda_alloc_conf) for name in ALLOC_CONF_VARS})
+        if cpu_thp:
+            os.environ[THP_VAR] = "1"
+        return []
     warnings = []
-    if torch_loaded:
-        if cuda_alloc_conf and os.environ.get(ALLOC_CONF_VARS[1]) != cuda_alloc_conf:
-            warnings.append(
-                f"cache.cuda_alloc_conf={cuda_alloc_conf!r} did not apply: torch was already imported "
-                f"in this process with PYTORCH_CUDA_ALLOC_CONF="
-                f"{os.environ.get(ALLOC_CONF_VARS[1])!r}; run trials in fresh processes "
-                "(hydra/launcher=fresh_process)"
-            )
-        # THP is read at import: a different setting than the one in force cannot apply now.
-        in_force = os.environ.get(THP_VAR) == "1"
-        if cpu_thp != in_force:
-            warnings.append(
-                f"cache.cpu_thp={str(cpu_thp).lower()} did not apply: torch was already imported in "
-                f"this process with {THP_VAR}={os.environ.get(THP_VAR)!r}; run trials in fresh "
-                "processes (hydra/launcher=fresh_process)"
-            )
-        return warnings
-    os.environ.update(wanted)
+    if cuda_alloc_conf and os.environ.get(ALLOC_CONF_VARS[1]) != cuda_alloc_conf:
+        warnings.append(
+            f"cache.cuda_alloc_conf={cuda_alloc_conf!r} did not apply: torch was already imported "
+            f"in this process with PYTORCH_CUDA_ALLOC_CONF="
+            f"{os.environ.get(ALLOC_CONF_VARS[1])!r}; run trials in fresh processes "
+            "(hydra/launcher=fresh_process)"
+        )
+    if cpu_thp != (os.environ.get(THP_VAR) == "1"):
+        warnings.append(
+            f"cache.cpu_thp={str(cpu_thp).lower()} did not apply: torch was already imported in "
+            f"this process with {THP_VAR}={os.environ.get(THP_VAR)!r}; run trials in fresh "
+            "processes (hydra/launcher=fresh_process)"
+        )
     return warnings
 
 
@@ -65,8 +54,8 @@ _default_threads: int | None = None
 
 
 def set_num_threads(num_threads: int | None) -> None:
-    """torch.set_num_threads for this trial; None restores PyTorch's default, which an earlier
-    trial in the same process (in-process launcher) may have changed."""
+    """torch.set_num_threads for this trial; None restores PyTorch's default (an earlier trial in
+    the process may have changed it)."""
     import torch
 
     global _default_threads
@@ -79,7 +68,6 @@ def set_num_threads(num_threads: int | None) -> None:
 class PrecisionPolicy:
     """How the step runs numerically: the autocast dtype (None: no autocast) and a GradScaler."""
 
-    mode: str
     device_type: str
     autocast_dtype: torch.dtype | None
     scaler: Any  # torch.amp.GradScaler | None
@@ -107,7 +95,7 @@ def precision_policy(conf: PrecisionConf, device: torch.device) -> PrecisionPoli
     if conf.mode == "fp16":
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none.
         scaler = torch.amp.GradScaler(device.type)
-    return PrecisionPolicy(conf.mode, device.type, dtype, scaler)
+    return PrecisionPolicy(device.type, dtype, scaler)
 
 
 def empty_device_cache(device: torch.device) -> None:
@@ -130,7 +118,6 @@ class CachePolicy:
     def apply(self) -> None:
         import torch
 
-        # cuDNN benchmark: try several convolution algorithms on the first call for each shape.
         torch.backends.cudnn.benchmark = bool(self.conf.cudnn_benchmark)
 
     def after_step(self, step: int) -> None:

@@ -1,50 +1,16 @@
-"""The profiled window: a few training steps under torch.profiler, after the timed window, turned
-into a per-step phase breakdown, the top operators by self time and (on CUDA) the GPU's time split.
+"""The profiled window: a few training steps under torch.profiler, after the timed window (profiling
+slows every op, so its steps are never timed for throughput), turned into a per-step phase
+breakdown, the top operators and (on CUDA) the GPU's time split (docs/profiles.md).
 
-Why a separate window: profiling slows every op (the profiler records each one), so its steps are
-never timed for throughput. It runs after the timed window, with the workload warm, for a few steps
-(`profile.steps`, after `profile.warmup_steps` steps the profiler records and discards: its first
-step pays the profiler's own start-up).
+For the window only, each callable an engine names (`Annotation`) is shadowed by a wrapper in
+`record_function` (spans `gpuopt:*`), so the timed window's step enters no annotation at all. Each
+step is one `gpuopt:step` span, each phase the self time of its spans (gpuopt.trial.trace
+`SPAN_PHASES`), `other` the rest: the phases add up to the step by construction, and the step
+spans must cover the window's wall time measured outside the profiler. On CUDA these are host
+times; the GPU's view is `GpuTimeSplit`.
 
-Phases. The native engine names which of its callables are which phase (`Annotation`s); for the
-window only, each is shadowed on its owner by a wrapper that enters
-`torch.profiler.record_function` (spans `gpuopt:*` in the trace), and restored afterwards. The
-timed window's step therefore enters no annotation at all: annotating costs nothing when not
-profiling. (Under Lightning, its own profiler hook names the phases: gpuopt.engines.lightning.fit_profile.)
-Each step is one `gpuopt:step` span; each phase is the self time of its spans (their duration less
-the gpuopt spans nested in them, `SPAN_PHASES`):
-
-- data_wait   `gpuopt:next_batch` (blocked in next(loader); the copy inside it is its own phase)
-- h2d_copy    `gpuopt:h2d_copy` (host time of the host-to-device copy: on CUDA a synchronous copy
-              also waits for queued work)
-- forward     `gpuopt:forward` (the model's forward)
-- backward    `gpuopt:forward_backward` less forward: the loss, then backward (Lightning:
-              `gpuopt:backward`)
-- optimizer   `gpuopt:optimizer` (optimizer.step, inside GradScaler.step under fp16; Lightning runs
-              training_step and backward inside it, and they are not counted twice)
-- other       the rest of the step: zero_grad, loss bookkeeping, Python, the cache policy
-
-so the phases add up to the step by construction; what a test checks is that the step spans add up
-to the wall time of the window measured outside the profiler (`window_s`), within
-`STEP_COVERAGE_TOLERANCE`. On CUDA these are host times (the host runs ahead of the GPU and blocks
-where it syncs); the GPU's view is `GpuTimeSplit`: kernel and memcpy shares of the window, idle
-time split into host wait (the next op had not been launched yet when the GPU went idle: the CPU
-did not enqueue work fast enough) and kernel wait (it had been launched but had not started:
-launch latency, dependencies), and the GPU busy time by the phase that launched it. Reading the
-trace is `gpuopt.trial.trace`.
-
-The trace is written as `trace.json.gz` (Chrome trace format: opens in Perfetto, ui.perfetto.dev,
-and in chrome://tracing; TensorBoard's profiler plugin reads it once named `*.pt.trace.json.gz`)
-into the trial's run directory, its path in the summary.
-
-A distributed trial: every rank profiles the same steps (they are collectives), the recorded ones
-started together after a barrier (`ProfiledSteps.align`); rank N>0 writes `trace_rank{N}.json.gz`.
-The ranks run outside Hydra, so they write into a temporary directory and the trial's process moves
-the traces into its run directory (`place_trace`, from gpuopt.trial.ranks). Each rank's summary
-adds its communication split (`ProfileSummary.comm`, gpuopt.trial.comm_trace).
-
-Sweeper hook: `profile=on` turns the window on for one trial (gpuopt.sweeper.profile_runs adds it
-to the baseline's and the best's re-measurement).
+A distributed trial's ranks start the recorded steps together after a barrier (`align`); rank
+N>0 writes `trace_rank{N}.json.gz`, and its summary adds its communication split (`comm`).
 """
 
 from __future__ import annotations
@@ -84,10 +50,9 @@ STEP_COVERAGE_TOLERANCE = 0.10
 
 
 def steps_within_budget(conf: ProfileConf, step_ms: float | None) -> ProfileConf:
-    """`conf` with as many recorded steps as fit in `conf.max_s` of the timed window's steps
-    (`step_ms`, its median step), at least one and at most `conf.steps`. Why: a cnn's batch-256
-    steps of 0.9 s made the default 1 + 5 profiled steps cost a race's finalist 9 s, three times
-    its timed window; one slow step already holds thousands of ops to split into phases."""
+    """`conf` with as many recorded steps as fit in `conf.max_s` of `step_ms` steps (1 to
+    `conf.steps`). Why: a cnn's batch-256 steps of 0.9 s made 1 + 5 profiled steps cost a race's
+    finalist 9 s, three times its timed window; one slow step already holds thousands of ops."""
     import dataclasses
 
     if conf.max_s is None or not step_ms or step_ms <= 0:
@@ -96,7 +61,6 @@ def steps_within_budget(conf: ProfileConf, step_ms: float | None) -> ProfileConf
     return conf if fitting >= conf.steps else dataclasses.replace(conf, steps=fitting)
 
 
-# -- annotating the engine's step -----------------------------------------------------------------
 @dataclass(frozen=True)
 class Annotation:
     """`owner.attribute` (a callable) is the phase span `gpuopt:<span>` while profiling."""
@@ -108,8 +72,8 @@ class Annotation:
 
 @contextlib.contextmanager
 def annotated(annotations: Sequence[Annotation]) -> Iterator[None]:
-    """Shadow each annotated callable with one that runs inside `record_function(gpuopt:<span>)`,
-    on the instance, and put the original back afterwards (also after a failure)."""
+    """Shadow each annotated callable, on the instance, with one inside
+    `record_function(gpuopt:<span>)`; put the originals back afterwards."""
     from torch.profiler import record_function
 
     restore: list[tuple[Any, str, bool, Any]] = []
@@ -170,14 +134,12 @@ class ProfileSummary:
         )
 
 
-# -- the window -----------------------------------------------------------------------------------
 RUN_DIR_ENV = "GPUOPT_RUN_DIR"  # a trial's run directory outside Hydra (the race's whole trials)
 TEMP_PREFIX = "gpuopt-profile-"
 
 
 def known_run_dir() -> Path | None:
-    """Hydra's run directory for this trial, else $GPUOPT_RUN_DIR (set by the process that runs
-    trials outside Hydra: gpuopt.processes.shared_windows), else None."""
+    """Hydra's run directory for this trial, else $GPUOPT_RUN_DIR (trials outside Hydra), else None."""
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
@@ -188,20 +150,18 @@ def known_run_dir() -> Path | None:
 
 
 def trial_run_dir() -> Path:
-    """`known_run_dir()`, else a new temporary directory (the public API; a distributed trial's
-    ranks, which run outside Hydra: the trial's process moves their traces, `place_trace`)."""
+    """`known_run_dir()`, else a new temporary directory (the trial's process moves a rank's
+    trace from there, `place_trace`)."""
     return known_run_dir() or Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
 
 
 class ProfiledSteps:
     """warmup_steps + steps training steps under torch.profiler, each in a `gpuopt:step` span, the
-    trace written to `trace` when the last one ends; `window_s` is the wall time of the recorded
-    steps (perf_counter, synchronized at both ends), `averages` the profiler's operator table.
+    trace written to `trace` after the last; `window_s` is the recorded steps' wall time.
 
-    Driven like `CeilingReplay`: a loop calls `run(step)`; a framework's hooks call `begin()`,
-    then `step_started()` / `step_ended()` around each step until `step_ended()` returns True
-    (`close()` after a failure). `align` (a distributed trial's barrier) runs right before the
-    first recorded step, outside any step span: every rank's recorded steps start together."""
+    A loop calls `run(step)`; a framework's hooks call `begin()`, then `step_started()` /
+    `step_ended()` around each step until it returns True (`close()` after a failure). `align`
+    (a distributed trial's barrier) runs right before the first recorded step, outside its span."""
 
     def __init__(
         self,
@@ -251,9 +211,7 @@ class ProfiledSteps:
         """Close the step's span; True once the last step ended (the trace is then written)."""
         from gpuopt.trial.measure import synchronize
 
-        span, self._span = self._span, None
-        if span is not None:
-            span.__exit__(None, None, None)
+        self._end_span()
         self.index += 1
         if self.index == self.total:
             # The last step's queued GPU work belongs to the window: drain it before the profiler
@@ -267,10 +225,13 @@ class ProfiledSteps:
         self.finished = True
         return True
 
-    def close(self) -> None:
+    def _end_span(self) -> None:
         span, self._span = self._span, None
         if span is not None:
             span.__exit__(None, None, None)
+
+    def close(self) -> None:
+        self._end_span()
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
             profiler.__exit__(None, None, None)
@@ -288,8 +249,8 @@ class ProfiledSteps:
 
 
 def summarize(recorded: ProfiledSteps, began: float, comm: bool = False) -> ProfileSummary:
-    """The summary of a finished `ProfiledSteps` (reads its trace back); `began` counts the cost;
-    `comm`: a distributed trial's rank, its collectives split too (gpuopt.trial.comm_trace)."""
+    """The summary of a finished `ProfiledSteps` (`began`: when its cost started; `comm`: a
+    distributed trial's rank, its collectives split too)."""
     events = load_trace(recorded.trace)
     steps, step_s, phases_s = phase_breakdown(events)
     cuda = recorded.device.type == "cuda"
@@ -322,10 +283,8 @@ def trace_file(run_dir: Path | None, rank: int | None = None) -> Path:
 
 
 def place_trace(path: str, rank: int) -> str:
-    """A rank's trace in the trial's run directory, its path. The ranks get the run directory
-    (gpuopt.trial.distributed sets RUN_DIR_ENV for them) and write there; this moves a trace a
-    rank wrote into a temporary directory (it knew no run directory) from the trial's process.
-    Where no run directory is known, or the trace is there already, `path` as it was."""
+    """A rank's trace moved into the trial's run directory, its path (`path` as it was where no
+    run directory is known or the trace is there already)."""
     run_dir, source = known_run_dir(), Path(path)
     if run_dir is None or not source.exists() or source.parent.resolve() == run_dir.resolve():
         return path
@@ -343,16 +302,14 @@ def run_profiled_window(
     annotations: Sequence[Annotation],
     device: torch.device,
     conf: ProfileConf,
-    run_dir: Path | None = None,
     rank: int | None = None,
     align: Callable[[], None] | None = None,
 ) -> ProfileSummary:
-    """Profile `conf.steps` calls of `step` (one training step) with `annotations` in place; write
-    the trace into `run_dir` (the trial's run directory by default); summarize it. A distributed
-    trial's `rank` (every rank runs the same steps, each started after `align`, its barrier) names
-    its trace (`trace_name`) and has its collectives split (`ProfileSummary.comm`)."""
+    """Profile `conf.steps` calls of `step` with `annotations` in place, the trace in the trial's
+    run directory, and summarize it. A distributed trial's `rank` names its trace and has its
+    collectives split."""
     began = time.perf_counter()
-    recorded = ProfiledSteps(device, conf, trace_file(run_dir, rank), align)
+    recorded = ProfiledSteps(device, conf, trace_file(None, rank), align)
     with annotated(annotations):
         recorded.run(step)
     return summarize(recorded, began, comm=rank is not None)

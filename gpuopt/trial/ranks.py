@@ -1,26 +1,12 @@
-"""A distributed trial's one result, from its ranks' own (gpuopt.trial.distributed collects them).
+"""A distributed trial's one result, from its ranks' own, as a performance engineer reads a
+multi-GPU step (each metric's catalogue record, gpuopt.core.metrics `ranks`, says which applies):
+throughput is every rank's samples over the slowest rank's window; step time is the slowest
+rank's (`straggler_rank`, `step_time_spread`); data wait the worst rank's (one starving rank
+stalls every collective); peak memory the largest rank's; MFU is per device. Each rank's row and
+profiled trace are kept.
 
-Measured as a performance engineer reads a multi-GPU step: every rank ran the same number of
-optimizer steps in a timed window that started at a barrier (gpuopt.engines._distributed), so
-
-- throughput is global: every rank's samples over the slowest rank's window;
-- step time is the slowest rank's (a step is as slow as its slowest rank), and the straggler is
-  named (`straggler_rank`) with how far the ranks spread (`step_time_spread`);
-- data wait is the worst rank's (one starving rank stalls every collective);
-- peak memory is the largest rank's, with the spread between ranks (`peak_memory_spread_mb`);
-- MFU is per device: the global model FLOP/s over the world size's peaks;
-- the communication share of the profiled step (profile=on) is the ranks' mean (each rank's is
-  in its row: the straggler waits least, its peers wait for it);
-- each rank's own row is kept (`TrialResult.ranks`), and each rank's profiled trace is moved into
-  the trial's run directory (trace.json.gz for rank 0, trace_rank{N}.json.gz).
-
-Each metric's record in the catalogue (gpuopt.core.metrics: `ranks`, `rank_row`) says which of
-these applies to it, and whether it is in the ranks' rows.
-
-A failure is the trial's status: the rank that failed first (its own OOM, error or divergence),
-or one that died without a result (killed, a segfault) with its stderr's head and tail; ranks that
-failed after it (a peer's closed connection, a collective timing out) are its consequence.
-Torch-free: pure data, but for moving the ranks' traces (gpuopt.trial.profiled_window.place_trace).
+A failure is the rank that failed first (or died without a result, with its stderr's head and
+tail): the ranks that failed after it (a closed connection, a collective timing out) followed it.
 """
 
 from __future__ import annotations
@@ -45,10 +31,7 @@ class RankFailure:
 
 
 def merge_ranks(
-    results: dict[int, TrialResult],
-    crashed: dict[int, RankFailure],
-    backend: str,
-    elapsed_s: float,
+    results: dict[int, TrialResult], crashed: dict[int, RankFailure], backend: str, elapsed_s: float
 ) -> TrialResult:
     """The trial's one result from its ranks' results (and the ranks that crashed without one)."""
     world = max([*results, *crashed], default=-1) + 1
@@ -110,8 +93,7 @@ def _rank_row(rank: int, result: TrialResult) -> dict[str, object]:
 def _profile(
     profile: dict[str, Any] | None, results: dict[int, TrialResult]
 ) -> dict[str, Any] | None:
-    """Rank 0's profile summary, every rank's trace moved into the trial's run directory and
-    listed by rank (`rank_traces`)."""
+    """Rank 0's profile summary, with every rank's trace moved into the run directory."""
     traces: dict[str, str] = {}
     for rank in sorted(results):
         path = (results[rank].profile or {}).get("trace_path")
@@ -137,8 +119,7 @@ def _spread(values: list[float]) -> float | None:
 
 
 def _global_metrics(m: Metrics, ranks: list[Metrics]) -> None:
-    """Rank 0's metrics `m` turned into the job's, as each metric's record says (its `ranks`):
-    the merges below by name, then what is computed for the job from its ranks."""
+    """Rank 0's metrics `m` turned into the job's, as each metric's record says (its `ranks`)."""
     steps = [r.step_time_ms for r in ranks]
     timed = all(s is not None for s in steps)
     straggler = max(range(len(ranks)), key=lambda i: steps[i] or 0.0) if timed else None
@@ -160,8 +141,7 @@ def _global_metrics(m: Metrics, ranks: list[Metrics]) -> None:
     _scale_rates(m, len(ranks), ranks[0].throughput)
 
 
-# The merges (gpuopt.core.metrics.Merge) done by name; the others are rank 0's value, or computed
-# for the job in `_global_metrics` and `_scale_rates`.
+# The merges (gpuopt.core.metrics.Merge) done by name; the others are rank 0's or computed.
 MERGED = ("largest", "mean", "sum", "slowest", "dropped")
 
 
@@ -182,7 +162,7 @@ def _merged(how: str, values: list[Any], straggler: int | None, own: Any) -> Any
 
 def _scale_rates(m: Metrics, world: int, rank0_throughput: float | None) -> None:
     """What rank 0 measured per its own throughput, at the job's: MFU/HFU per device (the global
-    FLOP/s over the world size's peaks), the amortized throughput; the energy per sample."""
+    FLOP/s over the world size's peaks), the amortized throughput, the energy per sample."""
     if rank0_throughput and m.throughput:
         per_device = m.throughput / world / rank0_throughput
         for name in names(ranks="per device"):

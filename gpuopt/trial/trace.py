@@ -1,10 +1,9 @@
-"""What a profiled window's trace says: gpuopt's per-step phase breakdown (from its `gpuopt:*`
-spans), the GPU's time split (on CUDA) and the top operators. It reads the Chrome trace that
-torch.profiler exported, as JSON. Recording it, and what each phase holds: `gpuopt.trial.profiled_window`.
+"""What a profiled window's Chrome trace says: the per-step phase breakdown (from gpuopt's
+`gpuopt:*` spans), the GPU's time split (on CUDA) and the top operators.
 
 HolisticTraceAnalysis computes the same temporal and idle breakdowns, but version 0.5.0 requires
 jupyterlab, pytest, pandas, networkx and pydot at run time: too heavy for a trial process, so the
-split is computed here from the trace's GPU events (the same definitions, see `gpu_time_split`).
+split is computed here with the same definitions.
 """
 
 from __future__ import annotations
@@ -95,8 +94,8 @@ def _self_times(spans: list[dict[str, Any]]) -> list[tuple[str, float]]:
 
 
 def phase_breakdown(events: list[dict[str, Any]]) -> tuple[int, float, dict[str, float]]:
-    """(steps, mean step seconds, seconds per step by phase) from gpuopt's spans in a trace: each
-    phase span's self time, and `other` the rest of the step spans."""
+    """(steps, mean step seconds, seconds per step by phase): each phase span's self time, and
+    `other` the rest of the step spans."""
     spans = _spans(events)
     steps = [e for e in spans if e["name"] == STEP_SPAN]
     if not steps:
@@ -114,6 +113,7 @@ def phase_breakdown(events: list[dict[str, Any]]) -> tuple[int, float, dict[str,
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, merged; unlike comm_trace.union, zero-length intervals are kept (they split gaps)."""
     merged: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -123,7 +123,7 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def _length(intervals: list[tuple[float, float]]) -> float:
+def length(intervals: list[tuple[float, float]]) -> float:
     return sum(end - start for start, end in intervals)
 
 
@@ -137,12 +137,10 @@ def _innermost_phase(spans: list[dict[str, Any]], ts: float) -> str:
 
 
 def _idle_split(
-    busy: list[tuple[float, float]],
-    starts: dict[float, float | None],
-    window: tuple[float, float],
+    busy: list[tuple[float, float]], starts: dict[float, float | None], window: tuple[float, float]
 ) -> tuple[float, float, float]:
     """(host wait, kernel wait, unattributed) microseconds of the gaps before each busy interval:
-    a gap is host wait until the op that ends it was launched, kernel wait after."""
+    host wait until the op that ends it was launched, kernel wait after."""
     host = kernel = unknown = 0.0
     previous_end = window[0]
     for start, end in busy:
@@ -161,15 +159,16 @@ def _idle_split(
 
 
 def gpu_time_split(events: list[dict[str, Any]]) -> GpuTimeSplit | None:
-    """The GPU's kernel/memcpy/idle shares over the profiled steps, idle split into host wait and
-    kernel wait by each op's launch (runtime event of the same correlation id), and busy time by
-    the phase whose span launched it. None for a trace without GPU ops (CPU runs)."""
+    """The GPU's kernel/memcpy/idle shares over the profiled steps, idle split by each op's launch
+    (the runtime event of its correlation id), busy time by the phase that launched it. None
+    without GPU ops."""
     gpu_ops = [
         e
         for e in events
         if e.get("ph") == "X" and e.get("cat") in KERNEL_CATEGORIES + MEMORY_CATEGORIES
     ]
-    steps = [e for e in _spans(events) if e["name"] == STEP_SPAN]
+    spans = _spans(events)
+    steps = [e for e in spans if e["name"] == STEP_SPAN]
     if not gpu_ops or not steps:
         return None
     launches = {
@@ -177,12 +176,8 @@ def gpu_time_split(events: list[dict[str, Any]]) -> GpuTimeSplit | None:
         for e in events
         if e.get("cat") in LAUNCH_CATEGORIES and "ts" in e
     }
-    window = (
-        min(float(e["ts"]) for e in steps),
-        max(
-            max(float(e["ts"] + e["dur"]) for e in steps), max(e["ts"] + e["dur"] for e in gpu_ops)
-        ),
-    )
+    ends = (float(e["ts"] + e["dur"]) for e in steps + gpu_ops)
+    window = (min(float(e["ts"]) for e in steps), max(ends))
     span = window[1] - window[0]
     kernels = _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu_ops if e["cat"] == "kernel"])
     busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu_ops])
@@ -193,7 +188,6 @@ def gpu_time_split(events: list[dict[str, Any]]) -> GpuTimeSplit | None:
         launch_of_op_at.setdefault(float(e["ts"]), launches.get(correlation))
     first_launch = {start: launch_of_op_at.get(start) for start, _ in busy}
     host, kernel_wait, unknown = _idle_split(busy, first_launch, window)
-    spans = _spans(events)
     by_phase: dict[str, float] = {}
     for e in gpu_ops:
         launched = launches.get((e.get("args") or {}).get("correlation"))
@@ -205,9 +199,9 @@ def gpu_time_split(events: list[dict[str, Any]]) -> GpuTimeSplit | None:
         return 100.0 * us / span if span > 0 else 0.0
 
     return GpuTimeSplit(
-        kernel=pct(_length(kernels)),
-        memcpy=pct(_length(busy) - _length(kernels)),
-        idle=pct(span - _length(busy)),
+        kernel=pct(length(kernels)),
+        memcpy=pct(length(busy) - length(kernels)),
+        idle=pct(span - length(busy)),
         host_wait=pct(host),
         kernel_wait=pct(kernel_wait),
         unattributed_idle=pct(unknown),
@@ -220,8 +214,8 @@ def gpu_time_split(events: list[dict[str, Any]]) -> GpuTimeSplit | None:
 def top_operators(
     averages: Any, steps: int, step_s: float, limit: int, cuda: bool
 ) -> list[OperatorTime]:
-    """The operators with the most self time per step (device time on CUDA), gpuopt's and the
-    optimizer's own annotation spans left out (they are phases, not operators)."""
+    """The operators with the most self time per step (device time on CUDA); annotation spans
+    are phases, not operators, and are left out."""
     rows = []
     for avg in averages:
         name = str(avg.key)
@@ -232,11 +226,6 @@ def top_operators(
         rows.append((device_s if cuda else host_s, name, host_s, device_s))
     rows.sort(reverse=True)
     return [
-        OperatorTime(
-            name,
-            host_s,
-            100.0 * (key / step_s) if step_s else 0.0,
-            device_s,
-        )
+        OperatorTime(name, host_s, 100.0 * (key / step_s) if step_s else 0.0, device_s)
         for key, name, host_s, device_s in rows[:limit]
     ]
