@@ -1,8 +1,4 @@
-"""How gpuopt writes numbers for people: one module for the sweep summary and the report.
-
-Torch-free and dependency-free (the sweeping process and the report both use it). What the
-confirmation and the two answers say is gpuopt.study.answers (it reads the stored records).
-"""
+"""How gpuopt writes numbers for people: one module for the sweep summary and the report."""
 
 from __future__ import annotations
 
@@ -57,17 +53,15 @@ def duration(seconds: float | None) -> str:
 
 
 def limit_share(attrs: dict[str, Any], highest: HighestLimit | None = None) -> str | None:
-    """A trial's share of the machine's limit for its workload at its settings (gpuopt.core.limits), in
-    words; None when the limit was not measured (a user step, `measure.loader_cost=false`). With
-    `highest` (the study's highest limit) clearly above the trial's own, it says where: a baseline
-    at "100%" of its own limit may still be far from what other settings allow."""
+    """A trial's share of the machine's limit at its settings, in words (None: not measured), and
+    where the study's `highest` limit is clearly above its own."""
     share, limit = attrs.get("limit_efficiency"), attrs.get("limit_throughput")
     if not isinstance(share, (int, float)) or not isinstance(limit, (int, float)):
         return None
     bound = attrs.get("limit_bound")
     by = f", bound by {bound}" if bound else ""
     text = f"{share:.0f}% of this machine's limit for this workload ({_rate(limit)} samples/s{by})"
-    if higher_elsewhere(attrs, highest) and highest is not None:
+    if highest is not None and higher_elsewhere(attrs, highest):
         text += (
             f"; other settings measured a limit up to {_rate(highest.throughput)} samples/s "
             f"(trial #{highest.trial})"
@@ -76,6 +70,4 @@ def limit_share(attrs: dict[str, Any], highest: HighestLimit | None = None) -> s
 
 
 def _rate(samples_per_s: float) -> str:
-    return (
-        f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"
-    )  # GPT-2: 0.874
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"

@@ -1,9 +1,7 @@
-"""THE knob catalogue: one record per config key gpuopt searches (or per group of keys alike),
-with all the package asks of a knob, so that a knob is its YAML, its record here, and where it
-takes effect. Its poor-choice rules judge values from the facts `python -m gpuopt.env` measures,
-so that the torch-free sweeper's trimming, a trial's warnings and the env command's table (one row
-per rule) read the same rules. Torch-free, importing no other gpuopt folder: the sweeper, the
-report and the trial side all read it.
+"""THE knob catalogue: one record per config key gpuopt searches (or per group of keys alike), with
+all the package asks of a knob. Its poor-choice rules judge values on the facts `python -m
+gpuopt.env` measures, so the sweeper's trimming, a trial's warnings and the env command's table
+read the same rules.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ def _derived(facts: Facts) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Rule:
-    """One poor choice, one row: `values` (override strings), or every count `above` a fact (its
-    name: `cpus`), cost a sweep trials for nothing on a machine whose facts match `when` (each
-    named fact one of its values), because `why` (formatted with the facts)."""
+    """One poor choice: `values` (override strings), or every count `above` a fact (`cpus`), cost
+    a sweep trials for nothing on a machine whose facts match `when`, because `why`."""
 
     values: tuple[str, ...]
     when: Mapping[str, tuple[Any, ...]]
@@ -67,8 +64,7 @@ class Rule:
 @dataclass(frozen=True)
 class Knob:
     """A config key (`loader.pin_memory`) or, ending in a dot, the keys of a group without a record
-    of their own (`model.`). `group`: the config group whose options set the key (`precision=bf16`
-    sets precision.mode), so that a sweep of the group reads the key's record."""
+    of their own (`model.`). `group`: the config group whose options set the key."""
 
     key: str
     shareable: bool = False  # may differ within one measuring process (race, confirmation)
@@ -78,13 +74,10 @@ class Knob:
     tip: str | None = None  # the setting a diagnosis's "Try:" line names (it says why)
     group: str | None = None
     # How a GLOBAL_BATCH key makes the global batch: FACTOR (it multiplies in: the micro-batch,
-    # the ranks) or TOTAL (set, it is the global batch itself, the micro-batches accumulating to
-    # it: train.global_batch). sweeper/global_batch.py reads it, so that which configurations hold
-    # a baseline's global batch follows from these records.
+    # the ranks) or TOTAL (set, it is the global batch itself: train.global_batch).
     batch: str | None = None
-    # A NUMERICS key's check by the numerics guard (gpuopt.trial.numerics.math_changes): the math
-    # change a trial makes with it, as the guard names it ("precision bf16"), None where the trial
-    # keeps the fp32 reference's math. The keys of one change (a distributed job) share one check.
+    # A NUMERICS key's check by the numerics guard: the math change a trial makes with it, as the
+    # guard names it ("precision bf16"), None where it keeps the fp32 reference's math.
     numerics: Callable[[TrialSpec], str | None] | None = None
 
     def __post_init__(self) -> None:
@@ -124,8 +117,8 @@ def _kernels(spec: TrialSpec) -> str | None:
 
 
 def _distributed(spec: TrialSpec) -> str | None:
-    """A distributed job as a change of the math: the gradients reduced over ranks (another
-    summation order), and FSDP2's mixed-precision policy, e.g. `fsdp2 x 2 ranks (param bf16)`."""
+    """Gradients reduced over ranks (another summation order), and FSDP2's mixed-precision policy:
+    `fsdp2 x 2 ranks (param bf16)`."""
     dist = spec.distributed
     if dist.kind == "none":
         return None
@@ -261,8 +254,8 @@ def shareable(key: str) -> bool:
 
 
 def probed(key: str) -> bool:
-    """Whether the env probe judges `key` or the keys of its group: a sweep of none of them has
-    nothing for `python -m gpuopt.env` (a subprocess that imports torch) to trim."""
+    """Whether the env probe judges `key` or the keys of its group: a sweep of none of them need not
+    run `python -m gpuopt.env` (a subprocess that imports torch)."""
     group = key.lstrip("+~").split(".", 1)[0]
     return any(k.poor and k.key.split(".", 1)[0] == group for k in KNOBS)
 
@@ -287,8 +280,8 @@ def canonical(value: Any) -> str:
 
 
 def judge(key: str, value: Any, facts: Facts) -> str | None:
-    """Why `value` of `key` is a poor choice on a machine with these facts, or None; the first
-    rule that applies gives the reason; no facts, no reason."""
+    """Why `value` of `key` is a poor choice on a machine with these facts (the first rule that
+    applies), or None; no facts, no reason."""
     knob = find(key)
     if knob is None or not facts.get("device"):
         return None

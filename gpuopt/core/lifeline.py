@@ -1,31 +1,12 @@
 """A trial ends when its sweep ends, however it ended, and by its own deadline; and whether a
-process still runs (`process_alive`: the one liveness check, of a trial's sweep here and of a
-trial's owner when a study is resumed, gpuopt.sweeper.resume).
+process still runs (`process_alive`, also of a trial's owner when a study is resumed).
 
-The real process tree of a trial (hydra/launcher=fresh_process):
-
-    sweep -> /bin/sh -c "<setup lines> && python -m gpuopt.sweeper.launchers._controller"   (own session)
-                 -> submitit's controller -> trial (python -m submitit.core._submit)
-                                                -> DataLoader workers
-
-The launcher starts the shell in a session of its own, so that a timeout kills the whole tree with
-one `killpg`; but then no signal of the sweep's reaches the trial either. A sweep killed with
-SIGKILL, or by a closed terminal (SIGHUP), left its trial running, unwatched: nobody enforced its
-timeout, and the resumed sweep re-ran it beside it (on a GPU, both hold the device).
-
-`guard_trial`, called in the trial process before the task runs:
-- `prctl(PR_SET_PDEATHSIG, SIGKILL)` (Linux): the kernel kills the trial when its parent, the
-  controller, dies;
-- a watchdog thread, because the controller is not the sweep (the shell and the controller survive
-  the sweep): every `POLL_S` it checks that the sweeping process still runs (its pid and start
-  time, so a reused pid is not taken for it) and that the trial is within its own `timeout_s`.
-  Either check failing writes one line into the trial's stderr log and SIGKILLs the job's process
-  group (shell, controller, trial, DataLoader workers).
-
-On the sweep's side, `terminate_as_interrupt`: while trials run, SIGTERM and SIGHUP end the sweep
-as Ctrl-C does, so its launcher kills the trials and the sweep marks them interrupted.
-
-Light: stdlib only (it runs in every trial process).
+The launcher starts each trial's shell in a session of its own (a timeout kills the whole tree with
+one `killpg`), so no signal of the sweep's reaches the trial: a sweep killed with SIGKILL or SIGHUP
+left its trial running, unwatched, and the resumed sweep re-ran it beside it. `guard_trial`, in the
+trial process: PR_SET_PDEATHSIG (dies with its parent, the controller) and a watchdog thread, as
+the controller outlives the sweep, that checks the sweeping process (pid and start time) and the
+trial's own timeout. Stdlib only (it runs in every trial process).
 """
 
 from __future__ import annotations
@@ -49,37 +30,33 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 MARKER = "gpuopt watchdog: "
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after comm (which may hold spaces and parentheses); [] without."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def start_ticks(pid: int) -> int | None:
     """The process start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat.rsplit(")", 1)[1].split()
-    try:
-        return int(fields[19])  # field 22 overall: starttime
-    except (IndexError, ValueError):
-        return None
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None  # starttime
 
 
 def process_alive(pid: int, start: int | None) -> bool:
-    """Whether `pid` still runs and is the process that started at `start` (None: any start).
-
-    A zombie (exited, not yet reaped by its parent) is dead, though kill(pid, 0) still finds it;
-    a pid now held by a process that started at another time is dead too (the pid was reused).
-    """
+    """Whether `pid` still runs and is the process that started at `start` (None: any start): a
+    zombie, or a reused pid, is dead though kill(pid, 0) finds it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    fields = _stat(pid)
+    if not fields:
         return True  # no /proc (not Linux): the kill(0) answer is all there is
-    if state == "Z":
+    if fields[0] == "Z":
         return False
     current = start_ticks(pid)
     return start is None or current is None or current == start
@@ -159,9 +136,8 @@ def reason_from_log(text: str) -> str | None:
 
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """While trials run, SIGTERM (kill, a scheduler's stop) and SIGHUP (a closed terminal) raise
-    KeyboardInterrupt like Ctrl-C, so the launcher can kill its trials before the sweep exits and
-    the sweep can mark them interrupted. Main thread only (Python's rule)."""
+    """While trials run, SIGTERM and SIGHUP raise KeyboardInterrupt like Ctrl-C, so the launcher
+    kills its trials and the sweep marks them interrupted. Main thread only (Python's rule)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

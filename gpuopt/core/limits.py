@@ -1,21 +1,9 @@
-"""The machine's limit for one workload: the most samples/s these cores and this device can do,
-derived from two measured per-sample costs (pure functions: no torch, the report can import them).
+"""The machine's limit for one workload, from two measured per-sample costs (pure functions).
 
-- The input pipeline's cost: core-seconds per sample of what a DataLoader worker does (fetch
-  `dataset[i]` for a batch of indices and collate them), timed on the thread's CPU clock in a
-  worker-like loop outside the timed window.
-- The compute's cost: on CPU, the core-seconds per sample the training step burns (the process's
-  CPU time over the compute-ceiling replay, all compute threads included); on an accelerator, the
-  compute ceiling itself (samples/s with the batch already on the device).
-
-On CPU the loader and the compute share the usable cores, so at best every core-second goes to one
-of them: limit = cores / (loader cost + compute cost). On an accelerator the device computes while
-the host loads: limit = min(compute ceiling, loading cores / loader cost), where one core is kept to
-drive the device (the main process: kernel launches, the step's Python) and the rest may load.
-
-Both costs are those of the configuration measured (its batch size, precision and thread count):
-the limit is this machine's for this workload at these settings, and `limit_efficiency` says how
-much of it the configuration's own loader/compute split reached.
+On CPU the loader and the compute share the usable cores: limit = cores / (loader cost + compute
+cost), in core-seconds per sample. On an accelerator the device computes while the host loads:
+limit = min(compute ceiling, loading cores / loader cost), one core kept to drive the device.
+Both costs are the measured configuration's, so the limit is this machine's at these settings.
 """
 
 from __future__ import annotations
@@ -24,15 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Cores kept for driving an accelerator (the training loop's own process) when deriving how many may
-# load data.
-DRIVER_CORES = 1
+DRIVER_CORES = 1  # kept for driving an accelerator (kernel launches, the step's Python)
 
 
 @dataclass(frozen=True)
 class Limit:
-    """The most this machine can do for the workload, and what bounds it:
-    "cores" (CPU: loader and compute share them), "loader" or "compute" (accelerator)."""
+    """The most this machine can do for the workload, and what bounds it (cores, loader, compute)."""
 
     throughput: float
     bound: str
@@ -65,8 +50,8 @@ def machine_limit(
     compute_cost_s: float | None,
     ceiling: float | None,
 ) -> Limit | None:
-    """The limit for a device type from the measured costs; None when a needed cost is missing.
-    `compute_cost_s` (core-seconds per sample) is read on CPU, `ceiling` (samples/s) elsewhere."""
+    """The limit from the measured costs (`compute_cost_s` on CPU, `ceiling` elsewhere); None when a
+    needed cost is missing."""
     if device_type == "cpu":
         if loader_cost_s is None or compute_cost_s is None:
             return None
@@ -77,10 +62,9 @@ def machine_limit(
 
 
 def at_least_achieved(limit: Limit, throughput: float | None) -> Limit:
-    """The limit, never below what the timed window itself did: the costs behind it are measured
-    in short spans outside the window (a 0.3-0.5 s compute replay), and one slowed by the
-    machine (a cnn baseline's replay read 318 samples/s after its window's 368 on the 2-core CPU,
-    2026-12-03) would put the trial at 117% of "the most this machine can do"."""
+    """The limit, never below what the timed window did: its costs come from short spans outside
+    the window, and one slowed by the machine (a cnn replay read 318 samples/s after its window's
+    368 on the 2-core CPU) would put the trial at 117% of "the most this machine can do"."""
     if throughput and throughput > limit.throughput:
         return Limit(throughput, limit.bound)
     return limit
@@ -100,11 +84,9 @@ OWN_LIMIT_SLACK = 1.05
 
 @dataclass(frozen=True)
 class HighestLimit:
-    """The highest `limit_throughput` a study's feasible trials measured, and which trial: each
-    trial's limit is at its own settings (its batch, threads and precision set the costs per
-    sample), so a baseline at 100% of its own can be far below what other settings allow. It is a
-    maximum over noisy single measurements, so it reads high: a pointer to settings worth trying,
-    not a share to divide by."""
+    """The highest `limit_throughput` a study's feasible trials measured, and which trial: a
+    baseline at 100% of its own limit can be far below what other settings allow. A maximum of
+    noisy readings: a pointer to settings worth trying, not a share to divide by."""
 
     throughput: float
     bound: str

@@ -1,15 +1,8 @@
-"""What gpuopt measured about this machine once and keeps: the cache folder and its files.
-
-Three files live there (`cache_dir()`): the sweep's machine probe (`env_probe.json`,
-gpuopt.sweeper.machine.probe_env), the matmul peak per hardware, precision and thread count
-(`peak_flops.json`, gpuopt.trial.matmul_peak), and the run-to-run spread of one workload's
-throughput between fresh processes (`run_spread.json`, this module), which
-`scripts/bench_noise.py` measures and stores. Why the spread is kept: a trial's own interval
-(`throughput_ci`) covers the steps of its one window, while fresh processes of one configuration
-read 4-25% apart on a 2-core CPU; a single run can only say how far apart two runs read when
-that was measured on this machine for this workload. Torch-free (the sweeper and the report
-never import torch), so the key is built from a result's recorded fingerprint (`env`) and its
-resolved config, which every reader has.
+"""What gpuopt measured about this machine once and keeps, in `cache_dir()`: the sweep's machine
+probe, the matmul peak, and the run-to-run spread of one workload's throughput between fresh
+processes (`run_spread.json`, stored by scripts/bench_noise.py): a trial's own interval covers one
+window only, while fresh processes read 4-25% apart on a 2-core CPU. Torch-free: the spread's key
+is built from a result's recorded fingerprint (`env`) and resolved config.
 """
 
 from __future__ import annotations
@@ -68,9 +61,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class RunSpread:
-    """How far apart fresh processes of one workload read on this machine: the coefficient of
-    variation of their throughput (`cv`, a fraction), over `runs` processes, measured on `date`
-    by `by` (scripts/bench_noise.py)."""
+    """The coefficient of variation (a fraction) of fresh processes' throughput, over `runs`."""
 
     cv: float
     runs: int
@@ -88,8 +79,7 @@ class RunSpread:
 
 
 def spread_key(env: dict[str, Any], config: dict[str, Any]) -> str:
-    """The store's key: the hardware (its fingerprint's HARDWARE_KEYS, the device type, torch)
-    and the workload (the resolved config's WORKLOAD_KEYS)."""
+    """The store's key: the hardware (HARDWARE_KEYS, device type, torch) and the workload."""
     hardware = {k: env.get(k) for k in HARDWARE_KEYS}
     device = str(env.get("device") or "").split(":")[0]
     workload = {k: config.get(k) for k in WORKLOAD_KEYS}

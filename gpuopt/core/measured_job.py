@@ -1,14 +1,8 @@
 """How an app's own job hands a measuring callback's result to the sweeper, whatever its task
-returns (None, a float, a dict of its own metrics): a file in the job's run directory.
-
-A callback listed in the app's config (gpuopt.MeasureCallback in its Lightning callbacks) writes
-`gpuopt_measured.json` (its TrialResult) into the Hydra run directory once it measured. In a
-sweep's trial it then raises `TrialMeasured`, which ends the job there: the rest of the fit, the
-app's validation and test do not run per trial. It is a BaseException, as KeyboardInterrupt and
-SystemExit are, so that the app's own `except Exception` (lightning-hydra-template's
-`task_wrapper`) lets it through. The trial's task (gpuopt.sweeper.launchers.trial_task) catches
-it and returns the file's result, with what the task returned kept beside it (`app_return`).
-Torch-free.
+returns: `gpuopt_measured.json` in the job's run directory. In a sweep's trial the callback then
+raises `TrialMeasured`, ending the job there (no rest of the fit, no validation per trial); a
+BaseException, so that the app's own `except Exception` (lightning-hydra-template's
+`task_wrapper`) lets it through. Torch-free.
 """
 
 from __future__ import annotations
@@ -29,15 +23,12 @@ log = logging.getLogger("gpuopt")
 # What runs when the job's task returned, before the trial reads the file: a measuring hook's
 # "ended unmeasured" status (gpuopt.MeasureJob), which Hydra's on_job_end would write too late.
 _task_end: list[Callable[[], Any]] = []
-
-
 _ranks_started: list[bool] = [False]  # this process started the job's ranks: they measure it
 
 
 def mark_ranks_started() -> None:
-    """This trial's process only starts and waits for the job's ranks (`nproc_per_node`; one
-    trial per process): its own measuring hooks, which see no training, leave the job's status
-    to the ranks, before and after they ran."""
+    """This trial's process only starts and waits for the job's ranks: its own measuring hooks,
+    which see no training, leave the job's status to the ranks."""
     _ranks_started[0] = True
 
 
@@ -55,8 +46,8 @@ def in_sweep_trial() -> bool:
 
 
 def single_run() -> bool:
-    """Whether this process runs one job on its own: Hydra's RUN mode, or no Hydra job at all
-    (not a job of a multirun, whose process may run the next job: hydra/launcher=basic)."""
+    """Whether this process runs one job on its own: Hydra's RUN mode, or no Hydra job at all (a
+    multirun's process may run the next job)."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -65,24 +56,16 @@ def single_run() -> bool:
     return not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN
 
 
-def hydra_run_dir() -> Path | None:
-    """The running Hydra job's output directory; None outside a Hydra job."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-    except ImportError:
-        return None
-    if not HydraConfig.initialized():
-        return None
-    return Path(str(HydraConfig.get().runtime.output_dir))
-
-
 def write(result: TrialResult, run_dir: Path | None = None) -> Path | None:
     """Save `result` in the job's run directory (None outside a Hydra job), with the search space
-    found in it (gpuopt.core.search_space) where the result says what the training ran with; a
-    single run says that proposal in its log."""
+    found in it where the result says what the training ran with (a single run logs it)."""
+    from hydra.core.hydra_config import HydraConfig
+
     from gpuopt.core.search_space import SEARCH_SPACE_FILE, write_proposal
 
-    folder = run_dir or hydra_run_dir()
+    folder = run_dir
+    if folder is None and HydraConfig.initialized():
+        folder = Path(str(HydraConfig.get().runtime.output_dir))
     if folder is None:
         return None
     path = folder / MEASURED_FILE
@@ -114,9 +97,8 @@ def read(run_dir: Path) -> TrialResult | None:
 
 
 def is_gpuopts_result(value: Any) -> bool:
-    """Whether a task returned gpuopt's result itself: a TrialResult, its dict, or a dict of
-    named metrics with one of gpuopt's (`{"throughput": ..., "my_batch_size": ...}`: the stock
-    contract, its own names kept as they are)."""
+    """Whether a task returned gpuopt's result itself: a TrialResult, its dict, or a dict of named
+    metrics with one of gpuopt's (the stock contract)."""
     from gpuopt.core.metrics import goals
 
     if isinstance(value, TrialResult):

@@ -1,13 +1,9 @@
 """THE metric catalogue: every metric a trial reports, once, with all that gpuopt does with it.
 
-`Metrics` is the catalogue: each typed field is one metric, and its record (`Metric`, in the
-field's metadata) says which way is better, its unit and meaning, how a distributed job's ranks
-merge it, whether a window in a shared process reads it, and where it is shown, in what order.
-Every other table of metric names derives from these records, and so does docs/measuring.md's
-(`docs_table`, printed by `python -m gpuopt.core.metrics`; tests/test_metrics.py keeps the page
-equal to it). A new metric = its field here + the code that measures it (+ its test). On the
-fields rather than in a table beside them: `gpuopt.Metrics` keeps explicit, statically typed
-fields, and no second list of names has to be kept equal to them.
+Each typed field of `Metrics` is one metric, its record (`Metric`) in the field's metadata; every
+other table of metric names derives from these records, and so does docs/measuring.md's
+(`docs_table`, `python -m gpuopt.core.metrics`). On the fields rather than in a table beside them:
+`gpuopt.Metrics` keeps explicit, statically typed fields, and no second list of names.
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ WindowUse = Literal["reads", "uses"]
 
 @dataclass(frozen=True)
 class Row:
-    """A metric's row in the single-run table (`python -m gpuopt.run`); notes that combine
-    several metrics (the CI, p10/p90, the limit's share) are gpuopt.run's."""
+    """A metric's row in the single-run table (`python -m gpuopt.run`)."""
 
     at: int  # its place, top to bottom
     label: str
@@ -286,8 +281,7 @@ def goals() -> Mapping[str, Goal]:
 
 
 def higher_is_better(name: str) -> bool:
-    """Whether a larger value of the metric `name` is better (its goal): where it is not
-    (`step_time_ms`), a ratio of two readings is inverted, so that > 1 always means better."""
+    """Whether a larger value of the metric `name` is better (where not, a ratio is inverted)."""
     return _BY_NAME[name].goal != MIN
 
 
@@ -304,8 +298,7 @@ def names(**facts: Any) -> tuple[str, ...]:
 
 def on_device(name: str, facts: Mapping[str, Any]) -> str:
     """The metric a default objective `name` is on a device with these env probe facts: the one
-    that stands in for it where its fact is true (`sm_active` for `utilization` where GPM is
-    there: work, not "a kernel was running"), else `name`."""
+    that stands in for it where its fact is true (`sm_active` for `utilization`), else `name`."""
     for m in METRICS:
         if (
             m.instead_of is not None
@@ -317,8 +310,7 @@ def on_device(name: str, facts: Mapping[str, Any]) -> str:
 
 
 def window_metrics() -> frozenset[str]:
-    """What a window in a shared measuring process reads from its own steps (the objectives a
-    race screens and an in-process confirmation re-measures)."""
+    """What a window in a shared measuring process reads from its own steps."""
     return frozenset(names(window="reads"))
 
 
@@ -341,8 +333,7 @@ def compared() -> tuple[str, ...]:
 
 
 def columns(place: Literal["column", "page"]) -> list[tuple[str, Column]]:
-    """The metrics with a column in the report's trials table (`column`) or the page's (`page`),
-    left to right, with their columns."""
+    """The metrics with a column in the report's table (`column`) or the page's, left to right."""
     return [(m.name, c) for m in _placed(place) if (c := getattr(m, place)) is not None]
 
 

@@ -1,17 +1,9 @@
-"""What a multi-rank trial's ranks leave in its run directory's `ranks/` folder, read by whoever
-tells the trial's story: gpuopt's own ranks (gpuopt.trial.distributed), a user's ranks started by
-`hydra.launcher.nproc_per_node` (gpuopt.processes.user_ranks) or by the user's own Lightning
-strategy (its re-launched script, gpuopt.sweeper.launchers.relaunched_rank), and the launcher of a
-trial process that ended without a result (gpuopt.sweeper.launchers).
+"""What a multi-rank trial's ranks leave in its run directory's `ranks/` folder ($GPUOPT_RANKS_DIR).
 
-A rank that fails writes `rank_N.json` (its `TrialResult`, `env.failed_at` the time it failed)
-before it exits, so that its own error is the trial's reason even when its launcher then kills
-every other process of the job: Lightning's DDP launcher SIGKILLs its main process, the trial,
-once a rank it started exited non-zero. The rank that failed first is the cause; the later ones
-(a peer's closed connection) its consequence.
-
-The trial's process hands the folder down in `$GPUOPT_RANKS_DIR` (and its own pid in
-`$GPUOPT_TRIAL_PID`, so a rank it started can end with it). Torch-free, stdlib and core only.
+A rank that fails writes `rank_N.json` (its TrialResult, `env.failed_at`) before it exits, so its
+own error is the trial's reason even when its launcher then kills every other process of the job
+(Lightning's DDP launcher SIGKILLs the trial once a rank exited non-zero). The rank that failed
+first is the cause; the later ones (a peer's closed connection) its consequence.
 """
 
 from __future__ import annotations
@@ -53,14 +45,13 @@ def ranks_dir_from_env() -> Path | None:
 
 
 def global_rank() -> int:
-    """This process's rank in its job, from its launcher's environment: RANK (torchrun, torch's
-    elastic launcher), else LOCAL_RANK (Lightning's re-launch on one node), 0 without either."""
+    """RANK (torch's elastic launcher), else LOCAL_RANK (Lightning's re-launch on one node), else 0."""
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
 
 
 def write_rank_result(result: TrialResult, rank: int | None = None) -> Path | None:
     """Write this rank's `result` as `rank_N.json` into `$GPUOPT_RANKS_DIR` (nothing outside a
-    trial that asked for it); a failed one is stamped with when it failed."""
+    trial that asked for it), a failed one stamped with when it failed."""
     folder = ranks_dir_from_env()
     if folder is None:
         return None
@@ -78,8 +69,7 @@ def write_rank_result(result: TrialResult, rank: int | None = None) -> Path | No
 
 
 def first_failure(folder: Path | None) -> RankFailureRecord | None:
-    """The rank that failed first among the `rank_N.json` results in `folder` (None: no rank
-    reported a failure)."""
+    """The rank that failed first among the `rank_N.json` results in `folder` (None: none failed)."""
     if folder is None or not folder.is_dir():
         return None
     failed = []

@@ -1,10 +1,6 @@
 """Where the ranks of a job on several nodes (or SLURM tasks) meet, from SLURM's environment: the
-job's first node and one port per job, computed alike by every task of the job (no task has to
-tell the others), and the env:// variables of a SLURM task that is one rank.
-
-Used by the SLURM launcher's user ranks (gpuopt.sweeper.launchers.slurm_ranks: each task one
-rank) and by gpuopt's own trials over several nodes (gpuopt.trial.distributed: each task one
-node's elastic agent, the c10d rendezvous on the first node). Torch-free, stdlib only.
+job's first node and one port per job, computed alike by every task (no task tells the others).
+Stdlib only.
 """
 
 from __future__ import annotations

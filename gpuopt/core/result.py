@@ -1,8 +1,6 @@
-"""What one trial produced: the contract between the trial engine and everything that reads it.
-
-The task function returns a `TrialResult`; the sweeper turns it into Optuna values, constraints and
-user attributes; the report reads those attributes back. `Metrics`, each metric with its record,
-is gpuopt.core.metrics (the metric catalogue); its names are the public output contract.
+"""What one trial produced: the contract between the trial engine and everything that reads it
+(the sweeper's values, constraints and user attributes; the report). Its metric names are the
+public output contract.
 """
 
 from __future__ import annotations
@@ -37,20 +35,17 @@ class TrialResult:
     config: dict[str, Any] = field(default_factory=dict)  # the resolved trial config
     env: dict[str, Any] = field(default_factory=dict)  # the fingerprint (gpuopt.trial.devices)
     warnings: list[str] = field(default_factory=list)  # settings that could not apply, etc.
-    # The profiled window's summary (gpuopt.trial.profiled_window.ProfileSummary.to_dict()), when profiled:
-    # phases, top operators, GPU split, trace_path. None when the trial was not profiled.
+    # The profiled window's summary (ProfileSummary.to_dict()); None: not profiled.
     profile: dict[str, Any] | None = None
     # The numerics guard's evidence (gpuopt.trial.numerics.GuardEvidence as a dict); None: not run.
     numerics: dict[str, Any] | None = None
     # A distributed trial's ranks, one row each (rank, status and the metrics whose record says
     # rank_row, gpuopt.core.metrics); None for a single-process trial.
     ranks: list[dict[str, Any]] | None = None
-    # The trial's phase clock (gpuopt.trial.context.Trial.phase): seconds per phase of the whole
-    # trial (build, flops, warmup, window, ..., guard, other), summing to its wall time in
-    # run_measured. Not a metric (no objective, not in the table); None where nothing was clocked.
+    # The trial's phase clock: seconds per phase (build, ..., other), summing to its wall time. Not
+    # a metric; None where nothing was clocked.
     phases: dict[str, float] | None = None
-    # What the app's own task returned beside a measuring callback's result (a float as
-    # {"value": x}, a dict's scalars): kept, never an objective unless named (user attrs `app.*`).
+    # What the app's own task returned beside a measuring callback's result (user attrs `app.*`).
     app_return: dict[str, Any] | None = None
 
     @property
@@ -95,8 +90,7 @@ class TrialResult:
 
 
 # The trial user attrs a result is stored under (`result_user_attrs`), besides every metric flat
-# under its own name (e.g. "throughput"). Named here, by their writer; gpuopt.study.keys lists them
-# with every other key the sweeper writes, and readers take them from there.
+# under its own name; readers take them from gpuopt.study.keys.
 ATTR_STATUS = "status"
 ATTR_REASON = "reason"
 ATTR_ENV = "env"
@@ -117,14 +111,9 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
     attrs[ATTR_ENV] = result.env
     attrs[ATTR_CONFIG] = result.config
     attrs[ATTR_WARNINGS] = result.warnings
-    if result.profile is not None:
-        attrs[ATTR_PROFILE] = result.profile
-    if result.numerics is not None:
-        attrs[ATTR_NUMERICS] = result.numerics
-    if result.ranks is not None:
-        attrs[ATTR_RANKS] = result.ranks
-    if result.phases is not None:
-        attrs[ATTR_PHASES] = result.phases
+    for key in (ATTR_PROFILE, ATTR_NUMERICS, ATTR_RANKS, ATTR_PHASES):  # each its field's name
+        if getattr(result, key) is not None:
+            attrs[key] = getattr(result, key)
     for name, value in (result.app_return or {}).items():
         attrs[f"{ATTR_APP_PREFIX}{name}"] = value
     return json.loads(json.dumps(attrs, default=str))

@@ -1,15 +1,7 @@
 """The search space found for you: after one measured run of an app as it is, the config keys its
-DataLoader and Trainer arguments came from, and the `params:` block a throughput sweep of them
-would search.
-
-The measuring hooks read what the job's training ran with off its own objects (the training
-DataLoader's batch size, workers, pin_memory, prefetch factor, persistent workers; Lightning's
-precision and accumulate_grad_batches: `observed`). Each value is traced back through the job's
-composed config (the run directory's `.hydra/config.yaml`): a key whose value is the one observed
-and whose name says what it is (`data.batch_size`, `trainer.accumulate_grad_batches`). The
-proposal is written beside the result (`gpuopt_search_space.yaml`); a sweep without
-`hydra.sweeper.batch_keys` takes its batch keys from the same names (`batch_keys_among`).
-Torch-free.
+DataLoader and Trainer arguments came from (an observed value traced back to a key of the job's
+composed config that holds it and is named for it), and the `params:` block a throughput sweep of
+them would search (`gpuopt_search_space.yaml`, beside the result). Torch-free.
 """
 
 from __future__ import annotations
@@ -143,8 +135,8 @@ def write_proposal(run_dir: Path, observed: Mapping[str, Any], device: str) -> s
 
 
 def batch_keys_among(keys: Iterable[str]) -> list[str]:
-    """The batch keys of a sweep that names none: the one key named like a batch size among
-    `keys`, and the one named like an accumulation count; [] when the batch size's is not one."""
+    """The batch keys of a sweep that names none: the one key among `keys` named like a batch size,
+    and the one named like an accumulation count; [] without exactly one batch size key."""
     keys = list(keys)
     found = []
     for setting in BATCH_FACTORS:

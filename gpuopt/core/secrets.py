@@ -1,20 +1,10 @@
 """Keep secrets out of logs, user attributes, reports, exported configs and job pickles.
 
-What counts as a secret, in any text (a URL, a Hydra override, an exception's line):
-- the password of `scheme://user:password@host`, also percent-encoded as a whole
-  (`scheme%3A%2F%2Fuser%3Apassword%40host`, a URL inside another URL's query);
-- the value of a credential parameter, `name=value` after `?`, `&`, `;`, `.`, `,`, `(`, `+`, `~`,
-  whitespace or the start of the text (a URL's query, libpq's `key=value` conninfo, an override
-  such as `+db.password=...`), quoted or not, its value percent-encoded or not, and in a
-  percent-encoded URL (`%3Fpassword%3D...`). Credential names, compared without
-  case and with `-` read as `_`: those ending in password, passwd, secret, token, api_key, apikey,
-  access_key, secret_key, private_key or signature, and pwd, pass, sig, credential(s) and auth.
-  A bare `key` is masked only when its value is clearly a credential: an opaque token of 20 or
-  more letters, digits, `-` or `_`, with letters and digits both (an API key); `key=train`,
-  `key=/path/to/file` are kept (they name things, and masking them would hide what a trial ran).
-
-The value is replaced with `***`; everything else (scheme, user, host, database, other
-parameters) is kept, so a masked URL still says where the study lives.
+A secret, in any text: the password of `scheme://user:password@host` (also percent-encoded as a
+whole), and the value of a credential parameter `name=value` (a URL's query, libpq's conninfo, an
+override such as `+db.password=...`; quoted or not, percent-encoded or not). A bare `key` counts
+only when its value is an opaque token (20+ letters and digits, both): `key=train` names a thing.
+The value becomes `***`; scheme, user, host and database stay, so a masked URL still says where.
 """
 
 from __future__ import annotations
@@ -74,14 +64,10 @@ def mask_secrets(text: str) -> str:
 
 
 def mask_config_secrets(config: Any) -> None:
-    """Mask the secrets in a composed config's `hydra` node, in place (the sweeping process, before
-    any job is submitted: jobs are composed from it and pickled with it).
-
-    Hydra copies that node into every trial's .hydra/hydra.yaml, overrides.yaml and multirun.yaml.
-    A secret a trial needs (in `hydra.job.env_set`) is handed to it through the environment.
-    Interpolations such as ${oc.env:GPUOPT_STORAGE} are kept: they hold no secret, and resolving
-    them here would write the secret out.
-    """
+    """Mask the secrets in a composed config's `hydra` node in place, before any job is submitted
+    (Hydra copies it into every trial's .hydra/ files and pickles). A secret in
+    `hydra.job.env_set` reaches the trial through the environment; interpolations are kept
+    (resolving them here would write the secret out)."""
     from omegaconf import open_dict, read_write
 
     hydra_cfg = config.get("hydra")
@@ -93,11 +79,9 @@ def mask_config_secrets(config: Any) -> None:
 
 
 def _env_set_to_environment(hydra_cfg: Any) -> None:
-    """`hydra.job.env_set` entries that hold a secret (`DB_URL: postgresql://u:pw@h/db`,
-    `API_TOKEN: ...`) move to this process's environment, which every trial process inherits
-    (basic: this process; fresh_process: submitit's child; slurm: sbatch exports the submitting
-    environment), and out of env_set: Hydra resolves env_set into each job's .hydra/hydra.yaml
-    and its pickled JobReturn, and a masked value would overwrite the real one in the trial."""
+    """`hydra.job.env_set` entries that hold a secret move to this process's environment, which
+    every trial process inherits (sbatch exports it too): a masked value left in env_set would
+    overwrite the real one in the trial."""
     import os
 
     from omegaconf import DictConfig, OmegaConf
@@ -121,9 +105,8 @@ def _env_set_to_environment(hydra_cfg: Any) -> None:
 
 
 def _without_env_set(overrides: list[str], keys: list[str]) -> list[str]:
-    """Hydra's own overrides (`hydra.overrides.hydra`, which every job is composed again from)
-    without those setting the moved env_set keys; a key a config file sets is deleted (`~`), as
-    a `+` override adds only a key no file has."""
+    """Hydra's own overrides (every job is composed again from them) without those setting the
+    moved keys; a key a config file sets is deleted (`~`), as a `+` override adds only new keys."""
     deletes = []
     for key in keys:
         name = f"hydra.job.env_set.{key}"
@@ -152,11 +135,8 @@ def _mask_node(node: Any) -> None:
 
 
 def masked_singleton_state(state: dict[str, Any]) -> dict[str, Any]:
-    """Hydra's `Singleton.get_state()` (a deep copy) with the storage passwords masked in its
-    HydraConfig, which holds the sweep's `hydra` node (hydra.sweeper.storage and the command-line
-    overrides): the state is pickled into every job's `.submitit/*_submitted.pkl`. The trial never
-    opens the study, so it needs no password; the sweeping process keeps the real URL in memory.
-    """
+    """Hydra's `Singleton.get_state()` (a deep copy) with the secrets masked in its HydraConfig:
+    it is pickled into every job's `.submitit/*_submitted.pkl`, and a trial never opens the study."""
     from hydra.core.hydra_config import HydraConfig
 
     holder = state.get("instances", {}).get(HydraConfig)

@@ -1,6 +1,5 @@
-"""Typed config schemas: the dataclasses Hydra's ConfigStore holds (`gpuopt_schema`, first in
-conf/config.yaml's defaults list, so OmegaConf already rejects wrong types and unknown keys) and the
-validated `TrialSpec` a trial is built from. Torch-free: the sweeping process reads them too.
+"""Typed config schemas: the dataclasses Hydra's ConfigStore holds (`gpuopt_schema`, so OmegaConf
+rejects wrong types and unknown keys) and the validated `TrialSpec` a trial is built from.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ INPUT_KINDS = ("vectors", "images", "tokens", *HF_INPUT_KINDS, "any")
 # A user loss function is `loss: {_target_: mypkg.fn}` (gpuopt.engines._loss.model_loss).
 LOSSES = ("cross_entropy", "mse", "model")
 ENGINES = ("native", "lightning")
-# The distributed group (conf/distributed/): one trial over several ranks (gpuopt.trial.distributed).
 DISTRIBUTED_KINDS = ("none", "ddp", "fsdp2")
 DISTRIBUTED_BACKENDS = ("auto", "gloo", "nccl")  # auto: nccl on CUDA, gloo on CPU
 # FSDP2's MixedPrecisionPolicy dtypes; null: the parameters' own dtype.
@@ -45,7 +43,7 @@ DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 # Keys of a model config that describe the model to gpuopt and are not constructor arguments.
 MODEL_META_KEYS = ("input", "input_shape", "num_classes", "channels_last")
 # Keys of a data config for gpuopt only, never passed to the dataset's constructor: `epoch_steps`,
-# the user's real steps per epoch (what the epoch boundary's cost is amortized over).
+# the user's real steps per epoch.
 DATA_GPUOPT_KEYS = ("epoch_steps",)
 
 # `_target_`s any config may instantiate. Everything else must be trusted explicitly with the
@@ -110,8 +108,7 @@ class TrainConf:
 
 @dataclass
 class GuardConf:
-    """The numerics guard (gpuopt.trial.numerics): K seeded optimizer steps on fixed batches compared
-    with an fp32 reference of the same global batch, for trials that change the math."""
+    """The numerics guard: K seeded optimizer steps compared with an fp32 reference."""
 
     enabled: bool = True
     steps: int = 8  # K optimizer steps
@@ -145,8 +142,7 @@ class MeasureConf:
 
 @dataclass
 class ProfileConf:
-    """The profiled window (gpuopt.trial.profiled_window): a few steps under torch.profiler after the timed
-    window, never timed for throughput. Off by default; `profile=on` turns it on for one run."""
+    """The profiled window: a few steps under torch.profiler after the timed window, never timed."""
 
     enabled: bool = False
     steps: int = 5  # profiled steps (each recorded op costs host time: keep it small)
@@ -161,9 +157,7 @@ class ProfileConf:
 class EngineConf:
     """Which training loop runs the trial. The Lightning-only knobs are ignored by `native`."""
 
-    name: str = (
-        "native"  # native (gpuopt.engines.native) | lightning (gpuopt.engines.lightning.engine)
-    )
+    name: str = "native"  # native | lightning
     precision: str | None = None  # Lightning precision string overriding the precision group
     strategy: str = "auto"  # Trainer(strategy=...)
     accumulate_grad_batches: int = 1
@@ -172,9 +166,8 @@ class EngineConf:
 
 @dataclass
 class DistributedConf:
-    """One trial over several ranks (gpuopt.trial.distributed): `kind` none | ddp | fsdp2, started
-    by the trial's own process with torch.distributed's elastic launcher. The DDP knobs are
-    ignored by fsdp2 and the FSDP2 knobs by ddp."""
+    """One trial over several ranks, started by the trial's own process (torch's elastic launcher).
+    The DDP knobs are ignored by fsdp2 and the FSDP2 knobs by ddp."""
 
     kind: str = "none"  # none | ddp (DistributedDataParallel) | fsdp2 (fully_shard)
     nproc_per_node: int = 1  # ranks on this node (one per GPU on CUDA)
@@ -358,16 +351,16 @@ class TrialSpec:
 def accumulation_steps(
     train: TrainConf, loader: LoaderConf, engine: EngineConf, world_size: int = 1
 ) -> int:
-    """Micro-batches per optimizer step and rank: train.global_batch / (loader.batch_size x world
-    size), else Lightning's own engine.accumulate_grad_batches (validation makes them agree)."""
+    """Micro-batches per optimizer step and rank: train.global_batch / (micro-batch x world size),
+    else Lightning's own engine.accumulate_grad_batches."""
     if train.global_batch is not None:
         return max(1, train.global_batch // (loader.batch_size * world_size))
     return engine.accumulate_grad_batches if engine.name == "lightning" else 1
 
 
 def lr_scale(optimizer: OptimizerConf, global_batch: int) -> float:
-    """lr x (global / reference) for linear, its square root for sqrt; 1.0 without a rule or a
-    reference (a single run's reference is its own global batch)."""
+    """lr x (global / reference) for linear, its square root for sqrt; 1.0 without a rule (a single
+    run's reference is its own global batch)."""
     reference = optimizer.reference_batch or global_batch
     ratio = global_batch / reference
     return {"linear": ratio, "sqrt": ratio**0.5}.get(optimizer.lr_scaling, 1.0)

@@ -1,18 +1,6 @@
 """What a study's confirmation and its two answers say, in words: one text for the sweep summary
-(gpuopt/sweeper/summary.py) and the report (gpuopt/report/text.py), so the two never disagree.
-
-- `speedup_text`: one stored speedup - its ratio, 95% CI, half-width and pairs, or "too noisy
-  here" with what was seen, instead of an interval too wide to act on;
-- `confirmation_lines`: the confirmation round, each candidate against the baseline, the top two
-  against each other, "keep your configuration" when none is measurably faster;
-- `two_answers`: (a) the best that keeps the baseline's training math, (b) the best overall and
-  what it changes, each with its own confirmation and its change to apply; where (a) is the
-  baseline itself, "keep your configuration" with what the search saw of the same training
-  (`same_training_evidence`: a candidate re-measured no faster, none screened at the race's
-  floor, or none tried).
-
-Plain text; a `Line`'s `emphasis` says which lines a terminal may set off (the report makes them
-bold or yellow).
+and the report, so the two never disagree. A `Line`'s `emphasis` says which lines a terminal may
+set off.
 """
 
 from __future__ import annotations
@@ -41,8 +29,7 @@ class Line(NamedTuple):
 
 def speedup_text(entry: Comparison) -> str:
     """A stored speedup: ratio, 95% CI, its half-width, the pairs, the verdict; "too noisy here"
-    with the spread and the load instead of an interval too wide to act on. Older records (no
-    pairs, no verdict) read as before."""
+    with the spread and the load instead of an interval too wide to act on."""
     if not entry.measured:
         return entry.error or "n/a"
     ratio = entry.ratio
@@ -58,8 +45,7 @@ def speedup_text(entry: Comparison) -> str:
 
 
 def _too_noisy(entry: Comparison) -> str:
-    """The "too noisy here" verdict: what was seen (spread of the pairs' log-ratios, the load),
-    and what a +-target interval would take."""
+    """What was seen (the pairs' spread, the load), and what a +-target interval would take."""
     seen = f"{entry.n_pairs} pairs' log-ratios spread {_percent(entry.log_sd or 0.0)}"
     if entry.load_1m:
         cpus = "?" if entry.cpus is None else entry.cpus
@@ -83,8 +69,7 @@ def _percent(fraction: float) -> str:
 
 
 def how_measured(confirmation: Confirmation) -> str:
-    """How the confirmation measured: "in alternating 1 s windows in one process" or "interleaved
-    fresh processes" (records from before the in-process mode have no mode)."""
+    """ "in alternating 1 s windows in one process" or "interleaved fresh processes"."""
     if confirmation.mode == IN_PROCESS:
         window = 1.0 if confirmation.window_s is None else confirmation.window_s
         return f"in alternating {window:g} s windows in one process"
@@ -96,8 +81,8 @@ def _known(value: object) -> object:
 
 
 def confirmation_lines(confirmation: Confirmation, best_number: int | None) -> list[Line]:
-    """The confirmation round: each candidate vs the baseline (the best's line STRONG), "keep your
-    configuration" when the best is the baseline, the top two, and re-measurements that failed."""
+    """Each candidate vs the baseline (the best's line STRONG), "keep your configuration" when the
+    best is the baseline, the top two, and re-measurements that failed."""
     c = confirmation
     lines = [
         Line(
@@ -147,12 +132,9 @@ class Shown:
 
 @dataclass(frozen=True)
 class TwoAnswers:
-    """What the two answers say, from the study (the sweep summary and the report fill it).
-
-    `held`: the global batch the same training keeps, in words; `change`: what (b) changes in the
-    training (gpuopt.study.rules.training_change); `unknown`: what the baseline did not report
-    (then (a) is unknown, never a guess); `evidence`: where (a) is the baseline, what the search
-    saw (`same_training_evidence`); `hint`: how an app declares its batch keys."""
+    """What the two answers say, from the study. `held`: the global batch the same training
+    keeps, in words; `unknown`: what the baseline did not report (then (a) is unknown, never a
+    guess); `evidence`: where (a) is the baseline, what the search saw."""
 
     held: str
     best: Shown
@@ -166,9 +148,8 @@ class TwoAnswers:
 
 
 def two_answers(a: TwoAnswers) -> list[str]:
-    """The two answers, as the sweep summary and the report both say them: (a) the best trial
-    that keeps the baseline's training math, (b) the best overall and what it changes in the
-    training, each with its own confirmation and its change to apply."""
+    """(a) the best trial that keeps the baseline's training math, (b) the best overall and what it
+    changes, each with its own confirmation and its change to apply."""
     lines = [f"two answers (same training = {a.held}, same lr, numerics within tolerance):"]
     if a.unknown is not None and a.best.number != a.baseline_number:
         lines.append(f"  (a) same training: unknown: {a.unknown}")
@@ -202,9 +183,7 @@ def _apply(shown: Shown) -> list[str]:
 def same_training_evidence(
     trials: Sequence[Any], baseline: Any, confirmation: Confirmation | None, held: str
 ) -> str:
-    """Why answer (a) is the baseline itself, from what the search saw of the same training: the
-    best same-training candidate the confirmation re-measured, one measured once and no faster,
-    the closest the race's screen read below its floor, or no trial at `held` at all."""
+    """Why answer (a) is the baseline itself, from what the search saw of the same training."""
     same = [
         t
         for t in feasible_trials(trials)
@@ -224,10 +203,9 @@ def same_training_evidence(
 
 
 def _screened_evidence(trials: Sequence[Any], baseline: Any) -> str | None:
-    """What the race read of its candidates that held the training by their params (their
-    `race` record's flag): a finalist its read over the baseline after the screen (`paired`)
-    found below the floor, one the numerics guard turned down, or the closest the screen read
-    below its floor."""
+    """What the race read of its candidates that held the training by their params: a finalist
+    read below the floor after the screen, one the numerics guard turned down, or the closest the
+    screen read below its floor."""
     records = [
         (t, t.user_attrs[ATTR_RACE])
         for t in trials

@@ -1,10 +1,6 @@
-"""A study's artifact store, as its sweep recorded it: where the report keeps its page.
-
-The sweeper keeps each trial's files in Optuna's artifact store (gpuopt/sweeper/trial_artifacts.py) and
-records the store's directory in the study user attr `artifact_store`; `store_page` puts the
-report page there too, as a study artifact (optuna-dashboard lists it on the study;
-`optuna.artifacts.download_artifact` gets it back). A study without a store, or a store this
-machine cannot reach, keeps its page only where it was written.
+"""Where the report keeps its page: the study's artifact store, as its sweep recorded it
+(`artifact_store`), so optuna-dashboard lists the page on the study. No store, or one this machine
+cannot reach: the page stays only where it was written.
 """
 
 from __future__ import annotations
@@ -18,20 +14,13 @@ from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta, upl
 from gpuopt.study.keys import STUDY_ARTIFACT_STORE
 
 
-def study_store(study: optuna.Study) -> FileSystemArtifactStore | None:
-    """The study's FileSystemArtifactStore, when its sweep recorded one this machine sees."""
+def store_page(study: optuna.Study, page: str | Path) -> str | None:
+    """Upload the report page as a study artifact, once per distinct content; a note for the user,
+    None without a store."""
     folder = study.user_attrs.get(STUDY_ARTIFACT_STORE)
     if not isinstance(folder, str) or not Path(folder).is_dir():
         return None
-    return FileSystemArtifactStore(folder)
-
-
-def store_page(study: optuna.Study, page: str | Path) -> str | None:
-    """Upload the report page as a study artifact (once per distinct page: the same bytes are
-    not stored twice); a note for the user, None without a store."""
-    store = study_store(study)
-    if store is None:
-        return None
+    store = FileSystemArtifactStore(folder)
     path = Path(page)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     for meta in get_all_artifact_meta(study):

@@ -1,5 +1,4 @@
-"""A trial's stored resolved config (the user attr `ATTR_CONFIG`), as the sweeper and the report
-read it: the dict itself, and flattened to dotted keys for comparing two trials' configs."""
+"""A trial's stored resolved config (the user attr `ATTR_CONFIG`), as is and flattened."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from gpuopt.study.keys import ATTR_CONFIG
 
 
 def config_of(user_attrs: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved config in a trial's user attrs ({} when it has none: a task of its own, or a
-    trial that never ran)."""
+    """The resolved config in a trial's user attrs ({} for a task of its own, or a trial not run)."""
     config = user_attrs.get(ATTR_CONFIG)
     return config if isinstance(config, dict) else {}
 

@@ -1,13 +1,6 @@
-"""A trial's overrides as a Hydra experiment config that reproduces it: one conversion for the
-sweep's own `experiment/best.yaml` (gpuopt/sweeper/outputs.py) and the report's `--export-best`
-(gpuopt/report/export_best.py).
-
-The trial ran as the primary config plus a list of overrides (the user attr `ATTR_OVERRIDES`). The
-export turns those overrides into an experiment config (`# @package _global_`): config-group
-choices become `defaults: - override /group: option`, other keys nested values, so
-`python -m gpuopt.run --config-dir <sweep_dir> +experiment=best` composes the same config.
-`override_diff`: a trial's overrides against the baseline's, the change to apply that both answers
-name (the sweep summary and the report).
+"""A trial's overrides as a Hydra experiment config that reproduces it (`# @package _global_`,
+config-group choices as `override /group: option`): the sweep's `experiment/best.yaml` and the
+report's `--export-best`; and `override_diff`, the change to apply that both answers name.
 """
 
 from __future__ import annotations
@@ -17,10 +10,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-# How gpuopt measures and guards a trial, never what it trains: a sweep fixes them for its trials
-# (a preset's shorter windows, the guard's global batch), so they are
-# no part of the configuration an answer hands back (best.yaml, the report's keys that differ):
-# `+experiment=best` measures with the user's own settings.
+# How gpuopt measures and guards a trial, never what it trains: a sweep fixes them for its trials,
+# so no answer hands them back (`+experiment=best` measures with the user's own settings).
 MEASUREMENT_GROUPS = ("measure", "guard")
 
 
@@ -38,24 +29,22 @@ def override_parser() -> Any:
 
 
 def _override_map(overrides: list[str]) -> dict[str, tuple[str, str]]:
-    """key (no +/++ prefix) -> (normalized value, the override as written), by Hydra's parser."""
+    """key (no +/++ prefix) -> (normalized value, the override as written), measurement keys out."""
     result: dict[str, tuple[str, str]] = {}
     for override, line in zip(
         override_parser().parse_overrides(overrides), overrides, strict=False
     ):
         key = override.key_or_group + (f"@{override.package}" if override.package else "")
         value = "~" if override.is_delete() else override.get_value_element_as_str()
-        result[key] = (value, line)
+        if not is_measurement_key(key):
+            result[key] = (value, line)
     return result
 
 
 def override_diff(baseline: list[str], best: list[str]) -> tuple[list[str], list[str]]:
-    """(best overrides that differ from the baseline's, baseline overrides the best one drops):
-    the change to apply, as the report page and both answers of the sweep summary name it (how
-    gpuopt measured is no change to apply: `is_measurement_key`)."""
+    """(best overrides that differ from the baseline's, baseline overrides the best one drops),
+    measurement keys left out."""
     base_map, best_map = _override_map(baseline), _override_map(best)
-    base_map = {k: v for k, v in base_map.items() if not is_measurement_key(k)}
-    best_map = {k: v for k, v in best_map.items() if not is_measurement_key(k)}
     changed = [
         line for key, (value, line) in best_map.items() if base_map.get(key, (None,))[0] != value
     ]
@@ -79,13 +68,10 @@ def overrides_to_experiment(
         if (
             override.is_delete()
             or override.is_sweep_override()
-            or key.startswith("hydra.")
-            or key == "hydra"
+            or key.split(".", 1)[0] == "hydra"
+            or override.package is not None  # group@package: rare; not expressible simply
         ):
             skipped.append(line)
-            continue
-        if override.package is not None:
-            skipped.append(line)  # group@package overrides: rare; not expressible simply
             continue
         if key in group_names:
             entry = f"/{key}" if override.is_add() else f"override /{key}"

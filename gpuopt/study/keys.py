@@ -1,19 +1,14 @@
 """Every attribute key gpuopt writes into an Optuna study, in one place and one spelling.
 
-`ATTR_*` keys are a trial's attributes, `STUDY_*` keys the study's; each comment says whether a key
-is a user attr (optuna-dashboard and `optuna trials` show it) or a system attr (gpuopt's own
-bookkeeping). The strings are the stored format: existing studies hold them, so never change one.
-
-The attrs a trial's own `TrialResult` is stored under (status, reason, env, config, warnings,
-profile, numerics, ranks, phases: `gpuopt.core.result.result_user_attrs`) are named in core/result.py,
-which writes them and imports nothing of the study; they are listed here too, so that every reader takes
-every key from this module. Every metric is stored flat under its own name (`throughput`, ...:
-the metric catalogue, `gpuopt.core.metrics.Metrics`).
+`ATTR_*` keys are a trial's attributes, `STUDY_*` the study's. The strings are the stored format:
+existing studies hold them, so never change one. A result's own attrs are named in core/result.py
+(their writer, which imports nothing of the study) and re-exported here, so readers take every key
+from this module; every metric is stored flat under its own name.
 """
 
 from __future__ import annotations
 
-from gpuopt.core.result import (
+from gpuopt.core.result import (  # noqa: F401 (re-exported: every key from here)
     ATTR_CONFIG,
     ATTR_ENV,
     ATTR_NUMERICS,
@@ -24,47 +19,6 @@ from gpuopt.core.result import (
     ATTR_STATUS,
     ATTR_WARNINGS,
 )
-
-__all__ = [
-    "ATTR_ARTIFACTS",
-    "ATTR_BASELINE",
-    "ATTR_BASELINE_SKIPPED",
-    "ATTR_CONFIG",
-    "ATTR_ENV",
-    "ATTR_FIXED_PARAMS",
-    "ATTR_GRID_ID",
-    "ATTR_HEARTBEAT",
-    "ATTR_INTERFERENCE",
-    "ATTR_INTERRUPTED",
-    "ATTR_LOGS",
-    "ATTR_NUMERICS",
-    "ATTR_OVERRIDES",
-    "ATTR_OWNER",
-    "ATTR_PHASES",
-    "ATTR_PROFILE",
-    "ATTR_RACE",
-    "ATTR_RANKS",
-    "ATTR_REASON",
-    "ATTR_REPLACES",
-    "ATTR_REPLICATE_OF",
-    "ATTR_RERUN_OF",
-    "ATTR_RUN_DIR",
-    "ATTR_SEARCH_SPACE",
-    "ATTR_STATUS",
-    "ATTR_TRACEBACK",
-    "ATTR_VISIBLE_DEVICES",
-    "ATTR_VOID",
-    "ATTR_WARNINGS",
-    "STUDY_ARTIFACT_STORE",
-    "STUDY_BATCH_RULE",
-    "STUDY_BEST_PROFILE",
-    "STUDY_CONFIRMATION",
-    "STUDY_CONFIRM_CLAIM",
-    "STUDY_DIRECTIONS",
-    "STUDY_HARDWARE",
-    "STUDY_OBJECTIVES",
-    "STUDY_SEEDS",
-]
 
 # ---- trial user attrs, written by the sweeper (besides the result's, above) ----------------------
 ATTR_OVERRIDES = "overrides"  # list[str]: the Hydra overrides that produced this trial

@@ -1,26 +1,11 @@
 """Which trials the measurements cannot tell apart: noise said as noise, never shown as choice.
 
-A sweep reads each configuration once (or a few times: replicates, gpuopt/sweeper/repeats.py),
-and fresh processes of one configuration read 4-25% apart on a 2-core CPU (an A/A sweep, eight
-trials of one configuration: 4,397-5,645 samples/s, and 7 of them on the Pareto front as
-"trade-offs"). A trial's own interval (`throughput_ci`) covers the steps of its one window and is
-far narrower than that, so it cannot say whether two trials differ. What can:
-
-- the run-to-run spread of one reading (`spread_of`, a `Spread`): measured for this machine and
-  workload by scripts/bench_noise.py (the trials' `run_spread` metric, gpuopt.core.machine_cache),
-  else this study's own replicates (configurations read more than once, when they give at least
-  MIN_REPLICATE_DF degrees of freedom), else DEFAULT_SPREAD; the summary and report say which;
-- two configurations are measurably apart on an objective when their pooled readings (a
-  configuration's trials, geometric mean) differ on the log scale by more than the 95% quantile x
-  spread x sqrt(1/n_a + 1/n_b) (`apart`): the interval of their difference excludes zero;
-- the first objective's ranking in noise groups (`ranked_groups`: each group every configuration
-  within noise of its best one), and the Pareto front without noise as trade-offs
-  (`front_groups`: configurations no other one beats measurably on one objective without being
-  measurably worse on another, grouped when they are within noise of each other on every
-  objective).
-
-Objectives that are not gpuopt metrics (an app's own value, deterministic) are compared exactly.
-The words are here, so the sweep summary and the report say the same (`front_lines`).
+Fresh processes of one configuration read 4-25% apart on a 2-core CPU (an A/A sweep of eight
+trials: 4,397-5,645 samples/s, 7 of them on the Pareto front as "trade-offs"), and a trial's own
+`throughput_ci` covers only its one window. So two configurations are apart on an objective only
+when their pooled readings differ by more than the 95% quantile x one reading's run-to-run spread
+(`spread_of`: measured, else the study's replicates, else DEFAULT_SPREAD) x sqrt(1/n_a + 1/n_b).
+Objectives that are not gpuopt metrics (an app's own, deterministic) are compared exactly.
 """
 
 from __future__ import annotations
@@ -135,8 +120,8 @@ class NoiseView:
         return next((c for c in self.configs if number in (t.number for t in c.trials)), None)
 
     def apart(self, a: int, b: int, k: int = 0) -> bool | None:
-        """Whether trials `a` and `b` (their configurations' pooled readings) are measurably
-        apart on objective k; None when either is not among the feasible trials."""
+        """Whether trials `a` and `b`'s configurations are measurably apart on objective k; None
+        when either is not among the feasible trials."""
         first, second = self.config_of(a), self.config_of(b)
         if first is None or second is None:
             return None
@@ -184,13 +169,9 @@ def configurations(trials: Sequence[Any]) -> list[Config]:
     ]
 
 
-def _log_readings(config: Config) -> list[float]:
-    return [math.log(t.values[0]) for t in config.trials if t.values[0] > 0]
-
-
 def spread_of(trials: Sequence[Any]) -> Spread:
-    """The spread the study's comparisons use: measured (a trial's `run_spread`, the baseline's
-    first), else its replicates', else DEFAULT_SPREAD."""
+    """Measured (a trial's `run_spread`, the baseline's first), else the replicates', else
+    DEFAULT_SPREAD (replicates only with MIN_REPLICATE_DF degrees of freedom)."""
     ordered = sorted(trials, key=lambda t: not t.user_attrs.get(ATTR_BASELINE))
     for trial in ordered:
         cv, runs = trial.user_attrs.get("run_spread"), trial.user_attrs.get("run_spread_runs")
@@ -198,7 +179,7 @@ def spread_of(trials: Sequence[Any]) -> Spread:
             return Spread(float(cv), MEASURED, runs - 1, runs)
     squares, df = 0.0, 0
     for config in configurations(trials):
-        logs = _log_readings(config)
+        logs = [math.log(t.values[0]) for t in config.trials if t.values[0] > 0]
         if len(logs) > 1:
             mean = sum(logs) / len(logs)
             squares += sum((x - mean) ** 2 for x in logs)
@@ -258,9 +239,8 @@ def ranked_groups(configs: Sequence[Config], directions: Sequence[str], apart: A
 
 
 def front_groups(configs: Sequence[Config], directions: Sequence[str], apart: Apart) -> list:
-    """The Pareto front without noise as trade-offs: the configurations no other one measurably
-    dominates (better beyond noise on an objective, worse beyond noise on none), grouped when
-    within noise of each other on every objective."""
+    """The configurations no other one measurably dominates (better beyond noise on an objective,
+    worse beyond noise on none), grouped when within noise of each other on every objective."""
     objectives = range(len(directions))
 
     def dominates(a: Config, b: Config) -> bool:
@@ -279,48 +259,37 @@ def noise_view(trials: Sequence[Any], names: Sequence[str], directions: Sequence
     """The study's noise groups over its feasible trials (`trials`)."""
     spread = spread_of(trials)
     configs = configurations(trials)
-    apart = apart_rule(spread, [name in goals() for name in names])
+    noisy = tuple(name in goals() for name in names)
+    apart = apart_rule(spread, noisy)
     front = front_groups(configs, directions, apart) if len(directions) > 1 else []
     ranked = tuple(ranked_groups(configs, directions, apart))
-    noisy = tuple(name in goals() for name in names)
     return NoiseView(spread, ranked, tuple(front), tuple(configs), noisy)
 
 
 # ---- in words (the sweep summary and the report) -------------------------------------------------
 
 
-def group_range(group: Group, names: Sequence[str]) -> str:
-    """Each objective's lowest-highest reading in a group: `throughput 4,397-5,645 samples/s`."""
-    parts = []
-    for k, name in enumerate(names):
-        values = [t.values[k] for c in group.configs for t in c.trials]
-        low, high = fmt_metric(name, min(values), unit=False), fmt_metric(name, max(values))
-        parts.append(f"{name} {low}-{high}")
-    return ", ".join(parts)
-
-
-def members_text(group: Group, limit: int = 12) -> str:
-    """`#3, #2+#4, #0, ...`: the group's configurations (a configuration read several times as
-    its trials joined by +), cut after `limit`."""
-    shown = ["+".join(f"#{t.number}" for t in c.trials) for c in group.configs[:limit]]
-    left = len(group.configs) - limit
-    return ", ".join(shown) + (f", ... {left} more" if left > 0 else "")
-
-
-def within_text(group: Group, names: Sequence[str]) -> str:
-    """`7 trials within noise of each other: one choice (#3, #0, ...; throughput ...)`."""
+def within_text(group: Group, names: Sequence[str], limit: int = 12) -> str:
+    """`7 trials within noise of each other: one choice (#3, #2+#4, ...; throughput 4,397-5,645
+    samples/s)`: a configuration read several times as its trials joined by +."""
     configs = len(group.configs)
     if configs == 1:
         head = f"1 configuration read {group.size} times"
     else:
         of = f" ({configs} configurations)" if configs != group.size else ""
         head = f"{group.size} trials{of} within noise of each other"
-    return f"{head}: one choice ({members_text(group)}; {group_range(group, names)})"
+    shown = ["+".join(f"#{t.number}" for t in c.trials) for c in group.configs[:limit]]
+    members = ", ".join(shown) + (f", ... {configs - limit} more" if configs > limit else "")
+    ranges = []
+    for k, name in enumerate(names):
+        values = [t.values[k] for c in group.configs for t in c.trials]
+        low, high = fmt_metric(name, min(values), unit=False), fmt_metric(name, max(values))
+        ranges.append(f"{name} {low}-{high}")
+    return f"{head}: one choice ({members}; {', '.join(ranges)})"
 
 
 def runner_up_text(view: NoiseView, number: int) -> str | None:
-    """Whether the best (trial `number`) is told apart from the runner-up on the first objective
-    in the sweep's own readings: None when it is, or alone."""
+    """That the best (trial `number`) is within noise of the runner-up; None when it is not."""
     within = view.runner_up_within(number)
     if not within:
         return None
@@ -335,7 +304,7 @@ def front_lines(
     view: NoiseView, names: Sequence[str], shown: Callable[[Any], str], limit: int = 10
 ) -> list[str]:
     """The Pareto front, noise grouped: each choice's leader (`shown(trial)`) and what is within
-    noise of it; one group of several trials is said to be no trade-off at all."""
+    noise of it; one group of several trials is no trade-off at all."""
     groups = list(view.front)
     if not groups:
         return []

@@ -1,17 +1,7 @@
-"""The confirmation's record, typed: what the end-of-sweep re-measurement stored in the study.
-
-The confirmation round (gpuopt/sweeper/confirm/) re-measures the baseline and the top candidates
-in pairs and stores one record, the study user attr `STUDY_CONFIRMATION`: how it ran, each
-configuration re-measured (`ConfirmedConfig`, the baseline first) and each verdict (`Comparison`:
-a candidate vs the baseline, and the top two candidates vs each other). The record is assembled
-where it is measured (sweeper/confirm/rounds.py, its verdicts from verdicts.py), written from this
-object by gpuopt.sweeper.record.store_confirmation (`Confirmation.to_attr`) and read back by `Confirmation.from_attr`
-(or `read_confirmation`): the sweeper's outputs, its summary, the best pick and the report all
-read this object, never the stored dict.
-
-The stored shape is the one earlier versions wrote: reading is tolerant of their records (keys a
-record lacks read as None: no `mode` before the in-process mode, no `n_pairs` or `verdict` before
-the pairing, no `same_training` flags before the two answers).
+"""The confirmation's record, typed: the study user attr `STUDY_CONFIRMATION` as the end-of-sweep
+re-measurement stored it (gpuopt.sweeper.record writes `to_attr`); every reader reads this object,
+never the stored dict. Reading is tolerant of earlier versions' records: a key one lacks reads as
+None.
 """
 
 from __future__ import annotations
@@ -30,8 +20,8 @@ IN_PROCESS = "in-process windows"
 
 @dataclass
 class ConfirmedConfig:
-    """One configuration of the confirmation (the record's `configs` entry): the trial it comes
-    from and its re-measurements, round by round. The rounds fill it in as they run."""
+    """One configuration of the confirmation: the trial it comes from and its re-measurements,
+    round by round (the rounds fill it in as they run)."""
 
     label: str  # "baseline", "candidate1", ...
     trial_number: int
@@ -54,23 +44,20 @@ class ConfirmedConfig:
 
     @classmethod
     def from_attr(cls, entry: Mapping[str, Any]) -> ConfirmedConfig:
+        lists = ("overrides", "confirm_values", "confirm_statuses", "confirm_rounds")
         return cls(
             label=entry.get("label"),
             trial_number=entry.get("trial_number"),
             params=dict(entry.get("params") or {}),
-            overrides=list(entry.get("overrides") or []),
-            confirm_values=list(entry.get("confirm_values") or []),
-            confirm_statuses=list(entry.get("confirm_statuses") or []),
-            confirm_rounds=list(entry.get("confirm_rounds") or []),
             same_training=bool(entry.get("same_training")),
+            **{key: list(entry.get(key) or []) for key in lists},
         )
 
 
 @dataclass(frozen=True)
 class Comparison:
     """One stored speedup (gpuopt.core.stats.Speedup, and what was seen while measuring it): a
-    candidate vs the baseline (`label`, `trial_number`), or the top two candidates vs each other
-    (`labels`). `ratio` None: no speedup could be computed, `error` says why."""
+    candidate vs the baseline, or the top two vs each other (`labels`). `ratio` None: `error`."""
 
     label: str | None = None
     trial_number: int | None = None
@@ -112,15 +99,14 @@ class Comparison:
 
     @property
     def faster(self) -> bool:
-        """Measurably faster than its reference: the ratio above 1.0x and, where there is an
-        interval, one that excludes 1.0x."""
+        """Above 1.0x and, where there is an interval, one that excludes 1.0x."""
         return (self.ratio or 0.0) > 1.0 and self.distinguishable is not False
 
 
 @dataclass(frozen=True)
 class Confirmation:
     """The confirmation record: how it ran, its configurations (the baseline first) and its
-    verdicts. Fields a record of an earlier version lacks are None."""
+    verdicts."""
 
     configs: tuple[ConfirmedConfig, ...]
     comparisons: tuple[Comparison, ...]  # each candidate vs the baseline
@@ -146,32 +132,22 @@ class Confirmation:
 
     @classmethod
     def from_attr(cls, value: Any) -> Confirmation | None:
-        """The record of a stored attr; None when there is none, or it is not a confirmation
-        record (no list of comparisons)."""
+        """The record of a stored attr; None when it is not one (no list of comparisons)."""
         if not isinstance(value, Mapping) or not isinstance(value.get("comparisons"), list):
             return None
         configs = [c for c in value.get("configs") or [] if isinstance(c, Mapping)]
         top_two = value.get("top_two")
+        special = {"configs", "comparisons", "top_two", "lean_overrides", "same_training_flagged"}
+        plain = {f.name for f in dataclasses.fields(cls)} - special
         return cls(
             configs=tuple(ConfirmedConfig.from_attr(c) for c in configs),
             comparisons=tuple(
                 Comparison.from_attr(e) for e in value["comparisons"] if isinstance(e, Mapping)
             ),
             top_two=Comparison.from_attr(top_two) if isinstance(top_two, Mapping) else None,
-            objective=value.get("objective"),
-            direction=value.get("direction"),
-            mode=value.get("mode"),
-            window_s=value.get("window_s"),
-            rounds=value.get("rounds"),
-            first_stage=value.get("first_stage"),
-            top_k=value.get("top_k"),
-            after_trials=value.get("after_trials"),
-            runs=value.get("runs"),
-            max_runs=value.get("max_runs"),
             lean_overrides=tuple(value.get("lean_overrides") or ()),
-            time=value.get("time"),
-            sweep_dir=value.get("sweep_dir"),
             same_training_flagged=bool(configs) and "same_training" in configs[0],
+            **{name: value.get(name) for name in plain},
         )
 
     def to_attr(self) -> dict[str, Any]:
@@ -190,15 +166,13 @@ class Confirmation:
 
     @property
     def winner(self) -> int | None:
-        """Trial number of the confirmed winner: the candidate with the highest speedup among
-        those measurably faster than the baseline, else the baseline ("keep your
-        configuration"); None for a record without configs."""
+        """The confirmed winner: the fastest candidate measurably faster than the baseline, else
+        the baseline; None for a record without configs."""
         return self._fastest(self.comparisons)
 
     @property
     def same_training_winner(self) -> int | None:
-        """The confirmed same-training pick: the fastest measurably faster candidate flagged
-        same_training, else the baseline; None for a record without the flags."""
+        """`winner` among the candidates flagged same_training; None for a record without flags."""
         if not self.same_training_flagged:
             return None
         same = {c.trial_number for c in self.configs[1:] if c.same_training}

@@ -1,20 +1,7 @@
-"""The rules that read a gpuopt study: one place for the sweeper, its summary and the report.
-
-- `trial_status`: how a trial ended (ok | oom | diverged | error | void | interrupted | running |
-  waiting | pruned).
-- `feasible` / `feasible_trials`: COMPLETE, with values, and no constraint violated (oom/diverged
-  trials are COMPLETE with constraint 1.0, so samplers learn the region; they are never "best").
-- `pick_baseline` / `pick_best`: which trial is the baseline and which the best.
-- `same_training` / `pick_same_training` / `training_change`: the two answers of every sweep, the
-  best that keeps the baseline's training math (same global batch and learning rate, numerics
-  within tolerance) and the best overall with what it changes (issue 13); `unknown_training`:
-  what a trial did not report (its global batch, its lr): without it nothing is "same training"
-  (issue 22: null == null is no evidence); `same_training_params`:
-  the preset markers of `search=same_training` and the baseline's batch as the LR reference.
-
-The keys they read are gpuopt.study.keys'; the confirmation they pick from is a typed record
-(gpuopt.study.records.Confirmation). Torch-free and light (optuna only): the sweeping process and
-the report both import it.
+"""The rules that read a gpuopt study, one place for the sweeper, its summary and the report:
+how a trial ended, which trials are feasible, the baseline, the best, and the two answers' "same
+training" (the baseline's global batch and learning rate, numerics within tolerance; never
+without evidence: null == null is none).
 """
 
 from __future__ import annotations
@@ -38,36 +25,10 @@ from gpuopt.study.keys import (
 )
 from gpuopt.study.records import Confirmation
 
-__all__ = [
-    "changed_keys",
-    "feasible",
-    "feasible_trials",
-    "global_batch_of",
-    "leading_trial",
-    "lr_of",
-    "numerics_unchecked",
-    "outside_space",
-    "pick_baseline",
-    "pick_best",
-    "pick_same_training",
-    "plain_labels",
-    "plain_names",
-    "same_training",
-    "same_training_params",
-    "status_counts",
-    "training_change",
-    "trial_status",
-    "unknown_training",
-]
-
 
 def trial_status(trial: FrozenTrial) -> str:
     """How a trial ended: the sweeper's `status` attr for finished trials, else its state.
-
-    interrupted (its sweep died under it; the params were re-run), skipped (a baseline that could
-    not run as composed) and void (asked, never run: surplus or a duplicate baseline) come before
-    FAIL = error: none is a failed measurement.
-    """
+    interrupted, skipped and void come before FAIL = error: none is a failed measurement."""
     if trial.state == TrialState.RUNNING:
         return "running"
     if trial.state == TrialState.WAITING:
@@ -86,8 +47,7 @@ def trial_status(trial: FrozenTrial) -> str:
 
 
 def plain_names(labels: Any) -> bool:
-    """Whether a study's STUDY_OBJECTIVES are placeholder labels (value, value_0, ...): a stock-style
-    task's plain float/list return values, not gpuopt metrics."""
+    """Whether a study's objectives are the stock labels of plain return values (value, value_0)."""
     return isinstance(labels, list) and all(str(x).startswith("value") for x in labels)
 
 
@@ -128,9 +88,8 @@ def pick_best(
     directions: Sequence[str],
     confirmation: Confirmation | None,
 ) -> FrozenTrial | None:
-    """The confirmed winner when a confirmation ran (the baseline unless a candidate is measurably
-    faster: Confirmation.winner), else the best on the first objective (among the Pareto front
-    when there are several objectives)."""
+    """The confirmed winner when a confirmation ran, else the best on the first objective (among
+    the Pareto front when there are several)."""
     if not feasible_pool:
         return None
     if confirmation is not None:
@@ -146,10 +105,8 @@ def pick_best(
 def _best_configuration(
     pool: Sequence[FrozenTrial], feasible_pool: Sequence[FrozenTrial], directions: Sequence[str]
 ) -> FrozenTrial | None:
-    """The best configuration among `pool`'s by its pooled first objective (a configuration read
-    several times, replicates or a sampler's repeats: its readings' geometric mean), as its first
-    trial: a repeat of the baseline's configuration is the baseline, never a "best" of its own
-    (gpuopt.study.noise)."""
+    """The best configuration among `pool`'s by its pooled first objective, as its first trial: a
+    repeat of the baseline's configuration is the baseline, never a "best" of its own."""
     if not pool:
         return None
     configs = noise.configurations(feasible_pool)
@@ -162,19 +119,14 @@ def _best_configuration(
 
 
 def outside_space(trial: FrozenTrial) -> bool:
-    """A baseline run outside a grid's points (grid_id -1, no params): a reference, never the
-    best of a search it was not part of (the confirmation may still say "keep it")."""
+    """A baseline run outside a grid's points (grid_id -1): a reference, never the best of it."""
     return bool(trial.user_attrs.get(ATTR_BASELINE)) and trial.system_attrs.get(ATTR_GRID_ID) == -1
 
 
 def leading_trial(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> FrozenTrial | None:
     """The best feasible trial so far on the first objective (the sweep's progress line)."""
     sign = 1 if directions[0] == "maximize" else -1
-    best = None
-    for t in feasible_trials(trials):
-        if best is None or sign * t.values[0] > sign * best.values[0]:
-            best = t
-    return best
+    return max(feasible_trials(trials), key=lambda t: sign * t.values[0], default=None)
 
 
 # ---- same training: the baseline's training math (issue 13) -------------------------------------
@@ -196,8 +148,12 @@ def global_batch_of(trial: FrozenTrial) -> int | None:
     return int(batch) if isinstance(batch, int | float) else None
 
 
-def _effective_lr(trial: FrozenTrial) -> float | None:
-    """gpuopt's own task: optimizer.lr of the resolved config x the lr_scale it applied."""
+def lr_of(trial: FrozenTrial) -> float | None:
+    """The learning rate the trial trained with: its `lr` metric, else (older studies) the resolved
+    config's optimizer.lr x the lr_scale it applied."""
+    value = trial.user_attrs.get("lr")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
     lr = (config_of(trial.user_attrs).get("optimizer") or {}).get("lr")
     scale = trial.user_attrs.get("lr_scale")
     if not isinstance(lr, int | float):
@@ -205,32 +161,17 @@ def _effective_lr(trial: FrozenTrial) -> float | None:
     return float(lr) * (float(scale) if isinstance(scale, int | float) else 1.0)
 
 
-def lr_of(trial: FrozenTrial) -> float | None:
-    """The learning rate the trial trained with: its `lr` metric (what measure_step and
-    MeasureCallback read from the optimizer), else from its resolved config (older studies)."""
-    value = trial.user_attrs.get("lr")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return _effective_lr(trial)
-
-
-UNKNOWN_BATCH = "the task did not report its global batch"
-UNKNOWN_LR = "the task did not report its learning rate"
-
-
 def unknown_training(trial: FrozenTrial) -> str | None:
-    """What `trial` did not report of its training math (None: both known). A task of its own
-    reports them through gpuopt.measure_step(global_batch=..., optimizer=...) or MeasureCallback."""
+    """What `trial` did not report of its training math (None: both known)."""
     if global_batch_of(trial) is None:
-        return UNKNOWN_BATCH
+        return "the task did not report its global batch"
     if lr_of(trial) is None:
-        return UNKNOWN_LR
+        return "the task did not report its learning rate"
     return None
 
 
 def numerics_unchecked(trial: FrozenTrial) -> str | None:
-    """Why the guard did not check a trial whose math it changes (its evidence's `not_run`), or
-    None: checked, or nothing to check."""
+    """Why the guard did not check a trial whose math it changes; None: checked, or nothing to."""
     evidence = trial.user_attrs.get(ATTR_NUMERICS)
     if isinstance(evidence, dict) and evidence.get("passed") is None:
         return str(evidence.get("not_run") or "no verdict")
@@ -238,10 +179,8 @@ def numerics_unchecked(trial: FrozenTrial) -> str | None:
 
 
 def dtype_unchecked(trial: FrozenTrial, baseline: FrozenTrial) -> str | None:
-    """ "fp32 -> bf16" where `trial` computes in another dtype than the baseline (its
-    `compute_dtype`) and no numerics guard checked it (gpuopt's own app guards its trials; a
-    task of its own, the HF Trainer's `bf16` say, has no guard): then gpuopt has no evidence
-    that it trains the same thing. None: the same dtype, unknown, or checked."""
+    """ "fp32 -> bf16" where `trial` computes in another dtype than the baseline and no numerics
+    guard checked it (a task of its own has no guard); None: the same dtype, unknown, or checked."""
     before, after = baseline.user_attrs.get("compute_dtype"), trial.user_attrs.get("compute_dtype")
     if not before or not after or before == after:
         return None
@@ -252,11 +191,9 @@ def dtype_unchecked(trial: FrozenTrial, baseline: FrozenTrial) -> str | None:
 
 
 def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
-    """Whether `trial` trains what the baseline trains: the same global batch and effective
-    learning rate, and no numerics violation (the guard's drift within tolerance; a compute
-    dtype of its own only where the guard checked it). Never without evidence: a trial or
-    baseline that did not report its global batch or lr is not the same training (two unknowns
-    are not equal), only the baseline itself is."""
+    """Whether `trial` trains what the baseline trains: the same global batch and effective lr,
+    no numerics violation, another dtype only where the guard checked it. Two unknowns are not
+    equal: only the baseline itself is the same training without evidence."""
     if baseline is None:
         return False
     if trial.number == baseline.number:
@@ -291,8 +228,8 @@ def pick_same_training(
     directions: Sequence[str],
     confirmation: Confirmation | None,
 ) -> FrozenTrial | None:
-    """The best trial that keeps the baseline's training math: the confirmed one when the
-    confirmation round flagged same-training candidates, else the best first objective."""
+    """The best trial that keeps the baseline's training math: the confirmed one where there is
+    one, else the best first objective."""
     pool = [t for t in feasible_pool if same_training(t, baseline)]
     if not pool:
         return None
@@ -341,11 +278,9 @@ def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> 
 
 def same_training_params(preset: dict[str, str], config: Any) -> dict[str, str]:
     """The preset with its same-training markers resolved against the composed config (the
-    baseline): `train.global_batch: baseline` -> its global batch, `loader.batch_size: divisors`
-    -> a choice of that batch's divisors; with optimizer.lr_scaling on and no
-    optimizer.reference_batch, the baseline's global batch as every trial's reference; and, for
-    gpuopt's own task, the baseline's global batch as the numerics guard's (guard.global_batch:
-    a trial's math changes checked apart from its batch change)."""
+    baseline): `baseline` -> its global batch, `divisors` -> a choice of that batch's divisors;
+    that batch also as the lr scaling's reference (where unset) and the numerics guard's, so a
+    trial's math changes are checked apart from its batch change."""
     from omegaconf import OmegaConf
 
     micro = OmegaConf.select(config, "loader.batch_size", default=None)

@@ -1,27 +1,12 @@
 """Where a study lives: a `hydra.sweeper.storage` value turned into an Optuna storage, and the
 studies an existing storage holds (the sweeper opens or creates one; the report only reads).
 
-What the value means:
-- null, or `memory`: in-memory, nothing kept - the stock hydra-optuna-sweeper meaning, and what
-  another app's `storage: null` gets. gpuopt's own app is not in-memory by default: its
-  conf/config.yaml sets `${gpuopt.sqlite:${output_dir}/gpuopt.db}`, the SQLite file `gpuopt.db`
-  under `output_dir` (`GPUOPT_OUTPUT_DIR`, else ./outputs). `default_url` is that rule, for the
-  report to find the study when it is not told where.
-- `journal:///abs/path/study.log` (or `journal://relative/path.log`): Optuna's JournalStorage on a
-  JournalFileBackend, for several workers on one host or on a shared file system (NFS), no server.
-- any SQLAlchemy URL (`postgresql+psycopg://user@host/db`, `mysql+pymysql://...`, `sqlite:///...`):
-  Optuna's RDBStorage.
-
-The sweeper opens every storage with heartbeats (`hydra.sweeper.heartbeat_interval` seconds, failed
-after `hydra.sweeper.grace_period`): a worker that dies mid-trial stops beating, and the next worker
-to ask for a trial fails that trial and re-queues its params. RDBStorage has this built in; Optuna
-5's JournalStorage has no heartbeat, so `HeartbeatJournalStorage` adds Optuna's own `BaseHeartbeat`
-interface to it, beating through a trial system attr (its clock is the workers' wall clocks:
-keep hosts NTP-synced).
-
-The report opens a storage with `open_existing`: Optuna's RDB storage creates a missing SQLite file
-(and its tables) on connect, so a typo in a path would "succeed" with an empty database; the file
-is checked first, and a missing one is a `StorageError` (a message, not a traceback).
+The value: null or `memory` (in-memory, the stock sweeper's meaning), `journal://path` (Optuna's
+JournalStorage on a file: several workers, no server) or any SQLAlchemy URL (RDBStorage). Optuna
+5's JournalStorage has no heartbeat, so `HeartbeatJournalStorage` adds Optuna's `BaseHeartbeat`
+to it, beating through a trial system attr (the workers' wall clocks: keep hosts NTP-synced).
+`open_existing` checks a SQLite file first: Optuna creates a missing one on connect, so a typo in
+a path would "succeed" with an empty database.
 """
 
 from __future__ import annotations
@@ -30,6 +15,7 @@ import contextlib
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -46,7 +32,6 @@ from gpuopt.study.keys import ATTR_HEARTBEAT
 
 JOURNAL_SCHEME = "journal://"
 OUTPUT_DIR_ENV = "GPUOPT_OUTPUT_DIR"  # gpuopt's output_dir (conf/config.yaml), else ./outputs
-DEFAULT_DB_NAME = "gpuopt.db"
 
 
 class StorageError(Exception):
@@ -54,19 +39,15 @@ class StorageError(Exception):
 
 
 class StorageUnreachable(StorageError):
-    """A well-formed server URL whose server could not be reached or refused the login: `cannot
-    connect to URL: REASON`, the reason in the server's words (password authentication failed,
-    connection refused), the URL's secrets masked."""
+    """A server that could not be reached or refused the login: the reason in its words, masked."""
 
     def __init__(self, spec: str, exc: BaseException) -> None:
         super().__init__(f"cannot connect to {display(spec)}: {connect_reason(exc)}")
 
 
 def connect_reason(exc: BaseException) -> str:
-    """What the server said, without the driver's wrapping: psycopg's `connection failed: connection
-    to server at "h", port 5432 failed: FATAL:  password authentication failed for user "u"` ->
-    `password authentication failed for user "u"`; SQLAlchemy's `(Background on this error ...)`
-    line dropped. Secrets masked."""
+    """What the server said, without the driver's wrapping (psycopg's `connection failed: ...
+    failed: FATAL:  `, SQLAlchemy's `(Background on this error ...)` line). Secrets masked."""
     orig = getattr(exc, "orig", None) or exc
     text = str(orig).strip()
     line = text.splitlines()[0] if text else type(orig).__name__
@@ -137,7 +118,8 @@ def open_storage(
         kwargs["engine_kwargs"] = {"pool_pre_ping": True}
     for attempt in range(3):
         try:
-            with _quiet_experimental():
+            with warnings.catch_warnings():  # heartbeat_interval is experimental: no warning
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return RDBStorage(
                     text,
                     heartbeat_interval=heartbeat_interval,
@@ -159,11 +141,11 @@ def _cannot_open(spec: str, exc: BaseException) -> str:
 
 
 def ping(spec: str | None) -> None:
-    """Connect once to a server storage (PostgreSQL, MySQL, ...) and disconnect, creating nothing:
-    a refused login or a closed port is known before the sweep probes the machine, and no table is
-    made for a sweep that may still stop on bad input. SQLite and journal files are not opened
-    here (opening creates them). StorageUnreachable when the server says no; ValueError (or
-    ImportError: a missing driver) when the URL itself is not one SQLAlchemy can use."""
+    """Connect once to a server storage and disconnect, creating nothing: a refused login is known
+    before the sweep probes the machine, and no table is made for a sweep that may still stop on
+    bad input. SQLite and journal files are not opened (opening creates them). StorageUnreachable
+    when the server says no; ValueError (or ImportError: a missing driver) for a URL SQLAlchemy
+    cannot use."""
     if spec is None or spec.startswith((JOURNAL_SCHEME, "sqlite")):
         return
     import sqlalchemy
@@ -190,8 +172,7 @@ def _refused(exc: BaseException) -> bool:
     return isinstance(exc, sqlalchemy.exc.DBAPIError)
 
 
-def heartbeat_on(storage: Any) -> bool:
-    return heartbeat_enabled(storage)
+heartbeat_on = heartbeat_enabled
 
 
 def display(spec: Any) -> str:
@@ -199,26 +180,12 @@ def display(spec: Any) -> str:
     return mask_secrets(str(spec)) if spec is not None else "memory"
 
 
-class _quiet_experimental:
-    """heartbeat_interval is an experimental RDBStorage argument: no warning per sweep."""
-
-    def __enter__(self) -> None:
-        import warnings
-
-        self._ctx = warnings.catch_warnings()
-        self._ctx.__enter__()
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-
-    def __exit__(self, *exc: object) -> None:
-        self._ctx.__exit__(*exc)
-
-
 # ---- reading an existing storage (the report) --------------------------------------------------
 def default_url() -> str:
     """sqlite:///<GPUOPT_OUTPUT_DIR or outputs>/gpuopt.db: where gpuopt's own app keeps its studies
     (conf/config.yaml's `hydra.sweeper.storage`)."""
     output_dir = os.environ.get(OUTPUT_DIR_ENV) or "outputs"
-    return f"sqlite:///{Path(output_dir) / DEFAULT_DB_NAME}"
+    return f"sqlite:///{Path(output_dir) / 'gpuopt.db'}"
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -235,7 +202,7 @@ def sqlite_path(url: str) -> Path | None:
 
 def open_existing(url: str) -> BaseStorage:
     """Open an existing storage; a missing SQLite or journal file is a `StorageError`, never a new
-    one. Any `hydra.sweeper.storage` value works: SQLAlchemy URLs and `journal://` files."""
+    one."""
     path = journal_path(url) if url.startswith(JOURNAL_SCHEME) else sqlite_path(url)
     if path is not None and not path.is_file():
         hint = (
@@ -300,8 +267,7 @@ def load_study(storage: BaseStorage, url: str, name: str | None) -> optuna.Study
 
 
 def in_memory_copy(study: Any, trials: Any) -> Any:
-    """An in-memory study holding `trials`, for reading only (the report's plots and parameter
-    importances: the worst-case values of failed trials left out), never the user's study."""
+    """An in-memory study holding `trials`, for reading only (the report's plots and importances)."""
     copy = optuna.create_study(directions=study.directions)
     copy.add_trials(list(trials))
     return copy

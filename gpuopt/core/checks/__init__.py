@@ -1,44 +1,25 @@
-"""The one check of a composed config, torch-free, before anything is created: `check_composed`.
-
-Every process that runs or plans a trial calls it once: a trial's own (gpuopt.run, the shared
-measuring process and the memory probe, through gpuopt.trial.prepare) and the sweeper, on the
-composed config before any study (gpuopt.sweeper.task). Each part runs once, in this order: the
-types (the schema), the values (`values`: ranges, names, the distributed group), the workload
-(`workload`: model, data and loss configs, their `_target_`s trusted by name), and, given a
-machine's facts, the device (`device`: the sweeper's facts come from `python -m gpuopt.env --json`;
-a trial's process reads its own from torch once torch is imported, and its
-gpuopt.trial.devices.trial_device hands them to `check_device_facts`). Every failure is one
-`ConfigError` naming the key, the bad value and what is allowed. What needs torch or the user's
-modules (the targets imported, the device resolved) is gpuopt.trial.prepare's.
-
-Also here: `measure_conf` (the measuring API's settings), `check_writable_path` (where a command
-writes), and the model's checks a built model answers (`check_module_patterns`).
+"""The one check of a composed config, torch-free, before anything is created: `check_composed`,
+called once by every process that runs or plans a trial. In order: the types (the schema), the
+values, the workload (targets trusted by name, not imported) and, given a machine's facts, the
+device. Every failure is one `ConfigError` naming the key, the bad value and what is allowed; what
+needs torch or the user's modules is gpuopt.trial.prepare's.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gpuopt.core.checks.device import check_device_facts
-from gpuopt.core.checks.values import check_values, measure_conf
-from gpuopt.core.checks.workload import check_module_patterns, check_workload, matches_any
-from gpuopt.core.errors import ConfigError, config_error_from_omegaconf, per_cpu_limit
+from gpuopt.core.checks.values import check_values, measure_conf  # noqa: F401 (re-exported)
+from gpuopt.core.checks.workload import check_module_patterns, check_workload, matches_any  # noqa: F401
+from gpuopt.core.errors import ConfigError, config_error_from_omegaconf, per_cpu_limit  # noqa: F401
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.spec import GpuoptConf, TrialSpec
-
-__all__ = [
-    "check_composed",
-    "check_device_facts",
-    "check_module_patterns",
-    "check_writable_path",
-    "matches_any",
-    "measure_conf",
-    "per_cpu_limit",
-]
 
 
 def check_composed(
@@ -48,14 +29,9 @@ def check_composed(
     run_dir: bool = False,
 ) -> TrialSpec:
     """The `TrialSpec` of a composed config whose every value checks out; raises `ConfigError`.
-
-    `cpus`: the usable cores of the machine the trials run on, for the caps on workers, threads
-    and ranks (default: this one's). `facts`: that machine's devices (`check_device_facts`);
-    without them the device is checked where it is resolved. `run_dir`: a single run's
-    `hydra.run.dir` can be created too, before Hydra creates it. Imports neither torch nor any
-    `_target_`: a LightningModule's own data (no `data` config) is `data={}` until the torch side
-    imports the module and asks it.
-    """
+    `cpus`: the trials' machine's usable cores (default: this one's); `facts`: its devices
+    (without them the device is checked where it is resolved); `run_dir`: check that a single
+    run's `hydra.run.dir` can be created. A LightningModule's own data is `data={}` until then."""
     container = _resolved_container(cfg)
     try:
         typed: GpuoptConf = OmegaConf.to_object(
@@ -70,24 +46,10 @@ def check_composed(
         check_device_facts(typed, facts)
     if run_dir:
         check_writable_path("hydra.run.dir", str(cfg.hydra.run.dir), directory=True)
+    own = {"model", "data", "trusted_targets"}
+    typed_fields = {f.name: getattr(typed, f.name) for f in fields(TrialSpec) if f.name not in own}
     return TrialSpec(
-        model=model,
-        data=data if data is not None else {},
-        loader=typed.loader,
-        precision=typed.precision,
-        compile=typed.compile,
-        cache=typed.cache,
-        optimizer=typed.optimizer,
-        device=typed.device,
-        measure=typed.measure,
-        loss=typed.loss,
-        seed=typed.seed,
-        trusted_targets=trusted,
-        engine=typed.engine,
-        profile=typed.profile,
-        train=typed.train,
-        guard=typed.guard,
-        distributed=typed.distributed,
+        model=model, data=data if data is not None else {}, trusted_targets=trusted, **typed_fields
     )
 
 
@@ -96,10 +58,8 @@ MULTI_NODE_LAUNCHERS = ("slurm", "gpuopt_slurm")
 
 
 def check_nodes(dist: Any, cfg: DictConfig) -> None:
-    """A trial over several nodes (`distributed.nnodes > 1`) needs a place for its nodes to meet:
-    `distributed.rdzv_endpoint` (the first node's host:port), or a SLURM job (hydra/launcher=slurm
-    sizes it one task per node; its first node hosts the rendezvous). Anywhere else its one node
-    would wait for the others until the rendezvous timed out."""
+    """A trial over several nodes needs a place for them to meet: `distributed.rdzv_endpoint` or a
+    SLURM job; anywhere else its one node would wait for the others until the rendezvous timeout."""
     if (
         dist.kind == "none"
         or dist.nnodes == 1
@@ -142,10 +102,8 @@ def _resolved_container(cfg: DictConfig) -> dict[str, Any]:
 
 
 def check_writable_path(key: str, path: str | os.PathLike[str], directory: bool = False) -> None:
-    """`path` (a file to write, or a directory to create) can be written, before any work.
-
-    Walks up to the nearest existing folder and checks it with `os.access`; nothing is created.
-    """
+    """`path` (a file to write, or a directory to create) can be written, before any work; nothing
+    is created."""
     target = os.path.abspath(os.fspath(path))
     if not directory and os.path.isdir(target):
         raise ConfigError(key, str(path), "a file path (this is a directory)")

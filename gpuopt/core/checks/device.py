@@ -1,7 +1,6 @@
 """The device rules, torch-free: what a config needs of the device it runs on, against that
-machine's facts. One set of rules for both sides: the sweeper's facts are `python -m gpuopt.env
---json`'s (through gpuopt.core.checks.check_composed), a trial's process reads its own from torch
-(gpuopt.trial.devices.trial_device), so a bad device fails with the same line in either.
+machine's facts (the sweeper's from `python -m gpuopt.env --json`, a trial's from torch), so a bad
+device fails with the same line on either side.
 """
 
 from __future__ import annotations
@@ -12,14 +11,9 @@ from gpuopt.core.errors import ConfigError, check_per_cpu
 
 
 def check_device_facts(conf: Any, facts: dict[str, Any]) -> None:
-    """What the device must offer for `conf` (a composed config, its typed GpuoptConf or a
-    TrialSpec: read by attribute), against facts instead of torch.
-
-    `facts`: `devices` (a list of {"device": "cpu" | "cuda:N" | "mps", "compute_capability":
-    "8.0", optionally "name" and "bf16"}), optionally `accelerator` ({"why": ...} when none is
-    visible) and `cpus` (the caps on workers and threads). Raises `ConfigError`; pure, so it is
-    tested without a GPU.
-    """
+    """What the device must offer for `conf` (read by attribute), against `facts`: `devices`
+    ({"device", "compute_capability", optionally "name" and "bf16"} each), optionally
+    `accelerator` ({"why"} when none is visible) and `cpus`. Raises `ConfigError`."""
     device_type = str(conf.device.type)
     devices = {str(d.get("device")): d for d in facts.get("devices", [])}
     cuda = [name for name in devices if name.startswith("cuda")]

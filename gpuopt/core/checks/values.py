@@ -1,7 +1,5 @@
-"""The values of a typed config (`check_values`, from gpuopt.core.checks.check_composed): ranges and
-allowed names of every group, the distributed group, and what types cannot say across groups
-(a global batch that is a multiple of the micro-batch); and the measuring API's settings
-(`measure_conf`, the same checks as the `measure` group's).
+"""The values of a typed config (`check_values`): ranges and allowed names of every group, and what
+types cannot say across groups; and the measuring API's settings (`measure_conf`).
 """
 
 from __future__ import annotations
@@ -45,6 +43,11 @@ ALLOC_CONF_PATTERN = re.compile(r"^\w+:[^,:]+(,\w+:[^,:]+)*$")
 ENDPOINT_PATTERN = re.compile(r"^[\w.\-]+:\d{1,5}$")
 
 
+def _positive(key: str, value: float, allowed: str) -> None:
+    if not value > 0:  # NaN too
+        raise ConfigError(key, value, allowed)
+
+
 def check_values(typed: GpuoptConf, cpus: int) -> None:
     """Every group's values on `cpus` usable cores (the caps on workers, threads and ranks)."""
     _check_scalars(typed, cpus)
@@ -86,7 +89,7 @@ def _check_scalars(typed: GpuoptConf, cpus: int) -> None:
 
 
 def _check_train(typed: GpuoptConf) -> None:
-    """train.global_batch: a multiple of the micro-batch (loader.batch_size), agreeing with
+    """train.global_batch: a multiple of the micro-batch, agreeing with
     engine.accumulate_grad_batches when that is set too; the guard's knobs."""
     global_batch, micro = typed.train.global_batch, typed.loader.batch_size
     world = typed.distributed.world_size
@@ -113,8 +116,7 @@ def _check_train(typed: GpuoptConf) -> None:
     check_min("guard.steps", guard.steps, 2, "an integer >= 2")
     if guard.global_batch is not None:
         check_min("guard.global_batch", guard.global_batch, 1, "null or >= 1")
-    if not guard.loss_tolerance > 0:
-        raise ConfigError("guard.loss_tolerance", guard.loss_tolerance, "a relative drift > 0")
+    _positive("guard.loss_tolerance", guard.loss_tolerance, "a relative drift > 0")
 
 
 def _check_optimizer(optimizer: OptimizerConf) -> None:
@@ -133,8 +135,8 @@ def _check_optimizer(optimizer: OptimizerConf) -> None:
 
 def _check_profile(profile: ProfileConf) -> None:
     check_min("profile.steps", profile.steps, 1, "an integer >= 1")
-    if profile.max_s is not None and not profile.max_s > 0:
-        raise ConfigError("profile.max_s", profile.max_s, "seconds > 0, or null (always steps)")
+    if profile.max_s is not None:
+        _positive("profile.max_s", profile.max_s, "seconds > 0, or null (always steps)")
     check_min("profile.warmup_steps", profile.warmup_steps, 0, "an integer >= 0")
     check_min("profile.top_ops", profile.top_ops, 0, "an integer >= 0")
 
@@ -146,8 +148,7 @@ def _check_measure(measure: MeasureConf) -> None:
         raise ConfigError(
             "measure.max_steps", measure.max_steps, f">= measure.min_steps ({measure.min_steps})"
         )
-    if not measure.time_budget_s > 0:
-        raise ConfigError("measure.time_budget_s", measure.time_budget_s, "seconds > 0")
+    _positive("measure.time_budget_s", measure.time_budget_s, "seconds > 0")
     if not measure.min_time_s >= 0:
         raise ConfigError("measure.min_time_s", measure.min_time_s, "seconds >= 0")
     if not 0 < measure.stability_target < 1:
@@ -155,14 +156,12 @@ def _check_measure(measure: MeasureConf) -> None:
             "measure.stability_target", measure.stability_target, "a fraction in (0, 1), e.g. 0.03"
         )
     check_min("measure.ceiling_steps", measure.ceiling_steps, 1, "an integer >= 1")
-    if not measure.nvml_interval_s > 0:
-        raise ConfigError("measure.nvml_interval_s", measure.nvml_interval_s, "seconds > 0")
+    _positive("measure.nvml_interval_s", measure.nvml_interval_s, "seconds > 0")
 
 
 def measure_conf(value: MeasureConf | dict[str, Any] | str | None = None) -> MeasureConf:
-    """A validated `MeasureConf` from a preset name of conf/measure/ (`"quick"`, `"default"`), a
-    mapping of its fields (a partial one keeps the other defaults), or a MeasureConf; raises
-    ConfigError (the measuring API's settings get the same checks as the `measure` group)."""
+    """A validated `MeasureConf` from a preset name of conf/measure/ (`"quick"`), a mapping of its
+    fields (the others default), or a MeasureConf; raises ConfigError."""
     if isinstance(value, str):
         from importlib.resources import files
 
@@ -224,10 +223,8 @@ def _check_distributed(dist: DistributedConf, engine: EngineConf) -> None:
             engine.strategy,
             f"auto with distributed={dist.kind} (the distributed group sets Lightning's strategy)",
         )
-    if not dist.timeout_s > 0:
-        raise ConfigError("distributed.timeout_s", dist.timeout_s, "seconds > 0")
-    if not dist.bucket_cap_mb > 0:
-        raise ConfigError("distributed.bucket_cap_mb", dist.bucket_cap_mb, "megabytes > 0")
+    _positive("distributed.timeout_s", dist.timeout_s, "seconds > 0")
+    _positive("distributed.bucket_cap_mb", dist.bucket_cap_mb, "megabytes > 0")
     for key in ("param_dtype", "reduce_dtype"):
         value = getattr(dist, key)
         if value is not None:

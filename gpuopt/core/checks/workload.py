@@ -1,9 +1,5 @@
-"""The workload's checks, torch-free: the model, data and loss configs (`check_workload`, from
-gpuopt.core.checks.check_composed) are present, trusted by name (without importing them) and agree
-on the input kind, gpuopt's own models and dataset against their schemas and ranges; and what
-only a built model can answer, where it exists (in each rank; before the ranks for gpuopt's own
-models: gpuopt.trial.distributed): the module patterns of `shard_modules` / `checkpoint_modules`
-(`check_module_patterns`).
+"""The workload's checks, torch-free: the model, data and loss configs (`check_workload`), trusted
+by name without importing them; and what only a built model answers (`check_module_patterns`).
 """
 
 from __future__ import annotations
@@ -47,9 +43,8 @@ def check_trusted(key: str, target: Any, trusted: tuple[str, ...]) -> None:
 def check_workload(
     container: dict[str, Any], typed: GpuoptConf
 ) -> tuple[dict[str, Any], dict[str, Any] | None, tuple[str, ...]]:
-    """The model and data configs, then the loss; with the trusted target patterns of the trial
-    (the trust list, and what gpuopt's Hugging Face builder returns). `data` is None when a
-    LightningModule may bring its own (gpuopt.trial.prepare asks it once its module is imported)."""
+    """The model and data configs, then the loss; with the trial's trusted target patterns. `data`
+    is None when a LightningModule may bring its own."""
     model, data = _model_and_data(container, typed)
     _check_loss(typed)
     return model, data, BUILTIN_TRUSTED_TARGETS + _builder_results(model) + tuple(typed.trust)
@@ -166,11 +161,8 @@ MAX_NAMED_CLASSES = 24
 
 
 def check_module_patterns(key: str, patterns: list[str], classes: list[str]) -> None:
-    """`distributed.shard_modules` / `checkpoint_modules` against the class names of the model's
-    submodules (the root excluded): each pattern (a class name or an fnmatch pattern such as
-    `*Block`) must match one, else one ConfigError naming the key, the patterns matching nothing and
-    the classes there are. It needs the built model, so it runs where the model exists (in each
-    rank; before the ranks for gpuopt's built-in models: gpuopt.trial.distributed)."""
+    """`distributed.shard_modules` / `checkpoint_modules`: each pattern (a class name or an fnmatch
+    pattern) must match a submodule's class, else one ConfigError naming the classes there are."""
     names = sorted(set(classes))
     unmatched = [p for p in patterns if not any(matches_any(n, [p]) for n in names)]
     if not unmatched:
