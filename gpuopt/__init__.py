@@ -14,7 +14,7 @@ The public Python API (README, "Tune your own training"):
 - `TrialResult`, `Metrics`, `Status`: what they return (gpuopt.core.result).
 
 Attributes resolve lazily (PEP 562): `import gpuopt` imports neither torch nor Lightning, so the
-sweeping process, which imports gpuopt's subpackages, stays light.
+sweeping process stays light.
 """
 
 from __future__ import annotations

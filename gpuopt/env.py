@@ -2,8 +2,7 @@
 
 `--json` is for the sweeper: it runs this in a subprocess (so that its own process never imports
 torch) and judges its preset's choices by these facts with the knob catalogue's rules
-(gpuopt.core.knobs), the rules this command prints one row each. A thin command over
-`gpuopt.trial.devices` (the facts) and `gpuopt.trial.matmul_peak` (the measured peak).
+(gpuopt.core.knobs).
 """
 
 from __future__ import annotations

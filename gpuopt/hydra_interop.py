@@ -1,15 +1,10 @@
 """gpuopt installed beside a Hydra app changes nothing in how the app runs.
 
-Hydra loads every installed plugin's entry point (the `hydra.plugins` group) when any Hydra app
-starts, before it composes or instantiates anything. This module is one such entry point: a
-search-path plugin that adds nothing to the search path, whose import applies the adapters in
-gpuopt.core._compat that keep an app written for Hydra 1.3 running as it did there under the
-Hydra 1.4 that gpuopt installs (docs/your-training.md, "Installed beside your app"):
-
-- `_partial_: true` factories pickle again (lightning-hydra-template keeps its optimizer and
-  scheduler factories in Lightning's hparams and checkpoints);
-- the execution-whitelist deprecation is said once per process, in one warning that says how
-  to pass the app's whitelist, not in 7 lines for every `_target_`.
+Hydra imports every installed `hydra.plugins` entry point when any Hydra app starts. This module is
+one (a search-path plugin that adds nothing): its import applies gpuopt.core._compat's adapters
+that keep an app written for Hydra 1.3 running as it did under the Hydra 1.4 gpuopt installs:
+`_partial_: true` factories pickle again (lightning-hydra-template keeps them in checkpoints), and
+the execution-whitelist deprecation is one warning per process, not 7 lines for every `_target_`.
 """
 
 from __future__ import annotations

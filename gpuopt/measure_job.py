@@ -9,10 +9,9 @@ its code, named in YAML alone:
           budget_s: 600      # optional: how long the job may run before its first optimizer
                              # step (null: no limit); past it, a clear status and the job ends
 
-At the job's start it hooks torch's optimizer steps and the DataLoader iterators the job creates
-(gpuopt.engines.job_meter); once the timed window stopped it writes the result into the run
-directory and ends the job, where a gpuopt sweep reads it whatever the task returns. Hydra also
-instantiates callbacks in a sweep's own process: importing this module imports no torch there,
+At the job's start it hooks torch's optimizer steps and DataLoader iterators
+(gpuopt.engines.job_meter); once measured it writes the result into the run directory and ends
+the job. Hydra also instantiates callbacks in a sweep's own process: this module imports no torch,
 and nothing is hooked outside a job.
 """
 
@@ -24,28 +23,23 @@ from hydra.experimental.callback import Callback
 
 from gpuopt.core import measured_job
 
-# How long a job may run before its first optimizer step (null: no limit); past it the job ends
-# with the status "not measured: no optimizer step within budget_s".
 BUDGET_S = 600.0
-
-
-def _budget(value: Any) -> float | None:
-    """`budget_s` as given in YAML: a number of seconds > 0, or null."""
-    if value is None:
-        return None
-    from gpuopt.core.errors import ConfigError
-
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError("hydra.callbacks.gpuopt_measure.budget_s", value, "seconds > 0, or null")
-    return float(value)
 
 
 class MeasureJob(Callback):
     """Measures the job's own training loop (plain PyTorch, Lightning, the HF Trainer alike)."""
 
     def __init__(self, measure: Any = None, budget_s: float | None = BUDGET_S) -> None:
+        # budget_s checked as Hydra instantiates the callback
+        if budget_s is not None and (
+            isinstance(budget_s, bool) or not isinstance(budget_s, int | float) or budget_s <= 0
+        ):
+            from gpuopt.core.errors import ConfigError
+
+            key = "hydra.callbacks.gpuopt_measure.budget_s"
+            raise ConfigError(key, budget_s, "seconds > 0, or null")
         self.measure = measure
-        self.budget_s = _budget(budget_s)  # checked as Hydra instantiates the callback
+        self.budget_s = None if budget_s is None else float(budget_s)
         self._meter: Any = None
 
     def on_job_start(self, config: Any, **kwargs: Any) -> None:

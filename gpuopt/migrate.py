@@ -4,12 +4,9 @@ Changing `override hydra/sweeper: optuna` to `gpuopt` is enough for Hydra's own 
 config that also names the stock class (lightning-hydra-template's
 `configs/hparams_search/mnist_optuna.yaml`: `hydra.sweeper._target_: ...OptunaSweeper`) would then
 instantiate the stock class with gpuopt's keys (`TypeError: ... unexpected keyword argument
-'objectives'`). This rewrites both lines, in place, and nothing else: comments, order and every
-other key stay as they are (a line edit, not a YAML round trip), and it prints the diff.
-
-PATH is a YAML file or a folder (every *.yaml under it). `--check` changes nothing and exits 1 when
-a file would change (for CI). Every stock key keeps its stock meaning under gpuopt (README,
-"Migrating from hydra-optuna-sweeper").
+'objectives'`). This rewrites both lines in place and nothing else (a line edit, not a YAML round
+trip, so comments and order stay), and prints the diff. PATH is a YAML file or a folder (every
+*.yaml under it); `--check` changes nothing and exits 1 when a file would change (for CI).
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ import argparse
 import difflib
 import re
 import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 STOCK_TARGET = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
@@ -36,44 +32,20 @@ _TARGET_LINE = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class Migration:
-    path: Path
-    before: str
-    after: str
-
-    @property
-    def changed(self) -> bool:
-        return self.before != self.after
-
-    def diff(self) -> str:
-        return "".join(
-            difflib.unified_diff(
-                self.before.splitlines(keepends=True),
-                self.after.splitlines(keepends=True),
-                fromfile=f"{self.path} (hydra-optuna-sweeper)",
-                tofile=f"{self.path} (gpuopt)",
-            )
-        )
-
-
 def migrate_text(text: str) -> str:
     """The text with the sweeper selection and the stock `_target_` switched to gpuopt's."""
     out = []
     for line in text.splitlines(keepends=True):
         body = line.rstrip("\r\n")
         ending = line[len(body) :]
-        match = _DEFAULTS_LINE.match(body)
-        if match:
-            body = f"{match['head']}{match['q']}gpuopt{match['q']}{match['tail']}"
-        match = _TARGET_LINE.match(body)
-        if match:
-            body = f"{match['head']}{match['q']}{GPUOPT_TARGET}{match['q']}{match['tail']}"
+        for pattern, value in ((_DEFAULTS_LINE, "gpuopt"), (_TARGET_LINE, GPUOPT_TARGET)):
+            if match := pattern.match(body):
+                body = f"{match['head']}{match['q']}{value}{match['q']}{match['tail']}"
         out.append(body + ending)
     return "".join(out)
 
 
-def yaml_files(paths: Iterable[Path]) -> list[Path]:
+def _read(paths: Sequence[Path]) -> dict[Path, str]:
     files: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -82,18 +54,7 @@ def yaml_files(paths: Iterable[Path]) -> list[Path]:
             files.append(path)
         else:
             raise FileNotFoundError(path)
-    return files
-
-
-def plan(paths: Iterable[Path]) -> list[Migration]:
-    """The migrations of these files and folders (those that change)."""
-    migrations = []
-    for file in yaml_files(paths):
-        before = file.read_text()
-        migration = Migration(file, before, migrate_text(before))
-        if migration.changed:
-            migrations.append(migration)
-    return migrations
+    return {file: file.read_text() for file in files}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,19 +68,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        migrations = plan(args.paths)
+        texts = _read(args.paths)
     except (FileNotFoundError, OSError, UnicodeDecodeError) as exc:
         print(f"gpuopt.migrate: cannot read {exc}", file=sys.stderr)
         return 2
-    if not migrations:
+    changes = {path: (old, new) for path, old in texts.items() if (new := migrate_text(old)) != old}
+    if not changes:
         print("gpuopt.migrate: nothing to migrate (no hydra-optuna-sweeper selection found)")
         return 0
-    for migration in migrations:
-        sys.stdout.write(migration.diff())
+    for path, (before, after) in changes.items():
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                before.splitlines(keepends=True),
+                after.splitlines(keepends=True),
+                fromfile=f"{path} (hydra-optuna-sweeper)",
+                tofile=f"{path} (gpuopt)",
+            )
+        )
         if not args.check:
-            migration.path.write_text(migration.after)
+            path.write_text(after)
     verb = "would change" if args.check else "changed"
-    print(f"gpuopt.migrate: {verb} {len(migrations)} file(s)")
+    print(f"gpuopt.migrate: {verb} {len(changes)} file(s)")
     return 1 if args.check else 0
 
 

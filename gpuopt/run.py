@@ -1,25 +1,20 @@
 """`python -m gpuopt.run [overrides]`: measure one training configuration (or, with -m, a sweep).
 
 One route per trial: the composed config -> `gpuopt.trial.prepare.prepare_trial` (the one
-validation: the values checked, the allocator environment set, the targets imported, the device
-checked and resolved, once) -> `gpuopt.engines.registry.run_trial(spec, device)` -> the one
-`TrialResult`: a table, and result.json in the run directory. It is returned for the sweeper.
-torch is imported only inside functions: the sweeper process imports this module too and must
-stay light.
+validation) -> `gpuopt.engines.registry.run_trial(spec, device)` -> one `TrialResult`: a table,
+result.json in the run directory, and the return value for the sweeper. torch is imported only
+inside functions: the sweeper process imports this module too and must stay light.
 
 Bad input ends the command with one line on stderr and exit status 2, before anything is created:
 `cli()` parses the arguments itself (argparse's usage block would be many lines), turns Hydra's
 composition errors into `ConfigError`s (Hydra raises them to us under HYDRA_FULL_ERROR, which
-`cli()` sets only until the job starts), and the `ValidateBeforeRun` callback (conf/config.yaml,
-`hydra.callbacks`) prepares the trial in `on_run_start`, which Hydra calls before it creates the
-run directory. The task then measures what the callback prepared; a trial of a sweep (and
-`run_config` called directly) prepares its own.
+`cli()` sets only until the job starts), and the `ValidateBeforeRun` callback prepares the trial
+in `on_run_start`, which Hydra calls before it creates the run directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -33,8 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpuopt.core._compat import hydra_args_parser, report_as_hydra
 from gpuopt.core.errors import ConfigError, config_error_from_hydra
 from gpuopt.core.fmt import fixed, limit_share
-from gpuopt.core.metrics import Metric, Metrics, run_rows
-from gpuopt.core.metrics import Row as MetricRow
+from gpuopt.core.metrics import Metrics, run_rows
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.core.spec import register_schemas
@@ -44,23 +38,10 @@ from gpuopt.trial.prepare import PreparedTrial, prepare_trial
 if TYPE_CHECKING:
     from rich.console import Console
 
-log = logging.getLogger(__name__)
 RESULT_FILE = "result.json"
 
 # Before @hydra.main composes: the defaults list starts with the schema `gpuopt_schema`.
 register_schemas()
-
-
-def _hydra_context() -> tuple[bool, Path | None]:
-    """(multirun?, run output dir) from Hydra, or (False, None) outside a Hydra job."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return False, None
-    hydra_cfg = HydraConfig.get()
-    output_dir = hydra_cfg.runtime.output_dir
-    return hydra_cfg.mode == RunMode.MULTIRUN, Path(output_dir) if output_dir else None
 
 
 def _resolved_config(cfg: DictConfig) -> dict[str, Any]:
@@ -73,41 +54,36 @@ def _resolved_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _as_written(cfg: DictConfig) -> dict[str, Any]:
-    """The trial's settings as composed, unresolved, without Hydra's own node (the callback sees
-    it, the task does not)."""
+    """The config unresolved, without Hydra's node (the callback sees it, the task does not)."""
     container = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(container, dict)
     return {key: value for key, value in container.items() if key != "hydra"}
 
 
-# What the callback prepared for the task it runs before (a single run: the same process), with
-# the config as written (no `hydra` node): which config it is.
+# What the callback prepared for the task it runs before (the same process), keyed by the config
+# as written.
 _prepared: tuple[dict[str, Any], PreparedTrial] | None = None
-
-
-def _take_prepared(cfg: DictConfig) -> PreparedTrial | None:
-    """The callback's prepared trial if it is this config's (once), else None."""
-    global _prepared
-    prepared, _prepared = _prepared, None
-    return prepared[1] if prepared is not None and prepared[0] == _as_written(cfg) else None
 
 
 def run_config(
     cfg: DictConfig, output_dir: Path | None = None, multirun: bool = False
 ) -> TrialResult:
-    """Measure one composed config; save result.json into `output_dir` if given.
-
-    A ConfigError exits the process with a one-line message (single run), or becomes an `error`
-    result (multirun: one bad trial must not end a sweep).
+    """Measure one composed config; save result.json into `output_dir` if given. A ConfigError
+    exits (single run) or becomes an `error` result (multirun: one bad trial must not end a sweep).
     """
-    prepared = _take_prepared(cfg)
+    global _prepared
+    taken, _prepared = _prepared, None
+    prepared = taken[1] if taken is not None and taken[0] == _as_written(cfg) else None
     if prepared is None:
         try:
             prepared = prepare_trial(cfg)
         except ConfigError as exc:
             if not multirun:
                 fail(exc)
-            return _error_result(exc, cfg, output_dir)
+            result = TrialResult(status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg))
+            if output_dir is not None:
+                result.save(output_dir / RESULT_FILE)
+            return result
 
     result = run_trial(prepared.spec, device=prepared.device)
     result.warnings = prepared.warnings + result.warnings
@@ -120,34 +96,30 @@ def run_config(
     return result
 
 
-def _error_result(exc: ConfigError, cfg: DictConfig, output_dir: Path | None) -> TrialResult:
-    """A sweep's trial with a bad config: an `error` result (saved like any other)."""
-    result = TrialResult(status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg))
-    if output_dir is not None:
-        result.save(output_dir / RESULT_FILE)
-    return result
-
-
 # The one target Hydra itself instantiates from gpuopt's config (`hydra.callbacks`); gpuopt's own
-# instantiate() calls pass their own whitelists (the `trust` list, the sampler whitelist).
-HYDRA_EXECUTION_WHITELIST = ("gpuopt.run.ValidateBeforeRun",)
-
-
+# instantiate() calls pass their own whitelists.
 @hydra.main(
     config_path="pkg://gpuopt.conf",
     config_name="config",
-    execution_whitelist=HYDRA_EXECUTION_WHITELIST,
+    execution_whitelist=("gpuopt.run.ValidateBeforeRun",),
 )
 def main(cfg: DictConfig) -> TrialResult:
-    multirun, output_dir = _hydra_context()
-    return run_config(cfg, output_dir, multirun)
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return run_config(cfg)
+    hydra_cfg = HydraConfig.get()
+    output_dir = hydra_cfg.runtime.output_dir
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    return run_config(cfg, Path(output_dir) if output_dir else None, multirun)
 
 
 def print_result(
     result: TrialResult, saved_to: Path | None = None, console: Console | None = None
 ) -> None:
-    """A readable table of one trial's result (rich), then its reason and warnings (the
-    hypervisor's steal among them) below it, where a long line is not cut to a column."""
+    """One trial's result as a table, then its reason and warnings below it, where a long line
+    is not cut to a column."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -172,53 +144,26 @@ def print_result(
         console.print(f"result: {saved_to}")
 
 
-Row = tuple[str, str, str]
-DEVICE_AFTER = "cpu_steal_pct"  # the device's row (not a metric) follows this metric's place
-
-
-def _result_rows(result: TrialResult) -> list[Row]:
-    """The table's rows: the catalogue's (gpuopt.core.metrics: label, unit, digits, order), with
-    the notes below that combine several metrics. What not every trial measures (a user step has
-    no limit, a host without /proc/stat no steal, one process no ranks) has a row only where it
-    was measured; the limit's words are the sweep summary's and the report's (fmt.limit_share)."""
-    rows: list[Row] = []
+def _result_rows(result: TrialResult) -> list[tuple[str, str, str]]:
+    """The catalogue's rows (gpuopt.core.metrics) with the notes and cells below. What not every
+    trial measures (a user step has no limit, one process no ranks) has a row only where it was
+    measured."""
+    rows = []
+    m = result.metrics
     for metric, row in run_rows():
-        value = getattr(result.metrics, metric.name)
-        note = _NOTES[metric.name](result.metrics) if metric.name in _NOTES else row.note
+        value = getattr(m, metric.name)
+        note = _NOTES[metric.name](m) if metric.name in _NOTES else row.note
         if not row.optional or (value is not None and note is not None):
-            rows.append((row.label, _cell(result, metric, row), note or ""))
-        if metric.name == DEVICE_AFTER:
+            if metric.name in _CELLS:
+                cell = _CELLS[metric.name](result)
+            else:
+                unit = metric.unit if row.unit is None else row.unit
+                cell = fixed(value, f" {unit}" if unit else "", row.digits)
+            rows.append((row.label, cell, note or ""))
+        if metric.name == "cpu_steal_pct":  # the device's row (not a metric) follows it
             env = result.env
             rows.append(("device", str(env.get("device_name", "-")), str(env.get("device", ""))))
     return rows
-
-
-def _cell(result: TrialResult, metric: Metric, row: MetricRow) -> str:
-    if metric.name in _CELLS:
-        return _CELLS[metric.name](result)
-    unit = metric.unit if row.unit is None else row.unit
-    return fixed(getattr(result.metrics, metric.name), f" {unit}" if unit else "", row.digits)
-
-
-# The notes (None: no row) and cells that combine several metrics, by their row's metric: each
-# registered by the function that writes it (`_note`, `_cell_of`), beside its code.
-_NOTES: dict[str, Callable[[Metrics], str | None]] = {}
-_CELLS: dict[str, Callable[[TrialResult], str]] = {}
-
-
-def _note(metric: str) -> Callable[[Callable[[Metrics], str | None]], Any]:
-    return lambda writer: _NOTES.setdefault(metric, writer)
-
-
-def _cell_of(metric: str) -> Callable[[Callable[[TrialResult], str]], Any]:
-    return lambda writer: _CELLS.setdefault(metric, writer)
-
-
-@_note("throughput")
-def _ci_note(m: Metrics) -> str:
-    if m.throughput_ci is None:
-        return ""
-    return f"± {m.throughput_ci * 100:.1f}% (95% CI over this window's steps)"
 
 
 SPREAD_HINT = "python scripts/bench_noise.py --spread-only measures it"
@@ -254,14 +199,31 @@ def with_run_spread(result: TrialResult) -> None:
     )
 
 
-@_note("run_spread")
+# The notes (None: no row) and cells that combine several metrics, by their row's metric: each
+# registered by the function that writes it, beside its code.
+_NOTES: dict[str, Callable[[Metrics], str | None]] = {}
+_CELLS: dict[str, Callable[[TrialResult], str]] = {}
+
+
+def _writes(table: dict[str, Any], metric: str) -> Callable[[Callable[..., Any]], Any]:
+    return lambda writer: table.setdefault(metric, writer)
+
+
+@_writes(_NOTES, "throughput")
+def _ci_note(m: Metrics) -> str:
+    if m.throughput_ci is None:
+        return ""
+    return f"± {m.throughput_ci * 100:.1f}% (95% CI over this window's steps)"
+
+
+@_writes(_NOTES, "run_spread")
 def _run_spread_note(m: Metrics) -> str:
     if m.run_spread is None:  # the command that measures it (result.json's `intervals` says more)
         return "scripts/bench_noise.py --spread-only" if m.intervals else ""
     return f"CV between {m.run_spread_runs} fresh processes (scripts/bench_noise.py)"
 
 
-@_cell_of("run_spread")
+@_writes(_CELLS, "run_spread")
 def _run_spread_cell(r: TrialResult) -> str:
     spread = r.metrics.run_spread
     if spread is None:
@@ -269,30 +231,30 @@ def _run_spread_cell(r: TrialResult) -> str:
     return f"± {spread * 100:.1f}%"
 
 
-@_note("throughput_amortized")
+@_writes(_NOTES, "throughput_amortized")
 def _epoch_note(m: Metrics) -> str:
     boundary = fixed(m.epoch_overhead_s, " s", 2)
     return f"over {fixed(m.epoch_steps)}-step epochs (boundary {boundary})"
 
 
-@_note("step_time_ms")
+@_writes(_NOTES, "step_time_ms")
 def _spread_note(m: Metrics) -> str:
     p10, p90 = fixed(m.step_time_p10_ms, " ms", 3), fixed(m.step_time_p90_ms, " ms", 3)
     return f"p10 {p10}, p90 {p90}, cv {fixed(m.step_time_cv, '', 3)}"
 
 
-@_note("limit_throughput")
+@_writes(_NOTES, "limit_throughput")
 def _limit_note(m: Metrics) -> str | None:
-    share = limit_share(dataclasses.asdict(m))
+    share = limit_share(dataclasses.asdict(m))  # the sweep summary's and the report's words
     return None if share is None else f"at {share}"
 
 
-@_note("timed_steps")
+@_writes(_NOTES, "timed_steps")
 def _stop_note(m: Metrics) -> str:
     return f"stopped: {m.stop_reason or '-'}"
 
 
-@_note("world_size")
+@_writes(_NOTES, "world_size")
 def _ranks_note(m: Metrics) -> str:
     return (
         f"straggler rank {fixed(m.straggler_rank)}, step time spread "
@@ -301,25 +263,24 @@ def _ranks_note(m: Metrics) -> str:
     )
 
 
-@_note("comm_share")
+@_writes(_NOTES, "comm_share")
 def _comm_note(m: Metrics) -> str:
     exposed, overlapped = fixed(m.comm_exposed, " %", 1), fixed(m.comm_overlapped, " %", 1)
     return f"exposed {exposed}, overlapped {overlapped} of the profiled step (mean over ranks)"
 
 
-@_cell_of("timed_steps")
+@_writes(_CELLS, "timed_steps")
 def _window_cell(r: TrialResult) -> str:
     return f"{fixed(r.metrics.timed_steps)} steps in {fixed(r.metrics.timed_seconds, ' s', 2)}"
 
 
-@_cell_of("world_size")
+@_writes(_CELLS, "world_size")
 def _ranks_cell(r: TrialResult) -> str:
     return f"{r.metrics.world_size} ({r.env.get('backend', '-')})"
 
 
 # --- bad input: one line on stderr, exit status 2, nothing created --------------------------------
 
-BAD_INPUT_EXIT = 2
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 # The user's own HYDRA_FULL_ERROR, held while `cli()` has set its own (until the job starts): a
 # process that did not come through `cli()` (a launcher's job, `main` called directly) keeps its own.
@@ -331,12 +292,11 @@ def fail(error: ConfigError | str) -> None:
     with `?password=...` fails Hydra's override grammar, whose error line quotes it)."""
     line = mask_secrets(" ".join(str(error).split()))
     print(f"gpuopt: {line}", file=sys.stderr)
-    sys.exit(BAD_INPUT_EXIT)
+    sys.exit(2)
 
 
 def _restore_full_error() -> None:
-    """Hand Hydra's error reporting back to it (and to trial processes) as the user set it; a
-    no-op where `cli()` did not set it."""
+    """HYDRA_FULL_ERROR back as the user set it; a no-op where `cli()` did not set it."""
     if _user_full_error is None:
         return
     (user,) = _user_full_error
@@ -347,9 +307,7 @@ def _restore_full_error() -> None:
 
 
 def check_before_run(config: DictConfig) -> None:
-    """Everything a single run can get wrong, before Hydra creates its run directory: the trial
-    prepared (its one validation, where the run writes among it; the device resolved), for the
-    task to measure."""
+    """Prepare the trial before Hydra creates its run directory, for the task to measure."""
     global _prepared
     _prepared = (_as_written(config), prepare_trial(config, run_dir=True))
 
@@ -371,21 +329,14 @@ class ValidateBeforeRun(Callback):
         _restore_full_error()  # the sweeper validates the composed config itself
 
 
-def _check_arguments(argv: list[str]) -> Any:
-    """Hydra's own argument parser, failing with one line instead of its usage block."""
-    parser = hydra_args_parser()
-
-    def one_line_error(message: str) -> None:
-        fail(f"invalid argument: {message}; allowed: see python -m gpuopt.run --help")
-
-    parser.error = one_line_error  # type: ignore[method-assign]
-    return parser.parse_intermixed_args(argv)
-
-
 def cli() -> None:
     """`python -m gpuopt.run`: Hydra's main, with bad input reported as one line and exit 2."""
     global _user_full_error
-    args = _check_arguments(sys.argv[1:])
+    parser = hydra_args_parser()  # Hydra's own, failing with one line instead of its usage block
+    parser.error = lambda message: fail(  # type: ignore[method-assign]
+        f"invalid argument: {message}; allowed: see python -m gpuopt.run --help"
+    )
+    args = parser.parse_intermixed_args(sys.argv[1:])
     _user_full_error = (user := os.environ.get(FULL_ERROR_ENV),)
     os.environ[FULL_ERROR_ENV] = "1"  # until the job starts, Hydra raises its errors to us
     try:

@@ -1,24 +1,14 @@
-"""`python -m gpuopt.processes.shared_windows SPEC.json`: several configurations of gpuopt's own task built in one
-process and measured in short alternating windows, one window per command (the confirmation's
-in-process mode: gpuopt/sweeper/confirm/in_process.py drives it, gpuopt/sweeper/confirm/rounds.py decides when).
+"""`python -m gpuopt.processes.shared_windows SPEC.json`: several configurations of gpuopt's own
+task built in one process and measured in short alternating windows, one window per command (the
+confirmation's in-process mode: gpuopt/sweeper/confirm/in_process.py drives it).
 
-Why: on a shared machine throughput drifts by 10-30% within minutes (CPU steal, other work), and
-a fresh-process pair of runs 15-30 s apart sees different drift on each side: paired intervals
-over such pairs stayed at +-15-18% (docs/benchmarks.md). Windows a second long, back to back in
-one process, see the same machine: the drift cancels within the pair. Only configurations that can
-share a process are measured so (`gpuopt.sweeper.confirm.in_process.shareable`): DataLoader settings,
-batch and accumulation, threads, precision; not allocator settings or torch.compile modes, which
-are process-wide or change what later code runs.
-
-The protocol (the spec file, each command and each answer) is gpuopt.core.shared_protocol's typed
-messages, which the sweeper's side (gpuopt.sweeper.confirm.in_process.SharedProcess) imports too.
-After every window, before the next, this process's children (other configurations' loader
-workers refilling their prefetch queues) are let go idle (gpuopt.core.host.wait_for_idle_children),
-so that one configuration's loading never runs inside another's window.
-
-This module is the process; building a configuration and running one window of it
-are the native engine's (`gpuopt.engines.native.open_windows`, reached through
-`gpuopt.engines.registry.engine_entry`), so the windows train exactly as a trial does.
+Why: on a shared machine throughput drifts by 10-30% within minutes, and a fresh-process pair of
+runs 15-30 s apart sees different drift on each side: paired intervals over such pairs stayed at
++-15-18% (docs/benchmarks.md). Windows a second long, back to back in one process, see the same
+machine: the drift cancels within the pair. After every window this process's children (other
+configurations' loader workers refilling their queues) are let go idle, so that one
+configuration's loading never runs inside another's window. The protocol is
+gpuopt.core.shared_protocol's; building and windows are the native engine's (`open_windows`).
 """
 
 from __future__ import annotations
@@ -42,8 +32,7 @@ class Member:
     built: Any = None  # the engine's windowed trial (gpuopt.engines.native.WindowedTrial)
     steady: protocol.Steady = field(default_factory=protocol.Steady)
     failure: protocol.Failure | None = None  # once it failed
-    # The last steps this process ran were this member's (its build's warm-up, or its window):
-    # its next window needs no re-warming step (WindowedTrial.queued_steps).
+    # This process's last steps were this member's: its next window needs no re-warming step.
     warm: bool = False
 
 
@@ -55,8 +44,7 @@ def _failure(label: str, exc: BaseException) -> protocol.Failure:
 
 
 def build_member(label: str, config_path: str, steady: protocol.Steady) -> Member:
-    """Build the trial as the native engine does, then its warm-up steps (outside any window):
-    gpuopt's own loop, reached through the registry (`open_windows`)."""
+    """Build the trial and run its warm-up steps (outside any window), as the native engine does."""
     from omegaconf import OmegaConf
 
     from gpuopt.engines.registry import engine_entry
@@ -81,8 +69,7 @@ def window(
     deadline_s: float | None = None,
     give_up_below: float | None = None,
 ) -> protocol.Reading | protocol.Failure:
-    """One window of the member's configuration (the engine's `WindowedTrial.window`: its
-    process-wide settings, the queue drained, then steps until `window_s` and `min_steps`)."""
+    """One window of the member's configuration (the engine's `WindowedTrial.window`)."""
     from gpuopt.trial.measure import amortized_throughput
 
     if member.failure is not None:
@@ -148,14 +135,17 @@ def answer(
 ) -> protocol.Answer:
     """One command's answer; a window is followed by the settle (unless it says not to)."""
     from gpuopt.core.host import wait_for_idle_children
+    from gpuopt.engines.registry import stored_spec
 
     label = command.label
     if isinstance(command, (protocol.Add, protocol.Trial)) and label in members:
         release(members.pop(label))
     if isinstance(command, protocol.Add):
-        members[label] = build_member(label, command.config, command.steady)
+        member = members[label] = build_member(label, command.config, command.steady)
         stepped(members, label)
-        return added(members[label])
+        if member.failure is not None:
+            return member.failure
+        return protocol.Added(label, stored_spec(member.built.trial.spec))
     if isinstance(command, protocol.Trial):
         stepped(members, None)
         return protocol.TrialDone(label, whole_trial(command.config, command.run_dir))
@@ -179,18 +169,9 @@ def stepped(members: dict[str, Member], label: str | None) -> None:
         member.warm = member.label == label and member.built is not None
 
 
-def added(member: Member) -> protocol.Added | protocol.Failure:
-    """The answer to `add`: the member's stored spec, or its failure."""
-    if member.failure is not None:
-        return member.failure
-    from gpuopt.engines.registry import stored_spec
-
-    return protocol.Added(member.label, stored_spec(member.built.trial.spec))
-
-
 def whole_trial(config_path: str, run_dir: str) -> TrialResult:
-    """CONFIG.yaml measured as a trial of its own in this process (the engine's one route), its
-    result.json (and the profiled window's trace) written into `run_dir`."""
+    """CONFIG.yaml measured as a whole trial in this process, its result.json (and the profiled
+    window's trace) written into `run_dir`."""
     import os
 
     from omegaconf import OmegaConf

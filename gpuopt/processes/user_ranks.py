@@ -1,24 +1,15 @@
 """`python -m gpuopt.processes.user_ranks JOB`: a trial's task run as the ranks of one job
-(`hydra.launcher.nproc_per_node=N`), started by the trial's process
-(gpuopt.sweeper.launchers.trial_task.run_ranks), which reads back `outcome.pkl` beside `JOB`.
+(`hydra.launcher.nproc_per_node=N`), started by gpuopt.sweeper.launchers.trial_task.run_ranks,
+which reads back `outcome.pkl` beside `JOB`.
 
-The ranks start as gpuopt's own distributed trials start theirs (gpuopt.trial.distributed's
-pieces): torch.distributed's elastic launcher, the API behind `torchrun`, so each rank finds the
-env:// variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT, TORCHELASTIC_RUN_ID: a script's `dist.init_process_group("gloo")` joins as under
-`torchrun`, Lightning finds its TorchElasticEnvironment and starts no process of its own) and,
-as torchrun does with several ranks, OMP_NUM_THREADS=1 unless set; the c10d rendezvous on a free
-port of this machine, its timeout `hydra.launcher.rdzv_timeout_s`; no restarts (a failed rank is
-the trial's answer); every rank ends with this process, which ends with the trial (the kernel's
-parent-death signal at each step). The launcher ends the other ranks at once when one fails.
-
-Each rank restores what the task expects of a Hydra job (HydraConfig, the working directory, the
-trial's `sys.path`) and runs the job's Hydra callbacks around the task, as each rank under
-`torchrun` runs them (`gpuopt.MeasureJob` measures the rank's own loop there; once measured it
-ends the rank with `TrialMeasured`, its result written into the run directory by rank 0). Rank
-0's return value is the trial's; a failing rank's own result (`RankFailed`, or its exception classified as a trial's:
-out of memory -> `oom`) is written to `ranks/rank_N.json` before it exits, and the failure of the
-rank that failed first is the trial's result (gpuopt.trial.ranks.merge_ranks).
+The ranks start as gpuopt's own distributed trials start theirs: torch's elastic launcher (the API
+behind `torchrun`), so each rank finds the env:// variables torchrun sets (a script's
+`dist.init_process_group` joins, Lightning finds its TorchElasticEnvironment and starts no process
+of its own) and, as torchrun does with several ranks, OMP_NUM_THREADS=1 unless set; no restarts (a
+failed rank is the trial's answer). Each rank restores what the task expects of a Hydra job
+(HydraConfig, the working directory, `sys.path`) and runs the job's Hydra callbacks around the
+task, as under `torchrun`. A failing rank's result is written to `ranks/rank_N.json`; the first
+failure is the trial's (gpuopt.trial.ranks.merge_ranks).
 """
 
 from __future__ import annotations
@@ -49,10 +40,6 @@ OUTCOME_FILE = "outcome.pkl"  # gpuopt.sweeper.launchers.trial_task reads it
 RETURN_FILE = "rank_0.return.pkl"  # rank 0's return value
 
 
-def _load(job_path: Path) -> Any:
-    return cloudpickle.loads(job_path.read_bytes())
-
-
 def launch(job_path: Path) -> tuple[str, Any]:
     """Start the job's ranks and wait for them: ("return", rank 0's value pickled) or ("result",
     the failed job's TrialResult as a dict)."""
@@ -60,7 +47,7 @@ def launch(job_path: Path) -> tuple[str, Any]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    job, folder = _load(job_path), job_path.parent
+    job, folder = cloudpickle.loads(job_path.read_bytes()), job_path.parent
     endpoint = f"127.0.0.1:{free_port()}"
     run_id = f"gpuopt-user-{os.getpid()}"
     config = launch_config(job.nproc_per_node, 1, endpoint, job.timeout_s, folder / "logs", run_id)
@@ -84,15 +71,13 @@ def launch(job_path: Path) -> tuple[str, Any]:
     keep_logs(folder)
     if not crashed and (folder / RETURN_FILE).exists():
         return "return", (folder / RETURN_FILE).read_bytes()
-    failed = {rank: _result_of(folder, rank) for rank in range(job.nproc_per_node)}
-    results = {rank: result for rank, result in failed.items() if result is not None}
+    paths = {
+        rank: folder / rank_files.RESULT_FILE.format(rank=rank)
+        for rank in range(job.nproc_per_node)
+    }
+    results = {rank: TrialResult.load(path) for rank, path in paths.items() if path.exists()}
     merged = merge_ranks(results, crashed, "user", time.time() - started)
     return "result", merged.to_dict()
-
-
-def _result_of(folder: Path, rank: int) -> TrialResult | None:
-    path = folder / rank_files.RESULT_FILE.format(rank=rank)
-    return TrialResult.load(path) if path.exists() else None
 
 
 def user_rank(job_path: str, parent: int) -> None:
@@ -102,12 +87,20 @@ def user_rank(job_path: str, parent: int) -> None:
     set_parent_death_signal()
     if os.getppid() != parent:  # the launching process died before the signal was set
         os._exit(1)
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobReturn, JobStatus
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
     path = Path(job_path)
-    job = _load(path)  # unpickling a task of the main script extends sys.path (main_task)
+    # unpickling a task of the main script extends sys.path (main_task)
+    job = cloudpickle.loads(path.read_bytes())
     os.environ[rank_files.RANKS_DIR_ENV] = str(path.parent)
-    _become_the_job(job)
+    HydraConfig.instance().cfg = job.hydra_cfg  # Hydra's view of the trial, as its run_job left it
+    os.chdir(job.cwd)
     rank = int(os.environ["RANK"])
-    callbacks = _job_callbacks(job)
+    hydra_callbacks = OmegaConf.select(job.hydra_cfg, "hydra.callbacks") or {}
+    callbacks = [instantiate(params) for params in hydra_callbacks.values()]
     for callback in callbacks:
         _notify(callback.on_job_start, config=job.cfg, task_function=job.task)
     try:
@@ -121,28 +114,11 @@ def user_rank(job_path: str, parent: int) -> None:
             status, reason = classify_failure(exc)
             rank_files.write_rank_result(TrialResult(status, reason=reason), rank)
         raise
-    _job_ended(callbacks, job, value)
+    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=value, cfg=job.cfg)
+    for callback in reversed(callbacks):  # Hydra's order: the last one first
+        _notify(callback.on_job_end, config=job.cfg, job_return=ret)
     if rank == 0:
         (path.parent / RETURN_FILE).write_bytes(cloudpickle.dumps(value))
-
-
-def _job_callbacks(job: Any) -> list[Any]:
-    """The trial's Hydra callbacks (`hydra.callbacks`), instantiated in this rank as Hydra
-    instantiates them for a job."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    configs = OmegaConf.select(job.hydra_cfg, "hydra.callbacks") or {}
-    return [instantiate(params) for params in configs.values()]
-
-
-def _job_ended(callbacks: list[Any], job: Any, value: Any) -> None:
-    """The callbacks' on_job_end, last one first (Hydra's order), with the task's return."""
-    from hydra.core.utils import JobReturn, JobStatus
-
-    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=value, cfg=job.cfg)
-    for callback in reversed(callbacks):
-        _notify(callback.on_job_end, config=job.cfg, job_return=ret)
 
 
 def _notify(hook: Any, **kwargs: Any) -> None:
@@ -153,15 +129,6 @@ def _notify(hook: Any, **kwargs: Any) -> None:
         warnings.warn(
             f"Callback {hook.__qualname__} raised {type(exc).__name__}: {exc}", stacklevel=1
         )
-
-
-def _become_the_job(job: Any) -> None:
-    """Hydra's view of the trial (HydraConfig, as the task's `HydraConfig.get()` reads it) and its
-    working directory, in a rank the launcher spawned outside Hydra."""
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().cfg = job.hydra_cfg  # as the trial's run_job left it
-    os.chdir(job.cwd)
 
 
 def main(argv: list[str]) -> int:

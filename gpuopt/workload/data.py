@@ -24,14 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gpuopt.core.spec import HF_INPUT_KINDS, INPUT_KINDS, INPUT_RANKS
+from gpuopt.core.spec import HF_INPUT_KINDS
 
-# hf_*: dict samples in the Hugging Face format (gpuopt.workload.hf models): hf_causal_lm and
-# hf_masked_lm {input_ids, attention_mask, labels} of (T,), hf_images {pixel_values, labels}.
-# The kinds and their sample ranks are the config schema's (gpuopt.core.spec, torch-free): one list.
-HF_KINDS = HF_INPUT_KINDS
-KINDS = tuple(kind for kind in INPUT_KINDS if kind != "any")
-RANKS = INPUT_RANKS
 # Masked-LM batches: the share of positions masked (BERT's 15%), with this token id as [MASK].
 MASK_SHARE = 0.15
 # Learnable token sequences: each is an arithmetic progression mod the vocabulary, its step one
@@ -83,20 +77,9 @@ class SyntheticDataset(Dataset):
         sample_cost: float = 1.0,
         seed: int = 0,
     ) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"data.kind={kind!r}; allowed: {' | '.join(KINDS)}")
+        # checked as config (gpuopt.core.checks.workload: kind, shape's rank, sizes)
         self.kind = kind
         self.shape = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
-        expected_rank = RANKS[kind]
-        if len(self.shape) != expected_rank:
-            raise ValueError(
-                f"data.shape={list(self.shape)!r}: {kind} need {expected_rank} dimension(s)"
-            )
-        if num_classes < 1 or size < 1 or sample_cost < 0:
-            raise ValueError(
-                f"num_classes ({num_classes}) and size ({size}) must be >= 1, sample_cost "
-                f"({sample_cost}) >= 0"
-            )
         self.num_classes = int(num_classes)
         self.size = int(size)
         self.sample_cost = float(sample_cost)
@@ -104,8 +87,7 @@ class SyntheticDataset(Dataset):
         self._teacher = self._make_teacher()
 
     def _make_teacher(self) -> np.ndarray:
-        """The fixed random teacher: a (features, classes) projection, or for tokens the next
-        token of each token."""
+        """A (features, classes) projection, or for tokens the next token of each token."""
         rng = np.random.default_rng((self.seed, 0x7EAC))  # apart from every sample's stream
         if self.kind == "tokens":
             return rng.integers(0, self.num_classes, self.num_classes, dtype=np.int64)
@@ -134,7 +116,7 @@ class SyntheticDataset(Dataset):
             raise IndexError(index)
         rng = np.random.default_rng((self.seed, index))
         _cpu_work(rng, self.sample_cost)
-        if self.kind in HF_KINDS:
+        if self.kind in HF_INPUT_KINDS:
             return self._hf_sample(rng)
         if self.kind == "tokens":
             (length,) = self.shape

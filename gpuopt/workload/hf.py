@@ -2,12 +2,8 @@
 nothing downloaded (`pip install "gpuopt[hf]"`).
 
 `build(architecture, **config)` is the `_target_` of conf/model/hf_*.yaml: `architecture` names a
-transformers model class (GPT2LMHeadModel, LlamaForCausalLM, BertForMaskedLM,
-ViTForImageClassification, ResNetForImageClassification, or any other), the other keys are its
-config class's fields (`GPT2Config(n_layer=12, ...)`). The models follow the Hugging Face
-convention gpuopt's model contract accepts: called as `model(**batch)` on a dict batch
-(`input_ids`/`attention_mask`/`labels` or `pixel_values`/`labels`, see
-gpuopt.workload.data.SyntheticDataset's `hf_*` kinds), they return outputs with `.loss`.
+transformers model class, the other keys are its config class's fields. The models are called as
+`model(**batch)` on a dict batch (SyntheticDataset's `hf_*` kinds) and return outputs with `.loss`.
 """
 
 from __future__ import annotations
@@ -18,25 +14,16 @@ from typing import Any
 
 from torch import nn
 
-INSTALL_HINT = 'pip install "gpuopt[hf]"'
-
-
-def transformers_installed() -> bool:
-    """Whether the extra is installed, without importing it (an import takes seconds)."""
-    return importlib.util.find_spec("transformers") is not None
-
-
-def _transformers() -> Any:
-    if not transformers_installed():
-        raise ModuleNotFoundError(
-            f"Hugging Face models need transformers: {INSTALL_HINT}", name="transformers"
-        )
-    return importlib.import_module("transformers")
+from gpuopt.core.spec import HF_INSTALL_HINT
 
 
 def build(architecture: str, activation_checkpointing: bool = False, **config: Any) -> nn.Module:
     """A randomly initialized `architecture` from its config class with `config`'s fields."""
-    transformers = _transformers()
+    if importlib.util.find_spec("transformers") is None:
+        raise ModuleNotFoundError(
+            f"Hugging Face models need transformers: {HF_INSTALL_HINT}", name="transformers"
+        )
+    transformers = importlib.import_module("transformers")
     model_class = getattr(transformers, architecture, None)
     if not isinstance(model_class, type) or not issubclass(model_class, nn.Module):
         raise ValueError(f"model.architecture={architecture!r} is not a transformers model class")
