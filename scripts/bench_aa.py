@@ -167,7 +167,8 @@ def confirmation(measure: Executor, plan: schedule.ConfirmPlan, how: str) -> dic
 
 
 def in_process_confirmation(model: str, slowdown: float, trial_s: float) -> dict[str, Any]:
-    """The baseline and candidate1 in one shared process, windows as the confirmation's."""
+    """The baseline and candidate1 in one shared process, windows as the confirmation's (each on
+    a build of its own)."""
     options = ConfirmOptions()
     folder = Path(tempfile.mkdtemp(prefix="gpuopt-aa-confirm-"))
     paths = benchlib.composed_configs(folder, arms(model, slowdown))
@@ -179,8 +180,7 @@ def in_process_confirmation(model: str, slowdown: float, trial_s: float) -> dict
             fresh.rounds, fresh.max_runs, [trial_s] * DEFAULT_TRIALS, [options.window_s] * 2
         )
         plan = schedule.ConfirmPlan(1, first, cap)
-        window = lambda label, job, so_far: Measurement.of(shared.window(label))  # noqa: E731
-        return confirmation(window, plan, "in-process")
+        return confirmation(in_process.fresh_build_windows(shared), plan, "in-process")
     finally:
         shared.close()
 

@@ -1,6 +1,7 @@
 """The confirmation's in-process mode: which configurations may share a process, the window budget,
 and the real `python -m gpuopt.processes.shared_windows` process (gpuopt/processes/shared_windows.py) driven by the sweeper's
-SharedProcess (gpuopt/sweeper/confirm/in_process.py): windows, failures as statuses, nothing left behind.
+SharedProcess (gpuopt/sweeper/shared_process.py): windows, each on a build of its own in the
+confirmation, failures as statuses, nothing left behind.
 """
 
 from __future__ import annotations
@@ -175,6 +176,19 @@ def test_windows_alternate_in_one_process_and_a_failed_member_is_a_status(tmp_pa
         assert failed.status == "diverged" and "NaN" in failed.user_attrs["reason"]
         assert shared.window("baseline").status == "ok"  # the others go on
         assert shared.window("nobody").status == "error"
+        # The confirmation's executor: an arm's first window on the build it started with, each
+        # later one on a build of its own (candidate1's loader worker is a new process then).
+        measure = interleaved.fresh_build_windows(shared)
+        started_with = set(group_members(shared.process.pid))
+        assert measure("candidate1", 0, None).status == "ok"
+        assert set(group_members(shared.process.pid)) == started_with
+        rebuilt = measure("candidate1", 1, None)
+        assert rebuilt.status == "ok"
+        assert set(group_members(shared.process.pid)) - started_with  # a new worker
+        attrs = rebuilt.detail.user_attrs  # its steady facts kept: amortized as before
+        step_s = attrs["step_time_ms"] / 1000
+        assert rebuilt.value == pytest.approx(attrs["throughput"] * 10 * step_s / (10 * step_s + 1))
+        assert [measure("candidate2", job, None).status for job in (2, 3)] == ["diverged"] * 2
     finally:
         shared.close()
     assert shared.process.returncode == 0

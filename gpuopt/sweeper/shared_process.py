@@ -84,6 +84,8 @@ class SharedProcess:
         self._selector.register(process.stdout, selectors.EVENT_READ)
         self.error: str | None = None
         self.what = "gpuopt.processes.shared_windows"  # the progress lines' name for it
+        # What each member was built from at start (its config file and steady facts).
+        self.members: dict[str, tuple[Path, protocol.Steady]] = {}
 
     @classmethod
     def start(
@@ -109,6 +111,7 @@ class SharedProcess:
         )
         stderr.close()
         shared = cls(process, objective, directory / "interleave.log")
+        shared.members = {k: (Path(v), facts.get(k, protocol.Steady())) for k, v in configs.items()}
         ready = shared._read(READY_TIMEOUT_S)
         if ready is not None and "ready" not in ready:
             shared._fail(f"unexpected first line {ready}")
@@ -163,10 +166,15 @@ class SharedProcess:
         return protocol.answer_from_json(answer, command.answer)
 
     def add(
-        self, label: str, config: Path, timeout_s: float = READY_TIMEOUT_S
+        self,
+        label: str,
+        config: Path,
+        timeout_s: float = READY_TIMEOUT_S,
+        steady: protocol.Steady | None = None,
     ) -> protocol.Added | protocol.Failure:
         """Build `config` as `label`, warmed up (one it had is released first)."""
-        answer = self.command(protocol.Add(label, str(config), protocol.Steady()), timeout_s)
+        command = protocol.Add(label, str(config), steady or protocol.Steady())
+        answer = self.command(command, timeout_s)
         assert isinstance(answer, (protocol.Added, protocol.Failure))
         return answer
 

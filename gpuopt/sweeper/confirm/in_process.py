@@ -1,5 +1,6 @@
-"""The confirmation's in-process mode: how many windows the budget buys (`window_plan`) and the
-shared process with the baseline and its candidates built (`open_shared`).
+"""The confirmation's in-process mode: how many windows the budget buys (`window_plan`), the
+shared process with the baseline and its candidates built (`open_shared`), and its windows, each
+on a build of its own (`fresh_build_windows`).
 
 A long-lived process reads faster than a fresh one, but both sides of every pair are in it, so
 the ratio is fair; the mode is recorded with the confirmation.
@@ -13,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuopt.core.metrics import names
+from gpuopt.core.shared_protocol import Failure
 from gpuopt.study.configs import config_of
 from gpuopt.study.keys import ATTR_OVERRIDES
+from gpuopt.sweeper.comparison import Executor, Measurement
 from gpuopt.sweeper.shared_process import MIN_STEPS, SharedProcess, shareable, write_config
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -77,3 +80,24 @@ def open_shared(
         log.warning("confirmation in fresh processes: %s", shared.error)
         return None
     return shared
+
+
+def fresh_build_windows(shared: SharedProcess) -> Executor:
+    """Each window of an arm on a build of its own: its first on the build it started with, every
+    later one rebuilt (released, built and warmed again) just before it. One build of a
+    configuration reads a few percent apart from another (its place in memory: 0.97-1.02x on the
+    EPYC, up to 25% on the Xeon; docs/benchmarks.md), a bias that windows of one build share and
+    their interval does not cover: rebuilt per window, it is noise that the pairs' spread does."""
+    first_window = set(shared.members)
+
+    def measure(label: str, job: int, so_far: Any) -> Measurement:
+        if label in first_window:
+            first_window.discard(label)
+        else:
+            config, steady = shared.members[label]
+            built = shared.add(label, config, steady=steady)
+            if isinstance(built, Failure):
+                return Measurement(built.status, detail=built)
+        return Measurement.of(shared.window(label))
+
+    return measure

@@ -219,7 +219,7 @@ def in_process_rounds(
             configs,
             window_plan,
             objective,
-            lambda label, job, so_far: Measurement.of(shared.window(label)),
+            in_process.fresh_build_windows(shared),
             rule,
             how=f"alternating {window_s:g} s windows in one process",
         )
