@@ -1,13 +1,5 @@
-"""Batches of any structure, and the loader that feeds them to a trial's loop.
-
-- `move_batch`, `batch_samples`: a batch (tensors in nested tuples, lists, namedtuples, dicts) onto
-  the device, and how many samples it holds;
-- `build_loader`, `steady_sampler`: gpuopt's DataLoader, whose one epoch lasts the whole trial (no
-  artificial epoch restart inside the timed window);
-- `BatchFeed`: endless batches from any re-iterable, each moved, with what waiting for them cost
-  (`gpuopt.engines._window.InputWait`) and how many samples they held;
-- `record_batches`: what one optimizer step trains on, into the metrics.
-
+"""Batches of any structure (`move_batch`, `batch_samples`), gpuopt's DataLoader whose one epoch
+lasts the whole trial (`build_loader`), and `BatchFeed`, the endless feed of a trial's loop.
 torch is imported inside functions.
 """
 
@@ -35,11 +27,9 @@ def move_batch(
     pin_memory: bool = False,
     channels_last: bool = False,
 ) -> Any:
-    """`batch` on `device`, its structure kept: tensors in (nested) tuples, lists, namedtuples,
-    dicts and Mappings (a Hugging Face BatchEncoding too) are copied; anything else (strings,
-    numbers) passes through. `pin_memory` page-locks host tensors first (what a DataLoader with
-    pin_memory=True already did), so that `non_blocking` copies are truly asynchronous; it is a no-op
-    off CUDA. `channels_last` formats 4-D float tensors (images) NHWC."""
+    """`batch` on `device`, its structure kept (a Hugging Face BatchEncoding too); non-tensors pass
+    through. `pin_memory` page-locks host tensors first, so that `non_blocking` copies are truly
+    asynchronous (CUDA only). `channels_last` formats 4-D float tensors NHWC."""
     pin = pin_memory and device.type == "cuda"
     return _moved(batch, device, non_blocking, pin, channels_last)
 
@@ -47,8 +37,8 @@ def move_batch(
 def _moved(
     item: Any, device: torch.device, non_blocking: bool, pin: bool, channels_last: bool
 ) -> Any:
-    """move_batch's recursion: a module function, not a closure (a recursive closure is a
-    reference cycle per call, garbage only the cyclic GC frees: collections inside the window)."""
+    """A module function, not a closure: a recursive closure is a reference cycle per call,
+    garbage only the cyclic GC frees (collections inside the window)."""
     import torch
 
     if isinstance(item, torch.Tensor):
@@ -70,7 +60,6 @@ def _moved(
 
 
 def _rebuild_mapping(original: Mapping[str, Any], moved: dict[str, Any]) -> Mapping[str, Any]:
-    """A Mapping of the original's type holding `moved` (a plain dict when it cannot be rebuilt)."""
     try:
         return type(original)(moved)  # type: ignore[call-arg]
     except Exception:
@@ -78,7 +67,6 @@ def _rebuild_mapping(original: Mapping[str, Any], moved: dict[str, Any]) -> Mapp
 
 
 def first_tensor(batch: Any) -> torch.Tensor | None:
-    """The first tensor of a (nested) batch, depth first in order, or None."""
     import torch
 
     if isinstance(batch, torch.Tensor):
@@ -96,7 +84,7 @@ SampleCount = int | Callable[[Any], int] | None
 
 def batch_samples(batch: Any, samples: SampleCount = None) -> int:
     """How many samples `batch` holds: `samples` (a count, or a function of the batch) when given,
-    else the batch dimension (dim 0) of its first tensor. Raises TypeError without a tensor."""
+    else the batch dimension of its first tensor."""
     if callable(samples):
         return int(samples(batch))
     if samples is not None:
@@ -111,9 +99,8 @@ def batch_samples(batch: Any, samples: SampleCount = None) -> int:
 
 
 class BatchFeed:
-    """Endless batches from `loader` (any re-iterable: a DataLoader, a list; restarted at each epoch
-    end), each moved by `move` (onto the device), with what waiting for them cost (`wait`) and how
-    many samples they held (`samples`), both reset at the window's start."""
+    """Endless batches from `loader` (any re-iterable, restarted at each epoch end), each moved by
+    `move`, with what waiting for them cost (`wait`) and how many samples they held."""
 
     def __init__(
         self,
@@ -127,7 +114,6 @@ class BatchFeed:
         self.accumulation_steps = accumulation_steps
         self.iterator: Any = None
         self.batches = self.samples = 0
-        # On CUDA the starvation is read on the GPU timeline (events), whatever the copy mode.
         self.wait = InputWait(device)
 
     def reset_counters(self) -> None:
@@ -161,15 +147,19 @@ class BatchFeed:
         return batch
 
     def next_step(self) -> list[Any]:
-        """The micro-batches of one optimizer step (`accumulation_steps` of them)."""
         return [self.next() for _ in range(self.accumulation_steps)]
 
     def close(self) -> None:
         """Stop the worker processes (they would compete with the ceiling measurement)."""
         iterator, self.iterator = self.iterator, None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(iterator)
+
+
+def stop_workers(iterator: Any) -> None:
+    """Stop a DataLoader iterator's worker processes (a private torch method, where there is one)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def build_loader(
@@ -179,8 +169,7 @@ def build_loader(
     warnings: list[str],
     seed: int | None = None,
 ) -> Any:
-    """gpuopt's DataLoader over `dataset`, its order drawn from `seed` (default: `spec.seed`; a
-    distributed trial's rank draws from its own)."""
+    """gpuopt's DataLoader over `dataset`, its order drawn from `seed` (default: `spec.seed`)."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -217,20 +206,15 @@ def build_loader(
 
 
 def trial_samples(spec: TrialSpec) -> int:
-    """The most samples a trial draws from its loader before the window ends: the first batch,
-    the warm-up, the window's max_steps (and a small margin); a step is an optimizer step of
-    `global_batch` samples (accumulation_steps micro-batches)."""
+    """The most samples a trial draws from its loader before the window ends."""
     steps = 1 + spec.measure.warmup_steps + spec.measure.max_steps + EPOCH_MARGIN_STEPS
     return steps * spec.global_batch
 
 
 def steady_sampler(spec: TrialSpec, dataset: Any, generator: torch.Generator) -> Any:
-    """A shuffling sampler whose one epoch lasts the whole trial: the dataset's own random order,
-    and where the dataset is shorter than the trial, further random passes over it inside the
-    same epoch (`RandomSampler(num_samples=...)`, one fresh permutation per pass, drawn lazily).
-    So the loader never restarts (no worker respawn, no refill) inside the timed window; what an
-    epoch boundary costs is measured apart (`measure_epoch_boundary`). None for a dataset without
-    a length (an IterableDataset: no sampler, no epochs)."""
+    """A shuffling sampler whose one epoch lasts the whole trial (further random passes over a
+    shorter dataset inside the same epoch), so the loader never restarts inside the timed window.
+    None for a dataset without a length (an IterableDataset)."""
     from torch.utils.data import RandomSampler
 
     length = dataset_length(dataset)
@@ -240,7 +224,6 @@ def steady_sampler(spec: TrialSpec, dataset: Any, generator: torch.Generator) ->
 
 
 def dataset_length(dataset: Any) -> int | None:
-    """len(dataset) for a map-style dataset, None for an IterableDataset or one without len."""
     from torch.utils.data import IterableDataset
 
     if isinstance(dataset, IterableDataset):
@@ -252,7 +235,7 @@ def dataset_length(dataset: Any) -> int | None:
 
 
 def record_batches(trial: Trial) -> None:
-    """What one optimizer step trains on, the lr factor and the lr, into the trial's metrics."""
+    """What one optimizer step trains on, and the lr, into the trial's metrics."""
     m, spec = trial.metrics, trial.spec
     m.global_batch, m.micro_batch = spec.global_batch, spec.micro_batch
     m.accumulation_steps, m.lr_scale = spec.accumulation_steps, spec.lr_scale

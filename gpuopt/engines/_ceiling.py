@@ -1,13 +1,7 @@
-"""The most this machine can do for this workload, measured apart from the timed window
-(gpuopt.core.limits does the arithmetic):
-
-- `CeilingReplay`: the compute ceiling, the trial's first batch replayed on the device with no
-  loader (also what the compute costs in CPU core-seconds per sample);
-- `measure_loader_cost`: the input pipeline's cost per sample, in a worker-like loop;
-- `record_limit`, `record_achievable_mfu`: the machine's limit (what bounds it, the share reached)
-  and MFU against the measured matmul peak.
-
-Every engine drives these after its window. torch is imported inside functions.
+"""The most this machine can do for this workload, measured after the timed window
+(gpuopt.core.limits does the arithmetic): the compute ceiling (`CeilingReplay`), the input
+pipeline's cost per sample (`measure_loader_cost`), the machine's limit and MFU against the
+measured matmul peak. torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -34,17 +28,17 @@ CEILING_BUDGET_SHARE = 0.25
 CEILING_MIN_STEPS = 3
 # The worker-like loop that prices the input pipeline runs this long (at least one batch).
 LOADER_COST_BUDGET_S = 0.2
+DISTRIBUTED_CEILING_NOTE = (
+    "compute ceiling not measured: a distributed trial (its replay is "
+    "time-budgeted per rank, and the ranks must step together)"
+)
 
 
 class CeilingReplay:
     """The compute ceiling: the trial's first batch, already on the device, replayed with no loader
-    (CEILING_WARMUP_STEPS untimed steps, then up to `max_steps` timed ones, ended early once
-    `budget_s` passed after CEILING_MIN_STEPS: a slow step must not make the ceiling cost more
-    than the window itself). Synchronized at both ends; the budget is read on the host, so on CUDA
-    the queue may run a little past it, and the final synchronize counts that in.
-
-    Engines drive it: a loop calls `run(step)`; a framework's batch-end hook calls `begin()` once
-    and `step_done(samples)` after each replayed step, stopping when it returns True."""
+    (warm-up steps, then up to `max_steps` timed ones, ended early once `budget_s` passed after
+    CEILING_MIN_STEPS: a slow step must not make the ceiling cost more than the window itself). A loop
+    calls `run(step)`; a framework's hooks call `begin()`, then `step_done(samples)` per step."""
 
     def __init__(
         self,
@@ -52,10 +46,9 @@ class CeilingReplay:
         max_steps: int,
         budget_s: float,
         warmup_steps: int = CEILING_WARMUP_STEPS,
-        min_steps: int = CEILING_MIN_STEPS,
     ) -> None:
         self.device, self.max_steps, self.budget_s = device, max_steps, budget_s
-        self.warmup_steps, self.min_steps = warmup_steps, min_steps
+        self.warmup_steps = warmup_steps
         self.done = self.steps = self.samples = 0
         self.seconds: float | None = None
         # The process's CPU time over the timed replay (every compute thread): on CPU, what the
@@ -70,7 +63,6 @@ class CeilingReplay:
 
     @property
     def max_batches(self) -> int:
-        """The most batches the replay can take (warm-up included)."""
         return self.warmup_steps + self.max_steps
 
     def begin(self) -> None:
@@ -93,7 +85,7 @@ class CeilingReplay:
         self.steps += 1
         self.samples += samples
         out_of_budget = (
-            self.steps >= self.min_steps and time.perf_counter() - self._t0 >= self.budget_s
+            self.steps >= CEILING_MIN_STEPS and time.perf_counter() - self._t0 >= self.budget_s
         )
         if self.steps < self.max_steps and not out_of_budget:
             return False
@@ -117,7 +109,6 @@ class CeilingReplay:
 
     @property
     def compute_cost_s(self) -> float | None:
-        """Core-seconds of CPU per replayed sample (None before a replay ended)."""
         if self.cpu_seconds is None:
             return None
         return limits.per_sample_cost(self.cpu_seconds, self.samples)
@@ -153,10 +144,9 @@ def _as_is(item: Any) -> Any:
 
 
 def measure_loader_cost(loader: Any, budget_s: float = LOADER_COST_BUDGET_S) -> float | None:
-    """Core-seconds per sample of the input pipeline, in a worker-like loop outside the window:
-    one DataLoader worker process (one torch thread, the worker's seeding, `get_worker_info()`
-    set) prices a batch loop (`_PricedLoop`) on its thread's CPU clock, so other jobs on the cores
-    do not inflate the cost. None without a map-style dataset."""
+    """Core-seconds per sample of the input pipeline: one DataLoader worker process prices a batch
+    loop (`_PricedLoop`) on its thread's CPU clock, so other jobs on the cores do not inflate the
+    cost. None without a map-style dataset."""
     from torch.utils.data import DataLoader
 
     dataset = getattr(loader, "dataset", None)
@@ -191,8 +181,8 @@ def record_limit(
 
 
 def record_achievable_mfu(m: Metrics, device: torch.device, precision_mode: str | None) -> None:
-    """mfu_achievable: model FLOP/s against this machine's measured matmul peak for the dtype
-    (gpuopt.trial.matmul_peak's probe, cached per hardware fingerprint; run here, after every timed span)."""
+    """mfu_achievable: model FLOP/s against this machine's measured matmul peak (cached per
+    hardware fingerprint; run after every timed span)."""
     from gpuopt.trial.matmul_peak import probed_peak_flops
 
     if not precision_mode or not m.flops_per_sample or not m.throughput:

@@ -1,21 +1,10 @@
-"""The native engine's side of a distributed trial, inside one rank (the process group is already
-up: gpuopt.trial.distributed started the rank and joined it).
-
-- `Ranks.current(spec)`: this rank's place in the job (None for a single-process trial);
-- `Ranks.wrap`: the built model under DistributedDataParallel (`distributed=ddp`: bucket size,
-  gradients as bucket views, static graph, unused parameters) or FSDP2's `fully_shard` on a 1-D
-  device mesh (`distributed=fsdp2`: the child modules whose class `shard_modules` names (or
-  matches, fnmatch patterns such as `*Block`) sharded one by one, then the root; `reshard_after_forward`; the MixedPrecisionPolicy of `param_dtype` /
-  `reduce_dtype`; `checkpoint_modules` under activation checkpointing). Before the optimizer is
-  built: FSDP2 replaces the parameters with sharded DTensors;
-- `Ranks.no_sync`: gradient accumulation as real training does it, the gradients reduced once per
-  optimizer step (DDP's `no_sync`, FSDP2's `set_requires_gradient_sync(False)`);
-- `Ranks.align`: the timed window of every rank starts at a barrier and runs the same number of
-  steps (a rank that stopped one step early would leave the others waiting in a collective): rank
-  0's stop rule decides at step counts every rank checks at, and the verdict is broadcast over a
-  gloo group (host-side: no device sync inside the window, also under NCCL);
-- `Ranks.barrier`: the profiled window's recorded steps start together on every rank (every rank
-  profiles the same steps: they are collectives), gpuopt.trial.profiled_window.
+"""The engines' side of a distributed trial, inside one rank (the process group is already up:
+gpuopt.trial.distributed started the rank and joined it): `Ranks.wrap` (DDP or FSDP2, before the
+optimizer is built: FSDP2 replaces the parameters with sharded DTensors), `Ranks.no_sync`
+(gradients reduced once per optimizer step), `Ranks.align` (every rank's window starts at a
+barrier and stops after the same step: a rank that stopped one step early would leave the others
+waiting in a collective; rank 0's verdict goes over a gloo group, so no device sync inside the
+window, also under NCCL), and `Ranks.barrier` (the profiled window's steps start together).
 """
 
 from __future__ import annotations
@@ -53,9 +42,13 @@ class Ranks:
     def current(cls, spec: TrialSpec, device: torch.device) -> Ranks | None:
         if spec.distributed.kind == "none" or not dist.is_initialized():
             return None
-        gloo = dist.get_backend() == "gloo"
-        group = None if gloo else dist.new_group(backend="gloo")
-        return cls(spec.distributed, dist.get_rank(), dist.get_world_size(), device, group)
+        return cls.joined(spec.distributed, device)
+
+    @classmethod
+    def joined(cls, conf: DistributedConf, device: torch.device) -> Ranks:
+        """This rank of the initialized group; host-side agreement over a gloo group."""
+        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        return cls(conf, dist.get_rank(), dist.get_world_size(), device, group)
 
     @property
     def leader(self) -> bool:
@@ -63,26 +56,17 @@ class Ranks:
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """The model (on the device already) under DDP or FSDP2, as `distributed.kind` says."""
+        from torch.distributed.device_mesh import init_device_mesh
+
         checkpoint(model, self.conf)
         if self.conf.kind == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(
-                model,
-                device_ids=ids,
-                bucket_cap_mb=self.conf.bucket_cap_mb,
-                gradient_as_bucket_view=self.conf.gradient_as_bucket_view,
-                static_graph=self.conf.static_graph,
-                find_unused_parameters=self.conf.find_unused_parameters,
+                model, device_ids=ids, **ddp_kwargs(self.conf)
             )
         else:
-            model = self._fully_shard(model)
+            shard(model, self.conf, init_device_mesh(self.device.type, (self.world,)))
         self.model = model
-        return model
-
-    def _fully_shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        shard(model, self.conf, init_device_mesh(self.device.type, (self.world,)))
         return model
 
     @contextlib.contextmanager
@@ -104,13 +88,11 @@ class Ranks:
             setter(True)
 
     def loader_seed(self, seed: int) -> int:
-        """Each rank draws its own samples (one seed per rank, the model's init shared)."""
+        """Each rank draws its own samples (the model's init shared)."""
         return seed + self.rank
 
     def mean(self, values: list[float]) -> list[float]:
-        """Each value averaged over the ranks (one all-reduce on the job's own backend): the
-        numerics guard's step losses, each rank's the mean over its equal share of the batch,
-        so their mean is the global batch's loss."""
+        """Each value averaged over the ranks (one all-reduce on the job's own backend)."""
         summed = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(summed)
         return [float(v) / self.world for v in summed.tolist()]
@@ -131,11 +113,9 @@ class Ranks:
 
 
 def shard(model: torch.nn.Module, conf: DistributedConf, mesh: Any) -> None:
-    """FSDP2 on `model` over a 1-D data-parallel device mesh: the children `shard_modules`
-    selects one by one, bottom-up (a nested match before the block holding it), then the root;
-    `reshard_after_forward` and the MixedPrecisionPolicy of `param_dtype` / `reduce_dtype`. The
-    one mapping of the FSDP2 knobs, for the native engine (`Ranks.wrap`) and Lightning's
-    ModelParallelStrategy (gpuopt.engines.lightning.strategy)."""
+    """FSDP2 on `model` over a 1-D data-parallel device mesh: the children `shard_modules` selects
+    one by one, bottom-up (a nested match before the block holding it), then the root. The one
+    mapping of the FSDP2 knobs, for both engines."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     param = DTYPES[conf.param_dtype] if conf.param_dtype else None
@@ -150,9 +130,18 @@ def shard(model: torch.nn.Module, conf: DistributedConf, mesh: Any) -> None:
     fully_shard(model, **options)
 
 
+def ddp_kwargs(conf: DistributedConf) -> dict[str, Any]:
+    """The DDP knobs as DistributedDataParallel's keyword arguments (both engines)."""
+    return {
+        "bucket_cap_mb": conf.bucket_cap_mb,
+        "gradient_as_bucket_view": conf.gradient_as_bucket_view,
+        "static_graph": conf.static_graph,
+        "find_unused_parameters": conf.find_unused_parameters,
+    }
+
+
 def checkpoint(model: torch.nn.Module, conf: DistributedConf) -> None:
-    """`checkpoint_modules`: each named child recomputes its forward in the backward (DDP and
-    FSDP2, both engines)."""
+    """`checkpoint_modules`: each named child recomputes its forward in the backward."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,
     )
@@ -164,8 +153,8 @@ def checkpoint(model: torch.nn.Module, conf: DistributedConf) -> None:
 
 
 def _named_children(model: torch.nn.Module, names: list[str], key: str) -> list[torch.nn.Module]:
-    """The submodules of `model` whose class matches a pattern of `names` (a class name or an
-    fnmatch pattern); a pattern matching none is one ConfigError naming the classes there are."""
+    """The submodules whose class matches a pattern of `names`; a pattern matching none is one
+    ConfigError naming the classes there are."""
     if not names:
         return []
     children = [m for m in model.modules() if m is not model]
@@ -194,9 +183,8 @@ class AlignedClock:
 
 
 class AgreedStop:
-    """The stop rule as every rank applies it: checked at the same step counts on every rank
-    (from the first step, then every ~5% more: the window meter's schedule, never a clock's, since the
-    clocks differ), rank 0's verdict broadcast. Its time budget is rank 0's, read at those checks."""
+    """The stop rule as every rank applies it: checked at the same step counts on every rank (the
+    window meter's schedule, never a clock's: the clocks differ), rank 0's verdict broadcast."""
 
     def __init__(self, rule: StopRule, ranks: Ranks) -> None:
         self.rule, self.ranks = rule, ranks

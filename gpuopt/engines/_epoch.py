@@ -1,9 +1,6 @@
 """Steady state: what an epoch boundary costs (a fresh epoch's worker start-up, sampler and first
-batch), measured after the window, outside any timed span, and amortized over the user's real
-epoch length (`throughput_amortized`).
-
-The timed window never straddles an epoch restart (gpuopt.engines._batches.steady_sampler): this
-is where the boundary's cost comes back in. Every engine that owns a DataLoader measures it.
+batch), measured after the window and amortized over the user's real epoch length. The timed
+window never straddles an epoch restart (`_batches.steady_sampler`): the cost comes back in here.
 """
 
 from __future__ import annotations
@@ -14,20 +11,15 @@ from typing import Any
 
 from gpuopt.core.result import Metrics
 from gpuopt.core.spec import TrialSpec
-from gpuopt.engines._batches import dataset_length
+from gpuopt.engines._batches import dataset_length, stop_workers
 from gpuopt.trial.measure import amortized_throughput, epoch_overhead
 
 
 @dataclass(frozen=True)
 class EpochBoundary:
-    """What an epoch boundary costs, measured after the window (`measure_epoch_boundary`):
-    `first_fetch_s` from a fresh epoch's iter() to its first batch, `steady_fetch_s` the window's
-    mean host fetch wait per step, `epoch_steps` the user's real steps per epoch (None: unknown,
-    an endless stream)."""
-
-    first_fetch_s: float | None
-    steady_fetch_s: float
-    epoch_steps: int | None
+    first_fetch_s: float | None  # a fresh epoch's iter() to its first batch
+    steady_fetch_s: float  # the window's mean host fetch wait per step
+    epoch_steps: int | None  # the user's real steps per epoch (None: an endless stream)
 
 
 def real_epoch_steps(spec: TrialSpec, dataset_len: int | None) -> int | None:
@@ -43,9 +35,8 @@ def real_epoch_steps(spec: TrialSpec, dataset_len: int | None) -> int | None:
 
 
 def time_epoch_start(loader: Any) -> float:
-    """Host seconds from a fresh epoch's `iter(loader)` to its first batch: new worker processes
-    (or, with persistent_workers, the same ones resumed), the sampler's new order, the first batch
-    made from scratch. The epoch's workers are stopped after it unless they persist."""
+    """Host seconds from a fresh epoch's `iter(loader)` to its first batch; the epoch's workers
+    are stopped after it unless they persist."""
     persistent = bool(getattr(loader, "persistent_workers", False))
     if persistent and getattr(loader, "_iterator", None) is None:
         # Between real epochs persistent workers are alive (e.g. Lightning stopped them at the
@@ -56,17 +47,14 @@ def time_epoch_start(loader: Any) -> float:
     next(iterator)
     seconds = time.perf_counter() - started
     if not persistent:
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(iterator)
     return seconds
 
 
 def measure_epoch_boundary(
     spec: TrialSpec, loader: Any, fetch_wait_s: float, steps: int
 ) -> EpochBoundary:
-    """The epoch boundary's cost for `loader` (the trial's DataLoader, its window over; the
-    caller stopped its non-persistent workers first). Outside any timed span."""
+    """The epoch boundary's cost for `loader` (the caller stopped its non-persistent workers)."""
     first_fetch = time_epoch_start(loader) if hasattr(loader, "__iter__") else None
     length = dataset_length(getattr(loader, "dataset", None))
     return EpochBoundary(first_fetch, fetch_wait_s / max(1, steps), real_epoch_steps(spec, length))

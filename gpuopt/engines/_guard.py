@@ -1,10 +1,7 @@
 """The numerics guard's training side: K optimizer steps of gpuopt's own step on fixed batches,
 the trial's way and the fp32 reference way (what the guard decides is gpuopt.trial.numerics).
-
-`guard_numerics` is the step an engine asks for (`trial.after_release`), so it runs once the trial
-measured ok and what it built was released, outside every timed span. Both trajectories train with
-gpuopt's step (gpuopt.engines._step), also for a Lightning trial of a plain `nn.Module`: the guard
-compares the math of a configuration, not the engine's loop.
+Both train with gpuopt's step, also for a Lightning trial: the guard compares the math of a
+configuration, not the engine's loop.
 """
 
 from __future__ import annotations
@@ -26,16 +23,13 @@ if TYPE_CHECKING:
 
     from gpuopt.trial.context import Trial
 
-# A phase clock: `Trial.phase`, a context manager per phase name.
-Clock = Callable[[str], AbstractContextManager[None]]
+Clock = Callable[[str], AbstractContextManager[None]]  # `Trial.phase`
 
 
 def guard_numerics(trial: Trial) -> None:
-    """The guard on a measured trial, when it is on and the trial changes the math: the evidence
-    goes to `trial.numerics` and `loss_drift`; a guard that cannot run leaves a warning. In a
-    distributed trial every rank runs it (their trajectory is the job's), rank 0 records it. Its
-    phases on the trial's clock: `guard` (the fixed batches, the trial's trajectory, the verdict)
-    and `guard_reference` (the fp32 reference, from the process's cache when it holds it)."""
+    """The guard on a measured trial (`trial.after_release`), when it is on and the trial changes
+    the math; a guard that cannot run leaves a warning. In a distributed trial every rank runs it
+    (their trajectory is the job's), rank 0 records it."""
     ranks = Ranks.current(trial.spec, trial.device)
     planned: list[str] = []  # what the trial changes in the math, for a guard that cannot run
     try:
@@ -63,10 +57,9 @@ def check(
     cache_dir: Path | None = None,
     clock: Clock | None = None,
 ) -> GuardEvidence:
-    """Train K steps `spec`'s way and the fp32 reference way, at the guard's global batch
-    (numerics.guarded_spec); compare the loss trajectories. The reference runs first, so the
-    process's matmul precision ends as the trial's. `clock`: the trial's phase clock
-    (`Trial.phase`), if any."""
+    """Train K steps `spec`'s way and the fp32 reference way, at the guard's global batch; compare
+    the loss trajectories. The reference runs first, so the process's matmul precision ends as the
+    trial's."""
     phase = clock or _unclocked
     guarded = numerics.guarded_spec(spec)
     with phase("guard"):
@@ -88,10 +81,9 @@ def check_ranks(
     cache_dir: Path | None = None,
     clock: Clock | None = None,
 ) -> GuardEvidence | None:
-    """The distributed trajectory against the single-process fp32 reference: every rank trains K
-    steps the job's way (DDP / FSDP2 as configured) on its share of the same K global batches,
-    the step losses averaged over the ranks (the global batch's loss); rank 0 then trains the
-    reference alone (no rank waits on it) and returns the evidence, the other ranks None."""
+    """The distributed trajectory (every rank trains on its share of the same K global batches,
+    the losses averaged) against the single-process fp32 reference, which rank 0 trains alone
+    afterwards (no rank waits on it); the evidence on rank 0, None elsewhere."""
     phase = clock or _unclocked
     with phase("guard"):
         check_guardable(spec)  # every rank alike: none reaches a collective the others skip
@@ -108,8 +100,7 @@ def check_ranks(
 
 
 def rank_share(batch: Any, rank: int, world: int) -> tuple[Any, Any]:
-    """Rank `rank`'s contiguous 1/world of an (inputs, targets) global batch (as a
-    DistributedSampler without shuffling would split it, in blocks)."""
+    """Rank `rank`'s contiguous 1/world of an (inputs, targets) global batch."""
     inputs, targets = batch
     size = len(inputs) // world
     return inputs[rank * size : (rank + 1) * size], targets[rank * size : (rank + 1) * size]
@@ -124,9 +115,8 @@ def _check_pairs(batches: list[Any]) -> None:
 def reference_losses(
     spec: TrialSpec, device: torch.device, batches: list[Any], cache_dir: Path | None
 ) -> list[float]:
-    """The fp32 reference trajectory: from this process's cache, the sweep dir's, or trained now.
-    Keyed with the process-wide settings it trains under (`reference_settings`), so a cached
-    trajectory is the one training it now would give."""
+    """The fp32 reference trajectory: from this process's cache, the sweep dir's, or trained now,
+    keyed with the process-wide settings it trains under."""
     reference = numerics.reference_spec(spec)
     with guard_threads() as threads:
         settings = reference_settings(threads)
@@ -141,13 +131,10 @@ def reference_losses(
 
 @contextmanager
 def guard_threads() -> Iterator[int]:
-    """The guard's two trajectories train on every usable CPU, whatever `device.num_threads` the
-    trial set (restored after). The thread count is no math change the guard checks (only how
-    CPU kernels split their sums: the last bits, against a tolerance of percents); on all CPUs
-    the K steps take the least time, and one reference serves all the trials of a global batch,
-    where keying it by each trial's count trained it again for every count (a 1-thread and a
-    2-thread finalist of a race: 8 fp32 steps of a cnn each, seconds a step). A distributed
-    trial's ranks keep their own count (they share the CPUs)."""
+    """The guard's trajectories train on every usable CPU, whatever `device.num_threads` the trial
+    set (restored after). The thread count changes only the last bits (how CPU kernels split
+    their sums), and one reference then serves all the trials of a global batch, where keying it
+    by each trial's count trained it again for every count (seconds a step for a cnn)."""
     import torch
 
     from gpuopt.core.host import usable_cpus
@@ -161,10 +148,8 @@ def guard_threads() -> Iterator[int]:
 
 
 def reference_settings(threads: int) -> dict[str, Any]:
-    """The process-wide settings the reference trains under that change its last bits: the
-    thread count (`guard_threads`: how CPU kernels split their sums) and, on CUDA, cuDNN
-    autotuning (another convolution algorithm), as the trial left it. The float32 matmul
-    precision is not one: the reference sets its own (fp32, `policies.precision_policy`)."""
+    """The process-wide settings that change the reference's last bits: the thread count and, on
+    CUDA, cuDNN autotuning (the float32 matmul precision the reference sets itself)."""
     import torch
 
     settings: dict[str, Any] = {"threads": threads}
@@ -174,15 +159,12 @@ def reference_settings(threads: int) -> dict[str, Any]:
 
 
 def _unclocked(name: str) -> AbstractContextManager[None]:
-    """A phase clock that keeps no time (the guard called outside a trial)."""
-    return nullcontext()
+    return nullcontext()  # the guard called outside a trial
 
 
 def check_guardable(spec: TrialSpec) -> None:
-    """NotGuarded, before any batch is drawn or model trained, for a model class that trains
-    through its own `training_step` (a LightningModule: the guard trains gpuopt's step, and such a
-    module may bring its own train_dataloader and no `data`). A factory's model is checked once
-    built (`loss_trajectory`)."""
+    """NotGuarded, before anything is trained, for a model class with its own `training_step` (a
+    LightningModule may bring its own train_dataloader and no `data`)."""
     from hydra.utils import get_object
 
     target = get_object(spec.model["_target_"])
@@ -194,10 +176,8 @@ def check_guardable(spec: TrialSpec) -> None:
 
 
 def fixed_batches(spec: TrialSpec, steps: int) -> list[Any]:
-    """K global batches of the dataset's first samples, in order (CPU tensors). NotGuarded when
-    `data` is no map-style Dataset with samples (none at all: a LightningModule's own
-    train_dataloader; a LightningDataModule; an iterable or empty dataset): there are no first
-    samples to draw."""
+    """K global batches of the dataset's first samples, in order (CPU tensors); NotGuarded without
+    a map-style Dataset with samples."""
     from torch.utils.data import default_collate
 
     target = spec.data.get("_target_")
@@ -221,9 +201,7 @@ def loss_trajectory(
     spec: TrialSpec, device: torch.device, batches: list[Any], ranks: Ranks | None = None
 ) -> tuple[list[float], int]:
     """(the loss of each of the K optimizer steps, fp16 steps skipped) training `spec`'s way from
-    the seeded initial weights: gpuopt's own step (gpuopt.engines._step.Workload); under `ranks`
-    the model wrapped as the trial wraps it and gradients reduced once per step (this rank's
-    losses: `Ranks.mean` averages them)."""
+    the seeded initial weights; under `ranks` the model wrapped as the trial wraps it."""
     import torch
 
     from gpuopt.trial import policies

@@ -1,13 +1,9 @@
 """The lifecycle every engine shares: one trial from its measuring to its one `TrialResult`.
 
 `run_measured` is the route of a trial: the engine's `measure(trial, process_t0)` fills the trial's
-context (gpuopt.trial.context.Trial), a failure becomes the status (gpuopt.trial.failures), what the
-engine built is released (`release`: closed, the compiler reset, the device cache given back as the
-cache policy says), then the steps the engine asked for once its memory is free run (the numerics
-guard), and the result is built once. `gpuopt.engines.registry.run_trial` and
-`gpuopt.measure_step` both enter here. Also the clock startup_time_s counts
-from (`process_start_time`), the trial's phase clock closed (`close_phase_clock`), and the
-TrialSpec of a measurement of what the user built (`measuring_spec`). torch is imported inside functions only.
+context, a failure becomes the status, what the engine built is released, then the steps the
+engine asked for once its memory is free run (the numerics guard), and the result is built once.
+torch is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ if TYPE_CHECKING:
     from gpuopt.core.spec import EngineConf, LoaderConf, MeasureConf
 
 
-# An engine: fills `trial.metrics` (and warnings), raising on failure; `process_t0` is when
-# startup_time_s counts from.
+# An engine: fills `trial.metrics`, raising on failure; `process_t0`: startup_time_s's origin.
 Measure = Callable[[Trial, float], None]
 
 
@@ -41,11 +36,8 @@ _MODULE_LOADED_AT = time.time()  # the fallback "earliest timestamp" when /proc 
 
 
 def process_start_time() -> float | None:
-    """When this process started (time.time() epoch), from /proc on Linux; None elsewhere.
-
-    Uses the process's age (uptime - starttime, 10 ms resolution) rather than /proc/stat's btime,
-    which has only 1 s resolution.
-    """
+    """When this process started (time.time() epoch), from /proc on Linux; None elsewhere. From
+    the process's age (uptime - starttime, 10 ms resolution): /proc/stat's btime has 1 s only."""
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -76,9 +68,8 @@ def measuring_spec(
     compile_mode: str = "off",
     loader: LoaderConf | None = None,
 ) -> TrialSpec:
-    """A TrialSpec for measuring what the user built (gpuopt.measure_step, gpuopt.MeasureCallback):
-    the measure settings and what the clocks need to know; the rest default, since gpuopt builds
-    nothing (the model, data, optimizer and loop are the user's)."""
+    """A TrialSpec for measuring what the user built (gpuopt.measure_step, the callbacks): the
+    measure settings and what the clocks need to know; the rest default (gpuopt builds nothing)."""
     from gpuopt.core import spec as schemas
 
     return TrialSpec(
@@ -101,8 +92,7 @@ def measuring_spec(
 def measured_result(
     trial: Trial, status: Status, reason: str | None, config: dict[str, Any]
 ) -> TrialResult:
-    """The result of measuring what the user built (a callback, gpuopt.MeasureJob): the trial's
-    metrics and warnings, this device's fingerprint, and `config` (what was measured, how)."""
+    """The result of measuring what the user built (a callback, gpuopt.MeasureJob)."""
     from gpuopt.trial.devices import fingerprint
 
     return TrialResult(
@@ -133,9 +123,7 @@ def run_measured(
     inspect: Callable[[str, Any], None] | None = None,
 ) -> TrialResult:
     """Measure one configuration with the engine's `measure` and return its one result. Never
-    raises for a failing workload: OOM, divergence and errors come back as the status. Once the
-    trial measured ok and what it built is released, the steps the engine asked for
-    (`Trial.after_release`: the numerics guard) run before the result is built."""
+    raises for a failing workload: OOM, divergence and errors come back as the status."""
     from gpuopt.trial.devices import fingerprint, resolve_device
 
     started = time.perf_counter()
@@ -171,16 +159,14 @@ def run_measured(
 
 
 def close_phase_clock(trial: Trial, wall_s: float) -> None:
-    """The phase clock's last entry: `other`, the trial's wall time in run_measured that no named
-    phase covered (an engine that names none, e.g. Lightning's, shows its whole measure there), so
-    the phases sum to the wall time. Rounded to microseconds for the result."""
+    """The phase clock's last entry: `other`, the wall time no named phase covered (an engine that
+    names none shows its whole measure there), so the phases sum to the wall time."""
     trial.phases["other"] = max(0.0, wall_s - sum(trial.phases.values()))
     trial.phases = {name: round(seconds, 6) for name, seconds in trial.phases.items()}
 
 
 def _process_notes(trial: Trial, earlier_trial: bool) -> list[str]:
-    """What the process this trial ran in does to its numbers: an earlier trial in it (then
-    startup_time_s counts from this trial's start), the hypervisor's steal."""
+    """What the process does to this trial's numbers: an earlier trial in it, the hypervisor's steal."""
     notes = []
     if earlier_trial:
         notes.append(
@@ -200,27 +186,20 @@ def release(trial: Trial, status: Status) -> None:
     says (always after an OOM). In-process clean-up between trials belongs here."""
     from gpuopt.trial.policies import CachePolicy, empty_device_cache
 
-    for resource_ in trial.resources:
-        close = getattr(resource_, "close", None)
+    for resource in trial.resources:
+        close = getattr(resource, "close", None)
         if callable(close):
             close()
     trial.resources.clear()
     if trial.spec.compile.mode != "off":
-        reset_compiler()
+        # The next in-process trial compiles afresh (no cache hit, no recompile-limit carry-over);
+        # on CUDA this also releases the CUDA-graph trees' private memory pools to the allocator.
+        import torch
+
+        torch.compiler.reset()
     gc.collect()
     CachePolicy(trial.spec.cache, trial.device).at_trial_end()
     if status is Status.OOM:
         # After an OOM the cache holds the failed trial's blocks: always give them back, so the
         # next trial in this process starts from an empty device.
         empty_device_cache(trial.device)
-
-
-def reset_compiler() -> None:
-    """Forget what torch.compile built in this process, so the next in-process trial compiles
-    afresh (no cache hit, no recompile-limit carry-over from this trial's guards).
-    `torch.compiler.reset()` clears Dynamo's in-memory caches and, where CUDA is available, shuts
-    the CUDA-graph trees down (`reset_cudagraph_trees`), releasing their private memory pools to
-    the caching allocator (given back to the driver by the cache policy / after an OOM)."""
-    import torch
-
-    torch.compiler.reset()

@@ -1,8 +1,6 @@
-"""How a batch meets the model: the forward call by the batch's structure and the loss it gives
-(the model contract of `gpuopt.engines._build`), the Hugging Face conventions included.
-
-One module so that the native step, the Lightning engine's `BuiltinModule` and the user-step engine
-read a model's outputs the same way. torch is imported inside functions.
+"""How a batch meets the model: the forward call by the batch's structure and the loss it gives,
+the Hugging Face conventions included: one module so that every engine reads a model's outputs the
+same way. torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -36,15 +34,9 @@ LossFunction = Callable[[Any, Any], "torch.Tensor"]
 
 
 def model_loss(forward: Callable[..., Any], batch: Any, loss: str | LossFunction) -> torch.Tensor:
-    """One forward pass and its loss under the model contract (gpuopt.engines._build docstring):
-
-    - a dict batch (Hugging Face style): `model(**batch)`; the loss is the outputs' own `loss`
-      unless `loss` is a user function (then `loss(outputs, batch)`);
-    - `loss: model` with a tuple/list batch: `model(*batch)`, the outputs' own `loss`;
-    - a tuple/list batch: `model(*batch[:-1])`, targets `batch[-1]`, then `loss(outputs, targets)`
-      or the built-in cross_entropy/mse on the outputs (or their `logits`);
-    - a single tensor: `model(batch)`, which must return its loss (or a user function of it).
-    """
+    """One forward pass and its loss: `model(**batch)` for a dict (HF style; the outputs' own
+    loss unless `loss` is a function), `model(*batch)` under `loss: model`, `model(*batch[:-1])`
+    with targets `batch[-1]` for a tuple, `model(batch)` (its own loss) for a single tensor."""
     if isinstance(batch, Mapping):
         outputs, targets = forward(**batch), batch
     elif isinstance(batch, (tuple, list)) and loss == "model":

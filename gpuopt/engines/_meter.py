@@ -1,24 +1,14 @@
 """The one timed window of every engine: a push-style meter. Whoever owns the training loop (gpuopt's
 native loop, `measure_step`'s, Lightning's, the HF Trainer's, an app's own under `MeasureJob`) tells
-it what happened, and the meter does the rest alike for all of them:
+it what happened (`begin`, `step_started`, `fetch_started` / `batch_fetched`, `optimizer_stepped`:
+the stop rule's verdict once the window is over, then the loop must stop), and the meter does the
+rest alike for all of them.
 
-- `begin()`: the loop starts (with no untimed step, the window starts here);
-- `step_started()`: an optimizer step begins (on the FLOP step, `FlopCounterMode` opens);
-- `fetch_started()` / `batch_fetched(samples)`: the input pipeline's span (marked only inside
-  the window: `InputWait`; a loop that marks its fetch and copy apart gives its own `wait`), and
-  the samples of the current optimizer step (all its micro-batches);
-- `optimizer_stepped(samples=None)`: the step ended; the stop rule's verdict once the window is
-  over (the loop must stop then), else None;
-- `record()`: the window's metrics into the trial; `close()` after a failure.
-
-The phases, in steps: one compile step when compile is on (`compile_time_s`), the warm-up steps
-(`warmup_time_s`; the first of them under FlopCounterMode for MFU, when the meter counts FLOPs),
-then the timed window until `gpuopt.trial.measure.StopRule` ends it. Clocks are
-`gpuopt.trial.measure`'s (on CUDA, events: the host never synchronizes inside the window); the
-rule is read at `next_stop_check`'s step counts, and at every step once a time budget or
-max_steps could end it. In a rank of a multi-rank trial or job (`ranks`) the window starts at a
-barrier and the rule is rank 0's, read at the same step counts on every rank and broadcast
-(`Ranks.align`: its rule has no time budget of its own), so every rank stops after the same step.
+The phases, in steps: one compile step when compile is on, the warm-up steps (the first under
+FlopCounterMode for MFU), then the timed window until `StopRule` ends it. On CUDA the clocks are
+events: the host never synchronizes inside the window. In a rank of a multi-rank trial or job the
+window starts at a barrier and rank 0's rule is broadcast (`Ranks.align`), so every rank stops
+after the same step.
 """
 
 from __future__ import annotations
@@ -46,13 +36,9 @@ if TYPE_CHECKING:
 
 
 class WindowMeter:
-    """One trial's window over a loop that pushes its events (module docstring).
-
-    `wait`: the loop's own `InputWait` when it marks spans itself (gpuopt's `BatchFeed`,
-    Lightning's profiler hook); `after_step(i)`: run after the window's i-th step (the cache
-    policy); `count_flops`: whether the meter counts the FLOP step (False where the engine counted
-    them itself, on an eager forward). With `compile.mode` on, the first step is timed apart as
-    compilation."""
+    """One trial's window over a loop that pushes its events. `wait`: the loop's own `InputWait`
+    when it marks spans itself; `after_step(i)`: run after the window's i-th step (the cache
+    policy); `count_flops`: False where the engine counted them itself, on an eager forward."""
 
     def __init__(
         self,
@@ -86,17 +72,11 @@ class WindowMeter:
         self.window: WindowResult | None = None
         self.nvml: Any = None
         self._flops: Any = None
-        self._begun = self._timing = False
+        self._begun = self.timing = False  # timing: inside the window
         self._t0 = self._window_t0 = time.perf_counter()
         self._first_step_at = 0.0
         self._next_check = 0
         self._ticks: dict[str, int] | None = None
-
-    # -- the loop's events ---------------------------------------------------------------------
-    @property
-    def timing(self) -> bool:
-        """Inside the timed window (the input wait counts then only)."""
-        return self._timing
 
     @property
     def counting_flops(self) -> bool:
@@ -114,7 +94,6 @@ class WindowMeter:
             self._start_window()
 
     def step_started(self) -> None:
-        """An optimizer step begins: the compile step's clock, the FLOP step's counter."""
         self.begin()
         if self.steps == 0 and self.compile_steps:
             self._t0 = time.perf_counter()  # compile time: the first step's own, not the loader's
@@ -126,15 +105,13 @@ class WindowMeter:
         self.wait.fetch_started()
 
     def batch_fetched(self, samples: int) -> None:
-        """The loop fetched a batch of `samples` for the current optimizer step (spans the loop
-        did not mark apart end here)."""
+        """A batch of `samples` for the current optimizer step (unmarked spans end here)."""
         self.wait.fetch_ended()
         self.wait.copy_ended()
         self._pending += samples
 
     def optimizer_stepped(self, samples: int | None = None) -> str | None:
-        """An optimizer step ended, of `samples` (default: what `batch_fetched` counted); the
-        stop rule's verdict once the window is over, else None."""
+        """An optimizer step ended, of `samples` (default: what `batch_fetched` counted)."""
         if samples is None:
             samples = self._pending
         self._pending = 0
@@ -162,7 +139,7 @@ class WindowMeter:
         if self._flops is not None:
             self._flops.__exit__(None, None, None)
             self._flops = None
-        self._timing = self.wait.active = False
+        self.timing = self.wait.active = False
         self.monitors.stop()
 
     def run(self, step: Callable[[], int], until: str = "window") -> None:
@@ -173,7 +150,6 @@ class WindowMeter:
             self.step_started()
             self.optimizer_stepped(step())
 
-    # -- the window ----------------------------------------------------------------------------
     def _end_flop_step(self, samples: int) -> None:
         counter, self._flops = self._flops, None
         counter.__exit__(None, None, None)
@@ -190,7 +166,7 @@ class WindowMeter:
         self.monitors.start()
         self.wait.reset()
         self._ticks = cpu_ticks()
-        self._timing = self.wait.active = True
+        self.timing = self.wait.active = True
         self.clock.start()
         self._next_check = self.rule.min_steps
         self._first_step_at = time.time()
@@ -221,7 +197,7 @@ class WindowMeter:
 
     def _end_window(self, reason: str) -> None:
         step_times, wall = self.clock.finish()  # synchronizes on CUDA
-        self._timing = self.wait.active = False  # no span closes after the closing sync
+        self.timing = self.wait.active = False  # no span closes after the closing sync
         self.nvml = self.monitors.stop()
         steal = steal_percent(self._ticks, cpu_ticks())
         self.window = WindowResult(

@@ -1,15 +1,10 @@
-"""gpuopt's own training step (`Workload`): the built model, its optimizer, precision and loss,
-and the standard step over them, built from a TrialSpec by `build_workload`.
+"""gpuopt's own training step (`Workload`): forward (under autocast for fp16/bf16), loss, backward
+(through a GradScaler for fp16), optimizer step, zero_grad(set_to_none=True). With accumulation,
+one step is `accumulation_steps` micro-batches, each loss divided by that count (the built-in
+losses are means over equal micro-batches, so the accumulated gradient is the full batch's).
 
-The step is the standard one: forward (under autocast for fp16/bf16), loss, backward (through a
-GradScaler for fp16), optimizer step, zero_grad(set_to_none=True). With `train.global_batch` set,
-one step is `accumulation_steps` micro-batches of forward/backward, each loss divided by that count
-(the built-in losses are means over equal micro-batches, so the accumulated gradient is the full
-batch's mean gradient), then one optimizer step: a timed step is an optimizer step.
-
-A private module of engines/ rather than part of the native engine, because the numerics guard's
-trajectories (gpuopt.engines._guard, also for Lightning trials) train with this same step, and
-engines never import each other.
+Not part of the native engine: the numerics guard's trajectories (also for Lightning trials)
+train with this same step, and engines never import each other.
 """
 
 from __future__ import annotations
@@ -28,15 +23,11 @@ from gpuopt.engines._loss import LossFunction, model_loss
 from gpuopt.trial import library_bugs, policies
 from gpuopt.trial.failures import NonFiniteLoss
 
-# A batch of any structure the model contract accepts: (inputs, targets), longer tuples, dicts
-# (Hugging Face style), nested containers (gpuopt.engines._loss.model_loss).
-Batch = Any
+Batch = Any  # any structure the model contract accepts (gpuopt.engines._loss.model_loss)
 
 
 @dataclass
 class Workload:
-    """The built pieces of a trial and the standard training step over them."""
-
     model: torch.nn.Module  # eager module (FLOP counting, checkpointing)
     forward: Callable[..., Any]  # the module, or its torch.compile wrapper
     optimizer: torch.optim.Optimizer
@@ -54,9 +45,7 @@ class Workload:
     loss_sum: torch.Tensor | None = field(default=None, repr=False)
 
     def to_device(self, batch: Batch) -> Batch:
-        # non_blocking=True from pinned memory: the host does not wait for the copy. From pageable
-        # memory, or with non_blocking=False, the host waits (a sync on the current stream). The
-        # DataLoader pinned the batch already when loader.pin_memory is on.
+        # Only from pinned memory (loader.pin_memory) does non_blocking spare the host a sync.
         return move_batch(batch, self.device, self.non_blocking, channels_last=self.channels_last)
 
     def forward_backward(self, batch: Batch, share: float = 1.0) -> torch.Tensor:
@@ -69,8 +58,7 @@ class Workload:
         return loss
 
     def train_step(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
-        """One optimizer step over `micro_batches` (accumulation_steps of them); returns the step's
-        loss (the mean of the micro-batch losses: the full batch's loss), on the device."""
+        """One optimizer step over `micro_batches`; the step's loss (their mean), on the device."""
         if len(micro_batches) == 1:
             loss = self.forward_backward(micro_batches[0])
         else:
@@ -88,8 +76,7 @@ class Workload:
         return loss
 
     def _accumulate(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
-        """Forward/backward of each micro-batch (all but the last under `accumulating`); the mean
-        of their losses."""
+        """Each micro-batch's forward/backward, all but the last under `accumulating`."""
         share, last = 1.0 / len(micro_batches), len(micro_batches) - 1
         losses = []
         for index, batch in enumerate(micro_batches):
@@ -98,11 +85,9 @@ class Workload:
         return torch.stack(losses).mean()
 
     def _watch_loss(self, loss: torch.Tensor) -> None:
-        """One in-place add per step, no host sync, no device memory: a NaN or inf loss leaves the
-        sum NaN/inf for good, so `check_finite` reports a non-finite loss at any step since the
-        last check (NonFiniteLoss.update per step costs three ops and two allocations). Summed in
-        float32 at least: a half-precision sum of finite losses would overflow; one past float32's
-        range (3e38, losses of ~1e35 each) reads as diverged too."""
+        """One in-place add per step, no host sync: a NaN or inf loss leaves the sum NaN/inf for
+        good (NonFiniteLoss.update per step costs three ops and two allocations). Summed in
+        float32 at least: a half-precision sum of finite losses would overflow."""
         loss = loss.detach()
         if self.loss_sum is None:
             self.loss_sum = torch.zeros_like(
@@ -111,8 +96,7 @@ class Workload:
         self.loss_sum.add_(loss)
 
     def check_finite(self, phase: str) -> None:
-        """Raise Diverged if any step's loss since the trial began was NaN/inf: the losses summed
-        since the last check are folded into `nonfinite` (a CPU-GPU sync point: window ends only)."""
+        """Raise Diverged if any step's loss so far was NaN/inf (a CPU-GPU sync: window ends only)."""
         if self.loss_sum is not None:
             self.nonfinite.update(self.loss_sum)
             self.loss_sum.zero_()
@@ -127,10 +111,8 @@ def build_workload(
     non_blocking: bool,
     wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
 ) -> Workload:
-    """`model` on the device (channels_last where the model config says so), in training mode,
-    with the optimizer group's optimizer, the compile group's wrapper and the loss: the workload
-    gpuopt's step trains. `wrap` (a distributed trial's DDP or FSDP2) takes the model on its
-    device, before the optimizer sees its parameters."""
+    """`model` on the device, in training mode, with its optimizer, compile wrapper and loss.
+    `wrap` (a distributed trial's DDP or FSDP2) takes the model before the optimizer sees it."""
     channels_last = bool(spec.model.get("channels_last", False))
     model = model.to(device)
     if channels_last:

@@ -1,13 +1,6 @@
-"""What is read beside the timed window (whose state machine is gpuopt.engines._meter's):
-
-- `WindowMonitors`: the NVML sampler beside the window;
-- `InputWait`: what the input pipeline costs the loop (host fetch time; on CUDA the device's
-  starvation, read on the GPU timeline);
-- `record_window`, `apply_device_monitor`: the window's metrics (throughput, step-time statistics,
-  data wait, peak memory, utilization/power/energy, MFU/HFU), and `flop_notes`: what an MFU must be
-  read with.
-
-torch is imported inside functions.
+"""What is read beside the timed window (whose state machine is gpuopt.engines._meter's): the NVML
+sampler (`WindowMonitors`), the input pipeline's cost (`InputWait`), and the window's metrics
+(`record_window`). torch is imported inside functions.
 """
 
 from __future__ import annotations
@@ -32,13 +25,14 @@ from gpuopt.trial.measure import (
 if TYPE_CHECKING:
     import torch
 
+    from gpuopt.trial.context import Trial
     from gpuopt.trial.memory import MemoryBaseline
+    from gpuopt.trial.profiled_window import ProfileSummary
 
 
 class WindowMonitors:
     """The NVML sampler and, on GPUs with GPM (Hopper and newer), the GPM sampler running beside
-    the timed window (none where NVML or GPM is absent: a note says why). `stop` may be called
-    more than once (the window's end, then a failure's clean-up)."""
+    the timed window (none where NVML or GPM is absent: a note says why)."""
 
     def __init__(self, device: torch.device, interval_s: float, notes: list[str]) -> None:
         self.device, self.interval_s, self.notes = device, interval_s, notes
@@ -64,9 +58,8 @@ class WindowMonitors:
             self._gpm.start()  # last: its first sample is the window's start
 
     def stop(self) -> Any:
-        """The window's NVML statistics (`gpuopt.trial.monitor.NvmlStats`, its `gpm` the GPM
-        metrics), or None without a sampler. The statistics' `notes` (a number that fell back to
-        NVML's coarser averages, a GPM metric NVML did not give) join the trial's notes."""
+        """The window's `NvmlStats` (its `gpm` the GPM metrics), or None without a sampler; their
+        notes join the trial's. Callable more than once (the window's end, a failure's clean-up)."""
         gpm_sampler, self._gpm = self._gpm, None
         gpm_stats = gpm_sampler.stop() if gpm_sampler is not None else None  # first: the end
         sampler, self._sampler = self._sampler, None
@@ -86,34 +79,15 @@ class InputWaitSeconds:
     host_s: float  # the host blocked in next(loader)
 
 
-def _cuda_event_recorder(device: torch.device) -> Callable[[], Any]:
-    """A function recording a timing event on `device`'s current stream (asynchronous)."""
-    import torch
-
-    def record() -> Any:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(device))
-        return event
-
-    return record
-
-
 class InputWait:
-    """What the input pipeline costs the loop inside the timed window. Each engine marks the fetch
-    (`next(loader)`) and host-to-device copy spans of its own loop; `totals` gives
-
-    - `host_s`: host time blocked fetching (the loader's time, on every device);
-    - `device_s`: time the device sat starved of input. On CUDA it is read on the GPU timeline:
-      per step, an event recorded on the stream when the fetch starts (reached once the previous
-      step's queued work is done) to one after the copy (reached once the batch is on the device):
-      the stream's idle gap waiting for the host's fetch, plus the copy itself. Loader time that
-      overlaps queued compute costs nothing there, whatever syncs the step makes (fp16's
-      GradScaler) and however the engine copies (blocking or not). Without CUDA events (CPU,
-      MPS) it is the host's fetch time, the same thing on a synchronous device.
-
-    Marks count only while `active` (the window meter, gpuopt.engines._meter, turns it on for its
-    window alone). `record_event` (tests: a stand-in) records a timing event on the device's
-    stream."""
+    """What the input pipeline costs the loop inside the timed window, from the fetch
+    (`next(loader)`) and host-to-device copy spans each engine marks: `host_s`, host time blocked
+    fetching, and `device_s`, time the device sat starved of input. On CUDA that is read on the
+    GPU timeline: an event recorded on the stream when the fetch starts (reached once the previous
+    step's queued work is done) to one after the copy, so loader time that overlaps queued compute
+    costs nothing, whatever syncs the step makes and however the engine copies. Without CUDA
+    events it is the host's fetch time, the same thing on a synchronous device. Marks count only
+    while `active` (the window meter's window). `record_event`: tests' stand-in."""
 
     def __init__(
         self,
@@ -122,7 +96,13 @@ class InputWait:
         host_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if record_event is None and device.type == "cuda":
-            record_event = _cuda_event_recorder(device)
+            import torch
+
+            def record_event() -> Any:
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(torch.cuda.current_stream(device))
+                return event
+
         self._record_event = record_event
         self._host_clock = host_clock
         self.fetch_s = 0.0
@@ -157,8 +137,8 @@ class InputWait:
             self._span_start = None
 
     def totals(self) -> InputWaitSeconds:
-        """The window's totals since the reset (call after the window's closing synchronize: an
-        event's elapsed time is defined once both were reached)."""
+        """The totals since the reset (after the window's closing synchronize: an event's elapsed
+        time is defined once both were reached)."""
         if self._record_event is None:
             return InputWaitSeconds(device_s=self.fetch_s, host_s=self.fetch_s)
         device_ms = sum(start.elapsed_time(end) for start, end in self._spans)
@@ -176,9 +156,7 @@ def record_window(
     precision_mode: str | None,
     process_t0: float,
 ) -> None:
-    """The timed window's metrics (every engine): throughput, step-time statistics, data wait
-    (`input_wait.device_s`: starvation) and host data wait, peak memory, utilization/power/energy
-    and MFU. Call after the window's closing synchronize."""
+    """The timed window's metrics (every engine), after the window's closing synchronize."""
     import torch
 
     m.timed_steps, m.timed_seconds, m.stop_reason = window.steps, window.wall_s, window.stop_reason
@@ -209,9 +187,8 @@ def record_window(
 
 
 def apply_device_monitor(m: Metrics, device_type: str, nvml: Any, samples: int) -> None:
-    """Utilization, power and energy: NVML's numbers on NVIDIA (null where NVML is absent), and
-    GPM's SM, tensor-core and DRAM activity where the GPU has it;
-    on CPU, utilization = 100 - data_wait (the share of the window spent computing)."""
+    """Utilization, power and energy: NVML's numbers (null where NVML is absent) and GPM's
+    activities where the GPU has it; on CPU, utilization = 100 - data_wait."""
     if device_type == "cpu":
         m.utilization = None if m.data_wait is None else 100.0 - m.data_wait
         return
@@ -246,10 +223,18 @@ def attention_tf32_note(
 def flop_notes(
     spec: TrialSpec, device: torch.device, peak_mode: str | None, flops: StepFlops
 ) -> list[str]:
-    """What a trial's MFU must be read with: tensor-core attention under fp32 (CUDA sm80+).
-    (Activation checkpointing needs no note: `mfu` counts model FLOPs, `hfu` hardware FLOPs.)"""
+    """What a trial's MFU must be read with: tensor-core attention under fp32 (CUDA sm80+)."""
     import torch
 
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     attention = attention_tf32_note(peak_mode, capability, flops)
     return [attention] if attention else []
+
+
+def record_profile(trial: Trial, summary: ProfileSummary) -> None:
+    """The profiled window's summary, and a distributed rank's communication share."""
+    trial.profile = summary.to_dict()
+    if summary.comm is not None:
+        m = trial.metrics
+        m.comm_share, m.comm_exposed = summary.comm.comm_pct, summary.comm.exposed_pct
+        m.comm_overlapped = summary.comm.overlapped_pct

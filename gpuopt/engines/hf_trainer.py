@@ -5,24 +5,16 @@ loop, as a `transformers.TrainerCallback` (the `[hf]` extra).
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[meter])
     result = meter.train(trainer)  # a TrialResult; never raises for a failing configuration
 
-One timed step is one optimizer step (`on_step_end`: every micro-batch of the accumulation), as in
-gpuopt's own trials. The Trainer fetches all of a step's micro-batches at once
-(`Trainer.get_batch_samples`, which also moves them to the device through accelerate's loader):
-that call's time is the data wait. Its `training_step` returns each micro-batch's loss, which the
-Trainer's `logging_nan_inf_filter` would otherwise hide: a NaN/inf loss is the trial's `diverged`.
-Both methods are wrapped on the trainer instance only while `train` runs (`_TrainerMethods`: the
-one place this module reaches past the callback API). The window, warm-up, FLOP count and stop
-rule are gpuopt.engines._meter's; once the rule stops, `control.should_training_stop` ends
-the training.
+One timed step is one optimizer step (`on_step_end`), as in gpuopt's own trials. The Trainer
+fetches all of a step's micro-batches at once (`Trainer.get_batch_samples`, which also moves them
+to the device): that call's time is the data wait. Its `training_step` returns each micro-batch's
+loss, which the Trainer's `logging_nan_inf_filter` would otherwise hide. Both methods are wrapped
+on the trainer instance only while `train` runs (`_TrainerMethods`: the one place this module
+reaches past the callback API).
 
-What one optimizer step trains on comes from the TrainingArguments and the batches: the micro-batch
-seen, `gradient_accumulation_steps`, the world size; the learning rate is `learning_rate`.
 `auto_find_batch_size` may halve the batch after an OOM, changing the global batch without saying
-so: the result reports the batch that trained, and a warning says it changed.
-
-Under torchrun (or a sweep's `hydra.launcher.nproc_per_node`) every rank runs the callback, the
-ranks' windows are aligned and every rank's `train` returns the job's result
-(gpuopt.engines._user_job).
+so: the result reports the batch that trained, and a warning says it changed. Under torchrun every
+rank's `train` returns the job's result (gpuopt.engines._user_job).
 """
 
 from __future__ import annotations
@@ -38,7 +30,12 @@ from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
-from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
+from gpuopt.engines._lifecycle import (
+    measured_result,
+    measuring_spec,
+    process_start_time,
+    release,
+)
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
 from gpuopt.trial.context import Trial
@@ -104,12 +101,10 @@ class _TrainerMethods:
 
 class HFMeasureCallback(TrainerCallback):
     """`gpuopt.HFMeasureCallback`: add it to your `Trainer(callbacks=[...])` and train with
-    `meter.train(trainer)` to measure the Trainer's own loop the way a gpuopt trial is measured:
-    the first step apart as compile time under `torch_compile`, `measure.warmup_steps` more (the
-    first under FlopCounterMode for MFU), then the timed window until the stability stop, which
-    ends the training. `measure`: a conf/measure/ preset name ("quick", "default"), a dict of its
-    fields, or a MeasureConf. No compute ceiling (it needs the batch replayed outside the Trainer:
-    gpuopt.measure_step measures one)."""
+    `meter.train(trainer)` to measure the Trainer's own loop the way a gpuopt trial is measured;
+    the stop rule ends the training. `measure`: a conf/measure/ preset name ("quick", "default"),
+    a dict of its fields, or a MeasureConf. No compute ceiling (it needs the batch replayed
+    outside the Trainer: gpuopt.measure_step measures one)."""
 
     def __init__(self, measure: MeasureConf | dict[str, Any] | str | None = None) -> None:
         self.measure = measure_conf(measure)
@@ -122,8 +117,7 @@ class HFMeasureCallback(TrainerCallback):
 
     def train(self, trainer: Trainer, **train_kwargs: Any) -> TrialResult:
         """`trainer.train(**train_kwargs)` measured; a failing configuration comes back as the
-        status (in a multi-rank job a failing rank raises `RankFailed` instead, so that its
-        launcher ends the job rather than its peers waiting in a collective)."""
+        status (in a multi-rank job a failing rank raises `RankFailed` instead)."""
         started, self.result = time.time(), None
         try:
             with _TrainerMethods(trainer, self):
@@ -138,7 +132,6 @@ class HFMeasureCallback(TrainerCallback):
         ranks = self.meter.ranks if self.meter is not None else None
         return job_result(self.result, ranks, started)
 
-    # -- the Trainer's hooks -----------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         device = args.device
         compile_mode = "default" if args.torch_compile else "off"
@@ -179,16 +172,12 @@ class HFMeasureCallback(TrainerCallback):
         if self.meter is not None:
             self.meter.batch_fetched(sum(counts))
 
-    # -- the result --------------------------------------------------------------------------
     def _record_training(self, args: Any) -> None:
         """Global batch = the micro-batch that trained x gradient_accumulation_steps x world size."""
         assert self._trial is not None
         m, accumulate = self._trial.metrics, int(args.gradient_accumulation_steps)
-        m.micro_batch, m.accumulation_steps, m.lr = (
-            self._micro_batch,
-            accumulate,
-            args.learning_rate,
-        )
+        m.micro_batch, m.accumulation_steps = self._micro_batch, accumulate
+        m.lr = args.learning_rate
         if self._micro_batch is not None:
             m.global_batch = self._micro_batch * accumulate * world_size()
             if self._micro_batch != args.per_device_train_batch_size:
@@ -207,19 +196,13 @@ class HFMeasureCallback(TrainerCallback):
         return self._finished(status, reason)
 
     def _finished(self, status: Status, reason: str | None) -> TrialResult:
-        from gpuopt.trial.devices import fingerprint
-
-        trial, args = self._trial, self._args
+        args = self._args
         recorded = {name: getattr(args, name, None) for name in RECORDED_ARGS} if args else {}
-        return TrialResult(
-            status=status,
-            metrics=trial.metrics if trial is not None else TrialResult(status).metrics,
-            reason=reason,
-            config={
-                "engine": {"name": ENGINE_NAME},
-                "measure": dataclasses.asdict(self.measure),
-                "trainer": recorded,
-            },
-            env=fingerprint(trial.device) if trial is not None else {},
-            warnings=trial.warnings if trial is not None else [],
-        )
+        config = {
+            "engine": {"name": ENGINE_NAME},
+            "measure": dataclasses.asdict(self.measure),
+            "trainer": recorded,
+        }
+        if self._trial is None:
+            return TrialResult(status, reason=reason, config=config)
+        return measured_result(self._trial, status, reason, config)

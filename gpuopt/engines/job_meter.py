@@ -1,26 +1,14 @@
-"""A Hydra job's own training loop measured with no change to its code (gpuopt.MeasureJob).
+"""A Hydra job's own training loop measured with no change to its code (gpuopt.MeasureJob), from
+torch's global mechanisms only: every optimizer's step post-hook (the first optimizer that steps
+is the one timed: a GAN's second is ignored) and the `__next__` of every DataLoader iterator (the
+loader that fed the first optimizer step is the training loader). It cannot see a host-to-device
+copy the loop makes after `next()`, nor an autocast dtype (MFU is read against the fp32 peak).
 
-What it sees, from torch's global mechanisms only:
-- optimizer steps: `torch.optim.optimizer.register_optimizer_step_post_hook` (every optimizer's
-  `step()`); the first optimizer that steps is the one timed (a second one, a GAN's, is ignored);
-- batches and data wait: the `__next__` of every DataLoader iterator the job creates. The loader
-  that fed the first optimizer step is the training loader; the others (a test loader iterated
-  between epochs) feed no step. Samples per optimizer step give the global batch (x the world size
-  of an initialized process group), the first param group the lr.
-
-It feeds the push-style window meter every loop of someone else's uses (gpuopt.engines._meter:
-clocks, warm-up, one step under FlopCounterMode for MFU, the stop rule). Once the window stops, the
-result is written into the Hydra run directory (gpuopt.core.measured_job) and the job ends: in a
+Once the window stops, the result is written into the Hydra run directory and the job ends: in a
 sweep's trial with `TrialMeasured`, in a single run with `SystemExit(0)`; both pass the app's own
-`except Exception` (a job of another launcher's multirun, e.g. hydra/launcher=basic, goes on). What it cannot see: a host-to-device copy the loop makes after `next()` (data
-wait is the time blocked in `next()` alone), and an autocast dtype (MFU is read against the
-device's fp32 peak, said in the warnings).
-
-A job that has not stepped an optimizer `budget_s` after its start (stuck before its training,
-or never training) gets the status "not measured: no optimizer step within budget_s", written
-into the run directory, and its process ends there: the launcher reads that result, not a
-timeout (`gpuopt.sweeper.launchers.submitit_base.resultless`). A process that only starts the
-job's ranks (`hydra.launcher.nproc_per_node`) leaves that to them (`measured_job.ranks_started`).
+`except Exception`. A job that has not stepped an optimizer `budget_s` after its start gets a
+"not measured" status written, and its process ends there: the launcher reads that result, not a
+timeout.
 """
 
 from __future__ import annotations
@@ -46,7 +34,7 @@ from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
 from gpuopt.engines._lifecycle import measured_result, measuring_spec, process_start_time
 from gpuopt.engines._meter import WindowMeter
-from gpuopt.engines._user_job import job_result, user_ranks, world_size
+from gpuopt.engines._user_job import job_result, optimizer_lr, user_ranks, world_size
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import classify_failure
 
@@ -59,16 +47,15 @@ FP32_PEAK_NOTE = (
 
 
 def job_device() -> torch.device:
-    """Where the job trains, as seen at its first batch: the current CUDA device once the job
-    initialized CUDA (its model moved there), else the CPU."""
+    """Where the job trains, as seen at its first batch."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
 def loader_settings(iterator: _BaseDataLoaderIter) -> dict[str, Any]:
-    """What a DataLoader iterator was made with (the iterator keeps its loader's settings in
-    private attributes, read here only): what gpuopt.core.search_space traces to config keys."""
+    """What a DataLoader iterator was made with (private attributes, read here only): what
+    gpuopt.core.search_space traces to config keys."""
     workers = int(getattr(iterator, "_num_workers", 0))
     return {
         "batch_size": getattr(getattr(iterator, "_index_sampler", None), "batch_size", None),
@@ -103,7 +90,6 @@ class JobMeter:
         self.started = time.time()
         self._removers: list[Any] = []
 
-    # -- installing ----------------------------------------------------------------------------
     def install(self) -> None:
         handle = register_optimizer_step_post_hook(self._optimizer_stepped)
         original = _BaseDataLoaderIter.__next__
@@ -127,7 +113,6 @@ class JobMeter:
         if self.meter is not None:
             self.meter.close()
 
-    # -- what the job does ---------------------------------------------------------------------
     def _fetch(self, iterator: _BaseDataLoaderIter, original: Any) -> Any:
         dataset = id(iterator._dataset)
         counting = self.meter is not None and dataset == self.train_data
@@ -169,8 +154,7 @@ class JobMeter:
         if self.optimizer is None:
             self._cancel_budget()  # the job trains: the window's own budget applies now
             self.optimizer = optimizer
-            group = optimizer.param_groups[0]
-            self.lr = float(group.get("initial_lr", group["lr"]))
+            self.lr = optimizer_lr(optimizer)
         if optimizer is not self.optimizer or self.meter is None or self.result is not None:
             return
         self.optimizer_steps += 1
@@ -190,9 +174,7 @@ class JobMeter:
         else:
             self._finish(Status.OK, None)
 
-    # -- the result ----------------------------------------------------------------------------
     def _finish(self, status: Status, reason: str | None) -> None:
-        """Record, write the result into the run directory, unhook, and end the job."""
         assert self.trial is not None and self.meter is not None
         if status is Status.OK:
             try:
@@ -230,16 +212,14 @@ class JobMeter:
                   "observed": observed}  # fmt: skip
         return measured_result(self.trial, status, reason, config)
 
-    # -- the budget ----------------------------------------------------------------------------
     def _cancel_budget(self) -> None:
         budget, self._budget = self._budget, None
         if budget is not None:
             budget.cancel()
 
     def _over_budget(self) -> None:
-        """(The budget's timer thread.) No optimizer step yet: the clear status, then the end. Rank
-        0 alone of a multi-rank job: its end ends the others (their launcher stops the job), and
-        no other rank's end can come before its status is written."""
+        """(The budget's timer thread.) Rank 0 alone of a multi-rank job: its end ends the others,
+        and no other rank's end can come before its status is written."""
         if self.result is not None or self.optimizer is not None or measured_job.ranks_started():
             return
         if not _leader():
@@ -256,8 +236,7 @@ class JobMeter:
         self.end_process(1)
 
     def unmeasured(self) -> TrialResult | None:
-        """At the job's end without a result: why (a clear status, never a crash); None if
-        measured."""
+        """At the job's end without a result: why (a clear status, never a crash)."""
         if self.result is not None:
             return None
         self.uninstall()
@@ -276,7 +255,6 @@ class JobMeter:
         return self._write_unmeasured(why)
 
     def _write_unmeasured(self, why: str) -> TrialResult:
-        """The job's "not measured" status, `why`, written into the run directory (rank 0)."""
         self.result = TrialResult(
             status=Status.ERROR,
             reason=f"not measured: {why}",
@@ -289,5 +267,4 @@ class JobMeter:
 
 
 def _leader() -> bool:
-    """Rank 0 of a multi-rank job (torchrun's RANK), or a job of one process."""
     return os.environ.get("RANK", "0") == "0"

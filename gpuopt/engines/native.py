@@ -1,26 +1,14 @@
 """The native engine (`engine=native`): gpuopt's own training loop over the workload a `TrialSpec`
-describes (the workload contract: `gpuopt.engines._build`), with gpuopt's own step
-(`gpuopt.engines._step.Workload`: a timed step is an optimizer step).
+describes, with gpuopt's own step (`gpuopt.engines._step.Workload`).
 
-Order of work, each part timed apart: build -> FLOP count (one step, outside the window) -> first
-step through torch.compile (compile_time_s) -> warm-up (warmup_time_s) -> timed window (monitors on;
-the loader's one epoch lasts the whole trial) -> the profiled window, when on -> an epoch boundary
-and the input pipeline's cost per sample, measured apart -> compute ceiling (the first batch
-replayed on the device, no loader) -> the machine's limit -> the measured matmul peak (cached) ->
-once the trial's memory is released, the numerics guard (gpuopt.engines._guard). Each is a phase of
-the trial's phase clock (`Trial.phase`: the result's `phases`). What depends on no searched knob is
-done once per process: the FLOP count (`flops_key`), the guard's fp32 reference (numerics).
+Order of work, each a phase of the trial's phase clock: build -> FLOP count (once per process per
+`flops_key`) -> compile step -> warm-up -> timed window -> profiled window -> epoch boundary and
+loader cost -> compute ceiling -> the machine's limit -> the measured matmul peak -> (once the
+trial's memory is released) the numerics guard. In a rank of a distributed trial what runs on one
+rank alone (the ceiling's time-budgeted replay, the matmul peak) runs on rank 0 or not at all.
 
-In a rank of a distributed trial (`distributed=ddp | fsdp2`, gpuopt.engines._distributed) the model
-is wrapped before its optimizer is built, each rank draws its own samples, accumulation reduces
-once per step, and the window is aligned across ranks; what runs on one rank alone (the compute
-ceiling's time-budgeted replay, the matmul peak) runs on rank 0 or not at all; the profiled window
-runs on every rank (the same steps, after a barrier), and so does the numerics guard (the ranks'
-averaged loss trajectory against the single-process reference).
-
-The sweeper's probing processes build their trials here too, through the registry
-(`gpuopt.engines.registry.engine_entry`): `open_windows` for the in-process confirmation
-(gpuopt.processes.shared_windows), `repeated_step` for the memory probe (gpuopt.processes.memory_probe).
+The sweeper's probing processes build their trials here too, through `registry.engine_entry`:
+`open_windows` (gpuopt.processes.shared_windows) and `repeated_step` (gpuopt.processes.memory_probe).
 """
 
 from __future__ import annotations
@@ -38,6 +26,7 @@ from gpuopt.core.spec import DATA_GPUOPT_KEYS, TrialSpec
 from gpuopt.engines._batches import BatchFeed, batch_samples, build_loader, record_batches
 from gpuopt.engines._build import TrialPolicies, apply_policies, instantiate_data, instantiate_model
 from gpuopt.engines._ceiling import (
+    DISTRIBUTED_CEILING_NOTE,
     CeilingReplay,
     measure_loader_cost,
     record_achievable_mfu,
@@ -48,7 +37,7 @@ from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._step import Batch, Workload, build_workload
-from gpuopt.engines._window import flop_notes
+from gpuopt.engines._window import flop_notes, record_profile
 from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import StepFlops, measure_step_flops, synchronize
@@ -88,14 +77,19 @@ def build(
 
 
 def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
-    """flops_per_sample from one forward+backward of the eager module on one micro-batch
-    (outside the window), and the notes its MFU must be read with (fp32 attention on tensor
-    cores). Counted once per process for what the count depends on (`flops_key`): a later trial
-    of the same model and input reuses it (`_flops_per_sample`, docs/measuring.md)."""
+    """flops_per_sample from one forward+backward of the eager module on one micro-batch (outside
+    the window), counted once per process per `flops_key`, and the notes its MFU must be read with."""
     key = flops_key(trial.spec, trial.device, batch)
     counted = _flops_per_sample.get(key)
     if counted is None:
-        counted = _flops_per_sample[key] = _count_per_sample(workload, batch)
+        eager, workload.forward = workload.forward, workload.model
+        try:
+            flops = measure_step_flops(lambda: workload.forward_backward(batch))
+        finally:
+            workload.forward = eager
+            workload.optimizer.zero_grad(set_to_none=True)
+        n = batch_samples(batch)
+        counted = _flops_per_sample[key] = SampleFlops(flops.model / n, flops.hardware / n, flops)
     if counted.hardware:
         trial.metrics.flops_per_sample = counted.model
         trial.metrics.hardware_flops_per_sample = counted.hardware
@@ -104,26 +98,20 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
 
 @dataclass(frozen=True)
 class SampleFlops:
-    """One counted step's FLOPs per sample (model: no recompute; hardware: what ran), and the
-    counted step itself (its attention share, for `flop_notes`)."""
+    """One counted step's FLOPs per sample (model: no recompute; hardware: what ran)."""
 
     model: float
     hardware: float
     step: StepFlops
 
 
-# FLOPs of one sample's forward+backward, counted once per trial process (the race's, an
-# in-process sweep's) for each `flops_key`: torch.utils.flop_counter counts the operators' shapes,
-# so the count depends on the model, the loss, the input's shape and the device, and not on the
-# knobs a sweep searches (batch size: per sample; precision, channels_last, loader, threads,
-# compile: the same operators on the same shapes; the eager module is counted).
+# FLOPs per sample, counted once per process for each `flops_key`: flop_counter counts the
+# operators' shapes, which the knobs a sweep searches do not change (per sample; the eager module).
 _flops_per_sample: dict[str, SampleFlops] = {}
 
 
 def flops_key(spec: TrialSpec, device: torch.device, batch: Batch) -> str:
-    """What flops_per_sample depends on, hashed: the model config (less its memory-layout flag),
-    the loss, the data config (less gpuopt's loader keys), the shape of one sample of each input
-    tensor, the distributed kind and the device type."""
+    """What flops_per_sample depends on, hashed."""
 
     def shapes(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -145,22 +133,6 @@ def flops_key(spec: TrialSpec, device: torch.device, batch: Batch) -> str:
     return hashlib.sha1(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _count_per_sample(workload: Workload, batch: Batch) -> SampleFlops:
-    """One counted forward+backward of the eager module on `batch`, per sample."""
-    eager, workload.forward = workload.forward, workload.model
-
-    def forward_backward() -> None:
-        workload.forward_backward(batch)
-
-    try:
-        flops = measure_step_flops(forward_backward)
-    finally:
-        workload.forward = eager
-        workload.optimizer.zero_grad(set_to_none=True)
-    n = batch_samples(batch)
-    return SampleFlops(flops.model / n, flops.hardware / n, flops)
-
-
 def window_meter(
     trial: Trial,
     workload: Workload,
@@ -170,9 +142,8 @@ def window_meter(
     memory: MemoryBaseline,
     ranks: Ranks | None = None,
 ) -> tuple[WindowMeter, Callable[[], int]]:
-    """The window meter over this loop, and its step: one optimizer step, its samples. The first
-    step through torch.compile is `first_step` (already fetched: compile time is the step's own);
-    the FLOPs were counted apart (`count_flops`, on the eager forward)."""
+    """The window meter over this loop, and its step (one optimizer step; its samples). The first
+    step through torch.compile is `first_step` (already fetched: compile time is the step's own)."""
     pending = [first_step] if trial.spec.compile.mode != "off" else []
 
     def step() -> int:
@@ -191,22 +162,9 @@ def window_meter(
     return meter, step
 
 
-def warm_up(meter: WindowMeter, step: Callable[[], int], workload: Workload) -> None:
-    """compile_time_s (the first step through torch.compile), then the warm-up steps (after the
-    blocks the FLOP-count and compile steps left cached went back: `MemoryBaseline`)."""
-    meter.memory.release_cache()  # the FLOP count's
-    try:
-        meter.run(step, until="warmup")
-        workload.check_finite("warm-up")
-    except BaseException:
-        meter.close()  # the window may have started (monitors on) at the warm-up's last step
-        raise
-
-
 def timed_window(
     meter: WindowMeter, step: Callable[[], int], workload: Workload, process_t0: float
 ) -> None:
-    """The timed window until the stop rule ends it, with the monitors on; its metrics."""
     try:
         meter.run(step)
     finally:
@@ -218,9 +176,8 @@ def timed_window(
 def beside_window(
     trial: Trial, feed: BatchFeed, fetch_wait_s: float
 ) -> tuple[EpochBoundary, float | None]:
-    """After the window, outside any timed span: what an epoch boundary costs (a fresh epoch's
-    first batch; the window's workers stopped first unless they persist, as between real epochs)
-    and the input pipeline's cost per sample. The loader's workers are stopped afterwards."""
+    """After the window: what an epoch boundary costs (the window's workers stopped first unless
+    they persist, as between real epochs) and the input pipeline's cost per sample."""
     loader, steps = feed.loader, trial.metrics.timed_steps or 0
     with trial.phase("boundary"):
         if not trial.spec.loader.persistent_workers:
@@ -255,10 +212,9 @@ def compute_ceiling(
 def profiled_window(
     trial: Trial, workload: Workload, feed: BatchFeed, ranks: Ranks | None = None
 ) -> None:
-    """A few steps under torch.profiler, outside the timed window (gpuopt.trial.profiled_window): the
-    callables of the step annotated as its phases for these steps only. In a distributed trial every
-    rank profiles the same steps after a barrier (they are collectives), its trace named by its
-    rank, and its communication share recorded (gpuopt.trial.comm_trace)."""
+    """A few steps under torch.profiler, outside the timed window, the step's callables annotated
+    as its phases. In a distributed trial every rank profiles the same steps after a barrier
+    (they are collectives)."""
     from gpuopt.trial.profiled_window import Annotation, run_profiled_window, steps_within_budget
 
     phases = [
@@ -279,25 +235,17 @@ def profiled_window(
         rank=ranks.rank if ranks is not None else None,
         align=ranks.barrier if ranks is not None else None,
     )
-    trial.profile = summary.to_dict()
-    if summary.comm is not None:
-        m = trial.metrics
-        m.comm_share, m.comm_exposed = summary.comm.comm_pct, summary.comm.exposed_pct
-        m.comm_overlapped = summary.comm.overlapped_pct
+    record_profile(trial, summary)
     workload.check_finite("the profiled window")
 
 
 def measure(trial: Trial, process_t0: float) -> None:
-    """The engine (`gpuopt.engines.registry.ENGINES["native"]`): fill `trial.metrics`, raising on
-    failure (Diverged, OOM, errors: `gpuopt.engines._lifecycle.run_measured` classifies them).
-    Each part runs as a phase of the trial's phase clock (`Trial.phase`, docs/measuring.md)."""
+    """The engine: fill `trial.metrics`, raising on failure (run_measured classifies it)."""
     phase = trial.phase
     with phase("setup"):
         ranks = Ranks.current(trial.spec, trial.device)
         leader = ranks is None or ranks.leader
-        trial.after_release.append(
-            guard_numerics
-        )  # every rank: the job's trajectory, rank 0 records
+        trial.after_release.append(guard_numerics)  # every rank; rank 0 records
         memory = MemoryBaseline.take(trial.device)
         trial_policies = apply_policies(trial.spec, trial.device)
     with phase("build"):
@@ -312,7 +260,13 @@ def measure(trial: Trial, process_t0: float) -> None:
         trial, workload, feed, first_step, trial_policies.cache, memory, ranks
     )
     with phase("warmup"):  # compile_time_s included: the first step through torch.compile
-        warm_up(meter, step, workload)
+        meter.memory.release_cache()  # the FLOP count's
+        try:
+            meter.run(step, until="warmup")
+            workload.check_finite("warm-up")
+        except BaseException:
+            meter.close()  # the window may have started (monitors on) at the warm-up's last step
+            raise
     with phase("window"):
         timed_window(meter, step, workload, process_t0)
     window_fetch_s = feed.wait.fetch_s  # the window's (its marks stopped with the window)
@@ -322,51 +276,42 @@ def measure(trial: Trial, process_t0: float) -> None:
     boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
     record_steady_state(trial.metrics, boundary)
     ceiling = None
-    if trial.spec.measure.ceiling and ranks is None:  # time-budgeted: ranks
-        with phase("ceiling"):  # would disagree
+    if trial.spec.measure.ceiling and ranks is None:  # time-budgeted: ranks would disagree
+        with phase("ceiling"):
             ceiling = compute_ceiling(trial, workload, feed, first_step)
     elif trial.spec.measure.ceiling and ranks is not None and leader:
-        trial.warnings.append(
-            "compute ceiling not measured: a distributed trial (its replay is "
-            "time-budgeted per rank, and the ranks must step together)"
-        )
+        trial.warnings.append(DISTRIBUTED_CEILING_NOTE)
     record_limit(trial.metrics, trial.device, loader_cost, ceiling)
     if trial.spec.measure.peak_probe and leader:
         with phase("peak_probe"):  # the matmul peak: cached on disk (gpuopt.trial.matmul_peak)
             record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
 
 
-# -- the sweeper's probing processes (through gpuopt.engines.registry.engine_entry) ---------------
-# A configuration whose trial waited for input less than this share of its window (%) has a
-# loader that keeps up with its steps.
-LOADER_KEEPS_UP = 1.0
+LOADER_KEEPS_UP = 1.0  # data_wait (%) under which a configuration's loader keeps up
 
 
 @dataclass
 class WindowedTrial:
     """One configuration built once and measured in short windows of a process it shares with
-    others (gpuopt.processes.shared_windows, the confirmation's in-process mode)."""
+    others (gpuopt.processes.shared_windows)."""
 
     trial: Trial
     workload: Workload
     feed: BatchFeed
     cache: policies.CachePolicy  # its after_step hook runs in each window
-    # The share of its whole trial's window (%) this configuration waited for input, when known
-    # (the confirmation's arms: their trials measured it).
+    # Its whole trial's data_wait (%), when known (the confirmation's arms measured it).
     data_wait: float | None = None
     drained: int = 0  # untimed steps before the last window (its drain)
     read_on_drain: bool = False  # the last window was its drain (`window`'s give_up_below)
 
     def queued_steps(self, warm: bool = False) -> int:
-        """Optimizer steps whose batches the idle loader's workers prefetched while another
-        configuration was measured, plus one that re-warms the caches the other one used: run
-        untimed, so a window starts at the steady rate. `warm`: the last steps this process ran
-        were this configuration's (its build's warm-up, or its own window), so no re-warming
-        step: a cnn screen's batch-512 fp32 candidate without workers spent 5 s on it. Only the
-        re-warming step where its trial measured the loader keeping up (data_wait under
-        LOADER_KEEPS_UP): its queue is full in the steady state too, so a full one flatters no
-        window, and draining it cost the confirmation of a cnn's 2-worker candidate 5 untimed
-        steps a window for 3 timed ones."""
+        """Untimed steps before a window, so it starts at the steady rate: those whose batches the
+        idle loader's workers prefetched while another configuration was measured, plus one that
+        re-warms the caches, unless `warm` (the last steps this process ran were this one's: a cnn
+        screen's batch-512 fp32 candidate spent 5 s on it). Only the re-warming step where its
+        trial measured the loader keeping up (data_wait under LOADER_KEEPS_UP): its queue is full
+        in the steady state too, and draining it cost a cnn's 2-worker candidate 5 untimed steps a
+        window for 3 timed ones."""
         loader = self.trial.spec.loader
         prefetched = loader.num_workers * (loader.prefetch_factor or 2) if loader.num_workers else 0
         rewarm = 0 if warm else 1
@@ -382,16 +327,12 @@ class WindowedTrial:
         warm: bool = False,
         give_up_below: float | None = None,
     ) -> tuple[int, float, int]:
-        """One window: the process-wide settings of this configuration (threads, matmul
-        precision), the queue drained (`queued_steps`), then optimizer steps until `window_s` and
-        `min_steps` are both reached; (steps, seconds, samples). Raises on failure (Diverged,
-        OOM, errors). `deadline_s` (the race's screen): the drain and the window each end after
-        at least one step once they took that long, so one configuration of seconds-long steps
-        (fp16 convs on a CPU) costs a few steps of the screen, not minutes. `give_up_below`
-        (samples/s, the screen's): a `warm` configuration whose drain reads slower than that
-        ends there, the drain's reading its window (`read_on_drain`): steps on prefetched
-        batches right after its own are the fastest it runs, so its window could only read
-        slower (a cnn's batch-512 fp32 candidate: one 5 s step instead of two)."""
+        """One window after the queue's drain (`queued_steps`): optimizer steps until `window_s`
+        and `min_steps` are both reached; (steps, seconds, samples). `deadline_s` (the race's
+        screen): the drain and the window each end after one step once they took that long (fp16
+        convs on a CPU: a few steps, not minutes). `give_up_below` (samples/s): a `warm`
+        configuration whose drain reads slower ends there (`read_on_drain`): steps on prefetched
+        batches right after its own are the fastest it runs, so its window could only read slower."""
         trial, workload, feed = self.trial, self.workload, self.feed
         apply_policies(trial.spec, trial.device)
         feed.reset_counters()
@@ -420,8 +361,7 @@ class WindowedTrial:
         deadline_s: float | None,
         after_step: Callable[[int], Any] | None = None,
     ) -> int:
-        """Optimizer steps until both `min_steps` and `min_s` are reached, or (after one step)
-        `deadline_s` has passed; how many ran."""
+        """Optimizer steps until `min_steps` and `min_s`, or (after one) `deadline_s`; how many."""
         steps, started = 0, time.perf_counter()
         while True:
             elapsed = time.perf_counter() - started
@@ -435,13 +375,11 @@ class WindowedTrial:
             steps += 1
 
     def close(self) -> None:
-        """Stop the loader's worker processes."""
         self.feed.close()
 
 
 def open_windows(spec: TrialSpec, device: torch.device) -> WindowedTrial:
-    """`spec` built as this engine builds a trial, then its warm-up steps (outside any window).
-    Raises on failure (an OOM or a divergence is the configuration's answer), its loader stopped."""
+    """`spec` built as this engine builds a trial, then its warm-up steps (outside any window)."""
     trial = Trial(spec, device)
     policies = apply_policies(spec, device)
     workload, feed = build(trial, policies)
@@ -457,9 +395,8 @@ def open_windows(spec: TrialSpec, device: torch.device) -> WindowedTrial:
 
 def repeated_step(spec: TrialSpec, device: torch.device) -> Callable[[], Any]:
     """`spec` built as this engine builds a trial, and a step that trains on the loader's first
-    optimizer step (its micro-batches on the device) again at each call, the loader's workers
-    stopped first (the memory probe: a step's peak, no loader beside it). In a rank of a
-    distributed probe the model is wrapped as a trial's rank wraps it (`Ranks.wrap`)."""
+    optimizer step again at each call, the workers stopped first (the memory probe: a step's
+    peak, no loader beside it)."""
     trial = Trial(spec, device)
     workload, feed = build(trial, apply_policies(spec, device), Ranks.current(spec, device))
     step_on_device = feed.next_step()

@@ -1,17 +1,7 @@
-"""The engine registry: `run_trial(spec)` measures a checked TrialSpec (gpuopt.trial.prepare
-makes it) with the engine `engine.name` names.
-
-- `native` (gpuopt.engines.native): gpuopt's own training loop.
-- `lightning` (gpuopt.engines.lightning.engine): the trial runs through `lightning.Trainer`.
-
-Each engine is a module with `measure(trial, process_t0)`; what engines share lives in the private
-modules of this package (`_build`, `_batches`, `_loss`, `_step`, `_window`, `_epoch`, `_ceiling`,
-`_guard`, and `_lifecycle`: the route of one trial, its failure handling and clean-up), and engines
-never import each other. The registry is the only way in: a trial through `run_trial`, and the
-sweeper's probing processes (gpuopt.processes.shared_windows, gpuopt.processes.memory_probe) to the
-entries the native engine offers them through `engine_entry`. An engine module is imported only
-when chosen: Lightning is an optional extra (`pip install "gpuopt[lightning]"`) and importing it
-costs seconds; importing this module imports neither torch nor any engine.
+"""The engine registry: `run_trial(spec)` measures a checked TrialSpec with the engine
+`engine.name` names; `engine_entry` gives the sweeper's probing processes what the native engine
+offers them. An engine module is imported only when chosen: Lightning is an optional extra and
+importing it costs seconds; importing this module imports neither torch nor any engine.
 """
 
 from __future__ import annotations
@@ -35,9 +25,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EngineEntry:
     module: str  # defines measure(trial, process_t0)
-    extra: str | None = (
-        None  # the optional package it needs, installed as gpuopt's extra of that name
-    )
+    extra: str | None = None  # the optional package it needs (gpuopt's extra of that name)
 
 
 # The names match gpuopt.core.spec.ENGINES (validation's list; tests/test_architecture.py checks it).
@@ -48,7 +36,6 @@ ENGINES: dict[str, EngineEntry] = {
 
 
 def load_engine(name: str) -> Measure:
-    """The `measure` function of the engine called `name`, importing its module now."""
     return engine_entry(name, "measure")
 
 
@@ -76,12 +63,8 @@ def run_trial(
 ) -> TrialResult:
     """Build and measure one configuration with the engine `spec.engine.name` names. Never raises
     for a failing workload: OOM, divergence and errors (also an engine that cannot be imported)
-    come back as the result's status. `inspect(name, obj)` sees what the engine built.
-
-    The one route of a trial: the engine measures (its windows, the profiled window) and asks
-    for the numerics guard, which runs once its memory is released (gpuopt.engines._lifecycle).
-    A distributed trial (`distributed.kind` ddp | fsdp2) starts its ranks here, each measuring
-    through `run_rank`, and returns the job's one result (gpuopt.trial.distributed)."""
+    come back as the result's status. `inspect(name, obj)` sees what the engine built. A
+    distributed trial starts its ranks here, each measuring through `run_rank`."""
     from gpuopt.engines._lifecycle import run_measured
 
     if spec.distributed.kind != "none":
@@ -101,8 +84,7 @@ def stored_spec(spec: TrialSpec) -> dict[str, Any]:
 
 
 def run_rank(spec: TrialSpec, device: torch.device) -> TrialResult:
-    """One rank of a distributed trial, in the process group gpuopt.trial.distributed set up:
-    the engine measures its share (it wraps the model, aligns the window with the other ranks)."""
+    """One rank of a distributed trial, in the process group gpuopt.trial.distributed set up."""
     from gpuopt.engines._lifecycle import run_measured
 
     return run_measured(spec, _engine_or_failure(spec.engine.name), device)

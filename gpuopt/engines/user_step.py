@@ -1,24 +1,10 @@
 """The user-step engine (`gpuopt.measure_step`): the user's own training step over the user's own
-batches, measured like a built-in trial.
+batches, measured like a built-in trial. gpuopt builds nothing here; it owns the order of work and
+the clocks. What one optimizer step trains on is given (`global_batch=`) or counted from the
+optimizer's step post-hook (`optimizer=`), not by wrapping `step`.
 
-gpuopt builds nothing here: the user hands over `step(batch)` (forward, backward, optimizer step:
-whatever one training step of theirs is) and an iterable of batches (their DataLoader). gpuopt
-owns the order of work and the clocks, from the engines' private modules: batches fetched through
-`BatchFeed` (data wait = the time blocked in the user's iterator, plus the host-to-device copy when
-gpuopt moves the batches), one step under `torch.utils.flop_counter` when a model is given (MFU),
-warm-up, the timed window until `gpuopt.trial.measure.StopRule` stops it (monitors on), then the
-compute ceiling: the first batch, already on the device, replayed with no loader. Out-of-memory, a
-NaN/inf loss and any exception of the step come back as the result's status (`run_measured`).
-
-What one optimizer step trains on (the result's global_batch, micro_batch, accumulation_steps,
-lr: without them no trial is "the same training" as the baseline): given (`global_batch=`), or
-counted from the optimizer (`optimizer=`: the samples between two `optimizer.step()` calls, seen by
-torch's own step post-hook, `Optimizer.register_step_post_hook`, not by wrapping `step`), and its
-learning rate read from the optimizer's first param group.
-
-Not in the engine registry (`gpuopt.engines.registry.ENGINES` names the engines a config can
-choose): a step function is Python, not config. No numerics guard either: gpuopt cannot re-train
-the user's step the fp32 way.
+Not in the engine registry: a step function is Python, not config. No numerics guard either:
+gpuopt cannot re-train the user's step the fp32 way.
 """
 
 from __future__ import annotations
@@ -41,7 +27,13 @@ from gpuopt.engines._ceiling import CeilingReplay
 from gpuopt.engines._lifecycle import measuring_spec, run_measured
 from gpuopt.engines._loss import outputs_loss
 from gpuopt.engines._meter import WindowMeter
-from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
+from gpuopt.engines._user_job import (
+    RankFailed,
+    job_result,
+    optimizer_lr,
+    user_ranks,
+    world_size,
+)
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.measure import measure_step_flops
@@ -84,18 +76,9 @@ class OptimizerSteps:
         counted = [step for step in self.steps if step[1] > 0]
         return statistics.mode(counted) if counted else None
 
-    def lr(self) -> float | None:
-        """The first param group's learning rate; its schedule's starting value (`initial_lr`, set
-        by torch's LR schedulers) where one is attached: the same at any point of the schedule."""
-        groups = self.optimizer.param_groups
-        lr = groups[0].get("initial_lr", groups[0].get("lr")) if groups else None
-        return float(lr) if isinstance(lr, int | float | torch.Tensor) else None
-
 
 @dataclass
 class UserStep:
-    """What the user handed over, and how gpuopt should treat it."""
-
     step: Callable[[Any], Any]  # one training step on a batch; may return its loss (NaN check)
     batches: Iterable[Any]  # re-iterable (restarted at its end): a DataLoader, a list
     model: torch.nn.Module | None = None  # for MFU: flops are counted on one step when given
@@ -111,8 +94,7 @@ class UserStep:
     ranks: Ranks | None = None  # the user's initialized process group (gpuopt.engines._user_job)
 
     def train(self, batch: Any) -> int:
-        """One step on `batch`; its sample count. The loss (a tensor, or an HF-style output with
-        `.loss`/`["loss"]`) feeds the NaN check without a host sync."""
+        """One step on `batch`; its sample count. The loss feeds the NaN check without a host sync."""
         samples = batch_samples(batch, self.samples)
         if self.counter is not None:
             self.counter.add(samples)  # before the step: its optimizer.step() closes the count
@@ -140,10 +122,9 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     micro_batch = batch_samples(first_batch, user.samples)
     if user.count_flops and user.model is not None:
         flops = measure_step_flops(lambda: user.train(first_batch))  # one (untimed) training step
-        samples = batch_samples(first_batch, user.samples)
         if flops.hardware:
-            m.flops_per_sample = flops.model / samples
-            m.hardware_flops_per_sample = flops.hardware / samples
+            m.flops_per_sample = flops.model / micro_batch
+            m.hardware_flops_per_sample = flops.hardware / micro_batch
     meter = WindowMeter(trial, user.ranks, wait=feed.wait, memory=memory, count_flops=False)
     meter.memory.release_cache()  # the FLOP count's
 
@@ -173,7 +154,6 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
 
 
 def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list[str]) -> None:
-    """What one optimizer step trained on, as given or counted; None where neither says."""
     counted = user.counter.typical() if user.counter is not None else None
     if counted is not None:
         counted = (counted[0] * world_size(), counted[1])  # every rank steps with the others
@@ -189,7 +169,7 @@ def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list
     elif m.global_batch is not None and m.global_batch % micro_batch == 0:
         m.accumulation_steps = m.global_batch // micro_batch
     if user.counter is not None:
-        m.lr = user.counter.lr()
+        m.lr = optimizer_lr(user.counter.optimizer)
         if counted is None:
             warnings.append(
                 "the optimizer never stepped during the measurement: its global batch is unknown"
@@ -199,7 +179,6 @@ def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list
 def _resolve_device(
     device: str | torch.device | None, model: torch.nn.Module | None
 ) -> torch.device:
-    """The device the step runs on: given, else the model's, else gpuopt's `auto` choice."""
     if device is not None:
         return torch.device(device)
     if model is not None:
@@ -211,14 +190,7 @@ def _resolve_device(
     return resolve_device("auto")
 
 
-def _spec(device: torch.device, measure: MeasureConf, user: UserStep, precision: str) -> TrialSpec:
-    loader = LoaderConf(pin_memory=user.pin_memory, non_blocking=user.non_blocking)
-    engine = EngineConf(name=ENGINE_NAME)
-    return measuring_spec(device, measure, engine, precision_mode=precision, loader=loader)
-
-
 def _describe(user: UserStep, device: torch.device, spec: TrialSpec) -> dict[str, Any]:
-    """The result's `config`: what was measured (the step, the model, the settings)."""
     step = getattr(user.step, "__qualname__", type(user.step).__name__)
     return {
         "engine": {"name": ENGINE_NAME},
@@ -293,7 +265,8 @@ def measure_step(
         counter=OptimizerSteps(optimizer) if optimizer is not None else None,
         ranks=user_ranks(resolved),
     )
-    spec = _spec(resolved, conf, user, precision)
+    loader = LoaderConf(pin_memory=pin_memory, non_blocking=non_blocking)
+    spec = measuring_spec(resolved, conf, EngineConf(name=ENGINE_NAME), precision, loader=loader)
     started = time.time()
     if user.counter is not None:
         user.counter.attach()

@@ -1,16 +1,9 @@
 """`gpuopt.MeasureCallback` (`UserMeasureCallback`): gpuopt's measurement of a fit in the user's own
-`lightning.Trainer`, no gpuopt config needed; the public API's Lightning side (`[lightning]` extra).
+`lightning.Trainer`, no gpuopt config needed (`[lightning]` extra).
 
-It wraps the engine's meter (gpuopt.engines.lightning.meter): the same clocks, warm-up, FLOP count
-and stop rule as a trial, with data wait read by a profiler beside the user's own (`_TeeProfiler`).
-
-Under a multi-device strategy (`strategy="ddp"`, FSDP, ModelParallelStrategy on `devices=N`,
-however its ranks started: Lightning's own re-launch of the script, torchrun, a sweep's
-`hydra.launcher.nproc_per_node`) every rank runs the callback: the ranks' windows start at a
-barrier and stop after the same optimizer step, and every rank's result is the job's
-(gpuopt.engines._user_job: global throughput over the slowest rank's window, the straggler, the
-global batch x world size). A rank whose fit failed raises `RankFailed` from `fit` so that the
-job ends rather than its peers waiting in a collective.
+It wraps the engine's meter (gpuopt.engines.lightning.meter), with data wait read by a profiler
+beside the user's own (`_TeeProfiler`). Under a multi-device strategy (however its ranks started)
+every rank runs the callback and every rank's result is the job's (gpuopt.engines._user_job).
 """
 
 from __future__ import annotations
@@ -27,14 +20,9 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from gpuopt.core import measured_job
 from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import Metrics, Status, TrialResult
-from gpuopt.core.spec import EngineConf, MeasureConf, TrialSpec
-from gpuopt.engines._lifecycle import (
-    measured_result,
-    measuring_spec,
-    process_start_time,
-    release,
-)
-from gpuopt.engines._user_job import RankFailed, job_result, user_ranks
+from gpuopt.core.spec import EngineConf, MeasureConf
+from gpuopt.engines._lifecycle import measured_result, measuring_spec, process_start_time, release
+from gpuopt.engines._user_job import RankFailed, job_result, optimizer_lr, user_ranks
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, record_fit
 from gpuopt.engines.lightning.precision import PEAK_MODE
 from gpuopt.trial import policies
@@ -71,17 +59,14 @@ class _TeeProfiler(Profiler):
 class UserMeasureCallback(pl.Callback):
     """`gpuopt.MeasureCallback`: add it to your own `Trainer` to measure your own fit the way a
     gpuopt trial is measured (no gpuopt config needed): the first step apart as compile_time_s when
-    `compiled`, `measure.warmup_steps` more (the first under FlopCounterMode for MFU), then the timed
-    window until the stability stop, which ends the fit (`trainer.should_stop`). Data wait is the
-    time Lightning spends in `next(dataloader)` and its host-to-device copy (a profiler beside
-    yours). Afterwards `result` is a `TrialResult` (no compute ceiling: that needs a second fit;
-    gpuopt.measure_step or engine=lightning measure it). What one optimizer step trains on comes
-    from the Trainer (the batch x `accumulate_grad_batches` x world size) and the learning rate
-    from its first optimizer (a sweep's "same training" needs both).
+    `compiled`, the warm-up, then the timed window until the stability stop, which ends the fit
+    (`trainer.should_stop`). Afterwards `result` is a `TrialResult` (no compute ceiling: that
+    needs a second fit). What one optimizer step trains on comes from the Trainer (the batch x
+    `accumulate_grad_batches` x world size) and the learning rate from its first optimizer.
 
     `fit(trainer, model, ...)` runs `trainer.fit` and returns the result, never raising for a
-    failing fit (OOM, NaN/inf loss, errors are the status). Calling `trainer.fit` yourself works
-    too: a failure then raises as usual, after `result` recorded it."""
+    failing fit. Calling `trainer.fit` yourself works too: a failure then raises as usual, after
+    `result` recorded it."""
 
     def __init__(
         self, measure: MeasureConf | dict[str, Any] | str | None = None, compiled: bool = False
@@ -102,8 +87,7 @@ class UserMeasureCallback(pl.Callback):
 
     def fit(self, trainer: pl.Trainer, model: pl.LightningModule, **fit_kwargs: Any) -> TrialResult:
         """`trainer.fit(model, **fit_kwargs)` measured; failures come back as the status (in a
-        multi-rank job a failing rank raises `RankFailed` instead, so that its launcher ends the
-        job rather than its peers waiting in a collective)."""
+        multi-rank job a failing rank raises `RankFailed` instead)."""
         self._returns_result = True  # the caller gets the result: the job goes on after the fit
         try:
             trainer.fit(model, **fit_kwargs)
@@ -115,60 +99,51 @@ class UserMeasureCallback(pl.Callback):
             raise RankFailed(self.result)
         return self.result
 
-    # -- hooks -------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        device = trainer.strategy.root_device
-        accumulate = int(trainer.accumulate_grad_batches)
-        spec = _callback_spec(
-            device, self.measure, self.compiled, str(trainer.precision), accumulate
+        device, precision = trainer.strategy.root_device, str(trainer.precision)
+        # A timed step is an optimizer step: the spec carries accumulate_grad_batches.
+        engine = EngineConf(
+            name="lightning",
+            precision=precision,
+            accumulate_grad_batches=int(trainer.accumulate_grad_batches),
         )
+        compile_mode = "default" if self.compiled else "off"
+        peak = PEAK_MODE.get(precision, "fp32")
+        spec = measuring_spec(device, self.measure, engine, peak, compile_mode)
         self._trial = Trial(spec, device)
-        self._memory = MemoryBaseline.take(device)
+        memory = MemoryBaseline.take(device)
         self._process_t0 = process_start_time() or time.time()
         self._started = time.time()
-        self._timer = FetchTimer(device)
+        timer = FetchTimer(device)
         cache_policy = policies.CachePolicy(spec.cache, device)
         # The strategy's process group is up by now (Lightning's setup_environment runs first).
         self._ranks = user_ranks(device)
-        self._meter = MeasureCallback(
-            self._trial, self._timer, cache_policy, self._memory, self._ranks
-        )
+        self._meter = MeasureCallback(self._trial, timer, cache_policy, memory, self._ranks)
         self.result = None
         self._micro_batch = self._lr = None
         self._user_profiler = trainer.profiler
-        trainer.profiler = _TeeProfiler(trainer.profiler, self._timer)
+        trainer.profiler = _TeeProfiler(trainer.profiler, timer)
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._lr = optimizer_lr(trainer)
+    def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._lr = optimizer_lr(trainer.optimizers[0] if trainer.optimizers else None)
         if self._meter is not None:
-            self._meter.on_train_start(trainer, pl_module)
+            self._meter.on_train_start(trainer, *args)
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         if self._micro_batch is None:
-            self._micro_batch = extract_batch_size(batch)
+            self._micro_batch = extract_batch_size(args[1])
         if self._meter is not None:
-            self._meter.on_train_batch_start(trainer, pl_module, batch, batch_idx)
+            self._meter.on_train_batch_start(trainer, *args)
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if self._meter is not None:
-            self._meter.on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-            if self._meter.window is not None and self._ends_job(trainer):
+            self._meter.on_train_batch_end(trainer, *args)
+            if self._meter.meter.window is not None and self._ends_job(trainer):
                 self._finish(trainer)  # now, not after the epoch (`min_epochs`) and validation
 
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
         if self._meter is not None:
             self._meter.on_exception(trainer, pl_module, exception)
             if isinstance(exception, Exception):
@@ -181,10 +156,9 @@ class UserMeasureCallback(pl.Callback):
         self._finish(trainer)
 
     def _finish(self, trainer: pl.Trainer) -> None:
-        """The fit's result (once), written into the Hydra job's run directory (rank 0), where
-        a sweep reads it whatever the app's task returns; in a sweep's one-process trial the job
-        then ends (`TrialMeasured`: the rest of the fit, the app's validation and test do not
-        run per trial)."""
+        """The fit's result (once), written into the Hydra job's run directory (rank 0), where a
+        sweep reads it whatever the app's task returns; in a sweep's one-process trial the job
+        then ends (`TrialMeasured`: the rest of the fit, validation and test do not run)."""
         assert self._meter is not None and self._trial is not None
         self._restore_profiler(trainer)
         if self.result is None:
@@ -205,11 +179,10 @@ class UserMeasureCallback(pl.Callback):
     def _ends_job(self, trainer: pl.Trainer) -> bool:
         """In a gpuopt sweep's trial of one process, where the callback is listed in the app's
         config (`fit()`'s caller gets the result and goes on; a multi-rank job's ranks end their
-        fit together, on the stop rule's step, and the app's code after the fit runs)."""
+        fit together, and the app's code after the fit runs)."""
         one_process = int(trainer.world_size) == 1
         return measured_job.in_sweep_trial() and one_process and not self._returns_result
 
-    # -- the result --------------------------------------------------------------------------
     def _record_training(self, trainer: pl.Trainer, m: Metrics) -> None:
         """The Trainer's global batch (batch x accumulate_grad_batches x world size) and lr."""
         accumulate = int(trainer.accumulate_grad_batches)
@@ -250,27 +223,3 @@ class UserMeasureCallback(pl.Callback):
             "observed": self._observed,
         }
         return measured_result(trial, status, reason, config)
-
-
-def optimizer_lr(trainer: pl.Trainer) -> float | None:
-    """The learning rate of the Trainer's first optimizer (its first param group): the schedule's
-    starting value (`initial_lr`) where an LR scheduler is attached."""
-    optimizers = trainer.optimizers
-    groups = optimizers[0].param_groups if optimizers else []
-    lr = groups[0].get("initial_lr", groups[0].get("lr")) if groups else None
-    return float(lr) if isinstance(lr, int | float | torch.Tensor) else None
-
-
-def _callback_spec(
-    device: torch.device, measure: MeasureConf, compiled: bool, precision: str, accumulate: int
-) -> TrialSpec:
-    """What MeasureCallback reads: the measure settings, whether the first step compiles, the
-    Trainer's precision (MFU's peak) and its accumulate_grad_batches (a timed step is an
-    optimizer step, as in gpuopt's own trials)."""
-    return measuring_spec(
-        device,
-        measure,
-        EngineConf(name="lightning", precision=precision, accumulate_grad_batches=accumulate),
-        precision_mode=PEAK_MODE.get(precision, "fp32"),
-        compile_mode="default" if compiled else "off",
-    )

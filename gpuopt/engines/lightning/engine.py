@@ -2,28 +2,16 @@
 by a Callback with the same clocks, stop rule, monitors and metrics as gpuopt's own loop.
 
 gpuopt's keys map onto Lightning's own knobs as the knob catalogue's `lightning` fields say
-(gpuopt.core.knobs; tests/test_knobs.py checks them against Trainer's signature): precision ->
-`Trainer(precision=...)` (gpuopt.engines.lightning.precision; `engine.precision` overrides it),
-compile -> `torch.compile(LightningModule)`, loader.* -> gpuopt's DataLoader for a Dataset, the
-arguments a LightningDataModule's constructor takes for one. Distributed (ddp | fsdp2): each
-rank of gpuopt's own launch (gpuopt.trial.distributed) fits with Lightning's DDPStrategy or
-ModelParallelStrategy in the launcher's TorchElasticEnvironment, the window aligned across ranks
-by the meter (gpuopt.engines.lightning.strategy); every rank runs the profiled window's extra fit
-(the same steps, after a barrier: its trace and its communication share), and the compute ceiling
-is left out, as by the native engine.
+(gpuopt.core.knobs): precision -> `Trainer(precision=...)`, compile ->
+`torch.compile(LightningModule)`, loader.* -> gpuopt's DataLoader for a Dataset, the arguments a
+LightningDataModule's constructor takes for one. Distributed: each rank of gpuopt's own launch
+fits with a Lightning strategy (gpuopt.engines.lightning.strategy); the compute ceiling is left
+out, as by the native engine.
 
-The model is either a built-in (or any) `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and
-optimizer config, or the user's own `LightningModule`, run as is: its training_step,
-configure_optimizers, and its train_dataloader unless `data._target_` names a Dataset or DataModule.
-
-Measuring: the fit is measured by the meter (`MeasureCallback`, gpuopt.engines.lightning.meter);
-after it, outside any timed span: the profiled window (a short extra fit, gpuopt.engines.lightning
-.profile) when on, the epoch boundary and the input pipeline's cost, and the compute ceiling, which
-replays the first batch of the fit (already on the device) through a second `Trainer.fit` on the
-same module, timed by `gpuopt.engines._ceiling.CeilingReplay` like the native one. Once the trial's
-memory is released, the numerics guard (gpuopt.engines._guard) checks a plain `nn.Module`'s math
-with gpuopt's own step. The public callback for the user's own Trainer is
-gpuopt.engines.lightning.callback.
+The model is a plain `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and optimizer, or
+the user's own `LightningModule`, run as is. After the fit, outside any timed span: the profiled
+window (a short extra fit), the epoch boundary, the input pipeline's cost, and the compute ceiling
+(the fit's first batch replayed through a second `Trainer.fit`).
 
 Nothing is written to the working directory: no checkpoints, no logger, no progress bar;
 `default_root_dir` is the Hydra run dir (or a temporary directory outside Hydra).
@@ -47,7 +35,7 @@ from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpuopt.core.spec import TrialSpec
-from gpuopt.engines._batches import build_loader, move_batch, record_batches
+from gpuopt.engines._batches import build_loader, move_batch, record_batches, stop_workers
 from gpuopt.engines._build import (
     apply_policies,
     build_loss,
@@ -56,6 +44,7 @@ from gpuopt.engines._build import (
     instantiate_model,
 )
 from gpuopt.engines._ceiling import (
+    DISTRIBUTED_CEILING_NOTE,
     CeilingReplay,
     measure_loader_cost,
     record_achievable_mfu,
@@ -65,6 +54,7 @@ from gpuopt.engines._distributed import Ranks, checkpoint, shard
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._loss import model_loss
+from gpuopt.engines._window import record_profile
 from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, loss_of, record_fit
 from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
 from gpuopt.engines.lightning.strategy import DATA_PARALLEL, lightning_strategy, trainer_devices
@@ -100,7 +90,6 @@ class BuiltinModule(pl.LightningModule):
         return self.model(*args, **kwargs)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        # Any batch structure, the native engine's model contract (gpuopt.engines._loss.model_loss).
         if self.channels_last:
             batch = move_batch(batch, self.device, channels_last=True)
         return model_loss(self, batch, self.loss)
@@ -109,9 +98,8 @@ class BuiltinModule(pl.LightningModule):
         return build_optimizer(self.spec, self.model.parameters())
 
     def configure_model(self) -> None:
-        """`distributed=fsdp2` (ModelParallelStrategy): the model sharded on the strategy's
-        data-parallel mesh, its `checkpoint_modules` under activation checkpointing first, once
-        (Lightning calls this hook on every fit). Nothing otherwise."""
+        """`distributed=fsdp2`: the model sharded on the strategy's data-parallel mesh, once
+        (Lightning calls this hook on every fit)."""
         conf = self.spec.distributed
         if conf.kind != "fsdp2" or getattr(self, "_sharded", False):
             return
@@ -121,8 +109,8 @@ class BuiltinModule(pl.LightningModule):
 
 
 class CeilingCallback(pl.Callback):
-    """The compute ceiling under Lightning: `replay` (gpuopt's CeilingReplay) times the steps of a
-    fit over one batch already on the device (Lightning's per-step work included, no loader)."""
+    """The compute ceiling under Lightning: `replay` times the steps of a fit over one batch
+    already on the device (Lightning's per-step work included)."""
 
     def __init__(self, replay: CeilingReplay) -> None:
         self.replay = replay
@@ -132,12 +120,7 @@ class CeilingCallback(pl.Callback):
         self.replay.begin()
 
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, _: Any, outputs: Any, batch: Any, *__: Any
     ) -> None:
         self.nonfinite.update(loss_of(outputs))
         if self.replay.step_done(extract_batch_size(batch)):
@@ -182,10 +165,8 @@ def _datamodule_loader_kwargs(
 def build_lightning_workload(
     spec: TrialSpec, device: torch.device, notes: list[str], ranks: Ranks | None = None
 ) -> tuple[pl.LightningModule, dict[str, Any]]:
-    """The LightningModule to fit and the data arguments of `Trainer.fit`. In a distributed
-    trial's rank (`ranks`) gpuopt's own loader draws from the rank's own seed (each rank its own
-    samples, the model's init shared, as in the native engine); `ddp` puts the model's
-    `checkpoint_modules` under activation checkpointing here (`fsdp2`: in configure_model)."""
+    """The LightningModule to fit and the data arguments of `Trainer.fit` (under `ranks` gpuopt's
+    own loader draws from the rank's own seed)."""
     from hydra.utils import get_object
 
     torch.manual_seed(spec.seed)
@@ -214,7 +195,8 @@ def build_lightning_workload(
     if isinstance(data_cls, type) and issubclass(data_cls, pl.LightningDataModule):
         kwargs = _datamodule_loader_kwargs(spec, data_cls, device, notes)
         return module, {"datamodule": instantiate_data(spec, **kwargs)}
-    if isinstance(built, pl.LightningModule) and owns_train_dataloader(built):
+    hook = pl.LightningModule.train_dataloader
+    if isinstance(built, pl.LightningModule) and type(built).train_dataloader is not hook:
         if data_target:
             notes.append(
                 f"data ({data_target}) and the loader group not used: "
@@ -231,12 +213,6 @@ def build_lightning_workload(
     return module, {"train_dataloaders": build_loader(spec, dataset, device, notes, seed)}
 
 
-def owns_train_dataloader(module: Any) -> bool:
-    """Whether a LightningModule (class or instance) overrides Lightning's train_dataloader hook."""
-    cls = module if isinstance(module, type) else type(module)
-    return getattr(cls, "train_dataloader", None) is not pl.LightningModule.train_dataloader
-
-
 def make_trainer(
     spec: TrialSpec,
     device: torch.device,
@@ -246,8 +222,7 @@ def make_trainer(
     own_loader: bool = True,
 ) -> pl.Trainer:
     """The trial's Trainer. `own_loader`: the train loader is gpuopt's (its sampler's epoch lasts
-    the trial, each rank seeded apart), so Lightning does not replace its sampler with a
-    DistributedSampler; a DataModule's or LightningModule's own loader gets Lightning's."""
+    the trial, each rank seeded apart), so Lightning does not replace its sampler."""
     return pl.Trainer(
         **trainer_devices(spec, device),
         strategy=lightning_strategy(spec),
@@ -309,9 +284,7 @@ def _lightning_output(notes: list[str]) -> Iterator[None]:
 
 
 def measure(trial: Trial, process_t0: float) -> None:
-    """The engine (`gpuopt.engines.registry.ENGINES["lightning"]`): fill `trial.metrics` by
-    fitting with lightning.Trainer, raising on failure (Diverged, OOM, errors:
-    `gpuopt.engines._lifecycle.run_measured` classifies them)."""
+    """The engine: fill `trial.metrics` by fitting with lightning.Trainer, raising on failure."""
     trial.after_release.append(guard_numerics)
     spec, device = trial.spec, trial.device
     memory = MemoryBaseline.take(device)
@@ -341,22 +314,14 @@ def measure(trial: Trial, process_t0: float) -> None:
         batch, meter.first_batch = meter.first_batch, None
         if spec.profile.enabled:  # every rank alike: the same steps, after a barrier
             _profile(trial, trainer.lightning_module, fit_data, root, own_loader, ranks)
-        if ranks is not None:  # what one rank cannot measure alone; the rest as in one process
-            record_limit(trial.metrics, device, loader_cost, None)
-            if leader and spec.measure.ceiling:
-                trial.warnings.append(
-                    "compute ceiling not measured: a distributed trial (its replay is "
-                    "time-budgeted per rank, and the ranks must step together)"
-                )
-            if spec.measure.peak_probe and leader:  # rank 0 alone, as in the native engine
-                record_achievable_mfu(trial.metrics, device, peak_mode(spec))
-            return
         ceiling = None
-        if spec.measure.ceiling and batch is not None:
+        if spec.measure.ceiling and ranks is None and batch is not None:
             # trainer.lightning_module: the fitted module (already compiled, if compile is on).
             ceiling = _compute_ceiling(trial, trainer.lightning_module, batch, root)
+        elif spec.measure.ceiling and ranks is not None and leader:
+            trial.warnings.append(DISTRIBUTED_CEILING_NOTE)
         record_limit(trial.metrics, device, loader_cost, ceiling)
-        if spec.measure.peak_probe:
+        if spec.measure.peak_probe and leader:  # rank 0 alone, as in the native engine
             record_achievable_mfu(trial.metrics, device, peak_mode(spec))
 
 
@@ -368,10 +333,8 @@ def _profile(
     own_loader: bool,
     ranks: Ranks | None,
 ) -> None:
-    """The profiled window: a short extra fit of the fitted module under torch.profiler
-    (gpuopt.engines.lightning.fit_profile). In a distributed trial's rank every rank fits the same
-    steps, the recorded ones after a barrier, and its communication share is recorded
-    (gpuopt.trial.comm_trace; the trial's result averages the ranks', gpuopt.trial.ranks)."""
+    """The profiled window: a short extra fit of the fitted module under torch.profiler (in a
+    distributed trial every rank fits the same steps)."""
     from gpuopt.engines.lightning.fit_profile import profiled_fit
     from gpuopt.trial.profiled_window import steps_within_budget
 
@@ -388,17 +351,12 @@ def _profile(
         lambda callbacks, spans: make_trainer(spec, device, callbacks, spans, root, own_loader),
         ranks=ranks,
     )
-    trial.profile = summary.to_dict()
-    if summary.comm is not None:
-        m = trial.metrics
-        m.comm_share, m.comm_exposed = summary.comm.comm_pct, summary.comm.exposed_pct
-        m.comm_overlapped = summary.comm.overlapped_pct
+    record_profile(trial, summary)
 
 
 def _beside_fit(trial: Trial, loader: Any, fetch_wait_s: float, timed_steps: int) -> float | None:
-    """After the fit, outside any timed span: the epoch boundary's cost (the fit stopped its
-    workers) and the input pipeline's cost per sample, for a torch DataLoader; (a CombinedLoader
-    or a user's own iterable is not priced: throughput_amortized is then the throughput)."""
+    """After the fit: the epoch boundary's cost and the input pipeline's cost per sample, for a
+    torch DataLoader (a CombinedLoader or a user's own iterable is not priced)."""
     if not isinstance(loader, torch.utils.data.DataLoader):
         trial.warnings.append(
             "epoch_overhead_s and loader_cost_us not measured: the train dataloader is a "
@@ -408,9 +366,7 @@ def _beside_fit(trial: Trial, loader: Any, fetch_wait_s: float, timed_steps: int
         return None
     boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, timed_steps)
     record_steady_state(trial.metrics, boundary)
-    shutdown = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
-    if shutdown is not None:  # persistent workers: stopped before the ceiling runs
-        shutdown()
+    stop_workers(getattr(loader, "_iterator", None))  # persistent ones: before the ceiling runs
     return measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
 
 

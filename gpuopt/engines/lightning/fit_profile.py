@@ -1,30 +1,12 @@
-"""The profiled window under `engine=lightning` (gpuopt.trial.profiled_window): a short extra fit of the fitted
-module, after the timed window, with Lightning's own profiler hook naming the phases.
-
-Lightning calls `trainer.profiler.profile(action)` around each part of its loop; `PhaseSpans`
-(a Lightning `Profiler`) enters `record_function(gpuopt:<span>)` for the actions that are phases,
-only while the window records:
-
-- `..train_dataloader_next`             next_batch  (data_wait)
-- `[Strategy]*.batch_to_device`         h2d_copy
-- `[Strategy]*.training_step`           forward     (the module's training_step: forward + loss)
-- `[Strategy]*.backward`                backward
-- `[LightningModule]*.optimizer_step`   optimizer   (its self time: the closure's training_step and
-                                                     backward are spans of their own inside it)
+"""The profiled window under `engine=lightning` (gpuopt.trial.profiled_window): a short extra fit of
+the fitted module, after the timed window, with Lightning's own profiler hook naming the phases
+(`span_of`).
 
 Lightning fetches the next batch before `on_train_batch_start`, so a step's span runs from the
-previous step's end (or the fit's start) to this step's end: Lightning's per-step work (hooks,
-callbacks) is in `other`. A step is an optimizer step, as in the native engine: with gradient
-accumulation its micro-batches are one step (it ends when Lightning steps the optimizer,
-`trainer.global_step` moves). The fit restarts the loader (its workers too):
-`profile.warmup_steps` absorb the first batches.
-
-A distributed trial (`ranks`): every rank fits the same steps (each step's gradient reduction is
-a collective: a rank that stopped one step early would leave the others waiting), the recorded
-ones started after a barrier of all ranks (`ProfiledSteps.align`, `Ranks.barrier`); each rank
-writes its own trace (`trace_file(run_dir, rank)`) and its summary carries its communication split
-(`summarize(comm=True)`, gpuopt.trial.comm_trace), as in the native engine.
-Imported by gpuopt.engines.lightning.engine only (lightning is an extra).
+previous step's end to this step's end: Lightning's per-step work (hooks, callbacks) is in `other`.
+The fit restarts the loader (its workers too): `profile.warmup_steps` absorb the first batches. In
+a distributed trial every rank fits the same steps (each step's gradient reduction is a
+collective), the recorded ones after a barrier.
 """
 
 from __future__ import annotations
@@ -45,7 +27,8 @@ from gpuopt.trial.trace import SPAN_PREFIX
 
 
 def span_of(action: str) -> str | None:
-    """gpuopt's span for one of Lightning's profiler actions, or None when it is no phase."""
+    """gpuopt's span for one of Lightning's profiler actions, or None when it is no phase
+    (`optimizer_step`'s self time: the closure's training_step and backward are spans of their own)."""
     if action.endswith("train_dataloader_next"):
         return "next_batch"
     if action.startswith("[Strategy]"):
@@ -89,8 +72,7 @@ class PhaseSpans(Profiler):
 
 class ProfileWindow(pl.Callback):
     """Drives `ProfiledSteps` from the fit's hooks and ends the fit after its last optimizer step
-    (a batch end where `trainer.global_step` moved: a micro-batch that only accumulates is inside
-    the step)."""
+    (a batch end where `trainer.global_step` moved)."""
 
     def __init__(self, steps: ProfiledSteps, spans: PhaseSpans) -> None:
         self.steps, self.spans = steps, spans
@@ -129,9 +111,7 @@ def profiled_fit(
     ranks: Ranks | None = None,
 ) -> ProfileSummary:
     """Fit `module` for profile.warmup_steps + profile.steps more optimizer steps under
-    torch.profiler; `trainer_for(callbacks, profiler)` builds the trainer as the engine does.
-    Under `ranks` (a distributed trial's rank: every rank calls this alike) the recorded steps
-    start after a barrier, the trace is named by the rank and the summary has its `comm` split."""
+    torch.profiler; `trainer_for(callbacks, profiler)` builds the trainer as the engine does."""
     began = time.perf_counter()
     rank = ranks.rank if ranks is not None else None
     align = ranks.barrier if ranks is not None else None

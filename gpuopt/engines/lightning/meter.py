@@ -1,15 +1,10 @@
-"""Measuring a Lightning fit (`MeasureCallback`, the engine's meter, also inside the public
-`gpuopt.MeasureCallback`): Lightning's hooks pushed into the one window meter
-(gpuopt.engines._meter.WindowMeter), so the clocks, phases, stop rule, monitors and metrics are
-gpuopt's own loop's.
+"""Measuring a Lightning fit (`MeasureCallback`, also inside the public `gpuopt.MeasureCallback`):
+Lightning's hooks pushed into the one window meter (gpuopt.engines._meter.WindowMeter).
 
-Batch ends are the step boundaries (an optimizer step's, with gradient accumulation); the FLOP
-step runs the eager module (`use_eager_steps`). Input wait is marked by `FetchTimer` around
-Lightning's `next(dataloader)` (its profiler's `train_dataloader_next` action) and its
-host-to-device copy (`batch_to_device`). Lightning's own per-step work (hooks, progress tracking)
-is inside the step time: that overhead is part of what this engine costs. The window's end sets
-`trainer.should_stop`; in a rank of a distributed trial every rank sets it after the same step
-(the meter's aligned rule).
+Batch ends are the step boundaries (an optimizer step's, with gradient accumulation). Input wait
+is marked by `FetchTimer` around Lightning's `next(dataloader)` and its host-to-device copy.
+Lightning's own per-step work (hooks, progress tracking) is inside the step time: that overhead
+is part of what this engine costs.
 """
 
 from __future__ import annotations
@@ -27,15 +22,12 @@ from gpuopt.engines._window import InputWait
 from gpuopt.engines.lightning.precision import peak_mode
 from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
-from gpuopt.trial.measure import WindowResult
 from gpuopt.trial.memory import MemoryBaseline
 
 
 class FetchTimer(Profiler):
-    """Lightning's profiler hook, used only to mark what the input pipeline costs the loop: the
-    fetch (`next(dataloader)`) and host-to-device copy spans of each step, given to `InputWait`
-    (host fetch time; on CUDA the GPU's starvation, read with events on the stream Lightning
-    copies on), which counts them inside the timed window only."""
+    """Lightning's profiler hook, used only to mark the fetch and host-to-device copy spans of
+    each step for `InputWait` (on CUDA read with events on the stream Lightning copies on)."""
 
     FETCH = "train_dataloader_next"
     COPY = "batch_to_device"
@@ -77,10 +69,9 @@ def use_eager_steps(module: pl.LightningModule) -> dict[str, Any] | None:
 
 
 class MeasureCallback(pl.Callback):
-    """Lightning's hooks pushed into the window meter (gpuopt.engines._meter.WindowMeter): compile
-    step, warm-up (the FLOP count on its first step, run eagerly), then the timed window until the
-    stop rule ends it and sets `trainer.should_stop`. `first_batch`: the fit's first batch, on the
-    device (the ceiling replays it)."""
+    """Lightning's hooks pushed into the window meter; the stop rule's end sets
+    `trainer.should_stop`. `first_batch`: the fit's first batch, on the device (the ceiling
+    replays it)."""
 
     def __init__(
         self,
@@ -112,16 +103,11 @@ class MeasureCallback(pl.Callback):
         self.first_batch: Any = None
         self._compiled_steps: dict[str, Any] | None = None  # restored after the FLOP step
 
-    @property
-    def window(self) -> WindowResult | None:
-        return self.meter.window
-
-    # -- hooks -------------------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.meter.begin()
 
     def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+        self, trainer: pl.Trainer, pl_module: Any, batch: Any, *_: Any
     ) -> None:
         if self.meter.steps == 0 and self.keep_first_batch and self.first_batch is None:
             self.first_batch = batch  # already moved to the device by Lightning
@@ -130,17 +116,12 @@ class MeasureCallback(pl.Callback):
         self._step_open = True
         self.meter.step_started()
         if self.meter.counting_flops:
-            # The whole step's matmul/conv/attention FLOPs, on the eager module as the native
-            # engine counts them (through a compiled step the counter would miss kernels).
+            # The FLOPs on the eager module, as the native engine counts them (through a
+            # compiled step the counter would miss kernels).
             self._compiled_steps = use_eager_steps(pl_module)
 
     def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, *_: Any
     ) -> None:
         self.meter.nonfinite.update(loss_of(outputs))
         self.meter.batch_fetched(extract_batch_size(batch))
@@ -154,9 +135,7 @@ class MeasureCallback(pl.Callback):
         if not self.meter.counting_flops:
             self._restore_compiled_steps(pl_module)
 
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
         self.meter.close()
         self._restore_compiled_steps(pl_module)
 
@@ -168,7 +147,7 @@ class MeasureCallback(pl.Callback):
 
 def record_fit(meter: MeasureCallback, process_t0: float) -> None:
     """The metrics of the fit the callback measured (an error if it ended before the window did)."""
-    if meter.window is None:
+    if meter.meter.window is None:
         raise RuntimeError(
             f"the fit ended after {meter.meter.steps} steps, before the timed window did "
             "(did the train_dataloader yield no batches?)"

@@ -1,8 +1,5 @@
 """gpuopt's precision modes and Lightning's precision strings: what `Trainer(precision=...)` a
-trial's precision group maps to, and which dtype's peak its MFU is measured against.
-
-Read by the engine (the Trainer), the meter (MFU of the FLOP-count step and of the window) and the
-public callback (the user's Trainer's precision). torch-free.
+trial's precision group maps to, and which dtype's peak its MFU is measured against. torch-free.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ def lightning_precision(spec: TrialSpec) -> str:
 
 
 def peak_mode(spec: TrialSpec) -> str | None:
-    """The precision mode for the peak-FLOP/s lookup (MFU) of the precision the fit actually runs
-    (`engine.precision` wins over `precision.mode`); None when there is no documented peak."""
+    """The precision mode for MFU's peak of the precision the fit runs; None without a peak."""
     precision = lightning_precision(spec)
     if precision == "32-true":
         # float32 math: TF32 tensor cores only where precision.mode=tf32 set the matmul precision
