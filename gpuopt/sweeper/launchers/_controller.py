@@ -1,8 +1,6 @@
-"""submitit's local job controller, also writing its tasks' exit codes for the launcher.
-
-A trial process killed by a signal leaves no result pickle; submitit's controller knows the exit
-status (negative = signal) but keeps it to itself. This one writes `<job_id>_exit_codes.json` next
-to the job's logs so gpuopt.sweeper.launchers.fresh_process can say "killed by signal SIGSEGV".
+"""submitit's local job controller, also writing its tasks' exit codes (`<job_id>_exit_codes.json`)
+next to the job's logs: a trial killed by a signal leaves no result pickle, and submitit's
+controller keeps the status to itself, so fresh_process could not say "killed by signal SIGSEGV".
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """hydra/launcher=fresh_process: hydra-submitit-launcher's local mode, one result per trial.
 
-The stock local launcher waits for a whole batch and raises when any job of it produced no result,
-and its only time limit is whole minutes. This subclass keeps submitit (its pickled job, its
-controller, its logs under `.submitit/`) and changes what happens around each job:
-
-- every job has its own deadline, `timeout_s` seconds after it started: a job still running then is
-  killed with its whole process group (trial, DataLoader workers) and recorded as
-  "timed out after N s";
-- a job that ends without a result (a segfault, os.abort(), the kernel's OOM killer) is recorded
-  from its exit status ("killed by signal SIGSEGV") with the tail of its stderr log;
-- with several jobs in a batch (hydra.sweeper.n_jobs > 1) each one gets its own GPU(s) through
-  CUDA_VISIBLE_DEVICES (gpuopt.sweeper.launchers.gpus.assign), recorded on the trial;
-- `nproc_per_node=N` runs each trial's task as the N ranks of one job, started in the trial's
-  process by torch's elastic launcher (gpuopt.sweeper.launchers.trial_task): a torchrun-style
-  script swept as `torchrun --nproc_per_node N` runs it.
-
-A failed job is a `JobReturn` with status FAILED holding a `TrialProcessError`
-(gpuopt.sweeper.launchers.results, shared with the slurm launcher), so the sweeper records it like
-any failing task and the other jobs of the batch keep their results.
+The stock local launcher waits for a whole batch, raises when any job of it produced no result,
+and its only time limit is whole minutes. This one keeps submitit (its pickled job, controller and
+logs) and gives each job its own deadline (`timeout_s`: the job's whole process group killed),
+records a job that ended without a result from its exit status ("killed by signal SIGSEGV"), pins
+parallel jobs to their own GPU(s) (gpus.assign) and runs `nproc_per_node=N` as N ranks of one job.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -64,9 +51,7 @@ log = logging.getLogger(__name__)
 # The sweep's own lines (gpuopt.sweeper.progress, trials): a trial still running is one of them.
 progress_log = logging.getLogger("gpuopt.sweeper")
 
-EXIT_CODES_SUFFIX = (
-    "_exit_codes.json"  # written by gpuopt.sweeper.launchers._controller next to the logs
-)
+EXIT_CODES_SUFFIX = "_exit_codes.json"  # written by _controller.py next to the logs
 POLL_S = 0.05
 # While a trial runs, one "still running" line every this many seconds: a long trial (compile, a
 # slow window) never makes the sweep look hung; a trial that ends sooner prints none.
@@ -77,7 +62,7 @@ PROGRESS_S = 10.0
 class FreshProcessConf(LocalQueueConf):
     _target_: str = "gpuopt.sweeper.launchers.fresh_process.FreshProcessLauncher"
     # A trial still running this many seconds after its process started is killed (with its
-    # DataLoader workers) and recorded as an error "timed out after N s".
+    # DataLoader workers): an error "timed out after N s".
     timeout_s: float = 1200.0
     # n_jobs > 1: give each parallel trial its own GPU(s) through CUDA_VISIBLE_DEVICES.
     pin_gpus: bool = True
@@ -96,8 +81,8 @@ base.register(FreshProcessConf, "gpuopt_local", "fresh_process")  # the same lau
 def _start_controller(
     folder: Path, command: str, params: dict[str, Any]
 ) -> subprocess.Popen[bytes]:
-    """submitit.local.local.start_controller, in a new session (so a timeout kills the whole
-    tree) and with gpuopt's controller, which writes the tasks' exit codes."""
+    """submitit's start_controller, in a new session (a timeout kills the whole tree) and with
+    gpuopt's controller, which writes the tasks' exit codes."""
     setup = list(params.get("setup") or ())
     env = dict(os.environ)
     env.update(
@@ -158,20 +143,12 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
         return RankPlan(self.nproc_per_node, self.rdzv_timeout_s)
 
     def _device_plan(self, n_jobs: int) -> list[str | None]:
-        """CUDA_VISIBLE_DEVICES per job of the batch (None: unset, as in this process;
-        "<submitit>": submitit's own 0..gpus_per_node-1).
-
-        Parallel jobs get disjoint GPUs: `gpus_per_node` each when set, else an even share of the
-        GPUs this process sees (gpus.assign); a warning when they must share. Ids are this
-        process's CUDA_VISIBLE_DEVICES entries, or NVML's UUIDs when it is unset (NVML's indices
-        are PCI order, CUDA's default is fastest first: an index could name another GPU).
-        """
-        current = os.environ.get("CUDA_VISIBLE_DEVICES")
+        """CUDA_VISIBLE_DEVICES per job of the batch (gpus.assign; None: as in this process;
+        "<submitit>": submitit's own 0..gpus_per_node-1); a warning when they must share."""
         per_job = self.params.get("gpus_per_node")
-        unpinned = "<submitit>" if per_job is not None else current
-        if not self.pin_gpus or (n_jobs == 1 and per_job is None):
-            return [unpinned] * n_jobs
-        gpus = gpus_mod.pinnable_gpus(os.environ)
+        unpinned = "<submitit>" if per_job is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+        pin = self.pin_gpus and (n_jobs > 1 or per_job is not None)
+        gpus = gpus_mod.pinnable_gpus(os.environ) if pin else None
         if not gpus:
             return [unpinned] * n_jobs
         warning = gpus_mod.sharing_warning(len(gpus), n_jobs, per_job)
@@ -223,9 +200,8 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
         number: int = 0,
         run_dir: str | None = None,
     ) -> JobReturn:
-        """Wait for one job (trial #`number`) until its deadline, saying every PROGRESS_S that it
-        is still running; a JobReturn whatever happened to it (a rank's own failure first, where
-        one of its ranks wrote it into `run_dir`: base.resultless)."""
+        """Wait for trial #`number` until its deadline, saying every PROGRESS_S that it still runs;
+        a JobReturn whatever happened to it."""
         deadline = t0 + self.timeout_s
         next_note = t0 + PROGRESS_S
         while not job.done():
@@ -260,7 +236,7 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
 
     @staticmethod
     def _kill(job: Any) -> None:
-        """SIGKILL the job's process group: shell, controller, trial and its DataLoader workers."""
+        """SIGKILL the job's process group: shell, controller, trial, DataLoader workers."""
         process = job_process(job)
         if process is None:
             return
@@ -273,7 +249,7 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
 
 
 def _exit_codes(job: Any) -> tuple[list[int | None], list[int]]:
-    """The job's tasks' exit statuses and process ids, as gpuopt's controller wrote them."""
+    """The job's tasks' exit statuses and process ids, as _controller.py wrote them."""
     path = job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}"
     try:
         record = json.loads(path.read_text())

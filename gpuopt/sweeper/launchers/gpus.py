@@ -1,30 +1,21 @@
-"""Which GPUs each parallel trial sees: one job per GPU (or per group of GPUs), never shared.
+"""Which GPUs each parallel trial sees (CUDA_VISIBLE_DEVICES): one job per GPU or group, never
+shared, since parallel trials on one GPU time-share it and their measurements interfere.
 
-Parallel trials on one GPU interfere (they time-share the SMs and the memory bandwidth), so with
-`hydra.sweeper.n_jobs > 1` the launcher gives job k of a batch its own slice of the GPUs this
-sweeping process sees, through CUDA_VISIBLE_DEVICES in the trial's environment. Pure functions
-(NVML only in `nvml_uuids`): the launcher and the tests share them.
-
-Ids: when this process's CUDA_VISIBLE_DEVICES is set, its entries are handed out as they are (they
-mean what they mean to the user's CUDA_DEVICE_ORDER, which the trials inherit). When it is unset,
-trials are pinned by UUID: NVML numbers GPUs in PCI bus order while CUDA numbers them fastest
-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID, so an NVML index can name another GPU in the trial.
+This process's CUDA_VISIBLE_DEVICES entries are handed out as they are (they mean what they mean to
+the user's CUDA_DEVICE_ORDER); when it is unset, trials are pinned by UUID: NVML numbers GPUs in
+PCI bus order, CUDA fastest first, so an NVML index can name another GPU in the trial.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-log = logging.getLogger(__name__)
-
 
 def visible_gpus(environ: Mapping[str, str], nvml_count: int) -> list[str] | None:
-    """The GPU ids this process may hand out: CUDA_VISIBLE_DEVICES (ids or UUIDs) when set, else
-    NVML's indices. None when the variable is unset and NVML sees no GPU (nothing to pin)."""
+    """CUDA_VISIBLE_DEVICES's entries when set, else NVML's indices; None: nothing to pin."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
     if value is not None:
         return [g.strip() for g in value.split(",") if g.strip() and g.strip() != "-1"]
@@ -32,8 +23,8 @@ def visible_gpus(environ: Mapping[str, str], nvml_count: int) -> list[str] | Non
 
 
 def nvml_strings(query: str, nvml: Any = None) -> list[str]:
-    """Each GPU's `query` (an NVML device getter: nvmlDeviceGetUUID, nvmlDeviceGetName) in NVML's
-    order (PCI bus order); [] without a driver."""
+    """Each GPU's `query` (nvmlDeviceGetUUID, nvmlDeviceGetName) in NVML's order; [] without a
+    driver."""
     try:
         if nvml is None:
             import pynvml as nvml  # nvidia-ml-py
@@ -60,25 +51,17 @@ def nvml_uuids(nvml: Any = None) -> list[str]:
 def pinnable_gpus(
     environ: Mapping[str, str], uuids: Callable[[], list[str]] | None = None
 ) -> list[str] | None:
-    """The GPU ids this process may hand out to its trials: CUDA_VISIBLE_DEVICES's entries when
-    set, else NVML's UUIDs (`uuids()`, default `nvml_uuids`; order-proof, see the module doc).
-    None: nothing to pin."""
+    """CUDA_VISIBLE_DEVICES's entries when set, else NVML's UUIDs (`uuids()`); None: nothing to
+    pin."""
     if environ.get("CUDA_VISIBLE_DEVICES") is not None:
         return visible_gpus(environ, 0)
     return (uuids or nvml_uuids)() or None
 
 
 def assign(gpus: Sequence[str], n_jobs: int, slot: int, per_job: int | None = None) -> str:
-    """CUDA_VISIBLE_DEVICES for job `slot` (0-based) of a batch of `n_jobs`.
-
-    - per_job (hydra.launcher.gpus_per_node) set: job k gets GPUs k*per_job .. k*per_job+per_job-1,
-      disjoint while n_jobs * per_job <= len(gpus), else wrapping round (shared; see
-      `sharing_warning`); never more than len(gpus).
-    - per_job unset, n_jobs <= len(gpus): each job gets len(gpus) // n_jobs GPUs of its own
-      (leftovers unused).
-    - per_job unset, n_jobs > len(gpus): jobs share GPUs round-robin (measurements interfere).
-    - no GPUs: "" (the trial sees none).
-    """
+    """CUDA_VISIBLE_DEVICES for job `slot` of a batch of `n_jobs`: `per_job`
+    (hydra.launcher.gpus_per_node) GPUs each, else an even share; wrapping round (shared) when
+    there are too few."""
     if not 0 <= slot < n_jobs:
         raise ValueError(f"slot {slot} outside a batch of {n_jobs} jobs")
     if not gpus:
@@ -93,8 +76,7 @@ def assign(gpus: Sequence[str], n_jobs: int, slot: int, per_job: int | None = No
 
 
 def sharing_warning(gpu_count: int, n_jobs: int, per_job: int | None = None) -> str | None:
-    """Why `assign` must let parallel trials share GPUs (their measurements interfere), or
-    None when every job gets GPUs of its own."""
+    """Why `assign` must let parallel trials share GPUs, or None."""
     if gpu_count <= 0:
         return None
     if per_job is None:
@@ -119,7 +101,7 @@ def sharing_warning(gpu_count: int, n_jobs: int, per_job: int | None = None) -> 
 
 
 def setup_line(value: str | None) -> str:
-    """The shell line that gives a trial process `value` as CUDA_VISIBLE_DEVICES (None: unset)."""
+    """The shell line setting CUDA_VISIBLE_DEVICES to `value` (None: unset)."""
     if value is None:
         return "unset CUDA_VISIBLE_DEVICES"
     return f"export CUDA_VISIBLE_DEVICES={shlex.quote(value)}"

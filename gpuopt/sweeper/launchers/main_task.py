@@ -1,19 +1,12 @@
 """A task function defined in the app's main script, found again by name in the trial process.
 
-submitit pickles the launcher (and with it the task function) with cloudpickle, which pickles
-whatever lives in `__main__` by value: the task, and through its globals the script's own
-classes. Those often do not survive it: a Dataset method that says `self.classes` (torchvision's
-name) makes cloudpickle take the module `torch.classes` along (`TypeError: cannot pickle '_Classes'
-object`), one that says `torch.backends.cudnn` fails the same way; and a class pickled by value
-is a copy, not the script's class. `MainTask` stands in for such a task: a small object of gpuopt's (pickled by
-reference) that records where the task lives, the script's path (`python train.py`) or its module
-name (`python -m pkg.train`) and the function's qualified name. Called in the trial process, it
-imports the script the way multiprocessing's spawn start method re-imports `__main__`: as a module
-named `__mp_main__` (so its `if __name__ == "__main__":` block does not run), with the sweeping
-process's `sys.path` (the script's folder first, and whatever the script added, such as a project
-root), then calls the task by name with the job's config. A task whose module is importable (an
-installed package, `python -m pkg.mod` run as its module) is pickled by reference already, or
-imported by its module name here.
+cloudpickle pickles whatever lives in `__main__` by value: the task and, through its globals, the
+script's classes. Those often do not survive it (a Dataset method saying `self.classes` takes
+`torch.classes` along: `TypeError: cannot pickle '_Classes' object`; `torch.backends.cudnn` fails
+the same way), and a class pickled by value is a copy, not the script's class. `MainTask`, pickled
+by reference, records where the task lives and, in the trial, imports the script as
+multiprocessing's spawn re-imports `__main__`: as `__mp_main__` (its `if __name__ == "__main__":`
+block does not run), with the sweeping process's `sys.path`.
 
 Hydra imports the launchers on every run (plugin discovery): standard library only.
 """
@@ -43,22 +36,17 @@ class MainTask:
     sys_path: tuple[str, ...] = ()  # the sweeping process's sys.path, as spawn passes it on
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled in the trial process before the rest of the launcher: the paths first, so
-        # that whatever follows (and the script) imports as it did in the sweeping process.
+        # Unpickled before the rest of the launcher: the paths first, so that whatever follows
+        # (and the script) imports as it did in the sweeping process.
         self.__dict__.update(state)
-        extend_sys_path(self.sys_path)
+        sys.path[:0] = [p for p in self.sys_path if p not in sys.path]
 
     def __call__(self, cfg: Any) -> Any:
-        # Hydra's decorated main calls the undecorated task when given a config
-        # (hydra.main's cfg_passthrough); a plain task function takes the config itself.
-        return self.resolve()(cfg)
-
-    def resolve(self) -> Any:
-        """The task, from the script imported in this process."""
+        # Hydra's decorated main calls the undecorated task when given a config (cfg_passthrough).
         target: Any = self.load_module()
         for part in self.qualname.split("."):
             target = getattr(target, part)
-        return target
+        return target(cfg)
 
     def load_module(self) -> ModuleType:
         if self.module is not None:
@@ -77,24 +65,16 @@ class MainTask:
         except BaseException:
             del sys.modules[MAIN_ALIAS]
             raise
-        # As under `python train.py`: `__main__` is the script, without a spec, so DataLoader
-        # workers started with spawn or forkserver import it again by its path (and find its
-        # Dataset class under the same name), and a training that re-runs "the program" for its
-        # other ranks (Lightning's DDP) runs it by path (gpuopt.sweeper.launchers.trial_task).
+        # As under `python train.py`: `__main__` is the script, without a spec, so spawn's
+        # DataLoader workers and Lightning's re-launched ranks import it again by its path.
         module.__spec__ = None
         sys.modules["__main__"] = module
         return module
 
 
-def extend_sys_path(paths: tuple[str, ...]) -> None:
-    """Put the entries of `paths` this process lacks in front of its sys.path, in their order."""
-    missing = [p for p in paths if p not in sys.path]
-    sys.path[:0] = missing
-
-
 def for_main(task_function: Any) -> Any:
-    """`task_function` as the launcher should pickle it: a `MainTask` when it is defined at the
-    top level of the main script (and can be found there by name), else itself."""
+    """`task_function` as the launcher should pickle it: a `MainTask` when it is found by name at
+    the top level of the main script, else itself."""
     if getattr(task_function, "__module__", None) != "__main__":
         return task_function  # an importable module: cloudpickle pickles it by reference
     qualname = getattr(task_function, "__qualname__", "")
@@ -103,14 +83,20 @@ def for_main(task_function: Any) -> Any:
         return task_function
     if not _found(main, qualname, task_function):
         return task_function
-    spec = getattr(main, "__spec__", None)
-    sys_path = tuple(os.path.abspath(p) for p in sys.path)  # '' (python -c, -m): this cwd
-    if spec is not None and spec.name and spec.name != "__main__":
-        return MainTask(qualname, module=spec.name, sys_path=sys_path)
-    path = getattr(main, "__file__", None)
-    if not path:
+    module, path = origin(main)
+    if module is None and path is None:
         return task_function  # python -c, an interactive session: nothing to import again
-    return MainTask(qualname, path=os.path.abspath(path), sys_path=sys_path)
+    sys_path = tuple(os.path.abspath(p) for p in sys.path)  # '' (python -c, -m): this cwd
+    return MainTask(qualname, path=path, module=module, sys_path=sys_path)
+
+
+def origin(main: ModuleType | None) -> tuple[str | None, str | None]:
+    """(module, absolute script path) of the main program: `python -m pkg.train` or `train.py`."""
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return spec.name, None
+    path = getattr(main, "__file__", None)
+    return None, os.path.abspath(path) if path else None
 
 
 def _found(main: ModuleType, qualname: str, task_function: Any) -> bool:

@@ -1,17 +1,10 @@
 """Whether the kernel's OOM killer ended a trial process, on evidence only.
 
-SIGKILL has many senders: the OOM killer, but also a launcher that ends a job's processes once one
-of them failed (Lightning's DDP launcher SIGKILLs its main process when a rank it started exits
-non-zero), a watchdog, a user's `kill -9`. A trial's reason names the OOM killer only when the
-machine says so:
-
-- the memory cgroup's OOM-kill count rose while the trial ran: cgroup v2's `memory.events`
-  (`oom_kill N`, counted for the victim's cgroup and its parents, also for a host-wide OOM kill),
-  or cgroup v1's `memory.oom_control` (`oom_kill N`); read when the trial starts and when it ended;
-- or the kernel log (`dmesg`, where this user may read it) has an OOM kill of the trial's
-  process ("Out of memory: Killed process 1234 (python)", "oom-kill:...,pid=1234,...").
-
-Otherwise the reason says "killed by signal SIGKILL", nothing more. Torch-free, stdlib only.
+SIGKILL has many senders (Lightning's DDP launcher SIGKILLs its main process when a rank exits
+non-zero, a watchdog, `kill -9`), so a trial's reason names the OOM killer only when the memory
+cgroup's OOM-kill count rose while it ran (v2 `memory.events`, counted for the victim's cgroup and
+its parents, also for a host-wide kill; v1 `memory.oom_control`), or the kernel log (`dmesg`, where
+readable) has an OOM kill of the trial's process. Torch-free, stdlib only.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
-"""A rank that the user's own training re-launched from a trial: Lightning's DDP launcher (FSDP's,
-ModelParallelStrategy's) starting rank N of `devices=N` as `python <sys.argv[0]> <sys.argv[1:]>
-hydra.run.dir=<run dir> hydra.job.name=train_ddp_process_N hydra.output_subdir=null`, where the
-trial presented `sys.argv[0]` as this file and `sys.argv[1:]` as the script and the trial's
-overrides (gpuopt.sweeper.launchers.trial_task.single_run):
+"""A rank that the user's own training re-launched from a trial (Lightning's DDP launcher running
+`python <sys.argv[0]> <sys.argv[1:]> hydra.run.dir=...`, the trial having presented this file and
+the script: trial_task.single_run):
 
     python .../relaunched_rank.py --gpuopt-script /abs/train.py -- [config options] [overrides]
 
-It runs the script as `python train.py [options] [overrides] hydra.run.dir=...` would, with what a
-rank of a trial needs first:
+It runs the script as `python train.py ...` would, and first: ends with the trial (parent-death
+signal), sends its output to the trial's `ranks/rank_N.*.log`, and writes its failure before it
+exits (`ranks/rank_N.json`; HYDRA_FULL_ERROR so the exception itself, not Hydra's one-line report,
+reaches it): Lightning then kills the trial, whose reason is still this rank's own error.
 
-- it ends with the trial: the kernel's parent-death signal (gpuopt.core.lifeline), so a
-  `kill -9` of the trial (or of its sweep) leaves no rank behind;
-- its stdout and stderr go to the trial's `ranks/rank_N.stdout.log` / `.stderr.log`, not into
-  the trial's own log;
-- its failure is written before it exits (`ranks/rank_N.json`, gpuopt.core.rank_files): Hydra's
-  one-line report is turned off (HYDRA_FULL_ERROR), so the exception itself reaches this file.
-  Lightning's launcher then kills the trial's process; the trial's reason is still this rank's
-  own error ("rank 1: RuntimeError: ...").
-
-Run as a file (Lightning goes by path), so Python put this folder first on `sys.path`: that is
-undone before anything else is imported, and the script's folder takes its place.
+Run as a file, so Python put this folder first on `sys.path`: undone before anything is imported.
 """
 
 import os
@@ -46,7 +36,7 @@ def _split(argv: list[str]) -> tuple[str, str, list[str]]:
 
 
 def _redirect(folder: Path | None, rank: int) -> None:
-    """This process's stdout and stderr into the trial's ranks/ folder (as gpuopt's own ranks')."""
+    """This process's stdout and stderr into the trial's ranks/ folder."""
     if folder is None:
         return
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,7 @@
 """What the sweeper gets back for one trial job, from either launcher (fresh_process, slurm).
 
-A job that returned is its own `JobReturn` (read from submitit's result pickle; task 0's in a job
-of several tasks, each one rank). A job that ended without one (a segfault, os.abort(), the
-kernel's OOM killer, a timeout, SLURM's verdict) becomes a `JobReturn` with status FAILED holding a
-`TrialProcessError`, whose message is the whole reason, or, where one of its ranks wrote its
-failure first, a COMPLETED one holding that rank's failure (gpuopt.core.rank_files);
-the sweeper records it like any failing task and the other jobs of the batch keep their results.
-Either way the return carries `gpuopt_diagnostics` (`TrialDiagnostics`): the job's logs, its run
-dir and its traceback, stored on the trial by gpuopt.sweeper.record.
-
+A job that ended without a result (a segfault, the OOM killer, a timeout, SLURM's verdict) becomes
+a FAILED `JobReturn` holding a `TrialProcessError`, so the other jobs of the batch keep theirs.
 Hydra imports the launchers on every run (plugin discovery): hydra only here, no submitit.
 """
 
@@ -24,32 +17,24 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from gpuopt.core.secrets import mask_secrets
 
-# What a failed trial keeps of its stderr log: the head (the first error, "Fatal Python error: ...")
-# and the tail (the last frames), with a marker saying how much was cut in between.
-LOG_HEAD_CHARS = 2000
-LOG_TAIL_CHARS = 4000
-
 
 class TrialProcessError(RuntimeError):
-    """A trial process that ended without a result: killed by a signal, exited, or timed out.
+    """A trial process that ended without a result; its message is the whole reason.
 
-    Its message is the whole reason (no exception-type prefix in the trial's user attrs); `log_tail`
-    holds the head and the tail of the job's stderr log (a segfault's "Fatal Python error" and the
-    user's frame are near the start, the last frames at the end), `log_path` the whole log.
+    `log_tail` holds the head and the tail of the job's stderr (a segfault's "Fatal Python error"
+    and the user's frame are near the start, the last frames at the end), `log_path` the whole log.
     """
 
     def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.log_tail = log_tail  # head and tail of the log (log_excerpt), secrets masked
-        self.log_path = log_path  # the whole log
+        self.log_tail = log_tail
+        self.log_path = log_path
 
 
 def describe_exit(code: int | None, oom_evidence: str | None = None) -> str:
-    """A trial process's exit status in words. A SIGKILL is the kernel's OOM killer's only with
-    `oom_evidence` (gpuopt.sweeper.launchers.oom_evidence: the cgroup's OOM-kill count rose, or
-    the kernel log names the process); SIGKILL has other senders (a launcher ending a failed
-    job's processes, a watchdog, `kill -9`)."""
+    """A trial process's exit status in words. SIGKILL names the OOM killer only with
+    `oom_evidence` (oom_evidence.py): it has other senders (a launcher, a watchdog, `kill -9`)."""
     if code is None:
         return "ended without an exit status"
     if code < 0:
@@ -64,8 +49,9 @@ def describe_exit(code: int | None, oom_evidence: str | None = None) -> str:
     return f"exited with code {code} without a result"
 
 
-def excerpt(text: str, head: int = LOG_HEAD_CHARS, tail: int = LOG_TAIL_CHARS) -> str:
-    """The first `head` and last `tail` characters of `text`, the cut marked; all of a short one."""
+def excerpt(text: str, head: int = 2000, tail: int = 4000) -> str:
+    """The first `head` and last `tail` characters of `text` (the first error and the last
+    frames), the cut marked; all of a short one."""
     if len(text) <= head + tail:
         return text
     return f"{text[:head]}\n[... {len(text) - head - tail} chars cut ...]\n{text[-tail:]}"
@@ -92,9 +78,8 @@ def log_tail(path: Path, chars: int = 2000) -> str:
 
 
 def fatal_error(path: Path) -> str | None:
-    """The native crash a process's log names: faulthandler's "Fatal Python error: X" and the
-    innermost frame it printed ("in torch/_ops.py, line 875 in __call__"), or None. A process
-    that torch aborted in a kernel says so in the trial's reason, not only in its log."""
+    """faulthandler's "Fatal Python error: X" in a log, with the innermost frame it printed, or
+    None: a process torch aborted in a kernel says so in the trial's reason, not only in its log."""
     text = log_tail(path, 20000)
     index = text.rfind("Fatal Python error:")
     if index < 0:
@@ -106,10 +91,8 @@ def fatal_error(path: Path) -> str | None:
 
 @dataclass(frozen=True)
 class TrialDiagnostics:
-    """Where to look when a trial failed, attached to its JobReturn (`gpuopt_diagnostics`) and
-    stored by gpuopt.sweeper.record: the job's full logs, its run dir, and its traceback (head and
-    tail): the one formatted in the trial process, else the last one in its logs (a gpuopt trial
-    that caught the error logs it), else the head and tail of the stderr log (a crash)."""
+    """Where to look when a trial failed (`ret.gpuopt_diagnostics`, stored by sweeper/record): the
+    job's logs, its run dir, its traceback (the trial's own, else the last in its logs)."""
 
     logs: list[str]
     run_dir: str | None
@@ -139,8 +122,7 @@ def _last_traceback(path: Path) -> str | None:
 
 
 def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
-    """Set `ret.gpuopt_diagnostics` from the job's logs (`run_dir`: where the job's output dir is
-    when the trial died before it could report it)."""
+    """Set `ret.gpuopt_diagnostics` (`run_dir`: for a trial that died before reporting its own)."""
     traceback = (
         getattr(ret, "gpuopt_traceback", None)
         or _last_traceback(job.paths.stdout)
@@ -157,8 +139,8 @@ def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
 def job_return(job: Any, overrides: list[str]) -> JobReturn:
     """The job's JobReturn from its result pickle; a failed one if submitit itself failed."""
     try:
-        # A job of several tasks is one rank per task: task 0 holds rank 0's return (read alone:
-        # `results()` would wait for every task, also one that SLURM ended without a result).
+        # Several tasks are one rank each: task 0's return read alone (`results()` would wait for
+        # every task, also one that SLURM ended without a result).
         ret = (job.task(0) if getattr(job, "num_tasks", 1) > 1 else job).results()[0]
         if isinstance(ret, JobReturn):
             return ret
@@ -168,8 +150,7 @@ def job_return(job: Any, overrides: list[str]) -> JobReturn:
 
 
 def completed_return(overrides: list[str], value: Any) -> JobReturn:
-    """A COMPLETED JobReturn holding `value`, as if the task had returned it (a trial process
-    killed after one of its ranks wrote its failure: that failure is the trial's result)."""
+    """A COMPLETED JobReturn holding `value`, as if the task had returned it."""
     ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
     ret.return_value = value
     return ret
@@ -180,5 +161,5 @@ def failed_return(overrides: list[str], exc: BaseException) -> JobReturn:
     ret = JobReturn(overrides=overrides, status=JobStatus.FAILED)
     ret.return_value = exc
     if isinstance(exc, TrialProcessError) and exc.log_tail:
-        ret.gpuopt_traceback = exc.log_tail  # type: ignore[attr-defined]  (a crash: its log)
+        ret.gpuopt_traceback = exc.log_tail  # type: ignore[attr-defined]
     return ret

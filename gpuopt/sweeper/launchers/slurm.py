@@ -1,33 +1,17 @@
 """hydra/launcher=slurm: hydra-submitit-launcher's SLURM mode, one result per trial.
 
-The stock SlurmLauncher submits a batch as a job array and calls `job.results()` on each job. A
-job that SLURM ends without a result (its time limit, scancel, the node's OOM handling, a node
-failure) then either raises, which ends the batch, or, on a cluster without accounting storage
-(no slurmdbd, so `sacct` has no data), waits forever: submitit reads job states from `sacct` only
-and treats "UNKNOWN" as still running. This subclass keeps submitit (its sbatch script, pickles
-and logs under `.submitit/`) and changes what happens around each job:
+The stock SlurmLauncher calls `job.results()` on each job of its array: a job SLURM ends without a
+result (time limit, scancel, OOM, a node failure) raises, which ends the batch, or, without
+accounting storage (no slurmdbd: submitit reads states from `sacct` only and takes "UNKNOWN" for
+running), is waited for forever. This one reads the states from `squeue --states=all` (slurmctld
+keeps a finished job MinJobAge seconds, 300 by default), then `sacct`, then slurmstepd's line in
+the job's stderr, and records such a job as a failed trial naming SLURM's verdict and the knob.
 
-- the launcher reads the jobs' states from `squeue --states=all` (slurmctld's memory, which keeps
-  a finished job for MinJobAge seconds, 300 by default), then `sacct` where accounting exists, then
-  the line slurmstepd writes into the job's stderr ("CANCELLED ... DUE TO TIME LIMIT");
-- a job that ended without a result is a `JobReturn` with status FAILED holding a
-  `TrialProcessError` whose reason names SLURM's verdict ("cancelled by SLURM: TIME LIMIT
-  (hydra.launcher.timeout_min=60)"), so the sweeper records the trial as `error` and goes on;
-- in the trial job, submitit's time-limit signal (USR2, `signal_delay_s` before the limit) no
-  longer checkpoints and requeues the trial: a half-measured trial cannot be resumed, and with a
-  limit shorter than `signal_delay_s` the signal arrives at once. The trial runs until it ends or
-  SLURM ends it at its limit;
-- Ctrl-C or SIGTERM of the sweep cancels the batch's jobs (scancel) before the sweep exits;
-- a distributed trial (`distributed=ddp | fsdp2`) is one job of one task holding a GPU per rank
-  (`trial_resources`); the trial starts its ranks itself. Over several nodes
-  (`distributed.nnodes`) it is one task per node, each node's trial an agent of the rendezvous
-  on the job's first node. A batch mixing trials of different needs is submitted as one job
-  array per need;
-- a user's task over several ranks (`nproc_per_node` x `nodes`): one task per rank, each task's
-  process one rank with its env:// variables from SLURM's environment
-  (gpuopt.sweeper.launchers.slurm_ranks); task 0's result is the trial's, and whatever still
-  runs of the job once it is in is cancelled. `srun --kill-on-bad-exit=1` ends every task when
-  one rank fails.
+In the trial job, submitit's USR2 (`signal_delay_s` before the limit) no longer checkpoints and
+requeues: a half-measured trial cannot be resumed, and with a limit shorter than `signal_delay_s`
+the signal arrives at once. A distributed trial of gpuopt's app is one task per node holding a GPU
+per rank (`trial_resources`); a user's task over several ranks is one task per rank
+(slurm_ranks), task 0's result the trial's, the rest cancelled once it is in.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -56,19 +40,10 @@ from gpuopt.sweeper.launchers.trial_task import RankPlan
 log = logging.getLogger(__name__)
 
 # squeue's long state names for a job that will not run any more (`man squeue`, JOB STATE CODES).
-ENDED_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "TIMEOUT",
-    }
-)
+ENDED_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "TIMEOUT",
+})  # fmt: skip
 # srun's option that ends every task of a job step once one exits non-zero: a failed rank.
 KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 # After SLURM says COMPLETED or FAILED, the job's result pickle may still be on its way through a
@@ -181,14 +156,15 @@ def end_reason(state: SlurmJobState, params: dict[str, Any], exit_code: int | No
         return (
             f"killed by SLURM: OUT OF MEMORY (hydra.launcher.mem_gb={params.get('mem_gb')}), {job}"
         )
-    if name == "CANCELLED":
-        return f"cancelled by SLURM (scancel or an administrator), {job}"
-    if name == "PREEMPTED":
-        return f"preempted by SLURM, {job}"
+    fixed = {
+        "CANCELLED": "cancelled by SLURM (scancel or an administrator)",
+        "PREEMPTED": "preempted by SLURM",
+        "DEADLINE": "cancelled by SLURM: DEADLINE",
+    }
+    if name in fixed:
+        return f"{fixed[name]}, {job}"
     if name in ("NODE_FAIL", "BOOT_FAIL"):
         return f"SLURM: {name.replace('_', ' ')} ({state.reason or 'the node failed'}), {job}"
-    if name == "DEADLINE":
-        return f"cancelled by SLURM: DEADLINE, {job}"
     detail = f" ({state.reason})" if state.reason not in ("", "None") else ""
     return f"SLURM {job} ended {name}{detail}: {describe_exit(exit_code)}"
 
@@ -202,13 +178,9 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
         self.nproc_per_node = base.positive_int("nproc_per_node", nproc_per_node)
         if self.nproc_per_node > 1:  # one task per rank
             self.params["tasks_per_node"] = self.nproc_per_node
-        if self.ranks_per_job() > 1:
-            self.params["srun_args"] = [*(self.params.get("srun_args") or []), KILL_ON_BAD_EXIT]
-
-    def ranks_per_job(self) -> int:
-        """The SLURM tasks of one trial's job as the launcher sizes it (each one rank)."""
         nodes = int(self.params.get("nodes") or 1)
-        return nodes * int(self.params.get("tasks_per_node") or 1)
+        if nodes * int(self.params.get("tasks_per_node") or 1) > 1:  # one rank per task
+            self.params["srun_args"] = [*(self.params.get("srun_args") or []), KILL_ON_BAD_EXIT]
 
     def rank_plan(self) -> RankPlan:
         return RankPlan(self.nproc_per_node, slurm=True)
@@ -218,8 +190,7 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
         signal.signal(signal.SIGUSR2, _warn_time_limit)
 
     def _executor(self, extra: dict[str, Any] | None = None) -> Any:
-        """submitit's SlurmExecutor built from the launcher's params, as the stock launch does
-        (`extra`: what one group of trials needs beyond them, `trial_resources`)."""
+        """submitit's SlurmExecutor from the launcher's params and `extra` (`trial_resources`)."""
         import submitit
 
         params = {**self.params, **(extra or {})}
@@ -236,9 +207,14 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
         return executor
 
     def run_batch(self, jobs: list[base.TrialJob], started: list[Any]) -> list[JobReturn]:
-        """One job array per group of trials with the same needs; then all collected."""
+        """One job array per group of trials with the same needs (`trial_resources`); then all
+        collected."""
+        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+        for slot, trial in enumerate(jobs):
+            need = trial_resources(self.trial_config(trial), self.params)
+            groups.setdefault(tuple(sorted(need.items())), []).append(slot)
         submitted: dict[int, Any] = {}
-        for extra, slots in self._resource_groups(jobs).items():
+        for extra, slots in groups.items():
             args = [jobs[k].args() for k in slots]
             array = self._executor(dict(extra)).map_array(self, *zip(*args, strict=True))
             started += array
@@ -252,22 +228,11 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
         pending = [job for job in started if not job.paths.result_pickle.exists()]
         _scancel([job.job_id for job in pending])
 
-    def _resource_groups(
-        self, jobs: list[base.TrialJob]
-    ) -> dict[tuple[tuple[str, Any], ...], list[int]]:
-        """The batch's slots grouped by what their trials need beyond the launcher's params
-        (`trial_resources`): one job array per group, in slot order."""
-        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
-        for slot, trial in enumerate(jobs):
-            extra = trial_resources(self.trial_config(trial), self.params)
-            groups.setdefault(tuple(sorted(extra.items())), []).append(slot)
-        return groups
-
     def _collect(
         self, jobs: list[Any], overrides: list[list[str]], run_dirs: list[str | None]
     ) -> list[JobReturn]:
-        """Wait until every job has a result or an end; a JobReturn for each, in order. A job of
-        several tasks (ranks) is over once task 0's result is in: the rest is cancelled."""
+        """A JobReturn for each job once it has a result or an end, in order. A job of several
+        tasks (ranks) is over once task 0's result is in."""
         returns: dict[int, JobReturn] = {}
         ended_at: dict[int, float] = {}
         last_query = float("-inf")
@@ -281,18 +246,21 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
                     continue
                 if job.paths.result_pickle.exists():
                     returns[k] = job_return(job, overrides[k])
-                    attach_diagnostics(returns[k], job, run_dirs[k])
+                elif states is None:
                     continue
-                if states is None:
-                    continue
-                state = states.get(job.job_id) or self._final_state(job)
-                if state is None or not state.ended:
-                    continue
-                first = ended_at.setdefault(k, time.monotonic())
-                grace = RESULT_GRACE_S if state.state in ("COMPLETED", "FAILED") else 0.0
-                if time.monotonic() - first >= grace:
-                    returns[k] = self._resultless(job, state, overrides[k], run_dirs[k])
-                    attach_diagnostics(returns[k], job, run_dirs[k])
+                else:
+                    state = states.get(job.job_id) or self._final_state(job)
+                    exited = state.state in ("COMPLETED", "FAILED")  # its pickle may be on its way
+                    if not state.ended:
+                        continue
+                    waited = time.monotonic() - ended_at.setdefault(k, time.monotonic())
+                    if waited < (RESULT_GRACE_S if exited else 0.0):
+                        continue
+                    code = query_exit_code(job.job_id) if exited else None
+                    reason = end_reason(state, self.params, code)
+                    log.warning("trial job %s: %s", job.job_id, reason)
+                    returns[k] = base.resultless(job, overrides[k], reason, run_dirs[k])
+                attach_diagnostics(returns[k], job, run_dirs[k])
             if len(returns) < len(jobs):
                 time.sleep(min(1.0, self.poll_s))
         _end_leftover_ranks([job.job_id for job in jobs if getattr(job, "num_tasks", 1) > 1])
@@ -300,30 +268,19 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
 
     @staticmethod
     def _final_state(job: Any) -> SlurmJobState:
-        """The state of a job slurmctld no longer knows: accounting, else its stderr, else unknown."""
+        """The state of a job slurmctld no longer knows: accounting, else its stderr."""
         return (
             query_sacct(job.job_id)
             or state_from_log(job.job_id, log_tail(job.paths.stderr, chars=20000))
             or SlurmJobState(job.job_id, "FAILED", "purged from slurmctld, no accounting")
         )
 
-    def _resultless(
-        self, job: Any, state: SlurmJobState, overrides: list[str], run_dir: str | None
-    ) -> JobReturn:
-        exit_code = query_exit_code(job.job_id) if state.state in ("FAILED", "COMPLETED") else None
-        reason = end_reason(state, self.params, exit_code)
-        log.warning("trial job %s: %s", job.job_id, reason)
-        return base.resultless(job, overrides, reason, run_dir)
-
 
 def trial_resources(cfg: Any, params: dict[str, Any]) -> dict[str, Any]:
     """The sbatch parameters a trial of gpuopt's app needs beyond the launcher's: a distributed
-    trial (`distributed.kind` ddp | fsdp2) is one task per node (`distributed.nnodes`) that
-    starts its `nproc_per_node` ranks itself (the trial's own elastic launch, as on any node),
-    holding one GPU per rank: `tasks_per_node` 1 and `gpus_per_task` (or `gpus_per_node`) =
-    nproc_per_node where the launcher asks for GPUs by count (with `gres` the user sizes it), at
-    least one CPU per rank. Not one SLURM task per rank: each node's trial is the agent of its
-    ranks, as torchrun is on each node of a multi-node job."""
+    trial is one task per node (each node's trial the agent of its ranks, as torchrun is) holding
+    one GPU per rank where the launcher asks for GPUs by count (with `gres` the user sizes it),
+    and at least one CPU per rank."""
     kind = OmegaConf.select(cfg, "distributed.kind", default="none") if cfg is not None else None
     if kind in (None, "none"):
         return {}
@@ -351,9 +308,8 @@ def _warn_time_limit(signum: int, frame: Any) -> None:
 
 
 def _end_leftover_ranks(job_ids: list[str]) -> None:
-    """Jobs of several tasks (one rank each) whose task 0's result is in: the trial is over. A
-    rank still running LEFTOVER_GRACE_S later (in a collective with a rank that failed, without
-    --kill-on-bad-exit's help) is cancelled, so that no rank outlives its trial."""
+    """Cancel a rank still running LEFTOVER_GRACE_S after task 0's result is in (in a collective
+    with a rank that failed, without --kill-on-bad-exit's help): none outlives its trial."""
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     running = list(job_ids)
     while running and time.monotonic() < deadline:

@@ -1,18 +1,10 @@
-"""On SLURM, the ranks of one trial are the tasks of its one job (`hydra.launcher.nproc_per_node`
-tasks per node x `hydra.launcher.nodes`): submitit runs the trial in every task, and each task's
-process is one rank, with the env:// variables torchrun would set taken from SLURM's environment
-(`slurm_rank_env`): RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID,
-NODE_RANK = SLURM_NODEID, MASTER_ADDR = the job's first node (the rendezvous), MASTER_PORT one port
-per job (from its id: every task computes the same one, no task has to tell the others).
+"""On SLURM, the ranks of one trial are the tasks of its one job: each task's process is one rank,
+its env:// variables taken from SLURM's environment (core/rendezvous.slurm_rank_env).
 
-A rank other than 0 whose task failed exits non-zero after writing its failure
-(gpuopt.core.rank_files): the job's `srun` runs with `--kill-on-bad-exit=1`, so SLURM ends the
-other tasks at once rather than leaving them in a collective. Rank 0's return is the trial's
-(the launcher reads task 0's result, then cancels whatever still runs of the job); where rank 0
-raised because a peer failed first (its collective broke: "Connection closed by peer"), the
-peer's own error is the trial's reason, as gpuopt's own ranks report it.
-
-Torch-free (it runs in the trial's process before the task imports anything).
+A rank other than 0 that failed exits non-zero after writing its failure (core/rank_files), so
+`srun --kill-on-bad-exit=1` ends the other tasks rather than leaving them in a collective. Where
+rank 0 raised because a peer failed first ("Connection closed by peer"), the peer's own error is
+the trial's reason. Torch-free (it runs in the trial's process before the task imports anything).
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from gpuopt.core.result import Status, TrialResult
 
 
 def run_as_slurm_rank(run: Callable[[], Any], folder: Path) -> Any:
-    """`run()` (the task) as this task's rank of the job; a rank other than 0 that failed exits
-    non-zero once its failure is written, so that SLURM ends the job's other tasks."""
+    """`run()` (the task) as this task's rank of the job."""
     ranks = slurm_rank_env(os.environ)
     os.environ.update(ranks)
     rank = int(ranks.get("RANK", "0"))
@@ -56,7 +47,7 @@ PEER_FAILURE_WAIT_S = 1.0
 
 
 def _peer_failure(folder: Path) -> rank_files.RankFailureRecord | None:
-    """The first failure another rank of the job wrote, if one did (within PEER_FAILURE_WAIT_S)."""
+    """The first failure another rank wrote within PEER_FAILURE_WAIT_S, if any."""
     deadline = time.monotonic() + PEER_FAILURE_WAIT_S
     while True:
         failure = rank_files.first_failure(folder)

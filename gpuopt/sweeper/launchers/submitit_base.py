@@ -1,10 +1,5 @@
 """What gpuopt's two submitit launchers (fresh_process, slurm) share: `TrialJobLauncher`, which
-keeps hydra-submitit-launcher's pickled job and makes each job one trial whose failure is a result
-(gpuopt.sweeper.launchers.results). Each launcher holds only what differs: what its trial process
-sets up first (`in_trial`), how it submits and collects a batch (`run_batch`), how it stops one,
-and how a trial's ranks start (`rank_plan`: `hydra.launcher.nproc_per_node`). The task each job
-runs is a `trial_task.TrialTask`: the app's task as a single run of its script, in one process or
-as the ranks of one job.
+keeps hydra-submitit-launcher's pickled job and makes each job one trial whose failure is a result.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -28,7 +23,7 @@ from gpuopt.core.errors import ConfigError
 from gpuopt.core.lifeline import terminate_as_interrupt
 from gpuopt.core.result import TrialResult
 from gpuopt.core.secrets import masked_singleton_state
-from gpuopt.sweeper.launchers import trial_task
+from gpuopt.sweeper.launchers import main_task, trial_task
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
     completed_return,
@@ -41,8 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def register(node: type, *names: str) -> None:
-    """`hydra/launcher=<name>` in any app, for each name (gpuopt's own conf/hydra/launcher/ files,
-    first on its search path, compose the same node)."""
+    """`hydra/launcher=<name>` in any app, for each name."""
     for name in names:
         ConfigStore.instance().store(
             group="hydra/launcher", name=name, node=node, provider="gpuopt"
@@ -50,15 +44,14 @@ def register(node: type, *names: str) -> None:
 
 
 def positive_seconds(key: str, value: Any) -> float:
-    """A launcher's seconds setting, checked: `hydra.launcher.<key>` must be > 0 (one line, exit
-    2, before anything is created: gpuopt.sweeper.plugin)."""
+    """`hydra.launcher.<key>` checked: seconds > 0 (a ConfigError before anything is created)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"hydra.launcher.{key}", value, "seconds > 0")
     return float(value)
 
 
 def positive_int(key: str, value: Any) -> int:
-    """A launcher's count setting, checked: `hydra.launcher.<key>` must be an integer >= 1."""
+    """`hydra.launcher.<key>` checked: an integer >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"hydra.launcher.{key}", value, "an integer >= 1")
     return value
@@ -67,15 +60,12 @@ def positive_int(key: str, value: Any) -> int:
 def resultless(
     job: Any, overrides: list[str], reason: str, run_dir: str | None = None
 ) -> JobReturn:
-    """The JobReturn of a job that ended (or was ended) without a result. Where its measuring
-    callback wrote the job's status into `run_dir` (gpuopt.core.measured_job), that is the
-    trial's result. Where one of its ranks
-    wrote its failure first (in `run_dir`'s ranks/: gpuopt.core.rank_files), that rank's own
-    error is the trial's result ("rank 1: ...", then how the trial process ended: a launcher
-    such as Lightning's kills it once a rank failed); else a FAILED return: `reason` with the
-    head and tail of its stderr log."""
+    """The JobReturn of a job that ended without a result: what its measuring callback
+    (core/measured_job) or the rank that failed first (core/rank_files) wrote into `run_dir`, then
+    `reason` (a launcher such as Lightning's kills the trial once a rank failed); else a FAILED
+    return: `reason` with the head and tail of its stderr log."""
     measured = measured_job.read(Path(run_dir)) if run_dir else None
-    if measured is not None:  # its measuring callback's status (MeasureJob's budget_s ended it)
+    if measured is not None:
         if not measured.ok:
             measured.reason = f"{measured.reason} (then the trial process: {reason})"
         return completed_return(overrides, measured)
@@ -91,13 +81,11 @@ def resultless(
 
 @dataclass(frozen=True)
 class TrialJob:
-    """One trial job of a batch: its overrides and Hydra's job number."""
-
     overrides: list[str]
     number: int
 
     def args(self) -> tuple[Any, ...]:
-        """The job's call of the launcher: the stock arguments, the sweep's secrets masked."""
+        """The stock arguments of the launcher's call, the sweep's secrets masked."""
         state = masked_singleton_state(Singleton.get_state())
         return (self.overrides, "hydra.sweep.dir", self.number, f"job_id_for_{self.number}", state)
 
@@ -106,9 +94,6 @@ class TrialJobLauncher(BaseSubmititLauncher):
     """hydra-submitit-launcher's launcher with one result per trial."""
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
-        # A task of the main script is found again by name in the trial process, not pickled by
-        # value with the script's classes (gpuopt.sweeper.launchers.main_task), and runs there as
-        # a single run of the script, in one process or as the ranks of one job (trial_task).
         from omegaconf import OmegaConf
 
         plan = self.rank_plan()
@@ -121,12 +106,12 @@ class TrialJobLauncher(BaseSubmititLauncher):
         entry = trial_task.EntryPoint.of_this_process()
         super().setup(
             hydra_context=hydra_context,
-            task_function=trial_task.trial_task(task_function, entry, plan),
+            task_function=trial_task.TrialTask(main_task.for_main(task_function), entry, plan),
             config=config,
         )
 
     def rank_plan(self) -> trial_task.RankPlan:
-        """How a trial's ranks start (`hydra.launcher.nproc_per_node`): one process by default."""
+        """How a trial's ranks start (`hydra.launcher.nproc_per_node`)."""
         return trial_task.RankPlan()
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
@@ -141,8 +126,7 @@ class TrialJobLauncher(BaseSubmititLauncher):
         """What the trial process sets up before its task runs."""
 
     def run_dir_of(self, trial: TrialJob) -> str | None:
-        """The job's output dir as Hydra's run_job derives it (for a trial that died before it
-        could report it); None when it cannot be told here."""
+        """The job's output dir as Hydra's run_job derives it; None when it cannot be told here."""
         from omegaconf import OmegaConf, open_dict
 
         try:
@@ -155,8 +139,8 @@ class TrialJobLauncher(BaseSubmititLauncher):
             return None
 
     def trial_config(self, trial: TrialJob) -> Any:
-        """The trial's composed config, as its job will compose it (None if it does not compose:
-        the job then fails with Hydra's own error)."""
+        """The trial's composed config (None if it does not compose: the job then fails with
+        Hydra's own error)."""
         assert self.hydra_context is not None and self.config is not None
         try:
             return self.hydra_context.config_loader.load_sweep_config(

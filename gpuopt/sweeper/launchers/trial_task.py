@@ -1,31 +1,19 @@
 """The task a trial process runs: the app's task, presented as a single run of its script, and run
 as one process or as the ranks of one job.
 
-**A single run of the script.** Inside a trial, the running program is submitit's job and
-`sys.argv` the sweep's (with `-m`); a user's training that starts more processes from "the
-program" then starts the wrong one. Lightning's DDP launcher (also FSDP's and
-ModelParallelStrategy's on `devices=N`) re-runs the program for each extra rank, as
-`python <sys.argv[0]> <sys.argv[1:]>` (or `-m <__main__.__spec__.name>`) plus
-`hydra.run.dir=<HydraConfig's run.dir> hydra.job.name=train_ddp_process_N hydra.output_subdir=null`
-(Lightning 2.6, `_hydra_subprocess_cmd`), which in a trial read `python -m __mp_main__` or a new
-sweep. While the task runs, `single_run` makes the trial look like `python train.py <the trial's
-overrides>`: `sys.argv` names gpuopt's rank entry (gpuopt.sweeper.launchers.relaunched_rank)
-with the script, its config options and the trial's overrides, `__main__` has no spec (as under
-`python train.py`, so multiprocessing's spawn also re-imports the script by path), and
-`hydra.run.dir` is the trial's run directory. A re-launched rank therefore runs the trial's own
-config, writes into the trial's run directory, ends with the trial and leaves its own error in
-`ranks/` (gpuopt.core.rank_files).
+**A single run of the script.** In a trial the program is submitit's job and `sys.argv` the
+sweep's, so a training that re-runs "the program" for its other ranks starts the wrong one:
+Lightning's DDP launcher (FSDP's, ModelParallelStrategy's on `devices=N`) re-runs
+`python <sys.argv[0]> <sys.argv[1:]>` (or `-m <__main__.__spec__.name>`) plus `hydra.run.dir=...
+hydra.job.name=train_ddp_process_N hydra.output_subdir=null` (Lightning 2.6,
+`_hydra_subprocess_cmd`). While the task runs, `single_run` makes the trial look like
+`python train.py <the trial's overrides>` (argv through relaunched_rank.py, a spec-free
+`__main__` so that spawn re-imports the script by path, `hydra.run.dir` the trial's run dir).
 
-**The ranks of one job** (`hydra.launcher.nproc_per_node=N`): the task runs as N ranks started
-by torch's elastic launcher in a process of the trial's (`python -m gpuopt.processes.user_ranks`:
-the env:// variables torchrun sets, a free rendezvous port, the short rendezvous timeout, no
-restarts, every rank ending with the trial), each calling the task with the trial's config; rank
-0's return value is the trial's. On SLURM the ranks are the job's tasks
-(`tasks_per_node` x `nodes`): each task's process is one rank, its env:// variables taken from
-SLURM's environment (gpuopt.sweeper.launchers.slurm_ranks).
-
-A rank's failure is the trial's result, whichever rank it was: the one that failed first
-(gpuopt.core.rank_files), `rank N: <its own error>`.
+**The ranks of one job** (`hydra.launcher.nproc_per_node=N`): N ranks started by torch's elastic
+launcher in a process of the trial's (gpuopt.processes.user_ranks), rank 0's return the trial's;
+on SLURM each of the job's tasks is one rank (slurm_ranks). A rank's failure is the trial's
+result: the one that failed first (gpuopt.core.rank_files), `rank N: <its own error>`.
 
 Hydra imports the launchers on every run (plugin discovery): no torch here, no submitit at import.
 """
@@ -48,16 +36,10 @@ from gpuopt.sweeper.launchers import main_task
 
 # The Hydra options that say which config a script composes (kept for a re-launched rank).
 CONFIG_OPTIONS = ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
-# Hydra overrides of the sweep's command line that mean nothing to a single run (or that the
-# re-launch sets itself).
+# Hydra overrides of the sweep's command line that mean nothing to a single run.
 NOT_FOR_A_RUN = (
-    "hydra.mode",
-    "hydra.sweeper",
-    "hydra/sweeper",
-    "hydra.launcher",
-    "hydra/launcher",
-    "hydra.sweep.",
-)
+    "hydra.mode", "hydra.sweeper", "hydra/sweeper", "hydra.launcher", "hydra/launcher", "hydra.sweep."
+)  # fmt: skip
 RELAUNCHED_BY = ("hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
 RELAUNCH_ENTRY = str(Path(__file__).with_name("relaunched_rank.py"))
 RANKS_PROCESS = "gpuopt.processes.user_ranks"
@@ -75,13 +57,8 @@ class EntryPoint:
 
     @classmethod
     def of_this_process(cls) -> EntryPoint:
-        main = sys.modules.get("__main__")
-        spec = getattr(main, "__spec__", None)
-        args = config_arguments(sys.argv[1:])
-        if spec is not None and spec.name and spec.name != "__main__":
-            return cls(module=spec.name, config_args=args)
-        path = getattr(main, "__file__", None)
-        return cls(script=os.path.abspath(path) if path else None, config_args=args)
+        module, script = main_task.origin(sys.modules.get("__main__"))
+        return cls(script, module, config_arguments(sys.argv[1:]))
 
     def target(self) -> list[str]:
         if self.script is not None:
@@ -103,21 +80,17 @@ def config_arguments(argv: list[str]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """A trial run as the ranks of one job: `nproc_per_node` ranks started in the trial's process
-    (`slurm=False`), or, on SLURM, each of the job's tasks one rank (`slurm=True`)."""
+    """A trial's ranks: `nproc_per_node` started in the trial's process, or (`slurm`) each of the
+    job's tasks one rank."""
 
     nproc_per_node: int = 1
     timeout_s: float = 60.0  # the rendezvous's timeout
     slurm: bool = False
 
-    @property
-    def started_here(self) -> bool:
-        return not self.slurm and self.nproc_per_node > 1
-
 
 @dataclass(frozen=True)
 class TrialTask:
-    """The app's task (`task`: a `main_task.MainTask` or the function itself) in a trial process."""
+    """The app's task (a `main_task.MainTask` or the function itself) in a trial process."""
 
     task: Any
     entry: EntryPoint
@@ -131,27 +104,19 @@ class TrialTask:
             rank_files.clear(folder)
             (folder.parent / measured_job.MEASURED_FILE).unlink(missing_ok=True)  # a re-run's
         with single_run(self.entry, folder):
-            if self.ranks.started_here:
-                return run_ranks(self.task, cfg, folder, self.ranks)
             if self.ranks.slurm:
                 from gpuopt.sweeper.launchers.slurm_ranks import run_as_slurm_rank
 
                 return run_as_slurm_rank(lambda: own_rank(self.task, cfg, folder), folder)
+            if self.ranks.nproc_per_node > 1:
+                return run_ranks(self.task, cfg, folder, self.ranks)
             return own_rank(self.task, cfg, folder)
 
 
-def trial_task(task_function: Any, entry: EntryPoint, ranks: RankPlan) -> TrialTask:
-    """What a launcher pickles for its trials: the task (found again by name where it lives in the
-    main script: gpuopt.sweeper.launchers.main_task) in a `TrialTask`."""
-    return TrialTask(main_task.for_main(task_function), entry, ranks)
-
-
 def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
-    """The task in this process; a rank failure it raises (`RankFailed`: its result, written to
-    `folder` first) is the trial's result: the failure of the rank that failed first. Where a
-    measuring callback of the app wrote its result into the run directory (`folder`'s parent),
-    that result is the trial's, whatever the task returned (kept beside it) or whether the
-    callback ended the job (`TrialMeasured`)."""
+    """The task in this process. A `RankFailed` it raises is the trial's result as the rank that
+    failed first wrote it; a measuring callback's result in the run dir (`folder`'s parent) is the
+    trial's, whatever the task returned (kept beside it) or whether it ended the job."""
     value = None
     try:
         value = task(cfg)
@@ -161,7 +126,10 @@ def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
         own = getattr(exc, "result", None)
         if type(exc).__name__ != "RankFailed" or not isinstance(own, TrialResult):
             raise
-        return failed_job(own, folder)
+        first = rank_files.first_failure(folder)
+        if first is not None:
+            own.status, own.reason = first.status, first.text
+        return own
     measured_job.task_ended()
     measured = measured_job.read(folder.parent)
     if measured is None or measured_job.is_gpuopts_result(value):
@@ -169,19 +137,10 @@ def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
     return measured_job.with_app_return(measured, value)
 
 
-def failed_job(own: TrialResult, folder: Path) -> TrialResult:
-    """`own` (this rank's failed result) as the job's: the reason and status of the rank that
-    failed first (this one, or a peer whose failure made this one fail)."""
-    first = rank_files.first_failure(folder)
-    if first is not None:
-        own.status, own.reason = first.status, first.text
-    return own
-
-
 @contextlib.contextmanager
 def single_run(entry: EntryPoint, folder: Path) -> Iterator[None]:
-    """While the task runs: `sys.argv`, `__main__` and `hydra.run.dir` as for a single run of the
-    script with the trial's overrides, and the environment a re-launched rank reads."""
+    """While the task runs: `sys.argv`, `__main__`, `hydra.run.dir` and the environment as a
+    re-launched rank of a single run of the script needs them."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict, read_write
 
@@ -198,8 +157,9 @@ def single_run(entry: EntryPoint, folder: Path) -> Iterator[None]:
         yield
     finally:
         sys.argv = argv
-        if main is not None and sys.modules.get("__main__") is not main:
-            _restore_main(main)
+        current = sys.modules.get("__main__")
+        if main is not None and getattr(current, "__name__", "") != main_task.MAIN_ALIAS:
+            sys.modules["__main__"] = main  # unless the script took its place (main_task)
         for key, value in environ.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -208,8 +168,7 @@ def single_run(entry: EntryPoint, folder: Path) -> Iterator[None]:
 
 
 def run_overrides(hydra: Any) -> list[str]:
-    """The trial's overrides as a single run of the script takes them: its task overrides and the
-    command line's Hydra overrides that still mean something there."""
+    """The trial's task overrides and the Hydra overrides that still mean something in a run."""
     task = [str(o) for o in hydra.overrides.task]
     own = [str(o) for o in hydra.overrides.hydra]
     kept = [o for o in own if not o.lstrip("+~").startswith((*NOT_FOR_A_RUN, *RELAUNCHED_BY))]
@@ -217,9 +176,8 @@ def run_overrides(hydra: Any) -> list[str]:
 
 
 def _spec_free_main(main: types.ModuleType | None) -> types.ModuleType:
-    """A `__main__` without a spec, as under `python train.py`: the script's module (its
-    `__spec__` dropped: multiprocessing's spawn and Lightning then go by path), else a stand-in
-    (the task lives in an importable module) whose file is the rank entry."""
+    """A `__main__` without a spec, as under `python train.py` (spawn and Lightning then go by
+    path): the script's module, else a stand-in whose file is the rank entry."""
     if main is not None and getattr(main, "__name__", "") == main_task.MAIN_ALIAS:
         main.__spec__ = None
         return main
@@ -229,18 +187,10 @@ def _spec_free_main(main: types.ModuleType | None) -> types.ModuleType:
     return stand_in
 
 
-def _restore_main(main: types.ModuleType) -> None:
-    """`__main__` back to the trial's program, unless the script took its place meanwhile (a
-    task of the main script loads it as `__main__`: gpuopt.sweeper.launchers.main_task)."""
-    current = sys.modules.get("__main__")
-    if getattr(current, "__name__", "") != main_task.MAIN_ALIAS:
-        sys.modules["__main__"] = main
-
-
 # -- the ranks of one job, started in this trial (hydra.launcher.nproc_per_node) --------------------
 @dataclass(frozen=True)
 class RankJob:
-    """What each rank needs to run the trial's task: pickled into the trial's `ranks/` folder."""
+    """What each rank needs to run the trial's task, pickled into the trial's `ranks/` folder."""
 
     task: Any
     cfg: Any  # the task's config (without Hydra's node)
@@ -251,8 +201,7 @@ class RankJob:
 
 
 def run_ranks(task: Any, cfg: Any, folder: Path, plan: RankPlan) -> Any:
-    """The task as `plan.nproc_per_node` ranks (gpuopt.processes.user_ranks); rank 0's return
-    value, or the failed job's `TrialResult`."""
+    """The task as `plan.nproc_per_node` ranks; rank 0's return, or the failed job's result."""
     import cloudpickle
     from hydra.core.hydra_config import HydraConfig
 
