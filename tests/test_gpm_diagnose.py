@@ -1,11 +1,16 @@
-"""The two GPM bottleneck rules (gpuopt/report/gpm_rules.py) on scripted Hopper trials: a
+"""The two GPM bottleneck rules (gpuopt/report/diagnose.py) on scripted Hopper trials: a
 launch-bound configuration that reads busy with idle SMs, and an fp32 matmul-heavy step whose
 tensor cores sit idle. Each verdict cites the metric values it read."""
 
 from __future__ import annotations
 
-from gpuopt.report.diagnose import Bottleneck, diagnose
-from gpuopt.report.gpm_rules import MATMUL_HEAVY_MFU_PCT, SM_ACTIVE_LOW_PCT, TENSOR_ACTIVE_LOW_PCT
+from gpuopt.report.diagnose import (
+    MATMUL_HEAVY_MFU_PCT,
+    SM_ACTIVE_LOW_PCT,
+    TENSOR_ACTIVE_LOW_PCT,
+    Bottleneck,
+    diagnose,
+)
 
 # The mlp at micro-batch 32 as a launch-bound Hopper reads it: util.gpu 97%, 9% of SMs busy.
 LAUNCH_BOUND = {

@@ -1,7 +1,6 @@
 """Review a study the gpuopt sweeper stored: `python -m gpuopt.report` (see docs/report.md)."""
 
-from gpuopt.report.build import StudyReport, TrialView, build_report
-from gpuopt.report.report_error import ReportError
+from gpuopt.report.build import ReportError, StudyReport, TrialView, build_report
 
 __all__ = [
     "ReportError",

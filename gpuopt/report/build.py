@@ -73,6 +73,10 @@ def device_type_of(attrs: dict[str, Any], hardware: dict[str, Any] | None) -> st
     return None
 
 
+class ReportError(Exception):
+    """A problem the user can fix, shown as one line (`gpuopt.report: error: ...`, exit 2)."""
+
+
 @dataclass
 class TrialView:
     """One trial as the report sees it."""
@@ -160,6 +164,12 @@ class StudyReport:
     def confirmed(self) -> bool:
         """A confirmation ran and compared candidates with the baseline."""
         return self.confirmation is not None and bool(self.confirmation.comparisons)
+
+    def trial(self, number: int) -> TrialView:
+        trial = next((t for t in self.trials if t.number == number), None)
+        if trial is None:
+            raise ReportError(f"study {self.study_name!r} has no trial #{number}")
+        return trial
 
 
 def _objective_names(study: optuna.Study) -> list[str]:
@@ -262,17 +272,21 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
     pareto = [by_number[t.number] for t in pareto_frozen]
     base_trial = pick_baseline(frozen)
     baseline = by_number[base_trial.number] if base_trial is not None else None
-    speedup = None
-    if baseline and best and baseline.status == "ok":
-        base_tp, best_tp = baseline.metric("throughput"), best.metric("throughput")
-        if base_tp and best_tp:
-            speedup = best_tp / base_tp
+    base_tp, best_tp = (t.metric("throughput") if t else None for t in (baseline, best))
+    ok_base = baseline is not None and baseline.status == "ok"
+    speedup = best_tp / base_tp if ok_base and base_tp and best_tp else None
 
     changes, reverted, config_changes = _changes(baseline, best)
     same = pick_same_training(pool, base_trial, directions, confirmation)
     same_view = by_number[same.number] if same is not None else None
     global_batch = global_batch_of(base_trial) if base_trial is not None else None
 
+    same_evidence = None  # where answer (a) is the baseline itself: what the search saw of it
+    if same is not None and base_trial is not None and same.number == base_trial.number:
+        held = f"global batch {global_batch}" if global_batch else "the baseline's global batch"
+        same_evidence = same_training_evidence(frozen, base_trial, confirmation, held)
+    # noise groups where an objective is one of gpuopt's (noisy) metrics; an app's are exact
+    noisy = pool and any(name in goals() for name in objectives)
     ok_numbers = {v.number for v in views if v.status == "ok"}
     importances, note = param_importances(
         study, [t for t in pool if t.number in ok_numbers], objectives
@@ -301,36 +315,14 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         training_unknown=unknown_training(base_trial) if base_trial is not None else None,
         global_batch=global_batch,
         same_changes=_changes(baseline, same_view)[0] if same_view is not baseline else [],
-        same_evidence=_same_evidence(frozen, base_trial, same, confirmation, global_batch),
+        same_evidence=same_evidence,
         best_profile=_best_profile(study, best),
         highest_limit=highest,
         unread_confirmation=(
             study.user_attrs.get(STUDY_CONFIRMATION) if confirmation is None else None
         ),
-        noise=_noise(pool, objectives, directions),
+        noise=noise_view(pool, objectives, directions) if noisy else None,
     )
-
-
-def _noise(pool: list[FrozenTrial], names: list[str], directions: list[str]) -> NoiseView | None:
-    """The sweep summary's noise groups where an objective is one of gpuopt's metrics (a noisy
-    timing); an app's own values are exact."""
-    if not pool or not any(name in goals() for name in names):
-        return None
-    return noise_view(pool, names, directions)
-
-
-def _same_evidence(
-    trials: list[FrozenTrial],
-    baseline: FrozenTrial | None,
-    same: FrozenTrial | None,
-    confirmation: Confirmation | None,
-    global_batch: int | None,
-) -> str | None:
-    """Where answer (a) is the baseline itself, what the search saw of the same training."""
-    if same is None or baseline is None or same.number != baseline.number:
-        return None
-    held = f"global batch {global_batch}" if global_batch else "the baseline's global batch"
-    return same_training_evidence(trials, baseline, confirmation, held)
 
 
 def _best_profile(study: optuna.Study, best: TrialView | None) -> dict[str, Any] | None:

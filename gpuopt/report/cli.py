@@ -11,11 +11,10 @@ import optuna
 from rich.console import Console
 from rich.table import Table
 
-from gpuopt.report.build import StudyReport, build_report, config_diff
+from gpuopt.report.build import ReportError, StudyReport, build_report, config_diff
 from gpuopt.report.export_best import compose_experiment, export_experiment
 from gpuopt.report.page import PLOTLY_HINT, plotly_available, write_html
-from gpuopt.report.report_error import ReportError
-from gpuopt.report.text import render, trial_detail, values_text
+from gpuopt.report.text import render, table, trial_detail, values_text
 from gpuopt.study.artifact_store import store_page
 from gpuopt.study.storage import (
     StorageError,
@@ -108,28 +107,21 @@ def check_arguments(args: argparse.Namespace) -> None:
         sys.exit(2)
 
 
-def compare_trials(
-    references: list[str], url: str, study_name: str | None, console: Console
-) -> None:
-    """--compare A B: the study is read only when a side is a trial number."""
-    from gpuopt.report.compare import compare, render_comparison, resolve_side
-
-    report = None
-    if any(r.isdigit() for r in references):
-        report = build_report(load_study(open_existing(url), url, study_name), url)
-    a, b = (resolve_side(r, report) for r in references)
-    render_comparison(compare(a, b), console)
-
-
 def studies_table(studies: list[StudyEntry], current: str | None) -> Table:
-    table = Table(title="Studies", title_justify="left")
-    for column in ("study", "trials", "directions", "started"):
-        table.add_column(column)
-    for entry in studies:
-        mark = " <" if entry.name == current else ""
-        started = entry.started.strftime("%Y-%m-%d %H:%M") if entry.started else "-"
-        table.add_row(entry.name + mark, str(entry.n_trials), ", ".join(entry.directions), started)
-    return table
+    return table(
+        "Studies",
+        ("study", "trials", "directions", "started"),
+        [
+            (
+                e.name + (" <" if e.name == current else ""),
+                str(e.n_trials),
+                ", ".join(e.directions),
+                e.started.strftime("%Y-%m-%d %H:%M") if e.started else "-",
+            )
+            for e in studies
+        ],
+        justify="left",
+    )
 
 
 def run_command_for(path: Path) -> str:
@@ -199,8 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     # Importances and plots are computed quietly; Optuna's INFO logs would drown the report.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        if args.compare:
-            compare_trials(args.compare, url, args.study, console)
+        if args.compare:  # the study is read only when a side is a trial number
+            from gpuopt.report.compare import compare, render_comparison, resolve_side
+
+            report = None
+            if any(r.isdigit() for r in args.compare):
+                report = build_report(load_study(open_existing(url), url, args.study), url)
+            a, b = (resolve_side(r, report) for r in args.compare)
+            render_comparison(compare(a, b), console)
             return 0
         storage = open_existing(url)
         studies = list_studies(storage)
@@ -214,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         limit = None if args.all else args.top
         render(report, console, limit)
         if args.trial is not None:
-            trial = next((t for t in report.trials if t.number == args.trial), None)
-            if trial is None:
-                raise ReportError(f"study {report.study_name!r} has no trial #{args.trial}")
-            console.print(trial_detail(report, trial))
+            console.print(trial_detail(report, report.trial(args.trial)))
         if args.html:
             recorder = Console(
                 record=True, width=HTML_WIDTH, file=io.StringIO(), force_terminal=True

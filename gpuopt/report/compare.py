@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
-from rich.table import Table
 
 from gpuopt.core.result import TrialResult, result_user_attrs
-from gpuopt.report.build import COMPARED_METRICS, ConfigChange, StudyReport, config_diff
+from gpuopt.report.build import (
+    COMPARED_METRICS,
+    ConfigChange,
+    ReportError,
+    StudyReport,
+    config_diff,
+)
 from gpuopt.report.diagnose import Diagnosis, diagnose
 from gpuopt.report.evidence import PHASE_ORDER, attr_number
-from gpuopt.report.report_error import ReportError
 from gpuopt.study.keys import ATTR_PROFILE
 
 GPU_SHARES = ("kernel", "memcpy", "idle", "host_wait", "kernel_wait")
@@ -79,19 +83,13 @@ def side_from_result(path: Path) -> TrialSide:
     )
 
 
-def side_from_study(report: StudyReport, number: int) -> TrialSide:
-    trial = next((t for t in report.trials if t.number == number), None)
-    if trial is None:
-        raise ReportError(f"study {report.study_name!r} has no trial #{number}")
-    return TrialSide(f"trial #{number}", trial.status, trial.attrs, trial.config, trial.diagnosis)
-
-
 def resolve_side(reference: str, report: StudyReport | None) -> TrialSide:
     """A trial number (needs the study's report) or a path to a result.json (or its run dir)."""
     if reference.isdigit():
         if report is None:
             raise ReportError(f"trial #{reference} needs a study (--storage, --study)")
-        return side_from_study(report, int(reference))
+        t = report.trial(int(reference))
+        return TrialSide(f"trial #{t.number}", t.status, t.attrs, t.config, t.diagnosis)
     path = Path(reference)
     return side_from_result(path / "result.json" if path.is_dir() else path)
 
@@ -145,52 +143,50 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 
 def _tables(c: Comparison) -> list[Any]:
-    from gpuopt.report.text import change, fmt
+    from gpuopt.report.text import change, fmt, table
 
     a, b = c.a.label, c.b.label
-    config = Table(title="Config: what differs", title_justify="left")
-    for column in ("key", a, b):
-        config.add_column(column)
-    for item in c.config_changes:
-        config.add_row(item.key, repr(item.baseline), repr(item.best))
-    if not c.config_changes:
-        config.add_row("(no difference)" if c.a.config and c.b.config else "(no config)", "", "")
-    metrics = Table(title="Metrics", title_justify="left")
-    for column in ("metric", a, b, "B vs A"):
-        metrics.add_column(column, justify="left" if column == "metric" else "right")
-    metrics.add_row("status", c.a.status, c.b.status, "")
-    for name, va, vb in c.metrics:
-        metrics.add_row(name, fmt(name, va), fmt(name, vb), change(name, va, vb))
-    parts: list[Any] = [config, metrics]
+    no_config = "(no difference)" if c.a.config and c.b.config else "(no config)"
+    parts = [
+        table(
+            "Config: what differs",
+            ("key", a, b),
+            [(i.key, repr(i.baseline), repr(i.best)) for i in c.config_changes]
+            or [(no_config, "", "")],
+            justify="left",
+        ),
+        table(
+            "Metrics",
+            ("metric", a, b, "B vs A"),
+            [
+                ("status", c.a.status, c.b.status, ""),
+                *((n, fmt(n, va), fmt(n, vb), change(n, va, vb)) for n, va, vb in c.metrics),
+            ],
+        ),
+    ]
     if c.phases:
-        phases = Table(title="Where the step goes (profiled window)", title_justify="left")
-        for column in ("phase", f"{a} ms", f"{a} %", f"{b} ms", f"{b} %"):
-            phases.add_column(column, justify="left" if column == "phase" else "right")
-        for row in c.phases:
-            phases.add_row(
-                row.phase, _num(row.a_ms, 2), _num(row.a_pct), _num(row.b_ms, 2), _num(row.b_pct)
+        parts.append(
+            table(
+                "Where the step goes (profiled window)",
+                ("phase", f"{a} ms", f"{a} %", f"{b} ms", f"{b} %"),
+                [
+                    (r.phase, _num(r.a_ms, 2), _num(r.a_pct), _num(r.b_ms, 2), _num(r.b_pct))
+                    for r in c.phases
+                ],
             )
-        parts.append(phases)
+        )
     if c.gpu:
-        gpu = Table(title="GPU time (% of the profiled window)", title_justify="left")
-        for column in ("share", a, b):
-            gpu.add_column(column, justify="left" if column == "share" else "right")
-        for name, va, vb in c.gpu:
-            gpu.add_row(name, _num(va), _num(vb))
-        parts.append(gpu)
+        rows = [(name, _num(va), _num(vb)) for name, va, vb in c.gpu]
+        parts.append(table("GPU time (% of the profiled window)", ("share", a, b), rows))
     return parts
 
 
 def render_comparison(c: Comparison, console: Console) -> None:
-    from rich.panel import Panel
+    from gpuopt.report.text import diagnosis_panel
 
     console.print(Group(*_tables(c)))
     for side in (c.a, c.b):
-        d = side.diagnosis
-        body = "\n".join([d.summary, *(f"  {e}" for e in d.evidence)])
-        if d.suggestions:
-            body += "\ntry: " + "; ".join(d.suggestions)
-        console.print(Panel(body, title=f"{side.label}: {d.bottleneck.value}", title_align="left"))
+        console.print(diagnosis_panel(side.label, side.diagnosis))
     if not c.phases:
         console.print(
             "[dim]No phase breakdown: neither trial was profiled (run it with profile=on).[/]"

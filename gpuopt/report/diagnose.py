@@ -3,7 +3,7 @@
 The rules are the table `RULES` (first match wins; docs/report.md lists them), read only from
 measured metrics, never guessing past one not recorded. What they read (`Facts`), their thresholds
 and the helpers that cite evidence and suggest settings are gpuopt/report/evidence.py; the two that
-read GPM (Hopper and newer) are gpuopt/report/gpm_rules.py. data_wait is the device's starvation:
+read GPM (Hopper and newer) are below. data_wait is the device's starvation:
 on CUDA read on the GPU timeline, never host_data_wait (loader time that overlaps queued compute
 costs nothing). A profiled trial's verdicts cite its phase shares and put its phase tips first.
 """
@@ -15,15 +15,46 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from gpuopt.core import knobs
 from gpuopt.core.knobs import MICRO_BATCH, THREADS
 from gpuopt.core.limits import HighestLimit
 from gpuopt.report import evidence as ev
-from gpuopt.report import gpm_rules as gpm
 from gpuopt.report.evidence import Facts
 
 NEAR_LIMIT_SUMMARY = (
     "MFU is close to what dense training reaches: little to gain from the same math"
 )
+# GPM (NVML GPU Performance Monitoring) tells apart what `utilization` (NVML's `utilization.gpu`:
+# a kernel was running) cannot. SM activity (% of SMs busy over the window) below this on a GPU
+# that reads busy: small or launch-bound kernels; large kernels keep most SMs busy while they run.
+SM_ACTIVE_LOW_PCT = 50.0
+# Tensor-pipe activity (GPM) below this: the tensor cores sit idle.
+TENSOR_ACTIVE_LOW_PCT = 5.0
+# A step whose counted matmul/convolution FLOPs reach this share of the fp32 peak (its mfu at
+# fp32) spends much of its time in matmuls: the work tensor cores do.
+MATMUL_HEAVY_MFU_PCT = 10.0
+
+
+def _gpm_evidence(f: Facts, prefix: str, note: str) -> list[str]:
+    """GPM's lines, the one starting with `prefix` read against its threshold (`note`)."""
+    return [f"{line}; {note}" if line.startswith(prefix) else line for line in ev.gpm_lines(f)]
+
+
+def _idle_sms_suggestions(f: Facts) -> list[str]:
+    tips = [f"more work per kernel: {knobs.MICRO_BATCH.tip}"]
+    if ev.uncompiled(f, "default"):
+        tips.append(f"fewer launches: {knobs.COMPILE.tip} (torch.compile with CUDA graphs)")
+    if f.setting(knobs.FUSED.key) is not True:
+        tips.append(f"one kernel for the optimizer step: {knobs.FUSED.tip}")
+    if f.setting("model.input") == "images" and f.setting(knobs.CHANNELS_LAST.key) is not True:
+        tips.append(f"NHWC convolutions (fewer layout kernels): {knobs.CHANNELS_LAST.tip}")
+    return tips
+
+
+def _fp32(f: Facts) -> bool:
+    if f.compute_dtype is not None:
+        return f.compute_dtype == "fp32"
+    return f.setting(knobs.PRECISION.key) in (None, "fp32")
 
 
 class Bottleneck(str, Enum):
@@ -136,11 +167,26 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "busy GPU, idle SMs (GPM)",
-        gpm.busy_but_idle_sms,
+        lambda f: (
+            f.cuda
+            and f.sm_active is not None
+            and f.utilization is not None
+            and f.utilization >= ev.UTILIZATION_LOW_PCT
+            and f.sm_active < SM_ACTIVE_LOW_PCT
+        ),
         Bottleneck.HOST,
-        gpm.idle_sms_summary,
-        gpm.idle_sms_evidence,
-        gpm.idle_sms_suggestions,
+        lambda f: (
+            f"the GPU reads busy (util.gpu {f.utilization:.0f}%) but its SMs are active "
+            f"{f.sm_active:.0f}%: kernels too small or launch-bound"
+        ),
+        lambda f: [
+            *ev.input_evidence(f),
+            f"GPU utilization {f.utilization:.1f}% (NVML util.gpu: a kernel was running; busy at "
+            f">= {ev.UTILIZATION_LOW_PCT:g}%)",
+            *_gpm_evidence(f, "SM activity", f"low below {SM_ACTIVE_LOW_PCT:g}%"),
+            ev.mfu_text(f),
+        ],
+        _idle_sms_suggestions,
     ),
     Rule(
         "host/launch-bound",
@@ -154,11 +200,30 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "tensor cores idle at fp32 (GPM)",
-        gpm.idle_tensor_cores,
+        lambda f: (
+            f.cuda
+            and f.tensor_active is not None
+            and f.tensor_active < TENSOR_ACTIVE_LOW_PCT
+            and f.mfu is not None
+            and f.mfu >= MATMUL_HEAVY_MFU_PCT
+            and _fp32(f)
+        ),
         Bottleneck.COMPUTE,
-        gpm.idle_tensor_summary,
-        gpm.idle_tensor_evidence,
-        gpm.idle_tensor_suggestions,
+        lambda f: (
+            f"the tensor cores sit idle (tensor-core activity {f.tensor_active:.1f}%) in a "
+            f"matmul-heavy step at fp32 (mfu {f.mfu:.0f}% of the fp32 peak): bf16 or tf32 runs "
+            "its matmuls on them"
+        ),
+        lambda f: [
+            *ev.input_evidence(f),
+            *_gpm_evidence(f, "tensor", f"idle below {TENSOR_ACTIVE_LOW_PCT:g}%"),
+            f"compute dtype {f.compute_dtype or 'fp32'}",
+            f"{ev.mfu_text(f)} (matmul-heavy at >= {MATMUL_HEAVY_MFU_PCT:g}% of the fp32 peak)",
+        ],
+        lambda f: [
+            f"tensor cores: {knobs.PRECISION.tip}, or {knobs.PRECISION.group}=tf32 (fp32 "
+            "storage, tf32 matmuls); the numerics guard checks either against fp32"
+        ],
     ),
     Rule(
         "busy GPU, MFU unknown",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gpuopt.core import knobs
@@ -63,18 +63,19 @@ def _is_cuda(device_type: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Facts:
-    """What the rules read: one trial's status, device and measured numbers (None: not recorded),
-    and its resolved config (for tailored suggestions)."""
+    """What the rules read: one trial's status, device and measured numbers (None: not recorded;
+    each `float | None` field is the metric of its name), and its resolved config (for tailored
+    suggestions)."""
 
     status: str
     device_type: str | None
     config: Mapping[str, Any]
-    data_wait: float | None
-    input_efficiency: float | None
-    utilization: float | None
-    mfu: float | None
-    throughput: float | None
-    ceiling: float | None
+    data_wait: float | None = None
+    input_efficiency: float | None = None
+    utilization: float | None = None
+    mfu: float | None = None
+    throughput: float | None = None
+    ceiling_throughput: float | None = None
     limit_efficiency: float | None = None
     limit_throughput: float | None = None
     limit_bound: str | None = None  # cores | loader | compute (gpuopt.core.limits.Limit.bound)
@@ -105,38 +106,24 @@ class Facts:
         config: Mapping[str, Any],
         highest: HighestLimit | None = None,
     ) -> Facts:
-        def number(name: str) -> float | None:
-            return attr_number(metrics, name)
-
+        read: dict[str, Any] = {
+            f.name: attr_number(metrics, f.name) for f in fields(cls) if f.type == "float | None"
+        }
+        if read["data_wait"] is None and not _is_cuda(device_type):
+            read["data_wait"] = attr_number(metrics, "host_data_wait")  # off CUDA: the device's
+        for name in ("limit_bound", "compute_dtype"):
+            read[name] = value if isinstance(value := metrics.get(name), str) else None
         profile = metrics.get("profile")  # gpuopt.trial.profiled_window.ProfileSummary
         profile = profile if isinstance(profile, Mapping) else {}
         phases, gpu = profile.get("phases_pct"), profile.get("gpu")
-        data_wait = number("data_wait")
-        if data_wait is None and not _is_cuda(device_type):
-            data_wait = number("host_data_wait")  # off CUDA the host's wait is the device's
         return cls(
-            status=status,
-            device_type=device_type,
-            config=config,
-            data_wait=data_wait,
-            input_efficiency=number("input_efficiency"),
-            utilization=number("utilization"),
-            mfu=number("mfu"),
-            throughput=number("throughput"),
-            ceiling=number("ceiling_throughput"),
-            limit_efficiency=number("limit_efficiency"),
-            limit_throughput=number("limit_throughput"),
-            limit_bound=bound if isinstance(bound := metrics.get("limit_bound"), str) else None,
+            status,
+            device_type,
+            config,
             higher_limit=highest if higher_elsewhere(metrics, highest) else None,
-            comm_share=number("comm_share"),
-            comm_exposed=number("comm_exposed"),
-            sm_active=number("sm_active"),
-            sm_occupancy=number("sm_occupancy"),
-            tensor_active=number("tensor_active"),
-            dram_bw_util=number("dram_bw_util"),
-            compute_dtype=dtype if isinstance(dtype := metrics.get("compute_dtype"), str) else None,
             phases=phases if isinstance(phases, Mapping) and phases else None,
             gpu=gpu if isinstance(gpu, Mapping) else None,
+            **read,
         )
 
     def phase(self, name: str) -> float | None:
@@ -217,7 +204,7 @@ def phase_suggestions(f: Facts) -> list[str]:
     """Tips read off the profiled phases, most specific first."""
     tips = []
     host = f.gpu_share("host_wait")
-    if host is not None and host >= HOST_WAIT_HIGH_PCT and _uncompiled(f, "default"):
+    if host is not None and host >= HOST_WAIT_HIGH_PCT and uncompiled(f, "default"):
         tips.append(f"{idle_citation(f)}: launch-bound, try {knobs.COMPILE.tip}")
     optimizer = f.phase("optimizer")
     unfused = f.setting(knobs.FUSED.key) is not True
@@ -247,8 +234,8 @@ def input_evidence(f: Facts) -> list[str]:
         )
     if f.input_efficiency is not None:
         vs = (
-            f" ({f.throughput:,.0f} vs ceiling {f.ceiling:,.0f} samples/s)"
-            if f.throughput and f.ceiling
+            f" ({f.throughput:,.0f} vs ceiling {f.ceiling_throughput:,.0f} samples/s)"
+            if f.throughput and f.ceiling_throughput
             else ""
         )
         lines.append(
@@ -258,7 +245,7 @@ def input_evidence(f: Facts) -> list[str]:
     return lines
 
 
-def _mfu_text(f: Facts) -> str:
+def mfu_text(f: Facts) -> str:
     if f.mfu is None:
         return "MFU unknown (not measured on this device)"
     return f"mfu {f.mfu:.1f}% of peak"
@@ -266,7 +253,7 @@ def _mfu_text(f: Facts) -> str:
 
 def cpu_evidence(f: Facts) -> list[str]:
     # CPU (or an unknown device): utilization is 100 - data_wait, so it adds no evidence.
-    return [*input_evidence(f), _mfu_text(f)]
+    return [*input_evidence(f), mfu_text(f)]
 
 
 def gpu_evidence(f: Facts) -> list[str]:
@@ -282,21 +269,20 @@ def gpu_evidence(f: Facts) -> list[str]:
         if f.mfu is not None
         else ""
     )
-    return [*input_evidence(f), utilization, *gpm_lines(f), _mfu_text(f) + thresholds]
+    return [*input_evidence(f), utilization, *gpm_lines(f), mfu_text(f) + thresholds]
+
+
+GPM_LINES = (
+    ("sm_active", "SM activity {:.1f}% (GPM: the share of SMs busy)"),
+    ("sm_occupancy", "SM occupancy {:.1f}% (GPM: warps resident / maximum)"),
+    ("tensor_active", "tensor-core activity {:.1f}% (GPM: tensor pipes busy)"),
+    ("dram_bw_util", "DRAM bandwidth {:.1f}% of the maximum (GPM)"),
+)
 
 
 def gpm_lines(f: Facts) -> list[str]:
     """GPM's numbers where the GPU has it (Hopper and newer): what `utilization` cannot say."""
-    lines = []
-    if f.sm_active is not None:
-        lines.append(f"SM activity {f.sm_active:.1f}% (GPM: the share of SMs busy)")
-    if f.sm_occupancy is not None:
-        lines.append(f"SM occupancy {f.sm_occupancy:.1f}% (GPM: warps resident / maximum)")
-    if f.tensor_active is not None:
-        lines.append(f"tensor-core activity {f.tensor_active:.1f}% (GPM: tensor pipes busy)")
-    if f.dram_bw_util is not None:
-        lines.append(f"DRAM bandwidth {f.dram_bw_util:.1f}% of the maximum (GPM)")
-    return lines
+    return [text.format(v) for name, text in GPM_LINES if (v := getattr(f, name)) is not None]
 
 
 # -- suggestions: what to try next, as config keys -----------------------------------------------
@@ -315,13 +301,13 @@ def input_suggestions(f: Facts) -> list[str]:
     return tips
 
 
-def _uncompiled(f: Facts, *also: str) -> bool:
+def uncompiled(f: Facts, *also: str) -> bool:
     return f.setting(knobs.COMPILE.key) in (None, "off", *also)
 
 
 def host_suggestions(f: Facts) -> list[str]:
     tips = []
-    if _uncompiled(f, "default"):
+    if uncompiled(f, "default"):
         tips.append(f"fewer kernel launches: {knobs.COMPILE.tip} (torch.compile + CUDA graphs)")
     tips.append(f"more work per launch: {knobs.MICRO_BATCH.tip}")
     if f.setting(knobs.FUSED.key) is not True:
@@ -336,7 +322,7 @@ def memory_suggestions(f: Facts) -> list[str]:
     if f.setting("model.input") == "images" and f.setting(knobs.CHANNELS_LAST.key) is not True:
         tips.append(f"NHWC convolutions: {knobs.CHANNELS_LAST.tip}")
     tips.append(f"bigger kernels: {knobs.MICRO_BATCH.tip}")
-    if _uncompiled(f):
+    if uncompiled(f):
         tips.append(f"fuse elementwise ops: {knobs.COMPILE.group}=default")
     return tips
 

@@ -17,20 +17,32 @@ from gpuopt.study.noise import runner_up_text, within_text
 GROUP_HEADER = "≈"  # the trials table's noise-group column
 
 
-def front_table(report: StudyReport, params_text: Callable[[TrialView], str]) -> Table | None:
-    """The Pareto front in noise groups: one row per choice (its best trial), the trials within
-    noise of it beside it; None without noise groups (an app's own values)."""
+def front_table(report: StudyReport, params_text: Callable[[TrialView], str]) -> Table:
+    """The Pareto front in noise groups where the objectives are gpuopt's metrics: one row per
+    choice (its best trial), the trials within noise of it beside it; else every trial on Optuna's
+    front."""
     noise = report.noise
-    if noise is None or not noise.front:
-        return None
-    groups = noise.front
-    trials = sum(g.size for g in groups)
-    title = (
-        f"Pareto front: no trade-off beyond noise ({groups[0].size} trials, one choice)"
-        if len(groups) == 1 and groups[0].size > 1
-        else f"Pareto front ({len(groups)} choices beyond noise, {trials} trials)"
-    )
-    table = Table(title=title, title_justify="left", caption=f"within noise: {noise.spread.text()}")
+    groups = noise.front if noise is not None else []
+    caption = None
+    if groups:
+        by_number = {t.number: t for t in report.trials}
+        rows = [
+            (by_number[g.leader.number], within_text(g, report.objectives) if g.size > 1 else "-")
+            for g in groups
+        ]
+        title = (
+            f"Pareto front: no trade-off beyond noise ({groups[0].size} trials, one choice)"
+            if len(groups) == 1 and groups[0].size > 1
+            else f"Pareto front ({len(groups)} choices beyond noise, "
+            f"{sum(g.size for g in groups)} trials)"
+        )
+        caption = f"within noise: {noise.spread.text()}"  # type: ignore[union-attr]
+    else:
+        maximize = report.directions[0] == "maximize"
+        ranked = sorted(report.pareto, key=lambda t: t.values[0], reverse=maximize)  # type: ignore[index]
+        rows = [(t, "-") for t in ranked]
+        title = f"Pareto front ({len(report.pareto)} trials)"
+    table = Table(title=title, title_justify="left", caption=caption)
     table.add_column("#", justify="right")
     for name, direction in zip(report.objectives, report.directions, strict=False):
         table.add_column(f"{name} ({'max' if direction == 'maximize' else 'min'})", justify="right")
@@ -38,15 +50,12 @@ def front_table(report: StudyReport, params_text: Callable[[TrialView], str]) ->
     if grouped:
         table.add_column("within noise of it", overflow="fold")
     table.add_column("parameters", overflow="fold")
-    by_number = {t.number: t for t in report.trials}
-    for group in groups:
-        leader = by_number[group.leader.number]
-        within = within_text(group, report.objectives) if group.size > 1 else "-"
+    for trial, within in rows:
         table.add_row(
-            str(leader.number),
-            *(fmt(n, v) for n, v in zip(report.objectives, leader.values or (), strict=False)),
+            str(trial.number),
+            *(fmt(n, v) for n, v in zip(report.objectives, trial.values or (), strict=False)),
             *([escape(within)] if grouped else []),
-            escape(params_text(leader)),
+            escape(params_text(trial)),
         )
     return table
 

@@ -209,10 +209,11 @@ def trials_table(report: StudyReport) -> str:
         value = t.values[0] if t.values and t.status == "ok" else None
         mark = " (baseline)" if t.baseline else (" (best)" if t.number == best else "")
         params = ", ".join(f"{k}={v}" for k, v in t.params.items())
+        place = group_cell(report, t)
         cells = [
             f'<td class="num" data-value="{t.number}">{t.number}{_e(mark)}</td>',
             f"<td>{_e(t.status)}</td>",
-            *([_group_cell(group_cell(report, t))] if grouped else []),
+            *([_cell(int(place) if place else None, 0)] if grouped else []),
             *([_cell(value)] if objective else []),
             *(_cell(t.metric(name), c.digits) for name, c in shown),
             f"<td>{_e(t.diagnosis.bottleneck.value) if t.status == 'ok' else '-'}</td>",
@@ -229,10 +230,6 @@ def trials_table(report: StudyReport) -> str:
         f'<table class="trials"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
-
-
-def _group_cell(place: str | None) -> str:
-    return f'<td class="num" data-value="{place}">{place}</td>' if place else _cell(None)
 
 
 def noise_section(report: StudyReport) -> str:

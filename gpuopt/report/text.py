@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -15,7 +16,7 @@ from gpuopt.core.fmt import limit_share
 from gpuopt.core.fmt import metric as fmt
 from gpuopt.core.metrics import columns, goals, unit
 from gpuopt.report.build import COMPARED_METRICS, StudyReport, TrialView
-from gpuopt.report.diagnose import Bottleneck
+from gpuopt.report.diagnose import Bottleneck, Diagnosis
 from gpuopt.report.export_best import experiment_text
 from gpuopt.report.noise_tables import GROUP_HEADER, best_noise_lines, front_table, group_cell
 from gpuopt.study.answers import STRONG, WARNING, Shown, TwoAnswers, confirmation_lines, two_answers
@@ -41,6 +42,19 @@ STATUS_STYLE = {
     "error": "red",
     "running": "cyan",
 }
+
+
+def table(
+    title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], justify: str = "right"
+) -> Table:
+    """A titled table: the first column names the row, the others justified by `justify`."""
+    result = Table(title=title, title_justify="left")
+    result.add_column(columns[0])
+    for column in columns[1:]:
+        result.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        result.add_row(*row)
+    return result
 
 
 def change(name: str, base: float | None, best: float | None) -> str:
@@ -244,28 +258,6 @@ def two_answers_lines(report: StudyReport) -> list[str]:
     return lines
 
 
-def pareto_table(report: StudyReport) -> Table:
-    """The Pareto front in noise groups where the objectives are gpuopt's metrics, else every
-    trial on Optuna's front."""
-    grouped = front_table(report, _params_text)
-    if grouped is not None:
-        return grouped
-    table = Table(title=f"Pareto front ({len(report.pareto)} trials)", title_justify="left")
-    table.add_column("#", justify="right")
-    for name, direction in zip(report.objectives, report.directions, strict=False):
-        table.add_column(f"{name} ({'max' if direction == 'maximize' else 'min'})", justify="right")
-    table.add_column("parameters")
-    for trial in sorted(
-        report.pareto, key=lambda t: t.values[0], reverse=report.directions[0] == "maximize"
-    ):  # type: ignore[index]
-        table.add_row(
-            str(trial.number),
-            *(fmt(n, v) for n, v in zip(report.objectives, trial.values or (), strict=False)),
-            escape(_params_text(trial)),
-        )
-    return table
-
-
 def change_section(report: StudyReport) -> Group:
     best = report.best
     assert best is not None
@@ -300,8 +292,7 @@ def change_section(report: StudyReport) -> Group:
     return Group(*parts)
 
 
-def diagnosis_panel(title: str, trial: TrialView) -> Panel:
-    diagnosis = trial.diagnosis
+def diagnosis_panel(label: str, diagnosis: Diagnosis) -> Panel:
     lines = [f"[bold]{diagnosis.bottleneck.value}[/]: {escape(diagnosis.summary)}"]
     lines += [f"  - {escape(e)}" for e in diagnosis.evidence]
     if diagnosis.suggestions:
@@ -309,7 +300,7 @@ def diagnosis_panel(title: str, trial: TrialView) -> Panel:
         lines += [f"  - {escape(s)}" for s in diagnosis.suggestions]
     return Panel(
         "\n".join(lines),
-        title=f"Bottleneck: {title} (#{trial.number})",
+        title=f"Bottleneck: {label}",
         title_align="left",
         expand=False,
     )
@@ -385,14 +376,12 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
 def importance_section(report: StudyReport) -> Any:
     if not report.importances:
         return Text(report.importance_note or "parameter importances unavailable", style="dim")
-    table = Table(title="Which parameters mattered (PED-ANOVA, ok trials)", title_justify="left")
-    table.add_column("parameter")
-    for name in report.importances:
-        table.add_column(name, justify="right")
-    params = list(next(iter(report.importances.values())))
-    for param in params:
-        table.add_row(param, *(f"{imp.get(param, 0.0):.2f}" for imp in report.importances.values()))
-    return table
+    imps = report.importances.values()
+    return table(
+        "Which parameters mattered (PED-ANOVA, ok trials)",
+        ["parameter", *report.importances],
+        [(p, *(f"{imp.get(p, 0.0):.2f}" for imp in imps)) for p in next(iter(imps))],
+    )
 
 
 def render(report: StudyReport, console: Console, limit: int | None = 15) -> None:
@@ -414,7 +403,7 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
     for line in two_answers_lines(report) + speedup_lines(report) + best_noise_lines(report):
         console.print(line)
     if report.multi_objective:
-        console.print(pareto_table(report))
+        console.print(front_table(report, _params_text))
         confirmed = report.confirmation is not None and report.confirmation.configs
         how = (
             "the confirmation round's winner (above)"
@@ -425,9 +414,10 @@ def render(report: StudyReport, console: Console, limit: int | None = 15) -> Non
     console.rule("The change to apply")
     console.print(change_section(report))
     console.rule("Bottlenecks")
-    console.print(diagnosis_panel("best", report.best))
+    console.print(diagnosis_panel(f"best (#{report.best.number})", report.best.diagnosis))
     if report.baseline is not None and report.baseline is not report.best:
-        console.print(diagnosis_panel("baseline", report.baseline))
+        base = report.baseline
+        console.print(diagnosis_panel(f"baseline (#{base.number})", base.diagnosis))
     table, hidden = trials_table(report, limit)
     console.print(table)
     if hidden > 0:
@@ -449,4 +439,7 @@ def trial_detail(report: StudyReport, trial: TrialView) -> Group:
             lines.append(f"{key}: {escape(str(trial.attrs[key]))}")
     for warning in trial.attrs.get("warnings") or []:
         lines.append(f"[yellow]warning:[/] {escape(str(warning))}")
-    return Group(Text.from_markup("\n".join(lines)), diagnosis_panel("trial", trial))
+    return Group(
+        Text.from_markup("\n".join(lines)),
+        diagnosis_panel(f"trial (#{trial.number})", trial.diagnosis),
+    )
