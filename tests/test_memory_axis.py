@@ -94,33 +94,29 @@ def test_powers_of_two(low, high, expected) -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "max_batch", "global_batch", "choices", "dropped", "added"),
+    ("preset", "max_batch", "choices", "dropped", "added"),
     [
         # a small device: the top of the preset does not fit
-        ([32, 64, 128, 256, 512], 200, None, [32, 64, 128], [256, 512], []),
+        ([32, 64, 128, 256, 512], 200, [32, 64, 128], [256, 512], []),
         # a large device: the axis grows past the preset (at most MAX_CHOICES, the largest ones)
-        ([32, 64, 128, 256, 512], 5000, None, [32, 64, 128, 256, 512, 1024, 2048, 4096], [],
+        ([32, 64, 128, 256, 512], 5000, [32, 64, 128, 256, 512, 1024, 2048, 4096], [],
          [1024, 2048, 4096]),
-        ([32, 64, 128, 256, 512], 10**6, None,
+        ([32, 64, 128, 256, 512], 10**6,
          [4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288], [32, 64, 128, 256, 512],
          [4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288]),
-        # same-training mode: never above the global batch
-        ([32, 64, 128, 256, 512], 5000, 256, [32, 64, 128, 256], [512], []),
         # nothing predicted to fit: the smallest stays (its OOM teaches the sampler)
-        ([32, 64, 128], 10, None, [32], [64, 128], []),
+        ([32, 64, 128], 10, [32], [64, 128], []),
         # a preset choice that is not a power of two is rebuilt away
-        ([32, 48, 64], 100, None, [32, 64], [48], []),
+        ([32, 48, 64], 100, [32, 64], [48], []),
     ],
 )  # fmt: skip
 def test_batch_choices_from_the_largest_fitting_batch(
-    preset, max_batch, global_batch, choices, dropped, added
+    preset, max_batch, choices, dropped, added
 ) -> None:
-    axis = batch_choices(preset, max_batch, "memory", global_batch)
+    axis = batch_choices(preset, max_batch, "memory")
     assert axis.choices == choices
     assert [c for c, _ in axis.dropped] == dropped
     assert axis.added == added
-    if global_batch is not None:
-        assert all("global_batch" in why for c, why in axis.dropped if c > global_batch)
 
 
 @pytest.mark.parametrize(

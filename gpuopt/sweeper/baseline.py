@@ -1,14 +1,8 @@
 """The baseline: the user's configuration as composed, measured once per study (`baseline=True`).
 
-Every speedup is relative to it, so it is enqueued (a WAITING trial with the configured values of
-the searched keys) before the sampler's trials, by the worker that created the study or by
-whoever resumes a study without one.
-
-Grid sweeps differ: GridSampler hands grid points out by trial number, so a pinned trial would
-take a point twice and leave another out. When the composed config is itself a grid point, no
-trial is added: the grid trial that reaches that point is marked baseline (`mark_grid_point`).
-Otherwise the baseline runs outside the grid (grid_id -1), one trial on top of it.
-"""
+Enqueued before the sampler's trials. GridSampler hands points out by trial number, so a pinned
+trial would take a point twice: when the composed config is a grid point, the grid trial that
+reaches it is marked baseline (`mark_grid_point`); else the baseline runs outside the grid."""
 
 from __future__ import annotations
 
@@ -25,7 +19,6 @@ from gpuopt.study.keys import (
     ATTR_BASELINE_SKIPPED,
     ATTR_FIXED_PARAMS,
     ATTR_GRID_ID,
-    ATTR_INTERRUPTED,
     ATTR_REASON,
     ATTR_SEARCH_SPACE,
     ATTR_VOID,
@@ -49,11 +42,8 @@ def grid_point(config: Any, space: SearchSpace) -> dict[str, Any] | None:
 def prepare(
     study: optuna.Study, config: Any, space: SearchSpace, created_study: bool
 ) -> dict[str, Any] | None:
-    """Make sure the study will measure a baseline; returns the grid point to mark, if any.
-
-    A new study: its creator enqueues the baseline (workers started with it leave that to it); an
-    existing study without one gets it from whoever resumes it.
-    """
+    """Make sure the study will measure a baseline (its creator, or whoever resumes a study without
+    one enqueues it); the grid point to mark, if any."""
     trials = study.get_trials(deepcopy=False)
     if resume.has_baseline(trials) or any(t.user_attrs.get(ATTR_BASELINE_SKIPPED) for t in trials):
         return None  # measured, on its way, or known not to run as composed
@@ -85,10 +75,8 @@ def enqueue(study: optuna.Study, config: Any, space: SearchSpace) -> None:
 
 
 def launcher_failed(ret: Any) -> bool:
-    """Whether the job failed outside the task: the launcher raised (a job it could not pickle or
-    submit), or the trial process ended without a result (a crash, a timeout, SLURM's verdict:
-    gpuopt's launchers' TrialProcessError, told by its `log_tail`). Such a baseline is a failed
-    trial with the launcher's reason, not a configuration that cannot run on its own."""
+    """Whether the job failed outside the task (the launcher raised, or the trial process ended
+    without a result): such a baseline is a failed trial, not a configuration that cannot run."""
     if isinstance(ret, BaseException):
         return True
     try:
@@ -99,11 +87,8 @@ def launcher_failed(ret: Any) -> bool:
 
 
 def skip(study: optuna.Study, trial: Trial, overrides: list[str], ret: Any, outcome: Any) -> None:
-    """A baseline whose task raised: the configuration as composed does not run on its own (e.g.
-    custom-search-space-objective.py reads `w`, which only its custom_search_space adds). It is
-    told FAIL with the reason, marked skipped and void: no failed trial for max_failure_rate, not
-    counted towards n_trials, never best, and not enqueued again on resume. (A baseline the
-    launcher failed, `launcher_failed`, is a failed trial like any other.)"""
+    """A baseline whose task raised: the composed configuration does not run on its own (e.g. it reads
+    a key only custom_search_space adds). Told FAIL, marked skipped and void: never counted or best."""
     from gpuopt.sweeper.record import record_trial
 
     reason = str(outcome.user_attrs.get(ATTR_REASON) or outcome.status).strip().splitlines()[0]
@@ -119,10 +104,7 @@ def grid_trials(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
     return space.grid_size + sum(
         1
         for t in trials
-        if t.user_attrs.get(ATTR_BASELINE)
-        and t.system_attrs.get(ATTR_GRID_ID) == OUTSIDE_GRID
-        and not t.user_attrs.get(ATTR_INTERRUPTED)
-        and not t.user_attrs.get(ATTR_VOID)
+        if t.system_attrs.get(ATTR_GRID_ID) == OUTSIDE_GRID and resume.has_baseline([t])
     )
 
 
@@ -176,14 +158,9 @@ def categorical_choices(space: SearchSpace) -> dict[str, list[Any]]:
 def enqueue_seeds(
     study: optuna.Study, trial: Trial, outcome: Any, space: SearchSpace, n_trials: int | None = None
 ) -> None:
-    """After the baseline's result: enqueue the expert seeds, once per study (not on a grid, whose
-    points are handed out by number; not after a failed baseline: no costs to reason from).
-
-    Only as many as the study still has room for (`seed_room`): a queued trial runs before any new
-    one (resume.is_surplus), but trials other workers already run count, and a seed past n_trials
-    would wait in the study forever (a baseline re-run after its worker died came back late).
-    Which keys hold the global batch (the same-training seeds') is the study's rule, recorded
-    when the sweep started (sweeper/global_batch.py)."""
+    """After the baseline's result: enqueue the expert seeds, once per study (not on a grid, not
+    after a failed baseline). Only as many as the study has room for (`seed_room`): a seed past
+    n_trials would wait in the study forever."""
     if space.is_grid or not outcome.feasible or STUDY_SEEDS in study.user_attrs:
         return
     facts = seed_facts(outcome.user_attrs, study.user_attrs)

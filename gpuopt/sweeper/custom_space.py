@@ -1,13 +1,8 @@
 """`hydra.sweeper.custom_search_space`: the app's function that adds params to each trial.
 
-The stock sweeper instantiates the dotpath with Hydra's `instantiate` and no execution whitelist,
-which Hydra 1.4 warns about (an error from Hydra 1.5; hydra-optuna-sweeper's own test of its
-custom-search-space example fails under `python -Werror` for it). A config naming a function is
-a config running code, so gpuopt trusts what the user already runs: the app's own module (the
-script, or the module `python -m` ran) and the package it is in, plus gpuopt's `trust` list for
-gpuopt's own task. A dotpath outside them is instantiated as the stock sweeper does (Hydra's
-warning included): never worse than the stock plugin.
-"""
+The stock sweeper instantiates it with no execution whitelist, which Hydra 1.4 warns about (an
+error from 1.5). gpuopt trusts what the user already runs: the app's module and its package, plus
+`trust` for gpuopt's own task; anything else is instantiated as the stock sweeper does."""
 
 from __future__ import annotations
 
@@ -20,12 +15,8 @@ from hydra.utils import instantiate
 
 
 def app_modules(task_function: Any) -> list[str]:
-    """Whitelist patterns for the app whose task function this is: its module and its package.
-
-    A script's task lives in `__main__`; Hydra's `_locate` imports it again under its file name
-    (the script's folder is sys.path[0]), and `python -m pkg.app` gives `__main__` the spec name
-    `pkg.app`.
-    """
+    """Whitelist patterns for the app's module and package. A script's task lives in `__main__`,
+    which Hydra's `_locate` imports again under its file name; `python -m pkg.app` names it `pkg.app`."""
     name = getattr(task_function, "__module__", None) or ""
     if name == "__main__":
         main = sys.modules.get("__main__")

@@ -1,24 +1,9 @@
 """Which configurations hold the baseline's global batch, known from their params before they run.
 
-The two answers (docs/same-training.md) need the search to look for answer (a) on purpose: expert
-seeds and a share of the sampler's trials at the baseline's global batch, and a race that keeps a
-same-training finalist. Both must tell, from a configuration's params alone, whether it trains on
-the baseline's global batch. The rule:
-
-- gpuopt's own task: the knob catalogue's GLOBAL_BATCH records (gpuopt.core.knobs, `Knob.batch`):
-  the FACTOR keys multiply (loader.batch_size x distributed.nproc_per_node), and the TOTAL key
-  (train.global_batch), when set, is the global batch itself, which the micro-batch x ranks must
-  divide (the rest is accumulation);
-- an app of its own: `hydra.sweeper.batch_keys`, the keys whose product is its global batch per
-  rank, the micro-batch first (`[data.batch_size, trainer.accumulate_grad_batches]`); the world
-  size multiplies in as the task reports it (a key that changes it belongs in the list when the
-  sweep searches it);
-- neither: no rule. Same training is then known only after the fact, from the global batch each
-  trial reports (gpuopt.study.rules.same_training), and the summary says how to declare the keys.
-
-The rule with the baseline's values of its keys is stored on the study (STUDY_BATCH_RULE), so the
-seeding after the baseline, the race and the summary read one record.
-"""
+gpuopt's own task: the knob catalogue's GLOBAL_BATCH records (FACTOR keys multiply; a TOTAL key is
+the global batch itself). An app: `hydra.sweeper.batch_keys`, the micro-batch first. Neither: no
+rule (same training known only after the fact). Stored on the study (STUDY_BATCH_RULE) for the
+seeding, the race and the summary."""
 
 from __future__ import annotations
 
@@ -73,9 +58,8 @@ class BatchRule:
         return self.factors[0]
 
     def of(self, params: Mapping[str, Any]) -> int | None:
-        """The global batch of the configuration `params` sets over the baseline's values (per
-        rank for an app's keys); None where a value is no integer or the micro-batches do not
-        divide a TOTAL (such a configuration does not run)."""
+        """The global batch `params` sets over the baseline's values; None where a value is no integer
+        or the micro-batches do not divide a TOTAL (it does not run)."""
         values = {**self.baseline, **{k: v for k, v in params.items() if k in self.keys}}
         product = 1
         for key in self.factors:
@@ -101,9 +85,8 @@ class BatchRule:
         return batch is not None and batch == self.held
 
     def combinations(self, choices: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-        """Every assignment of the searched keys of the rule (`choices`: the space's) that holds
-        the baseline's global batch, the largest micro-batch first (the fewest accumulation
-        steps: the same math in fewer, larger steps); the baseline's own among them."""
+        """Every assignment of the rule's searched keys that holds the baseline's global batch,
+        the largest micro-batch first; the baseline's own among them."""
         searched = [k for k in self.keys if k in choices]
         if not searched or math.prod(len(choices[k]) for k in searched) > MAX_COMBINATIONS:
             return []
@@ -133,10 +116,8 @@ class BatchRule:
 
 
 def keeps_training(rule: BatchRule, params: Mapping[str, Any], baseline: Mapping[str, Any]) -> bool:
-    """Whether a configuration may be the same training as the baseline, from its params: the
-    baseline's global batch, and no searched key that changes the learning rate or what is
-    trained (the knob catalogue's LR and WHAT records) set otherwise. Its numerics are the guard's
-    to check, in its whole trial."""
+    """Whether a configuration may be the same training as the baseline: its global batch, and no
+    searched key that changes the learning rate or what is trained set otherwise."""
     if not rule.holds(params):
         return False
     for key, value in params.items():
@@ -163,10 +144,9 @@ def for_sweep(
     fixed: Mapping[str, Any],
     searched: Sequence[str] = (),
 ) -> BatchRule | None:
-    """The sweep's rule: the app's `batch_keys`, else gpuopt's own task's, else None; with the
-    baseline's values of its keys (the composed `config`, the sweep's `fixed` params over it). A
-    declared key that is neither in the config nor `searched` is a SweepConfigError: a typo
-    would otherwise make every configuration "hold" the global batch."""
+    """The sweep's rule (the app's `batch_keys`, else gpuopt's task's, else None) with the baseline's
+    values. A declared key neither in the config nor searched is a SweepConfigError (a typo would
+    make every configuration "hold" the global batch)."""
     from omegaconf import OmegaConf
 
     if not batch_keys and not gpuopt_task:
@@ -189,9 +169,8 @@ def for_sweep(
 
 
 def found_batch_keys(searched: Sequence[str]) -> list[str]:
-    """An app's sweep that declares no `batch_keys`: the searched key named like a batch size
-    (and one named like an accumulation count), as gpuopt.core.search_space names them; said in
-    the log, since the same-training answer rests on them."""
+    """An app's sweep without `batch_keys`: the searched keys named like a batch size and an
+    accumulation count, said in the log."""
     from gpuopt.core.search_space import batch_keys_among
 
     found = batch_keys_among(searched)

@@ -1,14 +1,7 @@
-"""Several workers measuring on one host: their trials compete for the same cores, memory
-bandwidth and GPUs, and every throughput they report is wrong (a baseline read 87 samples/s under
-three workers against ~6,000 alone), so is every speedup computed from them.
-
-Each trial records its owner (host, pid of the sweeping process) in its system attrs and Optuna
-records when it started; a trial whose run overlapped in time with a trial of another worker on
-the same host is flagged: user attr `interference` (the host and the other trials' numbers), one
-line in the trial's `warnings` (the report shows it), a warning in the sweep's progress, and a note
-in the summary. Trials of one worker's own batch (hydra.sweeper.n_jobs > 1) are not flagged: those
-are pinned to separate GPUs by the launcher.
-"""
+"""Several workers measuring on one host compete for cores, memory bandwidth and GPUs: every
+throughput they report is wrong (a baseline read 87 samples/s under three workers against ~6,000
+alone). A trial that overlapped in time with another worker's on the same host is flagged (user
+attr, warning, summary note). One worker's own batch (n_jobs > 1) is not: its jobs get separate GPUs."""
 
 from __future__ import annotations
 
@@ -85,12 +78,8 @@ def summary_note(trials: Sequence[Any]) -> str | None:
 
 
 def flag_outcome(study: Any, trial: Any, outcome: Any, trials: Sequence[Any] | None = None) -> None:
-    """Other workers' trials ran on this host at the same time as `trial`: say so in the
-    outcome's user attrs and warnings, and in the sweep's log.
-
-    `trials`: the study's trials read after `trial`'s run ended (the trial loop's read after the
-    launch, or after the batch's previous tell), None: read here. Either way one read: `trial`'s
-    own record (its owner, its start) is taken from it, not read again."""
+    """Other workers' trials ran on this host at the same time as `trial`: say so in the outcome
+    and the log. `trials`: the study's trials read after the run (None: read here)."""
     import logging
 
     from gpuopt.study.keys import ATTR_WARNINGS

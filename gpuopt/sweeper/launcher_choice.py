@@ -1,15 +1,9 @@
 """Which launcher runs the trials of an app that gpuopt measures.
 
 Settings measured in one long-lived process read 10-35% faster than in fresh ones (warm caches,
-allocator, imported modules), so trials run one after another inside the sweep's own process
-(Hydra's `basic` launcher) make later trials look faster than the baseline measured first. When the
-app's objectives are gpuopt's metrics (`SweeperOptions.measured`) and the app left Hydra's default
-launcher in place, the sweep uses gpuopt's fresh-process launcher instead (`hydra/launcher=
-fresh_process`, one log line says so). An app that chose a launcher keeps it: a `hydra/launcher=...`
-on the command line (`hydra/launcher=basic` included) or an `override hydra/launcher: ...` in any of
-its configs (core._compat.launcher_chosen tells the two apart from Hydra's default). An app whose
-objective is its own value (`val/acc_best`, Hydra's sphere example) keeps the stock launcher.
-"""
+allocator), so with Hydra's `basic` launcher later trials look faster than the baseline. When
+gpuopt measures the app and the app left Hydra's default launcher in place, the sweep uses
+`hydra/launcher=fresh_process` (one log line says so); an app that chose a launcher keeps it."""
 
 from __future__ import annotations
 
@@ -42,9 +36,8 @@ def wants_fresh_process(options: SweeperOptions, config_loader: Any, config: Dic
 
 
 def use_fresh_process(config: DictConfig) -> None:
-    """Make `config` (the sweep's master config) select gpuopt's fresh-process launcher, as
-    `hydra/launcher=fresh_process` on the command line would: its node, its runtime choice, and
-    the override, which every trial's config is composed with (Hydra's load_sweep_config)."""
+    """Make the sweep's master config select gpuopt's fresh-process launcher, as
+    `hydra/launcher=fresh_process` on the command line would (every trial's config is composed with it)."""
     from gpuopt.sweeper.launchers.fresh_process import FreshProcessConf
 
     hydra = config.hydra

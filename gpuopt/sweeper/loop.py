@@ -1,17 +1,8 @@
 """The gpuopt sweep loop, on hydra-optuna-sweeper's machinery.
 
-Reused from the stock plugin: sampler configs, its parser of Hydra sweep syntax into Optuna
-distributions, grid handling. Replaced: the loop, because gpuopt needs a baseline trial, failures
-told as data (constraints), resume of killed sweeps, a confirmation round, and outputs a user can
-act on. The sweeping process never imports torch: the trial engine runs in the launcher's
-processes and sends back a picklable `TrialResult`.
-
-`_sweep` reads top to bottom: the objectives, the search space (after the checks of the composed
-config and the machine), the study, the baseline, the trials, the confirmation round, the best's
-profile, the outputs. Each step's rules live in their own module (task, machine, space,
-open_study, baseline, resume, trials, confirm, profiling, outputs); settings come from one
-`SweeperOptions`.
-"""
+Reused from the stock plugin: sampler configs, its sweep-syntax parser, grid handling. Replaced:
+the loop (a baseline trial, failures told as data, resume, a confirmation round, actionable
+outputs). The sweeping process never imports torch: trials send back a picklable `TrialResult`."""
 
 from __future__ import annotations
 
@@ -116,8 +107,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     # ---- the sweep, top to bottom --------------------------------------------------------------
 
     def sweep(self, arguments: list[str]) -> None:
-        """The sweep; stopped by Ctrl-C, SIGTERM or SIGHUP, it marks its running trials interrupted
-        at once (re-queued, as a resume would) and exits with one line, no traceback."""
+        """The sweep; stopped by Ctrl-C, SIGTERM or SIGHUP, it marks its running trials
+        interrupted and exits with one line, no traceback."""
         self._study: optuna.Study | None = None
         try:
             with terminate_as_interrupt():
@@ -183,9 +174,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     # ---- the steps -----------------------------------------------------------------------------
 
     def _plan(self, arguments: list[str]) -> tuple[dict[str, Any], machine.EnvProbe, SearchSpace]:
-        """gpuopt's own task checked once (its values, against the machine), before anything
-        exists; the machine's facts, the env probe and the search space for its device. The
-        storage is checked before the machine is probed: a refused login is the first line."""
+        """The machine's facts, the env probe and the search space, after gpuopt's own task is
+        checked. The storage is checked before the machine is probed: a refused login is the first line."""
         open_study.check_storage(self.options.storage, self.config)
         facts = machine.hardware_facts()
         task.check_values(self.options, self.config)
@@ -227,8 +217,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         probe: machine.EnvProbe,
         space: SearchSpace,
     ) -> tuple[optuna.Study, str | None, bool]:
-        """(the study, its storage URL, whether this worker created it): a new one records its
-        objectives and machine; an existing one is checked against this sweep's space."""
+        """(the study, its storage URL, whether this worker created it)."""
         hw_id = machine.hardware_id(facts)
         url = open_study.storage_url(self.options.storage, self.config)
         self.storage = url if url is not None else open_study.MEMORY  # as logs show it
@@ -304,8 +293,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     def _trials_to_go(
         self, study: optuna.Study, space: SearchSpace, created: bool
     ) -> tuple[int, dict[str, Any] | None]:
-        """Recover dead workers' trials, make sure a baseline will run, fit n_trials to a grid;
-        how many trials the study still needs, and the grid point to mark baseline (if any)."""
+        """Recover dead workers' trials, prepare the baseline, fit n_trials to a grid; trials
+        still to go, and the grid point to mark baseline (if any)."""
         resume.recover(study, self._ownerless, stale_gate=self._stale_gate)
         to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
         point = None
@@ -323,9 +312,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     def _confirm(
         self, study: optuna.Study, names: list[str], directions: list[str], measure: Any
     ) -> Confirmation | None:
-        """The confirmation round, in the last worker to finish; its record. Its in-process mode
-        builds gpuopt's engine from the composed configs: only for gpuopt's own task function (as
-        the race); an app with a task of its own on gpuopt's configs confirms in fresh processes."""
+        """The confirmation round, in the last worker to finish. In-process only for gpuopt's own
+        task function (its engine is built from the composed configs)."""
         own = self.options.gpuopt_task and getattr(self, "_own_task", False)
         return rounds.confirm_if_last(
             study,

@@ -1,16 +1,8 @@
 """What machine the study measures, without importing torch in the sweeping process.
 
-- `probe_env`: `python -m gpuopt.env --json` once, in a subprocess (its facts, judged by the knob
-  catalogue's rules, drive the device-aware presets; torch is imported there, not here), kept in
-  gpuopt's cache folder under what it depends on (`probe_key`), so a sweep on the same machine,
-  interpreter and GPUs does not import torch for it again (~2 s of every sweep's start).
-- `hardware_id`: a stable short id of the hardware (CPU model, core count, GPU names through NVML),
-  part of the default study name, so one study never mixes machines.
-- `default_study_name`: the study's name when the user does not give one (where it lives:
-  gpuopt.study.storage).
-- `gpu_setup_command`: the GPUs a fresh trial process must see (submitit's local launcher would
-  otherwise set CUDA_VISIBLE_DEVICES="" and hide every GPU from the trial).
-"""
+The env probe (`python -m gpuopt.env --json`) runs in a subprocess and is cached under what it
+depends on (`probe_key`), saving ~2 s of every sweep's start; `hardware_id` is part of the
+default study name, so one study never mixes machines."""
 
 from __future__ import annotations
 
@@ -54,9 +46,8 @@ PROBE_SOURCES = ("env.py", "core/knobs.py", "trial/devices.py", "trial/matmul_pe
 
 
 def probe_key(python: str) -> str:
-    """What the probe's answer depends on: the hardware (CPU, cores, GPU names through NVML), the
-    CPUs and GPUs this process may use, the interpreter, torch's version, and the
-    code that makes the answer (its modules' sizes and times)."""
+    """What the probe's answer depends on: the hardware, the CPUs and GPUs this process may use,
+    the interpreter, torch's version, and the code that makes the answer."""
     from importlib import metadata
 
     root = Path(__file__).resolve().parents[1]
@@ -135,7 +126,7 @@ def hardware_facts() -> dict[str, Any]:
 
 
 def hardware_id(facts: dict[str, Any]) -> str:
-    """The hardware's short readable id (a string; gpuopt.trial.devices.fingerprint is the dict of facts): the accelerator (or CPU core count) plus a hash of all the facts."""
+    """The hardware's short readable id: the accelerator (or CPU core count) plus a hash of the facts."""
     digest = hashlib.sha1(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:6]
     gpus = facts.get("gpus") or []
     if gpus:
@@ -164,10 +155,7 @@ def default_study_name(workload: str | None, search: str | None, hardware_id: st
 
 
 def gpu_setup_command(environ: dict[str, str]) -> str:
-    """A shell line that gives a fresh trial process the GPUs this process sees.
-
-    submitit's local launcher sets CUDA_VISIBLE_DEVICES to the first `gpus_per_node` GPU indices
-    (none by default), which hides every GPU from a trial. Its `setup` lines run in the job's shell
-    after that, so they restore this process's setting (indices, UUIDs or unset alike).
-    """
+    """A shell line that gives a fresh trial process the GPUs this process sees: submitit's local
+    launcher sets CUDA_VISIBLE_DEVICES to the first `gpus_per_node` indices (none by default); its
+    `setup` lines run after that."""
     return setup_line(environ.get("CUDA_VISIBLE_DEVICES"))

@@ -1,22 +1,12 @@
 """The memory-aware batch axis: which micro-batch sizes fit this device, from two measured peaks.
 
-A preset's fixed `choice(32,...,512)` is a ceiling of the search on a large accelerator and mostly
-out-of-memory trials on a small one. Peak memory grows about linearly in the micro-batch (weights,
-gradients and optimizer state are fixed; activations scale per sample), so two measured peaks
-(`python -m gpuopt.processes.memory_probe`, run in subprocesses before the study: the sweeper never imports
-torch) give fixed + per-sample memory, and with the device's memory (or a configured cap) the
-largest micro-batch that fits with a margin. The batch axis becomes the powers of two up to it.
-The prediction is a prior, not a wall: the sampler still learns the true boundary, because an OOM
-trial is infeasible (a constraint), and the margin keeps the predicted maximum off the edge.
-
-A distributed config (`distributed=ddp | fsdp2`) is probed as the job it is: the probe starts its
-ranks as a trial does, each at the per-rank micro-batch (`loader.batch_size`), and its peak is the
-largest rank's, fitted against the budget of one device (a cap: of one rank process), since an
-FSDP2 rank holds a shard of the parameters, gradients and optimizer state and a DDP rank its
-gradient buckets besides them: one process's peak is neither.
-
-Pure functions (fit, predict, choices) plus the subprocess runner; tests/test_memory_axis.py.
-"""
+Peak memory grows about linearly in the micro-batch, so two peaks measured in subprocesses
+(`python -m gpuopt.processes.memory_probe`: the sweeper never imports torch) give fixed +
+per-sample memory, and with the device's memory (or a cap) the largest micro-batch that fits with
+a margin; the axis becomes the powers of two up to it. A prior, not a wall: an OOM trial is
+infeasible, so the sampler still learns the boundary. A distributed config is probed as the job
+it is (its peak is the largest rank's, against one device's budget): one process's peak is
+neither an FSDP2 rank's (a shard) nor a DDP rank's (plus gradient buckets)."""
 
 from __future__ import annotations
 
@@ -119,7 +109,7 @@ class BatchAxis:
 
     def rewrite(self, params: Mapping[str, str]) -> dict[str, str]:
         """The preset's params with this axis's choice list for its key."""
-        return rewrite_batch_axis(params, self, self.key)
+        return {**params, self.key: "choice(" + ",".join(str(c) for c in self.choices) + ")"}
 
 
 def powers_of_two(low: int, high: int) -> list[int]:
@@ -130,42 +120,23 @@ def powers_of_two(low: int, high: int) -> list[int]:
     return [1 << k for k in range(int(math.log2(start)), int(math.log2(high)) + 1)]
 
 
-def batch_choices(
-    preset: Sequence[int],
-    max_batch: int,
-    reason: str,
-    global_batch: int | None = None,
-    max_choices: int = MAX_CHOICES,
-) -> BatchAxis:
-    """Powers of two from the preset's smallest choice up to `max_batch` (and, in same-training
-    mode, up to the global batch: a micro-batch above it is not the same training), the largest
-    `max_choices` of them. Preset choices above the limit are dropped with `reason`."""
-    ceiling = max_batch if global_batch is None else min(max_batch, global_batch)
+def batch_choices(preset: Sequence[int], max_batch: int, reason: str) -> BatchAxis:
+    """Powers of two from the preset's smallest choice up to `max_batch`, the largest MAX_CHOICES
+    of them; preset choices above it dropped with `reason`."""
     low = min(preset) if preset else 1
     # Not even the smallest preset choice is predicted to fit: keep it (its OOM teaches the
     # sampler the boundary) rather than search nothing.
-    grown = powers_of_two(low, ceiling)[-max_choices:] or [low]
+    grown = powers_of_two(low, max_batch)[-MAX_CHOICES:] or [low]
     dropped = []
     for choice in preset:
-        if choice in grown:
-            continue
-        if global_batch is not None and choice > global_batch:
-            why = f"above train.global_batch={global_batch}: not the same training"
-        elif choice > max_batch:
-            why = reason
-        else:
-            why = "not a power of two, or below the largest choices kept"
-        dropped.append((choice, why))
+        if choice not in grown:
+            why = (
+                reason
+                if choice > max_batch
+                else "not a power of two, or below the largest choices kept"
+            )
+            dropped.append((choice, why))
     return BatchAxis(grown, dropped, [c for c in grown if c not in preset])
-
-
-def rewrite_batch_axis(
-    params: Mapping[str, str], axis: BatchAxis, key: str = BATCH_KEY
-) -> dict[str, str]:
-    """The preset's params with `key`'s choice list replaced by the axis's choices."""
-    out = dict(params)
-    out[key] = "choice(" + ",".join(str(c) for c in axis.choices) + ")"
-    return out
 
 
 def preset_batches(params: Mapping[str, str], key: str = BATCH_KEY) -> list[int] | None:
@@ -192,9 +163,8 @@ def preset_batches(params: Mapping[str, str], key: str = BATCH_KEY) -> list[int]
 
 @dataclass
 class MemoryProbe:
-    """What `python -m gpuopt.processes.memory_probe` measured: (micro-batch, peak MiB) points. A
-    distributed config's probe ran its `world_size` ranks, each at the micro-batch: a point's
-    peak is the largest rank's (the budget is per device), every rank's in `rank_peaks`."""
+    """What the memory probe measured: (micro-batch, peak MiB) points; a distributed probe's peak
+    is the largest rank's (the budget is per device), every rank's in `rank_peaks`."""
 
     points: list[tuple[int, float]] = field(default_factory=list)
     device_memory_mb: float | None = None
@@ -314,9 +284,8 @@ def plan_batch_axis(
     settings: AxisSettings,
     probe_dir: Path,
 ) -> BatchAxis | None:
-    """The batch axis for this sweep, or None (the preset's stays): off, no plain batch choice in
-    the preset, the command line sweeps the batch itself, or on CPU without a cap (RAM is rarely
-    the limit there, and the probe costs two process starts)."""
+    """The batch axis for this sweep, or None (the preset's stays); not on CPU without a cap
+    (RAM is rarely the limit there, and the probe costs two process starts)."""
     preset = preset_batches(params)
     if not settings.enabled or preset is None:
         return None

@@ -1,10 +1,7 @@
 """Which numbers the study optimizes, and how one trial's return value becomes Optuna values.
 
-A gpuopt task returns a `TrialResult`: its named metrics become the objectives, `oom`/`diverged`
-become feasible-looking worst-case values plus an Optuna constraint (so samplers learn the region
-is infeasible), and `error` becomes a FAIL. A stock task returns a float or a list of floats: it is
-used as hydra-optuna-sweeper uses it.
-"""
+`oom`/`diverged` become worst-case values plus an Optuna constraint (so samplers learn the region
+is infeasible), `error` a FAIL; a stock task's float(s) are used as hydra-optuna-sweeper does."""
 
 from __future__ import annotations
 
@@ -42,13 +39,8 @@ def resolve_objectives(
     objectives: Sequence[str] | None, direction: Any
 ) -> tuple[list[str], list[str]]:
     """(metric names, directions) from the sweeper config; raises SweepConfigError.
-
-    - objectives given: directions come from each metric's goal (gpuopt.core.metrics) unless
-      `direction` is given too (then its length must match); a name without one (a metric of the task's own, returned in
-      its dict) needs `direction`.
-    - only a stock `direction` given: the first len(direction) default objectives.
-    - neither: throughput_amortized and utilization, both maximized.
-    """
+    objectives given: directions from each metric's goal unless `direction` is given (a name of the
+    task's own needs it); only `direction`: the first default objectives; neither: the defaults."""
     directions: list[str] | None = None
     if direction is not None:
         items = (
@@ -103,10 +95,8 @@ def resolve_objectives(
 
 
 def on_this_device(names: Sequence[str], facts: Mapping[str, Any] | None) -> list[str]:
-    """The default objectives on the device the env probe describes (`facts`: `python -m
-    gpuopt.env --json`): `utilization` is `sm_active` where the GPU has GPM (Hopper and newer:
-    the share of SMs busy, where util.gpu says only that a kernel was running), else itself
-    (gpuopt.core.metrics.on_device). Only for the defaults: objectives a user names stay."""
+    """The default objectives on the probed device: `utilization` is `sm_active` where the GPU
+    has GPM (util.gpu says only that a kernel ran). Objectives a user names stay."""
     return [on_device(name, facts or {}) for name in names]
 
 
@@ -136,11 +126,8 @@ def _is_list_config(value: Any) -> bool:
 
 
 def worst_value(direction: str) -> float:
-    """The value an infeasible trial is told: no real measurement can be worse.
-
-    All gpuopt metrics are >= 0, so 0 is the floor of a maximized one; a minimized one gets +inf
-    (Optuna stores it; GPSampler clips it to the worst finite value when fitting).
-    """
+    """The value an infeasible trial is told: 0 for a maximized metric (all are >= 0), +inf for a
+    minimized one (GPSampler clips it to the worst finite value when fitting)."""
     return 0.0 if direction == "maximize" else math.inf
 
 

@@ -1,9 +1,4 @@
-"""Opening the sweep's study: where it lives, its name, and what a new one records.
-
-A study is created once and resumed by every later run of the same command (and shared by every
-worker on it), so opening one checks that it measures the same objectives, warns when it was
-measured on other hardware, and on creation records the objectives, directions and hardware.
-"""
+"""Opening the sweep's study: where it lives, its name, and what a new one records."""
 
 from __future__ import annotations
 
@@ -31,9 +26,8 @@ URL_FORMS = (
 
 
 class StorageConnectError(ConfigError):
-    """A well-formed storage URL whose server could not be reached or refused the login: one line
-    in the server's words (`cannot connect to URL: password authentication failed for user "u"`),
-    exit status 2 like every bad input - not "invalid sweep config" with the URL forms."""
+    """A reachable-looking storage URL whose server is down or refused the login: one line in
+    the server's words, exit status 2 - not "invalid sweep config" with the URL forms."""
 
     def __init__(self, exc: storage_mod.StorageUnreachable) -> None:
         super().__init__("hydra.sweeper.storage", str(exc), "a storage that accepts the login")
@@ -41,14 +35,11 @@ class StorageConnectError(ConfigError):
 
 
 def check_storage(storage: Any, config: Any) -> None:
-    """The storage before the machine is probed (seconds) and the search space is trimmed: a server
-    is connected to once (storage.ping: nothing created), a SQLite file's folder checked (not
-    created). A refused login or a closed port is the sweep's first and only line."""
-    if storage is None or str(storage) == MEMORY:
+    """The storage before the machine is probed (seconds): a server pinged once (nothing
+    created), a SQLite file's folder checked. A refused login is the sweep's first and only line."""
+    url = storage_url(storage, config, create=False)
+    if url is None:
         return
-    url = str(storage)
-    if url.startswith(SQLITE_PREFIX) and url != SQLITE_PREFIX + ":memory:":
-        _sqlite_folder(url[len(SQLITE_PREFIX) :], config, create=False)
     try:
         storage_mod.ping(url)
     except storage_mod.StorageUnreachable as exc:
@@ -65,26 +56,22 @@ def _invalid_url(url: str | None, exc: BaseException) -> SweepConfigError:
     )
 
 
-def storage_url(storage: Any, config: Any) -> str | None:
-    """`hydra.sweeper.storage` -> what storage.open_storage takes: null or "memory" -> None
-    (in-memory: the stock sweeper's meaning of null), anything else as given.
-
-    gpuopt's own conf/config.yaml sets its persistent default (`${gpuopt.sqlite:...}`); the folder of
-    a SQLite file is created here only when it is the configured output_dir (as Hydra creates its
-    run dirs): any other missing folder is a mistyped path, reported before anything is created.
-    """
+def storage_url(storage: Any, config: Any, create: bool = True) -> str | None:
+    """`hydra.sweeper.storage` -> what storage.open_storage takes: null or "memory" -> None. A
+    SQLite file's folder is created only when it is the configured output_dir (as Hydra creates run
+    dirs): any other missing folder is a mistyped path."""
     if storage is None or str(storage) == MEMORY:
         return None
     url = str(storage)
     if url.startswith(SQLITE_PREFIX) and url != SQLITE_PREFIX + ":memory:":
-        _sqlite_folder(url[len(SQLITE_PREFIX) :], config)
+        _sqlite_folder(url[len(SQLITE_PREFIX) :], config, create)
     return url
 
 
 SQLITE_PREFIX = "sqlite:///"
 
 
-def _sqlite_folder(path: str, config: Any, create: bool = True) -> None:
+def _sqlite_folder(path: str, config: Any, create: bool) -> None:
     from omegaconf import OmegaConf
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -111,11 +98,7 @@ def open_study(
     heartbeat: tuple[int | None, int | None],
 ) -> tuple[optuna.Study, bool]:
     """(the study, whether this call created it); an existing one must have these objectives.
-
-    `name` None: a new study under Optuna's own generated name (the stock sweeper's behaviour).
-    A storage that cannot be opened is a SweepConfigError (bad URL, missing driver) or a
-    StorageConnectError (wrong password, server down); `check_storage` says so before the plan.
-    """
+    `name` None: Optuna's generated name (the stock sweeper's behaviour)."""
     try:
         opened = storage_mod.open_storage(url, *heartbeat)
     except storage_mod.StorageUnreachable as exc:
@@ -127,19 +110,15 @@ def open_study(
         return study, True
     try:
         study = optuna.load_study(study_name=name, storage=opened, sampler=sampler)
-        created = False
     except KeyError:
         try:
-            study = optuna.create_study(
+            return optuna.create_study(
                 study_name=name, storage=opened, sampler=sampler, directions=directions
-            )
-            created = True
+            ), True
         except optuna.exceptions.DuplicatedStudyError:  # another worker created it just now
             study = optuna.load_study(study_name=name, storage=opened, sampler=sampler)
-            created = False
-    if not created:
-        check_objectives(study, names, directions)
-    return study, created
+    check_objectives(study, names, directions)
+    return study, False
 
 
 def _first_line(exc: BaseException) -> str:
@@ -148,13 +127,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def check_search_space(study: optuna.Study, distributions: dict[str, Any]) -> None:
-    """An existing study's trials must have drawn each searched key from a compatible distribution.
-
-    Optuna refuses a param whose distribution changed kind or choices (`Cannot set different
-    distribution kind to the same parameter name`) in the middle of a trial; checked here, it is one
-    line before any trial runs. A widened or narrowed range of the same kind is allowed, as Optuna
-    allows it.
-    """
+    """An existing study's trials must have drawn each searched key from a compatible
+    distribution: Optuna refuses a changed kind or choices mid-trial; here it is one line up front."""
     seen: dict[str, Any] = {}
     for trial in study.get_trials(deepcopy=False):
         seen.update(trial.distributions)

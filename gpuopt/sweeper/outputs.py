@@ -1,19 +1,9 @@
-"""What a finished sweep leaves in its sweep dir, and prints.
+"""What a finished sweep leaves in its sweep dir (optimization_results.yaml, experiment/best.yaml,
+experiment/best_same_training.yaml, summary.txt), and prints.
 
-- optimization_results.yaml: hydra-optuna-sweeper's file (best params and value, or the Pareto
-  solutions), plus gpuopt's keys (study, storage, objectives, best trial);
-- experiment/best.yaml: the best trial as a Hydra experiment config that reproduces it;
-- experiment/best_same_training.yaml: the best trial that keeps the baseline's training math
-  (schema.pick_same_training), when it differs from the baseline;
-- summary.txt: the summary printed at the end (baseline, best, confirmation, how to review).
-
-The best trial is schema.pick_best's, as in the report. A worker whose study's result is made in
-another worker (`Pending`: that one confirms, or still runs trials) writes the best known so far
-(the Pareto front, for several objectives) with `pending: <worker>` in optimization_results.yaml
-and the stock log lines, and no best.yaml: a script reading the stock file sees what the stock
-sweeper would have written, and that it is not final, never an empty result. The worker that
-confirms writes the final file; a pending file never replaces a final one of the same study.
-"""
+A worker whose study's result is made in another worker (`Pending`) writes the best known so far
+with `pending: <worker>` and no best.yaml: a script reading the stock file never sees an empty
+result. A pending file never replaces a final one of the same study."""
 
 from __future__ import annotations
 
@@ -90,10 +80,6 @@ class SweepIdentity:
     sweep_groups: list[str] = field(default_factory=list)  # groups that configure the sweep
     metrics_named: bool = True  # gpuopt metrics (speedups) rather than an app's plain values
 
-    @property
-    def reproduce(self) -> str:
-        return self.reproduce_experiment("best")
-
     def reproduce_experiment(self, name: str) -> str:
         """The command that runs experiment/<name>.yaml of this sweep in this app."""
         plus = "+" if self.experiment_added else ""
@@ -127,12 +113,8 @@ def write_outputs(
     elapsed_s: float,
     best_pending: Pending | None = None,
 ) -> str:
-    """Write the three files; returns the summary text (the caller prints it).
-
-    `best_pending` (several workers: another one confirms, or still runs trials, and may overturn
-    the sweep's best): this worker writes the best known so far marked pending, no best.yaml, and
-    says where the result comes from.
-    """
+    """Write the files; returns the summary text (the caller prints it). `best_pending`: another
+    worker confirms or still runs trials, so the best so far is written marked pending."""
     sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
     all_trials = study.get_trials(deepcopy=False)
     labels = study.user_attrs.get(STUDY_OBJECTIVES)
@@ -172,7 +154,7 @@ def write_outputs(
     for note in (interference.summary_note(all_trials), race_policy.no_contender_note(all_trials)):
         if note:
             notes.append(note)
-    skipped = [t.user_attrs[ATTR_BASELINE_SKIPPED] for t in all_trials if _skipped(t)]
+    skipped = [s for t in all_trials if (s := t.user_attrs.get(ATTR_BASELINE_SKIPPED))]
     text = render(
         study_name=sweep.study_name,
         storage=sweep.storage if sweep.persisted else None,
@@ -187,7 +169,7 @@ def write_outputs(
         best_yaml=best_yaml,
         elapsed_s=elapsed_s,
         notes=notes,
-        reproduce=sweep.reproduce,
+        reproduce=sweep.reproduce_experiment("best"),
         baseline_skipped=skipped[-1] if skipped and baseline is None else None,
         speedups=sweep.metrics_named,
         best_pending=_pending_text(best_pending, so_far, sweep.names),
@@ -217,26 +199,18 @@ def _pending_text(pending: Pending | None, so_far: Any | None, names: list[str])
     return f"{pending.text}; best so far #{so_far.number}: {values_text(names, so_far.values)}"
 
 
-def _skipped(trial: Any) -> bool:
-    return bool(trial.user_attrs.get(ATTR_BASELINE_SKIPPED))
-
-
 def write_stock_outputs(
     sweep: SweepIdentity, best: Any | None, pareto: list[Any], pending: str | None
 ) -> None:
-    """hydra-optuna-sweeper's outputs: optimization_results.yaml and its closing log lines."""
-    ranked = [best] if best is not None and len(sweep.directions) < 2 else pareto
-    write_results(sweep, ranked, best, pending)
-    log_stock_lines(best, pareto, sweep.directions)
-
-
-def log_stock_lines(best: Any | None, pareto: list[Any], directions: list[str]) -> None:
-    """hydra-optuna-sweeper's closing log lines, word for word (scripts parse them)."""
-    if len(directions) < 2:
+    """hydra-optuna-sweeper's outputs: optimization_results.yaml and its closing log lines, word
+    for word (scripts parse them)."""
+    if len(sweep.directions) < 2:
+        write_results(sweep, [best] if best is not None else pareto, best, pending)
         if best is not None:
             log.info(f"Best parameters: {best.params}")
             log.info(f"Best value: {best.value}")
         return
+    write_results(sweep, pareto, best, pending)
     log.info(f"Number of Pareto solutions: {len(pareto)}")
     for t in pareto:
         log.info(f"    Values: {t.values}, Params: {t.params}")
@@ -315,19 +289,16 @@ def write_best_config(sweep: SweepIdentity, best: Any, name: str = "best") -> st
 
 def _experiment_overrides(overrides: list[str], sweep: SweepIdentity) -> tuple[list[str], Any]:
     """The trial's overrides best.yaml can hold, and the `experiment` option the sweep ran with.
-
-    Left out: the groups that configure the sweep (they would start one, e.g. `hparams_search`),
-    and the sweep's measurement settings (`is_measurement_key`: its windows, the guard's batch).
-    An `experiment=X` override becomes best.yaml's first default, `/experiment/X`: best.yaml is
-    selected as `experiment=best`, so it cannot override its own group.
-    """
+    Left out: sweep-configuring groups and measurement settings. `experiment=X` becomes the first
+    default `/experiment/X`: best.yaml is selected as `experiment=best`, so it cannot override it."""
     kept, base = [], None
     for line in overrides:
-        key = parser().parse_override(line).key_or_group
+        override = parser().parse_override(line)
+        key = override.key_or_group
         if key in sweep.sweep_groups or is_measurement_key(key):
             continue
         if key == EXPERIMENT_GROUP and EXPERIMENT_GROUP in sweep.groups:
-            base = parser().parse_override(line).value()
+            base = override.value()
             continue
         kept.append(line)
     return kept, base

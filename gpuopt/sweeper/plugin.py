@@ -1,14 +1,7 @@
 """The gpuopt Hydra sweeper: hydra-optuna-sweeper's keys and samplers, gpuopt's sweep loop.
 
-Hydra imports this module on every run (plugin discovery through the `hydra.plugins` entry point in
-pyproject.toml), so it stays light: no optuna, no torch. The sweep itself lives in `loop`, imported
-when a multirun actually starts.
-
-Selected with `hydra/sweeper=gpuopt` (conf/config.yaml does that for `python -m gpuopt.run -m`).
-Every key of the stock `hydra/sweeper=optuna` works unchanged (sampler, direction, storage,
-study_name, n_trials, n_jobs, max_failure_rate, params, custom_search_space); the keys below them are
-gpuopt's additions.
-"""
+Hydra imports this module on every run (plugin discovery), so it stays light: no optuna, no torch.
+Every key of the stock `hydra/sweeper=optuna` works unchanged; the keys below them are gpuopt's."""
 
 from __future__ import annotations
 
@@ -40,13 +33,8 @@ _DEFAULTS = SweeperOptions()  # the one default of each setting (gpuopt/sweeper/
 
 
 def sqlite_url(path: str) -> str:
-    """`${gpuopt.sqlite:outputs/gpuopt.db}` -> `sqlite:////abs/outputs/gpuopt.db`.
-
-    gpuopt's conf/config.yaml names its persistent study database with it: a relative path is made
-    absolute from the current directory, so every run dir of the sweep (and a later
-    `python -m gpuopt.report`) reads the same file. Nothing is created here: the folder is created
-    when the study is opened, if it is the configured output_dir (gpuopt/sweeper/open_study.py).
-    """
+    """`${gpuopt.sqlite:outputs/gpuopt.db}` -> `sqlite:////abs/outputs/gpuopt.db`: absolute from the
+    current directory, so every run dir of the sweep (and a later report) reads the same file."""
     return f"sqlite:///{os.path.abspath(os.path.expanduser(str(path)))}"
 
 
@@ -114,12 +102,9 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     # null: for gpuopt's own task (gpuopt_task) derived from the workload (model choice, search
     # preset), a hash of the search space and a hardware fingerprint; else Optuna's own name.
     study_name: str | None = _DEFAULTS.study_name
-    n_trials: int = (
-        _DEFAULTS.n_trials
-    )  # TOTAL trials of the study: a re-run of the same command resumes up to it
-    n_jobs: int = (
-        _DEFAULTS.n_jobs
-    )  # parallel trials need a process launcher; on one GPU they interfere
+    # TOTAL trials of the study: a re-run of the same command resumes up to it
+    n_trials: int = _DEFAULTS.n_trials
+    n_jobs: int = _DEFAULTS.n_jobs  # parallel trials need a process launcher; one GPU: interference
     # Stop once more than this share of the finished trials ended with status `error` (from the 3rd
     # trial on). oom/diverged trials are results, not failures, and never count.
     max_failure_rate: float = _DEFAULTS.max_failure_rate
@@ -133,9 +118,7 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     # Extra params searched only when trials run on that device type (cpu | cuda | mps).
     device_params: dict[str, dict[str, str]] = field(default_factory=dict)
     # Run the user's config as composed first, marked baseline=True (once per study). null: on
-    # when gpuopt measures the app (gpuopt_task, or objectives naming gpuopt's metrics), which then
-    # also runs its trials in fresh processes unless the app chose a launcher
-    # (gpuopt/sweeper/launcher_choice.py); off for an app whose objective is its own value.
+    # when gpuopt measures the app (see SweeperOptions.measured), off for an app's own value.
     baseline: bool | None = _DEFAULTS.baseline
     # True in gpuopt's conf/config.yaml: the task is gpuopt's (its config schema, a TrialResult):
     # the study name is derived when not given and the composed config is checked before the study.
@@ -152,22 +135,14 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     seeding: bool = _DEFAULTS.seeding
     profile: bool = _DEFAULTS.profile  # profile the baseline and the best (gpuopt's own task)
     # An app's keys whose product is its global batch per rank, the micro-batch first, e.g.
-    # [data.batch_size, trainer.accumulate_grad_batches]: the sweep then seeds, races and
-    # confirms the same-training answer at the baseline's global batch (docs/same-training.md).
-    # null: gpuopt's own task knows its keys; an app's same-training answer is read from the
-    # global batch each trial reports.
+    # [data.batch_size, trainer.accumulate_grad_batches] (docs/same-training.md).
     batch_keys: list[str] | None = None
-    # Each trial's result.json and profiled trace.json.gz in Optuna's artifact store, listed on the
-    # trial by optuna-dashboard (--artifact-dir): auto = artifacts/ beside the study's SQLite or
+    # Each trial's files in Optuna's artifact store: auto = artifacts/ beside the study's SQLite or
     # journal file; a directory; null: off (gpuopt/sweeper/trial_artifacts.py).
     artifacts: str | None = _DEFAULTS.artifacts
-    # Several workers on one study (README: "Several workers (hosts) on one study"): each running
-    # trial's worker writes a heartbeat every heartbeat_interval seconds (null/0: off); a RUNNING
-    # trial without one for grace_period seconds (null: 2 x interval) is failed with the reason
-    # and its params re-queued by the next worker that asks for a trial. Storage: null (SQLite
-    # file), memory, journal:///path/study.log (a file on a shared file system), or an SQLAlchemy URL
-    # (postgresql+psycopg://user@host/db; the password from PGPASSWORD / ~/.pgpass, or
-    # ${oc.env:GPUOPT_STORAGE}: never written unmasked to logs, attrs or exported configs).
+    # Several workers on one study (README): a heartbeat every heartbeat_interval seconds (null/0:
+    # off); a RUNNING trial without one for grace_period seconds (null: 2 x interval) is failed
+    # and its params re-queued.
     heartbeat_interval: int | None = _DEFAULTS.heartbeat_interval
     grace_period: int | None = _DEFAULTS.grace_period
 
@@ -178,10 +153,8 @@ ConfigStore.instance().store(
 
 
 class GpuoptSweeper(OptunaSweeper):
-    """hydra-optuna-sweeper's interface; `setup` and `sweep` are delegated to `GpuoptSweeperImpl`.
-
-    Hydra passes every `hydra.sweeper` key as a keyword; they become one `SweeperOptions` here.
-    """
+    """hydra-optuna-sweeper's interface, delegating to `GpuoptSweeperImpl`; Hydra passes every
+    `hydra.sweeper` key as a keyword."""
 
     def __init__(self, sampler: Any, **settings: Any) -> None:
         from gpuopt.sweeper.loop import GpuoptSweeperImpl
@@ -206,22 +179,16 @@ class GpuoptSweeper(OptunaSweeper):
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
     """A bad setting (exit 2): one line on stderr, no traceback. An aborted sweep (exit 1): the
-    last failing trial's exception and its traceback's tail (scripts and CI logs grep it, as they
-    do the stock sweeper's re-raise), then one line.
-
-    ConfigError covers the sweep's own settings (SweepConfigError) and the composed config of
-    gpuopt's task (gpuopt.core.checks)."""
+    last failing trial's exception and its traceback's tail (scripts and CI logs grep it), one line."""
     from gpuopt.sweeper.progress import SweepAborted
 
     try:
         yield
-    except ConfigError as exc:
-        print(f"gpuopt: {mask_secrets(str(exc))}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except InstantiationException as exc:  # Hydra's wrapper of a plugin's own ConfigError
-        if not isinstance(exc.__cause__, ConfigError):
+    except (ConfigError, InstantiationException) as exc:
+        error = exc if isinstance(exc, ConfigError) else exc.__cause__  # Hydra's wrapper's cause
+        if not isinstance(error, ConfigError):
             raise
-        print(f"gpuopt: {mask_secrets(str(exc.__cause__))}", file=sys.stderr, flush=True)
+        print(f"gpuopt: {mask_secrets(str(error))}", file=sys.stderr, flush=True)
         sys.exit(2)
     except SweepAborted as exc:
         if exc.failure:  # the last failing trial's exception, as the stock sweeper re-raises it

@@ -1,12 +1,8 @@
 """Where the time goes, by default for the two trials a user compares: the baseline and the best.
 
-gpuopt's own task has a `profile` config group (conf/profile/: off | on). The baseline trial is
-launched with `profile=on` (the profiled window runs after its timed window, so its metrics are
-unchanged; the overrides it records, and so its re-measurements and exports, stay without it).
-The best is known only at the end: one extra run of its overrides with `profile=on` (not a trial
-of the study; like a confirmation run) stores its profile in the study user attr `best_profile`,
-which the report page shows beside the baseline's. Other apps have no such group: nothing runs.
-"""
+The baseline trial is launched with `profile=on` (its profiled window runs after the timed one,
+so its metrics are unchanged). The best gets one extra run with `profile=on` after the sweep
+(not a trial), stored in the study user attr `best_profile`. Apps without the group: nothing runs."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """The study's progress, as one worker tells it: the line logged per trial, and the failure-rate stop.
 
-Several workers may share a study (a PostgreSQL or journal storage): each line counts the study's
-finished trials (i/N of the study, not of this worker), takes the ETA from the study's pace (every
-worker's trials finished since this one started) and the best from the study, so that all workers
-tell one story; once another worker has worked on the study during this run, each line ends with
-the worker it comes from (`| worker host:pid`). The failure-rate stop counts this worker's trials
-(the stock sweeper's rule is per process too) and keeps the last failure, to show it as the stock
-sweeper does: the trial's exception, then gpuopt's one line.
-"""
+Each line counts the study's finished trials (of every worker) and takes its ETA and best from the
+study, so all workers tell one story. The failure-rate stop counts this worker's trials (the stock
+sweeper's rule is per process too)."""
 
 from __future__ import annotations
 
@@ -55,11 +50,6 @@ def failure_text(number: int, user_attrs: dict[str, Any], traceback: str | None 
     return mask_secrets(f"gpuopt: trial #{number} failed:\n" + "\n".join(lines))
 
 
-def worker_name(owner: dict[str, Any] | None) -> str:
-    owner = owner or {}
-    return f"{owner.get('host')}:{owner.get('pid')}"
-
-
 def study_done(trials: Sequence[Any]) -> int:
     """The study's finished trials that count towards n_trials (resume.counted, not in flight)."""
     return sum(1 for t in trials if t.state.is_finished() and resume.counted(t))
@@ -82,7 +72,7 @@ class Progress:
     last_failure: str = ""  # failure_text of this worker's last failed trial
     started_at: datetime.datetime = field(default_factory=datetime.datetime.now)  # Optuna's clock
     done_at_start: int | None = None  # the study's finished trials when the trials started
-    me: str = field(default_factory=lambda: worker_name(resume.this_owner()))
+    me: str = field(default_factory=lambda: resume.worker_name(resume.this_owner()))
     several: bool = False  # another worker has worked on the study during this run
 
     def start(self, trials: Any) -> None:
@@ -100,9 +90,8 @@ class Progress:
         trials: Sequence[Any] | None = None,
         traceback: str | None = None,
     ) -> str:
-        """Count one finished trial of this worker; the progress line to log. `trials`: the
-        study's trials after it was told (None: this worker's count only); `traceback`: the
-        launcher's traceback of a failed trial, when it has a better one than the outcome's."""
+        """Count one finished trial of this worker; the progress line. `trials`: the study's trials
+        after the tell (None: this worker's count only)."""
         self.finished += 1
         self.errors += outcome.failed
         if outcome.failed:
@@ -145,7 +134,7 @@ class Progress:
         """Whether another worker ran a trial of the study since this worker started."""
         for t in trials:
             owner = t.system_attrs.get(ATTR_OWNER)
-            if not owner or worker_name(owner) == self.me:
+            if not owner or resume.worker_name(owner) == self.me:
                 continue
             if t.datetime_complete is None or t.datetime_complete >= self.started_at:
                 return True
@@ -154,9 +143,8 @@ class Progress:
     def check_failure_rate(
         self, max_failure_rate: float, study_name: str, storage: str | None
     ) -> None:
-        """SweepAborted once more than max_failure_rate of the finished trials (from the 3rd on)
-        ended with status error; `storage` as it may be shown (None or "memory": an in-memory
-        study, gone when the sweep ends: the hint then names none)."""
+        """SweepAborted once more than max_failure_rate of the finished trials (from the 3rd
+        on) ended with status error; `storage` None or "memory": the hint names none."""
         errors, finished = self.errors, self.finished
         if (
             errors

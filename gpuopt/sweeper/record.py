@@ -1,17 +1,8 @@
 """The one module that writes the study: every Optuna write of gpuopt goes through here.
 
-Why one: the study is what users (the report, the `optuna` CLI, optuna-dashboard) read, so what
-is written, and that no secret is (every string through `mask_secrets`), is checked in one place;
-the comparison service and the confirmation's rounds write nothing (tests/test_architecture.py
-holds the rule). The sweep loop and the tests that build studies both go through these, so a study
-built by hand reads exactly like one a sweep wrote (which trial is best: study.rules.pick_best):
-- `outcome_of(ret, names, directions)`: a launcher's JobReturn (or exception) -> TrialOutcome;
-- `record_trial(study, trial, overrides, ret, outcome)`: user attrs, constraints, tell;
-- `prune_trial`, `fail_trial`, `fail_running`: the other ends of a trial;
-- `trial_attrs`, `study_attrs`, `add_waiting_trial`, `enqueue`, `metric_names`: the
-  records around trials; `trial_system_attr`, `study_system_attr`: the workers' ownership and
-  claims (resume.py's protocol).
-"""
+The study is what users (the report, the `optuna` CLI, optuna-dashboard) read, so what is written,
+and that no secret is (`mask_secrets`), is checked in one place (tests/test_architecture.py holds
+the rule); a study built by hand in tests reads exactly like one a sweep wrote."""
 
 from __future__ import annotations
 
@@ -57,10 +48,8 @@ log = logging.getLogger(__name__)
 
 def _error(exc: BaseException, prefix: str = "") -> TrialOutcome:
     """An error outcome for an exception; a gpuopt launcher's TrialProcessError is its own reason."""
-    log_tail = getattr(exc, "log_tail", None)
-    if (
-        log_tail is not None
-    ):  # gpuopt.sweeper.launchers.results.TrialProcessError (not imported: light)
+    log_tail = getattr(exc, "log_tail", None)  # launchers.results.TrialProcessError (not imported)
+    if log_tail is not None:
         outcome = error_outcome(str(exc))
         outcome.user_attrs[ATTR_TRACEBACK] = log_tail[-TRACEBACK_CHARS:]
         return outcome
@@ -86,8 +75,7 @@ def outcome_of(
 
 def _measured_or(ret: Any, value: Any) -> Any:
     """A job's measuring callback's result from its run directory, where the task returned
-    something else: a launcher other than gpuopt's (hydra/launcher=basic) reads it here, as
-    gpuopt's trial task does in the trial's process (gpuopt.core.measured_job)."""
+    something else (a launcher other than gpuopt's reads it here)."""
     folder = run_dir(ret)
     measured = measured_job.read(Path(folder)) if folder else None
     if measured is None or measured_job.is_gpuopts_result(value):
@@ -111,11 +99,8 @@ def record_trial(
     outcome: TrialOutcome,
 ) -> None:
     """Write the trial's user attrs in one transaction, its constraints, then tell the study.
-
-    `error` -> FAIL; ok/oom/diverged -> COMPLETE with values and constraints (oom/diverged are
-    infeasible: constraint 1.0). Strings are passed through `mask_secrets` first: a reason or
-    traceback may quote a storage URL.
-    """
+    `error` -> FAIL; oom/diverged -> COMPLETE, infeasible (constraint 1.0). Strings are masked: a
+    reason or traceback may quote a storage URL."""
     attrs = dict(outcome.user_attrs)
     attrs[ATTR_OVERRIDES] = [mask_secrets(str(o)) for o in overrides]
     attrs[ATTR_RUN_DIR] = run_dir(ret)
@@ -192,13 +177,9 @@ def fail_running(study: optuna.Study, trial: Trial, reason: str) -> None:
 
 
 def trial_attrs(study: Any, trial: Any, attrs: Mapping[str, Any]) -> None:
-    """A trial's user attrs, strings masked, in one storage transaction where the storage allows.
-
-    A gpuopt trial carries ~30 user attrs (every metric flat, status, overrides, ...); Optuna's
-    public `set_trial_user_attr` commits once per key, which on SQLite costs a few ms each (tens
-    of ms on a busy disk). RDB storages get them in one transaction (the adapter
-    `_compat.set_user_attrs_in_one_transaction`); any other storage (or an Optuna whose
-    internals moved) the public call, key by key."""
+    """A trial's user attrs, strings masked, in one storage transaction where the storage allows:
+    Optuna's `set_trial_user_attr` commits once per key (a few ms each on SQLite, ~30 attrs a trial);
+    other storages get the public call, key by key."""
     storage, tid, masked = storage_of(study), trial_id(trial), _masked(attrs)
     try:
         if set_user_attrs_in_one_transaction(storage, tid, masked):

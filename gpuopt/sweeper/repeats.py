@@ -1,31 +1,12 @@
 """No blind repeats: a configuration already measured is never launched again as a new trial.
 
-Samplers ask measured configurations again: TPE in its blind startup trials and near
-convergence, the race's screen 9 at once (an A/A sweep asked `seed=2` twice and read it 4,397
-and 5,478 samples/s; a raced mlp screen read #3 and #6, one configuration, at 2.49x and 3.21x).
-In a 10-trial budget such a trial is a lost one, or a noise measurement nobody is told about.
-
-Optuna fixes a trial's params as they are suggested, so a repeat is caught before that: the study's
-sampler is wrapped (`NoRepeatSampler`, `install`) so that every searched key of a trial is drawn
-at once, by the sampler the user chose, exactly as Optuna would draw them (its relative sample,
-then each other key's independent one, in the space's order), and the drawn configuration is
-checked against every configuration the study measured, runs or has queued (`taken`: the
-baseline's own included, other workers' too). A repeat is replaced, while the space holds one, by
-the unmeasured configuration nearest to it (fewest keys changed, ties broken by a draw seeded
-with the trial's number: the sampler's pick is where it expects the best), recorded on the trial
-(user attr `replaces`: what was asked, and whose configuration it was). No trial is voided or
-renumbered, and the sampler learns from what ran.
-
-A repeat that still runs - the space exhausted, not listable (a continuous range), or enqueued on
-purpose (`study.enqueue_trial`, whose params never reach a sampler) - is a replicate: user attr
-`replicate_of`, the first trial of its configuration (`replicate_of`, set at the ask,
-gpuopt/sweeper/trials.py); the summary and the report pool its reading with the first's and
-count it (gpuopt/study/noise.py).
-
-Only where gpuopt measures the app (its readings are noisy timings), not on a grid (its points
-are handed out once each) nor with a custom_search_space (its keys are not the space's); an app's
-own function keeps the stock sweeper's behaviour.
-"""
+Samplers ask measured configurations again (TPE's startup, the race's screens: an A/A sweep asked
+`seed=2` twice and read 4,397 and 5,478 samples/s); in a 10-trial budget that is a lost trial.
+The study's sampler is wrapped (`NoRepeatSampler`) to draw every searched key at once, as Optuna
+would, and a repeat of anything measured, running or queued is replaced by the nearest
+unmeasured configuration (user attr `replaces`). A repeat that still runs (space exhausted, not
+listable, or enqueued) is a replicate (`replicate_of`), pooled by the summary and the report.
+Only where gpuopt measures the app, not on a grid nor with a custom_search_space."""
 
 from __future__ import annotations
 
@@ -58,9 +39,8 @@ NOT_MEASURED = ("void", "interrupted", "skipped")
 
 
 def taken(trials: Sequence[Any], asked: Sequence[Any] = ()) -> dict[tuple, int]:
-    """Every configuration the study measured, runs or has queued, by the first trial that has it:
-    the study's `trials` (FrozenTrials) and `asked` ones (Trials with their params suggested, not
-    in that snapshot or without params there)."""
+    """Every configuration the study measured, runs or has queued, by the first trial that has it
+    (`trials` snapshot and the `asked` ones, not in it)."""
     found: list[tuple[int, dict[str, Any]]] = [(t.number, t.params) for t in asked]
     for trial in trials:
         if trial.state == TrialState.WAITING:
@@ -136,12 +116,8 @@ def nearest_unmeasured(
 
 class NoRepeatSampler(optuna.samplers.BaseSampler):
     """The user's sampler, its draw of a whole configuration checked for a repeat first.
-
-    `infer_relative_search_space` hands Optuna every searched key, so a trial's first suggest asks
-    `sample_relative` for all of them at once; that draws them as Optuna would have (the inner
-    sampler's relative sample over its own relative space, then `sample_independent` for each
-    other key, in the space's order: the same draws, in the same order), and replaces a repeat
-    (the module docstring). Everything else is the inner sampler's."""
+    `infer_relative_search_space` hands Optuna every searched key, so `sample_relative` draws them all
+    at once, in the same order Optuna would (relative sample, then each independent one)."""
 
     def __init__(self, inner: optuna.samplers.BaseSampler, space: dict[str, BaseDistribution]):
         self.inner = inner
@@ -176,10 +152,8 @@ class NoRepeatSampler(optuna.samplers.BaseSampler):
         instead = nearest_unmeasured(search_space, drawn, held, trial.number, keep=list(fixed))
         if instead is None:
             return picked  # nothing unmeasured left: it runs as a replicate (marked at its ask)
-        picked = drawn
-        asked = " ".join(f"{k}={v}" for k, v in picked.items())
-        record = {"asked": asked, "repeat_of": first}
-        record_.trial_attrs(study, trial, {ATTR_REPLACES: record})
+        asked = " ".join(f"{k}={v}" for k, v in drawn.items())
+        record_.trial_attrs(study, trial, {ATTR_REPLACES: {"asked": asked, "repeat_of": first}})
         log.info(
             "trial #%d: the sampler asked #%d's configuration again (%s); an unmeasured one "
             "instead (%s)",

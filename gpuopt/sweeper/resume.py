@@ -1,24 +1,11 @@
 """Resuming a study: which trials count towards n_trials, and what a killed sweep left behind.
 
-Each trial records its owner (host, pid and process start time of the sweeping process) in its
-system attrs. On start, a RUNNING trial whose owner is on this host and no longer alive
-(`owner_alive`, on gpuopt.core.lifeline's one liveness check: a zombie or a reused pid is dead) was
-interrupted: it is marked FAIL with the reason in its user attrs and its params are enqueued again,
-so the configuration is re-measured rather than silently lost. Owners on other hosts are found
-through Optuna's heartbeat (`fail_stale`): a RUNNING trial whose worker stopped beating for
-`grace_period` seconds gets the same treatment, and so does one that never got an owner
-(`OwnerlessWatch`: its worker died between `study.ask()` and its first heartbeat).
-
-Several workers on one study (the same command, a shared storage) follow one counting rule, so the
-study never ends with more than n_trials counted trials even when workers ask() at the same time:
-a trial counts when it is finished (not interrupted, not void) or running under a live owner, and a
-freshly asked trial may run only if fewer than n_trials counted-or-waiting trials have a *lower
-number* (`is_surplus`). Trial numbers are handed out by the storage, so two racing workers never
-both see the other ahead of themselves. A surplus trial is marked void (FAIL, user attr `void`),
-never counted, and its worker stops. While other live workers still run trials
-(`running_elsewhere`), this worker is not the last: it waits for them, and leaves the
-confirmation round to whoever finishes last.
-"""
+A RUNNING trial whose owner (host, pid, start time: its system attrs) is gone on this host, whose
+worker stopped beating (Optuna's heartbeat), or which never got an owner is failed and its params
+enqueued again. Workers sharing a study count alike: a freshly asked trial runs only if fewer than
+n_trials counted-or-waiting trials have a lower number (`is_surplus`); storage-assigned numbers
+mean two racing workers never both see the other ahead. A surplus trial is void (FAIL, never
+counted)."""
 
 from __future__ import annotations
 
@@ -27,7 +14,7 @@ import os
 import socket
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpuopt.core._compat import (
@@ -58,10 +45,14 @@ log = logging.getLogger("gpuopt.sweeper")
 
 
 def host_name() -> str:
-    """This worker's host as recorded on its trials. GPUOPT_HOSTNAME overrides it where hosts share
-    a name (containers on several machines often all call themselves the same): pid checks are
-    only made for trials of the same host name, the others rely on heartbeats."""
+    """This worker's host as recorded on its trials. GPUOPT_HOSTNAME overrides it where hosts
+    share a name (containers): pid checks are only made for trials of the same host name."""
     return os.environ.get("GPUOPT_HOSTNAME") or socket.gethostname()
+
+
+def worker_name(owner: dict[str, Any] | None) -> str:
+    owner = owner or {}
+    return f"{owner.get('host')}:{owner.get('pid')}"
 
 
 def this_owner() -> dict[str, Any]:
@@ -69,10 +60,10 @@ def this_owner() -> dict[str, Any]:
     return {"host": host_name(), "pid": pid, "start": start_ticks(pid)}
 
 
-def owner_alive(owner: dict[str, Any] | None, host: str | None = None) -> bool | None:
-    """True/False for an owner on this host (`lifeline.process_alive`: its pid runs, is not a
-    zombie and started when recorded); None when it cannot be told (another host, no owner)."""
-    if not isinstance(owner, dict) or owner.get("host") != (host or host_name()):
+def owner_alive(owner: dict[str, Any] | None) -> bool | None:
+    """True/False for an owner on this host (a zombie or a reused pid is dead); None when it
+    cannot be told (another host, no owner)."""
+    if not isinstance(owner, dict) or owner.get("host") != host_name():
         return None
     pid = owner.get("pid")
     if not isinstance(pid, int):
@@ -80,41 +71,29 @@ def owner_alive(owner: dict[str, Any] | None, host: str | None = None) -> bool |
     return process_alive(pid, owner.get("start"))
 
 
-def interrupted_trials(trials: Sequence[Any]) -> list[Any]:
-    """RUNNING trials whose sweeping process on this host is gone."""
+def recover_interrupted(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
+    """Mark interrupted trials FAIL (reason recorded) and enqueue their params again."""
     from optuna.trial import TrialState
 
     return [
-        t
-        for t in trials
-        if t.state == TrialState.RUNNING and owner_alive(t.system_attrs.get(ATTR_OWNER)) is False
-    ]
-
-
-def recover_interrupted(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
-    """Mark interrupted trials FAIL (reason recorded) and enqueue their params again. `trials`: the
-    study's trials as read a moment ago (`recover`'s snapshot), None: read here."""
-    recovered = []
-    for trial in interrupted_trials(_read(study, trials)):
-        owner = trial.system_attrs.get(ATTR_OWNER) or {}
-        reason = (
-            f"interrupted: the sweeping process {owner.get('host')}:{owner.get('pid')} ended while "
-            "this trial ran; its params were enqueued again"
+        t.number
+        for t in _read(study, trials)
+        if t.state == TrialState.RUNNING
+        and owner_alive(t.system_attrs.get(ATTR_OWNER)) is False
+        and fail_and_requeue(
+            study,
+            t,
+            f"interrupted: the sweeping process {worker_name(t.system_attrs[ATTR_OWNER])} ended "
+            "while this trial ran; its params were enqueued again",
         )
-        if fail_and_requeue(study, trial, reason):
-            recovered.append(trial.number)
-    return recovered
+    ]
 
 
 def fail_stale(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
     """Fail the RUNNING trials whose worker stopped beating (Optuna's heartbeat) and re-queue them.
 
-    The storage decides which trials are stale (`_compat.stale_trial_ids`, what
-    `optuna.storages.fail_stale_trials` uses; always asked, never a snapshot); gpuopt writes the
-    reason before failing the trial, since a finished trial's attrs cannot change any more.
-    `trials`: the study's trials as read a moment ago, where the stale ones are looked up (read
-    again when one is missing from it: a snapshot older than the trial).
-    """
+    The storage decides which are stale (always asked, never a snapshot); the reason is written
+    before failing, since a finished trial's attrs cannot change any more."""
     storage = storage_of(study)
     if not isinstance(storage, heartbeat_base()) or not heartbeat_enabled(storage):
         return []
@@ -126,25 +105,24 @@ def fail_stale(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
     found = [t for t in _read(study, trials) if trial_id(t) in stale]
     if len(found) < len(stale) and trials is not None:
         found = [t for t in study.get_trials(deepcopy=False) if trial_id(t) in stale]
-    recovered = []
-    for trial in found:
-        owner = trial.system_attrs.get(ATTR_OWNER) or {}
-        reason = (
-            f"interrupted: worker {owner.get('host')}:{owner.get('pid')} sent no heartbeat for "
-            f"over {grace} s (hydra.sweeper.grace_period) while this trial ran; its params were "
-            "enqueued again"
+    return [
+        t.number
+        for t in found
+        if fail_and_requeue(
+            study,
+            t,
+            f"interrupted: worker {worker_name(t.system_attrs.get(ATTR_OWNER))} sent no heartbeat "
+            f"for over {grace} s (hydra.sweeper.grace_period) while this trial ran; its params "
+            "were enqueued again",
         )
-        if fail_and_requeue(study, trial, reason):
-            recovered.append(trial.number)
-    return recovered
+    ]
 
 
 class OwnerlessWatch:
-    """Fails RUNNING trials that never got an owner: their worker died between `study.ask()` and
-    its first heartbeat. RDBStorage's stale check only sees trials that beat at least once, and a
-    trial's start time comes from its worker's clock (another host, maybe another time zone), so
-    this worker times them itself: one still ownerless `grace_s` after it first saw it is dead (a
-    live worker writes the owner milliseconds after asking) and is failed and re-queued."""
+    """Fails RUNNING trials that never got an owner (worker died between `study.ask()` and its
+    first heartbeat). RDBStorage's stale check only sees trials that beat once, and a trial's start
+    time is its worker's clock, so this worker times them itself: still ownerless `grace_s` after
+    first seen means dead."""
 
     def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.grace_s = grace_s
@@ -152,8 +130,7 @@ class OwnerlessWatch:
         self._first_seen: dict[int, float] = {}
 
     def fail_dead(self, study: Any, trials: Sequence[Any] | None = None) -> list[int]:
-        """Fail the trials ownerless for grace_s; `trials`: the study's trials as read a moment
-        ago (None: read here)."""
+        """Fail the trials ownerless for grace_s."""
         from optuna.trial import TrialState
 
         now = self._clock()
@@ -176,11 +153,8 @@ class OwnerlessWatch:
 
 
 class StaleGate:
-    """When this worker asks the storage for stale trials again: at once, then at most every
-    `every_s` seconds. A stale trial is one that sent no heartbeat for grace_period (2 x
-    heartbeat_interval by default), so asking before every trial of a fast sweep (a query each,
-    on SQLite a few ms) finds nothing new; asking every half interval finds a dead worker's trial
-    at most that much later than the grace period says."""
+    """When to ask the storage for stale trials again: at once, then at most every `every_s`
+    seconds (asking before every trial of a fast sweep finds nothing new; a query each)."""
 
     def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s = every_s
@@ -196,11 +170,8 @@ class StaleGate:
 
 
 def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
-    """FAIL a RUNNING trial with `reason` and enqueue its params again, once across workers.
-
-    Several workers may find the same dead trial: the storage lets exactly one of them move it to
-    FAIL (the others get UpdateFinishedTrialError), and only that one enqueues the re-run.
-    """
+    """FAIL a RUNNING trial with `reason` and enqueue its params again, once across workers:
+    the storage lets exactly one worker move it to FAIL, and only that one enqueues the re-run."""
 
     failed = {ATTR_STATUS: "error", ATTR_REASON: reason, ATTR_INTERRUPTED: True}
     if not record.fail_trial(study, trial, failed):
@@ -237,10 +208,7 @@ def counted(trial: Any) -> bool:
 
 def is_surplus(number: int, trials: Sequence[Any], n_trials: int) -> bool:
     """Whether trial `number`, just asked, would exceed n_trials (the module docstring's rule).
-
-    Ahead of it: lower-numbered trials that count, or are WAITING (being popped by another worker,
-    or queued re-runs: they run before anything new).
-    """
+    WAITING trials count as ahead: popped by another worker, or re-runs that go first."""
     from optuna.trial import TrialState
 
     ahead = sum(
@@ -251,19 +219,12 @@ def is_surplus(number: int, trials: Sequence[Any], n_trials: int) -> bool:
 
 def duplicate_baseline(number: int, trials: Sequence[Any]) -> bool:
     """Whether trial `number` is a baseline enqueued twice (two workers started at once)."""
-    return any(
-        t.number < number
-        and t.user_attrs.get(ATTR_BASELINE)
-        and not t.user_attrs.get(ATTR_INTERRUPTED)
-        and not t.user_attrs.get(ATTR_VOID)
-        for t in trials
-    )
+    return has_baseline(t for t in trials if t.number < number)
 
 
 def running_elsewhere(trials: Sequence[Any]) -> list[Any]:
-    """RUNNING trials that another live worker is measuring: not this worker's own, and not
-    those of an owner known dead (this host: pid gone; other hosts: assumed alive until their
-    heartbeat goes stale). While any remain, this worker is not the last one of the study."""
+    """RUNNING trials another live worker is measuring (other hosts: alive until their
+    heartbeat goes stale). While any remain, this worker is not the study's last."""
     from optuna.trial import TrialState
 
     me = this_owner()
@@ -280,7 +241,7 @@ def trials_to_go(trials: Sequence[Any], n_trials: int) -> int:
     return max(0, n_trials - sum(1 for t in trials if counted(t)))
 
 
-def has_baseline(trials: Sequence[Any]) -> bool:
+def has_baseline(trials: Iterable[Any]) -> bool:
     """A baseline trial exists (finished, running, or waiting to be re-run)."""
     return any(
         t.user_attrs.get(ATTR_BASELINE)
@@ -293,11 +254,8 @@ def has_baseline(trials: Sequence[Any]) -> bool:
 def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> bool:
     """Whether this worker runs the confirmation round for a study of `after_trials` trials.
 
-    Workers that finish together each write a claim (study system attr), wait `settle_s` and read it
-    back: the last writer wins. A live claim for the same trial count already there means another
-    worker is confirming. Best effort (the storages have no compare-and-set): at worst two workers
-    confirm, which costs time, not correctness (the record is overwritten, no trial is counted).
-    """
+    Each finishing worker writes a claim, waits `settle_s` and reads it back: the last writer wins.
+    Best effort (no compare-and-set): at worst two workers confirm, costing time, not correctness."""
     storage, sid = storage_of(study), study_id(study)
     current = storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM)
     if (
@@ -316,8 +274,7 @@ _STUDY_IDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def study_id(study: Any) -> int:
-    """The storage's id of a study, by the public name lookup (Study keeps its id private); looked
-    up once per Study object, as Study itself does in its constructor (the heartbeat check asked
+    """The storage's id of a study, looked up once per Study object (the heartbeat check asked
     for it between every two batches: one storage query per trial)."""
     sid = _STUDY_IDS.get(study)
     if sid is None:
@@ -326,8 +283,8 @@ def study_id(study: Any) -> int:
 
 
 def fail_own_running(study: Any, reason: str) -> list[int]:
-    """Mark this worker's RUNNING trials interrupted (FAIL, reason) and re-queue their params: what
-    the next resume would do, done at once when the sweep is stopped (Ctrl-C, SIGTERM, SIGHUP)."""
+    """Mark this worker's RUNNING trials interrupted and re-queue their params (Ctrl-C,
+    SIGTERM, SIGHUP): what the next resume would do, done at once."""
     from optuna.trial import TrialState
 
     owner = this_owner()
@@ -341,10 +298,9 @@ def fail_own_running(study: Any, reason: str) -> list[int]:
 
 
 class FinishedElsewhere:
-    """Whether a trial this worker runs was finished by someone else meanwhile: another worker
-    failed it as stale because this one sent no heartbeat for grace_period (it was paused: Ctrl-Z,
-    SIGSTOP, a VM pause) and re-queued its params. The launcher asks while it waits for the trial
-    (`reason(slot)`); the storage is read at most every `interval_s` seconds."""
+    """Whether a trial this worker runs was failed as stale by another worker meanwhile (this
+    one was paused: Ctrl-Z, SIGSTOP, a VM pause). The launcher asks while it waits (`reason(slot)`);
+    the storage is read at most every `interval_s` seconds."""
 
     def __init__(
         self,
@@ -360,7 +316,7 @@ class FinishedElsewhere:
         self._done: set[int] = set()
 
     def seen(self, slot: int) -> bool:
-        """Whether a read of `finished` already found the trial finished elsewhere (no read)."""
+        """Whether a read already found the trial finished elsewhere (no read)."""
         return slot in self._done
 
     def finished(self, slot: int) -> bool:
@@ -384,8 +340,7 @@ class FinishedElsewhere:
 
 
 def fail_unfinished(study: Any, trials: Sequence[Any], reason: str) -> None:
-    """FAIL every trial of `trials` still RUNNING, with the reason (best effort: the sweep is
-    stopping on an error already)."""
+    """FAIL every trial of `trials` still RUNNING (best effort: the sweep is stopping already)."""
     import optuna
 
     for trial in trials:
@@ -404,14 +359,11 @@ def recover(
     trials: Sequence[Any] | None = None,
     stale_gate: StaleGate | None = None,
 ) -> bool:
-    """Fail and re-queue trials whose worker died: on this host (pid gone) or anywhere
-    (heartbeat stale, or no owner, for grace_period); whether it failed any (the study changed).
+    """Fail and re-queue trials whose worker died; whether it failed any (the study changed).
 
-    `trials`: the study's trials as read a moment ago (the trial loop's read after its last tell),
-    None: read once here; read again after a step failed some (the next step sees them FAIL). A
-    snapshot is enough to find the candidates: a dead worker's trial stays RUNNING until someone
-    fails it, and failing one finished meanwhile does nothing (`fail_and_requeue`). The storage's
-    stale check only when `stale_gate` says it is due (None: always)."""
+    `trials`: a snapshot read a moment ago is enough to find candidates (a dead worker's trial stays
+    RUNNING, and failing one finished meanwhile does nothing); read again after a step failed some.
+    The storage's stale check only when `stale_gate` says it is due (None: always)."""
     trials = _read(study, trials)
     heartbeats = heartbeat_enabled(storage_of(study))
     steps: list[tuple[Callable[[Sequence[Any]], list[int]], str]] = [
@@ -445,13 +397,12 @@ def frozen_of(trials: Sequence[Any], number: int) -> Any | None:
 
 
 def _read(study: Any, trials: Sequence[Any] | None) -> Sequence[Any]:
-    """The snapshot the caller passed, or the study's trials read now."""
     return study.get_trials(deepcopy=False) if trials is None else trials
 
 
 def exit_interrupted(study: Any, what: str) -> None:
-    """A sweep stopped by Ctrl-C, SIGTERM or SIGHUP: its running trials marked interrupted at
-    once (params re-queued, as a resume would), one line on stderr, the signal's exit status."""
+    """A sweep stopped by Ctrl-C, SIGTERM or SIGHUP: running trials marked interrupted,
+    one line on stderr, the signal's exit status."""
     import sys
 
     numbers: list[int] = []

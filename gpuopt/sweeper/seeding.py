@@ -1,36 +1,13 @@
 """Expert seeds: the configurations a performance engineer would try right after the baseline.
 
-A sampler starts blind: TPE's first trials are random, and on a 144-point space ten random-ish
-trials rarely land on the one split of cores that works. The baseline trial already measured what
-an engineer would reason from: the input pipeline's and the compute's cost per sample (core-
-seconds, `loader_cost_us` / `compute_cost_us`), the usable cores, what bounds the machine
-(`limit_bound`), and the env probe said what the device does natively. From those, a few
-configurations are enqueued after the baseline (Optuna's `study.enqueue_trial`, snapped to the
-space's choices) and the sampler refines from there:
+A sampler starts blind (TPE's first trials are random). The baseline measured the loader's and
+compute's cost per sample, the usable cores and what bounds the machine; from those a few
+configurations are enqueued: cores split between loader and compute in proportion to their
+costs, the largest micro-batches the space holds, native low precision and pinned memory. Those
+change the global batch (answer (b), docs/same-training.md); answer (a) is looked for too:
+same-training seeds, and SAME_SHARE of the trials with only the batch keys held.
 
-- the cores split between loader and compute in proportion to their costs (CPU: they share the
-  cores, so the loader's share is cores * L / (L + C) and the compute threads get the rest,
-  the whole cores left; accelerator: the workers that load as fast as the device computes, one
-  core kept to drive it, all loading cores when the loader bounds), and one spare worker beside
-  it (a worker waiting on a full prefetch queue costs next to nothing; a starved step stalls the
-  compute), or for a loader that needs under half a core, no workers and every core computing;
-- the largest micro-batch the space holds (after the memory-aware axis kept what fits) and the
-  one below it (per-step overheads amortize with the batch, caches may prefer the smaller);
-- native low precision (bf16) when the device has it, and pinned memory on an accelerator.
-
-Those change the global batch, so they can only be answer (b) (docs/same-training.md). Answer (a),
-the one a user can apply without re-validating the training, is looked for on purpose too, at the
-baseline's global batch (which keys hold it: sweeper/global_batch.py, from the knob catalogue or
-the app's `batch_keys`):
-
-- same-training seeds: the baseline's micro-batch with the same core splits and precision, and,
-  where the baseline accumulates, the largest micro-batch of the space that still makes its global
-  batch (fewer accumulation steps; the memory axis already kept only what fits);
-- a share of the sampler's trials (SAME_SHARE) enqueued with only the batch keys fixed at such an
-  assignment: the sampler chooses the other knobs.
-
-Pure: facts in, a list of param dicts out (tests/test_seeding.py). baseline.py enqueues them.
-"""
+Pure: facts in, a list of param dicts out (tests/test_seeding.py)."""
 
 from __future__ import annotations
 
@@ -97,11 +74,9 @@ def loader_share(facts: SeedFacts) -> float | None:
 
 
 def core_splits(facts: SeedFacts) -> list[tuple[int, int | None]]:
-    """(workers, compute threads) to seed, best guess first; threads None on an accelerator (the
-    device computes there). CPU: the threads get the cores the loader leaves whole (an OpenMP
-    thread that shares its core with a worker stalls the whole team at every barrier), the
-    workers the loader's share rounded up, and a spare worker beside it; a loader that needs
-    under INLINE_SHARE of a core is tried inline instead (no workers, every core computing)."""
+    """(workers, compute threads) to seed, best guess first; threads None on an accelerator. CPU:
+    threads get the cores the loader leaves whole (an OpenMP thread sharing a core with a worker
+    stalls the team at every barrier); a loader under INLINE_SHARE of a core is tried inline."""
     share = loader_share(facts)
     if share is None:
         return []
@@ -199,10 +174,8 @@ def expert_seeds(
     max_seeds: int = MAX_SEEDS,
     rule: BatchRule | None = None,
 ) -> list[Seed]:
-    """Up to `max_seeds` configurations (keys of `space` only, values among its choices), each
-    different from the baseline and from each other; [] when the costs were not measured and the
-    space has nothing else to seed. `rule`: which key is the micro-batch (gpuopt's
-    loader.batch_size without one), and which of its sizes make a global batch that runs."""
+    """Up to `max_seeds` configurations (the space's keys and choices), each different from the
+    baseline and from each other. `rule`: which key is the micro-batch and which sizes run."""
     common, why_common = common_params(facts, space, baseline)
     micro = rule.micro if rule is not None else BATCH
     sizes = _batches([b for b in space.get(micro, ()) if rule is None or rule.of({micro: b})])
@@ -225,10 +198,8 @@ def expert_seeds(
 def _held_assignments(
     rule: BatchRule, space: Mapping[str, Sequence[Any]], baseline: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """The assignments of the searched batch keys that hold the baseline's global batch, in the
-    order they are seeded: the largest micro-batch (fewest accumulation steps), the baseline's
-    own micro-batch, then the others largest first. [] when no batch key is searched (then
-    every configuration of the space holds it already)."""
+    """The assignments of the searched batch keys that hold the baseline's global batch: the
+    largest micro-batch first, the baseline's own next; [] when no batch key is searched."""
     found = rule.combinations(space)  # the largest micro-batch first
     own = [c for c in found if all(baseline.get(k) == v for k, v in c.items())]
     if not own:
@@ -245,9 +216,8 @@ def same_training_seeds(
     taken: Sequence[Mapping[str, Any]] = (),
     max_seeds: int = MAX_SAME_SEEDS,
 ) -> list[Seed]:
-    """Up to `max_seeds` configurations at the baseline's global batch: its held assignments of
-    the batch keys with the native precision and the core splits (the first split at each
-    assignment first), none equal to the baseline, its default threads or one of `taken`."""
+    """Up to `max_seeds` configurations at the baseline's global batch, none equal to the
+    baseline, its default threads or one of `taken`."""
     common, why_common = common_params(facts, space, baseline)
     held = _held_assignments(rule, space, baseline)
     seen = [dict(baseline), as_run(facts, space, baseline), *map(dict, taken)]
@@ -285,9 +255,8 @@ def plan_seeds(
     rule: BatchRule | None,
     room: int | None = None,
 ) -> list[Seed]:
-    """What is enqueued after the baseline, in this order (a study with little room keeps the
-    first): two overall seeds, the same-training seeds, the other overall seeds, then SAME_SHARE
-    of the trials left (at least one where any are left) with only the batch keys held."""
+    """What is enqueued after the baseline, in order (a study with little room keeps the first): two
+    overall seeds, the same-training seeds, the other overall seeds, then SAME_SHARE held batches."""
     overall = expert_seeds(facts, space, baseline, rule=rule)
     if rule is None:
         return overall[:room]

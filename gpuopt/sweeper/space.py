@@ -1,10 +1,8 @@
-"""The search space: sweeper params as Hydra overrides, device-aware trimming, override text.
-
-Pure functions over Hydra's override grammar, so they are tested by tables without running a sweep.
-"""
+"""The search space: sweeper params as Hydra overrides, device-aware trimming, override text."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -22,14 +20,11 @@ log = logging.getLogger(__name__)
 
 Judge = Callable[[str, Any], str | None]  # (key, choice) -> why it is poor here, or None
 _PLAIN = re.compile(r"^[A-Za-z0-9_\-./:+@]+$")
-_parser: OverridesParser | None = None
 
 
+@functools.cache
 def parser() -> OverridesParser:
-    global _parser
-    if _parser is None:
-        _parser = OverridesParser.create()
-    return _parser
+    return OverridesParser.create()
 
 
 def parse_entry(key: str, text: str, source: str) -> Override:
@@ -83,11 +78,8 @@ class Filtered:
 
 
 def drop_poor_choices(params: Mapping[str, Any], judge: Judge) -> Filtered:
-    """Remove from choice() lists the choices `judge` calls poor here (gpuopt.core.knobs.judge).
-
-    A key whose every choice is poor is not searched at all (the configured value stays). Ranges,
-    intervals and fixed values are left as written.
-    """
+    """Remove from choice() lists the choices `judge` calls poor here; a key whose every
+    choice is poor is not searched at all (the configured value stays)."""
     out: dict[str, str] = {}
     result = Filtered(params=out)
     for key, text in params.items():
@@ -117,12 +109,8 @@ def drop_poor_choices(params: Mapping[str, Any], judge: Judge) -> Filtered:
 
 
 def preset_without_user_keys(params: Mapping[str, str], user_keys: list[str]) -> dict[str, str]:
-    """Drop the preset's fixed (non-sweep) values for keys the user set on the command line.
-
-    A preset may fix e.g. `measure.time_budget_s` for its trials; a user who wrote `measure=quick`
-    or `measure.time_budget_s=5` on the command line meant theirs. Sweeps stay: a command-line
-    sweep of the same key replaces the preset's anyway (it comes later).
-    """
+    """Drop the preset's fixed values for keys the user set on the command line (they meant
+    theirs); sweeps stay, since a command-line sweep of the same key comes later and wins."""
     keys = [k.lstrip("+~") for k in user_keys]
     out = {}
     for key, text in params.items():
@@ -205,11 +193,8 @@ def _same(a: Any, b: Any) -> bool:
 def baseline_params(
     config: Any, distributions: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The baseline's values of the searched keys that fit the space, and the keys that do not.
-
-    The baseline suggests only the fitting keys (so its trial params equal the configured values)
-    and leaves the others as composed: either way it measures the user's configuration.
-    """
+    """The baseline's values of the searched keys that fit the space, and the keys that do not
+    (left as composed: either way it measures the user's configuration)."""
     fitting: dict[str, Any] = {}
     outside: list[str] = []
     for key, distribution in distributions.items():

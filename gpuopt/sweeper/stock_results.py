@@ -1,8 +1,4 @@
-"""optimization_results.yaml: what hydra-optuna-sweeper writes at the end of a sweep, in its shape.
-
-The experiment config that reproduces a trial (`experiment/best.yaml`) is gpuopt.study.experiment's,
-shared with the report's `--export-best`.
-"""
+"""optimization_results.yaml: what hydra-optuna-sweeper writes at the end of a sweep, in its shape."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""What the sweep tells the user: one progress line per trial, and the summary at the end.
-
-The confirmation and the two answers read as the report says them (gpuopt.study.answers).
-"""
+"""What the sweep tells the user: one progress line per trial, and the summary at the end."""
 
 from __future__ import annotations
 
@@ -85,11 +82,8 @@ def render(
     highest_limit: HighestLimit | None = None,
     noise: NoiseView | None = None,
 ) -> str:
-    """The end-of-sweep summary. `storage` None: an in-memory study (nothing to review later);
-    `speedups` False: the values are an app's own (value, value_0, ...), not gpuopt's metrics;
-    `highest_limit` the study's highest measured limit (gpuopt.core.limits.highest_limit);
-    `noise` which trials the measurements cannot tell apart (gpuopt.study.noise: the front in
-    noise groups, the best's runner-up, an unconfirmed best said as no answer)."""
+    """The end-of-sweep summary. `storage` None: an in-memory study; `speedups` False: an app's own
+    values, not gpuopt's metrics; `noise`: which trials the measurements cannot tell apart."""
     lines = [
         "",
         "=" * 78,
@@ -142,9 +136,8 @@ PARETO_SHOWN = 10
 def _pareto_lines(
     names: Sequence[str], pareto: Sequence[Any], noise: NoiseView | None = None
 ) -> list[str]:
-    """The Pareto front: with `noise`, in noise groups (configurations within noise of each other
-    on every objective are one choice, never trade-offs); else every trial on it (an app's own,
-    exact values)."""
+    """The Pareto front: with `noise`, in noise groups (within noise on every objective: one
+    choice, not trade-offs); else every trial on it."""
     if noise is not None and len(names) > 1:
         return front_lines(noise, names, lambda t: trial_text(names, t), PARETO_SHOWN)
     if len(names) < 2 or not pareto:
@@ -215,9 +208,7 @@ def _noise_lines(
     names: Sequence[str],
     noise: NoiseView | None,
 ) -> list[str]:
-    """What noise says of the best pick where no confirmation said it: an unconfirmed best within
-    noise of the baseline, and a best the sweep's readings cannot tell from its runner-up (the
-    confirmation's top-two line says it where one ran)."""
+    """What noise says of the best pick where no confirmation said it."""
     if noise is None or best is None:
         return []
     lines = []
@@ -269,10 +260,8 @@ def answers_lines(
     trials: Sequence[Any] = (),
     hint: str | None = None,
 ) -> list[str]:
-    """The two answers (issue 13, 34): (a) the best that keeps the baseline's training math, (b)
-    the best overall with what it changes; each with its own confirmation and its change to
-    apply; (a) the baseline itself with what the search saw (`trials`); `hint`: how an app
-    declares the keys of its global batch."""
+    """The two answers (issue 13, 34): (a) the best that keeps the baseline's training math, (b) the
+    best overall; each with its confirmation and change to apply; `hint`: how to declare batch keys."""
     if baseline is None or best is None:
         return []
     held = f"global batch {global_batch}" if global_batch else "the baseline's global batch"

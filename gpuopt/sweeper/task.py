@@ -1,12 +1,8 @@
 """The app being swept: gpuopt's own task (`hydra.sweeper.gpuopt_task: true`, set by gpuopt's
 conf/config.yaml) or any other Hydra app on the stock hydra-optuna-sweeper contract.
 
-What differs between the two lives here, as functions of the composed config and the options:
-the objectives and their names, the default study name, the checks of the composed config before
-the study exists, the command that runs the app, and the groups that configure the sweep itself.
 Another app keeps the stock meaning of every key (in-memory `storage: null`, `direction`, values
-named value / value_i); gpuopt's task gets its metrics, a derived study name and its checks.
-"""
+named value / value_i); gpuopt's task gets its metrics, a derived study name and its checks."""
 
 from __future__ import annotations
 
@@ -114,11 +110,8 @@ def check_values(options: SweeperOptions, config: DictConfig) -> None:
 def check_task(
     options: SweeperOptions, config: DictConfig, probe: machine.EnvProbe
 ) -> machine.EnvProbe:
-    """gpuopt's own task: the composed config checked once, before the study (the trials would
-    each fail on a bad fixed value), its device against `python -m gpuopt.env --json` of the
-    machine the trials run on (device.type=cuda on a CPU machine, tf32, workers per core): the
-    validation route's one entry point (gpuopt.core.checks); one line, exit 2 (plugin.py). The
-    probe used: `probe`, or the one made here."""
+    """gpuopt's own task: the composed config checked once before the study (gpuopt.core.checks),
+    its device against `python -m gpuopt.env --json` of the trials' machine; one line, exit 2."""
     if not options.gpuopt_task:
         return probe
     if not probe.data:
@@ -153,9 +146,8 @@ def command(config: DictConfig) -> str:
 
 
 def sweep_groups(config: DictConfig, config_loader: Any) -> list[str]:
-    """Config groups whose chosen option configures the sweep itself (sets `hydra.sweeper` or
-    `hydra.mode`, like lightning-hydra-template's `hparams_search`): an exported best config
-    leaves them out, or reproducing it would start a sweep."""
+    """Config groups whose chosen option configures the sweep itself (like
+    lightning-hydra-template's `hparams_search`): an exported best config leaves them out."""
     found = []
     for group, option in (config.hydra.runtime.choices or {}).items():
         if option is None or str(group).startswith("hydra/"):
@@ -180,9 +172,8 @@ def _load_option(loader: Any, path: str) -> DictConfig | None:
 
 
 def probe_env(options: SweeperOptions, params: Mapping[str, Any] | None) -> machine.EnvProbe:
-    """`python -m gpuopt.env --json` once, for device-aware presets (an empty probe when off, or
-    when no searched key is one it can judge and no device_params ask for the device type: the
-    probe is a subprocess that imports torch, ~3.5 s of an app's sweep of its own keys)."""
+    """`python -m gpuopt.env --json` once, for device-aware presets; empty when nothing needs it
+    (the probe imports torch, ~3.5 s of an app's sweep of its own keys)."""
     judged = any(knobs.probed(str(k)) for k in params or {})
     if not options.device_aware or not (judged or options.device_params):
         return machine.EnvProbe()

@@ -1,6 +1,5 @@
-"""Where a sweep's time went: its phases' wall time, logged and written to `timing.json` in the
-sweep dir (scripts/bench_time_to_answer.py reads it; so can a user who wonders why a sweep took as
-long as it did)."""
+"""Where a sweep's time went: its phases' wall time, logged and written to `timing.json`
+(scripts/bench_time_to_answer.py reads it)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """Files that belong to a trial, kept where Optuna keeps them: its artifact store.
 
-Each trial's `result.json` and, on a profiled trial, its `trace.json.gz` are uploaded with
-`optuna.artifacts.upload_artifact` once the trial's job has returned and before it is told (a
-finished trial's attributes are read-only; the best's profiled run after the sweep, not a trial,
-keeps its trace as a study artifact): optuna-dashboard lists them on the trial
-(`optuna-dashboard <storage> --artifact-dir <store>`) and `optuna.artifacts.download_artifact`
-gets them back on any machine that sees the store. The run directory keeps its copies and its
-paths stay in the trial's attrs.
-
-`hydra.sweeper.artifacts`: `auto` (the default) a `FileSystemArtifactStore` in `artifacts/`
-beside the study's SQLite or journal file; a directory path; null: off. A study without a file
-(in-memory, PostgreSQL) and no path given, or an upload that fails, is a warning: the sweep goes
-on. The store's directory is recorded in the study user attr `artifact_store` (the report uploads
-its page there). Torch-free: the sweeping process reads the files the trial's process wrote.
-"""
+Each trial's `result.json` (and a profiled trial's `trace.json.gz`) is uploaded before the trial
+is told (a finished trial's attributes are read-only), so optuna-dashboard lists them.
+`hydra.sweeper.artifacts`: `auto` (`artifacts/` beside the study's file), a directory, or null.
+No store or a failed upload is a warning: the sweep goes on. Torch-free."""
 
 from __future__ import annotations
 
@@ -144,9 +134,8 @@ class TrialFiles:
 
 
 def trial_files(ret: Any, outcome: Any, scratch: Path) -> list[Path]:
-    """The files of one trial: its result.json (the run directory's, which gpuopt's own task
-    writes, else the TrialResult a task of its own returned), as a copy in `scratch` with any
-    secret masked (a stored file never holds one); the profiled window's trace."""
+    """The files of one trial: its result.json as a masked copy in `scratch` (a stored file never
+    holds a secret), and the profiled window's trace."""
     files = []
     written = _run_dir_result(ret)
     if written is not None:

@@ -1,27 +1,11 @@
 """One worker's trials of a study: ask, launch, record, until the study holds n_trials.
 
-The study, not this process, is the source of truth: other workers may share it (a PostgreSQL or
-journal storage), so what is left is re-read before every batch, and a trial is asked under
-resume.py's counting rule (a trial with n_trials counted-or-waiting trials below its number is
-void, not run). Each batch runs under Optuna's heartbeats; each trial is recorded as its job is
-read back: a baseline whose task raised is skipped (the study goes on without one; one the
-launcher failed is a failed trial), a measured one enqueues the expert seeds.
-
-The study is read (`get_trials`, a few ms each on SQLite) only where what is read must be fresh,
-and that snapshot is passed on to what needs the study next:
-- after a launch returns (`_run_batch`): was a trial failed as stale by another worker meanwhile
-  (its result is then dropped), which trials of other workers ran beside it (interference);
-- after each tell (`_record`): the progress line counts every worker's trials up to now (the last
-  worker to finish says n/n). The same snapshot then serves the batch's next trial (stale?
-  interference) and the next batch's recovery, count and ask (`_counting`);
-anew only where a snapshot could be wrong: after waiting for other workers, after recovery failed
-trials, and after an ask the snapshot cannot decide (the second of a batch's asks: its own first
-is not in it). So a batch of one trial reads the study twice, one of n_jobs trials n_jobs + 2
-times, with no single-trial reads (tests/test_lifecycle.py counts them). Where gpuopt measures the
-app, a trial's params are suggested at its ask, by a sampler that draws no repeat of a measured
-configuration (sweeper/repeats.py): it reads the study once more per trial, inside the suggest,
-as Optuna's own samplers do.
-"""
+The study, not this process, is the source of truth (other workers may share it): what is left is
+re-read before every batch, and trials are asked under resume.py's counting rule. The study is read
+(`get_trials`, a few ms each on SQLite) only where it must be fresh (after a launch, after each
+tell) and that snapshot is passed on; anew only where a snapshot could be wrong (after waiting,
+after recovery, after an ask it cannot decide). A batch of n_jobs trials reads it n_jobs + 2 times
+(tests/test_lifecycle.py counts them)."""
 
 from __future__ import annotations
 
@@ -115,8 +99,7 @@ class TrialRunner:
     def _wait_for_others(
         self, study: optuna.Study, logged: bool, trials: list[FrozenTrial] | None = None
     ) -> bool:
-        """Whether to wait (a moment) for other workers' trials; False: this worker is done.
-        `trials`: the study's trials as just counted (None: read here)."""
+        """Whether to wait (a moment) for other workers' trials; False: this worker is done."""
         if trials is None:
             trials = study.get_trials(deepcopy=False)
         others = resume.running_elsewhere(trials)
@@ -137,11 +120,8 @@ class TrialRunner:
         trials: list[FrozenTrial] | None = None,
         space: SearchSpace | None = None,
     ) -> tuple[list[Trial], bool]:
-        """Up to n trials this worker may run, and whether the study is full (see resume.py's rule:
-        a trial with n_trials counted-or-waiting trials below its number is void, not run).
-        `trials`: the study's trials read before the asks (`_counting`), None: none. With the
-        `space`, each asked trial's params are suggested here, never a configuration already
-        measured while one is left, else marked a replicate (`_no_blind_repeat`)."""
+        """Up to n trials this worker may run, and whether the study is full (resume.py's rule).
+        With the `space`, params are suggested here (`_no_blind_repeat`)."""
         out: list[Trial] = []
         storage, owner = storage_of(study), resume.this_owner()
         while len(out) < n:
@@ -175,10 +155,8 @@ class TrialRunner:
         space: SearchSpace,
     ) -> None:
         """Suggest `trial`'s params now, through a sampler that draws no configuration the study
-        holds while one is left unmeasured (sweeper/repeats.py); a repeat that still runs (none
-        left, or enqueued on purpose) is marked a replicate of the first. Not for the baseline,
-        a grid (its points are handed out once each) or an app gpuopt does not measure; with a
-        custom_search_space (keys the space does not list) repeats are marked, not replaced."""
+        holds while one is left unmeasured (sweeper/repeats.py); a repeat that still runs is marked a
+        replicate of the first. Not for the baseline, a grid or an app gpuopt does not measure."""
         if trial.user_attrs.get(ATTR_BASELINE) or space.is_grid or not self.options.measured:
             return
         if self.extender is None:
@@ -202,16 +180,9 @@ class TrialRunner:
     def _counting(
         self, study: optuna.Study, trial: Trial, before: list[FrozenTrial] | None
     ) -> list[FrozenTrial]:
-        """The study's trials that the counting rule judges the just-asked `trial` against: read
-        now, unless the snapshot read before the ask already decides it.
-
-        It does when it holds every trial numbered below `trial` (the storage numbers a study's
-        trials 0, 1, ...: `trial.number <= len(before)`) and finds `trial` not surplus. Since the
-        snapshot, those trials can only have stopped counting (a WAITING one that is popped stays
-        ahead; a running one finishes, counted, or its worker dies, not counted; a finished one
-        never changes), so a read now finds `trial` not surplus as well. A surplus verdict may have
-        gone stale (a trial ahead died meanwhile) and is read anew, and so is a baseline's (once
-        per study: the duplicate-baseline check)."""
+        """The study's trials the counting rule judges the just-asked `trial` against: read now,
+        unless the snapshot before the ask holds every lower-numbered trial and finds it not surplus
+        (since then, trials ahead can only stop counting). A surplus or baseline verdict is read anew."""
         if (
             before is not None
             and trial.number <= len(before)
@@ -225,12 +196,8 @@ class TrialRunner:
         self, study: optuna.Study, trials: list[Trial], space: SearchSpace, progress: Progress
     ) -> list[FrozenTrial] | None:
         """Launch one batch under heartbeats and record each trial as it is read back; the study's
-        trials as read after the last record (None: not read since a trial was dropped).
-
-        Whether another worker failed a trial as stale is read after the launch returned: for the
-        first trial, in one read then; for each next one, in the read after the previous record.
-        A trial failed elsewhere later still (this worker paused while recording) makes its tell
-        raise UpdateFinishedTrialError: not recorded either (`_tell`)."""
+        trials as read after the last record (None: not read since a trial was dropped). A trial failed
+        as stale elsewhere later still makes its tell raise UpdateFinishedTrialError (`_tell`)."""
         beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
         for beat in beats:
             beat.start()  # records a beat at once, then every heartbeat_interval seconds
@@ -278,12 +245,8 @@ class TrialRunner:
         progress: Progress,
         trials: list[FrozenTrial] | None = None,
     ) -> list[FrozenTrial] | None:
-        """One trial read back: told to the study (a failed baseline skipped), its progress line,
-        and after a measured baseline the expert seeds.
-
-        `trials`: the study's trials read after the trial's run (None: read here, for the
-        interference check); returns the study's trials as read after the tell (None after a
-        skipped baseline: not read)."""
+        """One trial read back: told (a failed baseline skipped), its progress line, and after a
+        measured baseline the expert seeds; the study's trials as read after the tell (None: not read)."""
         outcome = outcome_of(ret, progress.names, progress.directions)
         is_baseline = bool(trial.user_attrs.get(ATTR_BASELINE))
         if is_baseline and outcome.failed and not baseline.launcher_failed(ret):
@@ -302,8 +265,8 @@ class TrialRunner:
         return after
 
     def _configure(self, trial: Trial, space: SearchSpace) -> list[str]:
-        """Suggest the trial's params; its overrides (once per trial: `configured`). The baseline
-        suggests only the keys it was enqueued with (the others keep their configured value)."""
+        """Suggest the trial's params once; its overrides. The baseline suggests only the keys it
+        was enqueued with."""
         if trial.number not in self.configured:
             self.configured[trial.number] = self._suggest(trial, space)
         return self.configured[trial.number]
@@ -355,7 +318,7 @@ class TrialRunner:
 
 def own_and_beat(storage: Any, trial_id_: int, owner: dict[str, Any]) -> None:
     """A just-asked trial's owner record and, with heartbeats on, its first beat at once (a trial
-    that never beat is invisible to the stale check): one transaction where the storage allows."""
+    that never beat is invisible to the stale check)."""
     if not storage_mod.heartbeat_on(storage):
         record.trial_system_attr(storage, trial_id_, ATTR_OWNER, owner)
     elif not set_system_attr_and_beat(storage, trial_id_, ATTR_OWNER, owner):
@@ -364,8 +327,6 @@ def own_and_beat(storage: Any, trial_id_: int, owner: dict[str, Any]) -> None:
 
 
 def still_running(trials: list[FrozenTrial], trial: Trial) -> bool:
-    """Whether the study's trials, read after `trial`'s run, hold it RUNNING (no other worker
-    finished it meanwhile)."""
     frozen = resume.frozen_of(trials, trial.number)
     return frozen is not None and frozen.state == TrialState.RUNNING
 
