@@ -333,17 +333,15 @@ def test_the_races_screen_asks_no_repeat(tmp_path):
     space = SearchSpace(dict(SPACE), {}, [])
     runner = RaceRunner(**vars(_runner(4, race={"screen": 3})))
     screened: list[Any] = []
-    runner._baseline = lambda *args: True  # the baseline is trial 0, measured
 
-    def round_(study, trials, space, progress, race):  # the screen: each configured, told
+    def round_(study, trials, space, progress):  # the screen: each configured, told
         for trial in trials:
             runner._configure(trial, space)
             screened.append(trial)
             study.tell(trial, 1.0)
 
     runner._round = round_
-    runner.process = object()  # the race's process, open
-    runner._race(study, space, None, None)
+    runner._rounds(study, space, None)
     configs = [tuple(t.params.values()) for t in screened]
     assert len(screened) == 3 and len(set(configs)) == 3 and (32, 0) not in configs
 

@@ -114,8 +114,8 @@ def probe_rank(spec: TrialSpec, device: torch.device) -> TrialResult:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
+    args = sys.argv[1:]
     if len(args) != 2 or not args[1].isdigit():
         print("usage: python -m gpuopt.processes.memory_probe CONFIG.yaml BATCH", file=sys.stderr)
         return 2

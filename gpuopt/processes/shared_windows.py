@@ -14,6 +14,7 @@ gpuopt.core.shared_protocol's; building and windows are the native engine's (`op
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -172,8 +173,6 @@ def stepped(members: dict[str, Member], label: str | None) -> None:
 def whole_trial(config_path: str, run_dir: str) -> TrialResult:
     """CONFIG.yaml measured as a whole trial in this process, its result.json (and the profiled
     window's trace) written into `run_dir`."""
-    import os
-
     from omegaconf import OmegaConf
 
     from gpuopt.core.errors import ConfigError
@@ -188,22 +187,16 @@ def whole_trial(config_path: str, run_dir: str) -> TrialResult:
         prepared = prepare_trial(OmegaConf.load(config_path), allocator=False)
     except ConfigError as exc:
         return TrialResult(status=Status.ERROR, reason=str(exc))
-    # The profiled window writes its trace into Hydra's run dir; outside Hydra, into this one.
-    previous = os.environ.get(RUN_DIR_ENV)
+    # The profiled window writes its trace into Hydra's run dir; outside Hydra, into this one (set
+    # for each whole trial: nothing else in this process reads it).
     os.environ[RUN_DIR_ENV] = str(folder)
-    try:
-        result = run_trial(prepared.spec, device=prepared.device)
-    finally:
-        if previous is None:
-            os.environ.pop(RUN_DIR_ENV, None)
-        else:
-            os.environ[RUN_DIR_ENV] = previous
+    result = run_trial(prepared.spec, device=prepared.device)
     result.save(folder / "result.json")
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
+    args = sys.argv[1:]
     if len(args) != 1:
         print("usage: python -m gpuopt.processes.shared_windows SPEC.json", file=sys.stderr)
         return 2

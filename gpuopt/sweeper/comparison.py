@@ -2,14 +2,7 @@
 
 `compare(arms, control, budget, stop, executor)` measures the arms interleaved around a control and
 returns every reading with each arm's ratio over the control and its interval. Every comparison
-gpuopt makes is a call of it:
-
-| caller                      | order     | stop                       | executor                    |
-|-----------------------------|-----------|----------------------------|-----------------------------|
-| the race's screen           | bracketed, turn race.slices | FixedCount(1) | race/screen.ScreenWindows |
-| a race finalist's read      | bracketed, turn 4x that | FixedCount(1)  | race/screen.ScreenWindows   |
-| the in-process confirmation | rounds    | PairStop (Stein, two-stage)| one window of SharedProcess |
-| the fresh-process one       | rounds    | PairStop                   | a run of the sweep's launcher|
+gpuopt makes is a call of it (its callers: docs/architecture.md).
 
 Orders. "rounds": A B1 B2, then B2 B1 A (`round_order`), an arm paired with the control of its
 round. "bracketed": B c1 B c1 B c2 ..., an arm's reading paired with the geometric mean of the
@@ -140,13 +133,11 @@ class Compared:
         """The arm's paired speedup over the control (> 1: better), None without a pair. In round
         order pairs are rounds (`first_stage`: Stein's interval); in bracketed order each reading
         is paired with its neighbours' geometric mean, on `value` (the race reads each metric)."""
-        if self.order == BRACKETED:
+        if self.order == BRACKETED:  # "rounds" numbered by reading
             own = self.of(label)
-            brackets = [_geomean(self.neighbours(r, value)) for r in own]
-            try:
-                return speedup([value(r) for r in own], brackets, direction, target=target)
-            except ValueError:
-                return None
+            arm = dict(enumerate(value(r) for r in own))
+            brackets = dict(enumerate(_geomean(self.neighbours(r, value)) for r in own))
+            return paired_speedup(arm, brackets, direction, target)  # type: ignore[arg-type]
         return paired_speedup(
             self.by_round(label), self.by_round(self.control), direction, target, first_stage
         )

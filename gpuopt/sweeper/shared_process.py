@@ -19,10 +19,13 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from gpuopt.core import knobs
 from gpuopt.core import shared_protocol as protocol
 from gpuopt.core.result import TrialResult
 from gpuopt.study.configs import flatten
+from gpuopt.sweeper.launchers.results import describe_exit, fatal_error
 from gpuopt.sweeper.objectives import TrialOutcome, error_outcome
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -63,8 +66,6 @@ def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str 
 
 def write_config(config: Any, directory: Path, name: str) -> Path:
     """The composed task config (no hydra node, resolved) as `directory/name`."""
-    from omegaconf import OmegaConf
-
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
     task = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
@@ -76,9 +77,7 @@ class SharedProcess:
     """The process, asked one command at a time; it dies with the sweep (parent-death signal) and
     is killed with its DataLoader workers (its own process group) on close or a timeout."""
 
-    def __init__(
-        self, process: subprocess.Popen, objective: str, log_path: Path | None = None
-    ) -> None:
+    def __init__(self, process: subprocess.Popen, objective: str, log_path: Path) -> None:
         self.process, self.objective, self.log_path = process, objective, log_path
         self._selector = selectors.DefaultSelector()
         self._selector.register(process.stdout, selectors.EVENT_READ)
@@ -100,7 +99,8 @@ class SharedProcess:
         facts = {k: protocol.Steady.from_json(dict(v)) for k, v in steady.items()}
         path = directory / "interleave.json"
         protocol.Spec(files, window_s, MIN_STEPS, facts).write(path)
-        stderr = open(directory / "interleave.log", "w")  # noqa: SIM115 - the child writes to it
+        log_path = directory / "interleave.log"
+        stderr = open(log_path, "w")  # noqa: SIM115 - the child writes to it
         process = subprocess.Popen(
             [sys.executable, "-m", "gpuopt.processes.shared_windows", str(path)],
             stdin=subprocess.PIPE,
@@ -110,7 +110,7 @@ class SharedProcess:
             start_new_session=True,
         )
         stderr.close()
-        shared = cls(process, objective, directory / "interleave.log")
+        shared = cls(process, objective, log_path)
         shared.members = {k: (Path(v), facts.get(k, protocol.Steady())) for k, v in configs.items()}
         ready = shared._read(READY_TIMEOUT_S)
         if ready is not None and "ready" not in ready:
@@ -141,10 +141,8 @@ class SharedProcess:
 
     def _death(self) -> str:
         """How the process ended, with the native crash its log names, if any."""
-        from gpuopt.sweeper.launchers.results import describe_exit, fatal_error
-
         why = f"gpuopt.processes.shared_windows {describe_exit(self.process.wait())}"
-        crash = fatal_error(self.log_path) if self.log_path is not None else None
+        crash = fatal_error(self.log_path)
         return f"{why}: {crash}" if crash else why
 
     def _fail(self, why: str) -> None:
@@ -174,9 +172,7 @@ class SharedProcess:
     ) -> protocol.Added | protocol.Failure:
         """Build `config` as `label`, warmed up (one it had is released first)."""
         command = protocol.Add(label, str(config), steady or protocol.Steady())
-        answer = self.command(command, timeout_s)
-        assert isinstance(answer, (protocol.Added, protocol.Failure))
-        return answer
+        return self.command(command, timeout_s)  # type: ignore[return-value]
 
     def window(self, label: str) -> TrialOutcome:
         """One window of `label` (the spec's length) as a TrialOutcome."""
@@ -222,9 +218,7 @@ class SharedProcess:
         whose drain reads slower is read on its drain (`read_on_drain`)."""
         deadline_s = SCREEN_DEADLINE * window_s
         command = protocol.Window(label, window_s, min_steps, deadline_s, settle, give_up_below)
-        answer = self.command(command, SCREEN_TIMEOUT_S)
-        assert isinstance(answer, (protocol.Reading, protocol.Failure))
-        return answer
+        return self.command(command, SCREEN_TIMEOUT_S)  # type: ignore[return-value]
 
     def drop(self, label: str) -> None:
         self.command(protocol.Drop(label), SCREEN_TIMEOUT_S)

@@ -84,15 +84,13 @@ class SyntheticDataset(Dataset):
         self.size = int(size)
         self.sample_cost = float(sample_cost)
         self.seed = int(seed)
-        self._teacher = self._make_teacher()
-
-    def _make_teacher(self) -> np.ndarray:
-        """A (features, classes) projection, or for tokens the next token of each token."""
+        # A (features, classes) projection, or for tokens the next token of each token.
         rng = np.random.default_rng((self.seed, 0x7EAC))  # apart from every sample's stream
-        if self.kind == "tokens":
-            return rng.integers(0, self.num_classes, self.num_classes, dtype=np.int64)
-        features = int(np.prod(self.shape))
-        return rng.standard_normal((features, self.num_classes), dtype=np.float32)
+        self._teacher = (
+            rng.integers(0, self.num_classes, self.num_classes, dtype=np.int64)
+            if kind == "tokens"
+            else rng.standard_normal((int(np.prod(self.shape)), self.num_classes), dtype=np.float32)
+        )
 
     def _label(self, inputs: np.ndarray) -> torch.Tensor:
         return torch.tensor(int(np.argmax(inputs.reshape(-1) @ self._teacher)), dtype=torch.int64)

@@ -8,22 +8,15 @@ transformers model class, the other keys are its config class's fields. The mode
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Any
 
 from torch import nn
 
-from gpuopt.core.spec import HF_INSTALL_HINT
-
 
 def build(architecture: str, activation_checkpointing: bool = False, **config: Any) -> nn.Module:
     """A randomly initialized `architecture` from its config class with `config`'s fields."""
-    if importlib.util.find_spec("transformers") is None:
-        raise ModuleNotFoundError(
-            f"Hugging Face models need transformers: {HF_INSTALL_HINT}", name="transformers"
-        )
-    transformers = importlib.import_module("transformers")
+    import transformers  # the extra: checked as config, with how to install it (core/checks)
+
     model_class = getattr(transformers, architecture, None)
     if not isinstance(model_class, type) or not issubclass(model_class, nn.Module):
         raise ValueError(f"model.architecture={architecture!r} is not a transformers model class")

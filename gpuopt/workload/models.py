@@ -147,9 +147,7 @@ class GPT(nn.Module):
         heads: int = 4,
         activation_checkpointing: bool = False,
     ) -> None:
-        super().__init__()
-        if width % heads:
-            raise ValueError(f"model.width ({width}) must be divisible by model.heads ({heads})")
+        super().__init__()  # width % heads: checked as config (gpuopt.core.checks.workload)
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.position_embedding = nn.Embedding(seq_len, width)
         self.blocks = nn.ModuleList(_TransformerBlock(width, heads) for _ in range(depth))

@@ -60,21 +60,7 @@ log = logging.getLogger("gpuopt.sweeper")
 FIRST_CONFIRM_JOB = 10_000  # the confirmation runs' job numbers (the sweep's trials: from 0)
 
 
-def confirm_if_last(study: Any, settings: ConfirmOptions, **context: Any) -> Confirmation | None:
-    """The confirmation round runs in the last worker to finish; the others return the stored
-    record, if any. `context`: the rest of `run`'s arguments."""
-    others = resume.running_elsewhere(study.get_trials(deepcopy=False))
-    if others:
-        log.info(
-            "%d trial(s) still running in other workers: the last worker to finish runs the "
-            "confirmation round",
-            len(others),
-        )
-        return read_confirmation(study.user_attrs)
-    return run(study, settings, **context)
-
-
-def run(
+def confirm_if_last(
     study: Any,
     settings: ConfirmOptions,
     *,
@@ -86,13 +72,22 @@ def run(
     compose: Callable[[list[str]], Any] | None = None,
     app_config: Mapping[str, Any] | None = None,
 ) -> Confirmation | None:
-    """Plan, claim and run the round; store and return its record (None when it does not run).
+    """Plan, claim and run the round in the last worker to finish (the others return the stored
+    record, if any); store and return its record (None when it does not run).
     `measure(overrides, index)`: one fresh-process run's TrialOutcome; `compose(overrides)`: a
     job's config, for the in-process mode; `app_config`: the config the overrides apply to."""
-    if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
-        return None  # a stock-style task: its values are not noisy measurements to confirm
     all_trials = study.get_trials(deepcopy=False)
     previous = read_confirmation(study.user_attrs)
+    others = resume.running_elsewhere(all_trials)
+    if others:
+        log.info(
+            "%d trial(s) still running in other workers: the last worker to finish runs the "
+            "confirmation round",
+            len(others),
+        )
+        return previous
+    if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
+        return None  # a stock-style task: its values are not noisy measurements to confirm
     counted = sum(1 for t in all_trials if resume.counted(t))
     if previous is not None and previous.after_trials == counted:
         return previous  # nothing new since the last confirmation
@@ -339,7 +334,13 @@ def elsewhere(
         return None  # final for these trials
     claim = storage_of(study).get_study_system_attrs(resume.study_id(study))
     claim = claim.get(STUDY_CONFIRM_CLAIM)
-    confirms = _confirms(study, trials, directions, settings, n_trials)
+    _, ranked, _ = candidates(trials, directions)  # whether these trials get a round
+    confirms = (
+        bool(ranked)
+        and not plain_names(study.user_attrs.get(STUDY_OBJECTIVES))
+        and plan(settings.top_k, settings.rounds, settings.max_share, n_trials, len(ranked))
+        is not None
+    )
     if (
         confirms
         and isinstance(claim, dict)
@@ -359,16 +360,4 @@ def elsewhere(
         others,
         f"trials still run in {', '.join(others)}: the last worker to finish {then}writes the "
         "sweep's result (its summary and best.yaml)",
-    )
-
-
-def _confirms(
-    study: Any, trials: Any, directions: list[str], settings: ConfirmOptions, n_trials: int
-) -> bool:
-    """Whether the study's trials get a confirmation round."""
-    _, ranked, _ = candidates(trials, directions)
-    if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)) or not ranked:
-        return False
-    return (
-        plan(settings.top_k, settings.rounds, settings.max_share, n_trials, len(ranked)) is not None
     )

@@ -8,13 +8,18 @@ with.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
 from gpuopt.core import knobs
 from gpuopt.core._compat import submitit_executor_kind
 from gpuopt.core.metrics import metric
+from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE
 from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
 from gpuopt.sweeper.shared_process import shareable
 
@@ -78,10 +83,6 @@ def why_not(
 def measured_apart(trials: Sequence[Any]) -> int:
     """How many of a study's trials hold values measured outside a race: a study with any keeps
     fresh processes, so warm and fresh values never meet."""
-    from optuna.trial import TrialState
-
-    from gpuopt.study.keys import ATTR_RACE
-
     return sum(
         1 for t in trials if t.state == TrialState.COMPLETE and ATTR_RACE not in t.user_attrs
     )
@@ -90,8 +91,6 @@ def measured_apart(trials: Sequence[Any]) -> int:
 def task_config(config: Any) -> dict[str, Any]:
     """The composed config without its `hydra` node, resolved; {} when it does not resolve here
     (then the sweep does not race)."""
-    from omegaconf import OmegaConf
-
     try:
         return {
             str(k): OmegaConf.to_container(config[k], resolve=True)
@@ -108,8 +107,6 @@ def is_gpuopt_main(task_function: Any) -> bool:
     """Whether the sweep's task is `gpuopt.run`'s own main (an app with its own task function on
     gpuopt's configs must not race). By its source file: under `python -m gpuopt.run` the module
     is `__main__`; located, not imported (it imports torch)."""
-    import importlib.util
-
     code = getattr(task_function, "__code__", None)
     spec = importlib.util.find_spec("gpuopt.run")
     if code is None or spec is None or spec.origin is None:
@@ -156,10 +153,6 @@ def rank_of(label: str, ratios: Mapping[str, float | None]) -> int | None:
 def no_contender_note(trials: Sequence[Any]) -> str | None:
     """The summary's line when a race measured no candidate as a whole trial because none read
     its floor; else None."""
-    from optuna.trial import TrialState
-
-    from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE
-
     whole = [
         t for t in trials if t.state == TrialState.COMPLETE and not t.user_attrs.get(ATTR_BASELINE)
     ]

@@ -97,34 +97,33 @@ class RaceRunner(TrialRunner):
     def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
         """The race; its process stays open (`process`) until the caller closes it."""
         progress.start(study.get_trials(deepcopy=False))
-        race = SharedProcess.open(self.directory, self.objective, self.options.race.window_s)
-        self.process = race
+        race = self.process = SharedProcess.open(
+            self.directory, self.objective, self.options.race.window_s
+        )
         if race.error:
             log.warning("race: %s; every trial in a fresh process instead", race.error)
             super().run(study, to_go, space, progress)
             return
         try:
-            self._race(study, space, progress, race)
+            if not self._baseline(study, space, progress):
+                log.warning("race: no baseline to pair windows with; the rest in fresh processes")
+                race.close()
+                to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+                super().run(study, to_go, space, progress)
+                return
+            self._rounds(study, space, progress)
         except BaseException:
-            race.close()
+            self.process.close()
             raise
 
-    def _race(
-        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: SharedProcess
-    ) -> None:
-        baseline_ok = self._baseline(study, space, progress, race)
+    def _rounds(self, study: optuna.Study, space: SearchSpace, progress: Progress) -> None:
         to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
-        if not baseline_ok:
-            log.warning("race: no baseline to pair windows with; the rest in fresh processes")
-            race.close()
-            super().run(study, to_go, space, progress)
-            return
-        while to_go > 0 and self.process is not None:
+        while to_go > 0:
             # asked with the space: a repeat of a measured configuration is replaced (repeats.py)
             trials, full = self._ask(study, min(to_go, self.options.race.screen), space=space)
             if not trials:
                 return
-            self._round(study, trials, space, progress, self.process)
+            self._round(study, trials, space, progress)
             if full:
                 return
             to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
@@ -135,17 +134,16 @@ class RaceRunner(TrialRunner):
         trials: list[Trial],
         space: SearchSpace,
         progress: Progress,
-        race: SharedProcess,
     ) -> None:
         """One screen of `trials` (asked at once), its finalists' whole trials, every trial told."""
         beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
         for beat in beats:
             beat.start()
         try:
-            screened = self._screen(trials, space, race)
+            screened = self._screen(trials, space)
             chosen = self._decide(study, screened, space, progress)
             for entry in screened:
-                if entry.label in chosen and self.process is not None:
+                if entry.label in chosen:
                     self._finalist(study, entry, chosen[entry.label], space, progress)
         except Exception as exc:
             resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
@@ -155,12 +153,17 @@ class RaceRunner(TrialRunner):
                 beat.join()
 
     # ---- 1. the baseline, a whole trial -------------------------------------------------------
-    def _baseline(
-        self, study: optuna.Study, space: SearchSpace, progress: Progress, race: SharedProcess
-    ) -> bool:
+    def _baseline(self, study: optuna.Study, space: SearchSpace, progress: Progress) -> bool:
         """Trial 0 as a whole trial (unless a raced study resumes with it done), then the baseline
         built for the screen; whether both worked."""
-        done = _done_baseline(study)
+        done = next(  # a raced study's baseline (from an earlier race), if it resumes
+            (
+                t
+                for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.user_attrs.get(ATTR_BASELINE) and ATTR_RACE in t.user_attrs
+            ),
+            None,
+        )
         if done is not None:  # its stored overrides (a secret in them masked: none in a task's)
             overrides = list(done.user_attrs.get(ATTR_OVERRIDES) or [])
         else:
@@ -169,19 +172,17 @@ class RaceRunner(TrialRunner):
                 return False
             trial = trials[0]
             overrides = self._configure(trial, space)
-            self._whole(study, trial, overrides, space, progress, race)
+            self._whole(study, trial, overrides, space, progress)
             done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
             return False
         self.baseline_metrics = dict(done.user_attrs)
         self.baseline_overrides = overrides
-        answer = race.add(policy.BASELINE, self._config_file(overrides, policy.BASELINE))
+        answer = self.process.add(policy.BASELINE, self._config_file(overrides, policy.BASELINE))
         return answer.status == "ok"
 
     # ---- 2. the screen ------------------------------------------------------------------------
-    def _screen(
-        self, trials: list[Trial], space: SearchSpace, race: SharedProcess
-    ) -> list[Screened]:
+    def _screen(self, trials: list[Trial], space: SearchSpace) -> list[Screened]:
         """B ctl B ctl ... B c1 B c1 ... B (race/screen.py), each arm built only for its turn."""
         entries = [Screened(t, self._configure(t, space), f"#{t.number}") for t in trials]
         control = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
@@ -199,7 +200,7 @@ class RaceRunner(TrialRunner):
             log.info(screen_line(entry, len(done), len(entries), self.objective))
 
         compared, windows = screen.screen(
-            race, configs, self.objective, self.options.race, self._restart, report
+            self.process, configs, self.objective, self.options.race, self._restart, report
         )
         metric = policy.SCREEN_METRIC[self.objective]
         ratios, self.control = calibrated(screen.raw_ratios(compared, metric), policy.CONTROL)
@@ -212,8 +213,9 @@ class RaceRunner(TrialRunner):
 
     def _restart(self) -> SharedProcess:
         """A new race process with the baseline built (after a candidate too slow to screen)."""
-        race = SharedProcess.open(self.directory, self.objective, self.options.race.window_s)
-        self.process = race
+        race = self.process = SharedProcess.open(
+            self.directory, self.objective, self.options.race.window_s
+        )
         race.add(policy.BASELINE, self.directory / f"{policy.BASELINE}.yaml")
         return race
 
@@ -227,7 +229,16 @@ class RaceRunner(TrialRunner):
         """The finalists by label, each with its `race` user attr; the others recorded (failed as
         their failure, else pruned)."""
         ratios = {entry.label: entry.ratio for entry in screened}
-        self.same_training = _keeping_training(study, screened)
+        rule = global_batch.read(study.user_attrs)
+        baseline = pick_baseline(study.get_trials(deepcopy=False))
+        self.same_training = {  # global_batch.keeps_training
+            entry.label
+            for entry in screened
+            if rule is not None
+            and baseline is not None
+            and entry.failure is None
+            and global_batch.keeps_training(rule, entry.trial.params, baseline.params)
+        }
         race = self.options.race
         chosen = policy.finalists(ratios, race.finalists, race.floor, self.same_training)
         if len(chosen) > race.finalists:
@@ -299,7 +310,6 @@ class RaceRunner(TrialRunner):
     ) -> None:
         """`entry` read over the baseline in more windows; pruned if that reads it below the floor,
         else measured as a whole trial told in the baseline's frame."""
-        assert self.process is not None and entry.config_file is not None
         paired, self.process = screen.read_over_baseline(
             self.process, entry.label, entry.config_file, self.objective, self.options.race,
             self._restart, self.control,
@@ -316,8 +326,7 @@ class RaceRunner(TrialRunner):
             )
             self._prune(study, entry, screened, progress, reason)
             return
-        self._whole(study, entry.trial, entry.overrides, space, progress, self.process, screened,
-                    paired)  # fmt: skip
+        self._whole(study, entry.trial, entry.overrides, space, progress, screened, paired)
 
     def _whole(
         self,
@@ -326,7 +335,6 @@ class RaceRunner(TrialRunner):
         overrides: list[str],
         space: SearchSpace,
         progress: Progress,
-        race: SharedProcess,
         raced: dict[str, Any] | None = None,
         paired: screen.Paired | None = None,
     ) -> None:
@@ -341,9 +349,9 @@ class RaceRunner(TrialRunner):
         run_dir = self.directory.parent / f"trial_{trial.number}"
         config = self._config_file(launched, f"trial{trial.number}")
         started = time.monotonic()
-        result = race.whole_trial(f"#{trial.number}", config, run_dir)
+        result = self.process.whole_trial(f"#{trial.number}", config, run_dir)
         if result is None:
-            ret: Any = RuntimeError(f"the race process failed: {race.error}")
+            ret: Any = RuntimeError(f"the race process failed: {self.process.error}")
         else:
             seconds = time.monotonic() - started
             screened = {**(raced or {}), "seconds": seconds}
@@ -358,29 +366,6 @@ class RaceRunner(TrialRunner):
         """The job config the launcher would compose for `overrides`, as `<stem>.yaml`."""
         assert self.compose is not None
         return write_config(self.compose(list(overrides)), self.directory, f"{stem}.yaml")
-
-
-def _keeping_training(study: optuna.Study, screened: list[Screened]) -> set[str]:
-    """The labels of the screened candidates that keep the baseline's training by their params
-    (global_batch.keeps_training)."""
-    rule = global_batch.read(study.user_attrs)
-    baseline = pick_baseline(study.get_trials(deepcopy=False))
-    if rule is None or baseline is None:
-        return set()
-    return {
-        entry.label
-        for entry in screened
-        if entry.failure is None
-        and global_batch.keeps_training(rule, entry.trial.params, baseline.params)
-    }
-
-
-def _done_baseline(study: optuna.Study) -> Any:
-    """The baseline trial of a raced study that resumes (COMPLETE, from an earlier race), or None."""
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if t.user_attrs.get(ATTR_BASELINE) and ATTR_RACE in t.user_attrs:
-            return t
-    return None
 
 
 def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
