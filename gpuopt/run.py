@@ -33,6 +33,7 @@ from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.secrets import mask_secrets
 from gpuopt.core.spec import register_schemas
 from gpuopt.engines.registry import run_trial
+from gpuopt.study.noise import SPREAD_HINT
 from gpuopt.trial.prepare import PreparedTrial, prepare_trial
 
 if TYPE_CHECKING:
@@ -164,9 +165,6 @@ def _result_rows(result: TrialResult) -> list[tuple[str, str, str]]:
             env = result.env
             rows.append(("device", str(env.get("device_name", "-")), str(env.get("device", ""))))
     return rows
-
-
-SPREAD_HINT = "python scripts/bench_noise.py --spread-only measures it"
 
 
 def with_run_spread(result: TrialResult) -> None:

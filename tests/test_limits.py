@@ -12,8 +12,8 @@ def test_cpu_limit_shares_the_cores_between_loader_and_compute():
     limit = limits.machine_limit("cpu", 2, 150e-6, 50e-6, ceiling=None)
     assert limit == limits.Limit(pytest.approx(10_000.0), "cores")
     # A cheaper loader raises the limit; so do more cores.
-    assert limits.cpu_limit(2, 50e-6, 50e-6).throughput == pytest.approx(20_000.0)
-    assert limits.cpu_limit(4, 150e-6, 50e-6).throughput == pytest.approx(20_000.0)
+    assert limits.machine_limit("cpu", 2, 50e-6, 50e-6, None).throughput == pytest.approx(20_000.0)
+    assert limits.machine_limit("cpu", 4, 150e-6, 50e-6, None).throughput == pytest.approx(20_000.0)
 
 
 def test_accelerator_limit_is_the_ceiling_unless_the_loading_cores_cannot_feed_it():
@@ -24,9 +24,9 @@ def test_accelerator_limit_is_the_ceiling_unless_the_loading_cores_cannot_feed_i
     fed = limits.machine_limit("cuda", 9, 100e-6, None, ceiling=200_000.0)
     assert fed == limits.Limit(pytest.approx(80_000.0), "loader")
     # One core still loads (the main process) when it is the only one.
-    assert limits.accelerator_limit(1e9, 1, 1e-3).throughput == pytest.approx(1_000.0)
+    assert limits.machine_limit("cuda", 1, 1e-3, None, 1e9).throughput == pytest.approx(1_000.0)
     # No loader cost measured: the compute ceiling is all that is known.
-    assert limits.accelerator_limit(7.0, 4, None) == limits.Limit(7.0, "compute")
+    assert limits.machine_limit("cuda", 4, None, None, 7.0) == limits.Limit(7.0, "compute")
 
 
 def test_the_limit_is_never_below_what_the_window_did():

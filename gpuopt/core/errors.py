@@ -40,9 +40,6 @@ class ConfigFileError(ConfigError):
         self.line, self.column = line, column
         self.args = (f"invalid config file: {path}, line {line}, column {column}: {problem}",)
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
 
 def check_choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
     """ConfigError unless `value` is one of `allowed`."""
@@ -101,11 +98,8 @@ def _lookup(container: Any, dotted: str) -> Any:
 def config_error_from_omegaconf(
     exc: OmegaConfBaseException, values: dict[str, Any] | None = None
 ) -> ConfigError:
-    """OmegaConf's schema errors (unknown key, wrong type) as one ConfigError.
-
-    `exc.full_key` names the key and `exc.object_type` the schema dataclass; the allowed keys or the
-    field's type come from that dataclass. `values` (the merged container) supplies the bad value.
-    """
+    """OmegaConf's schema errors (unknown key, wrong type) as one ConfigError: the allowed keys or
+    the field's type from the schema dataclass, the bad value from `values`."""
     key = str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?")
     value = _lookup(values, key) if values is not None else "?"
     schema = getattr(exc, "object_type", None)
@@ -120,6 +114,18 @@ def config_error_from_omegaconf(
         known = ", ".join(parent + n for n in fields)
         return ConfigError(key, value, f"a key of {schema.__name__}: {known}")
     return ConfigError(key, value, str(getattr(exc, "msg", exc)).splitlines()[0])
+
+
+def to_schema(schema: type, values: dict[str, Any], prefix: str = "") -> Any:
+    """`values` merged onto the schema dataclass, as one; OmegaConf's schema errors as a ConfigError
+    (its key under `prefix`: `model.` for a model's schema)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as exc:
+        error = config_error_from_omegaconf(exc, values)
+        raise ConfigError(prefix + error.key, error.value, error.allowed) from None
 
 
 def _parsed_overrides(overrides: list[str]) -> list[Any]:

@@ -60,14 +60,9 @@ def limit_share(attrs: dict[str, Any], highest: HighestLimit | None = None) -> s
         return None
     bound = attrs.get("limit_bound")
     by = f", bound by {bound}" if bound else ""
-    text = f"{share:.0f}% of this machine's limit for this workload ({_rate(limit)} samples/s{by})"
+    rate = metric("limit_throughput", limit)
+    text = f"{share:.0f}% of this machine's limit for this workload ({rate}{by})"
     if highest is not None and higher_elsewhere(attrs, highest):
-        text += (
-            f"; other settings measured a limit up to {_rate(highest.throughput)} samples/s "
-            f"(trial #{highest.trial})"
-        )
+        up_to = metric("limit_throughput", highest.throughput)
+        text += f"; other settings measured a limit up to {up_to} (trial #{highest.trial})"
     return text
-
-
-def _rate(samples_per_s: float) -> str:
-    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"

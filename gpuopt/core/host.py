@@ -54,10 +54,18 @@ def steal_percent(before: dict[str, int] | None, after: dict[str, int] | None) -
     return 100.0 * (after["steal"] - before["steal"]) / total
 
 
-def child_pids(pid: int | None = None) -> list[str] | None:
-    """The live child processes of `pid` (this process by default), from /proc (Linux): a
-    DataLoader's workers are such children. None elsewhere."""
-    pid = os.getpid() if pid is None else pid
+def proc_stat(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat's fields after comm (which may hold spaces and parentheses); [] without."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def child_pids() -> list[str] | None:
+    """This process's live children, from /proc (Linux): a DataLoader's workers are such children.
+    None elsewhere."""
+    pid = os.getpid()
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -71,25 +79,21 @@ def child_pids(pid: int | None = None) -> list[str] | None:
     return out
 
 
-def children_cpu_ticks(pid: int | None = None) -> int | None:
-    """CPU time (user + system, clock ticks) of the live child processes of `pid`; None where
-    /proc is absent."""
-    children = child_pids(pid)
+def children_cpu_ticks() -> int | None:
+    """CPU time (user + system, clock ticks) of this process's live children; None where /proc is
+    absent."""
+    children = child_pids()
     if children is None:
         return None
     total = 0
     for child in children:
-        try:
-            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the child ended meanwhile
-        total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5) fields 14, 15)
+        fields = proc_stat(child)  # [] where the child ended meanwhile
+        if fields:
+            total += int(fields[11]) + int(fields[12])  # utime, stime (proc(5) fields 14, 15)
     return total
 
 
-def wait_for_idle_children(
-    max_s: float = 2.0, quiet_s: float = 0.05, poll_s: float = 0.01
-) -> float:
+def wait_for_idle_children(max_s: float = 2.0, quiet_s: float = 0.05) -> float:
     """Wait (at most `max_s`) until this process's children used no CPU for `quiet_s`; the seconds
     waited. Why: configurations sharing a process each keep DataLoader workers; once one's window
     ends, its workers refill their prefetch queues, and doing so inside the next configuration's
@@ -102,7 +106,7 @@ def wait_for_idle_children(
     started = time.monotonic()
     last, last_change = children_cpu_ticks(), started
     while time.monotonic() - started < max_s:
-        time.sleep(poll_s)
+        time.sleep(0.01)
         ticks = children_cpu_ticks()
         if ticks is None:
             break

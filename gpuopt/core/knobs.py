@@ -70,7 +70,6 @@ class Knob:
     shareable: bool = False  # may differ within one measuring process (race, confirmation)
     training: tuple[str, ...] = ()  # how it changes the training (GLOBAL_BATCH, ...); (): not
     poor: tuple[Rule, ...] = ()  # values that cost a sweep trials for nothing, per device facts
-    lightning: str | None = None  # the Trainer / LightningDataModule argument it becomes
     tip: str | None = None  # the setting a diagnosis's "Try:" line names (it says why)
     group: str | None = None
     # How a GLOBAL_BATCH key makes the global batch: FACTOR (it multiplies in: the micro-batch,
@@ -163,32 +162,28 @@ _COMPILE_RULES = (
 _NO_BF16 = (Rule(("bf16",), {"bf16_native": NO}, "no native bf16 on this device: bf16 shards run "
                  "emulated, slowly"),)
 _CORES = "only {cpus} usable CPU core(s): more "
-_DATAMODULE = "LightningDataModule(<same name>=...), where its constructor takes it"
 
-MICRO_BATCH = Knob("loader.batch_size", True, (GLOBAL_BATCH, NUMERICS), lightning=_DATAMODULE,
+MICRO_BATCH = Knob("loader.batch_size", True, (GLOBAL_BATCH, NUMERICS),
                    tip="larger loader.batch_size", batch=FACTOR, numerics=_accumulation)
 WORKERS = Knob("loader.num_workers", True,
                poor=(Rule((), {}, _CORES + "workers than cores compete with compute", "cpus"),),
-               lightning=_DATAMODULE, tip="loader.num_workers")
+               tip="loader.num_workers")
 PIN_MEMORY = Knob("loader.pin_memory", True,
                   poor=(Rule(("true",), CPU, "no accelerator: pinned memory is a no-op here "
-                             "(PyTorch warns)"),), lightning=_DATAMODULE,
+                             "(PyTorch warns)"),),
                   tip="loader.pin_memory=true loader.non_blocking=true")
 NON_BLOCKING = Knob("loader.non_blocking", True,
                     poor=(Rule(("true",), CPU, "no accelerator: there is no host-to-device copy"),))
-PERSISTENT_WORKERS = Knob("loader.persistent_workers", True, lightning=_DATAMODULE,
-                          tip="loader.persistent_workers=true")
-PRECISION = Knob("precision.mode", True, (NUMERICS,), _PRECISION_RULES,
-                 "Trainer(precision=32-true|bf16-mixed|16-mixed)", "precision=bf16 (or fp16)",
+PERSISTENT_WORKERS = Knob("loader.persistent_workers", True, tip="loader.persistent_workers=true")
+PRECISION = Knob("precision.mode", True, (NUMERICS,), _PRECISION_RULES, "precision=bf16 (or fp16)",
                  group="precision", numerics=_precision)
-COMPILE = Knob("compile.mode", False, (NUMERICS,), _COMPILE_RULES, "torch.compile(LightningModule)",
-               "compile=reduce-overhead", group="compile", numerics=_compile)
+COMPILE = Knob("compile.mode", False, (NUMERICS,), _COMPILE_RULES, "compile=reduce-overhead",
+               group="compile", numerics=_compile)
 THREADS = Knob("device.num_threads", True,
                poor=(Rule((), {}, _CORES + "threads than cores oversubscribe", "cpus"),),
                tip="tune loader.num_workers and device.num_threads together")
-ACCUMULATION = Knob("train.global_batch", True, (GLOBAL_BATCH, NUMERICS),
-                    lightning="Trainer(accumulate_grad_batches=global_batch / loader.batch_size)",
-                    batch=TOTAL, numerics=_accumulation)
+ACCUMULATION = Knob("train.global_batch", True, (GLOBAL_BATCH, NUMERICS), batch=TOTAL,
+                    numerics=_accumulation)
 FUSED = Knob("optimizer.fused", training=(NUMERICS,), tip="optimizer.fused=true", numerics=_kernels)
 CHANNELS_LAST = Knob("model.channels_last", training=(NUMERICS,), tip="model.channels_last=true",
                      numerics=_channels_last)
@@ -199,11 +194,9 @@ NPROC = Knob("distributed.nproc_per_node", training=(GLOBAL_BATCH, NUMERICS),
 
 KNOBS: tuple[Knob, ...] = (
     MICRO_BATCH, WORKERS, PIN_MEMORY, NON_BLOCKING, PERSISTENT_WORKERS,
-    Knob("loader.", True, lightning=_DATAMODULE),
+    Knob("loader.", True),
     PRECISION, COMPILE, THREADS,
-    Knob("device.type", lightning="Trainer(accelerator=..., devices=...)"),
-    Knob("cache.cudnn_benchmark", lightning="Trainer(benchmark=...)"),
-    Knob("cache."),
+    Knob("device.type"), Knob("cache.cudnn_benchmark"), Knob("cache."),
     ACCUMULATION,
     Knob("optimizer.lr", True, (LR,)),
     Knob("optimizer.lr_scaling", True, (LR,)),
@@ -214,11 +207,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("model.activation_checkpointing", True),
     CHANNELS_LAST,
     Knob("model.", training=(WHAT,)),
-    Knob("engine.precision", training=(NUMERICS,), lightning="Trainer(precision=...)",
-         numerics=_lightning_precision),
-    Knob("distributed.kind", False, (NUMERICS,),
-         lightning="Trainer(strategy=DDPStrategy | ModelParallelStrategy)", group="distributed",
-         numerics=_distributed),
+    Knob("engine.precision", training=(NUMERICS,), numerics=_lightning_precision),
+    Knob("distributed.kind", False, (NUMERICS,), group="distributed", numerics=_distributed),
     NPROC,
     Knob("distributed.backend", poor=(Rule(("nccl",), NOT_CUDA, "NCCL needs CUDA GPUs"),)),
     Knob("distributed.param_dtype", training=(NUMERICS,), poor=_NO_BF16, numerics=_distributed),

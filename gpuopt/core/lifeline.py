@@ -20,8 +20,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from gpuopt.core.host import proc_stat
 
 POLL_S = 0.5
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -30,17 +31,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 MARKER = "gpuopt watchdog: "
 
 
-def _stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat's fields after comm (which may hold spaces and parentheses); [] without."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
 def start_ticks(pid: int) -> int | None:
     """The process start time in clock ticks since boot (Linux), to tell a reused pid apart."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None  # starttime
 
 
@@ -53,7 +46,7 @@ def process_alive(pid: int, start: int | None) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     if not fields:
         return True  # no /proc (not Linux): the kill(0) answer is all there is
     if fields[0] == "Z":
@@ -76,13 +69,13 @@ class SweepProcess:
         return cls(pid, start_ticks(pid), os.getpgrp())
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send `sig` to this process when its parent dies (Linux); False elsewhere."""
+def set_parent_death_signal() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux); False elsewhere."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 

@@ -30,19 +30,6 @@ def per_sample_cost(core_seconds: float, samples: int) -> float | None:
     return core_seconds / samples
 
 
-def cpu_limit(cores: int, loader_cost_s: float, compute_cost_s: float) -> Limit:
-    """CPU: the loader and the compute share `cores`; each sample costs both."""
-    return Limit(cores / (loader_cost_s + compute_cost_s), "cores")
-
-
-def accelerator_limit(ceiling: float, cores: int, loader_cost_s: float | None) -> Limit:
-    """Accelerator: the compute ceiling, unless the host cores free to load cannot feed it."""
-    if loader_cost_s is None or loader_cost_s <= 0:
-        return Limit(ceiling, "compute")
-    loading = max(1, cores - DRIVER_CORES) / loader_cost_s
-    return Limit(ceiling, "compute") if ceiling <= loading else Limit(loading, "loader")
-
-
 def machine_limit(
     device_type: str,
     cores: int,
@@ -51,14 +38,16 @@ def machine_limit(
     ceiling: float | None,
 ) -> Limit | None:
     """The limit from the measured costs (`compute_cost_s` on CPU, `ceiling` elsewhere); None when a
-    needed cost is missing."""
+    needed cost is missing. An accelerator's is its compute ceiling unless the host cores free to
+    load cannot feed it."""
     if device_type == "cpu":
         if loader_cost_s is None or compute_cost_s is None:
             return None
-        return cpu_limit(cores, loader_cost_s, compute_cost_s)
+        return Limit(cores / (loader_cost_s + compute_cost_s), "cores")
     if not ceiling:
         return None
-    return accelerator_limit(ceiling, cores, loader_cost_s)
+    loading = max(1, cores - DRIVER_CORES) / loader_cost_s if loader_cost_s else 0.0
+    return Limit(loading, "loader") if 0 < loading < ceiling else Limit(ceiling, "compute")
 
 
 def at_least_achieved(limit: Limit, throughput: float | None) -> Limit:

@@ -300,11 +300,7 @@ def on_device(name: str, facts: Mapping[str, Any]) -> str:
     """The metric a default objective `name` is on a device with these env probe facts: the one
     that stands in for it where its fact is true (`sm_active` for `utilization`), else `name`."""
     for m in METRICS:
-        if (
-            m.instead_of is not None
-            and m.instead_of[0] == name
-            and facts.get(m.instead_of[1]) is True
-        ):
+        if m.instead_of and m.instead_of[0] == name and facts.get(m.instead_of[1]) is True:
             return m.name
     return name
 

@@ -67,6 +67,7 @@ class TrialResult:
     def from_dict(cls, data: dict[str, Any]) -> TrialResult:
         known = {f.name for f in dataclasses.fields(Metrics)}
         metrics = Metrics(**{k: v for k, v in (data.get("metrics") or {}).items() if k in known})
+        kinds = {"profile": dict, "ranks": list, "phases": dict, "app_return": dict}
         return cls(
             status=Status(data["status"]),
             metrics=metrics,
@@ -74,11 +75,8 @@ class TrialResult:
             config=data.get("config") or {},
             env=data.get("env") or {},
             warnings=list(data.get("warnings") or []),
-            profile=data.get("profile") if isinstance(data.get("profile"), dict) else None,
             numerics=data.get("numerics"),
-            ranks=data.get("ranks") if isinstance(data.get("ranks"), list) else None,
-            phases=data.get("phases") if isinstance(data.get("phases"), dict) else None,
-            app_return=data.get("app_return") if isinstance(data.get("app_return"), dict) else None,
+            **{k: v if isinstance(v := data.get(k), kind) else None for k, kind in kinds.items()},
         )
 
     def save(self, path: str | Path) -> None:
@@ -107,11 +105,9 @@ def result_user_attrs(result: TrialResult) -> dict[str, Any]:
     """The user attributes a trial's result is stored under (all JSON-serializable)."""
     attrs: dict[str, Any] = {k: v for k, v in dataclasses.asdict(result.metrics).items()}
     attrs[ATTR_STATUS] = result.status.value
-    attrs[ATTR_REASON] = result.reason
-    attrs[ATTR_ENV] = result.env
-    attrs[ATTR_CONFIG] = result.config
-    attrs[ATTR_WARNINGS] = result.warnings
-    for key in (ATTR_PROFILE, ATTR_NUMERICS, ATTR_RANKS, ATTR_PHASES):  # each its field's name
+    for key in (ATTR_REASON, ATTR_ENV, ATTR_CONFIG, ATTR_WARNINGS):  # each its field's name
+        attrs[key] = getattr(result, key)
+    for key in (ATTR_PROFILE, ATTR_NUMERICS, ATTR_RANKS, ATTR_PHASES):
         if getattr(result, key) is not None:
             attrs[key] = getattr(result, key)
     for name, value in (result.app_return or {}).items():

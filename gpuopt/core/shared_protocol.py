@@ -1,19 +1,14 @@
-"""The protocol between the sweeper and its shared measuring process, as typed messages.
-
-`python -m gpuopt.processes.shared_windows SPEC.json` builds several configurations of gpuopt's
-own task in one process and measures them in short windows on command: the confirmation's
-in-process mode (gpuopt.sweeper.confirm.in_process) and the race (gpuopt.sweeper.race) drive it.
-Both ends import this module (torch-free, so the sweeper may), so neither spells a key by hand.
-The process reads a `Spec` file, builds and warms every configuration and answers `Ready`; then
-it reads one `Command` a line on stdin (a JSON object with its `op`: `Window`, `Add`, `Drop`,
-`Trial`) and writes one answer a line on stdout: the command's own (`Reading`, `Added`,
-`TrialDone`, a plain `Answer` to `Drop`) or a `Failure`, the one answer with a `reason`. Stdin
-closed, it releases everything and exits 0.
+"""The protocol between the sweeper and its shared measuring process
+(`python -m gpuopt.processes.shared_windows SPEC.json`: the race's and the in-process
+confirmation's), as typed messages both ends import (torch-free), so neither spells a key by hand.
+The process reads a `Spec`, answers `Ready`, then one `Command` a line on stdin with one answer a
+line on stdout (the command's own, or a `Failure`); stdin closed, it releases everything, exit 0.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -22,6 +17,7 @@ from gpuopt.core.result import Status, TrialResult
 
 METRIC = {"metric": True}  # a Reading field that is a metric (core/metrics' window metrics)
 M = TypeVar("M", bound="Message")
+Decoders = dict[str, Callable[[Any], Any]]
 
 
 def _plain(value: Any) -> Any:
@@ -34,7 +30,10 @@ def _plain(value: Any) -> Any:
 
 
 class Message:
-    """One JSON object: the dataclass's fields by name (unknown keys ignored when read)."""
+    """One JSON object: the dataclass's fields by name (unknown keys ignored when read; a nested
+    message's field read by its `nested` decoder)."""
+
+    nested: ClassVar[Decoders] = {}
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
@@ -42,7 +41,8 @@ class Message:
     @classmethod
     def from_json(cls: type[M], data: dict[str, Any]) -> M:
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: v for k, v in data.items() if k in names})
+        kept = {k: v for k, v in data.items() if k in names}
+        return cls(**{k: cls.nested[k](v) if k in cls.nested else v for k, v in kept.items()})
 
 
 @dataclass
@@ -65,15 +65,16 @@ class Spec(Message):
     window_s: float = 1.0
     min_steps: int = 5
     steady: dict[str, Steady] = field(default_factory=dict)
+    nested: ClassVar[Decoders] = {
+        "steady": lambda steady: {k: Steady.from_json(v) for k, v in steady.items()}
+    }
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=1))
 
     @classmethod
     def read(cls, path: Path) -> Spec:
-        spec = cls.from_json(json.loads(path.read_text()))
-        spec.steady = {k: Steady.from_json(v) for k, v in spec.steady.items()}  # type: ignore[arg-type]
-        return spec
+        return cls.from_json(json.loads(path.read_text()))
 
 
 @dataclass
@@ -129,12 +130,7 @@ class TrialDone(Answer):
     """A configuration measured as a whole trial of the process (its result's own status)."""
 
     result: TrialResult
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrialDone:
-        answer = super().from_json(data)
-        answer.result = TrialResult.from_dict(data["result"])
-        return answer
+    nested: ClassVar[Decoders] = {"result": TrialResult.from_dict}
 
 
 @dataclass
@@ -199,10 +195,7 @@ class Add(Command):
     answer: ClassVar[type[Answer]] = Added
     config: str
     steady: Steady = field(default_factory=Steady)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Add:
-        return cls(data["label"], data["config"], Steady.from_json(data.get("steady") or {}))
+    nested: ClassVar[Decoders] = {"steady": lambda steady: Steady.from_json(steady or {})}
 
 
 @dataclass

@@ -320,10 +320,6 @@ class TrialSpec:
     distributed: DistributedConf = field(default_factory=DistributedConf)
 
     @property
-    def model_input(self) -> str:
-        return str(self.model.get("input", "any"))
-
-    @property
     def micro_batch(self) -> int:
         """Samples per forward/backward (the DataLoader's batch)."""
         return self.loader.batch_size

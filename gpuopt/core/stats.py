@@ -1,13 +1,7 @@
-"""Student's t distribution without scipy: the CIs of the timed window and of the confirmation round.
-
-A regularized incomplete beta (Numerical Recipes' continued fraction) gives the CDF; bisection
-inverts it for any (also fractional, as in Welch's test) degrees of freedom.
-
-The confirmation's paired speedup (`speedup`, a `Speedup` with its `verdict`) is built on it: each
-round gives one log-ratio log(B/A) of runs made next to each other, so the machine's slow drift
-cancels within the pair; the speedup is exp(mean log-ratio) with a t-interval on the log scale,
-back-transformed (Stein's two-stage interval when the number of rounds was chosen from the first
-rounds' spread: `stein_pairs`).
+"""Student's t distribution without scipy (a regularized incomplete beta for the CDF, bisection
+for any, also fractional, degrees of freedom), and the confirmation's paired speedup on it: each
+round's log-ratio of runs made next to each other, so the machine's slow drift cancels within the
+pair.
 """
 
 from __future__ import annotations
@@ -19,27 +13,22 @@ from dataclasses import dataclass
 
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta function (Numerical Recipes, modified Lentz)."""
-    tiny, eps = 1e-300, 3e-15
+
+    def nonzero(v: float) -> float:
+        return v if abs(v) > 1e-300 else 1e-300
+
     qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
+    c, d = 1.0, 1.0 / nonzero(1.0 - qab * x / qap)
     h = d
     for m in range(1, 300):
         m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
+        even = m * (b - m) * x / ((qam + m2) * (a + m2))
+        odd = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        for aa in (even, odd):
+            d = 1.0 / nonzero(1.0 + aa * d)
+            c = nonzero(1.0 + aa / c)
+            h *= d * c
+        if abs(d * c - 1.0) < 3e-15:
             break
     return h
 
@@ -85,18 +74,18 @@ def t_quantile(p: float, df: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, half-width, sample sd) of the t-interval for the mean of `values`: the confirmation's
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, half-width, sample sd) of the 95% t-interval for the mean of `values`: the confirmation's
     paired log-ratios. Needs >= 2 values; an sd of 0 gives a half-width of 0."""
     n = len(values)
     if n < 2:
         raise ValueError(f"a t-interval needs >= 2 values, got {n}")
     mean = math.fsum(values) / n
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n), sd
+    return mean, t_quantile(0.975, n - 1) * sd / math.sqrt(n), sd
 
 
-def stein_pairs(sd: float, first: int, half: float, confidence: float = 0.95) -> int:
+def stein_pairs(sd: float, first: int, half: float) -> int:
     """Pairs Stein's two-stage procedure needs for a half-width `half` (log scale) from the spread
     `sd` of its `first` pairs: max(first, ceil((t(first-1) * sd / half)^2)). Its interval, mean of
     all pairs +- t(first-1) * sd / sqrt(n), then covers at the nominal rate whatever the noise: n
@@ -107,7 +96,7 @@ def stein_pairs(sd: float, first: int, half: float, confidence: float = 0.95) ->
         raise ValueError(f"the first stage needs >= 2 pairs, got {first}")
     if sd <= 0.0:
         return first
-    need = (t_quantile(0.5 + confidence / 2.0, first - 1) * sd / half) ** 2
+    need = (t_quantile(0.975, first - 1) * sd / half) ** 2
     return max(first, math.ceil(min(need, 1e9) - 1e-9))
 
 
@@ -157,13 +146,12 @@ def speedup(
     candidate: Sequence[float | None],
     reference: Sequence[float | None],
     direction: str = "maximize",
-    confidence: float = 0.95,
     target: float = DEFAULT_TARGET,
     first_stage: int | None = None,
 ) -> Speedup:
     """Paired speedup of candidate over reference; entry i of each is round i (None: no value).
 
-    exp(mean log-ratio) with a t-interval on the log scale. With `first_stage` (the rounds run
+    exp(mean log-ratio) with a 95% t-interval on the log scale. With `first_stage` (the rounds run
     before the number of rounds was chosen from their spread) the interval is Stein's: the first
     stage's sd with its df, over all pairs - the one that keeps its coverage after that choice.
     """
@@ -174,11 +162,11 @@ def speedup(
     mean = math.fsum(d) / len(d)
     if len(d) < 2:
         return Speedup(math.exp(mean), None, None, n_c, n_r, n_pairs=1)
-    _, half, sd = mean_interval(d, confidence)
+    _, half, sd = mean_interval(d)
     first = len(d) if first_stage is None or not 2 <= first_stage < len(d) else first_stage
     if first < len(d):
-        _, _, sd = mean_interval(d[:first], confidence)
-        half = t_quantile(0.5 + confidence / 2.0, first - 1) * sd / math.sqrt(len(d))
+        _, _, sd = mean_interval(d[:first])
+        half = t_quantile(0.975, first - 1) * sd / math.sqrt(len(d))
     low, high = _exp(mean - half), _exp(mean + half)
     halfwidth = math.sinh(min(half, 700.0))
     return Speedup(
@@ -191,7 +179,7 @@ def speedup(
         log_sd=sd,
         halfwidth=halfwidth,
         verdict=verdict(low, high, halfwidth, target),
-        pairs_needed=stein_pairs(sd, first, math.asinh(target), confidence),
+        pairs_needed=stein_pairs(sd, first, math.asinh(target)),
     )
 
 

@@ -100,15 +100,10 @@ def confirmation_lines(confirmation: Confirmation, best_number: int | None) -> l
     if c.top_two is not None:
         labels = " vs ".join(c.top_two.labels)
         lines.append(Line(f"  top two ({labels}): {speedup_text(c.top_two)}"))
-    for config in c.configs:
-        if config.failed_statuses:
-            lines.append(
-                Line(
-                    f"  {config.label} (trial #{config.trial_number}): re-measurements ended as "
-                    f"{', '.join(config.failed_statuses)}",
-                    WARNING,
-                )
-            )
+    failed = [(f"  {f.label} (trial #{f.trial_number})", f.failed_statuses) for f in c.configs]
+    lines += [
+        Line(f"{head}: re-measurements ended as {', '.join(s)}", WARNING) for head, s in failed if s
+    ]
     return lines
 
 

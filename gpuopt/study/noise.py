@@ -269,7 +269,7 @@ def noise_view(trials: Sequence[Any], names: Sequence[str], directions: Sequence
 # ---- in words (the sweep summary and the report) -------------------------------------------------
 
 
-def within_text(group: Group, names: Sequence[str], limit: int = 12) -> str:
+def within_text(group: Group, names: Sequence[str]) -> str:
     """`7 trials within noise of each other: one choice (#3, #2+#4, ...; throughput 4,397-5,645
     samples/s)`: a configuration read several times as its trials joined by +."""
     configs = len(group.configs)
@@ -278,6 +278,7 @@ def within_text(group: Group, names: Sequence[str], limit: int = 12) -> str:
     else:
         of = f" ({configs} configurations)" if configs != group.size else ""
         head = f"{group.size} trials{of} within noise of each other"
+    limit = 12  # configurations named
     shown = ["+".join(f"#{t.number}" for t in c.trials) for c in group.configs[:limit]]
     members = ", ".join(shown) + (f", ... {configs - limit} more" if configs > limit else "")
     ranges = []

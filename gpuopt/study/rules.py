@@ -213,13 +213,11 @@ def changed_keys(baseline: FrozenTrial, trial: FrozenTrial) -> list[str]:
     """The searched keys `trial` sets differently from the baseline, as `key (before -> after)`
     (`key=after` where the baseline has no such param)."""
     before, after = baseline.params, trial.params
-    out = []
-    for key in sorted(after.keys() | before.keys()):
-        if key in after and key in before and after[key] != before[key]:
-            out.append(f"{key} ({before[key]} -> {after[key]})")
-        elif key in after and key not in before:
-            out.append(f"{key}={after[key]}")
-    return out
+    return [
+        f"{key} ({before[key]} -> {after[key]})" if key in before else f"{key}={after[key]}"
+        for key in sorted(after)
+        if key not in before or after[key] != before[key]
+    ]
 
 
 def pick_same_training(

@@ -73,14 +73,13 @@ class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat
     def stale_trial_ids(self, study_id: int) -> list[int]:
         assert self.heartbeat_interval is not None
         grace = self.grace_period or 2 * self.heartbeat_interval
-        now = time.time()
-        stale = []
-        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            # Never beat: resume.OwnerlessWatch times it (as for RDBStorage, which skips it too).
-            last = t.system_attrs.get(ATTR_HEARTBEAT)
-            if last is not None and now - last > grace:
-                stale.append(trial_id(t))
-        return stale
+        now, running = time.time(), (TrialState.RUNNING,)
+        # Never beat: resume.OwnerlessWatch times it (as for RDBStorage, which skips it too).
+        return [
+            trial_id(t)
+            for t in self.get_all_trials(study_id, deepcopy=False, states=running)
+            if (last := t.system_attrs.get(ATTR_HEARTBEAT)) is not None and now - last > grace
+        ]
 
     def get_heartbeat_interval(self) -> int | None:
         return self.heartbeat_interval
@@ -129,15 +128,21 @@ def open_storage(
         except Exception as exc:
             racing = ("already exists", "duplicate", "unique constraint", "database is locked")
             if attempt == 2 or not any(r in str(exc).lower() for r in racing):
-                if _refused(exc):
-                    raise StorageUnreachable(text, exc) from None
-                raise RuntimeError(_cannot_open(text, exc)) from None
+                raise _failure(text, exc, RuntimeError) from None
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
 
 
-def _cannot_open(spec: str, exc: BaseException) -> str:
-    return f"cannot open storage {display(spec)}: {mask_secrets(str(exc).splitlines()[0])}"
+def _failure(spec: str, exc: BaseException, error: type[Exception], text: str = "") -> Exception:
+    """A DBAPI error raised while connecting (the server or the network said no) as
+    StorageUnreachable, in the server's words; else `error` naming the storage."""
+    import sqlalchemy
+
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        return StorageUnreachable(spec, exc)
+    if not text:
+        text = f"cannot open storage {display(spec)}: {mask_secrets(str(exc).splitlines()[0])}"
+    return error(text)
 
 
 def ping(spec: str | None) -> None:
@@ -153,23 +158,14 @@ def ping(spec: str | None) -> None:
     try:
         engine = sqlalchemy.create_engine(spec)
     except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError, ValueError) as exc:
-        raise ValueError(_cannot_open(spec, exc)) from None
+        raise _failure(spec, exc, ValueError) from None
     try:
         with engine.connect():
             pass
     except Exception as exc:
-        if _refused(exc):
-            raise StorageUnreachable(spec, exc) from None
-        raise ValueError(_cannot_open(spec, exc)) from None
+        raise _failure(spec, exc, ValueError) from None
     finally:
         engine.dispose()
-
-
-def _refused(exc: BaseException) -> bool:
-    """The server (or the network) said no: a DBAPI error raised while connecting."""
-    import sqlalchemy
-
-    return isinstance(exc, sqlalchemy.exc.DBAPIError)
 
 
 heartbeat_on = heartbeat_enabled
@@ -216,16 +212,11 @@ def open_existing(url: str) -> BaseStorage:
         )
     try:
         if url.startswith(JOURNAL_SCHEME):
-            journal = open_storage(url, heartbeat_interval=None, grace_period=None)
-            assert journal is not None
-            return journal
+            return HeartbeatJournalStorage(JournalFileBackend(str(path)))
         return optuna.storages.get_storage(url)
     except Exception as exc:
-        if _refused(exc):  # a refused login, a closed port: in the server's words
-            raise StorageUnreachable(url, exc) from None
-        raise StorageError(
-            mask_secrets(f"cannot open storage {url}: {type(exc).__name__}: {exc}")
-        ) from None
+        text = mask_secrets(f"cannot open storage {url}: {type(exc).__name__}: {exc}")
+        raise _failure(url, exc, StorageError, text) from None
 
 
 @dataclass(frozen=True)

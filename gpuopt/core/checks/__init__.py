@@ -12,12 +12,11 @@ from dataclasses import fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from gpuopt.core.checks.device import check_device_facts
 from gpuopt.core.checks.values import check_values, measure_conf  # noqa: F401 (re-exported)
 from gpuopt.core.checks.workload import check_module_patterns, check_workload, matches_any  # noqa: F401
-from gpuopt.core.errors import ConfigError, config_error_from_omegaconf, per_cpu_limit  # noqa: F401
+from gpuopt.core.errors import ConfigError, per_cpu_limit, to_schema  # noqa: F401
 from gpuopt.core.host import usable_cpus
 from gpuopt.core.spec import GpuoptConf, TrialSpec
 
@@ -33,12 +32,7 @@ def check_composed(
     (without them the device is checked where it is resolved); `run_dir`: check that a single
     run's `hydra.run.dir` can be created. A LightningModule's own data is `data={}` until then."""
     container = _resolved_container(cfg)
-    try:
-        typed: GpuoptConf = OmegaConf.to_object(
-            OmegaConf.merge(OmegaConf.structured(GpuoptConf), container)
-        )  # type: ignore[assignment]
-    except OmegaConfBaseException as exc:  # a key the schema lacks, a value of the wrong type
-        raise config_error_from_omegaconf(exc, container) from None
+    typed: GpuoptConf = to_schema(GpuoptConf, container)  # a key it lacks, a value's wrong type
     check_values(typed, usable_cpus() if cpus is None else cpus)
     check_nodes(typed.distributed, cfg)
     model, data, trusted = check_workload(container, typed)

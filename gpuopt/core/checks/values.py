@@ -9,14 +9,13 @@ import re
 from typing import Any
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from gpuopt.core.errors import (
     ConfigError,
     check_choice,
     check_min,
     check_per_cpu,
-    config_error_from_omegaconf,
+    to_schema,
 )
 from gpuopt.core.spec import (
     COMPILE_MODES,
@@ -175,12 +174,7 @@ def measure_conf(value: MeasureConf | dict[str, Any] | str | None = None) -> Mea
     elif isinstance(value, MeasureConf):
         conf = value
     else:
-        try:
-            merged = OmegaConf.merge(OmegaConf.structured(MeasureConf), dict(value))
-        except OmegaConfBaseException as exc:
-            error = config_error_from_omegaconf(exc, dict(value))
-            raise ConfigError(f"measure.{error.key}", error.value, error.allowed) from None
-        conf = OmegaConf.to_object(merged)  # type: ignore[assignment]
+        conf = to_schema(MeasureConf, dict(value), "measure.")
     _check_measure(conf)
     return conf
 

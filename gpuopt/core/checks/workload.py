@@ -9,10 +9,7 @@ import fnmatch
 import importlib.util
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from gpuopt.core.errors import ConfigError, check_choice, check_min, config_error_from_omegaconf
+from gpuopt.core.errors import ConfigError, check_choice, check_min, to_schema
 from gpuopt.core.spec import (
     BUILTIN_TRUSTED_TARGETS,
     BUILTIN_WORKLOAD_SCHEMAS,
@@ -125,11 +122,7 @@ def _check_builtin_workload(group: str, node: dict[str, Any]) -> None:
     schema = BUILTIN_WORKLOAD_SCHEMAS.get(node["_target_"])
     if schema is None:
         return  # a user's model or dataset: its constructor is the schema
-    try:
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), node))
-    except OmegaConfBaseException as exc:
-        error = config_error_from_omegaconf(exc, node)
-        raise ConfigError(f"{group}.{error.key}", error.value, error.allowed) from None
+    typed = to_schema(schema, node, f"{group}.")
     kind = getattr(typed, "input", None) or getattr(typed, "kind", "any")
     shape_key = "input_shape" if group == "model" else "shape"
     shape = getattr(typed, shape_key)
@@ -140,9 +133,8 @@ def _check_builtin_workload(group: str, node: dict[str, Any]) -> None:
         dims = f"{rank} dimension(s)" if rank is not None else "dimensions"
         raise ConfigError(f"{group}.{shape_key}", shape, f"{dims} >= 1 for {kind}")
     for item in dataclasses.fields(typed):
-        value = getattr(typed, item.name)
         if item.type == "int" and item.name != "seed":
-            check_min(f"{group}.{item.name}", value, 1, "an integer >= 1")
+            check_min(f"{group}.{item.name}", getattr(typed, item.name), 1, "an integer >= 1")
     if isinstance(typed, GPTConf) and typed.width % typed.heads:
         divisors = [n for n in range(1, typed.width + 1) if typed.width % n == 0]
         raise ConfigError(
