@@ -27,7 +27,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuopt.trial.trace import KERNEL_CATEGORIES, MEMORY_CATEGORIES, STEP_SPAN, length
+from gpuopt.trial.trace import (
+    KERNEL_CATEGORIES,
+    MEMORY_CATEGORIES,
+    STEP_SPAN,
+    Interval,
+    interval,
+    length,
+    union,
+)
 
 GLOO_PREFIX = "gloo:"  # ProcessGroupGloo's spans on its worker threads
 NCCL_PREFIXES = ("nccl",)  # ncclDevKernel_* / ncclKernel_* GPU kernels (lower-cased)
@@ -42,8 +50,6 @@ HOST_COMM_PREFIXES = (
 )
 OP_CATEGORY = "cpu_op"
 
-Interval = tuple[float, float]
-
 
 @dataclass
 class CommTime:
@@ -57,18 +63,6 @@ class CommTime:
     exposed_pct: float
     overlapped_pct: float
     by_collective_s: dict[str, float] = field(default_factory=dict)  # in flight, by collective
-
-
-def union(intervals: list[Interval]) -> list[Interval]:
-    merged: list[Interval] = []
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
@@ -103,22 +97,10 @@ def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
     return out
 
 
-def _complete(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
-
-
-def _interval(e: dict[str, Any]) -> Interval:
-    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
-
-
 def _is_nccl_kernel(e: dict[str, Any]) -> bool:
     return e.get("cat") in KERNEL_CATEGORIES and str(e.get("name", "")).lower().startswith(
         NCCL_PREFIXES
     )
-
-
-def _is_host_comm(name: str) -> bool:
-    return name.startswith(HOST_COMM_PREFIXES)
 
 
 def collective_name(name: str) -> str:
@@ -129,11 +111,6 @@ def collective_name(name: str) -> str:
     stem = re.sub(r"^nccl(Dev)?Kernel_", "", name.split("(")[0])
     camel = stem.split("_")[0] or stem
     return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
-
-
-def _training_thread(events: list[dict[str, Any]]) -> tuple[Any, Any] | None:
-    steps = [e for e in events if e.get("name") == STEP_SPAN]
-    return (steps[0].get("pid"), steps[0].get("tid")) if steps else None
 
 
 def _innermost_segments(thread: list[dict[str, Any]]) -> tuple[list[Interval], list[Interval]]:
@@ -155,7 +132,7 @@ def _innermost_segments(thread: list[dict[str, Any]]) -> tuple[list[Interval], l
         cursor = to if cursor is None else max(cursor, to)
 
     for e in sorted(thread, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
-        start, end = _interval(e)
+        start, end = interval(e)
         while stack and stack[-1][0] <= start:
             advance(stack[-1][0])
             stack.pop()
@@ -163,7 +140,7 @@ def _innermost_segments(thread: list[dict[str, Any]]) -> tuple[list[Interval], l
         if stack:
             end = min(end, stack[-1][0])  # a span overlapping its parent's end: clipped
         name = str(e.get("name", ""))
-        if (stack and stack[-1][1] == "comm") or _is_host_comm(name):
+        if (stack and stack[-1][1] == "comm") or name.startswith(HOST_COMM_PREFIXES):
             label = "comm"
         else:
             label = "op" if e.get("cat") == OP_CATEGORY else "annotation"
@@ -177,8 +154,8 @@ def _innermost_segments(thread: list[dict[str, Any]]) -> tuple[list[Interval], l
 def comm_time(events: list[dict[str, Any]]) -> CommTime | None:
     """The communication split of a profiled window's trace (gpu basis when it has NCCL kernels,
     else host); None without step spans or without any collective."""
-    events = _complete(events)
-    steps = [_interval(e) for e in events if e.get("name") == STEP_SPAN]
+    events = [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
+    steps = [interval(e) for e in events if e.get("name") == STEP_SPAN]
     if not steps:
         return None
     if any(_is_nccl_kernel(e) for e in events):
@@ -187,30 +164,31 @@ def comm_time(events: list[dict[str, Any]]) -> CommTime | None:
 
 
 def _host_split(events: list[dict[str, Any]], steps: list[Interval]) -> CommTime | None:
-    main = _training_thread(events)
+    step = next(e for e in events if e.get("name") == STEP_SPAN)
+    main = (step.get("pid"), step.get("tid"))  # the training thread
     own = [e for e in events if (e.get("pid"), e.get("tid")) == main]
     others = [
         e
         for e in events
         if (e.get("pid"), e.get("tid")) != main and str(e.get("name", "")).startswith(GLOO_PREFIX)
     ]
-    if not others and not any(_is_host_comm(str(e.get("name", ""))) for e in own):
+    if not others and not any(str(e.get("name", "")).startswith(HOST_COMM_PREFIXES) for e in own):
         return None
     busy, host_comm = _innermost_segments(own)
-    in_flight = [_interval(e) for e in others] + host_comm
+    in_flight = [interval(e) for e in others] + host_comm
     return _split("host", others, in_flight, busy, union(steps), len(steps))
 
 
 def _gpu_split(events: list[dict[str, Any]], steps: list[Interval]) -> CommTime:
     nccl = [e for e in events if _is_nccl_kernel(e)]
     compute = [
-        _interval(e)
+        interval(e)
         for e in events
         if e.get("cat") in KERNEL_CATEGORIES + MEMORY_CATEGORIES and not _is_nccl_kernel(e)
     ]
-    ends = [end for _, end in (*map(_interval, nccl), *compute, *steps)]
+    ends = [end for _, end in (*map(interval, nccl), *compute, *steps)]
     window = [(min(start for start, _ in steps), max(ends))]
-    in_flight = [_interval(e) for e in nccl]
+    in_flight = [interval(e) for e in nccl]
     return _split("gpu", nccl, in_flight, union(compute), window, len(steps))
 
 
@@ -230,7 +208,7 @@ def _split(
     window_us = length(window)
     found: dict[str, list[Interval]] = {}
     for e in collectives:
-        found.setdefault(collective_name(str(e["name"])), []).append(_interval(e))
+        found.setdefault(collective_name(str(e["name"])), []).append(interval(e))
     by_collective = {name: length(intersect(union(iv), window)) for name, iv in found.items()}
 
     def pct(us: float) -> float:

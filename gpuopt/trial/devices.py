@@ -19,6 +19,7 @@ from gpuopt.core import knobs
 from gpuopt.core.checks.device import check_device_facts
 from gpuopt.core.host import cpu_model, usable_cpus
 from gpuopt.trial.gpm import device_support
+from gpuopt.trial.monitor import import_nvml
 
 if TYPE_CHECKING:
     import torch
@@ -57,10 +58,7 @@ def device_name(device: torch.device) -> str:
 
 def nvidia_driver_version() -> str | None:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
+        version = import_nvml().nvmlSystemGetDriverVersion()
         return version.decode() if isinstance(version, bytes) else str(version)
     except Exception:
         pass
@@ -73,11 +71,10 @@ def nvidia_driver_version() -> str | None:
         return None
 
 
-def fingerprint(device: torch.device | None = None) -> dict[str, Any]:
+def fingerprint(device: torch.device) -> dict[str, Any]:
     """Facts that change measured numbers: hardware, driver, software versions, host."""
     import torch
 
-    device = device if device is not None else resolve_device("auto")
     info: dict[str, Any] = {
         "device": str(device),
         "device_name": device_name(device),
@@ -181,12 +178,12 @@ def cpu_native(dtype: str) -> bool:
     return bool(check()) if check is not None else False
 
 
-def detect_capabilities(device: torch.device | str | None = None) -> dict[str, Any]:
+def detect_capabilities(device: torch.device | str) -> dict[str, Any]:
     """What the device is and does natively: the facts gpuopt.core.knobs.judge reads."""
     import torch
 
-    if device is None or isinstance(device, str):
-        device = resolve_device(device or "auto")
+    if isinstance(device, str):
+        device = resolve_device(device)
     facts = {"device": device.type, "device_name": device_name(device), "cpus": usable_cpus()}
     if device.type == "cpu":
         facts.update(bf16_native=cpu_native("bf16"), fp16_native=cpu_native("fp16"), tf32=False)

@@ -44,7 +44,7 @@ from gpuopt.core.rendezvous import slurm_endpoint
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import MODEL_META_KEYS, TrialSpec
 from gpuopt.trial import numerics
-from gpuopt.trial.profiled_window import RUN_DIR_ENV, known_run_dir
+from gpuopt.trial.profiled_window import RUN_DIR_ENV, hydra_run_dir, known_run_dir
 from gpuopt.trial.ranks import RankFailure, merge_ranks
 
 if TYPE_CHECKING:
@@ -92,7 +92,14 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
         return TrialResult(status=Status.ERROR, reason=str(exc))
     scratch, keep = _rank_folder(dist.nnodes)
     try:
-        config = _launch_config(spec, scratch, endpoint)
+        run_id = f"gpuopt-{uuid.uuid4().hex[:12]}"
+        logs = scratch / "logs"
+        if dist.nnodes > 1:  # every node's agent names one run; each its own log folder
+            job, node = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_PROCID")
+            run_id = f"gpuopt-slurm-{job}" if job and not dist.rdzv_endpoint else endpoint
+            logs /= f"node_{node or f'{socket.gethostname()}-{os.getpid()}'}"
+        timeout = dist.timeout_s + RENDEZVOUS_START_S
+        config = launch_config(dist.nproc_per_node, dist.nnodes, endpoint, timeout, logs, run_id)
         started = time.time()
         try:
             with quiet_launcher(), own_signal_handlers():
@@ -109,7 +116,12 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
                 warnings=[f"distributed={dist.kind}: no rank measured"],
             )
         keep_logs(scratch, dist.nnodes)
-        results = _rank_results(scratch, dist.world_size)
+        files = {rank: scratch / RESULT_FILE.format(rank=rank) for rank in range(dist.world_size)}
+        results = {  # a rank killed before it finished wrote none
+            rank: TrialResult.from_dict(json.loads(path.read_text()))
+            for rank, path in files.items()
+            if path.exists()
+        }
         return merge_ranks(results, crashed, backend_for(spec, device), time.time() - started)
     finally:
         if not keep:
@@ -142,14 +154,13 @@ def check_builtin_modules(spec: TrialSpec) -> None:
         check_module_patterns(f"distributed.{key}", list(patterns), classes)
 
 
-def _rank_folder(nnodes: int = 1) -> tuple[Path, bool]:
+def _rank_folder(nnodes: int) -> tuple[Path, bool]:
     """Where the ranks write their results and logs, and whether it stays: `ranks/` in the run's
     directory under Hydra, else a temporary folder. Over several nodes it is shared: no node
     clears what another's ranks may have written already."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
-        folder = Path(HydraConfig.get().runtime.output_dir) / RANKS_FOLDER
+    run_dir = hydra_run_dir()
+    if run_dir is not None:
+        folder = run_dir / RANKS_FOLDER
         if nnodes == 1:
             shutil.rmtree(folder, ignore_errors=True)  # an earlier trial in this run directory
         folder.mkdir(parents=True, exist_ok=True)
@@ -195,22 +206,6 @@ def launch_config(
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL),
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
     )
-
-
-def _launch_config(spec: TrialSpec, scratch: Path, endpoint: str) -> Any:
-    dist = spec.distributed
-    job = os.environ.get("SLURM_JOB_ID")
-    run_id = f"gpuopt-{uuid.uuid4().hex[:12]}"
-    if dist.nnodes > 1:  # every node's agent names the same run
-        run_id = f"gpuopt-slurm-{job}" if job and not dist.rdzv_endpoint else endpoint
-    logs = scratch / "logs" if dist.nnodes == 1 else scratch / "logs" / f"node_{_node_tag()}"
-    timeout = dist.timeout_s + RENDEZVOUS_START_S
-    return launch_config(dist.nproc_per_node, dist.nnodes, endpoint, timeout, logs, run_id)
-
-
-def _node_tag() -> str:
-    """This node's agent, in its log folder's name."""
-    return os.environ.get("SLURM_PROCID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _elastic_launch(
@@ -295,16 +290,6 @@ def _stderr_excerpt(scratch: Path, rank: int) -> str | None:
     if len(lines) > 2 * STDERR_LINES:
         lines = [*lines[:STDERR_LINES], "...", *lines[-STDERR_LINES:]]
     return "\n".join(lines) or None
-
-
-def _rank_results(scratch: Path, ranks: int) -> dict[int, TrialResult]:
-    """The results the ranks wrote (a rank killed before it finished wrote none)."""
-    found = {}
-    for rank in range(ranks):
-        path = scratch / RESULT_FILE.format(rank=rank)
-        if path.exists():
-            found[rank] = TrialResult.from_dict(json.loads(path.read_text()))
-    return found
 
 
 # -- in each rank ---------------------------------------------------------------------------------

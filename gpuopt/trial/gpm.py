@@ -13,6 +13,7 @@ stay null; no GPM call ever raises out of this module.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 import time
@@ -227,16 +228,10 @@ def open_gpm(nvml: Any, handle: Any, interval_s: float = GPM_INTERVAL_S) -> tupl
             parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
             instance = nvml.nvmlDeviceGetGpuInstanceId(handle)
             support = nvml.nvmlGpmQueryDeviceSupport(parent)
-
-            def read(buffer: Any) -> Any:
-                return nvml.nvmlGpmMigSampleGet(parent, instance, buffer)
-
+            read = functools.partial(nvml.nvmlGpmMigSampleGet, parent, instance)
         else:
             support = nvml.nvmlGpmQueryDeviceSupport(handle)
-
-            def read(buffer: Any) -> Any:
-                return nvml.nvmlGpmSampleGet(handle, buffer)
-
+            read = functools.partial(nvml.nvmlGpmSampleGet, handle)
     except Exception as exc:
         return None, why_not(nvml, exc, mig)
     if not getattr(support, "isSupportedDevice", 0):
@@ -251,13 +246,13 @@ def open_gpm(nvml: Any, handle: Any, interval_s: float = GPM_INTERVAL_S) -> tupl
     return sampler, None
 
 
-def device_support(device: Any, nvml: Any = None) -> tuple[bool, str | None]:
+def device_support(device: Any) -> tuple[bool, str | None]:
     """Whether the CUDA `device` has GPM, and why not: the env probe's `gpm` fact, which makes
     `sm_active` the default utilization objective. Never raises."""
     from gpuopt.trial import monitor
 
     try:
-        nvml = nvml if nvml is not None else monitor.import_nvml()
+        nvml = monitor.import_nvml()
         handle = monitor.nvml_handle(nvml, device)
     except Exception as exc:
         return False, f"NVML unavailable ({type(exc).__name__}: {exc}): {NULL_NOTE}"

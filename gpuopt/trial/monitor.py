@@ -251,15 +251,13 @@ def nvml_handle(nvml: Any, device: torch.device) -> Any:
     return nvml.nvmlDeviceGetHandleByPciBusId(bus)
 
 
-def open_sampler(
-    device: torch.device, interval_s: float, nvml: Any = None
-) -> tuple[NvmlSampler | None, str | None]:
+def open_sampler(device: torch.device, interval_s: float) -> tuple[NvmlSampler | None, str | None]:
     """A sampler for `device`, or (None, why not). Only NVIDIA CUDA devices have NVML."""
     global _said_absent
     if device.type != "cuda":
         return None, None
     try:
-        nvml = nvml if nvml is not None else import_nvml()
+        nvml = import_nvml()
         handle = nvml_handle(nvml, device)
     except Exception as exc:
         note = (

@@ -33,21 +33,17 @@ def apply_allocator_env(cuda_alloc_conf: str | None, cpu_thp: bool) -> list[str]
         if cpu_thp:
             os.environ[THP_VAR] = "1"
         return []
-    warnings = []
+    unapplied = []
     if cuda_alloc_conf and os.environ.get(ALLOC_CONF_VARS[1]) != cuda_alloc_conf:
-        warnings.append(
-            f"cache.cuda_alloc_conf={cuda_alloc_conf!r} did not apply: torch was already imported "
-            f"in this process with PYTORCH_CUDA_ALLOC_CONF="
-            f"{os.environ.get(ALLOC_CONF_VARS[1])!r}; run trials in fresh processes "
-            "(hydra/launcher=fresh_process)"
-        )
+        unapplied.append((f"cache.cuda_alloc_conf={cuda_alloc_conf!r}", ALLOC_CONF_VARS[1]))
     if cpu_thp != (os.environ.get(THP_VAR) == "1"):
-        warnings.append(
-            f"cache.cpu_thp={str(cpu_thp).lower()} did not apply: torch was already imported in "
-            f"this process with {THP_VAR}={os.environ.get(THP_VAR)!r}; run trials in fresh "
-            "processes (hydra/launcher=fresh_process)"
-        )
-    return warnings
+        unapplied.append((f"cache.cpu_thp={str(cpu_thp).lower()}", THP_VAR))
+    return [
+        f"{setting} did not apply: torch was already imported in this process with "
+        f"{var}={os.environ.get(var)!r}; run trials in fresh processes "
+        "(hydra/launcher=fresh_process)"
+        for setting, var in unapplied
+    ]
 
 
 _default_threads: int | None = None

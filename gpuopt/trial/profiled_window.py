@@ -138,15 +138,18 @@ RUN_DIR_ENV = "GPUOPT_RUN_DIR"  # a trial's run directory outside Hydra (the rac
 TEMP_PREFIX = "gpuopt-profile-"
 
 
-def known_run_dir() -> Path | None:
-    """Hydra's run directory for this trial, else $GPUOPT_RUN_DIR (trials outside Hydra), else None."""
+def hydra_run_dir() -> Path | None:
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized() and HydraConfig.get().runtime.output_dir:
         return Path(HydraConfig.get().runtime.output_dir)
-    if os.environ.get(RUN_DIR_ENV):
-        return Path(os.environ[RUN_DIR_ENV])
     return None
+
+
+def known_run_dir() -> Path | None:
+    """Hydra's run directory for this trial, else $GPUOPT_RUN_DIR (trials outside Hydra), else None."""
+    outside = os.environ.get(RUN_DIR_ENV)
+    return hydra_run_dir() or (Path(outside) if outside else None)
 
 
 def trial_run_dir() -> Path:

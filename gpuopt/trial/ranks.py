@@ -40,9 +40,14 @@ def merge_ranks(
     base.env.pop("failed_at", None)
     base.env.update(world_size=world, backend=backend)
     base.env.pop("rank", None), base.env.pop("local_rank", None)
-    base.ranks = [_rank_row(rank, results[rank]) for rank in sorted(results)]
+    row_names = names(rank_row=True)
+    base.ranks = [
+        {"rank": rank, "status": r.status.value, **{n: getattr(r.metrics, n) for n in row_names}}
+        for rank, r in sorted(results.items())
+    ]
     base.profile = _profile(base.profile, results)
-    base.warnings = _warnings(results)
+    # Every rank's notes, each once, in rank order.
+    base.warnings = list(dict.fromkeys(w for _, r in sorted(results.items()) for w in r.warnings))
     base.metrics.world_size = world
     if failure is not None:
         base.status, base.reason = failure
@@ -84,12 +89,6 @@ def _first_failure(
     return Status.ERROR, reason
 
 
-def _rank_row(rank: int, result: TrialResult) -> dict[str, object]:
-    row: dict[str, object] = {"rank": rank, "status": result.status.value}
-    row.update({name: getattr(result.metrics, name) for name in names(rank_row=True)})
-    return row
-
-
 def _profile(
     profile: dict[str, Any] | None, results: dict[int, TrialResult]
 ) -> dict[str, Any] | None:
@@ -106,18 +105,6 @@ def _profile(
     return profile
 
 
-def _warnings(results: dict[int, TrialResult]) -> list[str]:
-    """Every rank's notes, each once, in rank order."""
-    seen: list[str] = []
-    for rank in sorted(results):
-        seen += [w for w in results[rank].warnings if w not in seen]
-    return seen
-
-
-def _spread(values: list[float]) -> float | None:
-    return 100.0 * (max(values) - min(values)) / min(values) if values and min(values) > 0 else None
-
-
 def _global_metrics(m: Metrics, ranks: list[Metrics]) -> None:
     """Rank 0's metrics `m` turned into the job's, as each metric's record says (its `ranks`)."""
     steps = [r.step_time_ms for r in ranks]
@@ -131,9 +118,10 @@ def _global_metrics(m: Metrics, ranks: list[Metrics]) -> None:
     samples = sum((r.throughput or 0.0) * (r.timed_seconds or 0.0) for r in ranks)
     if max(walls) > 0:
         m.throughput = samples / max(walls)
-    if straggler is not None:
+    if straggler is not None:  # every rank timed its steps
+        fastest, slowest = min(s or 0.0 for s in steps), steps[straggler] or 0.0
         m.straggler_rank = straggler
-        m.step_time_spread = _spread([s for s in steps if s is not None])
+        m.step_time_spread = 100.0 * (slowest - fastest) / fastest if fastest > 0 else None
     if m.data_wait is not None and m.utilization is not None and ranks[0].power_w is None:
         m.utilization = 100.0 - m.data_wait  # CPU: 100 - data wait, as for one process
     peaks = [r.peak_memory_mb for r in ranks if r.peak_memory_mb is not None]

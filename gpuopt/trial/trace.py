@@ -112,9 +112,16 @@ def phase_breakdown(events: list[dict[str, Any]]) -> tuple[int, float, dict[str,
     return n, step_us / 1e6, {k: per_step[k] / 1e6 for k in PHASES}
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted, merged; unlike comm_trace.union, zero-length intervals are kept (they split gaps)."""
-    merged: list[tuple[float, float]] = []
+Interval = tuple[float, float]
+
+
+def interval(e: dict[str, Any]) -> Interval:
+    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
+
+
+def union(intervals: list[Interval]) -> list[Interval]:
+    """Sorted, merged; zero-length intervals are kept (they split idle gaps, `_idle_split`)."""
+    merged: list[Interval] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], end))
@@ -123,7 +130,7 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def length(intervals: list[tuple[float, float]]) -> float:
+def length(intervals: list[Interval]) -> float:
     return sum(end - start for start, end in intervals)
 
 
@@ -137,7 +144,7 @@ def _innermost_phase(spans: list[dict[str, Any]], ts: float) -> str:
 
 
 def _idle_split(
-    busy: list[tuple[float, float]], starts: dict[float, float | None], window: tuple[float, float]
+    busy: list[Interval], starts: dict[float, float | None], window: Interval
 ) -> tuple[float, float, float]:
     """(host wait, kernel wait, unattributed) microseconds of the gaps before each busy interval:
     host wait until the op that ends it was launched, kernel wait after."""
@@ -179,8 +186,8 @@ def gpu_time_split(events: list[dict[str, Any]]) -> GpuTimeSplit | None:
     ends = (float(e["ts"] + e["dur"]) for e in steps + gpu_ops)
     window = (min(float(e["ts"]) for e in steps), max(ends))
     span = window[1] - window[0]
-    kernels = _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu_ops if e["cat"] == "kernel"])
-    busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in gpu_ops])
+    kernels = union([interval(e) for e in gpu_ops if e["cat"] == "kernel"])
+    busy = union([interval(e) for e in gpu_ops])
     # Each busy interval starts with some op: its launch decides the gap before it.
     launch_of_op_at: dict[float, float | None] = {}
     for e in sorted(gpu_ops, key=lambda e: e["ts"]):
