@@ -67,7 +67,7 @@ def run_sweep(workload: str, way: str, extra: list[str], timeout_s: float) -> di
 
 
 def read_timing(out: Path) -> dict[str, Any]:
-    """The sweep's timing.json (gpuopt/sweeper/timing.py)."""
+    """The sweep's timing.json (gpuopt/sweeper/loop.py, PhaseClock)."""
     found = sorted(out.glob("sweeps/*/*/timing.json"))
     return {"timing": json.loads(found[-1].read_text())} if found else {}
 

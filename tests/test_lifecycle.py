@@ -29,7 +29,7 @@ from optuna.trial import TrialState, create_trial
 from gpuopt.core import lifeline
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.study import storage as storage_mod
-from gpuopt.sweeper import interference, outputs, resume
+from gpuopt.sweeper import outputs, resume, summary
 from gpuopt.sweeper.confirm.rounds import Pending
 from gpuopt.sweeper.launchers.results import (
     attach_diagnostics,
@@ -39,6 +39,7 @@ from gpuopt.sweeper.launchers.results import (
 )
 from gpuopt.sweeper.objectives import outcome_from_return
 from gpuopt.sweeper.record import record_trial
+from gpuopt.sweeper.trials import overlapping
 from tests.helpers.sweep_outputs import sweep_identity
 
 HELPERS = Path(__file__).parent / "sweep_helpers"
@@ -241,13 +242,13 @@ def test_interference_is_overlap_with_another_worker_on_the_same_host():
         _owned(4, "a", 1, t0, t0 + 2 * s),  # this worker's own batch
         _owned(5, "a", 4, t0 + s, None, TrialState.RUNNING),  # running now, same host
     ]
-    assert interference.overlapping(me, [me, *others], now=t0 + 4 * s) == [1, 5]
+    assert overlapping(me, [me, *others], now=t0 + 4 * s) == [1, 5]
     attr = {"host": "a", "trials": [1, 5]}
     flagged = create_trial(
         state=TrialState.COMPLETE, values=[1.0], user_attrs={"interference": attr}
     )
-    assert "host a" in interference.summary_note([flagged])
-    assert interference.summary_note(others) is None
+    assert "host a" in summary.interference_note([flagged])
+    assert summary.interference_note(others) is None
 
 
 def test_a_worker_notices_its_trial_was_failed_as_stale_elsewhere(tmp_path):

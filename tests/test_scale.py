@@ -66,14 +66,15 @@ def test_gpu_assignment(visible, n_jobs, expected):
 @pytest.mark.parametrize(
     ("environ", "nvml", "expected"),
     [
-        ({"CUDA_VISIBLE_DEVICES": "2,3"}, 8, ["2", "3"]),
-        ({"CUDA_VISIBLE_DEVICES": ""}, 8, []),
-        ({}, 2, ["0", "1"]),
-        ({}, 0, None),
+        ({"CUDA_VISIBLE_DEVICES": "2,3"}, ["GPU-a"], ["2", "3"]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, ["GPU-a"], []),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, ["GPU-a"], []),
+        ({}, ["GPU-a", "GPU-b"], ["GPU-a", "GPU-b"]),
+        ({}, [], None),
     ],
 )
 def test_visible_gpus(environ, nvml, expected):
-    assert gpus.visible_gpus(environ, nvml) == expected
+    assert gpus.pinnable_gpus(environ, lambda: nvml) == expected
 
 
 @pytest.mark.parametrize(

@@ -870,7 +870,7 @@ def test_custom_search_space_trusts_the_apps_own_module_without_a_warning(tmp_pa
     no Hydra 1.4 deprecation warning; one outside the app keeps the stock, warned call."""
     import warnings
 
-    from gpuopt.sweeper import custom_space
+    from gpuopt.sweeper import space as custom_space
 
     (tmp_path / "my-app.py").write_text("def configure(cfg, trial):\n    return 'called'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -894,7 +894,7 @@ def test_custom_search_space_trusts_the_apps_own_module_without_a_warning(tmp_pa
     with pytest.raises(HydraDeprecationError, match="_execution_whitelist_"):
         custom_space.extender("json.dumps", task)  # not the app's: the stock call
     assert custom_space.app_modules(custom_space.extender) == [
-        "gpuopt.sweeper.custom_space.*",
+        "gpuopt.sweeper.space.*",
         "gpuopt.sweeper.*",
     ]
     assert custom_space.extender(None, task) is None

@@ -416,7 +416,7 @@ def test_a_baseline_the_launcher_failed_is_a_failed_trial_not_skipped():
 
     cases = {
         "pickle": TypeError("cannot pickle '_Classes' object"),  # launcher.launch raised
-        "crash": failed_return([], TrialProcessError("killed by signal SIGSEGV", "log", None)),
+        "crash": failed_return([], TrialProcessError("killed by signal SIGSEGV", "log")),
         "task": task_raised(),
     }
     runner = TrialRunner(

@@ -6,8 +6,8 @@
 - a torchrun-style script, swept with `hydra.launcher.nproc_per_node=2`: the trial's task as two
   ranks started by torch's elastic launcher (gpuopt.processes.user_ranks);
 - the Hugging Face Trainer (gpuopt.HFMeasureCallback), also with `nproc_per_node=2`;
-- on SLURM, the ranks as the tasks of one job (slurm_ranks), and gpuopt's own trial over two
-  "nodes" (two agents of one rendezvous on this machine).
+- on SLURM, the ranks as the tasks of one job (trial_task.run_as_slurm_rank), and gpuopt's own
+  trial over two "nodes" (two agents of one rendezvous on this machine).
 
 Real parts: gloo at world size 2 on the 2 cores, real Lightning, the real transformers Trainer on a
 small GPT-2 built from a config, the real single-node SLURM of tests/helpers/slurm.py. Each kind:
@@ -206,7 +206,8 @@ def test_on_slurm_a_multi_rank_job_is_two_tasks_of_one_job_and_its_failing_rank_
     """A torchrun-style loop with gpuopt.MeasureJob in its YAML alone, its two ranks the SLURM
     tasks of one job (each a Hydra job of its own, its callback measuring its loop): the trial is
     the job. Then a failing rank of the next trial: its own error, SLURM ending the job's other
-    task. (A script calling gpuopt.measure_step starts its ranks the same way: slurm_ranks.)"""
+    task. (A script calling gpuopt.measure_step starts its ranks the same way:
+    trial_task.run_as_slurm_rank.)"""
     write_app(tmp_path, "plain_ddp")
     env = {**_env(tmp_path), **cluster.env}
     log = _sweep(tmp_path, *SLURM_JOB, *BASELINE_ONLY, env=env)
@@ -440,18 +441,17 @@ def test_on_slurm_rank_0_broken_by_a_peers_failure_reports_the_peers_own_error(
     with no peer's failure on record rank 0's own exception stands."""
     from gpuopt.core import rank_files
     from gpuopt.core.result import Status, TrialResult
-    from gpuopt.sweeper.launchers import slurm_ranks
 
     monkeypatch.setenv(rank_files.RANKS_DIR_ENV, str(tmp_path))
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "2")
-    monkeypatch.setattr(slurm_ranks, "PEER_FAILURE_WAIT_S", 0.2)
+    monkeypatch.setattr(trial_task, "PEER_FAILURE_WAIT_S", 0.2)
 
     def broken() -> None:
         raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
 
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        slurm_ranks.run_as_slurm_rank(broken, tmp_path)
+        trial_task.run_as_slurm_rank(broken, tmp_path)
     rank_files.write_rank_result(TrialResult(Status.ERROR, reason="ValueError: a bug"), rank=1)
-    result = slurm_ranks.run_as_slurm_rank(broken, tmp_path)
+    result = trial_task.run_as_slurm_rank(broken, tmp_path)
     assert result.status is Status.ERROR and result.reason == "rank 1: ValueError: a bug"

@@ -28,7 +28,7 @@ ATTR_TRACEBACK = "traceback"  # head and tail of an error trial's traceback or l
 ATTR_LOGS = "logs"  # paths of the trial job's full stdout and stderr logs (gpuopt's launchers)
 # The CUDA_VISIBLE_DEVICES value the trial's process got (absent: not pinned; launchers/gpus.py)
 ATTR_VISIBLE_DEVICES = "cuda_visible_devices"
-# {"host", "trials": [numbers]}: other trials that ran on the same host meanwhile (interference.py)
+# {"host", "trials": [numbers]}: other trials that ran on the same host meanwhile (sweeper/trials.py)
 ATTR_INTERFERENCE = "interference"
 ATTR_INTERRUPTED = "interrupted"  # True on a trial whose sweep died under it
 ATTR_RERUN_OF = "rerun_of"  # on the re-enqueued trial: number of the interrupted one

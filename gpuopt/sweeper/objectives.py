@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from omegaconf import ListConfig
+
 from gpuopt.core.errors import SweepConfigError
 from gpuopt.core.metrics import goals, on_device
 from gpuopt.core.result import Metrics, Status, TrialResult, result_user_attrs
@@ -25,14 +27,21 @@ NUMERICS_CONSTRAINT = "numerics"
 CONSTRAINT_KEYS = (Status.OOM.value, Status.DIVERGED.value, NUMERICS_CONSTRAINT)
 
 
-def _direction_name(direction: Any) -> str:
-    name = getattr(direction, "name", direction)  # the stock plugin's Direction enum, or a string
-    name = str(name).lower()
-    if name not in DIRECTIONS:
-        raise SweepConfigError(
-            "hydra.sweeper.direction", direction, "minimize | maximize (or a list of them)"
-        )
-    return name
+def parse_directions(direction: Any) -> list[str] | None:
+    """`hydra.sweeper.direction` (one or a list of minimize | maximize, or the stock plugin's
+    Direction enum) as names; None when not given."""
+    if direction is None:
+        return None
+    items = list(direction) if isinstance(direction, (list, tuple, ListConfig)) else [direction]
+    if not items:
+        raise SweepConfigError("hydra.sweeper.direction", [], "one direction per objective")
+    names = [str(getattr(d, "name", d)).lower() for d in items]
+    for item, name in zip(items, names, strict=True):
+        if name not in DIRECTIONS:
+            raise SweepConfigError(
+                "hydra.sweeper.direction", item, "minimize | maximize, or a list of them"
+            )
+    return names
 
 
 def resolve_objectives(
@@ -41,17 +50,7 @@ def resolve_objectives(
     """(metric names, directions) from the sweeper config; raises SweepConfigError.
     objectives given: directions from each metric's goal unless `direction` is given (a name of the
     task's own needs it); only `direction`: the first default objectives; neither: the defaults."""
-    directions: list[str] | None = None
-    if direction is not None:
-        items = (
-            list(direction)
-            if isinstance(direction, (list, tuple)) or _is_list_config(direction)
-            else [direction]
-        )
-        if not items:
-            raise SweepConfigError("hydra.sweeper.direction", [], "one direction per objective")
-        directions = [_direction_name(d) for d in items]
-
+    directions = parse_directions(direction)
     if objectives is None:
         if directions is None:
             names = list(DEFAULT_OBJECTIVES)
@@ -117,12 +116,6 @@ def utilization_note(names: Sequence[str], facts: Mapping[str, Any] | None) -> s
         f"utilization objective: {UTILIZATION} (NVML util.gpu: a kernel was running), not "
         f"{stand_in}: {why}"
     )
-
-
-def _is_list_config(value: Any) -> bool:
-    from omegaconf import ListConfig
-
-    return isinstance(value, ListConfig)
 
 
 def worst_value(direction: str) -> float:

@@ -96,28 +96,67 @@ def open_study(
     names: list[str],
     directions: list[str],
     heartbeat: tuple[int | None, int | None],
+    hardware_id: str,
+    facts: dict[str, Any],
+    probe: machine.EnvProbe,
+    space: Any,  # space.SearchSpace
 ) -> tuple[optuna.Study, bool]:
-    """(the study, whether this call created it); an existing one must have these objectives.
-    `name` None: Optuna's generated name (the stock sweeper's behaviour)."""
+    """(the study, whether this call created it). A new one records its objectives and the
+    machine it measures; an existing one must have these objectives and a compatible search
+    space. `name` None: Optuna's generated name (the stock sweeper's behaviour)."""
     try:
         opened = storage_mod.open_storage(url, *heartbeat)
     except storage_mod.StorageUnreachable as exc:
         raise StorageConnectError(exc) from None
     except (RuntimeError, ValueError, ImportError) as exc:
         raise _invalid_url(url, exc) from None
-    if name is None:
-        study = optuna.create_study(storage=opened, sampler=sampler, directions=directions)
-        return study, True
     try:
+        if name is None:  # a new study under Optuna's generated name
+            raise KeyError(name)
         study = optuna.load_study(study_name=name, storage=opened, sampler=sampler)
     except KeyError:
         try:
-            return optuna.create_study(
+            study = optuna.create_study(
                 study_name=name, storage=opened, sampler=sampler, directions=directions
-            ), True
+            )
         except optuna.exceptions.DuplicatedStudyError:  # another worker created it just now
             study = optuna.load_study(study_name=name, storage=opened, sampler=sampler)
-    check_objectives(study, names, directions)
+        else:
+            env = {k: v for k, v in probe.data.items() if k != "poor_choices"}
+            hardware = {
+                "id": hardware_id,
+                **facts,
+                "env": env,
+                "poor_choices": probe.data.get("poor_choices") or [],  # the env's: one per rule
+                "dropped": [list(d) for d in space.dropped],
+            }
+            record.study_attrs(
+                study,
+                {STUDY_OBJECTIVES: names, STUDY_DIRECTIONS: directions, STUDY_HARDWARE: hardware},
+            )
+            record.metric_names(study, names)
+            return study, True
+    stored_dirs = [d.name.lower() for d in study.directions]
+    stored_names = study.user_attrs.get(STUDY_OBJECTIVES)
+    if stored_dirs != directions or (
+        stored_names and not plain_names(stored_names) and stored_names != names
+    ):
+        raise SweepConfigError(
+            "hydra.sweeper.objectives",
+            names,
+            f"the objectives of existing study {study.study_name!r}: {stored_names or '?'} "
+            f"{stored_dirs} (or give another hydra.sweeper.study_name)",
+        )
+    recorded = study.user_attrs.get(STUDY_HARDWARE) or {}
+    if recorded.get("id") and recorded.get("id") != hardware_id:
+        log.warning(
+            "study %r was measured on other hardware (%s, now %s): its trials do not compare with "
+            "this machine's",
+            study.study_name,
+            recorded.get("id"),
+            hardware_id,
+        )
+    check_search_space(study, space.distributions)
     return study, False
 
 
@@ -167,57 +206,6 @@ def _dist_text(dist: Any) -> str:
         return f"choice({', '.join(map(str, dist.choices))})"
     low, high = getattr(dist, "low", "?"), getattr(dist, "high", "?")
     return f"{type(dist).__name__.replace('Distribution', '').lower()}({low}, {high})"
-
-
-def check_objectives(study: optuna.Study, names: list[str], directions: list[str]) -> None:
-    stored_dirs = [d.name.lower() for d in study.directions]
-    stored_names = study.user_attrs.get(STUDY_OBJECTIVES)
-    if stored_dirs != directions or (
-        stored_names and not plain_names(stored_names) and stored_names != names
-    ):
-        raise SweepConfigError(
-            "hydra.sweeper.objectives",
-            names,
-            f"the objectives of existing study {study.study_name!r}: {stored_names or '?'} "
-            f"{stored_dirs} (or give another hydra.sweeper.study_name)",
-        )
-
-
-def warn_other_hardware(study: optuna.Study, hardware_id: str) -> None:
-    recorded = study.user_attrs.get(STUDY_HARDWARE) or {}
-    if recorded.get("id") and recorded.get("id") != hardware_id:
-        log.warning(
-            "study %r was measured on other hardware (%s, now %s): its trials do not compare with "
-            "this machine's",
-            study.study_name,
-            recorded.get("id"),
-            hardware_id,
-        )
-
-
-def record_new_study(
-    study: optuna.Study,
-    names: list[str],
-    directions: list[str],
-    hardware_id: str,
-    facts: dict[str, Any],
-    probe: machine.EnvProbe,
-    dropped: list[tuple[str, str, str]],
-) -> None:
-    """What a new study records: its objectives and the machine it measures."""
-    env = {k: v for k, v in probe.data.items() if k != "poor_choices"}
-    hardware_attr = {
-        "id": hardware_id,
-        **facts,
-        "env": env,
-        "poor_choices": probe.data.get("poor_choices") or [],  # the env's rows: one per rule
-        "dropped": [list(d) for d in dropped],
-    }
-    record.study_attrs(
-        study,
-        {STUDY_OBJECTIVES: names, STUDY_DIRECTIONS: directions, STUDY_HARDWARE: hardware_attr},
-    )
-    record.metric_names(study, names)
 
 
 def relabel_plain_objectives(study: optuna.Study, n_values: int) -> None:

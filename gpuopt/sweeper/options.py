@@ -107,7 +107,7 @@ class SweeperOptions:
     def measured(self) -> bool:
         """Whether gpuopt measures the app's task: its own task, or an app whose objectives name
         one of gpuopt's metrics (`throughput`, `data_wait`, ...). Such a sweep is fair by default:
-        a baseline, trials in fresh processes (launcher_choice.py), a confirmation round."""
+        a baseline, trials in fresh processes (loop.py), a confirmation round."""
         from gpuopt.core.metrics import goals
 
         return self.gpuopt_task or any(n in goals() for n in self.objectives or ())

@@ -32,23 +32,26 @@ from gpuopt.study.keys import (
 from gpuopt.study.noise import NoiseView, noise_view
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import (
-    feasible,
-    feasible_trials,
     global_batch_of,
     pick_baseline,
-    pick_best,
     pick_same_training,
     plain_names,
     status_counts,
     training_change,
 )
-from gpuopt.sweeper import global_batch, interference
+from gpuopt.sweeper import global_batch
 from gpuopt.sweeper.global_batch import DECLARE_HINT
 from gpuopt.sweeper.objectives import utilization_note
+from gpuopt.sweeper.profile_runs import best_of
 from gpuopt.sweeper.race import policy as race_policy
 from gpuopt.sweeper.space import parser
-from gpuopt.sweeper.stock_results import stock_results
-from gpuopt.sweeper.summary import answers_lines, render, repeats_lines, values_text
+from gpuopt.sweeper.summary import (
+    answers_lines,
+    interference_note,
+    render,
+    repeats_lines,
+    values_text,
+)
 
 if TYPE_CHECKING:
     from gpuopt.sweeper.confirm.rounds import Pending
@@ -121,11 +124,9 @@ def write_outputs(
     if plain_names(labels) and len(labels) == len(sweep.names) and not plain_names(sweep.names):
         # gpuopt's task returned plain values (study.relabel_plain_objectives)
         sweep = dataclasses.replace(sweep, names=list(labels), metrics_named=False)
-    pool = feasible_trials(all_trials)
-    pareto = [t for t in study.best_trials if feasible(t)] if pool else []
+    pool, pareto, best = best_of(study, all_trials, sweep.directions, confirmation)
     baseline = pick_baseline(all_trials)
     baseline = baseline if baseline in pool else None  # the summary shows a measured baseline
-    best = pick_best(pool, pareto, sweep.directions, confirmation)
     counts = status_counts(all_trials)
 
     write_stock_outputs(sweep, best, pareto, best_pending.worker if best_pending else None)
@@ -151,7 +152,7 @@ def write_outputs(
     notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
     notes += _utilization_notes(study, sweep)
     notes += repeats_lines(all_trials)
-    for note in (interference.summary_note(all_trials), race_policy.no_contender_note(all_trials)):
+    for note in (interference_note(all_trials), race_policy.no_contender_note(all_trials)):
         if note:
             notes.append(note)
     skipped = [s for t in all_trials if (s := t.user_attrs.get(ATTR_BASELINE_SKIPPED))]
@@ -232,7 +233,15 @@ def write_results(
     path = sweep.sweep_dir / "optimization_results.yaml"
     if pending and _final_result_of(path, sweep.study_name):
         return  # two workers share this sweep dir: the confirming one already wrote it
-    results = stock_results(sweep.directions, ranked, extra)
+    # hydra-optuna-sweeper's shape, plus gpuopt's keys
+    if len(sweep.directions) < 2:
+        best_params = dict(ranked[0].params) if ranked else {}
+        results = {"name": "optuna", "best_params": best_params}
+        results["best_value"] = ranked[0].value if ranked else None
+    else:
+        solutions = [{"params": dict(t.params), "values": list(t.values)} for t in ranked]
+        results = {"name": "optuna", "solutions": solutions}
+    results.update(extra)
     OmegaConf.save(OmegaConf.create(json.loads(json.dumps(results, default=str))), path)
 
 

@@ -42,31 +42,29 @@ if not OmegaConf.has_resolver("gpuopt.sqlite"):
     OmegaConf.register_resolver("gpuopt.sqlite", sqlite_url)
 
 
+# Each key's meaning: docs/searching.md's "Sweeper keys" table; defaults: SweeperOptions.
 @dataclass
 class ConfirmConf:
     """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved."""
 
-    top_k: int = _DEFAULTS.confirm.top_k  # candidates re-measured against the baseline
-    rounds: int = _DEFAULTS.confirm.rounds  # first-stage rounds (A B1 B2); 0 turns it off
-    # cap: confirmation runs <= this share of n_trials (fewer k until the first stage fits)
+    top_k: int = _DEFAULTS.confirm.top_k
+    rounds: int = _DEFAULTS.confirm.rounds  # 0 turns it off
     max_share: float = _DEFAULTS.confirm.max_share
-    # stop once the speedup's 95% CI is within +-this; still wider at the cap: "too noisy"
     target_halfwidth: float = _DEFAULTS.confirm.target_halfwidth
-    # confirm configurations that can share a process in alternating in-process windows
     in_process: bool = _DEFAULTS.confirm.in_process
-    window_s: float = _DEFAULTS.confirm.window_s  # one such window's length
+    window_s: float = _DEFAULTS.confirm.window_s
 
 
 @dataclass
 class RaceConf:
     """The race: a space whose configurations share one process is raced in it (sweeper/race/)."""
 
-    enabled: bool = _DEFAULTS.race.enabled  # false: every trial in a fresh process
-    window_s: float = _DEFAULTS.race.window_s  # one screening window's length
-    slices: int = _DEFAULTS.race.slices  # screening windows per candidate
-    finalists: int = _DEFAULTS.race.finalists  # candidates measured as whole trials after it
-    floor: float = _DEFAULTS.race.floor  # ...that read this share of the baseline or faster
-    screen: int = _DEFAULTS.race.screen  # candidates per screen (a longer sweep: rounds of them)
+    enabled: bool = _DEFAULTS.race.enabled
+    window_s: float = _DEFAULTS.race.window_s
+    slices: int = _DEFAULTS.race.slices
+    finalists: int = _DEFAULTS.race.finalists
+    floor: float = _DEFAULTS.race.floor
+    screen: int = _DEFAULTS.race.screen
 
 
 # gpuopt's default sampler: the stock TPE config with `multivariate: true` (Optuna's own TPE default
@@ -93,56 +91,31 @@ class GpuoptSweeperConf(OptunaSweeperConf):
     defaults: list[Any] = field(default_factory=lambda: [{"sampler": "gpuopt_tpe"}])
 
     # Stock keys whose defaults differ for gpuopt:
-    # null: each objective's goal (gpuopt.core.metrics). Given without `objectives` (a stock config):
-    # the first len(direction) default objectives, or the task's plain float/list return values.
+    # null: each objective's goal (gpuopt.core.metrics); a stock config's without `objectives`
     direction: Any = _DEFAULTS.direction
-    # null: in-memory, nothing kept (the stock meaning; "memory" says the same). gpuopt's own
-    # conf/config.yaml sets the SQLite file <output_dir>/gpuopt.db.
+    # null: in-memory (the stock meaning); gpuopt's conf/config.yaml sets <output_dir>/gpuopt.db
     storage: Any | None = _DEFAULTS.storage
-    # null: for gpuopt's own task (gpuopt_task) derived from the workload (model choice, search
-    # preset), a hash of the search space and a hardware fingerprint; else Optuna's own name.
+    # null: for gpuopt's own task derived from the workload, the space and the hardware
     study_name: str | None = _DEFAULTS.study_name
-    # TOTAL trials of the study: a re-run of the same command resumes up to it
-    n_trials: int = _DEFAULTS.n_trials
-    n_jobs: int = _DEFAULTS.n_jobs  # parallel trials need a process launcher; one GPU: interference
-    # Stop once more than this share of the finished trials ended with status `error` (from the 3rd
-    # trial on). oom/diverged trials are results, not failures, and never count.
-    max_failure_rate: float = _DEFAULTS.max_failure_rate
+    n_trials: int = _DEFAULTS.n_trials  # the study's TOTAL: a re-run resumes up to it
+    n_jobs: int = _DEFAULTS.n_jobs
+    max_failure_rate: float = _DEFAULTS.max_failure_rate  # `error` trials only, from the 3rd on
 
-    # gpuopt additions
-    # Metric names with a goal (gpuopt.core.metrics), in Optuna's value order. null: throughput_amortized, utilization.
-    objectives: list[str] | None = None  # (SweeperOptions.objectives)
-    # Drop choices that `python -m gpuopt.env --json` flags as poor on this machine from the
-    # preset's params (command-line sweep arguments are always taken as written).
+    # gpuopt's keys
+    objectives: list[str] | None = None
     device_aware: bool = _DEFAULTS.device_aware
-    # Extra params searched only when trials run on that device type (cpu | cuda | mps).
     device_params: dict[str, dict[str, str]] = field(default_factory=dict)
-    # Run the user's config as composed first, marked baseline=True (once per study). null: on
-    # when gpuopt measures the app (see SweeperOptions.measured), off for an app's own value.
     baseline: bool | None = _DEFAULTS.baseline
-    # True in gpuopt's conf/config.yaml: the task is gpuopt's (its config schema, a TrialResult):
-    # the study name is derived when not given and the composed config is checked before the study.
     gpuopt_task: bool = _DEFAULTS.gpuopt_task
     confirm: ConfirmConf = field(default_factory=ConfirmConf)
-    # Race the trials in one process where the space allows (sweeper/race/); race.enabled=false:
-    # one fresh process per trial
     race: RaceConf = field(default_factory=RaceConf)
-    # Seconds `python -m gpuopt.env --json` may take before it is given up (no filtering then).
-    env_timeout_s: float = _DEFAULTS.env_timeout_s
-    # Memory-aware batch axis and expert seeding after the baseline (gpuopt/sweeper/options.py).
+    env_timeout_s: float = _DEFAULTS.env_timeout_s  # the env probe's limit (then no trimming)
     memory_axis: bool = _DEFAULTS.memory_axis
     memory_cap_mb: float | None = _DEFAULTS.memory_cap_mb
     seeding: bool = _DEFAULTS.seeding
-    profile: bool = _DEFAULTS.profile  # profile the baseline and the best (gpuopt's own task)
-    # An app's keys whose product is its global batch per rank, the micro-batch first, e.g.
-    # [data.batch_size, trainer.accumulate_grad_batches] (docs/same-training.md).
+    profile: bool = _DEFAULTS.profile
     batch_keys: list[str] | None = None
-    # Each trial's files in Optuna's artifact store: auto = artifacts/ beside the study's SQLite or
-    # journal file; a directory; null: off (gpuopt/sweeper/trial_artifacts.py).
     artifacts: str | None = _DEFAULTS.artifacts
-    # Several workers on one study (README): a heartbeat every heartbeat_interval seconds (null/0:
-    # off); a RUNNING trial without one for grace_period seconds (null: 2 x interval) is failed
-    # and its params re-queued.
     heartbeat_interval: int | None = _DEFAULTS.heartbeat_interval
     grace_period: int | None = _DEFAULTS.grace_period
 

@@ -32,6 +32,15 @@ def enabled(options: SweeperOptions) -> bool:
     return options.profile and options.gpuopt_task
 
 
+def best_of(
+    study: Any, trials: list[Any], directions: list[str], confirmation: Confirmation | None
+) -> tuple[list[Any], list[Any], Any | None]:
+    """(the feasible trials, the feasible Pareto front, the sweep's best) as the outputs say them."""
+    pool = feasible_trials(trials)
+    pareto = [t for t in study.best_trials if feasible(t)] if pool else []
+    return pool, pareto, pick_best(pool, pareto, directions, confirmation)
+
+
 def launch_overrides(
     options: SweeperOptions, trials: list[Any], overrides: list[list[str]]
 ) -> list[list[str]]:
@@ -52,10 +61,7 @@ def profile_best(
     """One profiled run of the sweep's best (unless it is profiled already: the baseline)."""
     if not enabled(options):
         return
-    trials = study.get_trials(deepcopy=False)
-    pool = feasible_trials(trials)
-    pareto = [t for t in study.best_trials if feasible(t)] if pool else []
-    best = pick_best(pool, pareto, directions, confirmation)
+    _, _, best = best_of(study, study.get_trials(deepcopy=False), directions, confirmation)
     if best is None or isinstance(best.user_attrs.get(ATTR_PROFILE), dict):
         return
     overrides = [

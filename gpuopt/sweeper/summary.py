@@ -16,7 +16,7 @@ from gpuopt.study.answers import (
     two_answers,
 )
 from gpuopt.study.experiment import override_diff
-from gpuopt.study.keys import ATTR_OVERRIDES, ATTR_REPLACES, ATTR_REPLICATE_OF
+from gpuopt.study.keys import ATTR_INTERFERENCE, ATTR_OVERRIDES, ATTR_REPLACES, ATTR_REPLICATE_OF
 from gpuopt.study.noise import NoiseView, front_lines, runner_up_text
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import unknown_training
@@ -285,4 +285,17 @@ def answers_lines(
             same_training_evidence(trials, baseline, confirmation, held) if keep else None,
             hint,
         )
+    )
+
+
+def interference_note(trials: Sequence[Any]) -> str | None:
+    """The summary's line when any trial of the study ran beside another worker's on its host."""
+    flagged = [t for t in trials if t.user_attrs.get(ATTR_INTERFERENCE)]
+    if not flagged:
+        return None
+    hosts = sorted({str(t.user_attrs[ATTR_INTERFERENCE].get("host")) for t in flagged})
+    return (
+        f"INTERFERENCE: {len(flagged)} trial(s) ran at the same time as other workers' trials on "
+        f"host {', '.join(hosts)}: their measurements interfere, speedups are not reliable; run "
+        "one worker per host (or hydra.sweeper.n_jobs on one worker, one GPU per trial)"
     )

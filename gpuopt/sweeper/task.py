@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from gpuopt.core import knobs
 from gpuopt.core.errors import SweepConfigError
@@ -21,26 +21,18 @@ from gpuopt.core.metrics import goals
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.rules import plain_labels, plain_names
 from gpuopt.sweeper import machine
-from gpuopt.sweeper.objectives import on_this_device, resolve_objectives, utilization_note
+from gpuopt.sweeper.objectives import (
+    on_this_device,
+    parse_directions,
+    resolve_objectives,
+    utilization_note,
+)
 from gpuopt.sweeper.open_study import space_digest
 from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.outputs import SweepIdentity
 from gpuopt.sweeper.space import SearchSpace
 
 log = logging.getLogger("gpuopt.sweeper")
-
-
-def stock_directions(direction: Any) -> list[str]:
-    """The stock sweeper's `direction`: one or a list of minimize | maximize (default minimize)."""
-    if direction is None:
-        return ["minimize"]
-    items = list(direction) if isinstance(direction, (list, tuple, ListConfig)) else [direction]
-    names = [str(getattr(d, "name", d)).lower() for d in items]
-    if not names or any(n not in ("minimize", "maximize") for n in names):
-        raise SweepConfigError(
-            "hydra.sweeper.direction", direction, "minimize | maximize, or a list of them"
-        )
-    return names
 
 
 def objectives(options: SweeperOptions, direction: Any) -> tuple[list[str], list[str]]:
@@ -56,7 +48,7 @@ def objectives(options: SweeperOptions, direction: Any) -> tuple[list[str], list
                 f"gpuopt's metric names ({', '.join(goals())})",
             )
         return names, directions
-    directions = stock_directions(direction)
+    directions = parse_directions(direction) or ["minimize"]  # the stock default
     return plain_labels(len(directions)), directions
 
 

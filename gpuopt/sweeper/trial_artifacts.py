@@ -114,7 +114,7 @@ class TrialFiles:
             outcome.user_attrs[ATTR_ARTIFACTS] = uploaded
 
     def upload_best_trace(self, study: optuna.Study) -> None:
-        """The best's profiled run (not a trial: sweeper/profiling.py) keeps its trace as a study
+        """The best's profiled run (not a trial: profile_runs.py) keeps its trace as a study
         artifact, `trace-best-trial-N.json.gz` (a finished trial takes no artifact). Never raises."""
         best = study.user_attrs.get(STUDY_BEST_PROFILE)
         profile = best.get("profile") if isinstance(best, dict) else None

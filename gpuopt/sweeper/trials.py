@@ -9,10 +9,11 @@ after recovery, after an ask it cannot decide). A batch of n_jobs trials reads i
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,14 @@ from gpuopt.core._compat import (
 )
 from gpuopt.core.errors import SweepConfigError
 from gpuopt.study import storage as storage_mod
-from gpuopt.study.keys import ATTR_BASELINE, ATTR_OWNER, ATTR_REPLICATE_OF
-from gpuopt.sweeper import baseline, interference, profile_runs, record, repeats, resume
+from gpuopt.study.keys import (
+    ATTR_BASELINE,
+    ATTR_INTERFERENCE,
+    ATTR_OWNER,
+    ATTR_REPLICATE_OF,
+    ATTR_WARNINGS,
+)
+from gpuopt.sweeper import baseline, profile_runs, record, repeats, resume
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.open_study import relabel_plain_objectives
 from gpuopt.sweeper.options import SweeperOptions
@@ -303,7 +310,7 @@ class TrialRunner:
         outcome: TrialOutcome,
         trials: list[FrozenTrial] | None = None,
     ) -> None:
-        interference.flag_outcome(study, trial, outcome, trials)
+        flag_interference(study, trial, outcome, trials)
         if self.files is not None:  # before the tell: a finished trial takes no artifact
             self.files.upload_trial(study, trial, ret, outcome)
         try:
@@ -346,3 +353,64 @@ def launch(
             return [exc]
         log.warning("launcher failed for a batch (%s); launching its jobs one by one", exc)
         return [launch(launcher, [o], [n])[0] for o, n in zip(overrides, numbers, strict=False)]
+
+
+# ---- interference -------------------------------------------------------------------------------
+# Several workers measuring on one host compete for cores, memory bandwidth and GPUs: every
+# throughput they report is wrong (a baseline read 87 samples/s under three workers against ~6,000
+# alone). A trial that overlapped in time with another worker's on the same host is flagged (user
+# attr, warning, summary note). One worker's own batch (n_jobs > 1) is not: its jobs get separate GPUs.
+
+
+def _interval(trial: Any, now: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
+    if trial.datetime_start is None or trial.state == TrialState.WAITING:
+        return None
+    end = trial.datetime_complete or (now if trial.state == TrialState.RUNNING else None)
+    return (trial.datetime_start, end) if end is not None else None
+
+
+def overlapping(trial: Any, trials: Sequence[Any], now: dt.datetime) -> list[int]:
+    """Numbers of the trials of other workers on `trial`'s host whose run overlapped with it
+    (`trial` is still running: it ends `now`)."""
+    owner = trial.system_attrs.get(ATTR_OWNER) or {}
+    span = _interval(trial, now)
+    if not owner.get("host") or span is None:
+        return []
+    found = []
+    for other in trials:
+        other_owner = other.system_attrs.get(ATTR_OWNER) or {}
+        if (
+            other.number == trial.number
+            or other_owner.get("host") != owner["host"]
+            or other_owner.get("pid") == owner.get("pid")
+        ):
+            continue
+        if other.state == TrialState.RUNNING and resume.owner_alive(other_owner) is False:
+            continue  # a dead sweep's trial, not yet recovered: it does not run now
+        other_span = _interval(other, now)
+        if other_span is not None and other_span[0] < span[1] and span[0] < other_span[1]:
+            found.append(other.number)
+    return found
+
+
+def flag_interference(
+    study: Any, trial: Any, outcome: TrialOutcome, trials: Sequence[Any] | None = None
+) -> None:
+    """Other workers' trials ran on this host at the same time as `trial`: say so in the outcome
+    and the log. `trials`: the study's trials read after the run (None: read here)."""
+    if trials is None:
+        trials = study.get_trials(deepcopy=False)
+    frozen = resume.frozen_of(trials, trial.number)
+    # Optuna's datetimes are naive local time of the worker's host
+    others = overlapping(frozen, trials, dt.datetime.now()) if frozen is not None else []
+    if not others:
+        return
+    host = (frozen.system_attrs.get(ATTR_OWNER) or {}).get("host")
+    text = (
+        f"measured while other workers ran trials on host {host} (trials "
+        f"{', '.join(f'#{n}' for n in others)}): they share its cores and devices, so "
+        "this measurement (and any speedup from it) is not comparable; run one worker per host"
+    )
+    outcome.user_attrs[ATTR_INTERFERENCE] = {"host": host, "trials": others}
+    outcome.user_attrs[ATTR_WARNINGS] = [*(outcome.user_attrs.get(ATTR_WARNINGS) or []), text]
+    log.warning("trial #%d %s", trial.number, text)

@@ -119,10 +119,12 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
         **params: Any,
     ) -> None:
         super().__init__(**params)
-        self.timeout_s = base.positive_seconds("timeout_s", timeout_s)
+        self.timeout_s = base.positive("timeout_s", timeout_s)
         self.pin_gpus = bool(pin_gpus)
-        self.nproc_per_node = base.positive_int("nproc_per_node", nproc_per_node)
-        self.rdzv_timeout_s = base.positive_seconds("rdzv_timeout_s", rdzv_timeout_s)
+        self.ranks = RankPlan(
+            base.positive("nproc_per_node", nproc_per_node, integer=True),
+            base.positive("rdzv_timeout_s", rdzv_timeout_s),
+        )
         # The sweeping process, pickled with each job: the trial's watchdog ends it with the sweep.
         self.sweep_process: lifeline.SweepProcess | None = None
         # Set by the sweep loop around a batch: slot -> why to stop that job now (its trial was
@@ -138,9 +140,6 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
     def in_trial(self) -> None:
         # The trial ends with its sweep and by its own deadline (gpuopt.core.lifeline).
         lifeline.guard_trial(self.sweep_process, self.timeout_s)
-
-    def rank_plan(self) -> RankPlan:
-        return RankPlan(self.nproc_per_node, self.rdzv_timeout_s)
 
     def _device_plan(self, n_jobs: int) -> list[str | None]:
         """CUDA_VISIBLE_DEVICES per job of the batch (gpus.assign; None: as in this process;
@@ -215,7 +214,7 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
             if stop is not None:
                 self._kill(job)
                 log.warning("%s", stop)
-                return failed_return(overrides, TrialProcessError(stop, "", str(job.paths.stderr)))
+                return failed_return(overrides, TrialProcessError(stop))
             if time.monotonic() > deadline:
                 self._kill(job)
                 limit = f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s)"

@@ -14,14 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
-def visible_gpus(environ: Mapping[str, str], nvml_count: int) -> list[str] | None:
-    """CUDA_VISIBLE_DEVICES's entries when set, else NVML's indices; None: nothing to pin."""
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    if value is not None:
-        return [g.strip() for g in value.split(",") if g.strip() and g.strip() != "-1"]
-    return [str(i) for i in range(nvml_count)] if nvml_count else None
-
-
 def nvml_strings(query: str, nvml: Any = None) -> list[str]:
     """Each GPU's `query` (nvmlDeviceGetUUID, nvmlDeviceGetName) in NVML's order; [] without a
     driver."""
@@ -53,8 +45,9 @@ def pinnable_gpus(
 ) -> list[str] | None:
     """CUDA_VISIBLE_DEVICES's entries when set, else NVML's UUIDs (`uuids()`); None: nothing to
     pin."""
-    if environ.get("CUDA_VISIBLE_DEVICES") is not None:
-        return visible_gpus(environ, 0)
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is not None:
+        return [g.strip() for g in value.split(",") if g.strip() not in ("", "-1")]
     return (uuids or nvml_uuids)() or None
 
 
@@ -62,8 +55,6 @@ def assign(gpus: Sequence[str], n_jobs: int, slot: int, per_job: int | None = No
     """CUDA_VISIBLE_DEVICES for job `slot` of a batch of `n_jobs`: `per_job`
     (hydra.launcher.gpus_per_node) GPUs each, else an even share; wrapping round (shared) when
     there are too few."""
-    if not 0 <= slot < n_jobs:
-        raise ValueError(f"slot {slot} outside a batch of {n_jobs} jobs")
     if not gpus:
         return ""
     if per_job is None:

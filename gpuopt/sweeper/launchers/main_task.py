@@ -13,6 +13,7 @@ Hydra imports the launchers on every run (plugin discovery): standard library on
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -43,10 +44,7 @@ class MainTask:
 
     def __call__(self, cfg: Any) -> Any:
         # Hydra's decorated main calls the undecorated task when given a config (cfg_passthrough).
-        target: Any = self.load_module()
-        for part in self.qualname.split("."):
-            target = getattr(target, part)
-        return target(cfg)
+        return functools.reduce(getattr, self.qualname.split("."), self.load_module())(cfg)
 
     def load_module(self) -> ModuleType:
         if self.module is not None:
@@ -74,16 +72,19 @@ class MainTask:
 
 def for_main(task_function: Any) -> Any:
     """`task_function` as the launcher should pickle it: a `MainTask` when it is found by name at
-    the top level of the main script, else itself."""
-    if getattr(task_function, "__module__", None) != "__main__":
-        return task_function  # an importable module: cloudpickle pickles it by reference
+    the top level of the main script, else itself (an importable module's: cloudpickle pickles it
+    by reference)."""
     qualname = getattr(task_function, "__qualname__", "")
     main = sys.modules.get("__main__")
-    if not qualname or "<locals>" in qualname or main is None:
+    if getattr(task_function, "__module__", None) != "__main__" or main is None:
         return task_function
-    if not _found(main, qualname, task_function):
+    try:  # the name may be Hydra's decorated main
+        target = functools.reduce(getattr, qualname.split("."), main) if qualname else None
+    except AttributeError:
         return task_function
     module, path = origin(main)
+    if target is not task_function and inspect.unwrap(target) is not task_function:
+        return task_function  # not found by name (a local function, ...)
     if module is None and path is None:
         return task_function  # python -c, an interactive session: nothing to import again
     sys_path = tuple(os.path.abspath(p) for p in sys.path)  # '' (python -c, -m): this cwd
@@ -97,13 +98,3 @@ def origin(main: ModuleType | None) -> tuple[str | None, str | None]:
         return spec.name, None
     path = getattr(main, "__file__", None)
     return None, os.path.abspath(path) if path else None
-
-
-def _found(main: ModuleType, qualname: str, task_function: Any) -> bool:
-    """Whether `qualname` in the main script names this task (itself, or Hydra's decorated main)."""
-    target: Any = main
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            return False
-    return target is task_function or inspect.unwrap(target) is task_function

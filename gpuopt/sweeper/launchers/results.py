@@ -19,17 +19,13 @@ from gpuopt.core.secrets import mask_secrets
 
 
 class TrialProcessError(RuntimeError):
-    """A trial process that ended without a result; its message is the whole reason.
+    """A trial process that ended without a result; its message is the whole reason, `log_tail`
+    the head and tail of its stderr (a segfault's "Fatal Python error" and the user's frame are
+    near the start, the last frames at the end)."""
 
-    `log_tail` holds the head and the tail of the job's stderr (a segfault's "Fatal Python error"
-    and the user's frame are near the start, the last frames at the end), `log_path` the whole log.
-    """
-
-    def __init__(self, reason: str, log_tail: str = "", log_path: str | None = None) -> None:
+    def __init__(self, reason: str, log_tail: str = "") -> None:
         super().__init__(reason)
-        self.reason = reason
         self.log_tail = log_tail
-        self.log_path = log_path
 
 
 def describe_exit(code: int | None, oom_evidence: str | None = None) -> str:
@@ -59,19 +55,17 @@ def excerpt(text: str, head: int = 2000, tail: int = 4000) -> str:
 
 def log_excerpt(path: Path) -> str:
     """Head and tail of a log (`excerpt`), secrets masked."""
-    try:
-        with open(path, "rb") as f:
-            return excerpt(mask_secrets(f.read().decode(errors="replace")))
-    except OSError:
-        return ""
+    return excerpt(log_tail(path, None))
 
 
-def log_tail(path: Path, chars: int = 2000) -> str:
-    """The last `chars` characters of a log, secrets masked ("" when it cannot be read)."""
+def log_tail(path: Path, chars: int | None = 2000) -> str:
+    """The last `chars` characters of a log (None: all of it), secrets masked ("" when it cannot
+    be read)."""
     try:
         with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
+            if chars is not None:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - chars))
             return mask_secrets(f.read().decode(errors="replace"))
     except OSError:
         return ""
@@ -113,12 +107,9 @@ def with_traceback(ret: JobReturn) -> JobReturn:
 
 
 def _last_traceback(path: Path) -> str | None:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
+    text = log_tail(path, None)
     index = text.rfind("Traceback (most recent call last)")
-    return excerpt(mask_secrets(text[index:])) if index >= 0 else None
+    return excerpt(text[index:]) if index >= 0 else None
 
 
 def attach_diagnostics(ret: JobReturn, job: Any, run_dir: str | None) -> None:
@@ -147,13 +138,6 @@ def job_return(job: Any, overrides: list[str]) -> JobReturn:
         raise TypeError(f"the job returned {type(ret).__name__}, not a JobReturn")
     except Exception as exc:
         return failed_return(overrides, exc)
-
-
-def completed_return(overrides: list[str], value: Any) -> JobReturn:
-    """A COMPLETED JobReturn holding `value`, as if the task had returned it."""
-    ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)
-    ret.return_value = value
-    return ret
 
 
 def failed_return(overrides: list[str], exc: BaseException) -> JobReturn:

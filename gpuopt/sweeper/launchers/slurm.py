@@ -11,7 +11,7 @@ In the trial job, submitit's USR2 (`signal_delay_s` before the limit) no longer 
 requeues: a half-measured trial cannot be resumed, and with a limit shorter than `signal_delay_s`
 the signal arrives at once. A distributed trial of gpuopt's app is one task per node holding a GPU
 per rank (`trial_resources`); a user's task over several ranks is one task per rank
-(slurm_ranks), task 0's result the trial's, the rest cancelled once it is in.
+(trial_task.run_as_slurm_rank), task 0's result the trial's, the rest cancelled once it is in.
 
 Hydra imports this module on every run (plugin discovery): no submitit, optuna or torch at import.
 """
@@ -94,26 +94,30 @@ def parse_squeue(text: str) -> dict[str, SlurmJobState]:
     return states
 
 
+def _run(*cmd: str, failed: str = "") -> str | None:
+    """A SLURM command's stdout; None when it failed (logging `failed` % the error, if given)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        if failed:
+            log.warning(failed, exc)
+        return None
+
+
 def query_squeue(job_ids: Sequence[str]) -> dict[str, SlurmJobState] | None:
     """The states slurmctld still holds for these jobs (None: squeue failed). A job it no longer
     knows (purged MinJobAge seconds after it ended) is absent."""
-    cmd = ["squeue", "--states=all", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(job_ids)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("squeue failed (%s); retrying", exc)
-        return None
-    return parse_squeue(out.stdout)
+    out = _run(
+        "squeue", "--states=all", "-h", "-r", "-o", "%i|%T|%r", "-j", ",".join(job_ids),
+        failed="squeue failed (%s); retrying",
+    )  # fmt: skip
+    return None if out is None else parse_squeue(out)
 
 
 def query_sacct(job_id: str) -> SlurmJobState | None:
     """The job's final state from accounting storage; None where there is none (no slurmdbd)."""
-    cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", job_id]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in out.stdout.splitlines():
+    out = _run("sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", job_id) or ""
+    for line in out.splitlines():
         jid, _, state = line.partition("|")
         if jid == job_id and state:
             return SlurmJobState(job_id, state)
@@ -122,12 +126,7 @@ def query_sacct(job_id: str) -> SlurmJobState | None:
 
 def query_exit_code(job_id: str) -> int | None:
     """`scontrol show job`'s ExitCode=code:signal as describe_exit's number (-signal if killed)."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
+    out = _run("scontrol", "show", "job", "-o", job_id) or ""
     match = re.search(r"\bExitCode=(\d+):(\d+)", out)
     if match is None:
         return None
@@ -174,16 +173,15 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
 
     def __init__(self, poll_s: float = 5.0, nproc_per_node: int = 1, **params: Any) -> None:
         super().__init__(**params)
-        self.poll_s = base.positive_seconds("poll_s", poll_s)
-        self.nproc_per_node = base.positive_int("nproc_per_node", nproc_per_node)
-        if self.nproc_per_node > 1:  # one task per rank
-            self.params["tasks_per_node"] = self.nproc_per_node
+        self.poll_s = base.positive("poll_s", poll_s)
+        self.ranks = RankPlan(
+            base.positive("nproc_per_node", nproc_per_node, integer=True), slurm=True
+        )
+        if self.ranks.nproc_per_node > 1:  # one task per rank
+            self.params["tasks_per_node"] = self.ranks.nproc_per_node
         nodes = int(self.params.get("nodes") or 1)
         if nodes * int(self.params.get("tasks_per_node") or 1) > 1:  # one rank per task
             self.params["srun_args"] = [*(self.params.get("srun_args") or []), KILL_ON_BAD_EXIT]
-
-    def rank_plan(self) -> RankPlan:
-        return RankPlan(self.nproc_per_node, slurm=True)
 
     def in_trial(self) -> None:
         # submitit's USR2 handler (checkpoint + requeue, or raise) is replaced by a log line.

@@ -15,7 +15,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
 from gpuopt.core import measured_job, rank_files
@@ -26,7 +26,6 @@ from gpuopt.core.secrets import masked_singleton_state
 from gpuopt.sweeper.launchers import main_task, trial_task
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
-    completed_return,
     failed_return,
     log_excerpt,
     with_traceback,
@@ -43,40 +42,34 @@ def register(node: type, *names: str) -> None:
         )
 
 
-def positive_seconds(key: str, value: Any) -> float:
-    """`hydra.launcher.<key>` checked: seconds > 0 (a ConfigError before anything is created)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"hydra.launcher.{key}", value, "seconds > 0")
-    return float(value)
+def positive(key: str, value: Any, integer: bool = False) -> Any:
+    """`hydra.launcher.<key>` checked: seconds > 0 (a float), or an integer >= 1 (a ConfigError
+    before anything is created)."""
+    kind = int if integer else int | float
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+        raise ConfigError(
+            f"hydra.launcher.{key}", value, "an integer >= 1" if integer else "seconds > 0"
+        )
+    return value if integer else float(value)
 
 
-def positive_int(key: str, value: Any) -> int:
-    """`hydra.launcher.<key>` checked: an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"hydra.launcher.{key}", value, "an integer >= 1")
-    return value
-
-
-def resultless(
-    job: Any, overrides: list[str], reason: str, run_dir: str | None = None
-) -> JobReturn:
+def resultless(job: Any, overrides: list[str], reason: str, run_dir: str | None) -> JobReturn:
     """The JobReturn of a job that ended without a result: what its measuring callback
     (core/measured_job) or the rank that failed first (core/rank_files) wrote into `run_dir`, then
     `reason` (a launcher such as Lightning's kills the trial once a rank failed); else a FAILED
     return: `reason` with the head and tail of its stderr log."""
-    measured = measured_job.read(Path(run_dir)) if run_dir else None
-    if measured is not None:
-        if not measured.ok:
-            measured.reason = f"{measured.reason} (then the trial process: {reason})"
-        return completed_return(overrides, measured)
-    first = rank_files.first_failure(Path(run_dir) / rank_files.RANKS_FOLDER if run_dir else None)
-    if first is not None:
-        result = TrialResult(
-            first.status, reason=f"{first.text} (then the trial process: {reason})"
-        )
-        return completed_return(overrides, result)
-    error = TrialProcessError(reason, log_excerpt(job.paths.stderr), str(job.paths.stderr))
-    return failed_return(overrides, error)
+    folder = Path(run_dir) if run_dir else None
+    result = measured_job.read(folder) if folder else None
+    first = rank_files.first_failure(folder / rank_files.RANKS_FOLDER) if folder else None
+    if result is None and first is not None:
+        result = TrialResult(first.status, reason=first.text)
+    if result is None:
+        return failed_return(overrides, TrialProcessError(reason, log_excerpt(job.paths.stderr)))
+    if not result.ok:
+        result.reason = f"{result.reason} (then the trial process: {reason})"
+    ret = JobReturn(overrides=overrides, status=JobStatus.COMPLETED)  # as if the task returned it
+    ret.return_value = result
+    return ret
 
 
 @dataclass(frozen=True)
@@ -93,26 +86,26 @@ class TrialJob:
 class TrialJobLauncher(BaseSubmititLauncher):
     """hydra-submitit-launcher's launcher with one result per trial."""
 
+    ranks = trial_task.RankPlan()  # how a trial's ranks start (`hydra.launcher.nproc_per_node`)
+
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         from omegaconf import OmegaConf
 
-        plan = self.rank_plan()
-        if plan.nproc_per_node > 1 and OmegaConf.select(config, "hydra.sweeper.gpuopt_task"):
+        n = self.ranks.nproc_per_node
+        if n > 1 and OmegaConf.select(config, "hydra.sweeper.gpuopt_task"):
             raise ConfigError(  # each rank would run a whole single-process trial of its own
                 "hydra.launcher.nproc_per_node",
-                plan.nproc_per_node,
+                n,
                 "1 for gpuopt's own app (distributed=ddp distributed.nproc_per_node=N starts ranks)",
             )
         entry = trial_task.EntryPoint.of_this_process()
         super().setup(
             hydra_context=hydra_context,
-            task_function=trial_task.TrialTask(main_task.for_main(task_function), entry, plan),
+            task_function=trial_task.TrialTask(
+                main_task.for_main(task_function), entry, self.ranks
+            ),
             config=config,
         )
-
-    def rank_plan(self) -> trial_task.RankPlan:
-        """How a trial's ranks start (`hydra.launcher.nproc_per_node`)."""
-        return trial_task.RankPlan()
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
         # Runs in the trial process: a segfault or abort leaves a Python traceback in its stderr.

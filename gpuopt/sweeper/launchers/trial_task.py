@@ -12,8 +12,8 @@ hydra.job.name=train_ddp_process_N hydra.output_subdir=null` (Lightning 2.6,
 
 **The ranks of one job** (`hydra.launcher.nproc_per_node=N`): N ranks started by torch's elastic
 launcher in a process of the trial's (gpuopt.processes.user_ranks), rank 0's return the trial's;
-on SLURM each of the job's tasks is one rank (slurm_ranks). A rank's failure is the trial's
-result: the one that failed first (gpuopt.core.rank_files), `rank N: <its own error>`.
+on SLURM each of the job's tasks is one rank (`run_as_slurm_rank`). A rank's failure is the
+trial's result: the one that failed first (gpuopt.core.rank_files), `rank N: <its own error>`.
 
 Hydra imports the launchers on every run (plugin discovery): no torch here, no submitit at import.
 """
@@ -24,13 +24,15 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuopt.core import measured_job, rank_files
+from gpuopt.core.rendezvous import slurm_rank_env
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.sweeper.launchers import main_task
 
@@ -105,8 +107,6 @@ class TrialTask:
             (folder.parent / measured_job.MEASURED_FILE).unlink(missing_ok=True)  # a re-run's
         with single_run(self.entry, folder):
             if self.ranks.slurm:
-                from gpuopt.sweeper.launchers.slurm_ranks import run_as_slurm_rank
-
                 return run_as_slurm_rank(lambda: own_rank(self.task, cfg, folder), folder)
             if self.ranks.nproc_per_node > 1:
                 return run_ranks(self.task, cfg, folder, self.ranks)
@@ -229,3 +229,36 @@ def run_ranks(task: Any, cfg: Any, folder: Path, plan: RankPlan) -> Any:
     if kind == "result":
         return TrialResult.from_dict(value)
     return cloudpickle.loads(value)
+
+
+# -- on SLURM, each task of the trial's job one rank ------------------------------------------------
+# A peer writes its failure before its process ends, and its end is what breaks rank 0's
+# collective; this long is left for a file system slower than the socket's news.
+PEER_FAILURE_WAIT_S = 1.0
+
+
+def run_as_slurm_rank(run: Callable[[], Any], folder: Path) -> Any:
+    """`run()` (the task) as this SLURM task's rank (env:// variables from SLURM's environment).
+    A rank other than 0 that failed writes its failure and exits non-zero, so that
+    `srun --kill-on-bad-exit=1` ends the other tasks rather than leaving them in a collective;
+    where rank 0 raised because a peer failed first ("Connection closed by peer"), the peer's own
+    error is the trial's reason."""
+    ranks = slurm_rank_env(os.environ)
+    os.environ.update(ranks)
+    rank = int(ranks.get("RANK", "0"))
+    try:
+        value = run()
+    except Exception as exc:
+        if rank == 0:
+            deadline = time.monotonic() + PEER_FAILURE_WAIT_S
+            while (peer := rank_files.first_failure(folder)) is None or peer.rank == 0:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+            return TrialResult(peer.status, reason=peer.text)
+        value = TrialResult(Status.ERROR, reason=f"{type(exc).__name__}: {exc}")
+    if rank > 0 and isinstance(value, TrialResult) and not value.ok:
+        if rank_files.first_failure(folder) is None:
+            rank_files.write_rank_result(value, rank)
+        raise SystemExit(f"rank {rank}: {value.reason}")
+    return value
