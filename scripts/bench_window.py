@@ -60,7 +60,7 @@ def build_gpuopt(overrides: list[str], directory: Path) -> Any:
 def gpuopt_window(member: Any) -> float:
     """One real timed window of gpuopt's native engine (its stop rule ends it): samples/s."""
     from gpuopt.engines._build import apply_policies
-    from gpuopt.engines.native import timed_window, window_meter
+    from gpuopt.engines.native import timed_window
     from gpuopt.trial.memory import MemoryBaseline
 
     trial, workload, feed = member.built.trial, member.built.workload, member.built.feed
@@ -68,9 +68,8 @@ def gpuopt_window(member: Any) -> float:
     for _ in range(member.built.queued_steps()):
         workload.train_step(feed.next_step())
     memory = MemoryBaseline.take(trial.device)
-    meter, step = window_meter(trial, workload, feed, feed.next_step(), member.built.cache, memory)
-    meter.run(step, until="warmup")
-    timed_window(meter, step, workload, time.time())
+    first_step = feed.next_step()
+    timed_window(trial, workload, feed, first_step, member.built.cache, memory, time.time())
     return float(trial.metrics.throughput)
 
 

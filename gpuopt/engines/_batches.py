@@ -51,19 +51,15 @@ def _moved(
     args = (device, non_blocking, pin, channels_last)
     if isinstance(item, Mapping):
         moved = {key: _moved(value, *args) for key, value in item.items()}
-        return moved if type(item) is dict else _rebuild_mapping(item, moved)
+        try:
+            return moved if type(item) is dict else type(item)(moved)  # type: ignore[call-arg]
+        except Exception:
+            return moved
     if isinstance(item, tuple) and hasattr(item, "_fields"):  # a namedtuple
         return type(item)(*(_moved(value, *args) for value in item))
     if isinstance(item, (tuple, list)):
         return type(item)(_moved(value, *args) for value in item)
     return item
-
-
-def _rebuild_mapping(original: Mapping[str, Any], moved: dict[str, Any]) -> Mapping[str, Any]:
-    try:
-        return type(original)(moved)  # type: ignore[call-arg]
-    except Exception:
-        return moved
 
 
 def first_tensor(batch: Any) -> torch.Tensor | None:
@@ -181,12 +177,7 @@ def build_loader(
         kwargs["persistent_workers"] = conf.persistent_workers
     else:
         ignored = [
-            name
-            for name, value in (
-                ("prefetch_factor", conf.prefetch_factor),
-                ("persistent_workers", conf.persistent_workers),
-            )
-            if value
+            name for name in ("prefetch_factor", "persistent_workers") if getattr(conf, name)
         ]
         if ignored:
             warnings.append(f"loader.{' and loader.'.join(ignored)} ignored: loader.num_workers=0")
@@ -205,12 +196,6 @@ def build_loader(
     )
 
 
-def trial_samples(spec: TrialSpec) -> int:
-    """The most samples a trial draws from its loader before the window ends."""
-    steps = 1 + spec.measure.warmup_steps + spec.measure.max_steps + EPOCH_MARGIN_STEPS
-    return steps * spec.global_batch
-
-
 def steady_sampler(spec: TrialSpec, dataset: Any, generator: torch.Generator) -> Any:
     """A shuffling sampler whose one epoch lasts the whole trial (further random passes over a
     shorter dataset inside the same epoch), so the loader never restarts inside the timed window.
@@ -220,7 +205,10 @@ def steady_sampler(spec: TrialSpec, dataset: Any, generator: torch.Generator) ->
     length = dataset_length(dataset)
     if length is None:
         return None
-    return RandomSampler(dataset, num_samples=max(length, trial_samples(spec)), generator=generator)
+    steps = 1 + spec.measure.warmup_steps + spec.measure.max_steps + EPOCH_MARGIN_STEPS
+    return RandomSampler(
+        dataset, num_samples=max(length, steps * spec.global_batch), generator=generator
+    )
 
 
 def dataset_length(dataset: Any) -> int | None:

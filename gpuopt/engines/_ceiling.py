@@ -61,10 +61,6 @@ class CeilingReplay:
         budget = CEILING_BUDGET_SHARE * spec.measure.time_budget_s
         return cls(device, spec.measure.ceiling_steps, budget)
 
-    @property
-    def max_batches(self) -> int:
-        return self.warmup_steps + self.max_steps
-
     def begin(self) -> None:
         self.done = self.steps = self.samples = 0
         self.seconds = self.cpu_seconds = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,14 +172,8 @@ class AlignedClock:
         dist.barrier(group=self.group)
         self.clock.start()
 
-    def mark(self) -> None:
-        self.clock.mark()
-
-    def completed_step_times(self) -> list[float]:
-        return self.clock.completed_step_times()
-
-    def finish(self) -> tuple[list[float], float]:
-        return self.clock.finish()
+    def __getattr__(self, name: str) -> Any:  # mark, completed_step_times, finish: the clock's
+        return getattr(self.clock, name)
 
 
 class AgreedStop:
@@ -197,8 +191,3 @@ class AgreedStop:
     ) -> str | None:
         mine = self.rule.check(step_times, elapsed_s, steps) if self.ranks.leader else None
         return self.ranks.verdict(mine)
-
-
-def accumulating(ranks: Ranks | None) -> Callable[[], contextlib.AbstractContextManager[None]]:
-    """What wraps a micro-batch that only accumulates (no reduction): nothing in one process."""
-    return ranks.no_sync if ranks is not None else contextlib.nullcontext

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._build import instantiate_data, instantiate_model
-from gpuopt.engines._distributed import Ranks, accumulating
+from gpuopt.engines._distributed import Ranks
 from gpuopt.engines._step import build_workload
 from gpuopt.trial import numerics
 from gpuopt.trial.numerics import GuardEvidence, NotGuarded
@@ -212,9 +212,7 @@ def loss_trajectory(
         raise NotGuarded(f"{type(model).__name__} trains through its own training_step")
     precision = policies.precision_policy(spec.precision, device)
     _check_pairs(batches)
-    wrap = ranks.wrap if ranks is not None else None
-    workload = build_workload(spec, model, device, precision, non_blocking=False, wrap=wrap)
-    workload.accumulating = accumulating(ranks)
+    workload = build_workload(spec, model, device, precision, non_blocking=False, ranks=ranks)
     losses, skipped = [], 0
     for inputs, targets in batches:
         micro = [

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpuopt.core.host import proc_stat
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import TrialSpec
 from gpuopt.trial.context import Trial
@@ -38,26 +39,13 @@ _MODULE_LOADED_AT = time.time()  # the fallback "earliest timestamp" when /proc 
 def process_start_time() -> float | None:
     """When this process started (time.time() epoch), from /proc on Linux; None elsewhere. From
     the process's age (uptime - starttime, 10 ms resolution): /proc/stat's btime has 1 s only."""
+    fields = proc_stat("self")
     try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])  # field 22 (starttime); fields[0] is field 3 (state)
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        return time.time() - (uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return None
-
-
-def _startup_reference() -> tuple[float, bool]:
-    """(when startup_time_s counts from, whether an earlier trial ran in this process)."""
-    global _trials_in_process
-    trial_t0 = time.time()
-    earlier = _trials_in_process > 0
-    _trials_in_process += 1
-    if earlier:
-        return trial_t0, True
-    return process_start_time() or _MODULE_LOADED_AT, False
 
 
 def measuring_spec(
@@ -89,22 +77,6 @@ def measuring_spec(
     )
 
 
-def measured_result(
-    trial: Trial, status: Status, reason: str | None, config: dict[str, Any]
-) -> TrialResult:
-    """The result of measuring what the user built (a callback, gpuopt.MeasureJob)."""
-    from gpuopt.trial.devices import fingerprint
-
-    return TrialResult(
-        status=status,
-        metrics=trial.metrics,
-        reason=reason,
-        config=config,
-        env=fingerprint(trial.device),
-        warnings=trial.warnings,
-    )
-
-
 def spec_to_dict(spec: TrialSpec) -> dict[str, Any]:
     """The result's `config`: the spec as plain data (the sweeper stores and compares it)."""
     data = dataclasses.asdict(spec)
@@ -126,8 +98,10 @@ def run_measured(
     raises for a failing workload: OOM, divergence and errors come back as the status."""
     from gpuopt.trial.devices import fingerprint, resolve_device
 
+    global _trials_in_process
     started = time.perf_counter()
-    process_t0, earlier_trial = _startup_reference()
+    earlier_trial, _trials_in_process = _trials_in_process > 0, _trials_in_process + 1
+    process_t0 = time.time() if earlier_trial else process_start_time() or _MODULE_LOADED_AT
     device = device if device is not None else resolve_device(spec.device.type)
     trial = Trial(spec, device, inspect=inspect)
     status, reason = Status.OK, None
@@ -144,7 +118,8 @@ def run_measured(
     if status is Status.OK:
         for step in trial.after_release:  # outside the window, the trial's memory released
             step(trial)
-    close_phase_clock(trial, time.perf_counter() - started)
+    # `other`: the wall time no named phase covered (all of it for an engine that names none).
+    trial.phases["other"] = max(0.0, time.perf_counter() - started - sum(trial.phases.values()))
     return TrialResult(
         status=status,
         metrics=trial.metrics,
@@ -154,15 +129,8 @@ def run_measured(
         warnings=trial.warnings,
         profile=trial.profile,
         numerics=trial.numerics,
-        phases=dict(trial.phases),
+        phases={name: round(seconds, 6) for name, seconds in trial.phases.items()},
     )
-
-
-def close_phase_clock(trial: Trial, wall_s: float) -> None:
-    """The phase clock's last entry: `other`, the wall time no named phase covered (an engine that
-    names none shows its whole measure there), so the phases sum to the wall time."""
-    trial.phases["other"] = max(0.0, wall_s - sum(trial.phases.values()))
-    trial.phases = {name: round(seconds, 6) for name, seconds in trial.phases.items()}
 
 
 def _process_notes(trial: Trial, earlier_trial: bool) -> list[str]:

@@ -20,6 +20,13 @@ def outputs_loss(outputs: Any) -> torch.Tensor | None:
     return loss if isinstance(loss, torch.Tensor) else None
 
 
+def step_loss(returned: Any) -> torch.Tensor | None:
+    """The loss a training step returned: a tensor, or outputs carrying one (`outputs_loss`)."""
+    import torch
+
+    return returned if isinstance(returned, torch.Tensor) else outputs_loss(returned)
+
+
 def outputs_logits(outputs: Any) -> Any:
     """The tensor a loss compares with targets: the outputs, or their `logits` (HF)."""
     import torch

@@ -40,6 +40,12 @@ class WindowMeter:
     when it marks spans itself; `after_step(i)`: run after the window's i-th step (the cache
     policy); `count_flops`: False where the engine counted them itself, on an eager forward."""
 
+    # The error of a loop that ended before the window did.
+    ended_early = (
+        "the training ended after {steps} optimizer steps, before the timed window did: give it "
+        "more steps (max_steps, epochs) or measure=quick"
+    )
+
     def __init__(
         self,
         trial: Trial,
@@ -208,10 +214,7 @@ class WindowMeter:
     def record(self, process_t0: float) -> None:
         """The window's metrics into the trial (an error if the loop ended before it did)."""
         if self.window is None:
-            raise RuntimeError(
-                f"the training ended after {self.steps} optimizer steps, before the timed window "
-                "did: give it more steps (max_steps, epochs) or measure=quick"
-            )
+            raise RuntimeError(self.ended_early.format(steps=self.steps))
         record_window(
             self.trial.metrics,
             self.window,

@@ -19,6 +19,7 @@ import torch
 from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._batches import move_batch
 from gpuopt.engines._build import build_loss, build_optimizer
+from gpuopt.engines._distributed import Ranks
 from gpuopt.engines._loss import LossFunction, model_loss
 from gpuopt.trial import library_bugs, policies
 from gpuopt.trial.failures import NonFiniteLoss
@@ -109,17 +110,17 @@ def build_workload(
     device: torch.device,
     precision: policies.PrecisionPolicy,
     non_blocking: bool,
-    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    ranks: Ranks | None = None,
 ) -> Workload:
-    """`model` on the device, in training mode, with its optimizer, compile wrapper and loss.
-    `wrap` (a distributed trial's DDP or FSDP2) takes the model before the optimizer sees it."""
+    """`model` on the device, in training mode, with its optimizer, compile wrapper and loss. Under
+    `ranks` DDP or FSDP2 wraps the model before the optimizer sees it."""
     channels_last = bool(spec.model.get("channels_last", False))
     model = model.to(device)
     if channels_last:
         library_bugs.check_channels_last(model, device, spec.precision.mode)
         model = model.to(memory_format=torch.channels_last)
-    if wrap is not None:
-        model = wrap(model)
+    if ranks is not None:
+        model = ranks.wrap(model)
     model.train()
     return Workload(
         model=model,
@@ -131,4 +132,5 @@ def build_workload(
         channels_last=channels_last,
         non_blocking=non_blocking,
         accumulation_steps=spec.accumulation_steps,
+        accumulating=ranks.no_sync if ranks is not None else contextlib.nullcontext,
     )

@@ -14,17 +14,22 @@ gpuopt starts no rank here; it joins what the user started:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.rank_files import write_rank_result
-from gpuopt.core.result import TrialResult
-from gpuopt.core.spec import DistributedConf
+from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.spec import DistributedConf, TrialSpec
+from gpuopt.engines._lifecycle import process_start_time, release
+from gpuopt.trial.context import Trial
+from gpuopt.trial.failures import classify_failure
 from gpuopt.trial.ranks import merge_ranks
 
 if TYPE_CHECKING:
     import torch
 
     from gpuopt.engines._distributed import Ranks
+    from gpuopt.engines._meter import WindowMeter
 
 
 class RankFailed(RuntimeError):
@@ -84,3 +89,67 @@ def job_result(result: TrialResult, ranks: Ranks | None, started: float) -> Tria
     merged = merge_ranks(results, {}, dist.get_backend(), time.time() - started)
     merged.config = result.config
     return merged
+
+
+class UserLoop:
+    """What measuring a loop gpuopt does not own shares (the HF and Lightning callbacks, MeasureJob):
+    its one trial and window meter, and its result, a failure as the status."""
+
+    trial: Trial | None = None
+    meter: WindowMeter | None = None
+    ranks: Ranks | None = None
+    result: TrialResult | None = None
+    process_t0 = started = 0.0
+
+    def start_trial(self, spec: TrialSpec, device: torch.device) -> Trial:
+        self.trial = Trial(spec, device)
+        self.ranks = user_ranks(device)
+        self.process_t0 = process_start_time() or time.time()
+        self.started = time.time()
+        return self.trial
+
+    def config(self) -> dict[str, Any]:
+        """The result's `config`."""
+        raise NotImplementedError
+
+    def run(self, loop: Callable[[], Any], world: int | None = None) -> TrialResult:
+        """`loop()` measured (a failure is the status); a failing rank of a multi-rank job
+        (`world` ranks, default the process group's) raises `RankFailed` instead."""
+        try:
+            loop()
+        except Exception as exc:
+            if self.result is None or self.result.ok:
+                self.result = self.failed(exc)
+        if self.result is None:  # the loop never ended the window: trained nothing
+            self.result = self.failed(RuntimeError("the Trainer did not train"))
+        if not self.result.ok and (world_size() if world is None else world) > 1:
+            raise RankFailed(self.result)
+        return self.result
+
+    def measured(self, record_training: Callable[[], None]) -> TrialResult:
+        """The window's result, `record_training` adding what one optimizer step trained on."""
+        assert self.meter is not None
+        try:
+            self.meter.record(self.process_t0)
+            record_training()
+        except Exception as exc:
+            return self.failed(exc)
+        return self.finished(Status.OK, None)
+
+    def failed(self, exc: Exception) -> TrialResult:
+        status, reason = classify_failure(exc)
+        if self.meter is not None:
+            self.meter.close()
+        if status is Status.OOM and self.trial is not None:
+            release(self.trial, status)
+        return self.finished(status, reason)
+
+    def finished(self, status: Status, reason: str | None) -> TrialResult:
+        from gpuopt.trial.devices import fingerprint
+
+        trial, config = self.trial, self.config()
+        if trial is None:
+            return TrialResult(status, reason=reason, config=config)
+        return TrialResult(
+            status, trial.metrics, reason, config, fingerprint(trial.device), trial.warnings
+        )

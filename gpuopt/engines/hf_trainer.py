@@ -9,8 +9,8 @@ One timed step is one optimizer step (`on_step_end`), as in gpuopt's own trials.
 fetches all of a step's micro-batches at once (`Trainer.get_batch_samples`, which also moves them
 to the device): that call's time is the data wait. Its `training_step` returns each micro-batch's
 loss, which the Trainer's `logging_nan_inf_filter` would otherwise hide. Both methods are wrapped
-on the trainer instance only while `train` runs (`_TrainerMethods`: the one place this module
-reaches past the callback API).
+on the trainer instance only while `train` runs (the one place this module reaches past the
+callback API).
 
 `auto_find_batch_size` may halve the batch after an OOM, changing the global batch without saying
 so: the result reports the batch that trained, and a warning says it changed. Under torchrun every
@@ -27,19 +27,12 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from gpuopt.core.checks import measure_conf
-from gpuopt.core.result import Status, TrialResult
+from gpuopt.core.result import TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
-from gpuopt.engines._lifecycle import (
-    measured_result,
-    measuring_spec,
-    process_start_time,
-    release,
-)
+from gpuopt.engines._lifecycle import measuring_spec
 from gpuopt.engines._meter import WindowMeter
-from gpuopt.engines._user_job import RankFailed, job_result, user_ranks, world_size
-from gpuopt.trial.context import Trial
-from gpuopt.trial.failures import classify_failure
+from gpuopt.engines._user_job import UserLoop, job_result, world_size
 
 ENGINE_NAME = "hf_trainer"
 # The TrainingArguments a throughput sweep changes, recorded with the result (its `config`).
@@ -67,39 +60,7 @@ def peak_mode(args: Any) -> str:
     return "tf32" if args.tf32 else "fp32"
 
 
-class _TrainerMethods:
-    """The Trainer's `get_batch_samples` (a step's micro-batches fetched) and `training_step`
-    (a micro-batch's loss) seen by the meter, wrapped on the instance while it trains."""
-
-    def __init__(self, trainer: Trainer, callback: HFMeasureCallback) -> None:
-        self.trainer, self.callback = trainer, callback
-
-    def __enter__(self) -> None:
-        fetch, train = self.trainer.get_batch_samples, self.trainer.training_step
-
-        def get_batch_samples(*args: Any, **kwargs: Any) -> Any:
-            meter = self.callback.meter
-            if meter is not None:
-                meter.fetch_started()
-            batches, items = fetch(*args, **kwargs)
-            self.callback.fetched(batches)
-            return batches, items
-
-        def training_step(*args: Any, **kwargs: Any) -> Any:
-            loss = train(*args, **kwargs)
-            if self.callback.meter is not None and isinstance(loss, torch.Tensor):
-                self.callback.meter.nonfinite.update(loss)
-            return loss
-
-        self.trainer.get_batch_samples = get_batch_samples  # type: ignore[method-assign]
-        self.trainer.training_step = training_step  # type: ignore[method-assign]
-
-    def __exit__(self, *exc: object) -> None:
-        for name in ("get_batch_samples", "training_step"):
-            self.trainer.__dict__.pop(name, None)
-
-
-class HFMeasureCallback(TrainerCallback):
+class HFMeasureCallback(UserLoop, TrainerCallback):
     """`gpuopt.HFMeasureCallback`: add it to your `Trainer(callbacks=[...])` and train with
     `meter.train(trainer)` to measure the Trainer's own loop the way a gpuopt trial is measured;
     the stop rule ends the training. `measure`: a conf/measure/ preset name ("quick", "default"),
@@ -108,29 +69,36 @@ class HFMeasureCallback(TrainerCallback):
 
     def __init__(self, measure: MeasureConf | dict[str, Any] | str | None = None) -> None:
         self.measure = measure_conf(measure)
-        self.result: TrialResult | None = None
-        self.meter: WindowMeter | None = None
-        self._trial: Trial | None = None
         self._micro_batch: int | None = None
         self._args: Any = None  # the TrainingArguments, once training began
-        self._process_t0 = 0.0
 
     def train(self, trainer: Trainer, **train_kwargs: Any) -> TrialResult:
         """`trainer.train(**train_kwargs)` measured; a failing configuration comes back as the
         status (in a multi-rank job a failing rank raises `RankFailed` instead)."""
         started, self.result = time.time(), None
+        fetch, train_step = trainer.get_batch_samples, trainer.training_step
+
+        def get_batch_samples(*args: Any, **kwargs: Any) -> Any:
+            if self.meter is not None:
+                self.meter.fetch_started()
+            batches, items = fetch(*args, **kwargs)
+            self.fetched(batches)
+            return batches, items
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            loss = train_step(*args, **kwargs)
+            if self.meter is not None and isinstance(loss, torch.Tensor):
+                self.meter.nonfinite.update(loss)
+            return loss
+
+        trainer.get_batch_samples = get_batch_samples  # type: ignore[method-assign]
+        trainer.training_step = training_step  # type: ignore[method-assign]
         try:
-            with _TrainerMethods(trainer, self):
-                trainer.train(**train_kwargs)
-        except Exception as exc:
-            if self.result is None or self.result.ok:
-                self.result = self._failed(exc)
-        if self.result is None:  # no on_train_end: trained nothing
-            self.result = self._failed(RuntimeError("the Trainer did not train"))
-        if not self.result.ok and world_size() > 1:
-            raise RankFailed(self.result)
-        ranks = self.meter.ranks if self.meter is not None else None
-        return job_result(self.result, ranks, started)
+            result = self.run(lambda: trainer.train(**train_kwargs))
+        finally:  # the instance's own methods back
+            for name in ("get_batch_samples", "training_step"):
+                trainer.__dict__.pop(name, None)
+        return job_result(result, self.ranks, started)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         device = args.device
@@ -140,9 +108,7 @@ class HFMeasureCallback(TrainerCallback):
             measure = dataclasses.replace(measure, count_flops=False)
         engine = EngineConf(name=ENGINE_NAME)
         spec = measuring_spec(device, measure, engine, peak_mode(args), compile_mode)
-        self._trial = Trial(spec, device)
-        self.meter = WindowMeter(self._trial, user_ranks(device))
-        self._process_t0 = process_start_time() or time.time()
+        self.meter = WindowMeter(self.start_trial(spec, device), self.ranks)
         self._micro_batch, self._args = None, args
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -155,14 +121,8 @@ class HFMeasureCallback(TrainerCallback):
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.meter is None or self._trial is None or self.result is not None:
-            return
-        try:
-            self.meter.record(self._process_t0)
-            self._record_training(args)
-            self.result = self._finished(Status.OK, None)
-        except Exception as exc:
-            self.result = self._failed(exc)
+        if self.meter is not None and self.result is None:
+            self.result = self.measured(lambda: self._record_training(args))
 
     def fetched(self, batches: list[Any]) -> None:
         """A step's micro-batches, as `get_batch_samples` returned them."""
@@ -174,35 +134,23 @@ class HFMeasureCallback(TrainerCallback):
 
     def _record_training(self, args: Any) -> None:
         """Global batch = the micro-batch that trained x gradient_accumulation_steps x world size."""
-        assert self._trial is not None
-        m, accumulate = self._trial.metrics, int(args.gradient_accumulation_steps)
+        assert self.trial is not None
+        m, accumulate = self.trial.metrics, int(args.gradient_accumulation_steps)
         m.micro_batch, m.accumulation_steps = self._micro_batch, accumulate
         m.lr = args.learning_rate
         if self._micro_batch is not None:
             m.global_batch = self._micro_batch * accumulate * world_size()
             if self._micro_batch != args.per_device_train_batch_size:
-                self._trial.warnings.append(
+                self.trial.warnings.append(
                     f"trained at micro-batch {self._micro_batch}, not per_device_train_batch_size="
                     f"{args.per_device_train_batch_size} (auto_find_batch_size after an OOM?): "
                     "the global batch reported is the one that trained"
                 )
 
-    def _failed(self, exc: Exception) -> TrialResult:
-        status, reason = classify_failure(exc)
-        if self.meter is not None:
-            self.meter.close()
-        if status is Status.OOM and self._trial is not None:
-            release(self._trial, status)
-        return self._finished(status, reason)
-
-    def _finished(self, status: Status, reason: str | None) -> TrialResult:
+    def config(self) -> dict[str, Any]:
         args = self._args
-        recorded = {name: getattr(args, name, None) for name in RECORDED_ARGS} if args else {}
-        config = {
+        return {
             "engine": {"name": ENGINE_NAME},
             "measure": dataclasses.asdict(self.measure),
-            "trainer": recorded,
+            "trainer": {name: getattr(args, name, None) for name in RECORDED_ARGS} if args else {},
         }
-        if self._trial is None:
-            return TrialResult(status, reason=reason, config=config)
-        return measured_result(self._trial, status, reason, config)

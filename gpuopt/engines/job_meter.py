@@ -19,7 +19,6 @@ import os
 import statistics
 import sys
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -32,25 +31,12 @@ from gpuopt.core import measured_job
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
-from gpuopt.engines._lifecycle import measured_result, measuring_spec, process_start_time
+from gpuopt.engines._lifecycle import measuring_spec
 from gpuopt.engines._meter import WindowMeter
-from gpuopt.engines._user_job import job_result, optimizer_lr, user_ranks, world_size
-from gpuopt.trial.context import Trial
-from gpuopt.trial.failures import classify_failure
+from gpuopt.engines._user_job import UserLoop, job_result, optimizer_lr, world_size
 
 log = logging.getLogger(__name__)
 ENGINE_NAME = "measure_job"
-FP32_PEAK_NOTE = (
-    "MFU is read against the device's fp32 peak: gpuopt.MeasureJob cannot see an autocast dtype "
-    "inside the job's loop"
-)
-
-
-def job_device() -> torch.device:
-    """Where the job trains, as seen at its first batch."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def loader_settings(iterator: _BaseDataLoaderIter) -> dict[str, Any]:
@@ -66,7 +52,7 @@ def loader_settings(iterator: _BaseDataLoaderIter) -> dict[str, Any]:
     }
 
 
-class JobMeter:
+class JobMeter(UserLoop):
     """The hooks of one job: install, (the job trains), then the result or a clear status."""
 
     def __init__(self, measure: MeasureConf, budget_s: float | None = None) -> None:
@@ -74,9 +60,6 @@ class JobMeter:
         self.budget_s = budget_s
         self._budget: threading.Timer | None = None
         self.end_process: Callable[[int], Any] = os._exit  # tests: a stand-in
-        self.meter: WindowMeter | None = None
-        self.trial: Trial | None = None
-        self.result: TrialResult | None = None
         self.optimizer: Any = None  # the first optimizer that stepped
         self.train_data: int | None = None  # id() of the training loader's dataset
         self.fetched: dict[int, int] = defaultdict(int)  # samples per dataset before step 1
@@ -86,8 +69,6 @@ class JobMeter:
         self.batch_sizes: list[int] = []  # samples per training batch (a micro-batch)
         self.batches = self.optimizer_steps = 0
         self.lr: float | None = None
-        self.process_t0 = process_start_time() or time.time()
-        self.started = time.time()
         self._removers: list[Any] = []
 
     def install(self) -> None:
@@ -125,7 +106,7 @@ class JobMeter:
         except TypeError:  # no tensor with a batch dimension: counted as no samples, never raised
             samples = 0
         if self.meter is None:
-            self._start(job_device())
+            self._start()
         if self.train_data is None:
             self.fetched[dataset] += samples
             self.last_fetched = dataset
@@ -136,11 +117,18 @@ class JobMeter:
             self.meter.batch_fetched(samples)
         return batch
 
-    def _start(self, device: torch.device) -> None:
-        engine = EngineConf(name=ENGINE_NAME)
-        self.trial = Trial(measuring_spec(device, self.measure, engine), device)
-        self.trial.warnings.append(FP32_PEAK_NOTE)
-        self.meter = WindowMeter(self.trial, user_ranks(device))
+    def _start(self) -> None:
+        """The trial, on the device the job trains on as seen at its first batch."""
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        trial = self.start_trial(
+            measuring_spec(device, self.measure, EngineConf(name=ENGINE_NAME)), device
+        )
+        trial.warnings.append(
+            "MFU is read against the device's fp32 peak: gpuopt.MeasureJob cannot see an autocast "
+            "dtype inside the job's loop"
+        )
+        self.meter = WindowMeter(trial, self.ranks)
         self._pending = 0
         if self.meter.flop_step is not None and self.measure.warmup_steps >= 2:
             # The second step is counted: what runs before the first optimizer step may include
@@ -167,22 +155,15 @@ class JobMeter:
         try:
             stopped = self.meter.optimizer_stepped()
         except Exception as exc:  # a NaN/inf loss at the window's end: the status
-            self._finish(*classify_failure(exc))
+            self._finish(self.failed(exc))
             return
         if stopped is None:
             self.meter.step_started()
         else:
-            self._finish(Status.OK, None)
+            self._finish(self.measured(self._record_training))
 
-    def _finish(self, status: Status, reason: str | None) -> None:
-        assert self.trial is not None and self.meter is not None
-        if status is Status.OK:
-            try:
-                self.meter.record(self.process_t0)
-                self._record_training()
-            except Exception as exc:
-                status, reason = classify_failure(exc)
-        self.result = job_result(self._result(status, reason), self.meter.ranks, self.started)
+    def _finish(self, result: TrialResult) -> None:
+        self.result = job_result(result, self.ranks, self.started)
         self.uninstall()
         if _leader():  # every rank holds the job's merged result: rank 0 writes it
             measured_job.write(self.result)
@@ -205,12 +186,10 @@ class JobMeter:
             metrics.global_batch = per_step * world_size()
         metrics.lr = self.lr
 
-    def _result(self, status: Status, reason: str | None) -> TrialResult:
-        assert self.trial is not None
+    def config(self) -> dict[str, Any]:
         observed = self.loaders.get(self.train_data or -1, {})
-        config = {"engine": {"name": ENGINE_NAME}, "measure": dataclasses.asdict(self.measure),
-                  "observed": observed}  # fmt: skip
-        return measured_result(self.trial, status, reason, config)
+        return {"engine": {"name": ENGINE_NAME}, "measure": dataclasses.asdict(self.measure),
+                "observed": observed}  # fmt: skip
 
     def _cancel_budget(self) -> None:
         budget, self._budget = self._budget, None

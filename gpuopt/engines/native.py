@@ -32,7 +32,7 @@ from gpuopt.engines._ceiling import (
     record_achievable_mfu,
     record_limit,
 )
-from gpuopt.engines._distributed import Ranks, accumulating
+from gpuopt.engines._distributed import Ranks
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._meter import WindowMeter
@@ -57,15 +57,8 @@ def build(
         raise TypeError(
             f"model._target_={spec.model['_target_']} built a {type(model).__name__}, not an nn.Module"
         )
-    workload = build_workload(
-        spec,
-        model,
-        device,
-        trial_policies.precision,
-        non_blocking=spec.loader.non_blocking,
-        wrap=ranks.wrap if ranks is not None else None,
-    )
-    workload.accumulating = accumulating(ranks)
+    non_blocking = spec.loader.non_blocking
+    workload = build_workload(spec, model, device, trial_policies.precision, non_blocking, ranks)
     seed = ranks.loader_seed(spec.seed) if ranks is not None else None
     loader = build_loader(spec, dataset, device, trial.warnings, seed=seed)
     feed = BatchFeed(loader, workload.to_device, device, accumulation_steps=spec.accumulation_steps)
@@ -133,17 +126,18 @@ def flops_key(spec: TrialSpec, device: torch.device, batch: Batch) -> str:
     return hashlib.sha1(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def window_meter(
+def timed_window(
     trial: Trial,
     workload: Workload,
     feed: BatchFeed,
     first_step: list[Batch],
     cache_policy: policies.CachePolicy,
     memory: MemoryBaseline,
+    process_t0: float,
     ranks: Ranks | None = None,
-) -> tuple[WindowMeter, Callable[[], int]]:
-    """The window meter over this loop, and its step (one optimizer step; its samples). The first
-    step through torch.compile is `first_step` (already fetched: compile time is the step's own)."""
+) -> None:
+    """The warm-up (compile_time_s included: the first step through torch.compile is `first_step`,
+    already fetched, so compile time is the step's own) and the timed window, each a phase."""
     pending = [first_step] if trial.spec.compile.mode != "off" else []
 
     def step() -> int:
@@ -151,26 +145,22 @@ def window_meter(
         workload.train_step(pending.pop() if pending else feed.next_step())
         return feed.samples - before
 
+    after_step = cache_policy.after_step
     meter = WindowMeter(
-        trial,
-        ranks,
-        wait=feed.wait,
-        memory=memory,
-        after_step=cache_policy.after_step,
-        count_flops=False,
+        trial, ranks, wait=feed.wait, memory=memory, after_step=after_step, count_flops=False
     )
-    return meter, step
-
-
-def timed_window(
-    meter: WindowMeter, step: Callable[[], int], workload: Workload, process_t0: float
-) -> None:
     try:
-        meter.run(step)
+        with trial.phase("warmup"):
+            memory.release_cache()  # the FLOP count's
+            meter.run(step, until="warmup")
+            workload.check_finite("warm-up")
+        with trial.phase("window"):
+            meter.run(step)
     finally:
         meter.close()  # the monitors stopped, on a failure too
-    meter.record(process_t0)
-    workload.check_finite("the timed window")
+    with trial.phase("window"):
+        meter.record(process_t0)
+        workload.check_finite("the timed window")
 
 
 def beside_window(
@@ -256,19 +246,7 @@ def measure(trial: Trial, process_t0: float) -> None:
     if trial.spec.measure.count_flops:
         with phase("flops"):
             count_flops(trial, workload, first_step[0])
-    meter, step = window_meter(
-        trial, workload, feed, first_step, trial_policies.cache, memory, ranks
-    )
-    with phase("warmup"):  # compile_time_s included: the first step through torch.compile
-        meter.memory.release_cache()  # the FLOP count's
-        try:
-            meter.run(step, until="warmup")
-            workload.check_finite("warm-up")
-        except BaseException:
-            meter.close()  # the window may have started (monitors on) at the warm-up's last step
-            raise
-    with phase("window"):
-        timed_window(meter, step, workload, process_t0)
+    timed_window(trial, workload, feed, first_step, trial_policies.cache, memory, process_t0, ranks)
     window_fetch_s = feed.wait.fetch_s  # the window's (its marks stopped with the window)
     if trial.spec.profile.enabled:  # before the boundary stops the loader
         with phase("profile"):

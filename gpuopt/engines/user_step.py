@@ -25,7 +25,7 @@ from gpuopt.core.spec import EngineConf, LoaderConf, MeasureConf, TrialSpec
 from gpuopt.engines._batches import BatchFeed, SampleCount, batch_samples, move_batch
 from gpuopt.engines._ceiling import CeilingReplay
 from gpuopt.engines._lifecycle import measuring_spec, run_measured
-from gpuopt.engines._loss import outputs_loss
+from gpuopt.engines._loss import step_loss
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import (
     RankFailed,
@@ -58,7 +58,7 @@ class OptimizerSteps:
     def attach(self) -> None:
         self.handle = self.optimizer.register_step_post_hook(self._stepped)
 
-    def detach(self) -> None:
+    def close(self) -> None:  # a trial resource: detached once the trial is released
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
@@ -98,8 +98,7 @@ class UserStep:
         samples = batch_samples(batch, self.samples)
         if self.counter is not None:
             self.counter.add(samples)  # before the step: its optimizer.step() closes the count
-        returned = self.step(batch)
-        loss = returned if isinstance(returned, torch.Tensor) else outputs_loss(returned)
+        loss = step_loss(self.step(batch))
         if loss is not None and loss.numel() == 1:
             self.nonfinite.update(loss)
         return samples
@@ -114,6 +113,9 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     """The engine: fill `trial.metrics`, raising on failure (`run_measured` classifies it)."""
     device, m = trial.device, trial.metrics
     memory = MemoryBaseline.take(device)
+    if user.counter is not None:
+        user.counter.attach()
+        trial.resources.append(user.counter)
     feed = BatchFeed(user.batches, user.move, device, user.samples)
     trial.resources.append(feed)
     trial.show("feed", feed)
@@ -268,13 +270,7 @@ def measure_step(
     loader = LoaderConf(pin_memory=pin_memory, non_blocking=non_blocking)
     spec = measuring_spec(resolved, conf, EngineConf(name=ENGINE_NAME), precision, loader=loader)
     started = time.time()
-    if user.counter is not None:
-        user.counter.attach()
-    try:
-        result = run_measured(spec, functools.partial(run_user_step, user), device=resolved)
-    finally:
-        if user.counter is not None:
-            user.counter.detach()
+    result = run_measured(spec, functools.partial(run_user_step, user), device=resolved)
     result.config = _describe(user, resolved, spec)
     if not result.ok and user.ranks is not None:
         raise RankFailed(result)

@@ -1,8 +1,7 @@
 """The Lightning engine (`engine=lightning`): the trial runs through `lightning.Trainer.fit`, measured
 by a Callback with the same clocks, stop rule, monitors and metrics as gpuopt's own loop.
 
-gpuopt's keys map onto Lightning's own knobs as the knob catalogue's `lightning` fields say
-(gpuopt.core.knobs): precision -> `Trainer(precision=...)`, compile ->
+gpuopt's keys map onto Lightning's own knobs: precision -> `Trainer(precision=...)`, compile ->
 `torch.compile(LightningModule)`, loader.* -> gpuopt's DataLoader for a Dataset, the arguments a
 LightningDataModule's constructor takes for one. Distributed: each rank of gpuopt's own launch
 fits with a Lightning strategy (gpuopt.engines.lightning.strategy); the compute ceiling is left
@@ -53,9 +52,9 @@ from gpuopt.engines._ceiling import (
 from gpuopt.engines._distributed import Ranks, checkpoint, shard
 from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
 from gpuopt.engines._guard import guard_numerics
-from gpuopt.engines._loss import model_loss
+from gpuopt.engines._loss import model_loss, step_loss
 from gpuopt.engines._window import record_profile
-from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, loss_of, record_fit
+from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback
 from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
 from gpuopt.engines.lightning.strategy import DATA_PARALLEL, lightning_strategy, trainer_devices
 from gpuopt.trial import library_bugs, policies
@@ -122,7 +121,7 @@ class CeilingCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, _: Any, outputs: Any, batch: Any, *__: Any
     ) -> None:
-        self.nonfinite.update(loss_of(outputs))
+        self.nonfinite.update(step_loss(outputs))
         if self.replay.step_done(extract_batch_size(batch)):
             trainer.should_stop = True
             self.nonfinite.check("the compute-ceiling replay")
@@ -307,7 +306,7 @@ def measure(trial: Trial, process_t0: float) -> None:
         trainer = make_trainer(spec, device, [meter], fetch_timer, root, own_loader)
         trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
-        record_fit(meter, process_t0)
+        meter.meter.record(process_t0)
         loader_cost = _beside_fit(
             trial, trainer.train_dataloader, fetch_timer.wait.fetch_s, meter.meter.timed_steps
         )
@@ -377,6 +376,8 @@ def _compute_ceiling(
     replay = CeilingReplay.for_trial(trial.spec, trial.device)
     ceiling = CeilingCallback(replay)
     trainer = make_trainer(trial.spec, trial.device, [ceiling], None, root)
-    trainer.fit(module, train_dataloaders=_RepeatedBatch(batch, replay.max_batches))
+    trainer.fit(
+        module, train_dataloaders=_RepeatedBatch(batch, replay.warmup_steps + replay.max_steps)
+    )
     replay.record(trial.metrics)
     return replay

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -107,7 +106,6 @@ def profiled_fit(
     module: pl.LightningModule,
     fit_data: dict[str, Any],
     trainer_for: Callable[[list[pl.Callback], Profiler], pl.Trainer],
-    run_dir: Path | None = None,
     ranks: Ranks | None = None,
 ) -> ProfileSummary:
     """Fit `module` for profile.warmup_steps + profile.steps more optimizer steps under
@@ -115,7 +113,7 @@ def profiled_fit(
     began = time.perf_counter()
     rank = ranks.rank if ranks is not None else None
     align = ranks.barrier if ranks is not None else None
-    steps = ProfiledSteps(device, spec.profile, trace_file(run_dir, rank), align=align)
+    steps = ProfiledSteps(device, spec.profile, trace_file(None, rank), align=align)
     spans = PhaseSpans()
     trainer = trainer_for([ProfileWindow(steps, spans)], spans)
     try:

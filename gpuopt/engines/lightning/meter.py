@@ -17,6 +17,7 @@ from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpuopt.engines._distributed import Ranks
+from gpuopt.engines._loss import step_loss
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._window import InputWait
 from gpuopt.engines.lightning.precision import peak_mode
@@ -47,12 +48,6 @@ class FetchTimer(Profiler):
             self.wait.fetch_ended()
         elif action_name.endswith(self.COPY):
             self.wait.copy_ended()
-
-
-def loss_of(outputs: Any) -> torch.Tensor | None:
-    """The loss in what training_step returned (a tensor, or a dict with "loss")."""
-    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-    return loss if isinstance(loss, torch.Tensor) else None
 
 
 def use_eager_steps(module: pl.LightningModule) -> dict[str, Any] | None:
@@ -90,6 +85,10 @@ class MeasureCallback(pl.Callback):
             after_step=cache_policy.after_step,
             precision_mode=peak_mode(spec),
         )
+        self.meter.ended_early = (
+            "the fit ended after {steps} steps, before the timed window did "
+            "(did the train_dataloader yield no batches?)"
+        )
         if spec.measure.count_flops and self.meter.flop_step is None:
             trial.warnings.append(
                 "flops_per_sample and mfu need measure.warmup_steps >= 1 under engine=lightning"
@@ -123,7 +122,7 @@ class MeasureCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, *_: Any
     ) -> None:
-        self.meter.nonfinite.update(loss_of(outputs))
+        self.meter.nonfinite.update(step_loss(outputs))
         self.meter.batch_fetched(extract_batch_size(batch))
         if self.accumulating:
             if trainer.global_step == self._optimizer_steps:
@@ -143,13 +142,3 @@ class MeasureCallback(pl.Callback):
         compiled, self._compiled_steps = self._compiled_steps, None
         for name, step in (compiled or {}).items():
             setattr(pl_module, name, step)
-
-
-def record_fit(meter: MeasureCallback, process_t0: float) -> None:
-    """The metrics of the fit the callback measured (an error if it ended before the window did)."""
-    if meter.meter.window is None:
-        raise RuntimeError(
-            f"the fit ended after {meter.meter.steps} steps, before the timed window did "
-            "(did the train_dataloader yield no batches?)"
-        )
-    meter.meter.record(process_t0)
