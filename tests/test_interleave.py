@@ -56,16 +56,16 @@ def test_only_loader_batch_threads_and_precision_changes_share_a_process(candida
 
 
 def test_the_window_budget_is_the_fresh_process_caps_time() -> None:
-    # 10 runs of a 12 s trial = 120 s: 120 windows of 1 s; first stage 8 rounds of 3 arms
-    # where they fit in FIRST_STAGE_S, here 16 s // 3 s = 5 (at least confirm.rounds)
-    assert window_plan(4, 10, [11.0, 12.0, 30.0], [1.0, 1.0, 1.0]) == (5, 120)
-    assert window_plan(4, 10, [11.0, 12.0, 30.0], [0.5, 0.5, 0.5]) == (8, 240)
+    # 10 runs of a 12 s trial = 120 s: 120 windows of 1 s; first stage 16 rounds of 3 arms
+    # where they fit in FIRST_STAGE_S, here 32 s // 3 s = 10 (at least confirm.rounds)
+    assert window_plan(4, 10, [11.0, 12.0, 30.0], [1.0, 1.0, 1.0]) == (10, 120)
+    assert window_plan(4, 10, [11.0, 12.0, 30.0], [0.5, 0.5, 0.5]) == (16, 240)
     assert window_plan(4, 10, [12.0], [3.0, 3.0, 3.0])[0] == 4  # slow windows: confirm.rounds
     assert window_plan(6, 10, [12.0], [3.0, 3.0, 3.0])[0] == 6
     # tiny trials: the cap still allows two rounds; the first stage fits the cap
     assert window_plan(2, 4, [0.5, 0.5], [1.0, 1.0]) == (2, 4)
     assert window_plan(4, 10, [12.0] * 3, [0.5, 0.5])[1] == 240
-    assert window_plan(4, 400, [60.0], [0.1, 0.1]) == (8, interleaved.MAX_WINDOWS)
+    assert window_plan(4, 400, [60.0], [0.1, 0.1]) == (16, interleaved.MAX_WINDOWS)
 
 
 def test_a_window_of_slow_steps_lasts_its_minimum_steps() -> None:

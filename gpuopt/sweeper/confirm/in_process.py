@@ -22,11 +22,13 @@ from gpuopt.sweeper.shared_process import MIN_STEPS, SharedProcess, shareable, w
 
 log = logging.getLogger("gpuopt.sweeper")
 
-FIRST_STAGE_ROUNDS = 8  # windows are cheap: a first stage with more df narrows Stein's interval
-# ...as many of those rounds as fit in this many seconds: 8 rounds of a cnn's 3-step windows of
-# 0.3 s steps take ~30 s, and such slow windows spread little (+-1.3% after 8 rounds:
-# docs/benchmarks.md); Stein's second stage adds rounds where needed.
-FIRST_STAGE_S = 16.0
+# Windows are cheap: a first stage with more df narrows Stein's interval. Each window on a build of
+# its own spreads as builds do (mlp on the EPYC: a pair's log-sd ~0.1), so 16 rounds, not 8, keep
+# a true 10% difference confirmed (docs/benchmarks.md, "Each window on a build of its own").
+FIRST_STAGE_ROUNDS = 16
+# ...as many of those rounds as fit in this many seconds of windows (a cnn's 3-step windows of
+# 0.3 s steps: fewer); Stein's second stage adds rounds where needed.
+FIRST_STAGE_S = 32.0
 MAX_WINDOWS = 400
 # What each arm's trial measured that its windows use: the epoch boundary (amortized as the trial
 # did) and the data wait (a loader that keeps up is not drained before a window).
