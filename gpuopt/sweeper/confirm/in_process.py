@@ -87,9 +87,10 @@ def open_shared(
 def fresh_build_windows(shared: SharedProcess) -> Executor:
     """Each window of an arm on a build of its own: its first on the build it started with, every
     later one rebuilt (released, built and warmed again) just before it. One build of a
-    configuration reads a few percent apart from another (its place in memory: 0.97-1.02x on the
-    EPYC, up to 25% on the Xeon; docs/benchmarks.md), a bias that windows of one build share and
-    their interval does not cover: rebuilt per window, it is noise that the pairs' spread does."""
+    configuration reads apart from another (its place in memory: up to 25% on the Xeon), a bias
+    that windows of one build share and their interval does not cover (5/60 A/A claims on the
+    EPYC); rebuilt per window it is noise the pairs' spread covers (0/60; an mlp pair's log-sd
+    ~0.1 where one build's windows read 0.02: docs/benchmarks.md)."""
     first_window = set(shared.members)
 
     def measure(label: str, job: int, so_far: Any) -> Measurement:
