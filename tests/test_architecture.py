@@ -527,3 +527,14 @@ def test_no_module_compares_a_metric_name_to_step_time_ms() -> None:
         )
     ]
     assert not found, f"compare with the metric's goal (core.metrics.higher_is_better): {found}"
+
+
+def test_every_package_folder_ships_in_the_wheel() -> None:
+    """pyproject's explicit `packages` list names every folder of gpuopt/ (a folder missing from it
+    works in an editable install and is absent from a wheel: `pip install .` would break)."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    folders = {_module_name(p) for p in PACKAGE_DIR.rglob("__init__.py")}
+    assert folders - listed == set()
