@@ -21,6 +21,9 @@ RANKS_FOLDER = "ranks"  # in the trial's run directory
 RESULT_FILE = "rank_{rank}.json"  # a rank's TrialResult (its failure's, or its own result)
 RANKS_DIR_ENV = "GPUOPT_RANKS_DIR"
 TRIAL_PID_ENV = "GPUOPT_TRIAL_PID"
+# Beside a user job's JOB file: ("return", rank 0's value) | ("result", the failed job's result),
+# written by gpuopt.processes.user_ranks, read by gpuopt.sweeper.launchers.trial_task.
+OUTCOME_FILE = "outcome.pkl"
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ from gpuopt.trial.distributed import (
 )
 from gpuopt.trial.ranks import RankFailure, merge_ranks
 
-OUTCOME_FILE = "outcome.pkl"  # gpuopt.sweeper.launchers.trial_task reads it
 RETURN_FILE = "rank_0.return.pkl"  # rank 0's return value
 
 
@@ -135,7 +134,7 @@ def main(argv: list[str]) -> int:
     set_parent_death_signal()  # ends with the trial; its ranks end with this process
     job_path = Path(argv[0])
     kind, value = launch(job_path)
-    (job_path.parent / OUTCOME_FILE).write_bytes(cloudpickle.dumps((kind, value)))
+    (job_path.parent / rank_files.OUTCOME_FILE).write_bytes(cloudpickle.dumps((kind, value)))
     return 0
 
 

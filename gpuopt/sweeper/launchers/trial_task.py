@@ -46,7 +46,6 @@ RELAUNCHED_BY = ("hydra.run.dir", "hydra.job.name", "hydra.output_subdir")
 RELAUNCH_ENTRY = str(Path(__file__).with_name("relaunched_rank.py"))
 RANKS_PROCESS = "gpuopt.processes.user_ranks"
 JOB_FILE = "job.pkl"  # the task and its config, for the ranks (cloudpickle)
-OUTCOME_FILE = "outcome.pkl"  # ("return", rank 0's value) | ("result", the failed job's result)
 
 
 @dataclass(frozen=True)
@@ -212,7 +211,7 @@ def run_ranks(task: Any, cfg: Any, folder: Path, plan: RankPlan) -> Any:
         task, cfg, HydraConfig.instance().cfg, os.getcwd(), plan.nproc_per_node, plan.timeout_s
     )
     (folder / JOB_FILE).write_bytes(cloudpickle.dumps(job))
-    (folder / OUTCOME_FILE).unlink(missing_ok=True)
+    (folder / rank_files.OUTCOME_FILE).unlink(missing_ok=True)
     log = folder / "launcher.log"
     measured_job.mark_ranks_started()
     with open(log, "wb") as out:
@@ -221,7 +220,7 @@ def run_ranks(task: Any, cfg: Any, folder: Path, plan: RankPlan) -> Any:
             stdout=out, stderr=subprocess.STDOUT, check=False,
         )  # fmt: skip
     try:
-        kind, value = cloudpickle.loads((folder / OUTCOME_FILE).read_bytes())
+        kind, value = cloudpickle.loads((folder / rank_files.OUTCOME_FILE).read_bytes())
     except (OSError, ValueError, EOFError) as exc:
         reason = f"the ranks' launcher ended without an outcome ({describe_exit(done.returncode)})"
         tail = log_tail(log)
