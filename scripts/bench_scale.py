@@ -40,7 +40,7 @@ def run(storage: str, workers: int, trials: int, trial_s: float, name: str) -> t
     import optuna
 
     from gpuopt.study.storage import open_storage
-    from gpuopt.sweeper import resume
+    from gpuopt.sweeper import owners
 
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "GPUOPT_OUTPUT_DIR": out}
@@ -65,7 +65,7 @@ def run(storage: str, workers: int, trials: int, trial_s: float, name: str) -> t
             if p.returncode:
                 raise SystemExit(f"worker failed:\n{err.decode()[-2000:]}")
         study = optuna.load_study(study_name=name, storage=open_storage(storage, None, None))
-        done = [t for t in study.get_trials() if resume.counted(t)]
+        done = [t for t in study.get_trials() if owners.counted(t)]
         start = min(t.datetime_start for t in done)
         end = max(t.datetime_complete for t in done)
         return len(done) / ((end - start).total_seconds() / 60), len(done)

@@ -22,6 +22,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "gpuopt"
 MAX_FUNCTION_LINES = 80
 
 MAX_MODULE_LINES = 500
+# The most floors (the longest chain of imports among its own modules, deferred ones counted) a
+# folder may have: a change one floor down reaches everything above it (issue 40: sweeper/ <= 6).
+MAX_FLOORS = 6
 
 # The folders of gpuopt/ and which side of the torch line each is on.
 TORCH_FREE = ("core", "study", "sweeper", "report")
@@ -170,6 +173,33 @@ def test_the_parser_sees_module_level_deferred_and_submodule_imports() -> None:
 def test_no_import_cycle_among_gpuopt_modules() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def floors(graph: dict[str, set[str]], within: str) -> dict[str, int]:
+    """Each module of `within`'s floor: 1 when it imports none of `within`'s modules, else one
+    more than the highest it imports (the graph is acyclic: the test above)."""
+    inside = {m for m in graph if m.startswith(within + ".")}
+    found: dict[str, int] = {}
+
+    def floor(module: str) -> int:
+        if module not in found:
+            found[module] = 1 + max((floor(m) for m in graph[module] & inside), default=0)
+        return found[module]
+
+    return {module: floor(module) for module in sorted(inside)}
+
+
+def test_the_floor_rule_counts_the_longest_chain_inside_the_folder() -> None:
+    graph = {"p.a": {"p.b", "x.y"}, "p.b": {"p.c"}, "p.c": set(), "p.d": {"p.c"}, "x.y": set()}
+    assert floors(graph, "p") == {"p.a": 3, "p.b": 2, "p.c": 1, "p.d": 2}
+
+
+def test_the_sweeper_has_at_most_max_floors() -> None:
+    found = floors(import_graph(), "gpuopt.sweeper")
+    top = max(found.values())
+    assert top <= MAX_FLOORS, f"sweeper/ has {top} floors: " + ", ".join(
+        f"{m} {f}" for m, f in found.items() if f > MAX_FLOORS - 2
+    )
 
 
 def test_core_imports_no_other_gpuopt_package() -> None:

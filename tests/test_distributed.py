@@ -338,7 +338,7 @@ def test_the_search_drops_what_this_cpu_cannot_run_from_the_distributed_knobs():
 def test_the_distributed_search_preset_composes_and_confirms_in_fresh_processes():
     from hydra import compose, initialize_config_module
 
-    from gpuopt.sweeper.shared_process import shareable
+    from gpuopt.sweeper.race.policy import shareable
 
     register_schemas()
 

@@ -18,7 +18,8 @@ import pytest
 
 from gpuopt.sweeper.confirm import in_process as interleaved
 from gpuopt.sweeper.confirm.in_process import window_plan, window_seconds
-from gpuopt.sweeper.shared_process import SharedProcess, shareable
+from gpuopt.sweeper.race.policy import shareable
+from gpuopt.sweeper.shared_process import SharedProcess
 from tests.helpers.interleave import group_members, probe_configs
 
 SPEC = {

@@ -29,8 +29,8 @@ from optuna.trial import TrialState, create_trial
 from gpuopt.core import lifeline
 from gpuopt.core.result import Metrics, Status, TrialResult
 from gpuopt.study import storage as storage_mod
-from gpuopt.sweeper import outputs, resume, summary
-from gpuopt.sweeper.confirm.rounds import Pending
+from gpuopt.sweeper import outputs, owners, resume, summary
+from gpuopt.sweeper.confirm.schedule import Pending
 from gpuopt.sweeper.launchers.results import (
     attach_diagnostics,
     excerpt,
@@ -402,7 +402,7 @@ def test_the_trial_loop_flags_another_workers_trial_beside_its_own_and_counts_it
     study, store = _shared_study(tmp_path)
     other = optuna.load_study(study_name="loop", storage=store)
     ppid = os.getppid()  # a live process of this host: the other worker
-    owner = {"host": resume.host_name(), "pid": ppid, "start": lifeline.start_ticks(ppid)}
+    owner = {"host": owners.host_name(), "pid": ppid, "start": lifeline.start_ticks(ppid)}
     theirs = []
 
     def during(batch, number):
@@ -424,7 +424,7 @@ def test_the_trial_loop_flags_another_workers_trial_beside_its_own_and_counts_it
     assert "interference" not in last.user_attrs  # #1 had ended before #2 started
     lines = [m for r in caplog.records if re.match(r"trial \d+/", m := r.getMessage())]
     assert lines[0].startswith("trial 2/3 #0") and lines[0].endswith(
-        f"| worker {resume.host_name()}:{os.getpid()}"
+        f"| worker {owners.host_name()}:{os.getpid()}"
     )
     assert lines[1].startswith("trial 3/3 #2")
 
@@ -457,12 +457,12 @@ def test_an_ask_is_judged_on_the_snapshot_only_when_a_fresh_read_would_agree(tmp
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'c.db'}")  # no heartbeats
     runner = _runner(n_trials=1)
     ahead = study.ask()
-    study._storage.set_trial_system_attr(ahead._trial_id, resume.ATTR_OWNER, resume.this_owner())
+    study._storage.set_trial_system_attr(ahead._trial_id, resume.ATTR_OWNER, owners.this_owner())
     before = study.get_trials(deepcopy=False)  # #0 running, its owner alive: counted
     assert resume.fail_and_requeue(study, before[0], "interrupted: stale")  # ... then failed
     trial = study.ask()  # pops #0's re-run: #1, with #0 in the snapshot
     judged = runner._counting(study, trial, before)
-    assert judged is not before and not resume.is_surplus(trial.number, judged, 1)
+    assert judged is not before and not owners.is_surplus(trial.number, judged, 1)
     roomy = _runner(n_trials=3)
     assert roomy._counting(study, trial, before) is before  # 1 ahead < 3: stands
     later = study.ask()  # #2: #1 is not in `before`

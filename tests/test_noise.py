@@ -243,7 +243,7 @@ def _repeating_study(tmp_path: Path) -> optuna.Study:
 
 
 def _ask_and_tell(runner: TrialRunner, study: optuna.Study, space: SearchSpace) -> Any:
-    (trial,), _ = runner._ask(study, 1, study.get_trials(deepcopy=False), space)
+    (trial,), _ = runner.ask(study, 1, study.get_trials(deepcopy=False), space)
     study.tell(trial, 100.0 + trial.number)
     return study.trials[trial.number]
 
@@ -331,12 +331,12 @@ def test_the_races_screen_asks_no_repeat(tmp_path):
 
     study = _repeating_study(tmp_path)
     space = SearchSpace(dict(SPACE), {}, [])
-    runner = RaceRunner(**vars(_runner(4, race={"screen": 3})))
+    runner = RaceRunner(_runner(4, race={"screen": 3}))
     screened: list[Any] = []
 
     def round_(study, trials, space, progress):  # the screen: each configured, told
         for trial in trials:
-            runner._configure(trial, space)
+            runner.trials.configure(trial, space)
             screened.append(trial)
             study.tell(trial, 1.0)
 

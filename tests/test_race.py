@@ -27,7 +27,7 @@ from gpuopt.study.keys import (
     STUDY_CONFIRMATION,
 )
 from gpuopt.study.records import IN_PROCESS
-from gpuopt.sweeper import resume
+from gpuopt.sweeper import owners, resume
 from gpuopt.sweeper.options import RaceOptions, SweeperOptions
 from gpuopt.sweeper.race import policy
 from tests.helpers.fixed_speed import FIXED_SPEED
@@ -304,7 +304,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the trial processes import tests.h
 def _counted(study: optuna.Study) -> list:
     """The study's trials that count towards n_trials (a sampled repeat of a measured
     configuration is void: not run, an unmeasured one instead)."""
-    return [t for t in study.get_trials() if resume.counted(t)]
+    return [t for t in study.get_trials() if owners.counted(t)]
 
 
 @pytest.mark.slow
@@ -466,6 +466,7 @@ def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[s
     from gpuopt.sweeper.race.runner import RaceRunner, Screened
     from gpuopt.sweeper.race.screen import Turn
     from gpuopt.sweeper.space import build_search_space
+    from gpuopt.sweeper.trials import TrialRunner
 
     space = build_search_space(
         {"loader.batch_size": "choice(32,256,512)", "loader.num_workers": "choice(0,1,2)"},
@@ -487,7 +488,9 @@ def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[s
                          step_time_ms=1.0, steps=3, seconds=0.3)  # fmt: skip
         turn = Turn(window, {})
         screened.append(Screened(trial, [], f"#{trial.number}", turn, reading / 100.0))
-    runner = RaceRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+    runner = RaceRunner(
+        TrialRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+    )
     progress = Progress(10, ["throughput"], ["maximize"], 1, time.monotonic())
     chosen = runner._decide(study, screened, space, progress)
     return list(chosen), study
@@ -662,9 +665,12 @@ def test_a_finalist_read_below_the_floor_over_the_baseline_is_pruned_without_a_w
     process (the scripted one has none to give)."""
     from gpuopt.sweeper.progress import Progress
     from gpuopt.sweeper.race.runner import RaceRunner, Screened
+    from gpuopt.sweeper.trials import TrialRunner
 
     race = _ScriptedRace({policy.BASELINE: 100.0, "#1": 80.0})
-    runner = RaceRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+    runner = RaceRunner(
+        TrialRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+    )
     runner.process, runner.directory = race, tmp_path  # type: ignore[assignment]
     study = optuna.create_study(direction="maximize")
     entry = Screened(study.ask(), [], "#1", config_file=tmp_path / "trial1.yaml")

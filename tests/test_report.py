@@ -18,7 +18,7 @@ from gpuopt.report.cli import main
 from gpuopt.report.diagnose import Bottleneck
 from gpuopt.report.text import render
 from gpuopt.study.keys import ATTR_BASELINE, STUDY_CONFIRMATION, STUDY_DIRECTIONS, STUDY_OBJECTIVES
-from gpuopt.sweeper import resume
+from gpuopt.sweeper import owners, resume
 from tests.helpers.report_studies import (
     CPU_STUDY,
     CPU_TRIALS,
@@ -198,7 +198,7 @@ def test_interrupted_baseline_is_counted_and_its_rerun_is_the_baseline():
     study.enqueue_trial(params, user_attrs={ATTR_BASELINE: True})
     trial = study.ask({k: DISTRIBUTIONS[k] for k in params})
     # its sweeping process "died": same pid, other start time (how resume tells a reused pid)
-    owner = {**resume.this_owner(), "start": -1}
+    owner = {**owners.this_owner(), "start": -1}
     study._storage.set_trial_system_attr(trial._trial_id, resume.ATTR_OWNER, owner)
     assert resume.recover_interrupted(study) == [0]  # FAIL + the same params queued again
     metrics = input_bound_metrics(1000, 42.0, 55.0)

@@ -25,7 +25,7 @@ from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_BASELINE
 from gpuopt.study.records import FRESH_PROCESSES, read_confirmation
 from gpuopt.study.rules import leading_trial
-from gpuopt.sweeper import resume
+from gpuopt.sweeper import owners, resume
 from gpuopt.sweeper.launchers import gpus
 from gpuopt.sweeper.launchers.results import describe_exit
 from gpuopt.sweeper.objectives import outcome_from_return
@@ -114,13 +114,13 @@ C, F, W = TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING
 )
 def test_surplus_rule_counts_only_lower_numbers(others, number, n_trials, surplus):
     trials = [_trial(n, s, **a) for n, s, a in others]
-    assert resume.is_surplus(number, trials, n_trials) is surplus
+    assert owners.is_surplus(number, trials, n_trials) is surplus
 
 
 def test_duplicate_baseline_is_the_higher_number():
     trials = [_trial(0, W, **{ATTR_BASELINE: True}), _trial(1, W, **{ATTR_BASELINE: True})]
-    assert not resume.duplicate_baseline(0, trials)
-    assert resume.duplicate_baseline(1, trials)
+    assert not owners.duplicate_baseline(0, trials)
+    assert owners.duplicate_baseline(1, trials)
 
 
 def _owned(number, value, owner, state=TrialState.COMPLETE):
@@ -138,7 +138,7 @@ def _owned(number, value, owner, state=TrialState.COMPLETE):
 def test_progress_lines_tell_the_studys_count_best_and_pace_and_name_the_worker():
     """Worker B's line once the study holds 8 finished trials, best #2 (issue 25: B said `trial
     2/8 #8 ... | best #8`): the study's count, its best (not this worker's), which worker speaks."""
-    me, other = resume.this_owner(), {"host": "hostA", "pid": 7}
+    me, other = owners.this_owner(), {"host": "hostA", "pid": 7}
     progress = Progress(9, ["throughput"], ["maximize"], done_before=0, t_start=time.monotonic())
     progress.start([])
     trials = [_owned(n, 100.0 if n == 2 else 10.0 + n, other) for n in range(7)]
@@ -148,7 +148,7 @@ def test_progress_lines_tell_the_studys_count_best_and_pace_and_name_the_worker(
     line = progress.record(8, False, outcome, trials)
     assert line.startswith("trial 8/9 #8 ok: throughput=50")  # counted, finished trials
     assert "| best #2 throughput=100" in line
-    assert line.endswith(f"| worker {resume.host_name()}:{os.getpid()}")
+    assert line.endswith(f"| worker {owners.host_name()}:{os.getpid()}")
     # Alone on the study (another worker's trials all finished before this one started): no tag.
     alone = Progress(8, ["throughput"], ["maximize"], done_before=0, t_start=time.monotonic())
     alone.start([])
@@ -231,7 +231,7 @@ def test_a_trial_whose_worker_died_right_after_asking_is_failed_after_grace(tmp_
     orphan = study.ask()  # popped the queued baseline; its worker dies before suggesting anything
     live = study.ask()
     store.record_heartbeat(live._trial_id)
-    store.set_trial_system_attr(live._trial_id, resume.ATTR_OWNER, resume.this_owner())
+    store.set_trial_system_attr(live._trial_id, resume.ATTR_OWNER, owners.this_owner())
     assert resume.fail_stale(study) == []  # the gap: never beat, so never stale
 
     now = [100.0]
@@ -328,12 +328,12 @@ def _wait(procs, tmp_path, timeout=150, first=0):
 
 
 def _assert_one_study_of(trials, n_trials):
-    counted = [t for t in trials if resume.counted(t)]
+    counted = [t for t in trials if owners.counted(t)]
     assert len(counted) == n_trials
     assert all(t.state == TrialState.COMPLETE for t in counted)
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert len({t.number for t in trials}) == len(trials)
-    uncounted = [t for t in trials if not resume.counted(t)]  # void (surplus) or interrupted
+    uncounted = [t for t in trials if not owners.counted(t)]  # void (surplus) or interrupted
     assert all(
         t.state == TrialState.FAIL and (t.user_attrs.get("void") or t.user_attrs.get("interrupted"))
         for t in uncounted

@@ -25,7 +25,7 @@ from gpuopt.study.experiment import overrides_to_experiment
 from gpuopt.study.keys import ATTR_BASELINE
 from gpuopt.study.records import Confirmation, ConfirmedConfig
 from gpuopt.sweeper import machine as hardware
-from gpuopt.sweeper import resume
+from gpuopt.sweeper import owners, resume
 from gpuopt.sweeper.confirm import schedule as confirm_schedule
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.objectives import outcome_from_return, resolve_objectives
@@ -462,7 +462,8 @@ def test_the_sweeps_measurement_settings_are_no_part_of_the_answer(tmp_path):
     differ: `+experiment=best` measures with the user's own settings."""
     from gpuopt.report.build import config_diff
     from gpuopt.study.experiment import override_diff
-    from gpuopt.sweeper.outputs import SweepIdentity, _experiment_overrides
+    from gpuopt.sweeper.open_study import SweepIdentity
+    from gpuopt.sweeper.outputs import _experiment_overrides
 
     sweep = SweepIdentity("s", "sqlite://", tmp_path, ["throughput"], ["maximize"], "app", [])
     trial = ["loader.batch_size=64", "measure.time_budget_s=2.0", "guard.global_batch=32",
@@ -582,11 +583,11 @@ def _dead_pid() -> int:
 
 
 def test_owner_alive():
-    me = resume.this_owner()
-    assert resume.owner_alive(me) is True
-    assert resume.owner_alive({**me, "pid": _dead_pid()}) is False
-    assert resume.owner_alive({**me, "start": (me["start"] or 0) + 12345}) is False  # pid reused
-    assert resume.owner_alive({**me, "host": "elsewhere"}) is None
+    me = owners.this_owner()
+    assert owners.owner_alive(me) is True
+    assert owners.owner_alive({**me, "pid": _dead_pid()}) is False
+    assert owners.owner_alive({**me, "start": (me["start"] or 0) + 12345}) is False  # pid reused
+    assert owners.owner_alive({**me, "host": "elsewhere"}) is None
 
 
 def _proc_state(pid: int) -> str | None:
@@ -609,13 +610,13 @@ def test_a_zombie_is_dead_to_the_watchdog_and_to_resume():
         assert _proc_state(proc.pid) == "Z"
         assert lifeline.process_alive(proc.pid, start) is False
         assert lifeline.process_alive(proc.pid, None) is False
-        owner = {**resume.this_owner(), "pid": proc.pid, "start": start}
-        assert resume.owner_alive(owner) is False
+        owner = {**owners.this_owner(), "pid": proc.pid, "start": start}
+        assert owners.owner_alive(owner) is False
         gone = lifeline.SweepProcess(proc.pid, start, -1)
         assert "ended" in lifeline.watchdog_verdict(gone, deadline=1e18, now=0.0)
     finally:
         proc.wait()
-    me = resume.this_owner()
+    me = owners.this_owner()
     assert lifeline.process_alive(me["pid"], me["start"])
     assert lifeline.process_alive(me["pid"], None)
 
@@ -624,27 +625,27 @@ def test_running_elsewhere_is_other_live_workers_trials():
     """The trials that keep this worker from being the last one (the confirmation waits for
     them): RUNNING, not this worker's, and not under an owner known dead."""
     study = optuna.create_study()
-    me = resume.this_owner()
-    owners = {
+    me = owners.this_owner()
+    by_name = {
         "mine": me,
         "dead": {**me, "pid": _dead_pid()},
         "other host": {**me, "host": "elsewhere"},  # alive until its heartbeat goes stale
         "ownerless": None,  # asked a moment ago: its owner is on its way
     }
-    for owner in owners.values():
+    for owner in by_name.values():
         trial = study.ask()
         if owner is not None:
             study._storage.set_trial_system_attr(trial._trial_id, resume.ATTR_OWNER, owner)
     finished = study.ask()
     study._storage.set_trial_system_attr(finished._trial_id, resume.ATTR_OWNER, me)
     study.tell(finished, 1.0)
-    found = resume.running_elsewhere(study.get_trials(deepcopy=False))
+    found = owners.running_elsewhere(study.get_trials(deepcopy=False))
     assert [t.number for t in found] == [2, 3]  # the other host's and the ownerless one
 
 
 def test_recover_interrupted_fails_and_reenqueues():
     study = optuna.create_study(directions=["maximize"])
-    dead = {**resume.this_owner(), "pid": _dead_pid()}
+    dead = {**owners.this_owner(), "pid": _dead_pid()}
     study.add_trial(
         create_trial(
             state=TrialState.COMPLETE,
@@ -658,9 +659,9 @@ def test_recover_interrupted_fails_and_reenqueues():
     running.set_user_attr(ATTR_BASELINE, True)
     study._storage.set_trial_system_attr(running._trial_id, resume.ATTR_OWNER, dead)
     alive = study.ask()  # owned by this (living) process: in flight, left alone
-    study._storage.set_trial_system_attr(alive._trial_id, resume.ATTR_OWNER, resume.this_owner())
+    study._storage.set_trial_system_attr(alive._trial_id, resume.ATTR_OWNER, owners.this_owner())
 
-    assert resume.trials_to_go(study.get_trials(), 4) == 2  # complete + the live running one
+    assert owners.trials_to_go(study.get_trials(), 4) == 2  # complete + the live running one
     assert resume.recover_interrupted(study) == [running.number]
     trials = study.get_trials()
     failed = trials[running.number]
@@ -671,8 +672,8 @@ def test_recover_interrupted_fails_and_reenqueues():
         "rerun_of": running.number,
         ATTR_BASELINE: True,
     }
-    assert resume.trials_to_go(trials, 4) == 2  # the interrupted one no longer counts
-    assert resume.has_baseline(trials)
+    assert owners.trials_to_go(trials, 4) == 2  # the interrupted one no longer counts
+    assert owners.has_baseline(trials)
 
 
 def test_single_objective_samplers_are_refused_for_several_objectives():

@@ -24,7 +24,7 @@ from gpuopt.study.keys import (
     ATTR_VOID,
     STUDY_SEEDS,
 )
-from gpuopt.sweeper import global_batch, record, resume
+from gpuopt.sweeper import global_batch, owners, record
 from gpuopt.sweeper.seeding import LOW_PRECISION, SeedFacts, describe_split, plan_seeds
 from gpuopt.sweeper.space import SearchSpace, baseline_params, current_value
 
@@ -45,7 +45,7 @@ def prepare(
     """Make sure the study will measure a baseline (its creator, or whoever resumes a study without
     one enqueues it); the grid point to mark, if any."""
     trials = study.get_trials(deepcopy=False)
-    if resume.has_baseline(trials) or any(t.user_attrs.get(ATTR_BASELINE_SKIPPED) for t in trials):
+    if owners.has_baseline(trials) or any(t.user_attrs.get(ATTR_BASELINE_SKIPPED) for t in trials):
         return None  # measured, on its way, or known not to run as composed
     point = grid_point(config, space) if space.is_grid else None
     if point is not None:
@@ -104,7 +104,7 @@ def grid_trials(space: SearchSpace, trials: Sequence[FrozenTrial]) -> int:
     return space.grid_size + sum(
         1
         for t in trials
-        if t.system_attrs.get(ATTR_GRID_ID) == OUTSIDE_GRID and resume.has_baseline([t])
+        if t.system_attrs.get(ATTR_GRID_ID) == OUTSIDE_GRID and owners.has_baseline([t])
     )
 
 
@@ -120,7 +120,7 @@ def mark_grid_point(trial: Trial, point: dict[str, Any]) -> bool:
     worker marked one first); True when the point was reached."""
     if trial.params != point:
         return False
-    if not resume.has_baseline(trial.study.get_trials(deepcopy=False)):
+    if not owners.has_baseline(trial.study.get_trials(deepcopy=False)):
         record.trial_attrs(trial.study, trial, {ATTR_BASELINE: True})
     return True
 
@@ -177,5 +177,5 @@ def enqueue_seeds(
 
 def seed_room(trials: Sequence[FrozenTrial], n_trials: int) -> int:
     """Trials the study can still add: n_trials less those that count or are queued."""
-    taken = sum(1 for t in trials if resume.counted(t) or t.state == TrialState.WAITING)
+    taken = sum(1 for t in trials if owners.counted(t) or t.state == TrialState.WAITING)
     return max(0, n_trials - taken)

@@ -7,7 +7,6 @@ outputs). The sweeping process never imports torch: trials send back a picklable
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -37,6 +36,7 @@ from gpuopt.sweeper import (
     memory_axis,
     open_study,
     outputs,
+    owners,
     profile_runs,
     record,
     resume,
@@ -334,9 +334,8 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             self.options.race.finalists,
             self.options.race.floor,
         )
-        runner = self._runner(baseline_point)
         return RaceRunner(
-            **{f.name: getattr(runner, f.name) for f in dataclasses.fields(runner)},
+            self._runner(baseline_point),
             compose=self._compose,
             objective=objective,
             directory=Path(str(self.config.hydra.sweep.dir)) / "race",
@@ -348,7 +347,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         """Recover dead workers' trials, prepare the baseline, fit n_trials to a grid; trials
         still to go, and the grid point to mark baseline (if any)."""
         resume.recover(study, self._ownerless, stale_gate=self._stale_gate)
-        to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+        to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
         point = None
         if to_go and self.options.baseline:
             point = baseline.prepare(study, self.config, space, created)
@@ -359,7 +358,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
                     "GridSampler: n_trials %d -> %d (the grid's size)", self.n_trials, grid_trials
                 )
             self.n_trials = min(self.n_trials, grid_trials)
-        return resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials), point
+        return owners.trials_to_go(study.get_trials(deepcopy=False), self.n_trials), point
 
     def _confirm(
         self, study: optuna.Study, names: list[str], directions: list[str], measure: Any

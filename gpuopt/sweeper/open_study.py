@@ -1,10 +1,13 @@
-"""Opening the sweep's study: where it lives, its name, and what a new one records."""
+"""Opening the sweep's study: where it lives, its name, what a new one records, and the sweep's
+identity as its outputs tell it (`SweepIdentity`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -19,6 +22,7 @@ from gpuopt.sweeper import machine, record
 log = logging.getLogger("gpuopt.sweeper")
 
 MEMORY = "memory"
+EXPERIMENT_GROUP = "experiment"  # where best.yaml goes: <sweep_dir>/experiment/best.yaml
 URL_FORMS = (
     "an Optuna storage URL (sqlite:///path, postgresql+psycopg://user@host/db, "
     "journal:///path, null or memory: in-memory)"
@@ -216,3 +220,27 @@ def relabel_plain_objectives(study: optuna.Study, n_values: int) -> None:
         new = ["value"] if n_values == 1 else [f"value_{i}" for i in range(n_values)]
         record.study_attrs(study, {STUDY_OBJECTIVES: new})
         record.metric_names(study, new)
+
+
+@dataclass(frozen=True)
+class SweepIdentity:
+    """Which sweep the outputs describe."""
+
+    study_name: str
+    storage: str  # as it may be shown (storage.display: password masked)
+    sweep_dir: Path
+    names: list[str]
+    directions: list[str]
+    app_command: str  # how the user starts this app (python -m gpuopt.run, python sphere.py)
+    groups: list[str]  # config groups of the composed config (not hydra/...)
+    persisted: bool = True  # False: an in-memory study (storage null / memory), gone after the run
+    # The app's defaults have no `experiment` group (reproduce with +experiment=best); False for
+    # a layout like lightning-hydra-template's (`experiment: null`: experiment=best).
+    experiment_added: bool = True
+    sweep_groups: list[str] = field(default_factory=list)  # groups that configure the sweep
+    metrics_named: bool = True  # gpuopt metrics (speedups) rather than an app's plain values
+
+    def reproduce_experiment(self, name: str) -> str:
+        """The command that runs experiment/<name>.yaml of this sweep in this app."""
+        plus = "+" if self.experiment_added else ""
+        return f"{self.app_command} --config-dir {self.sweep_dir} {plus}{EXPERIMENT_GROUP}={name}"

@@ -10,9 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 from omegaconf import OmegaConf
@@ -40,8 +39,10 @@ from gpuopt.study.rules import (
     training_change,
 )
 from gpuopt.sweeper import global_batch
+from gpuopt.sweeper.confirm.schedule import Pending
 from gpuopt.sweeper.global_batch import DECLARE_HINT
 from gpuopt.sweeper.objectives import utilization_note
+from gpuopt.sweeper.open_study import EXPERIMENT_GROUP, SweepIdentity
 from gpuopt.sweeper.profile_runs import best_of
 from gpuopt.sweeper.race import policy as race_policy
 from gpuopt.sweeper.space import parser
@@ -53,40 +54,12 @@ from gpuopt.sweeper.summary import (
     values_text,
 )
 
-if TYPE_CHECKING:
-    from gpuopt.sweeper.confirm.rounds import Pending
-
 log = logging.getLogger("gpuopt.sweeper")
-EXPERIMENT_GROUP = "experiment"  # where best.yaml goes: <sweep_dir>/experiment/best.yaml
 
 INFEASIBLE_NOTE = (
     "infeasible trials (oom/diverged) are kept in the study with constraints > 0: samplers avoid "
     "that region"
 )
-
-
-@dataclass(frozen=True)
-class SweepIdentity:
-    """Which sweep the outputs describe."""
-
-    study_name: str
-    storage: str  # as it may be shown (storage.display: password masked)
-    sweep_dir: Path
-    names: list[str]
-    directions: list[str]
-    app_command: str  # how the user starts this app (python -m gpuopt.run, python sphere.py)
-    groups: list[str]  # config groups of the composed config (not hydra/...)
-    persisted: bool = True  # False: an in-memory study (storage null / memory), gone after the run
-    # The app's defaults have no `experiment` group (reproduce with +experiment=best); False for
-    # a layout like lightning-hydra-template's (`experiment: null`: experiment=best).
-    experiment_added: bool = True
-    sweep_groups: list[str] = field(default_factory=list)  # groups that configure the sweep
-    metrics_named: bool = True  # gpuopt metrics (speedups) rather than an app's plain values
-
-    def reproduce_experiment(self, name: str) -> str:
-        """The command that runs experiment/<name>.yaml of this sweep in this app."""
-        plus = "+" if self.experiment_added else ""
-        return f"{self.app_command} --config-dir {self.sweep_dir} {plus}{EXPERIMENT_GROUP}={name}"
 
 
 def _declare_hint(study: optuna.Study, sweep: SweepIdentity, baseline: Any) -> str | None:

@@ -17,7 +17,7 @@ from gpuopt.core.secrets import mask_secrets
 from gpuopt.study import storage as storage_mod
 from gpuopt.study.keys import ATTR_OWNER, ATTR_REASON, ATTR_TRACEBACK
 from gpuopt.study.rules import leading_trial
-from gpuopt.sweeper import resume
+from gpuopt.sweeper import owners
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.summary import progress_line
 
@@ -51,8 +51,8 @@ def failure_text(number: int, user_attrs: dict[str, Any], traceback: str | None 
 
 
 def study_done(trials: Sequence[Any]) -> int:
-    """The study's finished trials that count towards n_trials (resume.counted, not in flight)."""
-    return sum(1 for t in trials if t.state.is_finished() and resume.counted(t))
+    """The study's finished trials that count towards n_trials (owners.counted, not in flight)."""
+    return sum(1 for t in trials if t.state.is_finished() and owners.counted(t))
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Progress:
     last_failure: str = ""  # failure_text of this worker's last failed trial
     started_at: datetime.datetime = field(default_factory=datetime.datetime.now)  # Optuna's clock
     done_at_start: int | None = None  # the study's finished trials when the trials started
-    me: str = field(default_factory=lambda: resume.worker_name(resume.this_owner()))
+    me: str = field(default_factory=lambda: owners.worker_name(owners.this_owner()))
     several: bool = False  # another worker has worked on the study during this run
 
     def start(self, trials: Any) -> None:
@@ -134,7 +134,7 @@ class Progress:
         """Whether another worker ran a trial of the study since this worker started."""
         for t in trials:
             owner = t.system_attrs.get(ATTR_OWNER)
-            if not owner or resume.worker_name(owner) == self.me:
+            if not owner or owners.worker_name(owner) == self.me:
                 continue
             if t.datetime_complete is None or t.datetime_complete >= self.started_at:
                 return True

@@ -1,20 +1,14 @@
-"""Resuming a study: which trials count towards n_trials, and what a killed sweep left behind.
+"""Resuming a study: what a killed sweep left behind, and the writes that recover it.
 
 A RUNNING trial whose owner (host, pid, start time: its system attrs) is gone on this host, whose
 worker stopped beating (Optuna's heartbeat), or which never got an owner is failed and its params
-enqueued again. Workers sharing a study count alike: a freshly asked trial runs only if fewer than
-n_trials counted-or-waiting trials have a lower number (`is_surplus`); storage-assigned numbers
-mean two racing workers never both see the other ahead. A surplus trial is void (FAIL, never
-counted)."""
+enqueued again. A surplus trial (owners.is_surplus) is void (FAIL, never counted)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuopt.core._compat import (
@@ -25,7 +19,6 @@ from gpuopt.core._compat import (
     trial_id,
     unwrap_storage,
 )
-from gpuopt.core.lifeline import process_alive, start_ticks
 from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_FIXED_PARAMS,
@@ -40,35 +33,9 @@ from gpuopt.study.keys import (
     STUDY_CONFIRM_CLAIM,
 )
 from gpuopt.sweeper import record
+from gpuopt.sweeper.owners import owner_alive, study_id, this_owner, worker_name
 
 log = logging.getLogger("gpuopt.sweeper")
-
-
-def host_name() -> str:
-    """This worker's host as recorded on its trials. GPUOPT_HOSTNAME overrides it where hosts
-    share a name (containers): pid checks are only made for trials of the same host name."""
-    return os.environ.get("GPUOPT_HOSTNAME") or socket.gethostname()
-
-
-def worker_name(owner: dict[str, Any] | None) -> str:
-    owner = owner or {}
-    return f"{owner.get('host')}:{owner.get('pid')}"
-
-
-def this_owner() -> dict[str, Any]:
-    pid = os.getpid()
-    return {"host": host_name(), "pid": pid, "start": start_ticks(pid)}
-
-
-def owner_alive(owner: dict[str, Any] | None) -> bool | None:
-    """True/False for an owner on this host (a zombie or a reused pid is dead); None when it
-    cannot be told (another host, no owner)."""
-    if not isinstance(owner, dict) or owner.get("host") != host_name():
-        return None
-    pid = owner.get("pid")
-    if not isinstance(pid, int):
-        return None
-    return process_alive(pid, owner.get("start"))
 
 
 def recover_interrupted(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
@@ -195,62 +162,6 @@ def void(study: Any, trial: Any, why: str) -> None:
     record.fail_trial(study, trial, attrs)
 
 
-def counted(trial: Any) -> bool:
-    """Whether a trial counts towards n_trials: finished, and not an interrupted one (re-run)."""
-    from optuna.trial import TrialState
-
-    if trial.state == TrialState.RUNNING:
-        return owner_alive(trial.system_attrs.get(ATTR_OWNER)) is not False  # in flight elsewhere
-    if trial.state == TrialState.WAITING:
-        return False
-    return not trial.user_attrs.get(ATTR_INTERRUPTED, False) and not trial.user_attrs.get(ATTR_VOID)
-
-
-def is_surplus(number: int, trials: Sequence[Any], n_trials: int) -> bool:
-    """Whether trial `number`, just asked, would exceed n_trials (the module docstring's rule).
-    WAITING trials count as ahead: popped by another worker, or re-runs that go first."""
-    from optuna.trial import TrialState
-
-    ahead = sum(
-        1 for t in trials if t.number < number and (counted(t) or t.state == TrialState.WAITING)
-    )
-    return ahead >= n_trials
-
-
-def duplicate_baseline(number: int, trials: Sequence[Any]) -> bool:
-    """Whether trial `number` is a baseline enqueued twice (two workers started at once)."""
-    return has_baseline(t for t in trials if t.number < number)
-
-
-def running_elsewhere(trials: Sequence[Any]) -> list[Any]:
-    """RUNNING trials another live worker is measuring (other hosts: alive until their
-    heartbeat goes stale). While any remain, this worker is not the study's last."""
-    from optuna.trial import TrialState
-
-    me = this_owner()
-    return [
-        t
-        for t in trials
-        if t.state == TrialState.RUNNING
-        and (owner := t.system_attrs.get(ATTR_OWNER)) != me
-        and owner_alive(owner) is not False
-    ]
-
-
-def trials_to_go(trials: Sequence[Any], n_trials: int) -> int:
-    return max(0, n_trials - sum(1 for t in trials if counted(t)))
-
-
-def has_baseline(trials: Iterable[Any]) -> bool:
-    """A baseline trial exists (finished, running, or waiting to be re-run)."""
-    return any(
-        t.user_attrs.get(ATTR_BASELINE)
-        and not t.user_attrs.get(ATTR_INTERRUPTED)
-        and not t.user_attrs.get(ATTR_VOID)
-        for t in trials
-    )
-
-
 def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> bool:
     """Whether this worker runs the confirmation round for a study of `after_trials` trials.
 
@@ -268,18 +179,6 @@ def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> 
     record.study_system_attr(storage, sid, STUDY_CONFIRM_CLAIM, mine)
     time.sleep(settle_s)
     return storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM) == mine
-
-
-_STUDY_IDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-
-
-def study_id(study: Any) -> int:
-    """The storage's id of a study, looked up once per Study object (the heartbeat check asked
-    for it between every two batches: one storage query per trial)."""
-    sid = _STUDY_IDS.get(study)
-    if sid is None:
-        sid = _STUDY_IDS[study] = storage_of(study).get_study_id_from_name(study.study_name)
-    return sid
 
 
 def fail_own_running(study: Any, reason: str) -> list[int]:
@@ -387,13 +286,6 @@ def recover(
                 cause,
             )
     return changed
-
-
-def frozen_of(trials: Sequence[Any], number: int) -> Any | None:
-    """Trial `number` of a study's trials (as `get_trials` lists them: by number, from 0)."""
-    if 0 <= number < len(trials) and trials[number].number == number:
-        return trials[number]
-    return next((t for t in trials if t.number == number), None)
 
 
 def _read(study: Any, trials: Sequence[Any] | None) -> Sequence[Any]:

@@ -1,6 +1,6 @@
 """The shared measuring process, sweeper side (torch-free): `python -m gpuopt.processes.shared_windows`
 driven one command at a time (gpuopt.core.shared_protocol) for the race and the in-process
-confirmation, and which configurations may share it (`shareable`).
+confirmation (which configurations may share it: race/policy.shareable).
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from gpuopt.core import knobs
 from gpuopt.core import shared_protocol as protocol
 from gpuopt.core.result import TrialResult
-from gpuopt.study.configs import flatten
 from gpuopt.sweeper.launchers.results import describe_exit, fatal_error
 from gpuopt.sweeper.objectives import TrialOutcome, error_outcome
 
@@ -43,25 +41,6 @@ SCREEN_DEADLINE = 3.0
 # A candidate whose build or window takes longer than this is pruned: its steps are that slow
 # (fp16 convolutions on some CPUs: minutes a step). The process is restarted without it.
 SCREEN_TIMEOUT_S = 60.0
-
-
-def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
-    """Why `candidate` cannot share a process with `baseline` (their stored spec dicts), or None."""
-    if not baseline or not candidate:
-        return "no resolved gpuopt trial config (a task of its own)"
-    for config in (baseline, candidate):
-        if (config.get("engine") or {}).get("name", "native") != "native":
-            return "the Lightning engine builds its own loop"
-        if (config.get("compile") or {}).get("mode", "off") != "off":
-            return "torch.compile"
-        if (config.get("distributed") or {}).get("kind", "none") != "none":
-            return "a distributed trial starts its own ranks"
-    a, b = flatten(dict(baseline)), flatten(dict(candidate))
-    differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    # each member builds its own loader, model and optimizer; process-wide settings (threads,
-    # matmul precision) are re-applied before each window (gpuopt.core.knobs)
-    apart = [k for k in differing if not knobs.shareable(k)]
-    return f"{apart[0]} differs" if apart else None
 
 
 def write_config(config: Any, directory: Path, name: str) -> Path:

@@ -27,9 +27,8 @@ from gpuopt.sweeper.objectives import (
     resolve_objectives,
     utilization_note,
 )
-from gpuopt.sweeper.open_study import space_digest
+from gpuopt.sweeper.open_study import SweepIdentity, space_digest
 from gpuopt.sweeper.options import SweeperOptions
-from gpuopt.sweeper.outputs import SweepIdentity
 from gpuopt.sweeper.space import SearchSpace
 
 log = logging.getLogger("gpuopt.sweeper")

@@ -1,7 +1,7 @@
 """One worker's trials of a study: ask, launch, record, until the study holds n_trials.
 
 The study, not this process, is the source of truth (other workers may share it): what is left is
-re-read before every batch, and trials are asked under resume.py's counting rule. The study is read
+re-read before every batch, and trials are asked under owners.py's counting rule. The study is read
 (`get_trials`, a few ms each on SQLite) only where it must be fresh (after a launch, after each
 tell) and that snapshot is passed on; anew only where a snapshot could be wrong (after waiting,
 after recovery, after an ask it cannot decide). A batch of n_jobs trials reads it n_jobs + 2 times
@@ -38,7 +38,7 @@ from gpuopt.study.keys import (
     ATTR_REPLICATE_OF,
     ATTR_WARNINGS,
 )
-from gpuopt.sweeper import baseline, profile_runs, record, repeats, resume
+from gpuopt.sweeper import baseline, owners, profile_runs, record, repeats, resume
 from gpuopt.sweeper.objectives import TrialOutcome
 from gpuopt.sweeper.open_study import relabel_plain_objectives
 from gpuopt.sweeper.options import SweeperOptions
@@ -83,7 +83,7 @@ class TrialRunner:
                     trials = study.get_trials(deepcopy=False)
                 if resume.recover(study, self.ownerless, trials, self.stale_gate):
                     trials = study.get_trials(deepcopy=False)  # failed and re-queued some
-                to_go = resume.trials_to_go(trials, self.n_trials)
+                to_go = owners.trials_to_go(trials, self.n_trials)
             first = False
             if to_go <= 0:
                 # n_trials are taken; trials of other workers may still be running. With heartbeats
@@ -93,7 +93,7 @@ class TrialRunner:
                     return
                 waiting_logged, trials = True, None  # it waited: the study is read anew
                 continue
-            asked, full = self._ask(study, min(self.options.n_jobs, to_go), trials, space)
+            asked, full = self.ask(study, min(self.options.n_jobs, to_go), trials, space)
             if not asked:
                 return
             trials = self._run_batch(study, asked, space, progress)
@@ -109,7 +109,7 @@ class TrialRunner:
         """Whether to wait (a moment) for other workers' trials; False: this worker is done."""
         if trials is None:
             trials = study.get_trials(deepcopy=False)
-        others = resume.running_elsewhere(trials)
+        others = owners.running_elsewhere(trials)
         if not others or not storage_mod.heartbeat_on(storage_of(study)):
             return False
         if not logged:
@@ -120,17 +120,17 @@ class TrialRunner:
         time.sleep(min(2.0, float(self.options.heartbeat_interval or 2)))
         return True
 
-    def _ask(
+    def ask(
         self,
         study: optuna.Study,
         n: int,
         trials: list[FrozenTrial] | None = None,
         space: SearchSpace | None = None,
     ) -> tuple[list[Trial], bool]:
-        """Up to n trials this worker may run, and whether the study is full (resume.py's rule).
+        """Up to n trials this worker may run, and whether the study is full (owners.is_surplus).
         With the `space`, params are suggested here (`_no_blind_repeat`)."""
         out: list[Trial] = []
-        storage, owner = storage_of(study), resume.this_owner()
+        storage, owner = storage_of(study), owners.this_owner()
         while len(out) < n:
             with warnings.catch_warnings():
                 # "Heartbeat of storage is supposed to be used with Study.optimize": gpuopt runs
@@ -139,11 +139,11 @@ class TrialRunner:
                 trial = study.ask()
             own_and_beat(storage, trial_id(trial), owner)
             trials = self._counting(study, trial, trials)
-            if resume.is_surplus(trial.number, trials, self.n_trials):
+            if owners.is_surplus(trial.number, trials, self.n_trials):
                 resume.void(study, trial, f"surplus: other workers hold n_trials={self.n_trials}")
                 log.info("trial #%d not run: the study's n_trials are taken", trial.number)
                 return out, True
-            if trial.user_attrs.get(ATTR_BASELINE) and resume.duplicate_baseline(
+            if trial.user_attrs.get(ATTR_BASELINE) and owners.duplicate_baseline(
                 trial.number, trials
             ):
                 resume.void(study, trial, "duplicate baseline (enqueued by two workers at once)")
@@ -169,7 +169,7 @@ class TrialRunner:
         if self.extender is None:
             repeats.install(study, space.distributions)
         try:
-            self._configure(trial, space)
+            self.configure(trial, space)
         except Exception as exc:  # a bad custom_search_space: none of these may stay RUNNING
             reason = f"the sweep stopped: {type(exc).__name__}: {exc}"
             resume.fail_unfinished(study, [*asked, trial], reason)
@@ -194,7 +194,7 @@ class TrialRunner:
             before is not None
             and trial.number <= len(before)
             and not trial.user_attrs.get(ATTR_BASELINE)
-            and not resume.is_surplus(trial.number, before, self.n_trials)
+            and not owners.is_surplus(trial.number, before, self.n_trials)
         ):
             return before
         return study.get_trials(deepcopy=False)
@@ -213,7 +213,7 @@ class TrialRunner:
         if storage_mod.heartbeat_on(storage_of(study)) and hasattr(self.launcher, "stop_check"):
             self.launcher.stop_check = elsewhere.reason  # a paused worker's stale trial: stop it
         try:
-            overrides = [self._configure(t, space) for t in trials]
+            overrides = [self.configure(t, space) for t in trials]
             launched = profile_runs.launch_overrides(self.options, trials, overrides)
             returns = launch(self.launcher, launched, [t.number for t in trials])
             snapshot = study.get_trials(deepcopy=False)
@@ -229,7 +229,7 @@ class TrialRunner:
                     )
                     snapshot = None
                     continue
-                snapshot = self._record(study, trial, trial_overrides, ret, space, progress, now)
+                snapshot = self.record(study, trial, trial_overrides, ret, space, progress, now)
         except Exception as exc:
             # The sweep stops (a bad custom_search_space, a storage error): none of its trials
             # may stay RUNNING, or every later run of the study would find them in flight.
@@ -242,7 +242,7 @@ class TrialRunner:
                 beat.join()
         return snapshot
 
-    def _record(
+    def record(
         self,
         study: optuna.Study,
         trial: Trial,
@@ -271,7 +271,7 @@ class TrialRunner:
             baseline.enqueue_seeds(study, trial, outcome, space, self.n_trials)
         return after
 
-    def _configure(self, trial: Trial, space: SearchSpace) -> list[str]:
+    def configure(self, trial: Trial, space: SearchSpace) -> list[str]:
         """Suggest the trial's params once; its overrides. The baseline suggests only the keys it
         was enqueued with."""
         if trial.number not in self.configured:
@@ -334,7 +334,7 @@ def own_and_beat(storage: Any, trial_id_: int, owner: dict[str, Any]) -> None:
 
 
 def still_running(trials: list[FrozenTrial], trial: Trial) -> bool:
-    frozen = resume.frozen_of(trials, trial.number)
+    frozen = owners.frozen_of(trials, trial.number)
     return frozen is not None and frozen.state == TrialState.RUNNING
 
 
@@ -385,7 +385,7 @@ def overlapping(trial: Any, trials: Sequence[Any], now: dt.datetime) -> list[int
             or other_owner.get("pid") == owner.get("pid")
         ):
             continue
-        if other.state == TrialState.RUNNING and resume.owner_alive(other_owner) is False:
+        if other.state == TrialState.RUNNING and owners.owner_alive(other_owner) is False:
             continue  # a dead sweep's trial, not yet recovered: it does not run now
         other_span = _interval(other, now)
         if other_span is not None and other_span[0] < span[1] and span[0] < other_span[1]:
@@ -400,7 +400,7 @@ def flag_interference(
     and the log. `trials`: the study's trials read after the run (None: read here)."""
     if trials is None:
         trials = study.get_trials(deepcopy=False)
-    frozen = resume.frozen_of(trials, trial.number)
+    frozen = owners.frozen_of(trials, trial.number)
     # Optuna's datetimes are naive local time of the worker's host
     others = overlapping(frozen, trials, dt.datetime.now()) if frozen is not None else []
     if not others:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuopt.sweeper import outputs
+from gpuopt.sweeper.open_study import SweepIdentity
 
 
-def sweep_identity(sweep_dir: Path, *names: str) -> outputs.SweepIdentity:
+def sweep_identity(sweep_dir: Path, *names: str) -> SweepIdentity:
     """gpuopt's own task in `sweep_dir`, its objectives `names` (throughput by default) maximized."""
     metrics = list(names) or ["throughput"]
-    return outputs.SweepIdentity(
+    return SweepIdentity(
         study_name="s",
         storage="memory",
         sweep_dir=sweep_dir,

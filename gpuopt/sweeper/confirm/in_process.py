@@ -18,7 +18,8 @@ from gpuopt.core.shared_protocol import Failure
 from gpuopt.study.configs import config_of
 from gpuopt.study.keys import ATTR_OVERRIDES
 from gpuopt.sweeper.comparison import Executor, Measurement
-from gpuopt.sweeper.shared_process import MIN_STEPS, SharedProcess, shareable, write_config
+from gpuopt.sweeper.race.policy import shareable
+from gpuopt.sweeper.shared_process import MIN_STEPS, SharedProcess, write_config
 
 log = logging.getLogger("gpuopt.sweeper")
 

@@ -36,12 +36,13 @@ from gpuopt.study.records import (
     read_confirmation,
 )
 from gpuopt.study.rules import plain_names
-from gpuopt.sweeper import comparison, resume
+from gpuopt.sweeper import comparison, owners, resume
 from gpuopt.sweeper.comparison import Budget, Compared, Executor, Measurement, PairStop
 from gpuopt.sweeper.confirm import in_process
 from gpuopt.sweeper.confirm.schedule import (
     WINDOW_OBJECTIVES,
     ConfirmPlan,
+    Pending,
     answers_among,
     candidates,
     confirmed_configs,
@@ -78,7 +79,7 @@ def confirm_if_last(
     job's config, for the in-process mode; `app_config`: the config the overrides apply to."""
     all_trials = study.get_trials(deepcopy=False)
     previous = read_confirmation(study.user_attrs)
-    others = resume.running_elsewhere(all_trials)
+    others = owners.running_elsewhere(all_trials)
     if others:
         log.info(
             "%d trial(s) still running in other workers: the last worker to finish runs the "
@@ -88,7 +89,7 @@ def confirm_if_last(
         return previous
     if plain_names(study.user_attrs.get(STUDY_OBJECTIVES)):
         return None  # a stock-style task: its values are not noisy measurements to confirm
-    counted = sum(1 for t in all_trials if resume.counted(t))
+    counted = sum(1 for t in all_trials if owners.counted(t))
     if previous is not None and previous.after_trials == counted:
         return previous  # nothing new since the last confirmation
     baseline, ranked, feasible = candidates(all_trials, directions)
@@ -304,19 +305,6 @@ def fresh_process_runs(
     return measure_config
 
 
-@dataclass(frozen=True)
-class Pending:
-    """The sweep's result comes from other workers: `workers` (host:pid) and why, in words."""
-
-    workers: tuple[str, ...]
-    text: str
-
-    @property
-    def worker(self) -> str:
-        """The `pending` field of optimization_results.yaml."""
-        return ", ".join(self.workers)
-
-
 def elsewhere(
     study: Any,
     confirmation: Confirmation | None,
@@ -329,10 +317,10 @@ def elsewhere(
     trials. A worker that does not confirm publishes the best so far, marked pending, never a
     best.yaml of its own: the confirming worker may overturn it."""
     trials = study.get_trials(deepcopy=False)
-    counted = sum(1 for t in trials if resume.counted(t))
+    counted = sum(1 for t in trials if owners.counted(t))
     if confirmation is not None and confirmation.after_trials == counted:
         return None  # final for these trials
-    claim = storage_of(study).get_study_system_attrs(resume.study_id(study))
+    claim = storage_of(study).get_study_system_attrs(owners.study_id(study))
     claim = claim.get(STUDY_CONFIRM_CLAIM)
     _, ranked, _ = candidates(trials, directions)  # whether these trials get a round
     confirms = (
@@ -345,14 +333,14 @@ def elsewhere(
         confirms
         and isinstance(claim, dict)
         and claim.get("after_trials") == counted
-        and claim.get("owner") not in (None, resume.this_owner())
-        and resume.owner_alive(claim.get("owner")) is not False
+        and claim.get("owner") not in (None, owners.this_owner())
+        and owners.owner_alive(claim.get("owner")) is not False
     ):
         owner = claim["owner"]
         name = f"{owner.get('host')}:{owner.get('pid')}"
         return Pending((name,), f"the confirmation runs in worker {name}")
-    owners = [t.system_attrs.get(ATTR_OWNER) or {} for t in resume.running_elsewhere(trials)]
-    others = tuple(sorted({f"{o.get('host')}:{o.get('pid')}" for o in owners}))
+    holders = [t.system_attrs.get(ATTR_OWNER) or {} for t in owners.running_elsewhere(trials)]
+    others = tuple(sorted({f"{o.get('host')}:{o.get('pid')}" for o in holders}))
     if not others:
         return None
     then = "confirms and " if confirms else ""

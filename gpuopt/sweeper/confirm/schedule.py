@@ -134,3 +134,16 @@ def confirmed_configs(chosen: Sequence[Any]) -> list[ConfirmedConfig]:
 def params_key(params: dict[str, Any]) -> tuple:
     """Trials with the same params are one configuration."""
     return tuple(sorted((k, repr(v)) for k, v in params.items()))
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The sweep's result comes from other workers: `workers` (host:pid) and why, in words."""
+
+    workers: tuple[str, ...]
+    text: str
+
+    @property
+    def worker(self) -> str:
+        """The `pending` field of optimization_results.yaml."""
+        return ", ".join(self.workers)

@@ -1,4 +1,5 @@
-"""When a sweep can race (`why_not`), and the race's arithmetic (torch-free, pure functions).
+"""When a sweep can race (`why_not`), which configurations may share one process (`shareable`:
+the race's and the in-process confirmation's rule), and the race's arithmetic (torch-free).
 
 A race needs every configuration of the space to share one process with the baseline, a fresh
 study (values measured in a warm shared process must never meet values of fresh processes), one
@@ -19,9 +20,9 @@ from optuna.trial import TrialState
 from gpuopt.core import knobs
 from gpuopt.core._compat import submitit_executor_kind
 from gpuopt.core.metrics import metric
+from gpuopt.study.configs import flatten
 from gpuopt.study.keys import ATTR_BASELINE, ATTR_RACE
 from gpuopt.sweeper.confirm.schedule import WINDOW_OBJECTIVES
-from gpuopt.sweeper.shared_process import shareable
 
 BASELINE = "baseline"
 # What the screen ranks on, per first objective (a candidate's epoch boundary is not measured yet).
@@ -78,6 +79,25 @@ def why_not(
     if apart:
         return f"{apart[0]} cannot change inside one process"
     return shareable(composed, composed)
+
+
+def shareable(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> str | None:
+    """Why `candidate` cannot share a process with `baseline` (their stored spec dicts), or None."""
+    if not baseline or not candidate:
+        return "no resolved gpuopt trial config (a task of its own)"
+    for config in (baseline, candidate):
+        if (config.get("engine") or {}).get("name", "native") != "native":
+            return "the Lightning engine builds its own loop"
+        if (config.get("compile") or {}).get("mode", "off") != "off":
+            return "torch.compile"
+        if (config.get("distributed") or {}).get("kind", "none") != "none":
+            return "a distributed trial starts its own ranks"
+    a, b = flatten(dict(baseline)), flatten(dict(candidate))
+    differing = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    # each member builds its own loader, model and optimizer; process-wide settings (threads,
+    # matmul precision) are re-applied before each window (gpuopt.core.knobs)
+    apart = [k for k in differing if not knobs.shareable(k)]
+    return f"{apart[0]} differs" if apart else None
 
 
 def measured_apart(trials: Sequence[Any]) -> int:

@@ -37,7 +37,7 @@ from gpuopt.study.keys import (
     ATTR_STATUS,
 )
 from gpuopt.study.rules import pick_baseline
-from gpuopt.sweeper import global_batch, profile_runs, record, resume
+from gpuopt.sweeper import global_batch, owners, profile_runs, record, resume
 from gpuopt.sweeper.comparison import calibrated
 from gpuopt.sweeper.confirm.schedule import with_overrides
 from gpuopt.sweeper.launchers.results import TrialDiagnostics
@@ -47,7 +47,6 @@ from gpuopt.sweeper.race import policy, screen
 from gpuopt.sweeper.race.screen import Turn
 from gpuopt.sweeper.shared_process import SharedProcess, write_config
 from gpuopt.sweeper.space import SearchSpace
-from gpuopt.sweeper.trials import TrialRunner
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -80,9 +79,12 @@ class Screened:
 
 
 @dataclass
-class RaceRunner(TrialRunner):
-    """A TrialRunner whose trials run in one shared process."""
+class RaceRunner:
+    """A worker's trials run in one shared process; `trials` (the worker's sweeper.trials.
+    TrialRunner) asks, configures and records them, and runs them in fresh processes where the
+    race cannot go on."""
 
+    trials: Any
     compose: Callable[[list[str]], Any] | None = None  # a job's config as the launcher composes it
     # This round's candidates that keep the baseline's training by their params (_decide)
     same_training: set[str] = field(default_factory=set)
@@ -98,18 +100,18 @@ class RaceRunner(TrialRunner):
         """The race; its process stays open (`process`) until the caller closes it."""
         progress.start(study.get_trials(deepcopy=False))
         race = self.process = SharedProcess.open(
-            self.directory, self.objective, self.options.race.window_s
+            self.directory, self.objective, self.trials.options.race.window_s
         )
         if race.error:
             log.warning("race: %s; every trial in a fresh process instead", race.error)
-            super().run(study, to_go, space, progress)
+            self.trials.run(study, to_go, space, progress)
             return
         try:
             if not self._baseline(study, space, progress):
                 log.warning("race: no baseline to pair windows with; the rest in fresh processes")
                 race.close()
-                to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
-                super().run(study, to_go, space, progress)
+                to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.trials.n_trials)
+                self.trials.run(study, to_go, space, progress)
                 return
             self._rounds(study, space, progress)
         except BaseException:
@@ -117,16 +119,18 @@ class RaceRunner(TrialRunner):
             raise
 
     def _rounds(self, study: optuna.Study, space: SearchSpace, progress: Progress) -> None:
-        to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+        to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.trials.n_trials)
         while to_go > 0:
             # asked with the space: a repeat of a measured configuration is replaced (repeats.py)
-            trials, full = self._ask(study, min(to_go, self.options.race.screen), space=space)
+            trials, full = self.trials.ask(
+                study, min(to_go, self.trials.options.race.screen), space=space
+            )
             if not trials:
                 return
             self._round(study, trials, space, progress)
             if full:
                 return
-            to_go = resume.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
+            to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.trials.n_trials)
 
     def _round(
         self,
@@ -167,11 +171,11 @@ class RaceRunner(TrialRunner):
         if done is not None:  # its stored overrides (a secret in them masked: none in a task's)
             overrides = list(done.user_attrs.get(ATTR_OVERRIDES) or [])
         else:
-            trials, _ = self._ask(study, 1)
+            trials, _ = self.trials.ask(study, 1)
             if not trials:
                 return False
             trial = trials[0]
-            overrides = self._configure(trial, space)
+            overrides = self.trials.configure(trial, space)
             self._whole(study, trial, overrides, space, progress)
             done = study.get_trials(deepcopy=False)[trial.number]
         if done.state != TrialState.COMPLETE or not done.user_attrs.get(ATTR_BASELINE):
@@ -184,7 +188,7 @@ class RaceRunner(TrialRunner):
     # ---- 2. the screen ------------------------------------------------------------------------
     def _screen(self, trials: list[Trial], space: SearchSpace) -> list[Screened]:
         """B ctl B ctl ... B c1 B c1 ... B (race/screen.py), each arm built only for its turn."""
-        entries = [Screened(t, self._configure(t, space), f"#{t.number}") for t in trials]
+        entries = [Screened(t, self.trials.configure(t, space), f"#{t.number}") for t in trials]
         control = with_overrides(self.baseline_overrides, [policy.SCREEN_WARMUP])
         configs = {policy.CONTROL: self._config_file(control, policy.CONTROL)}
         for entry in entries:
@@ -200,7 +204,7 @@ class RaceRunner(TrialRunner):
             log.info(screen_line(entry, len(done), len(entries), self.objective))
 
         compared, windows = screen.screen(
-            self.process, configs, self.objective, self.options.race, self._restart, report
+            self.process, configs, self.objective, self.trials.options.race, self._restart, report
         )
         metric = policy.SCREEN_METRIC[self.objective]
         ratios, self.control = calibrated(screen.raw_ratios(compared, metric), policy.CONTROL)
@@ -214,7 +218,7 @@ class RaceRunner(TrialRunner):
     def _restart(self) -> SharedProcess:
         """A new race process with the baseline built (after a candidate too slow to screen)."""
         race = self.process = SharedProcess.open(
-            self.directory, self.objective, self.options.race.window_s
+            self.directory, self.objective, self.trials.options.race.window_s
         )
         race.add(policy.BASELINE, self.directory / f"{policy.BASELINE}.yaml")
         return race
@@ -239,7 +243,7 @@ class RaceRunner(TrialRunner):
             and entry.failure is None
             and global_batch.keeps_training(rule, entry.trial.params, baseline.params)
         }
-        race = self.options.race
+        race = self.trials.options.race
         chosen = policy.finalists(ratios, race.finalists, race.floor, self.same_training)
         if len(chosen) > race.finalists:
             log.info(
@@ -251,7 +255,7 @@ class RaceRunner(TrialRunner):
         for entry in screened:
             if entry.failure is not None:
                 ret = _returned(entry.failure)
-                self._record(study, entry.trial, entry.overrides, ret, space, progress)
+                self.trials.record(study, entry.trial, entry.overrides, ret, space, progress)
             elif entry.label not in chosen:
                 self._prune(study, entry, self._screen_record(entry, ratios), progress)
         by_label = {entry.label: entry for entry in screened}
@@ -263,8 +267,8 @@ class RaceRunner(TrialRunner):
             "ratio": ratios.get(entry.label),
             "rank": policy.rank_of(entry.label, ratios),
             "of": len(ratios),
-            "window_s": self.options.race.window_s,
-            "floor": self.options.race.floor,
+            "window_s": self.trials.options.race.window_s,
+            "floor": self.trials.options.race.floor,
             "control": self.control,  # the ratio is over the control's (policy.CONTROL)
             "same_training": entry.label in self.same_training,  # holds the global batch and lr
             "window": {
@@ -284,7 +288,7 @@ class RaceRunner(TrialRunner):
     ) -> None:
         """Told PRUNED, with `read` as its `race` user attr."""
         ratio, rank, of = read["ratio"], read["rank"], read["of"]
-        reason = reason or prune_reason(entry, ratio, rank, of, self.options.race)
+        reason = reason or prune_reason(entry, ratio, rank, of, self.trials.options.race)
         attrs = {
             ATTR_OVERRIDES: entry.overrides,
             ATTR_STATUS: "pruned",
@@ -311,12 +315,12 @@ class RaceRunner(TrialRunner):
         """`entry` read over the baseline in more windows; pruned if that reads it below the floor,
         else measured as a whole trial told in the baseline's frame."""
         paired, self.process = screen.read_over_baseline(
-            self.process, entry.label, entry.config_file, self.objective, self.options.race,
+            self.process, entry.label, entry.config_file, self.objective, self.trials.options.race,
             self._restart, self.control,
         )  # fmt: skip
         screened = {**screened, "paired": paired.to_json()}
         ratio = paired.ratio(policy.SCREEN_METRIC[self.objective])
-        floor = self.options.race.floor
+        floor = self.trials.options.race.floor
         log.info("race: %s", paired_line(entry, paired, self.objective))
         if ratio is None or ratio < floor:
             read = "no paired reading" if ratio is None else f"{ratio:.2f}x the baseline"
@@ -343,7 +347,7 @@ class RaceRunner(TrialRunner):
         the baseline's frame, its `race` user attr with the whole trial's seconds and readings."""
         launched = (
             [*overrides, profile_runs.PROFILE_ON]
-            if profile_runs.enabled(self.options)
+            if profile_runs.enabled(self.trials.options)
             else overrides
         )
         run_dir = self.directory.parent / f"trial_{trial.number}"
@@ -360,7 +364,7 @@ class RaceRunner(TrialRunner):
                 screened["whole_window"] = own
             ret = _returned(result, run_dir, self.directory)
             record.trial_attrs(study, trial, {ATTR_RACE: screened})
-        self._record(study, trial, overrides, ret, space, progress)
+        self.trials.record(study, trial, overrides, ret, space, progress)
 
     def _config_file(self, overrides: list[str], stem: str) -> Path:
         """The job config the launcher would compose for `overrides`, as `<stem>.yaml`."""
