@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from gpuopt.core._compat import hydra_args_parser, report_as_hydra
+from gpuopt.core.checks import resolved_or_written
 from gpuopt.core.errors import ConfigError, config_error_from_hydra
 from gpuopt.core.fmt import fixed, limit_share
 from gpuopt.core.metrics import Metrics, run_rows
@@ -43,15 +43,6 @@ RESULT_FILE = "result.json"
 
 # Before @hydra.main composes: the defaults list starts with the schema `gpuopt_schema`.
 register_schemas()
-
-
-def _resolved_config(cfg: DictConfig) -> dict[str, Any]:
-    try:
-        container = OmegaConf.to_container(cfg, resolve=True)
-    except Exception:  # an unresolvable interpolation: keep it as written
-        container = OmegaConf.to_container(cfg, resolve=False)
-    assert isinstance(container, dict)
-    return container
 
 
 def _as_written(cfg: DictConfig) -> dict[str, Any]:
@@ -81,14 +72,16 @@ def run_config(
         except ConfigError as exc:
             if not multirun:
                 fail(exc)
-            result = TrialResult(status=Status.ERROR, reason=str(exc), config=_resolved_config(cfg))
+            result = TrialResult(
+                status=Status.ERROR, reason=str(exc), config=resolved_or_written(cfg)
+            )
             if output_dir is not None:
                 result.save(output_dir / RESULT_FILE)
             return result
 
     result = run_trial(prepared.spec, device=prepared.device)
     result.warnings = prepared.warnings + result.warnings
-    result.config = _resolved_config(cfg)
+    result.config = resolved_or_written(cfg)
     with_run_spread(result)
     if output_dir is not None:
         result.save(output_dir / RESULT_FILE)
@@ -153,10 +146,11 @@ def _result_rows(result: TrialResult) -> list[tuple[str, str, str]]:
     m = result.metrics
     for metric, row in run_rows():
         value = getattr(m, metric.name)
-        note = _NOTES[metric.name](m) if metric.name in _NOTES else row.note
+        note_of, cell_of = (globals().get(f"_{kind}_{metric.name}") for kind in ("note", "cell"))
+        note = note_of(m) if note_of else row.note
         if not row.optional or (value is not None and note is not None):
-            if metric.name in _CELLS:
-                cell = _CELLS[metric.name](result)
+            if cell_of:
+                cell = cell_of(result)
             else:
                 unit = metric.unit if row.unit is None else row.unit
                 cell = fixed(value, f" {unit}" if unit else "", row.digits)
@@ -197,63 +191,47 @@ def with_run_spread(result: TrialResult) -> None:
     )
 
 
-# The notes (None: no row) and cells that combine several metrics, by their row's metric: each
-# registered by the function that writes it, beside its code.
-_NOTES: dict[str, Callable[[Metrics], str | None]] = {}
-_CELLS: dict[str, Callable[[TrialResult], str]] = {}
-
-
-def _writes(table: dict[str, Any], metric: str) -> Callable[[Callable[..., Any]], Any]:
-    return lambda writer: table.setdefault(metric, writer)
-
-
-@_writes(_NOTES, "throughput")
-def _ci_note(m: Metrics) -> str:
+# The notes (None: no row) and cells that combine several metrics: `_note_<metric>` and
+# `_cell_<metric>` for the metric of their row, beside the catalogue rather than a table of its names.
+def _note_throughput(m: Metrics) -> str:
     if m.throughput_ci is None:
         return ""
     return f"± {m.throughput_ci * 100:.1f}% (95% CI over this window's steps)"
 
 
-@_writes(_NOTES, "run_spread")
-def _run_spread_note(m: Metrics) -> str:
+def _note_run_spread(m: Metrics) -> str:
     if m.run_spread is None:  # the command that measures it (result.json's `intervals` says more)
         return "scripts/bench_noise.py --spread-only" if m.intervals else ""
     return f"CV between {m.run_spread_runs} fresh processes (scripts/bench_noise.py)"
 
 
-@_writes(_CELLS, "run_spread")
-def _run_spread_cell(r: TrialResult) -> str:
+def _cell_run_spread(r: TrialResult) -> str:
     spread = r.metrics.run_spread
     if spread is None:
         return "not known" if r.metrics.intervals else "-"
     return f"± {spread * 100:.1f}%"
 
 
-@_writes(_NOTES, "throughput_amortized")
-def _epoch_note(m: Metrics) -> str:
+def _note_throughput_amortized(m: Metrics) -> str:
     boundary = fixed(m.epoch_overhead_s, " s", 2)
     return f"over {fixed(m.epoch_steps)}-step epochs (boundary {boundary})"
 
 
-@_writes(_NOTES, "step_time_ms")
-def _spread_note(m: Metrics) -> str:
+def _note_step_time_ms(m: Metrics) -> str:
     p10, p90 = fixed(m.step_time_p10_ms, " ms", 3), fixed(m.step_time_p90_ms, " ms", 3)
     return f"p10 {p10}, p90 {p90}, cv {fixed(m.step_time_cv, '', 3)}"
 
 
-@_writes(_NOTES, "limit_throughput")
-def _limit_note(m: Metrics) -> str | None:
+def _note_limit_throughput(m: Metrics) -> str | None:
     share = limit_share(dataclasses.asdict(m))  # the sweep summary's and the report's words
     return None if share is None else f"at {share}"
 
 
-@_writes(_NOTES, "timed_steps")
-def _stop_note(m: Metrics) -> str:
+def _note_timed_steps(m: Metrics) -> str:
     return f"stopped: {m.stop_reason or '-'}"
 
 
-@_writes(_NOTES, "world_size")
-def _ranks_note(m: Metrics) -> str:
+def _note_world_size(m: Metrics) -> str:
     return (
         f"straggler rank {fixed(m.straggler_rank)}, step time spread "
         f"{fixed(m.step_time_spread, ' %', 1)}, peak memory spread "
@@ -261,19 +239,16 @@ def _ranks_note(m: Metrics) -> str:
     )
 
 
-@_writes(_NOTES, "comm_share")
-def _comm_note(m: Metrics) -> str:
+def _note_comm_share(m: Metrics) -> str:
     exposed, overlapped = fixed(m.comm_exposed, " %", 1), fixed(m.comm_overlapped, " %", 1)
     return f"exposed {exposed}, overlapped {overlapped} of the profiled step (mean over ranks)"
 
 
-@_writes(_CELLS, "timed_steps")
-def _window_cell(r: TrialResult) -> str:
+def _cell_timed_steps(r: TrialResult) -> str:
     return f"{fixed(r.metrics.timed_steps)} steps in {fixed(r.metrics.timed_seconds, ' s', 2)}"
 
 
-@_writes(_CELLS, "world_size")
-def _ranks_cell(r: TrialResult) -> str:
+def _cell_world_size(r: TrialResult) -> str:
     return f"{r.metrics.world_size} ({r.env.get('backend', '-')})"
 
 

@@ -1,6 +1,6 @@
 """The profiled window of a distributed trial (`distributed=ddp | fsdp2` with `profile=on`): every
 rank profiles the same steps, its trace kept in the trial's run directory, and the communication
-share of the step read from it (gpuopt.trial.comm_trace): one real 2-rank gloo DDP trial whose
+share of the step read from it (gpuopt.trial.trace.comm_time): one real 2-rank gloo DDP trial whose
 rank 1 is slow (its peer must wait for it: exposed communication on rank 0), and the trace reading
 on hand-made events where the interval arithmetic, not the machine, is under test."""
 
@@ -17,10 +17,9 @@ import torch
 from torch import nn
 
 from gpuopt.core.result import Metrics, Status, TrialResult
-from gpuopt.trial.comm_trace import collective_name, comm_time
 from gpuopt.trial.profiled_window import RUN_DIR_ENV, TEMP_PREFIX, TRACE_FILE, ProfileSummary
 from gpuopt.trial.ranks import merge_ranks
-from gpuopt.trial.trace import STEP_SPAN
+from gpuopt.trial.trace import STEP_SPAN, collective_name, comm_time
 from tests.conftest import TINY_TRIAL
 from tests.helpers.cli import run_cli
 

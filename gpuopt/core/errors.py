@@ -17,9 +17,11 @@ from gpuopt.core.spec import PER_CPU_LIMIT, PER_CPU_LIMIT_FLOOR
 class ConfigError(ValueError):
     """An invalid configuration: raised before any trial work starts."""
 
+    what = "config"
+
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid config: {key}={value!r}; allowed: {allowed}")
+        super().__init__(f"invalid {self.what}: {key}={value!r}; allowed: {allowed}")
 
 
 class SweepConfigError(ConfigError):
@@ -27,9 +29,7 @@ class SweepConfigError(ConfigError):
     storage): raised before any trial runs. The one ConfigError of every process (the sweeper prints
     it as one line, exit status 2), whose line says it is the sweep's config that is wrong."""
 
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
-        super().__init__(key, value, allowed)
-        self.args = (f"invalid sweep config: {key}={value!r}; allowed: {allowed}",)
+    what = "sweep config"
 
 
 class ConfigFileError(ConfigError):

@@ -84,24 +84,7 @@ class Knob:
             raise ValueError(f"{self.key}: a NUMERICS key has the guard's check, no other key")
 
 
-# The guard's checks (`Knob.numerics`), each against the fp32 reference's way.
-def _precision(spec: TrialSpec) -> str | None:
-    return None if spec.precision.mode == "fp32" else f"precision {spec.precision.mode}"
-
-
-def _lightning_precision(spec: TrialSpec) -> str | None:
-    mode = spec.engine.precision if spec.engine.name == "lightning" else None
-    return None if mode in (None, "32-true") else f"engine.precision {mode}"
-
-
-def _compile(spec: TrialSpec) -> str | None:
-    return None if spec.compile.mode == "off" else f"compile {spec.compile.mode}"
-
-
-def _channels_last(spec: TrialSpec) -> str | None:
-    return "channels_last" if spec.model.get("channels_last") else None
-
-
+# The guard's checks (`Knob.numerics`) several keys share, each against the fp32 reference's way.
 def _accumulation(spec: TrialSpec) -> str | None:
     """Micro-batches accumulated into the global batch: another summation order."""
     steps = spec.accumulation_steps
@@ -176,9 +159,11 @@ NON_BLOCKING = Knob("loader.non_blocking", True,
                     poor=(Rule(("true",), CPU, "no accelerator: there is no host-to-device copy"),))
 PERSISTENT_WORKERS = Knob("loader.persistent_workers", True, tip="loader.persistent_workers=true")
 PRECISION = Knob("precision.mode", True, (NUMERICS,), _PRECISION_RULES, "precision=bf16 (or fp16)",
-                 group="precision", numerics=_precision)
+                 group="precision", numerics=lambda spec: None if spec.precision.mode == "fp32"
+                 else f"precision {spec.precision.mode}")
 COMPILE = Knob("compile.mode", False, (NUMERICS,), _COMPILE_RULES, "compile=reduce-overhead",
-               group="compile", numerics=_compile)
+               group="compile", numerics=lambda spec: None if spec.compile.mode == "off"
+               else f"compile {spec.compile.mode}")
 THREADS = Knob("device.num_threads", True,
                poor=(Rule((), {}, _CORES + "threads than cores oversubscribe", "cpus"),),
                tip="tune loader.num_workers and device.num_threads together")
@@ -186,7 +171,8 @@ ACCUMULATION = Knob("train.global_batch", True, (GLOBAL_BATCH, NUMERICS), batch=
                     numerics=_accumulation)
 FUSED = Knob("optimizer.fused", training=(NUMERICS,), tip="optimizer.fused=true", numerics=_kernels)
 CHANNELS_LAST = Knob("model.channels_last", training=(NUMERICS,), tip="model.channels_last=true",
-                     numerics=_channels_last)
+                     numerics=lambda spec: "channels_last" if spec.model.get("channels_last")
+                     else None)
 NPROC = Knob("distributed.nproc_per_node", training=(GLOBAL_BATCH, NUMERICS),
              poor=(Rule((), NOT_CUDA, "only {cpus} usable CPU core(s): one rank each", "cpus"),
                    Rule((), CUDA, "only {gpu_count} GPU(s): one rank each", "gpu_count")),
@@ -207,7 +193,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("model.activation_checkpointing", True),
     CHANNELS_LAST,
     Knob("model.", training=(WHAT,)),
-    Knob("engine.precision", training=(NUMERICS,), numerics=_lightning_precision),
+    Knob("engine.precision", training=(NUMERICS,), numerics=lambda spec: None
+         if spec.engine.name != "lightning" or spec.engine.precision in (None, "32-true")
+         else f"engine.precision {spec.engine.precision}"),
     Knob("distributed.kind", False, (NUMERICS,), group="distributed", numerics=_distributed),
     NPROC,
     Knob("distributed.backend", poor=(Rule(("nccl",), NOT_CUDA, "NCCL needs CUDA GPUs"),)),

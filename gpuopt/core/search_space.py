@@ -117,15 +117,12 @@ def write_proposal(run_dir: Path, observed: Mapping[str, Any], device: str) -> s
 
     from omegaconf import OmegaConf
 
+    from gpuopt.core.checks import resolved_or_written
+
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         return None
-    loaded = OmegaConf.load(path)
-    try:
-        config = OmegaConf.to_container(loaded, resolve=True)
-    except Exception:  # an interpolation that needs the running job (${hydra:...}): as written
-        config = OmegaConf.to_container(loaded, resolve=False)
-    traced = trace(config, observed)  # type: ignore[arg-type]
+    traced = trace(resolved_or_written(OmegaConf.load(path)), observed)
     if not traced:
         return None
     params, batch_keys = propose(traced, observed, device, os.cpu_count() or 1)

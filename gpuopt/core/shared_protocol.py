@@ -13,9 +13,9 @@ from dataclasses import KW_ONLY, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from gpuopt.core.metrics import names
 from gpuopt.core.result import Status, TrialResult
 
-METRIC = {"metric": True}  # a Reading field that is a metric (core/metrics' window metrics)
 M = TypeVar("M", bound="Message")
 Decoders = dict[str, Callable[[Any], Any]]
 
@@ -101,9 +101,9 @@ class Reading(Answer):
     median optimizer step; its `steps`, `seconds`, the untimed steps `drained` before it, whether
     it was read on those (`Window.give_up_below`)."""
 
-    throughput: float = field(metadata=METRIC)
-    throughput_amortized: float | None = field(metadata=METRIC)
-    step_time_ms: float = field(metadata=METRIC)
+    throughput: float  # these three: the catalogue's window="reads" metrics
+    throughput_amortized: float | None
+    step_time_ms: float
     steps: int
     seconds: float
     drained: int = 0
@@ -111,7 +111,7 @@ class Reading(Answer):
 
     @classmethod
     def metrics(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls) if f.metadata.get("metric"))
+        return names(window="reads")
 
     def value(self, metric: str) -> float | None:
         """The reading of `metric`, None where a window does not read it."""

@@ -16,7 +16,6 @@ EMPTY_CACHE_POLICIES = ("never", "trial_end", "every_n_steps")
 OPTIMIZERS = ("sgd", "adamw")
 # hf_*: Hugging Face-format dict batches (gpuopt.workload.data.SyntheticDataset, conf/model/hf_*).
 HF_INPUT_KINDS = ("hf_causal_lm", "hf_masked_lm", "hf_images")
-INPUT_KINDS = ("vectors", "images", "tokens", *HF_INPUT_KINDS, "any")
 # Built-in losses; `model`: the model returns its own (outputs.loss, the Hugging Face convention).
 # A user loss function is `loss: {_target_: mypkg.fn}` (gpuopt.engines._loss.model_loss).
 LOSSES = ("cross_entropy", "mse", "model")
@@ -284,6 +283,7 @@ INPUT_RANKS = {
     "hf_masked_lm": 1,
     "hf_images": 3,
 }
+INPUT_KINDS = (*INPUT_RANKS, "any")
 # gpuopt's Hugging Face builder (gpuopt.workload.hf) needs the optional extra.
 HF_TARGET_PREFIX = "gpuopt.workload.hf."
 HF_INSTALL_HINT = 'pip install "gpuopt[hf]"'
@@ -326,7 +326,11 @@ class TrialSpec:
 
     @property
     def accumulation_steps(self) -> int:
-        return accumulation_steps(self.train, self.loader, self.engine, self.world_size)
+        """Micro-batches per optimizer step and rank: train.global_batch / (micro-batch x world
+        size), else Lightning's own engine.accumulate_grad_batches."""
+        if self.train.global_batch is not None:
+            return max(1, self.train.global_batch // (self.micro_batch * self.world_size))
+        return self.engine.accumulate_grad_batches if self.engine.name == "lightning" else 1
 
     @property
     def world_size(self) -> int:
@@ -340,23 +344,8 @@ class TrialSpec:
 
     @property
     def lr_scale(self) -> float:
-        """The factor `optimizer.lr_scaling` applies to `optimizer.lr` (1.0 for none)."""
-        return lr_scale(self.optimizer, self.global_batch)
-
-
-def accumulation_steps(
-    train: TrainConf, loader: LoaderConf, engine: EngineConf, world_size: int = 1
-) -> int:
-    """Micro-batches per optimizer step and rank: train.global_batch / (micro-batch x world size),
-    else Lightning's own engine.accumulate_grad_batches."""
-    if train.global_batch is not None:
-        return max(1, train.global_batch // (loader.batch_size * world_size))
-    return engine.accumulate_grad_batches if engine.name == "lightning" else 1
-
-
-def lr_scale(optimizer: OptimizerConf, global_batch: int) -> float:
-    """lr x (global / reference) for linear, its square root for sqrt; 1.0 without a rule (a single
-    run's reference is its own global batch)."""
-    reference = optimizer.reference_batch or global_batch
-    ratio = global_batch / reference
-    return {"linear": ratio, "sqrt": ratio**0.5}.get(optimizer.lr_scaling, 1.0)
+        """The factor `optimizer.lr_scaling` applies to `optimizer.lr`: global / reference batch for
+        linear, its square root for sqrt, 1.0 for none (a single run's reference is its own global
+        batch)."""
+        ratio = self.global_batch / (self.optimizer.reference_batch or self.global_batch)
+        return {"linear": ratio, "sqrt": ratio**0.5}.get(self.optimizer.lr_scaling, 1.0)

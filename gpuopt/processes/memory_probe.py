@@ -11,6 +11,7 @@ the LARGEST rank's, every rank's in `rank_peaks_mb`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -26,13 +27,10 @@ PROBE_STEPS = 2  # the second step has the optimizer state the first one created
 
 def available_ram_mb() -> float | None:
     """MemAvailable from /proc/meminfo (Linux), else None."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
     return None
 
 

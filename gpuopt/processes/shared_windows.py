@@ -36,12 +36,14 @@ class Member:
     # This process's last steps were this member's: its next window needs no re-warming step.
     warm: bool = False
 
+    def fail(self, exc: BaseException) -> protocol.Failure:
+        """Record the failure (an OOM or a divergence is this configuration's answer), let go."""
+        from gpuopt.trial.failures import classify_failure
 
-def _failure(label: str, exc: BaseException) -> protocol.Failure:
-    from gpuopt.trial.failures import classify_failure
-
-    status, reason = classify_failure(exc)
-    return protocol.Failure(label, status.value, reason)
+        status, reason = classify_failure(exc)
+        self.failure = protocol.Failure(self.label, status.value, reason)
+        release(self)
+        return self.failure
 
 
 def build_member(label: str, config_path: str, steady: protocol.Steady) -> Member:
@@ -57,9 +59,8 @@ def build_member(label: str, config_path: str, steady: protocol.Steady) -> Membe
         prepared = prepare_trial(OmegaConf.load(config_path), allocator=False)
         member.built = engine_entry("native", "open_windows")(prepared.spec, prepared.device)
         member.built.data_wait = steady.data_wait
-    except Exception as exc:  # an OOM or a divergence is this configuration's answer
-        member.failure = _failure(label, exc)
-        release(member)
+    except Exception as exc:
+        member.fail(exc)
     return member
 
 
@@ -80,9 +81,7 @@ def window(
             window_s, min_steps, deadline_s, warm=member.warm, give_up_below=give_up_below
         )
     except Exception as exc:
-        member.failure = _failure(member.label, exc)
-        release(member)
-        return member.failure
+        return member.fail(exc)
     throughput, step_s = samples / seconds, seconds / steps
     amortized = amortized_throughput(
         throughput, step_s, member.steady.epoch_steps, member.steady.epoch_overhead_s

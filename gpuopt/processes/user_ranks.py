@@ -70,11 +70,8 @@ def launch(job_path: Path) -> tuple[str, Any]:
     keep_logs(folder)
     if not crashed and (folder / RETURN_FILE).exists():
         return "return", (folder / RETURN_FILE).read_bytes()
-    paths = {
-        rank: folder / rank_files.RESULT_FILE.format(rank=rank)
-        for rank in range(job.nproc_per_node)
-    }
-    results = {rank: TrialResult.load(path) for rank, path in paths.items() if path.exists()}
+    files = [folder / rank_files.RESULT_FILE.format(rank=r) for r in range(job.nproc_per_node)]
+    results = {rank: TrialResult.load(path) for rank, path in enumerate(files) if path.exists()}
     merged = merge_ranks(results, crashed, "user", time.time() - started)
     return "result", merged.to_dict()
 

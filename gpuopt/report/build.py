@@ -25,6 +25,7 @@ from gpuopt.study.keys import (
     ATTR_BASELINE,
     ATTR_ENV,
     ATTR_OVERRIDES,
+    ATTR_PROFILE,
     STUDY_BEST_PROFILE,
     STUDY_CONFIRMATION,
     STUDY_HARDWARE,
@@ -55,22 +56,13 @@ IGNORED_CONFIG_KEYS = ("hydra", "output_dir")
 
 
 def device_type_of(attrs: dict[str, Any], hardware: dict[str, Any] | None) -> str | None:
-    """The device a trial ran on ("cuda", "cpu", ...): its env, the study's, its config."""
-    hardware_env = (hardware or {}).get("env")
-    for source in (attrs.get(ATTR_ENV), hardware, hardware_env):
-        if isinstance(source, dict):
-            for key in ("device_type", "device", "accelerator"):
-                value = source.get(key)
-                if isinstance(value, dict):
-                    value = value.get("type")
-                if isinstance(value, str) and value:
-                    return value.split(":")[0]
-    config = config_of(attrs)
-    if config:
-        declared = (config.get("device") or {}).get("type")
-        if isinstance(declared, str) and declared != "auto":
-            return declared.split(":")[0]
-    return None
+    """The device a trial ran on ("cuda", "cpu", ...): its env's, the study's, its config's."""
+    for env in (attrs.get(ATTR_ENV), (hardware or {}).get("env")):
+        device = env.get("device") if isinstance(env, dict) else None
+        if isinstance(device, str) and device:
+            return device.split(":")[0]
+    declared = (config_of(attrs).get("device") or {}).get("type")
+    return declared.split(":")[0] if isinstance(declared, str) and declared != "auto" else None
 
 
 class ReportError(Exception):
@@ -100,6 +92,11 @@ class TrialView:
     @property
     def config(self) -> dict[str, Any]:
         return config_of(self.attrs)
+
+    @property
+    def profile(self) -> dict[str, Any] | None:
+        value = self.attrs.get(ATTR_PROFILE)
+        return value if isinstance(value, dict) else None
 
     def metric(self, name: str) -> float | None:
         return attr_number(self.attrs, name)
@@ -230,18 +227,13 @@ def _changes(
     baseline: TrialView | None, best: TrialView | None
 ) -> tuple[list[str], list[str], list[ConfigChange]]:
     """(best overrides not in the baseline's, baseline overrides the best drops, config diff)."""
-    changes: list[str] = []
-    reverted: list[str] = []
-    config_changes: list[ConfigChange] = []
-    if best is not None:
-        best_overrides = best.overrides or []
-        if baseline is not None and baseline is not best:
-            changes, reverted = override_diff(baseline.overrides or [], best_overrides)
-            if baseline.config and best.config:
-                config_changes = config_diff(baseline.config, best.config)
-        elif baseline is None:
-            changes = list(best_overrides)
-    return changes, reverted, config_changes
+    if best is None or baseline is best:
+        return [], [], []
+    if baseline is None:
+        return list(best.overrides or []), [], []
+    changes, reverted = override_diff(baseline.overrides or [], best.overrides or [])
+    both = baseline.config and best.config
+    return changes, reverted, config_diff(baseline.config, best.config) if both else []
 
 
 def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
@@ -314,7 +306,7 @@ def build_report(study: optuna.Study, storage_url: str = "") -> StudyReport:
         training_change=training_change(base_trial, picked),
         training_unknown=unknown_training(base_trial) if base_trial is not None else None,
         global_batch=global_batch,
-        same_changes=_changes(baseline, same_view)[0] if same_view is not baseline else [],
+        same_changes=_changes(baseline, same_view)[0],
         same_evidence=same_evidence,
         best_profile=_best_profile(study, best),
         highest_limit=highest,

@@ -7,10 +7,9 @@ from typing import Any
 
 import optuna
 
-from gpuopt.report.build import StudyReport, TrialView
-from gpuopt.report.evidence import PHASE_LABELS, PHASE_ORDER
+from gpuopt.report.build import StudyReport
+from gpuopt.report.evidence import PHASE_LABELS
 from gpuopt.report.importance import importance_target, quiet_ped_anova
-from gpuopt.study.keys import ATTR_PROFILE
 from gpuopt.study.storage import in_memory_copy
 
 PHASE_COLOURS = {
@@ -21,11 +20,6 @@ PHASE_COLOURS = {
     "optimizer": "#9467bd",
     "other": "#bdbdbd",
 }
-
-
-def profile_of(trial: TrialView | None) -> dict[str, Any] | None:
-    value = trial.attrs.get(ATTR_PROFILE) if trial is not None else None
-    return value if isinstance(value, dict) else None
 
 
 def speedup_figure(report: StudyReport) -> Any:
@@ -95,15 +89,15 @@ def phases_figure(report: StudyReport) -> Any:
     sides = [
         (f"{name} #{trial.number}", profile)
         for name, trial, profile in (
-            ("baseline", base, profile_of(base)),
-            ("best", best, profile_of(best) or report.best_profile),
+            ("baseline", base, base and base.profile),
+            ("best", best, (best and best.profile) or report.best_profile),
         )
         if trial is not None and profile is not None and not (name == "best" and trial is base)
     ]
     if not sides:
         return None
     figure = go.Figure()
-    for phase in PHASE_ORDER:
+    for phase, label in PHASE_LABELS.items():
         ms = [1e3 * float((p.get("phases_s") or {}).get(phase) or 0.0) for _, p in sides]
         pct = [float((p.get("phases_pct") or {}).get(phase) or 0.0) for _, p in sides]
         figure.add_trace(
@@ -111,7 +105,7 @@ def phases_figure(report: StudyReport) -> Any:
                 y=[label for label, _ in sides],
                 x=ms,
                 orientation="h",
-                name=PHASE_LABELS.get(phase, phase),
+                name=label,
                 marker_color=PHASE_COLOURS[phase],
                 text=[f"{v:.0f}%" if v >= 4 else "" for v in pct],
                 textposition="inside",

@@ -12,10 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gpuopt.report.build import ReportError, StudyReport, build_report, config_diff
-from gpuopt.report.export_best import compose_experiment, export_experiment
+from gpuopt.report.export_best import compose_experiment, conf_groups
 from gpuopt.report.page import PLOTLY_HINT, plotly_available, write_html
 from gpuopt.report.text import render, table, trial_detail, values_text
 from gpuopt.study.artifact_store import store_page
+from gpuopt.study.experiment import overrides_to_experiment, write_experiment
 from gpuopt.study.storage import (
     StorageError,
     StudyEntry,
@@ -152,7 +153,8 @@ def export_best(report: StudyReport, path: Path, console: Console) -> None:
             f"{report.speedup:.2f}x the baseline's throughput (trial #{report.baseline.number})"
         )  # type: ignore[union-attr]
     header.append(f"Run it: {run_command_for(path)}")
-    skipped = export_experiment(path, best.overrides, header)
+    body, skipped = overrides_to_experiment(best.overrides, conf_groups())
+    write_experiment(path, body, header)
     console.print(f"Wrote {path}\n  {run_command_for(path)}")
     if skipped:
         console.print(

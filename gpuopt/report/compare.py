@@ -17,32 +17,18 @@ from gpuopt.report.build import (
     ConfigChange,
     ReportError,
     StudyReport,
+    TrialView,
     config_diff,
+    device_type_of,
 )
-from gpuopt.report.diagnose import Diagnosis, diagnose
-from gpuopt.report.evidence import PHASE_ORDER, attr_number
-from gpuopt.study.keys import ATTR_PROFILE
+from gpuopt.report.diagnose import diagnose
+from gpuopt.report.evidence import PHASE_LABELS
 
 GPU_SHARES = ("kernel", "memcpy", "idle", "host_wait", "kernel_wait")
 
 
-@dataclass
-class TrialSide:
-    """One side of a comparison: whatever a trial is, from a study or from result.json."""
-
-    label: str  # "trial #5", or the result.json path
-    status: str
-    attrs: dict[str, Any]  # flat metrics and the other user attributes
-    config: dict[str, Any]
-    diagnosis: Diagnosis
-
-    @property
-    def profile(self) -> dict[str, Any] | None:
-        value = self.attrs.get(ATTR_PROFILE)
-        return value if isinstance(value, dict) else None
-
-    def metric(self, name: str) -> float | None:
-        return attr_number(self.attrs, name)
+# One side of a comparison: its label ("trial #5", or the result.json path) and the trial.
+TrialSide = tuple[str, TrialView]
 
 
 @dataclass
@@ -56,8 +42,9 @@ class PhaseRow:
 
 @dataclass
 class Comparison:
-    a: TrialSide
-    b: TrialSide
+    labels: tuple[str, str]
+    a: TrialView
+    b: TrialView
     config_changes: list[ConfigChange]
     metrics: list[tuple[str, float | None, float | None]]  # name, A, B
     phases: list[PhaseRow] = field(default_factory=list)  # empty unless one side was profiled
@@ -70,17 +57,10 @@ def side_from_result(path: Path) -> TrialSide:
         result = TrialResult.load(path)
     except (OSError, ValueError, KeyError) as exc:
         raise ReportError(f"cannot read a trial result from {path}: {exc}") from None
-    attrs = result_user_attrs(result)
-    device = str(result.env.get("device") or "").split(":")[0] or None
-    return TrialSide(
-        label=str(path),
-        status=result.status.value,
-        attrs=attrs,
-        config=result.config,
-        diagnosis=diagnose(
-            attrs, status=result.status.value, device_type=device, config=result.config
-        ),
-    )
+    attrs, status = result_user_attrs(result), result.status.value
+    device = device_type_of(attrs, None)
+    diagnosis = diagnose(attrs, status=status, device_type=device, config=result.config)
+    return str(path), TrialView(-1, status, None, {}, attrs, diagnosis)
 
 
 def resolve_side(reference: str, report: StudyReport | None) -> TrialSide:
@@ -88,8 +68,8 @@ def resolve_side(reference: str, report: StudyReport | None) -> TrialSide:
     if reference.isdigit():
         if report is None:
             raise ReportError(f"trial #{reference} needs a study (--storage, --study)")
-        t = report.trial(int(reference))
-        return TrialSide(f"trial #{t.number}", t.status, t.attrs, t.config, t.diagnosis)
+        trial = report.trial(int(reference))
+        return f"trial #{trial.number}", trial
     path = Path(reference)
     return side_from_result(path / "result.json" if path.is_dir() else path)
 
@@ -110,7 +90,7 @@ def _phase_rows(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Phas
             get(b, "phases_s", phase, 1e3),
             get(b, "phases_pct", phase, 1.0),
         )
-        for phase in PHASE_ORDER
+        for phase in PHASE_LABELS
     ]
 
 
@@ -121,9 +101,11 @@ def _gpu_rows(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[tuple[
     return [(name, (gpu_a or {}).get(name), (gpu_b or {}).get(name)) for name in GPU_SHARES]
 
 
-def compare(a: TrialSide, b: TrialSide) -> Comparison:
+def compare(side_a: TrialSide, side_b: TrialSide) -> Comparison:
     """What differs between two trials: config keys, metrics, phases and GPU shares."""
+    (label_a, a), (label_b, b) = side_a, side_b
     return Comparison(
+        labels=(label_a, label_b),
         a=a,
         b=b,
         config_changes=config_diff(a.config, b.config) if a.config and b.config else [],
@@ -145,7 +127,7 @@ def _num(value: float | None, digits: int = 1) -> str:
 def _tables(c: Comparison) -> list[Any]:
     from gpuopt.report.text import change, fmt, table
 
-    a, b = c.a.label, c.b.label
+    a, b = c.labels
     no_config = "(no difference)" if c.a.config and c.b.config else "(no config)"
     parts = [
         table(
@@ -185,8 +167,8 @@ def render_comparison(c: Comparison, console: Console) -> None:
     from gpuopt.report.text import diagnosis_panel
 
     console.print(Group(*_tables(c)))
-    for side in (c.a, c.b):
-        console.print(diagnosis_panel(side.label, side.diagnosis))
+    for label, side in zip(c.labels, (c.a, c.b), strict=True):
+        console.print(diagnosis_panel(label, side.diagnosis))
     if not c.phases:
         console.print(
             "[dim]No phase breakdown: neither trial was profiled (run it with profile=on).[/]"

@@ -81,7 +81,6 @@ class Rule:
     """One bottleneck rule: when it applies, its verdict, evidence and suggestions; `cite` adds
     the profiled phase shares behind the verdict to its summary."""
 
-    name: str
     applies: Callable[[Facts], bool]
     bottleneck: Bottleneck
     summary: str | Callable[[Facts], str]
@@ -106,13 +105,11 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule(
-        "not measured",
         lambda f: f.status != "ok",
         Bottleneck.NOT_MEASURED,
         lambda f: f"no timed window: the trial ended as {f.status}",
     ),
     Rule(
-        "at the machine's limit",
         lambda f: f.limit_efficiency is not None and f.limit_efficiency >= ev.LIMIT_HIGH_PCT,
         Bottleneck.AT_MACHINE_LIMIT,
         ev.limit_summary,
@@ -120,14 +117,12 @@ RULES: tuple[Rule, ...] = (
         ev.limit_suggestions,
     ),
     Rule(
-        "no input metrics",
         lambda f: f.data_wait is None and f.input_efficiency is None,
         Bottleneck.UNKNOWN,
         "cannot tell whether the input pipeline limits throughput",
         lambda f: [*ev.input_evidence(f), "no data_wait or input_efficiency recorded"],
     ),
     Rule(
-        "input-bound",
         lambda f: (
             (f.data_wait is not None and f.data_wait >= ev.DATA_WAIT_HIGH_PCT)
             or (
@@ -141,7 +136,6 @@ RULES: tuple[Rule, ...] = (
         ev.input_citation,
     ),
     Rule(
-        "CPU near the limit",
         lambda f: not f.cuda and f.mfu is not None and f.mfu >= ev.MFU_HIGH_PCT,
         Bottleneck.NEAR_LIMIT,
         NEAR_LIMIT_SUMMARY,
@@ -149,7 +143,6 @@ RULES: tuple[Rule, ...] = (
         lambda f: ["less work per sample (smaller model, fewer FLOPs) is what is left"],
     ),
     Rule(
-        "CPU compute-bound",
         lambda f: not f.cuda,
         Bottleneck.COMPUTE,
         ev.cpu_compute_summary,
@@ -157,7 +150,6 @@ RULES: tuple[Rule, ...] = (
         lambda f: [f"compute threads: {THREADS.key}", f"larger batch: {MICRO_BATCH.key}"],
     ),
     Rule(
-        "launch-bound (profiled)",
         lambda f: f.cuda and (f.gpu_share("host_wait") or 0.0) >= ev.HOST_WAIT_HIGH_PCT,
         Bottleneck.HOST,
         "the GPU waits for the host to launch work: host/launch overhead limits throughput",
@@ -166,7 +158,6 @@ RULES: tuple[Rule, ...] = (
         ev.idle_citation,
     ),
     Rule(
-        "busy GPU, idle SMs (GPM)",
         lambda f: (
             f.cuda
             and f.sm_active is not None
@@ -189,7 +180,6 @@ RULES: tuple[Rule, ...] = (
         _idle_sms_suggestions,
     ),
     Rule(
-        "host/launch-bound",
         lambda f: f.cuda and f.utilization is not None and f.utilization < ev.UTILIZATION_LOW_PCT,
         Bottleneck.HOST,
         "the GPU idles between kernels without waiting for data: "
@@ -199,7 +189,6 @@ RULES: tuple[Rule, ...] = (
         lambda f: ev.idle_citation(f) or ev.largest_phase_citation(f),
     ),
     Rule(
-        "tensor cores idle at fp32 (GPM)",
         lambda f: (
             f.cuda
             and f.tensor_active is not None
@@ -226,14 +215,12 @@ RULES: tuple[Rule, ...] = (
         ],
     ),
     Rule(
-        "busy GPU, MFU unknown",
         lambda f: f.cuda and f.mfu is None,
         Bottleneck.COMPUTE,
         "the GPU is busy; MFU unknown, so memory-bound and near-the-limit cannot be told apart",
         ev.gpu_evidence,
     ),
     Rule(
-        "GPU near the limit",
         lambda f: f.cuda and f.mfu is not None and f.mfu >= ev.MFU_HIGH_PCT,
         Bottleneck.NEAR_LIMIT,
         NEAR_LIMIT_SUMMARY,
@@ -243,14 +230,12 @@ RULES: tuple[Rule, ...] = (
         ],
     ),
     Rule(
-        "low MFU, utilization unknown",
         lambda f: f.cuda and f.mfu is not None and f.mfu < ev.MFU_LOW_PCT and f.utilization is None,
         Bottleneck.UNKNOWN,
         "low MFU, but without utilization host-bound and memory-bound cannot be told apart",
         ev.gpu_evidence,
     ),
     Rule(
-        "memory-bound or small kernels",
         lambda f: f.cuda and f.mfu is not None and f.mfu < ev.MFU_LOW_PCT,
         Bottleneck.MEMORY_OR_SMALL_KERNELS,
         "the GPU is busy but does little math: memory-bound or small kernels",
@@ -258,7 +243,6 @@ RULES: tuple[Rule, ...] = (
         ev.memory_suggestions,
     ),
     Rule(
-        "GPU compute-bound",
         lambda f: f.cuda,
         Bottleneck.COMPUTE,
         "the GPU is busy with useful math; no single cause stands out",

@@ -36,9 +36,8 @@ HOST_WAIT_HIGH_PCT = 20.0
 OPTIMIZER_HIGH_PCT = 15.0
 # Profiled window: a host-to-device copy taking this share of the step is worth overlapping.
 COPY_HIGH_PCT = 10.0
-# The profiled step's phases in the order a step runs them, and how they read in a verdict
-# (gpuopt.trial.trace.PHASES).
-PHASE_ORDER = ("data_wait", "h2d_copy", "forward", "backward", "optimizer", "other")
+# The profiled step's phases in the order a step runs them (gpuopt.trial.trace.PHASES), and how
+# they read in a verdict.
 PHASE_LABELS = {
     "data_wait": "next(loader)",
     "h2d_copy": "host-to-device copy",
@@ -86,7 +85,7 @@ class Facts:
     phases: Mapping[str, float] | None = None
     gpu: Mapping[str, Any] | None = None
     # A profiled distributed trial: % of the step a collective was in flight, and of that the
-    # exposed part (the ranks' mean: gpuopt.trial.comm_trace).
+    # exposed part (the ranks' mean: gpuopt.trial.trace.comm_time).
     comm_share: float | None = None
     comm_exposed: float | None = None
     # GPM (Hopper and newer; gpuopt.trial.gpm): % of SMs busy, warps resident, tensor pipes busy,

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from gpuopt.study.experiment import overrides_to_experiment, write_experiment
+from gpuopt.study.experiment import overrides_to_experiment
 
 CONF_PACKAGE = "gpuopt.conf"
 
@@ -34,13 +34,6 @@ def experiment_text(overrides: Sequence[str]) -> str:
     """The experiment config as YAML, for showing in the report (no header)."""
     body, _ = overrides_to_experiment(overrides, conf_groups())
     return "# @package _global_\n" + (OmegaConf.to_yaml(OmegaConf.create(body)) if body else "{}\n")
-
-
-def export_experiment(path: Path, overrides: Sequence[str], header: Sequence[str]) -> list[str]:
-    """Write the experiment file; returns the skipped overrides."""
-    body, skipped = overrides_to_experiment(overrides, conf_groups())
-    write_experiment(path, body, header)
-    return skipped
 
 
 def compose_experiment(yaml_text: str, name: str) -> dict[str, Any]:

@@ -199,9 +199,11 @@ def trials_table(report: StudyReport) -> str:
     shown = columns("page")
     # The noise group (gpuopt.study.noise): trials of one group cannot be told apart.
     grouped = report.best is not None and group_cell(report, report.best) is not None
-    noise = ["noise group"] if grouped else []
-    head = ["#", "status", *noise, *objective, *(c.header for _, c in shown), "bottleneck",
-            "parameters"]  # fmt: skip
+    # (header, % of the page's width): the parameters get what the others leave
+    head = [("#", 9), ("status", 8), *([("noise group", 6)] if grouped else []),
+            *((name, 10) for name in objective), *((c.header, c.width) for _, c in shown),
+            ("bottleneck", 14)]  # fmt: skip
+    head.append(("parameters", 33 - (10 if objective else 0) - (6 if grouped else 0)))
     rows = []
     best = report.best.number if report.best is not None else None
     for t in report.trials:
@@ -221,11 +223,8 @@ def trials_table(report: StudyReport) -> str:
         ]
         css = ' class="best"' if t.number == best else ""
         rows.append(f"<tr{css}>{''.join(cells)}</tr>")
-    widths = (9, 8, *([6] if grouped else []), *([10] if objective else []),
-              *(c.width for _, c in shown), 14,
-              33 - (10 if objective else 0) - (6 if grouped else 0))  # fmt: skip
-    cols = "".join(f'<col style="width:{w}%">' for w in widths)
-    header = "".join(f"<th>{_e(h)}</th>" for h in head)
+    cols = "".join(f'<col style="width:{w}%">' for _, w in head)
+    header = "".join(f"<th>{_e(h)}</th>" for h, _ in head)
     return (
         f'<table class="trials"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
@@ -250,35 +249,34 @@ def noise_section(report: StudyReport) -> str:
     return f"<p><b>{_e(lines[0])}</b></p><ul>{items}</ul>"
 
 
-class _Charts:
-    """plotly figures to <div>s: plotly.js inlined with the first one only."""
+def _chart(title: str, figure: Any, first: bool) -> str:
+    """A plotly figure as a <div>: plotly.js inlined with the `first` one only."""
+    import plotly.io as pio
 
-    def __init__(self) -> None:
-        self.count = 0
-
-    def div(self, title: str, figure: Any) -> str:
-        import plotly.io as pio
-
-        figure.update_layout(autosize=True, template="plotly_white")
-        if figure.layout.height is None:
-            figure.update_layout(height=CHART_HEIGHT)
-        body = pio.to_html(
-            figure,
-            full_html=False,
-            include_plotlyjs=self.count == 0,
-            config=PLOT_CONFIG,
-            default_width="100%",
-        )
-        self.count += 1
-        heading = f"<h3>{_e(title)}</h3>" if title else ""
-        return f'<div class="chart">{heading}{body}</div>'
+    figure.update_layout(autosize=True, template="plotly_white")
+    if figure.layout.height is None:
+        figure.update_layout(height=CHART_HEIGHT)
+    body = pio.to_html(
+        figure,
+        full_html=False,
+        include_plotlyjs=first,
+        config=PLOT_CONFIG,
+        default_width="100%",
+    )
+    heading = f"<h3>{_e(title)}</h3>" if title else ""
+    return f'<div class="chart">{heading}{body}</div>'
 
 
 def render_page(
     search_figures: list[tuple[str, Any]] | None, report: StudyReport, text_html: str
 ) -> str:
     """The whole page; `search_figures` None means plotly is missing (a note replaces the charts)."""
-    charts = _Charts()
+    drawn: list[Any] = []
+
+    def chart(title: str, figure: Any) -> str:
+        drawn.append(figure)
+        return _chart(title, figure, first=len(drawn) == 1)
+
     plotly = search_figures is not None
     speedup = speedup_figure(report) if plotly and report.ok_trials else None
     phases = phases_figure(report) if plotly else None
@@ -289,10 +287,10 @@ def render_page(
         "<h2>The answer</h2>",
         answer_cards(report),
         answer_text(report),
-        charts.div("", speedup) if speedup is not None else ("" if plotly else no_plotly),
+        chart("", speedup) if speedup is not None else ("" if plotly else no_plotly),
         diagnosis_text(report),
         "<h2>Where the time goes</h2>",
-        charts.div("Profiled step, baseline vs best", phases)
+        chart("Profiled step, baseline vs best", phases)
         if phases is not None
         else '<p class="note">No profiled trial: run the baseline or the best with '
         "<code>profile=on</code> (the sweeper profiles both by default).</p>",
@@ -303,7 +301,7 @@ def render_page(
     elif not search_figures:
         sections.append('<p class="note">No completed ok trial: nothing to plot.</p>')
     else:
-        divs = "".join(charts.div(title, figure) for title, figure in search_figures)
+        divs = "".join(chart(title, figure) for title, figure in search_figures)
         sections.append(f'<div class="grid">{divs}</div>')
     sections.append(noise_section(report))
     sections += [

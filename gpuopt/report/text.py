@@ -327,15 +327,11 @@ def trials_table(report: StudyReport, limit: int | None) -> tuple[Table, int]:
         + ")",
         title_justify="left",
     )
-    table.add_column("#", justify="right", no_wrap=True)
-    if grouped:
-        table.add_column(GROUP_HEADER, justify="right", no_wrap=True)
-    for name in report.objectives:
-        table.add_column(name, justify="right", no_wrap=True)
     # Diagnostic metrics next to the objectives, unless already shown as one.
     extra = [(name, column) for name, column in columns("column") if name not in report.objectives]
-    for _, column in extra:
-        table.add_column(column.header, justify="right", no_wrap=True)
+    group = [GROUP_HEADER] if grouped else []
+    for header in ("#", *group, *report.objectives, *(column.header for _, column in extra)):
+        table.add_column(header, justify="right", no_wrap=True)
     # ok trials: their bottleneck; the others: how they ended (oom, error, running, ...)
     table.add_column("bottleneck", min_width=len("bottleneck"))
     # One column per sampled parameter (headed by its last dotted part) while they fit; else, and

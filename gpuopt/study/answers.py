@@ -68,26 +68,19 @@ def _percent(fraction: float) -> str:
     return ">100%" if fraction > 1.0 else f"{100 * fraction:.1f}%"
 
 
-def how_measured(confirmation: Confirmation) -> str:
-    """ "in alternating 1 s windows in one process" or "interleaved fresh processes"."""
-    if confirmation.mode == IN_PROCESS:
-        window = 1.0 if confirmation.window_s is None else confirmation.window_s
-        return f"in alternating {window:g} s windows in one process"
-    return "interleaved fresh processes"
-
-
-def _known(value: object) -> object:
-    return "?" if value is None else value
-
-
 def confirmation_lines(confirmation: Confirmation, best_number: int | None) -> list[Line]:
     """Each candidate vs the baseline (the best's line STRONG), "keep your configuration" when the
     best is the baseline, the top two, and re-measurements that failed."""
     c = confirmation
+    window = 1.0 if c.window_s is None else c.window_s
+    how = "interleaved fresh processes"
+    if c.mode == IN_PROCESS:
+        how = f"in alternating {window:g} s windows in one process"
+    known = {k: "?" if v is None else v for k, v in vars(c).items()}
     lines = [
         Line(
-            f"Confirmation: {_known(c.rounds)} round(s) {how_measured(c)}, baseline + top "
-            f"{_known(c.top_k)}, on {_known(c.objective)}:"
+            f"Confirmation: {known['rounds']} round(s) {how}, baseline + top {known['top_k']}, "
+            f"on {known['objective']}:"
         )
     ]
     for entry in c.comparisons:
@@ -100,19 +93,12 @@ def confirmation_lines(confirmation: Confirmation, best_number: int | None) -> l
     if c.top_two is not None:
         labels = " vs ".join(c.top_two.labels)
         lines.append(Line(f"  top two ({labels}): {speedup_text(c.top_two)}"))
-    failed = [(f"  {f.label} (trial #{f.trial_number})", f.failed_statuses) for f in c.configs]
-    lines += [
-        Line(f"{head}: re-measurements ended as {', '.join(s)}", WARNING) for head, s in failed if s
-    ]
+    for f in c.configs:
+        failed = ", ".join(s for s in f.confirm_statuses if s != "ok")  # oom, error, ...
+        if failed:
+            text = f"  {f.label} (trial #{f.trial_number}): re-measurements ended as {failed}"
+            lines.append(Line(text, WARNING))
     return lines
-
-
-def confirmed(confirmation: Confirmation | None, number: int, baseline_number: int | None) -> str:
-    """How trial `number` was confirmed against the baseline."""
-    if number == baseline_number:
-        return "the baseline itself"
-    entry = confirmation.comparison_of(number) if confirmation is not None else None
-    return f"confirmed {speedup_text(entry)}" if entry else "not confirmed (single measurement)"
 
 
 @dataclass(frozen=True)
@@ -155,24 +141,26 @@ def two_answers(a: TwoAnswers) -> list[str]:
         if a.evidence:
             lines.append(f"      ({a.evidence})")
     else:
-        said = confirmed(a.confirmation, a.same.number, a.baseline_number)
-        lines.append(f"  (a) same training: #{a.same.number} {a.same.text}: {said}")
-        lines.extend(_apply(a.same))
+        lines += _answer(a, "(a) same training", a.same)
     if a.hint:
         lines.append(f"      {a.hint}")
     if a.same is not None and a.best.number == a.same.number:
         lines.append("  (b) best overall: the same trial (it keeps the training)")
         return lines
-    said = confirmed(a.confirmation, a.best.number, a.baseline_number)
-    lines.append(f"  (b) best overall: #{a.best.number} {a.best.text}: {said}")
-    lines.extend(_apply(a.best))
+    lines += _answer(a, "(b) best overall", a.best)
     if a.change:
         lines.append(f"      changes the training: {a.change}")
     return lines
 
 
-def _apply(shown: Shown) -> list[str]:
-    return [f"      change to apply: {' '.join(shown.apply)}"] if shown.apply else []
+def _answer(a: TwoAnswers, head: str, shown: Shown) -> list[str]:
+    """One answer's trial, how it was confirmed against the baseline, and its change to apply."""
+    entry = a.confirmation.comparison_of(shown.number) if a.confirmation is not None else None
+    said = f"confirmed {speedup_text(entry)}" if entry else "not confirmed (single measurement)"
+    if shown.number == a.baseline_number:
+        said = "the baseline itself"
+    apply = [f"      change to apply: {' '.join(shown.apply)}"] if shown.apply else []
+    return [f"  {head}: #{shown.number} {shown.text}: {said}", *apply]
 
 
 def same_training_evidence(
@@ -185,13 +173,12 @@ def same_training_evidence(
         if not t.user_attrs.get(ATTR_BASELINE) and same_training(t, baseline)
     ]
     numbers = {t.number for t in same}
-    if confirmation is not None:
-        entries = [e for e in confirmation.comparisons if e.trial_number in numbers and e.measured]
-        if entries:
-            entry = max(entries, key=lambda e: e.ratio or 0.0)
-            return f"same-training #{entry.trial_number} re-measured {speedup_text(entry)}"
     if same and confirmation is not None:
-        return f"same-training #{same[0].number} was not re-measured"
+        entries = [e for e in confirmation.comparisons if e.trial_number in numbers and e.measured]
+        if not entries:
+            return f"same-training #{same[0].number} was not re-measured"
+        entry = max(entries, key=lambda e: e.ratio or 0.0)
+        return f"same-training #{entry.trial_number} re-measured {speedup_text(entry)}"
     if same:
         return f"same-training #{same[0].number} measured once, no faster than the baseline"
     return _screened_evidence(trials, baseline) or f"no trial held {held}"

@@ -5,6 +5,7 @@ cannot reach: the page stays only where it was written.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -24,8 +25,12 @@ def store_page(study: optuna.Study, page: str | Path) -> str | None:
     path = Path(page)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     for meta in get_all_artifact_meta(study):
-        if meta.filename == path.name and _digest(store, meta.artifact_id) == digest:
-            return f"already in the study's artifact store as {meta.artifact_id}"
+        if meta.filename != path.name:
+            continue
+        # an artifact removed from the store is not the same page
+        with contextlib.suppress(Exception), store.open_reader(meta.artifact_id) as reader:
+            if hashlib.sha256(reader.read()).hexdigest() == digest:
+                return f"already in the study's artifact store as {meta.artifact_id}"
     try:
         artifact_id = upload_artifact(
             artifact_store=store, file_path=str(path), study_or_trial=study
@@ -33,11 +38,3 @@ def store_page(study: optuna.Study, page: str | Path) -> str | None:
     except Exception as exc:  # the page is written; keeping a copy is a bonus
         return f"not stored in the study's artifact store: {type(exc).__name__}: {exc}"
     return f"stored in the study's artifact store as {artifact_id}"
-
-
-def _digest(store: FileSystemArtifactStore, artifact_id: str) -> str | None:
-    try:
-        with store.open_reader(artifact_id) as reader:
-            return hashlib.sha256(reader.read()).hexdigest()
-    except Exception:  # removed from the store: not the same page
-        return None

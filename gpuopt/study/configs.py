@@ -15,14 +15,10 @@ def config_of(user_attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
-    if not isinstance(config, dict):
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and empty dicts stay values."""
+    if not isinstance(config, dict) or (prefix and not config):
         return {prefix: config}
     flat: dict[str, Any] = {}
     for key, value in config.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, dotted))
-        else:
-            flat[dotted] = value
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
     return flat

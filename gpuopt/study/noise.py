@@ -11,8 +11,10 @@ Objectives that are not gpuopt metrics (an app's own, deterministic) are compare
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from gpuopt.core.fmt import metric as fmt_metric
@@ -41,30 +43,25 @@ class Spread:
     df: int | None = None
     runs: int | None = None  # MEASURED: fresh processes
 
-    @property
-    def quantile(self) -> float:
-        return Z95 if self.df is None else t_quantile(0.975, self.df)
-
     def threshold(self, n_a: int = 1, n_b: int = 1) -> float:
         """The log-scale difference two configurations read n_a and n_b times must exceed."""
-        return self.quantile * self.cv * math.sqrt(1.0 / n_a + 1.0 / n_b)
+        quantile = Z95 if self.df is None else t_quantile(0.975, self.df)
+        return quantile * self.cv * math.sqrt(1.0 / n_a + 1.0 / n_b)
 
     def text(self) -> str:
         """What "within noise" meant, and where its spread came from."""
         factor = math.exp(self.threshold())
         within = f"{100 * (factor - 1):.0f}%" if factor < 2 else f"a factor of {factor:.3g}"
-        head = (
+        source = {
+            MEASURED: "measured for this machine and workload by scripts/bench_noise.py, "
+            f"{self.runs} fresh processes",
+            REPLICATES: f"from this study's replicates, {self.df} degrees of freedom",
+            DEFAULT: f"a default: not measured for this machine and workload; {SPREAD_HINT}",
+        }[self.source]
+        return (
             f"run-to-run spread {100 * self.cv:.1f}% per reading: two single readings within "
-            f"{within} are noise"
+            f"{within} are noise ({source})"
         )
-        if self.source == MEASURED:
-            return (
-                f"{head} (measured for this machine and workload by scripts/bench_noise.py, "
-                f"{self.runs} fresh processes)"
-            )
-        if self.source == REPLICATES:
-            return f"{head} (from this study's replicates, {self.df} degrees of freedom)"
-        return f"{head} (a default: not measured for this machine and workload; {SPREAD_HINT})"
 
 
 @dataclass(frozen=True)
@@ -81,10 +78,6 @@ class Config:
     @property
     def number(self) -> int:
         return int(self.first.number)
-
-    @property
-    def n(self) -> int:
-        return len(self.trials)
 
 
 @dataclass(frozen=True)
@@ -108,13 +101,64 @@ class Group:
 
 @dataclass(frozen=True)
 class NoiseView:
-    """What the summary, the report and the page say about noise in a study."""
+    """What the summary, the report and the page say about noise in a study: its feasible
+    configurations (in the order first measured), each objective noisy (a gpuopt metric) or exact."""
 
     spread: Spread
-    ranked: tuple[Group, ...]  # every configuration by the first objective, best first
-    front: tuple[Group, ...]  # several objectives: the front, noise grouped; () for one
-    configs: tuple[Config, ...] = ()
-    noisy: tuple[bool, ...] = ()  # per objective: a gpuopt metric (noisy) or an exact value
+    configs: tuple[Config, ...]
+    noisy: tuple[bool, ...]
+    directions: tuple[str, ...]
+
+    def _apart(self, a: Config, b: Config, k: int) -> bool:
+        """Measurably apart on objective k (an exact objective: apart when it differs)."""
+        x, y = a.values[k], b.values[k]
+        if not self.noisy[k]:
+            return x != y
+        limit = self.spread.threshold(len(a.trials), len(b.trials))
+        if x > 0 and y > 0:  # log ratio; a relative difference at or below 0
+            return abs(math.log(x / y)) > limit
+        scale = max(abs(x), abs(y))
+        return scale != 0 and abs(x - y) / scale > limit
+
+    def _groups(self, configs: Sequence[Config], objectives: Sequence[int]) -> tuple[Group, ...]:
+        """`configs` best first on the first objective, in groups: each its leader and the rest
+        within noise of it on every one of `objectives`."""
+        sign = -1 if self.directions[0] == "maximize" else 1
+        groups, left = [], sorted(configs, key=lambda c: sign * c.values[0])
+        while left:
+            leader = left.pop(0)
+            members = [c for c in left if not any(self._apart(leader, c, k) for k in objectives)]
+            left = [c for c in left if c not in members]
+            groups.append(Group((leader, *members)))
+        return tuple(groups)
+
+    @cached_property
+    def ranked(self) -> tuple[Group, ...]:
+        """Every configuration by the first objective, best first, in groups within noise."""
+        return self._groups(self.configs, [0])
+
+    @cached_property
+    def front(self) -> tuple[Group, ...]:
+        """Several objectives: the configurations no other one measurably dominates (better beyond
+        noise on an objective, worse beyond noise on none), grouped when within noise of each
+        other on every objective; () for one objective."""
+        objectives = range(len(self.directions))
+        if len(objectives) < 2:
+            return ()
+
+        def better(a: Config, b: Config, k: int) -> bool:
+            higher = a.values[k] > b.values[k]
+            return self._apart(a, b, k) and higher == (self.directions[k] == "maximize")
+
+        def dominates(a: Config, b: Config) -> bool:
+            return any(better(a, b, k) for k in objectives) and not any(
+                better(b, a, k) for k in objectives
+            )
+
+        configs = self.configs
+        front = [c for c in configs if not any(dominates(o, c) for o in configs if o is not c)]
+        # never empty (a cycle cannot form; kept safe regardless)
+        return self._groups(front or configs, objectives)
 
     def config_of(self, number: int) -> Config | None:
         return next((c for c in self.configs if number in (t.number for t in c.trials)), None)
@@ -125,7 +169,7 @@ class NoiseView:
         first, second = self.config_of(a), self.config_of(b)
         if first is None or second is None:
             return None
-        return apart_rule(self.spread, self.noisy)(first, second, k)
+        return self._apart(first, second, k)
 
     def group_of(self, number: int) -> int | None:
         """The 1-based place of the ranked group trial `number` is in (None: not ranked)."""
@@ -133,16 +177,6 @@ class NoiseView:
             if number in group.numbers:
                 return place
         return None
-
-    def runner_up_within(self, number: int) -> list[int]:
-        """The other configurations (their first trials), best first, within noise of trial
-        `number`'s on the first objective."""
-        own = self.config_of(number)
-        if own is None:
-            return []
-        apart = apart_rule(self.spread, self.noisy)
-        ordered = [c for group in self.ranked for c in group.configs]
-        return [c.number for c in ordered if c is not own and not apart(own, c, 0)]
 
 
 def config_key(params: dict[str, Any]) -> tuple:
@@ -181,89 +215,17 @@ def spread_of(trials: Sequence[Any]) -> Spread:
     for config in configurations(trials):
         logs = [math.log(t.values[0]) for t in config.trials if t.values[0] > 0]
         if len(logs) > 1:
-            mean = sum(logs) / len(logs)
-            squares += sum((x - mean) ** 2 for x in logs)
+            squares += statistics.variance(logs) * (len(logs) - 1)
             df += len(logs) - 1
     if df >= MIN_REPLICATE_DF and squares > 0:
         return Spread(math.sqrt(squares / df), REPLICATES, df)
     return Spread(DEFAULT_SPREAD, DEFAULT)
 
 
-def distance(a: float, b: float) -> float:
-    """How far apart two readings are, relatively: log ratio (relative difference at or below 0)."""
-    if a > 0 and b > 0:
-        return abs(math.log(a / b))
-    scale = max(abs(a), abs(b))
-    return 0.0 if scale == 0 else abs(a - b) / scale
-
-
-Apart = Callable[[Config, Config, int], bool]
-
-
-def apart_rule(spread: Spread, noisy: Sequence[bool]) -> Apart:
-    """Whether two configurations are measurably apart on objective k (`noisy[k]` False: an
-    exact value, apart when it differs)."""
-
-    def apart(a: Config, b: Config, k: int) -> bool:
-        if not noisy[k]:
-            return a.values[k] != b.values[k]
-        return distance(a.values[k], b.values[k]) > spread.threshold(a.n, b.n)
-
-    return apart
-
-
-def _better(a: Config, b: Config, k: int, directions: Sequence[str], apart: Apart) -> bool:
-    higher = a.values[k] > b.values[k]
-    return apart(a, b, k) and higher == (directions[k] == "maximize")
-
-
-def _ordered(configs: Sequence[Config], directions: Sequence[str]) -> list[Config]:
-    sign = -1 if directions[0] == "maximize" else 1
-    return sorted(configs, key=lambda c: sign * c.values[0])
-
-
-def _leader_groups(configs: Sequence[Config], within: Callable[[Config, Config], bool]) -> list:
-    """Configurations (best first) in groups: each group its leader and the rest within it."""
-    groups, left = [], list(configs)
-    while left:
-        leader = left.pop(0)
-        members = [c for c in left if within(leader, c)]
-        left = [c for c in left if c not in members]
-        groups.append(Group((leader, *members)))
-    return groups
-
-
-def ranked_groups(configs: Sequence[Config], directions: Sequence[str], apart: Apart) -> list:
-    """The first objective's ranking, best first, in groups within noise of their best."""
-    return _leader_groups(_ordered(configs, directions), lambda a, b: not apart(a, b, 0))
-
-
-def front_groups(configs: Sequence[Config], directions: Sequence[str], apart: Apart) -> list:
-    """The configurations no other one measurably dominates (better beyond noise on an objective,
-    worse beyond noise on none), grouped when within noise of each other on every objective."""
-    objectives = range(len(directions))
-
-    def dominates(a: Config, b: Config) -> bool:
-        return any(_better(a, b, k, directions, apart) for k in objectives) and not any(
-            _better(b, a, k, directions, apart) for k in objectives
-        )
-
-    front = [c for c in configs if not any(dominates(o, c) for o in configs if o is not c)]
-    front = front or list(configs)  # never empty (a cycle cannot form; kept safe regardless)
-    return _leader_groups(
-        _ordered(front, directions), lambda a, b: not any(apart(a, b, k) for k in objectives)
-    )
-
-
 def noise_view(trials: Sequence[Any], names: Sequence[str], directions: Sequence[str]) -> NoiseView:
     """The study's noise groups over its feasible trials (`trials`)."""
-    spread = spread_of(trials)
-    configs = configurations(trials)
     noisy = tuple(name in goals() for name in names)
-    apart = apart_rule(spread, noisy)
-    front = front_groups(configs, directions, apart) if len(directions) > 1 else []
-    ranked = tuple(ranked_groups(configs, directions, apart))
-    return NoiseView(spread, ranked, tuple(front), tuple(configs), noisy)
+    return NoiseView(spread_of(trials), tuple(configurations(trials)), noisy, tuple(directions))
 
 
 # ---- in words (the sweep summary and the report) -------------------------------------------------
@@ -290,8 +252,11 @@ def within_text(group: Group, names: Sequence[str]) -> str:
 
 
 def runner_up_text(view: NoiseView, number: int) -> str | None:
-    """That the best (trial `number`) is within noise of the runner-up; None when it is not."""
-    within = view.runner_up_within(number)
+    """That the best (trial `number`) is within noise of the runner-up (the other configurations'
+    first trials, best first, within noise of its own on the first objective); None when not."""
+    own = view.config_of(number)
+    ordered = [c for group in view.ranked for c in group.configs]
+    within = [c.number for c in ordered if own and c is not own and not view._apart(own, c, 0)]
     if not within:
         return None
     others = ", ".join(f"#{n}" for n in within[:8]) + (", ..." if len(within) > 8 else "")
@@ -309,16 +274,16 @@ def front_lines(
     groups = list(view.front)
     if not groups:
         return []
-    if len(groups) == 1 and groups[0].size > 1:
+    one = len(groups) == 1 and groups[0].size > 1  # no trade-off at all
+    if one:
         lines = [f"Pareto front: no trade-off beyond noise: {within_text(groups[0], names)}"]
-        lines.append(f"  #{groups[0].leader.number}: {shown(groups[0].leader.first)}")
     else:
         trials = sum(g.size for g in groups)
         cut = f", {limit} of {len(groups)} shown" if len(groups) > limit else ""
         lines = [f"Pareto front ({len(groups)} choice(s) beyond noise, {trials} trial(s){cut}):"]
-        for group in groups[:limit]:
-            lines.append(f"  #{group.leader.number}: {shown(group.leader.first)}")
-            if group.size > 1:
-                lines.append(f"      {within_text(group, names)}")
+    for group in groups[:limit]:
+        lines.append(f"  #{group.leader.number}: {shown(group.leader.first)}")
+        if group.size > 1 and not one:
+            lines.append(f"      {within_text(group, names)}")
     lines.append(f"  within noise: {view.spread.text()}")
     return lines

@@ -37,11 +37,6 @@ class ConfirmedConfig:
         rounds = self.confirm_rounds or range(len(self.confirm_values))
         return dict(zip(rounds, self.confirm_values, strict=False))
 
-    @property
-    def failed_statuses(self) -> list[str]:
-        """How the re-measurements that gave no value ended (oom, error, ...)."""
-        return [s for s in self.confirm_statuses if s != "ok"]
-
     @classmethod
     def from_attr(cls, entry: Mapping[str, Any]) -> ConfirmedConfig:
         lists = ("overrides", "confirm_values", "confirm_statuses", "confirm_rounds")

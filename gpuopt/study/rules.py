@@ -7,6 +7,7 @@ without evidence: null == null is none).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,20 +28,14 @@ from gpuopt.study.records import Confirmation
 
 
 def trial_status(trial: FrozenTrial) -> str:
-    """How a trial ended: the sweeper's `status` attr for finished trials, else its state.
-    interrupted, skipped and void come before FAIL = error: none is a failed measurement."""
-    if trial.state == TrialState.RUNNING:
-        return "running"
-    if trial.state == TrialState.WAITING:
-        return "waiting"
-    if trial.state == TrialState.PRUNED:
-        return "pruned"
-    if trial.user_attrs.get(ATTR_INTERRUPTED):
-        return "interrupted"
-    if trial.user_attrs.get(ATTR_BASELINE_SKIPPED):
-        return "skipped"
-    if trial.user_attrs.get(ATTR_VOID):
-        return "void"
+    """How a trial ended: the sweeper's `status` attr for finished trials, else its state."""
+    if trial.state in (TrialState.RUNNING, TrialState.WAITING, TrialState.PRUNED):
+        return trial.state.name.lower()
+    flags = {ATTR_INTERRUPTED: "interrupted", ATTR_BASELINE_SKIPPED: "skipped", ATTR_VOID: "void"}
+    # before FAIL = error: none of them is a failed measurement
+    flagged = [status for key, status in flags.items() if trial.user_attrs.get(key)]
+    if flagged:
+        return flagged[0]
     if trial.state == TrialState.FAIL:
         return "error"
     return str(trial.user_attrs.get(ATTR_STATUS, "ok"))
@@ -58,11 +53,7 @@ def plain_labels(n_values: int) -> list[str]:
 
 def status_counts(trials: Sequence[FrozenTrial]) -> dict[str, int]:
     """Trials per `trial_status`, in the order the statuses first appear."""
-    counts: dict[str, int] = {}
-    for trial in trials:
-        status = trial_status(trial)
-        counts[status] = counts.get(status, 0) + 1
-    return counts
+    return Counter(trial_status(trial) for trial in trials)
 
 
 def feasible(trial: FrozenTrial) -> bool:
@@ -90,13 +81,10 @@ def pick_best(
 ) -> FrozenTrial | None:
     """The confirmed winner when a confirmation ran, else the best on the first objective (among
     the Pareto front when there are several)."""
-    if not feasible_pool:
-        return None
-    if confirmation is not None:
-        number = confirmation.winner
-        match = next((t for t in feasible_pool if t.number == number), None)
-        if match is not None:
-            return match
+    number = confirmation.winner if confirmation is not None else None
+    match = next((t for t in feasible_pool if t.number == number), None)
+    if match is not None:
+        return match
     pool = [t for t in (pareto or feasible_pool) if not outside_space(t)]
     pool = pool or [t for t in feasible_pool if not outside_space(t)]
     return _best_configuration(pool, feasible_pool, directions)
@@ -107,15 +95,11 @@ def _best_configuration(
 ) -> FrozenTrial | None:
     """The best configuration among `pool`'s by its pooled first objective, as its first trial: a
     repeat of the baseline's configuration is the baseline, never a "best" of its own."""
-    if not pool:
-        return None
-    configs = noise.configurations(feasible_pool)
-    of = {t.number: c for c in configs for t in c.trials}
-    candidates = {of[t.number].number: of[t.number] for t in pool if t.number in of}
-    if not candidates:
-        return None
+    of = {t.number: c for c in noise.configurations(feasible_pool) for t in c.trials}
+    candidates = [of[t.number] for t in pool if t.number in of]
     sign = 1 if directions[0] == "maximize" else -1
-    return max(candidates.values(), key=lambda c: sign * c.values[0]).first
+    best = max(candidates, key=lambda c: sign * c.values[0], default=None)
+    return None if best is None else best.first
 
 
 def outside_space(trial: FrozenTrial) -> bool:
@@ -170,54 +154,10 @@ def unknown_training(trial: FrozenTrial) -> str | None:
     return None
 
 
-def numerics_unchecked(trial: FrozenTrial) -> str | None:
-    """Why the guard did not check a trial whose math it changes; None: checked, or nothing to."""
-    evidence = trial.user_attrs.get(ATTR_NUMERICS)
-    if isinstance(evidence, dict) and evidence.get("passed") is None:
-        return str(evidence.get("not_run") or "no verdict")
-    return None
-
-
-def dtype_unchecked(trial: FrozenTrial, baseline: FrozenTrial) -> str | None:
-    """ "fp32 -> bf16" where `trial` computes in another dtype than the baseline and no numerics
-    guard checked it (a task of its own has no guard); None: the same dtype, unknown, or checked."""
-    before, after = baseline.user_attrs.get("compute_dtype"), trial.user_attrs.get("compute_dtype")
-    if not before or not after or before == after:
-        return None
-    evidence = trial.user_attrs.get(ATTR_NUMERICS)
-    if isinstance(evidence, dict) and evidence.get("passed") is not None:
-        return None
-    return f"{before} -> {after}"
-
-
 def same_training(trial: FrozenTrial, baseline: FrozenTrial | None) -> bool:
-    """Whether `trial` trains what the baseline trains: the same global batch and effective lr,
-    no numerics violation, another dtype only where the guard checked it. Two unknowns are not
-    equal: only the baseline itself is the same training without evidence."""
-    if baseline is None:
-        return False
-    if trial.number == baseline.number:
-        return True
-    if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0 or numerics_unchecked(trial):
-        return False
-    if dtype_unchecked(trial, baseline):
-        return False
-    if unknown_training(trial) or unknown_training(baseline):
-        return False
-    return global_batch_of(trial) == global_batch_of(baseline) and math.isclose(
-        lr_of(trial) or 0.0, lr_of(baseline) or 0.0
-    )
-
-
-def changed_keys(baseline: FrozenTrial, trial: FrozenTrial) -> list[str]:
-    """The searched keys `trial` sets differently from the baseline, as `key (before -> after)`
-    (`key=after` where the baseline has no such param)."""
-    before, after = baseline.params, trial.params
-    return [
-        f"{key} ({before[key]} -> {after[key]})" if key in before else f"{key}={after[key]}"
-        for key in sorted(after)
-        if key not in before or after[key] != before[key]
-    ]
+    """Whether `trial` trains what the baseline trains (`training_change` finds no change). Two
+    unknowns are not equal: only the baseline itself is the same training without evidence."""
+    return baseline is not None and training_change(baseline, trial) is None
 
 
 def pick_same_training(
@@ -229,8 +169,6 @@ def pick_same_training(
     """The best trial that keeps the baseline's training math: the confirmed one where there is
     one, else the best first objective."""
     pool = [t for t in feasible_pool if same_training(t, baseline)]
-    if not pool:
-        return None
     number = confirmation.same_training_winner if confirmation is not None else None
     match = next((t for t in pool if t.number == number), None)
     if match is not None:
@@ -240,25 +178,35 @@ def pick_same_training(
 
 def training_change(baseline: FrozenTrial | None, trial: FrozenTrial | None) -> str | None:
     """What `trial` changes in the training relative to the baseline, as advice; None when it
-    keeps the training (or either is missing)."""
-    if baseline is None or trial is None or same_training(trial, baseline):
+    keeps it: the same global batch and effective lr, no numerics violation, another dtype only
+    where the guard checked it (or when either trial is missing)."""
+    if baseline is None or trial is None or trial.number == baseline.number:
         return None
     if trial.constraints.get(NUMERICS_CONSTRAINT, 0.0) > 0:
         return "numerics drift from the fp32 reference over the tolerance: not the same training"
-    unchecked = numerics_unchecked(trial)
-    if unchecked:
+    evidence = trial.user_attrs.get(ATTR_NUMERICS)
+    checked = isinstance(evidence, dict)
+    if checked and evidence.get("passed") is None:
+        unchecked = evidence.get("not_run") or "no verdict"
         return f"numerics not checked (the guard did not run: {unchecked}): re-validate"
-    dtype = dtype_unchecked(trial, baseline)
-    if dtype:
+    before, after = baseline.user_attrs.get("compute_dtype"), trial.user_attrs.get("compute_dtype")
+    if before and after and before != after and not checked:  # a task of its own has no guard
         return (
-            f"computes in another dtype ({dtype}) and no numerics guard checked it (gpuopt's "
-            "guard runs in its own app): re-validate the training"
+            f"computes in another dtype ({before} -> {after}) and no numerics guard checked it "
+            "(gpuopt's guard runs in its own app): re-validate the training"
         )
     missing = unknown_training(baseline) or unknown_training(trial)
     if missing:
-        keys = changed_keys(baseline, trial)
+        before, after = baseline.params, trial.params
+        keys = [
+            f"{key} ({before[key]} -> {after[key]})" if key in before else f"{key}={after[key]}"
+            for key in sorted(after)
+            if key not in before or after[key] != before[key]
+        ]
         return f"unknown: {missing}; it changes {', '.join(keys) or 'no searched key'}"
     before, after = global_batch_of(baseline), global_batch_of(trial)
+    if before == after and math.isclose(lr_of(trial) or 0.0, lr_of(baseline) or 0.0):
+        return None
     if not before or not after or before == after:
         return "learning rate differs from the baseline's: re-validate"
     ratio = after / before

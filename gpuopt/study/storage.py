@@ -42,17 +42,14 @@ class StorageUnreachable(StorageError):
     """A server that could not be reached or refused the login: the reason in its words, masked."""
 
     def __init__(self, spec: str, exc: BaseException) -> None:
-        super().__init__(f"cannot connect to {display(spec)}: {connect_reason(exc)}")
-
-
-def connect_reason(exc: BaseException) -> str:
-    """What the server said, without the driver's wrapping (psycopg's `connection failed: ...
-    failed: FATAL:  `, SQLAlchemy's `(Background on this error ...)` line). Secrets masked."""
-    orig = getattr(exc, "orig", None) or exc
-    text = str(orig).strip()
-    line = text.splitlines()[0] if text else type(orig).__name__
-    reason = re.sub(r"^(FATAL|ERROR):\s+", "", line.rsplit(" failed: ", 1)[-1].strip())
-    return mask_secrets(reason[:1].lower() + reason[1:])
+        # What the server said, without the driver's wrapping (psycopg's `connection failed: ...
+        # failed: FATAL:  `, SQLAlchemy's `(Background on this error ...)` line).
+        orig = getattr(exc, "orig", None) or exc
+        text = str(orig).strip()
+        line = text.splitlines()[0] if text else type(orig).__name__
+        reason = re.sub(r"^(FATAL|ERROR):\s+", "", line.rsplit(" failed: ", 1)[-1].strip())
+        reason = mask_secrets(reason[:1].lower() + reason[1:])
+        super().__init__(f"cannot connect to {display(spec)}: {reason}")
 
 
 class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat_base()):  # type: ignore[misc]
@@ -103,18 +100,15 @@ def open_storage(
     if spec is None:
         return None
     text = str(spec)
-    if heartbeat_interval is not None and heartbeat_interval <= 0:
-        heartbeat_interval = None
+    heartbeat_interval = heartbeat_interval or None  # 0: off (the options allow 0 or >= 1)
     if text.startswith(JOURNAL_SCHEME):
         path = journal_path(text)
         path.parent.mkdir(parents=True, exist_ok=True)
         return HeartbeatJournalStorage(
             JournalFileBackend(str(path)), heartbeat_interval, grace_period
         )
-    kwargs: dict[str, Any] = {}
-    if not text.startswith("sqlite"):
-        # A server closes idle connections; a worker busy with a long trial must not trip on one.
-        kwargs["engine_kwargs"] = {"pool_pre_ping": True}
+    # A server closes idle connections; a worker busy with a long trial must not trip on one.
+    kwargs = {} if text.startswith("sqlite") else {"engine_kwargs": {"pool_pre_ping": True}}
     for attempt in range(3):
         try:
             with warnings.catch_warnings():  # heartbeat_interval is experimental: no warning
@@ -230,18 +224,14 @@ class StudyEntry:
 def list_studies(storage: BaseStorage) -> list[StudyEntry]:
     """All studies, in creation order (the last one is the latest)."""
     summaries = optuna.study.get_all_study_summaries(storage, include_best_trial=False)
-    entries = [
+    # Study ids grow with creation; the summaries do not expose theirs, the storage does.
+    summaries.sort(key=lambda s: storage.get_study_id_from_name(s.study_name))
+    return [
         StudyEntry(
-            s.study_name,
-            s.n_trials,
-            s.datetime_start,
-            tuple(d.name.lower() for d in s.directions),
+            s.study_name, s.n_trials, s.datetime_start, tuple(d.name.lower() for d in s.directions)
         )
         for s in summaries
     ]
-    # Study ids grow with creation; the summaries do not expose theirs, the storage does.
-    order = {s.study_name: storage.get_study_id_from_name(s.study_name) for s in summaries}
-    return sorted(entries, key=lambda e: order[e.name])
 
 
 def load_study(storage: BaseStorage, url: str, name: str | None) -> optuna.Study:

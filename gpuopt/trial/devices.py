@@ -109,20 +109,24 @@ def supported_modes(device: torch.device) -> list[str]:
     return ["fp32", "bf16", "fp16"]
 
 
+def _cuda_facts(index: int) -> dict[str, Any]:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    return {
+        "device": f"cuda:{index}",
+        "name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "memory_mb": round(props.total_memory / 2**20),
+    }
+
+
 def list_devices() -> list[dict[str, Any]]:
     import torch
 
     devices = [{"device": "cpu", "name": cpu_model(), "cores": usable_cpus()}]
-    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
-        props = torch.cuda.get_device_properties(index)
-        devices.append(
-            {
-                "device": f"cuda:{index}",
-                "name": props.name,
-                "compute_capability": f"{props.major}.{props.minor}",
-                "memory_mb": round(props.total_memory / 2**20),
-            }
-        )
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    devices += [_cuda_facts(index) for index in range(count)]
     if torch.backends.mps.is_available():
         devices.append({"device": "mps", "name": device_name(torch.device("mps"))})
     return devices
@@ -224,9 +228,7 @@ def _device_facts(spec: TrialSpec) -> dict[str, Any]:
     wanted = (torch.device(requested).index or 0) if requested.startswith("cuda") else None
     bf16 = "bf16" in (spec.precision.mode, dist.param_dtype, dist.reduce_dtype)
     for index in sorted(range(count), key=lambda i: i != torch.cuda.current_device()):
-        props = torch.cuda.get_device_properties(index)
-        fact = {"device": f"cuda:{index}", "name": props.name}
-        fact["compute_capability"] = f"{props.major}.{props.minor}"
+        fact = _cuda_facts(index)
         if bf16 and index == (torch.cuda.current_device() if wanted is None else wanted):
             with torch.cuda.device(index):
                 fact["bf16"] = torch.cuda.is_bf16_supported()

@@ -213,12 +213,11 @@ def _elastic_launch(
 ) -> None:
     from torch.distributed.launcher.api import elastic_launch
 
-    cache = numerics.sweep_cache_dir()  # the guard's reference, shared with the sweep's trials
-    run_dir = known_run_dir()  # Hydra's (or $GPUOPT_RUN_DIR) here; the ranks have no Hydra
-    handed_down = (str(cache) if cache else None, str(run_dir) if run_dir else None)
-    elastic_launch(config, rank_main)(
-        entry, spec, device.type, os.getpid(), str(scratch), *handed_down
-    )
+    # Hydra's run directory (or $GPUOPT_RUN_DIR) and the guard's reference cache, shared with the
+    # sweep's trials: the ranks have no Hydra.
+    found = {RUN_DIR_ENV: known_run_dir(), numerics.CACHE_ENV: numerics.sweep_cache_dir()}
+    env = {name: str(path) for name, path in found.items() if path}
+    elastic_launch(config, rank_main)(entry, spec, device.type, os.getpid(), str(scratch), env)
 
 
 @contextlib.contextmanager
@@ -303,18 +302,15 @@ def rank_main(
     device_type: str,
     parent: int,
     scratch: str,
-    guard_cache: str | None = None,
-    run_dir: str | None = None,
+    env: dict[str, str],
 ) -> None:
     """One rank: end with the trial, join the process group, measure through `entry`, write the
     result. A failed result then raises, so the launcher stops the others instead of leaving them
-    in a collective. No Hydra here: the trial hands down `guard_cache` and `run_dir`."""
+    in a collective. No Hydra here: the trial hands down its paths as `env`."""
     set_parent_death_signal()
     if os.getppid() != parent:  # the trial died before the signal was set
         os._exit(1)
-    numerics.inherit_cache_dir(guard_cache)
-    if run_dir:
-        os.environ[RUN_DIR_ENV] = run_dir
+    os.environ.update(env)
     import torch.distributed as torch_dist
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])

@@ -18,7 +18,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpuopt.core.metrics import METRICS
@@ -28,7 +28,7 @@ GPM_INTERVAL_S = 1.0  # a long window's intermediate samples, this far apart
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
-NVML_GPM_METRICS_GET_VERSION = 1  # pynvml's, for stand-ins that lack it
+NVML_GPM_METRICS_GET_VERSION = 1
 NULL_NOTE = "sm_active, sm_occupancy, tensor_active and dram_bw_util are null"
 
 
@@ -53,11 +53,8 @@ class _Taken:
     sample: Any  # the NVML sample buffer
 
 
-@dataclass
-class _Segment:
-    seconds: float
-    values: dict[str, float]  # the metrics NVML computed for it (nvmlReturn SUCCESS)
-    errors: dict[str, int] = field(default_factory=dict)  # the others: their nvmlReturn
+# Two samples' segment: (seconds, the metrics NVML computed for it, the others' nvmlReturn).
+_Segment = tuple[float, dict[str, float], dict[str, int]]
 
 
 def _error_code(exc: BaseException | None) -> int | None:
@@ -69,9 +66,9 @@ def why_not(nvml: Any, exc: BaseException | None, mig: bool = False) -> str:
     """One line: why GPM is not there, from the NVML error a GPM call raised (None: the device
     says it has no GPM)."""
     code = _error_code(exc)
-    if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", NVML_ERROR_NO_PERMISSION):
+    if code == NVML_ERROR_NO_PERMISSION:
         why = "no permission to read GPM counters (NVML_ERROR_NO_PERMISSION)"
-    elif exc is None or code == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED):
+    elif exc is None or code == NVML_ERROR_NOT_SUPPORTED:
         why = "GPM is not supported " + (
             "for this MIG instance" if mig else "on this GPU (Hopper and newer have it)"
         )
@@ -93,7 +90,6 @@ class GpmSampler:
         self._notes: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
     def take(self) -> BaseException | None:
         """One sample now, appended to `taken`; the NVML error (also noted) when it refused."""
@@ -108,8 +104,7 @@ class GpmSampler:
             self._free(buffer)
             self._note(f"nvmlGpmSampleGet: {type(exc).__name__}: {exc}")
             return exc
-        with self._lock:
-            self.taken.append(_Taken(time.perf_counter(), buffer))
+        self.taken.append(_Taken(time.perf_counter(), buffer))  # the thread's, joined before a read
         return None
 
     def _note(self, note: str) -> None:
@@ -160,11 +155,11 @@ class GpmSampler:
         segments = [self.segment(a, b) for a, b in itertools.pairwise(kept)]
         values: dict[str, float | None] = {}
         for name in names:
-            weighted = [(s.seconds, s.values[name]) for s in segments if name in s.values]
-            seconds = sum(w for w, _ in weighted)
-            values[name] = sum(w * v for w, v in weighted) / seconds if seconds > 0 else None
+            weighted = [(seconds, found[name]) for seconds, found, _ in segments if name in found]
+            total_s = sum(w for w, _ in weighted)
+            values[name] = sum(w * v for w, v in weighted) / total_s if total_s > 0 else None
             if values[name] is None:
-                codes = sorted({s.errors[name] for s in segments if name in s.errors})
+                codes = sorted({errors[name] for *_, errors in segments if name in errors})
                 notes.append(f"GPM: {name} null (NVML returned {codes or 'no value'})")
         if window_s < GPM_MIN_SEGMENT_S:
             notes.append(
@@ -177,9 +172,7 @@ class GpmSampler:
         """The metrics between two samples (nvmlGpmMetricsGet; sample1 is the earlier)."""
         fields = gpm_fields()
         request = self.nvml.c_nvmlGpmMetricsGet_t()
-        request.version = getattr(
-            self.nvml, "NVML_GPM_METRICS_GET_VERSION", NVML_GPM_METRICS_GET_VERSION
-        )
+        request.version = NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(fields)
         request.sample1, request.sample2 = first.sample, second.sample
         for i, (_, gpm) in enumerate(fields):
@@ -189,7 +182,7 @@ class GpmSampler:
             self.nvml.nvmlGpmMetricsGet(request)
         except Exception as exc:
             code = _error_code(exc) or -1
-            return _Segment(seconds, {}, {name: code for name, _ in fields})
+            return seconds, {}, {name: code for name, _ in fields}
         values, errors = {}, {}
         for i, (name, _) in enumerate(fields):
             metric = request.metrics[i]
@@ -197,7 +190,7 @@ class GpmSampler:
                 values[name] = float(metric.value)
             else:
                 errors[name] = int(metric.nvmlReturn)
-        return _Segment(seconds, values, errors)
+        return seconds, values, errors
 
 
 def spaced(taken: list[_Taken], min_s: float) -> list[_Taken]:

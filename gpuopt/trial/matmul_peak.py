@@ -23,66 +23,41 @@ PROBE_MODES = {
     "fp16": ("float16", "highest"),
 }
 PROBE_BUDGET_S = 0.2  # per dtype, first measurement on a machine; later calls read the cache
-# Square matmul sizes tried: (first, largest) per device type.
-PROBE_SIZES = {"cpu": (128, 2048)}
-PROBE_DEFAULT_SIZES = (1024, 8192)
 PROBE_REPS = 5  # timed repetitions per size (best of)
 
 
-def probe_key(fp: dict[str, Any], mode: str, threads: int) -> str:
-    """The cache key of one probe (a new torch can bring new kernels: its version is in it)."""
-    hardware = {k: fp.get(k) for k in HARDWARE_KEYS}
-    return json.dumps(
-        {"hardware": hardware, "mode": mode, "threads": threads, "torch": fp.get("torch")},
-        sort_keys=True,
-    )
-
-
-def _time_matmul(device: torch.device, dtype: torch.dtype, n: int, deadline: float) -> float:
-    """The best seconds of one n x n matmul over PROBE_REPS repetitions (after one untimed)."""
+def measure_peak_flops(device: torch.device, mode: str) -> float:
+    """Achievable dense matmul FLOP/s for a precision mode: the best of PROBE_REPS square matmuls
+    (after one untimed) of growing size until the next would not fit the budget (a slow, emulated
+    dtype stops at small sizes)."""
     import time
 
     import torch
 
     from gpuopt.trial.measure import synchronize
 
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    a @ b
-    synchronize(device)
-    best = float("inf")
-    for _ in range(PROBE_REPS):
-        started = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = min(best, time.perf_counter() - started)
-        if time.perf_counter() >= deadline:
-            break
-    return best
-
-
-def measure_peak_flops(device: torch.device, mode: str) -> float:
-    """Achievable dense matmul FLOP/s for a precision mode: square matmuls of growing size until
-    one would not fit the budget (a slow, emulated dtype stops at small sizes)."""
-    import time
-
-    import torch
-
     dtype_name, matmul_precision = PROBE_MODES[mode]
-    dtype = getattr(torch, dtype_name)
-    n, max_n = PROBE_SIZES.get(device.type, PROBE_DEFAULT_SIZES)
+    n, max_n = (128, 2048) if device.type == "cpu" else (1024, 8192)  # the sizes: first, largest
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(matmul_precision)
-    started = time.perf_counter()
-    deadline = started + PROBE_BUDGET_S
+    deadline = time.perf_counter() + PROBE_BUDGET_S
     best = 0.0
     try:
         while True:
-            seconds = _time_matmul(device, dtype, n, deadline)
+            a, b = (torch.randn(n, n, device=device).to(getattr(torch, dtype_name)) for _ in "ab")
+            a @ b
+            synchronize(device)
+            seconds = float("inf")
+            for _ in range(PROBE_REPS):
+                started = time.perf_counter()
+                a @ b
+                synchronize(device)
+                seconds = min(seconds, time.perf_counter() - started)
+                if time.perf_counter() >= deadline:
+                    break
             best = max(best, 2 * n**3 / seconds)
-            remaining = deadline - time.perf_counter()
             # The next size costs ~8x per matmul, PROBE_REPS + 1 of them.
-            if n * 2 > max_n or 8 * seconds * (PROBE_REPS + 1) > remaining:
+            if n * 2 > max_n or 8 * seconds * (PROBE_REPS + 1) > deadline - time.perf_counter():
                 return best
             n *= 2
     finally:
@@ -104,7 +79,12 @@ def probed_peak_flops(
     threads = 1 if device.type == "cpu" else torch.get_num_threads()
     scale = usable_cpus() if device.type == "cpu" else 1
     path = cache if cache is not None else cache_dir() / "peak_flops.json"
-    key = probe_key(fp, mode, threads)
+    # A new torch can bring new kernels: its version is in the key.
+    hardware = {k: fp.get(k) for k in HARDWARE_KEYS}
+    key = json.dumps(
+        {"hardware": hardware, "mode": mode, "threads": threads, "torch": fp.get("torch")},
+        sort_keys=True,
+    )
     cached = read_json(path).get(key)
     if isinstance(cached, dict) and isinstance(cached.get("flops"), (int, float)):
         return float(cached["flops"]) * scale

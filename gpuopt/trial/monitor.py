@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 _said_absent = False
 _said_notes: set[str] = set()
 
-NVML_GPU_UTILIZATION_SAMPLES = 1  # pynvml's constant, for stand-ins that lack it
+NVML_GPU_UTILIZATION_SAMPLES = 1
 NVML_ERROR_NOT_FOUND = 6  # nvmlDeviceGetSamples: no sample newer than lastSeenTimeStamp
 # nvmlValueType_t -> the nvmlValue_t union member that holds the sample
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -167,14 +167,12 @@ class NvmlSampler:
     def fetch_device_samples(self) -> bool:
         """Append the driver's utilization samples newer than the last one seen. False when the
         device does not keep them (any NVML error but NOT_FOUND, which means: none newer)."""
-        kind = getattr(self.nvml, "NVML_GPU_UTILIZATION_SAMPLES", NVML_GPU_UTILIZATION_SAMPLES)
         try:
             value_type, samples = self.nvml.nvmlDeviceGetSamples(
-                self.handle, kind, self._last_seen_us
+                self.handle, NVML_GPU_UTILIZATION_SAMPLES, self._last_seen_us
             )
         except Exception as exc:
-            not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", NVML_ERROR_NOT_FOUND)
-            return getattr(exc, "value", None) == not_found
+            return getattr(exc, "value", None) == NVML_ERROR_NOT_FOUND
         field = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
         for sample in samples:
             if sample.timeStamp > self._last_seen_us:

@@ -41,9 +41,9 @@ log = logging.getLogger(__name__)
 # The relative deviation divides by at least this (near zero any rounding looks like a huge drift).
 MIN_REFERENCE_LOSS = 1e-6
 CACHE_FOLDER = ".numerics"
+CACHE_ENV = "GPUOPT_GUARD_CACHE"  # a distributed trial's ranks: their trial's `sweep_cache_dir`
 # The reference trajectories this process trained or read, by `reference_key`.
 _reference_cache: dict[str, list[float]] = {}
-_rank_cache_dir: Path | None = None  # set in a distributed trial's ranks (inherit_cache_dir)
 
 
 class NotGuarded(Exception):
@@ -161,9 +161,9 @@ def reference_key(
 
 def sweep_cache_dir() -> Path | None:
     """The sweep dir's `.numerics` folder inside a Hydra multirun, else None; in a distributed
-    trial's rank (no Hydra there), the one its trial handed down."""
-    if _rank_cache_dir is not None:
-        return _rank_cache_dir
+    trial's rank (no Hydra there), the one its trial handed down ($GPUOPT_GUARD_CACHE)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -175,12 +175,6 @@ def sweep_cache_dir() -> Path | None:
         return Path(str(config.sweep.dir)) / CACHE_FOLDER
     except Exception:  # no Hydra, or a config without a sweep dir
         return None
-
-
-def inherit_cache_dir(folder: str | None) -> None:
-    """A rank's cache folder: its trial's `sweep_cache_dir` (gpuopt.trial.distributed.rank_main)."""
-    global _rank_cache_dir
-    _rank_cache_dir = Path(folder) if folder else None
 
 
 def cached_reference(key: str, cache_dir: Path | None) -> list[float] | None:

@@ -21,16 +21,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuopt.trial.comm_trace import CommTime, comm_time
 from gpuopt.trial.trace import (
     SPAN_PREFIX,
     STEP_SPAN,
+    CommTime,
     GpuTimeSplit,
     OperatorTime,
+    comm_time,
     gpu_time_split,
     load_trace,
     phase_breakdown,
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from gpuopt.core.spec import ProfileConf
 
 TRACE_FILE = "trace.json.gz"
-RANK_TRACE_FILE = "trace_rank{rank}.json.gz"  # ranks 1.. of a distributed trial
 # The step spans must cover the window's wall time (perf_counter, outside the profiler) to this
 # share: what is left is the profiler's own per-step bookkeeping (prof.step()).
 STEP_COVERAGE_TOLERANCE = 0.10
@@ -53,12 +53,10 @@ def steps_within_budget(conf: ProfileConf, step_ms: float | None) -> ProfileConf
     """`conf` with as many recorded steps as fit in `conf.max_s` of `step_ms` steps (1 to
     `conf.steps`). Why: a cnn's batch-256 steps of 0.9 s made 1 + 5 profiled steps cost a race's
     finalist 9 s, three times its timed window; one slow step already holds thousands of ops."""
-    import dataclasses
-
     if conf.max_s is None or not step_ms or step_ms <= 0:
         return conf
     fitting = max(1, int(conf.max_s * 1000.0 / step_ms))
-    return conf if fitting >= conf.steps else dataclasses.replace(conf, steps=fitting)
+    return conf if fitting >= conf.steps else replace(conf, steps=fitting)
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ class ProfileSummary:
     cost_s: float  # what the window cost the trial: steps, trace export, parsing
     device_type: str = "cpu"
     split_by: str = "gpuopt"  # what computed the breakdown
-    # A distributed trial's rank: its collectives (gpuopt.trial.comm_trace); None in one process.
+    # A distributed trial's rank: its collectives (gpuopt.trial.trace.comm_time); None in one process.
     comm: CommTime | None = None
     # A distributed trial's result: every rank's trace by rank (rank 0's is `trace_path`).
     rank_traces: dict[str, str] | None = None
@@ -162,8 +160,8 @@ class ProfiledSteps:
     """warmup_steps + steps training steps under torch.profiler, each in a `gpuopt:step` span, the
     trace written to `trace` after the last; `window_s` is the recorded steps' wall time.
 
-    A loop calls `run(step)`; a framework's hooks call `begin()`, then `step_started()` /
-    `step_ended()` around each step until it returns True (`close()` after a failure). `align`
+    A loop or a framework's hooks call `begin()`, then `step_started()` / `step_ended()` around
+    each step until it returns True (`close()` after a failure). `align`
     (a distributed trial's barrier) runs right before the first recorded step, outside its span."""
 
     def __init__(
@@ -239,17 +237,6 @@ class ProfiledSteps:
         if profiler is not None:
             profiler.__exit__(None, None, None)
 
-    def run(self, step: Callable[[], None]) -> None:
-        self.begin()
-        try:
-            while True:
-                self.step_started()
-                step()
-                if self.step_ended():
-                    return
-        finally:
-            self.close()
-
 
 def summarize(recorded: ProfiledSteps, began: float, comm: bool = False) -> ProfileSummary:
     """The summary of a finished `ProfiledSteps` (`began`: when its cost started; `comm`: a
@@ -275,7 +262,7 @@ def summarize(recorded: ProfiledSteps, began: float, comm: bool = False) -> Prof
 
 def trace_name(rank: int | None = None) -> str:
     """trace.json.gz (one process, a distributed trial's rank 0), trace_rank{N}.json.gz (rank N)."""
-    return RANK_TRACE_FILE.format(rank=rank) if rank else TRACE_FILE
+    return f"trace_rank{rank}.json.gz" if rank else TRACE_FILE
 
 
 def trace_file(run_dir: Path | None, rank: int | None = None) -> Path:
@@ -314,5 +301,13 @@ def run_profiled_window(
     began = time.perf_counter()
     recorded = ProfiledSteps(device, conf, trace_file(None, rank), align)
     with annotated(annotations):
-        recorded.run(step)
+        recorded.begin()
+        try:
+            while True:
+                recorded.step_started()
+                step()
+                if recorded.step_ended():
+                    break
+        finally:
+            recorded.close()
     return summarize(recorded, began, comm=rank is not None)

@@ -136,15 +136,12 @@ MERGED = ("largest", "mean", "sum", "slowest", "dropped")
 def _merged(how: str, values: list[Any], straggler: int | None, own: Any) -> Any:
     """The job's value from every rank's; `own` is rank 0's, `straggler` the slowest rank."""
     present = [v for v in values if v is not None]
-    every = bool(present) and len(present) == len(values)
     if how == "largest":
         return max(present, default=None)
-    if how == "mean":
-        return sum(present) / len(present) if every else None
-    if how == "sum":
-        return sum(present) if every else None
     if how == "slowest":
         return own if straggler is None else values[straggler]
+    if how in ("mean", "sum") and present and len(present) == len(values):
+        return sum(present) / len(present) if how == "mean" else sum(present)
     return None  # dropped: a single process's limits describe one rank's share, not the job
 
 

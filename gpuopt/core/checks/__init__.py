@@ -95,6 +95,17 @@ def _resolved_container(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
+def resolved_or_written(cfg: Any) -> dict[str, Any]:
+    """The config as a dict, resolved; as written where an interpolation does not resolve (one that
+    needs the running job, `${hydra:...}`)."""
+    try:
+        container = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:
+        container = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(container, dict)
+    return container  # type: ignore[return-value]
+
+
 def check_writable_path(key: str, path: str | os.PathLike[str], directory: bool = False) -> None:
     """`path` (a file to write, or a directory to create) can be written, before any work; nothing
     is created."""
