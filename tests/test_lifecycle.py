@@ -319,7 +319,7 @@ def _run_loop(study, n_trials, launcher, n_jobs=1, files=None):
     from gpuopt.sweeper.space import SearchSpace
 
     space = SearchSpace({"x": FloatDistribution(-1.0, 1.0)}, {}, [])
-    progress = Progress(n_trials, ["value"], ["minimize"], done_before=0, t_start=time.monotonic())
+    progress = Progress(n_trials, ["value"], ["minimize"], t_start=time.monotonic())
     _runner(n_trials, launcher, n_jobs, files).run(study, n_trials, space, progress)
 
 

@@ -11,7 +11,6 @@ from optuna.distributions import CategoricalDistribution
 
 from gpuopt.sweeper import memory_axis
 from gpuopt.sweeper.memory_axis import (
-    AxisSettings,
     MemoryModel,
     MemoryProbe,
     batch_choices,
@@ -22,6 +21,7 @@ from gpuopt.sweeper.memory_axis import (
     powers_of_two,
     preset_batches,
 )
+from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.shared_process import write_config
 from gpuopt.sweeper.space import build_search_space
 
@@ -150,7 +150,7 @@ def _stub_probe(monkeypatch, points, ram_mb=64000.0, error=None):
 def test_cpu_memory_cap_shrinks_the_batch_axis_and_says_why(monkeypatch, tmp_path, caplog) -> None:
     # 100 MiB fixed + 1 MiB/sample; cap 250 MiB, 15% margin -> 212 usable -> largest batch 112
     calls = _stub_probe(monkeypatch, [(32, 132.0), (128, 228.0)])
-    settings = AxisSettings(cap_mb=250)
+    settings = SweeperOptions(memory_cap_mb=250)
     with caplog.at_level(logging.INFO, logger="gpuopt.sweeper.memory_axis"):
         axis = plan_batch_axis(None, PRESET, [], "cpu", settings, tmp_path)
     assert calls == [(32, 128)]  # the preset's smallest and 4x it
@@ -172,10 +172,10 @@ def test_no_axis_on_cpu_without_a_cap_or_when_the_command_line_sweeps_the_batch(
     monkeypatch, tmp_path
 ) -> None:
     calls = _stub_probe(monkeypatch, [(32, 132.0), (128, 228.0)])
-    assert plan_batch_axis(None, PRESET, [], "cpu", AxisSettings(), tmp_path) is None
+    assert plan_batch_axis(None, PRESET, [], "cpu", SweeperOptions(), tmp_path) is None
     cli = ["loader.batch_size=choice(8,16)"]
-    assert plan_batch_axis(None, PRESET, cli, "cuda", AxisSettings(), tmp_path) is None
-    off = AxisSettings(enabled=False, cap_mb=100)
+    assert plan_batch_axis(None, PRESET, cli, "cuda", SweeperOptions(), tmp_path) is None
+    off = SweeperOptions(memory_axis=False, memory_cap_mb=100)
     assert plan_batch_axis(None, PRESET, [], "cpu", off, tmp_path) is None
     assert calls == []  # no probe process started for any of them
 
@@ -183,7 +183,7 @@ def test_no_axis_on_cpu_without_a_cap_or_when_the_command_line_sweeps_the_batch(
 def test_a_failed_probe_keeps_the_preset_axis(monkeypatch, tmp_path, caplog) -> None:
     _stub_probe(monkeypatch, [], error="OutOfMemoryError: CUDA out of memory")
     with caplog.at_level(logging.WARNING, logger="gpuopt.sweeper.memory_axis"):
-        axis = plan_batch_axis(None, PRESET, [], "cuda", AxisSettings(), tmp_path)
+        axis = plan_batch_axis(None, PRESET, [], "cuda", SweeperOptions(), tmp_path)
     assert axis is None
     assert "batch axis off (the preset's stays): OutOfMemoryError" in caplog.text
 
@@ -196,7 +196,7 @@ def test_an_accelerator_grows_the_axis_to_its_memory(monkeypatch, tmp_path) -> N
 
     monkeypatch.setattr(memory_axis, "run_probe", fake)
     monkeypatch.setattr(memory_axis, "write_config", lambda config, d, name: Path(d) / "c.yaml")
-    axis = plan_batch_axis(None, PRESET, [], "cuda", AxisSettings(), tmp_path)
+    axis = plan_batch_axis(None, PRESET, [], "cuda", SweeperOptions(), tmp_path)
     assert axis is not None and axis.choices[-1] == 4096  # 8500 - 1000 = 7500 -> 4096
     assert axis.added == [1024, 2048, 4096]
 

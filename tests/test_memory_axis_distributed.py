@@ -14,7 +14,6 @@ import pytest
 
 from gpuopt.sweeper import memory_axis
 from gpuopt.sweeper.memory_axis import (
-    AxisSettings,
     MemoryProbe,
     peak_label,
     plan_batch_axis,
@@ -22,6 +21,7 @@ from gpuopt.sweeper.memory_axis import (
     read_probe_line,
     run_probe,
 )
+from gpuopt.sweeper.options import SweeperOptions
 from gpuopt.sweeper.shared_process import write_config
 
 PRESET = {"loader.batch_size": "choice(32,64,128,256,512)"}
@@ -106,7 +106,7 @@ def test_a_failed_distributed_probe_turns_the_axis_off_not_the_sweep(
     )
     monkeypatch.setattr(memory_axis, "write_config", lambda config, d, name: Path(d) / "c.yaml")
     with caplog.at_level(logging.WARNING, logger="gpuopt.sweeper.memory_axis"):
-        axis = plan_batch_axis(None, PRESET, [], "cuda", AxisSettings(), tmp_path)
+        axis = plan_batch_axis(None, PRESET, [], "cuda", SweeperOptions(), tmp_path)
     assert axis is None
     assert "batch axis off (the preset's stays)" in caplog.text
     assert "(2 ranks): oom (distributed=fsdp2): rank 1: OutOfMemoryError" in caplog.text
@@ -124,7 +124,7 @@ def test_the_axis_log_says_the_peak_is_per_rank_of_the_world_size(
     monkeypatch.setattr(memory_axis, "run_probe", lambda *args, **kwargs: probe)
     monkeypatch.setattr(memory_axis, "write_config", lambda config, d, name: Path(d) / "c.yaml")
     with caplog.at_level(logging.INFO, logger="gpuopt.sweeper.memory_axis"):
-        axis = plan_batch_axis(None, PRESET, [], "cpu", AxisSettings(cap_mb=250), tmp_path)
+        axis = plan_batch_axis(None, PRESET, [], "cpu", SweeperOptions(memory_cap_mb=250), tmp_path)
     assert axis is not None and axis.choices == [32, 64]
     assert "memory-aware: peak per rank of 2 ~ 100 MiB + 1.000 MiB/sample" in caplog.text
     assert "largest micro-batch that fits ~ 112" in caplog.text

@@ -491,7 +491,7 @@ def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[s
     runner = RaceRunner(
         TrialRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
     )
-    progress = Progress(10, ["throughput"], ["maximize"], 1, time.monotonic())
+    progress = Progress(10, ["throughput"], ["maximize"], time.monotonic())
     chosen = runner._decide(study, screened, space, progress)
     return list(chosen), study
 
@@ -674,7 +674,7 @@ def test_a_finalist_read_below_the_floor_over_the_baseline_is_pruned_without_a_w
     runner.process, runner.directory = race, tmp_path  # type: ignore[assignment]
     study = optuna.create_study(direction="maximize")
     entry = Screened(study.ask(), [], "#1", config_file=tmp_path / "trial1.yaml")
-    progress = Progress(10, ["throughput"], ["maximize"], 1, time.monotonic())
+    progress = Progress(10, ["throughput"], ["maximize"], time.monotonic())
     read = {"ratio": 1.2, "rank": 1, "of": 9, "floor": 0.9}
     runner._finalist(study, entry, read, None, progress)  # type: ignore[arg-type]
     (trial,) = study.get_trials()

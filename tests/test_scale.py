@@ -139,7 +139,7 @@ def test_progress_lines_tell_the_studys_count_best_and_pace_and_name_the_worker(
     """Worker B's line once the study holds 8 finished trials, best #2 (issue 25: B said `trial
     2/8 #8 ... | best #8`): the study's count, its best (not this worker's), which worker speaks."""
     me, other = owners.this_owner(), {"host": "hostA", "pid": 7}
-    progress = Progress(9, ["throughput"], ["maximize"], done_before=0, t_start=time.monotonic())
+    progress = Progress(9, ["throughput"], ["maximize"], t_start=time.monotonic())
     progress.start([])
     trials = [_owned(n, 100.0 if n == 2 else 10.0 + n, other) for n in range(7)]
     trials.append(_owned(7, 0.0, other, TrialState.RUNNING))  # A's, in flight: not finished
@@ -150,7 +150,7 @@ def test_progress_lines_tell_the_studys_count_best_and_pace_and_name_the_worker(
     assert "| best #2 throughput=100" in line
     assert line.endswith(f"| worker {owners.host_name()}:{os.getpid()}")
     # Alone on the study (another worker's trials all finished before this one started): no tag.
-    alone = Progress(8, ["throughput"], ["maximize"], done_before=0, t_start=time.monotonic())
+    alone = Progress(8, ["throughput"], ["maximize"], t_start=time.monotonic())
     alone.start([])
     before = [_owned(n, 1.0, other) for n in range(3)]
     for t in before:
@@ -161,13 +161,13 @@ def test_progress_lines_tell_the_studys_count_best_and_pace_and_name_the_worker(
 
 def test_a_stopped_sweep_shows_the_last_failure_and_names_only_storages_that_exist():
     def failing(storage):
-        progress = Progress(4, ["value"], ["minimize"], done_before=0, t_start=time.monotonic())
+        progress = Progress(4, ["value"], ["minimize"], t_start=time.monotonic())
         progress.start([])
         try:
             raise RuntimeError("cfg.error is True")
         except RuntimeError as exc:
             for n in range(3):
-                progress.record(n, False, outcome_of(exc, ["value"], ["minimize"]))
+                progress.record(n, False, outcome_of(exc, ["value"], ["minimize"]), [])
         with pytest.raises(SweepAborted) as aborted:
             progress.check_failure_rate(0.5, "sphere", storage)
         return aborted.value
@@ -339,8 +339,7 @@ def _assert_one_study_of(trials, n_trials):
         for t in uncounted
     )
     assert sum(bool(t.user_attrs.get(ATTR_BASELINE)) for t in counted) == 1
-    owners = {t.system_attrs["gpuopt:owner"]["pid"] for t in counted}
-    return owners
+    return {t.system_attrs["gpuopt:owner"]["pid"] for t in counted}
 
 
 @pytest.fixture(scope="module")
@@ -387,8 +386,8 @@ def test_three_workers_share_one_study(tmp_path, kind, request):
     store = storage_mod.open_storage(storage, None, None)
     study = optuna.load_study(study_name=f"three-{kind}", storage=store)
     trials = study.get_trials()
-    owners = _assert_one_study_of(trials, n_trials)
-    assert len(owners) >= 2  # the work was shared
+    pids = _assert_one_study_of(trials, n_trials)
+    assert len(pids) >= 2  # the work was shared
     logs = [(tmp_path / f"worker{i}.log").read_text() for i in range(3)]
     assert all("gpuopt sweep summary" in text for text in logs)
     _assert_one_story(logs, [p.pid for p in procs], trials, n_trials)

@@ -813,7 +813,7 @@ def test_good_sweeper_options_build(settings):
 
 def test_sweeper_options_have_one_default_each():
     """The composed hydra.sweeper node (plugin.py's ConfigStore) and SweeperOptions() agree on
-    every setting; the documented confirm.max_share is 1.0, target_halfwidth 0.10."""
+    every setting; the documented confirm.max_share is 1.0, target_halfwidth 0.05."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -830,7 +830,7 @@ def test_sweeper_options_have_one_default_each():
     }
     composed = SweeperOptions.build(**settings)
     defaults = SweeperOptions()
-    assert defaults.confirm.max_share == 1.0 and defaults.confirm.target_halfwidth == 0.10
+    assert defaults.confirm.max_share == 1.0 and defaults.confirm.target_halfwidth == 0.05
     assert composed.confirm == defaults.confirm
     for key in ("n_trials", "n_jobs", "max_failure_rate", "device_aware"):
         assert getattr(composed, key) == getattr(defaults, key), key

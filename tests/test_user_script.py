@@ -431,10 +431,8 @@ def test_a_baseline_the_launcher_failed_is_a_failed_trial_not_skipped():
         study = optuna.create_study(direction="maximize")
         study.enqueue_trial({}, user_attrs={ATTR_BASELINE: True})
         trial = study.ask()
-        progress = Progress(
-            3, ["throughput"], ["maximize"], done_before=0, t_start=time.monotonic()
-        )
-        runner._record(study, trial, [], ret, SimpleNamespace(is_grid=False), progress)  # type: ignore[arg-type]
+        progress = Progress(3, ["throughput"], ["maximize"], t_start=time.monotonic())
+        runner.record(study, trial, [], ret, SimpleNamespace(is_grid=False), progress)  # type: ignore[arg-type]
         frozen = study.get_trials()[0]
         assert frozen.state is TrialState.FAIL, name
         skipped = ATTR_BASELINE_SKIPPED in frozen.user_attrs

@@ -33,33 +33,21 @@ log = logging.getLogger("gpuopt.sweeper")
 OUTSIDE_GRID = -1  # the grid_id of a baseline that is not one of the grid's points
 
 
-def grid_point(config: Any, space: SearchSpace) -> dict[str, Any] | None:
-    """The composed config's params when every grid key holds one of its grid values."""
-    fitting, outside = baseline_params(config, space.distributions)
-    return fitting if not outside and set(fitting) == set(space.distributions) else None
-
-
 def prepare(
     study: optuna.Study, config: Any, space: SearchSpace, created_study: bool
 ) -> dict[str, Any] | None:
     """Make sure the study will measure a baseline (its creator, or whoever resumes a study without
-    one enqueues it); the grid point to mark, if any."""
+    one enqueues it, as a WAITING trial); the grid point to mark, if any."""
     trials = study.get_trials(deepcopy=False)
     if owners.has_baseline(trials) or any(t.user_attrs.get(ATTR_BASELINE_SKIPPED) for t in trials):
         return None  # measured, on its way, or known not to run as composed
-    point = grid_point(config, space) if space.is_grid else None
-    if point is not None:
+    fitting, outside = baseline_params(config, space.distributions)
+    if space.is_grid and not outside:  # every grid key holds one of its grid values
         # Every worker marks it when its grid trial comes up: at most one trial has it.
         log.info("baseline: the configuration as composed is a grid point; marked when run")
-        return point
-    if created_study or trials:
-        enqueue(study, config, space)
-    return None
-
-
-def enqueue(study: optuna.Study, config: Any, space: SearchSpace) -> None:
-    """Add the baseline as a WAITING trial (what study.enqueue_trial does, plus grid attrs)."""
-    fitting, outside = baseline_params(config, space.distributions)
+        return fitting
+    if not (created_study or trials):
+        return None
     for key in outside:
         log.info(
             "baseline: %s=%s is outside the search space: the baseline keeps it as configured",
@@ -72,6 +60,7 @@ def enqueue(study: optuna.Study, config: Any, space: SearchSpace) -> None:
         # grid, with the attrs GridSampler needs.
         system_attrs = {ATTR_FIXED_PARAMS: {}, ATTR_GRID_ID: OUTSIDE_GRID, ATTR_SEARCH_SPACE: {}}
     record.add_waiting_trial(study, system_attrs, {ATTR_BASELINE: True})
+    return None
 
 
 def launcher_failed(ret: Any) -> bool:
@@ -145,16 +134,6 @@ def seed_facts(baseline_attrs: dict[str, Any], study_attrs: dict[str, Any]) -> S
     )
 
 
-def categorical_choices(space: SearchSpace) -> dict[str, list[Any]]:
-    from optuna.distributions import CategoricalDistribution
-
-    return {
-        k: list(d.choices)
-        for k, d in space.distributions.items()
-        if isinstance(d, CategoricalDistribution)
-    }
-
-
 def enqueue_seeds(
     study: optuna.Study, trial: Trial, outcome: Any, space: SearchSpace, n_trials: int | None = None
 ) -> None:
@@ -166,7 +145,8 @@ def enqueue_seeds(
     facts = seed_facts(outcome.user_attrs, study.user_attrs)
     room = None if n_trials is None else seed_room(study.get_trials(deepcopy=False), n_trials)
     rule = global_batch.read(study.user_attrs)
-    seeds = plan_seeds(facts, categorical_choices(space), dict(trial.params), rule, room)
+    choices = {k: list(d.choices) for k, d in space.distributions.items() if hasattr(d, "choices")}
+    seeds = plan_seeds(facts, choices, dict(trial.params), rule, room)
     record.study_attrs(study, {STUDY_SEEDS: [{"params": s.params, "why": s.why} for s in seeds]})
     log.info("seeding: %s", describe_split(facts))
     for seed in seeds:

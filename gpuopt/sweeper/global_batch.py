@@ -149,8 +149,16 @@ def for_sweep(
     make every configuration "hold" the global batch)."""
     from omegaconf import OmegaConf
 
-    if not batch_keys and not gpuopt_task:
-        batch_keys = found_batch_keys(searched)
+    if not batch_keys and not gpuopt_task:  # the searched keys named like a batch and its steps
+        from gpuopt.core.search_space import batch_keys_among
+
+        batch_keys = batch_keys_among(searched)
+        if batch_keys:
+            log.info(
+                "hydra.sweeper.batch_keys not set: %s (the searched keys named like a batch size "
+                "and an accumulation count; set hydra.sweeper.batch_keys to name others)",
+                batch_keys,
+            )
     rule = BatchRule(tuple(batch_keys)) if batch_keys else gpuopt_rule({}) if gpuopt_task else None
     if rule is None:
         return None
@@ -166,20 +174,6 @@ def for_sweep(
         values[key] = None if value is _ABSENT else value
     values.update({k: v for k, v in fixed.items() if k in rule.keys})
     return BatchRule(rule.factors, rule.total, values)
-
-
-def found_batch_keys(searched: Sequence[str]) -> list[str]:
-    """An app's sweep without `batch_keys`: the searched keys named like a batch size and an
-    accumulation count, said in the log."""
-    from gpuopt.core.search_space import batch_keys_among
-
-    found = batch_keys_among(searched)
-    if found:
-        log.info(
-            "hydra.sweeper.batch_keys not set: %s (the searched keys named like a batch size and "
-            "an accumulation count; set hydra.sweeper.batch_keys to name others)", found,
-        )  # fmt: skip
-    return found
 
 
 def read(study_attrs: Mapping[str, Any]) -> BatchRule | None:

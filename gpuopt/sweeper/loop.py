@@ -41,7 +41,6 @@ from gpuopt.sweeper import (
     record,
     resume,
     task,
-    trial_artifacts,
 )
 from gpuopt.sweeper import progress as progress_mod
 from gpuopt.sweeper.confirm import rounds
@@ -57,6 +56,7 @@ from gpuopt.sweeper.space import (
     select_device_params,
     validate_overrides,
 )
+from gpuopt.sweeper.trial_artifacts import TrialFiles
 from gpuopt.sweeper.trials import TrialRunner, launch
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -73,16 +73,12 @@ class PhaseClock:
 
     t0: float = field(default_factory=time.monotonic)
     phases: dict[str, float] = field(default_factory=dict)
-    _last: float = 0.0
-
-    def __post_init__(self) -> None:
-        self._last = self.t0
 
     def lap(self, phase: str) -> None:
-        """The time since the previous lap is `phase`'s."""
-        now = time.monotonic()
-        self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
-        self._last = now
+        """The time since the previous lap (or the start) is `phase`'s."""
+        self.phases[phase] = (
+            self.phases.get(phase, 0.0) + self.elapsed() - sum(self.phases.values())
+        )
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -187,14 +183,19 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         study, url, created = self._open_study(names, directions, facts, probe, space)
         record.study_attrs(study, {STUDY_BATCH_RULE: None if rule is None else rule.to_attr()})
         names = task.study_metric_names(study, names)
-        self._files = trial_artifacts.for_sweep(self.options, self.storage, study)
+        # an app whose objective is its own value returns plain values: no files to keep
+        self._files = (
+            TrialFiles.for_study(self.options.artifacts, self.storage, study)
+            if self.options.measured
+            else None
+        )
         task.check_sampler(self.sampler, directions)
 
         to_go, baseline_point = self._trials_to_go(study, space, created)
         progress_mod.log_start(
             study, url, self.sampler, names, directions, self.n_trials - to_go, self.n_trials
         )
-        progress = Progress(self.n_trials, names, directions, self.n_trials - to_go, clock.t0)
+        progress = Progress(self.n_trials, names, directions, clock.t0)
         race = self._race_runner(study, space, names[0], baseline_point)
         clock.lap("plan")
         (race or self._runner(baseline_point)).run(study, to_go, space, progress)
@@ -258,7 +259,10 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         )
         aware = self.options.device_aware and probe.data  # the knob catalogue's rules, its facts
         judge = functools.partial(knobs.judge, facts=probe.data) if aware else None
-        axis = memory_axis.plan_for_sweep(self.config, self.options, preset, arguments, device_type)
+        probe_dir = Path(str(self.config.hydra.sweep.dir)) / ".gpuopt"
+        axis = memory_axis.plan_batch_axis(
+            self.config, preset, arguments, device_type, self.options, probe_dir
+        )
         space = build_search_space(preset, arguments, judge, grid=is_grid, batch_axis=axis)
         if space.grid is not None:
             self.sampler = self.sampler(space.grid)

@@ -241,70 +241,36 @@ def peak_label(world_size: int = 1) -> str:
     return "peak" if world_size <= 1 else f"peak per rank of {world_size}"
 
 
-def log_axis(
-    axis: BatchAxis,
-    model: MemoryModel,
-    budget: MemoryBudget,
-    max_batch: int,
-    world_size: int = 1,
-) -> None:
-    """Say what the axis became and why (as drop_poor_choices' log lines do); a distributed
-    job's peak is per rank, its micro-batch the per-rank one."""
-    log.info(
-        "memory-aware: %s ~ %.0f MiB + %.3f MiB/sample; budget %.0f MiB (%s), margin %.0f%%: "
-        "largest micro-batch that fits ~ %d",
-        peak_label(world_size),
-        model.fixed_mb,
-        model.per_sample_mb,
-        budget.mb,
-        budget.source,
-        100 * DEFAULT_MARGIN,
-        max_batch,
-    )
-    for choice, reason in axis.dropped:
-        log.info("memory-aware: dropped %s=%s from the search (%s)", BATCH_KEY, choice, reason)
-    if axis.added:
-        log.info("memory-aware: added %s=%s (predicted to fit)", BATCH_KEY, axis.added)
-
-
-@dataclass(frozen=True)
-class AxisSettings:
-    """The sweeper settings the axis reads (SweeperOptions' memory_axis, memory_cap_mb)."""
-
-    enabled: bool = True
-    cap_mb: float | None = None
-    timeout_s: float = 120.0
-
-
 def plan_batch_axis(
     config: Any,
     params: Mapping[str, str],
     arguments: Sequence[str],
     device_type: str,
-    settings: AxisSettings,
+    options: Any,
     probe_dir: Path,
 ) -> BatchAxis | None:
-    """The batch axis for this sweep, or None (the preset's stays); not on CPU without a cap
-    (RAM is rarely the limit there, and the probe costs two process starts)."""
+    """The batch axis for this sweep (`options`: SweeperOptions' memory_axis, memory_cap_mb,
+    env_timeout_s), or None (the preset's stays); not on CPU without a cap (RAM is rarely the
+    limit there, and the probe costs two process starts)."""
     preset = preset_batches(params)
-    if not settings.enabled or preset is None:
+    if not options.memory_axis or preset is None:
         return None
     if any(str(a).split("=", 1)[0].lstrip("+~") == BATCH_KEY for a in arguments):
         return None
-    if device_type == "cpu" and not settings.cap_mb:
+    if device_type == "cpu" and not options.memory_cap_mb:
         return None
     low = min(preset)
     probe = run_probe(
         write_config(config, probe_dir, "memory_probe.yaml"),
         (low, PROBE_SPREAD * low),
-        settings.timeout_s,
+        float(options.env_timeout_s),
     )
     if probe.error:
         log.warning("memory-aware batch axis off (the preset's stays): %s", probe.error)
         return None
     model = fit(probe.points)
     budget = memory_budget(
-        device_type, settings.cap_mb, probe.device_memory_mb, probe.available_ram_mb
+        device_type, options.memory_cap_mb, probe.device_memory_mb, probe.available_ram_mb
     )
     if model is None or budget is None:
         log.info(
@@ -320,19 +286,19 @@ def plan_batch_axis(
         f"largest that fits ~ {most}"
     )
     axis = batch_choices(preset, most, reason)
-    log_axis(axis, model, budget, most, probe.world_size)
-    return axis
-
-
-def plan_for_sweep(
-    config: Any, options: Any, params: Mapping[str, str], arguments: Sequence[str], device: str
-) -> BatchAxis | None:
-    """`plan_batch_axis` with the sweep's options (SweeperOptions), the probe's files in the
-    sweep's directory."""
-    settings = AxisSettings(
-        enabled=bool(options.memory_axis),
-        cap_mb=options.memory_cap_mb,
-        timeout_s=float(options.env_timeout_s),
+    log.info(  # as drop_poor_choices' lines; a distributed job's peak and micro-batch are per rank
+        "memory-aware: %s ~ %.0f MiB + %.3f MiB/sample; budget %.0f MiB (%s), margin %.0f%%: "
+        "largest micro-batch that fits ~ %d",
+        peak_label(probe.world_size),
+        model.fixed_mb,
+        model.per_sample_mb,
+        budget.mb,
+        budget.source,
+        100 * DEFAULT_MARGIN,
+        most,
     )
-    probe_dir = Path(str(config.hydra.sweep.dir)) / ".gpuopt"
-    return plan_batch_axis(config, params, arguments, device, settings, probe_dir)
+    for choice, why in axis.dropped:
+        log.info("memory-aware: dropped %s=%s from the search (%s)", BATCH_KEY, choice, why)
+    if axis.added:
+        log.info("memory-aware: added %s=%s (predicted to fit)", BATCH_KEY, axis.added)
+    return axis

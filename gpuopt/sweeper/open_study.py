@@ -56,7 +56,7 @@ def _invalid_url(url: str | None, exc: BaseException) -> SweepConfigError:
     return SweepConfigError(
         "hydra.sweeper.storage",
         storage_mod.display(url),
-        f"{URL_FORMS}: {mask_secrets(_first_line(exc))}",
+        f"{URL_FORMS}: {mask_secrets((str(exc).strip() or type(exc).__name__).splitlines()[0])}",
     )
 
 
@@ -64,33 +64,29 @@ def storage_url(storage: Any, config: Any, create: bool = True) -> str | None:
     """`hydra.sweeper.storage` -> what storage.open_storage takes: null or "memory" -> None. A
     SQLite file's folder is created only when it is the configured output_dir (as Hydra creates run
     dirs): any other missing folder is a mistyped path."""
+    from omegaconf import OmegaConf
+
     if storage is None or str(storage) == MEMORY:
         return None
     url = str(storage)
-    if url.startswith(SQLITE_PREFIX) and url != SQLITE_PREFIX + ":memory:":
-        _sqlite_folder(url[len(SQLITE_PREFIX) :], config, create)
+    if not url.startswith(SQLITE_PREFIX) or url == SQLITE_PREFIX + ":memory:":
+        return url
+    folder = os.path.dirname(os.path.abspath(url[len(SQLITE_PREFIX) :]))
+    if os.path.isdir(folder):
+        return url
+    output_dir = OmegaConf.select(config, "output_dir", default=None)
+    if output_dir is None or os.path.abspath(str(output_dir)) != folder:
+        raise SweepConfigError(
+            "hydra.sweeper.storage",
+            url,
+            f"a SQLite file in an existing folder ({folder} does not exist)",
+        )
+    if create:
+        os.makedirs(folder, exist_ok=True)
     return url
 
 
 SQLITE_PREFIX = "sqlite:///"
-
-
-def _sqlite_folder(path: str, config: Any, create: bool) -> None:
-    from omegaconf import OmegaConf
-
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(folder):
-        return
-    output_dir = OmegaConf.select(config, "output_dir", default=None)
-    if output_dir is not None and os.path.abspath(str(output_dir)) == folder:
-        if create:
-            os.makedirs(folder, exist_ok=True)
-        return
-    raise SweepConfigError(
-        "hydra.sweeper.storage",
-        SQLITE_PREFIX + path,
-        f"a SQLite file in an existing folder ({folder} does not exist)",
-    )
 
 
 def open_study(
@@ -162,11 +158,6 @@ def open_study(
         )
     check_search_space(study, space.distributions)
     return study, False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_search_space(study: optuna.Study, distributions: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuopt.core.errors import SweepConfigError
+from gpuopt.core.stats import DEFAULT_TARGET
 
 KEY = "hydra.sweeper"
 
@@ -28,9 +29,8 @@ class ConfirmOptions:
 
     top_k: int = 2
     rounds: int = 4
-    # the default sweep's 10 runs = 5 pairs: +-10% when the pairs' log-ratios spread <= 7% (sd)
-    max_share: float = 1.0
-    target_halfwidth: float = 0.10
+    max_share: float = 1.0  # the default sweep's 10 runs = 5 pairs
+    target_halfwidth: float = DEFAULT_TARGET  # +-5%: set by the power wanted (core/stats)
     in_process: bool = True
     window_s: float = 0.5
 
@@ -51,15 +51,16 @@ class RaceOptions:
 
 @dataclass(frozen=True)
 class SweeperOptions:
-    """Every `hydra.sweeper` key, as the sweep loop reads it (see plugin.py for what each means)."""
+    """Every `hydra.sweeper` key, as the sweep loop reads it (plugin.py's config node is made of
+    these; docs/searching.md's "Sweeper keys" table says what each means)."""
 
     # Stock hydra-optuna-sweeper keys (sampler is instantiated separately).
     direction: Any = None
     storage: Any = None
     study_name: str | None = None
-    n_trials: int = 20
+    n_trials: int = 20  # the study's TOTAL: a re-run resumes up to it
     n_jobs: int = 1
-    max_failure_rate: float = 0.5
+    max_failure_rate: float = 0.5  # `error` trials only, from the 3rd on
     custom_search_space: str | None = None
     params: Mapping[str, str] | None = None
     # gpuopt additions
@@ -70,7 +71,7 @@ class SweeperOptions:
     gpuopt_task: bool = False
     confirm: ConfirmOptions = field(default_factory=ConfirmOptions)
     race: RaceOptions = field(default_factory=RaceOptions)
-    env_timeout_s: float = 120.0
+    env_timeout_s: float = 120.0  # the env probe's limit (then no trimming)
     memory_axis: bool = True
     memory_cap_mb: float | None = None  # MiB a trial may use (on an accelerator: caps the device)
     seeding: bool = True
@@ -87,7 +88,10 @@ class SweeperOptions:
         unknown = sorted(set(settings) - known)
         if unknown:
             raise SweepConfigError(f"{KEY}.{unknown[0]}", settings[unknown[0]], "a sweeper key")
-        values = {k: _plain(k, v) for k, v in settings.items() if v is not None or k in _NULLABLE}
+        # a null given is the default, except where null means off (a default of its own)
+        values = {
+            k: _plain(k, v) for k, v in settings.items() if v is not None or k in _OFF_BY_NULL
+        }
         confirm = _nested(values.pop("confirm", None), ConfirmOptions, "confirm")
         race = _nested(values.pop("race", None), RaceOptions, "race")
         if values.get("objectives") is not None:
@@ -197,11 +201,7 @@ def _nested(given: Any, kind: type, name: str) -> Any:
     return kind(**given)
 
 
-# Keys whose null means something (so a null given is kept, not replaced by the default).
-_NULLABLE = frozenset(
-    {"direction", "storage", "study_name", "custom_search_space", "params", "objectives"}
-    | {"heartbeat_interval", "grace_period", "memory_cap_mb", "baseline", "artifacts", "batch_keys"}
-)
+_OFF_BY_NULL = ("heartbeat_interval", "artifacts")
 
 
 def _plain(key: str, value: Any) -> Any:

@@ -17,6 +17,7 @@ import optuna
 from omegaconf import OmegaConf
 
 from gpuopt.core.limits import highest_limit
+from gpuopt.core.metrics import goals
 from gpuopt.study.experiment import (
     is_measurement_key,
     overrides_to_experiment,
@@ -28,7 +29,7 @@ from gpuopt.study.keys import (
     STUDY_HARDWARE,
     STUDY_OBJECTIVES,
 )
-from gpuopt.study.noise import NoiseView, noise_view
+from gpuopt.study.noise import noise_view
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import (
     global_batch_of,
@@ -62,24 +63,14 @@ INFEASIBLE_NOTE = (
 )
 
 
-def _declare_hint(study: optuna.Study, sweep: SweepIdentity, baseline: Any) -> str | None:
-    """How an app measured by gpuopt declares its batch keys, when it did not (no rule on the
-    study: its same-training answer is read from what each trial reports, after the fact)."""
-    from gpuopt.core.metrics import goals
-
-    measured = baseline is not None and any(name in goals() for name in sweep.names)
-    return DECLARE_HINT if measured and global_batch.read(study.user_attrs) is None else None
-
-
-def _utilization_notes(study: optuna.Study, sweep: SweepIdentity) -> list[str]:
+def _utilization_note(study: optuna.Study, sweep: SweepIdentity) -> str | None:
     """Which utilization a sweep on an NVIDIA GPU optimized: util.gpu, or GPM's SM activity
     (the study's env probe says whether the GPU has GPM)."""
     if not sweep.metrics_named:
-        return []
+        return None
     hardware = study.user_attrs.get(STUDY_HARDWARE) or {}
     env = hardware.get("env") if isinstance(hardware, dict) else None
-    note = utilization_note(sweep.names, env if isinstance(env, dict) else None)
-    return [note] if note else []
+    return utilization_note(sweep.names, env if isinstance(env, dict) else None)
 
 
 def write_outputs(
@@ -101,6 +92,8 @@ def write_outputs(
     baseline = pick_baseline(all_trials)
     baseline = baseline if baseline in pool else None  # the summary shows a measured baseline
     counts = status_counts(all_trials)
+    measured = any(name in goals() for name in sweep.names)  # gpuopt's metrics: noisy timings
+    noisy = bool(pool) and sweep.metrics_named and measured  # an app's own values are exact
 
     write_stock_outputs(sweep, best, pareto, best_pending.worker if best_pending else None)
     # pending: gpuopt's answers, best.yaml and best_same_training.yaml come from the confirming worker
@@ -116,18 +109,22 @@ def write_outputs(
         confirmation,
         global_batch_of(baseline) if baseline is not None else None,
         all_trials,
-        _declare_hint(study, sweep, baseline),
+        # no batch keys declared: how (else (a) is read from what each trial reports, afterwards)
+        DECLARE_HINT
+        if measured and baseline is not None and global_batch.read(study.user_attrs) is None
+        else None,
     )
     if same is not None and baseline is not None and same.number != baseline.number:
         same_yaml = write_best_config(sweep, same, "best_same_training")
         answers.append(f"same-training config: {same_yaml}")
         answers.append(f"  reproduce: {sweep.reproduce_experiment('best_same_training')}")
-    notes = [INFEASIBLE_NOTE] if counts.get("oom") or counts.get("diverged") else []
-    notes += _utilization_notes(study, sweep)
-    notes += repeats_lines(all_trials)
-    for note in (interference_note(all_trials), race_policy.no_contender_note(all_trials)):
-        if note:
-            notes.append(note)
+    notes = [
+        INFEASIBLE_NOTE if counts.get("oom") or counts.get("diverged") else None,
+        _utilization_note(study, sweep),
+        *repeats_lines(all_trials),
+        interference_note(all_trials),
+        race_policy.no_contender_note(all_trials),
+    ]
     skipped = [s for t in all_trials if (s := t.user_attrs.get(ATTR_BASELINE_SKIPPED))]
     text = render(
         study_name=sweep.study_name,
@@ -142,27 +139,17 @@ def write_outputs(
         confirmation=confirmation,
         best_yaml=best_yaml,
         elapsed_s=elapsed_s,
-        notes=notes,
+        notes=[note for note in notes if note],
         reproduce=sweep.reproduce_experiment("best"),
         baseline_skipped=skipped[-1] if skipped and baseline is None else None,
         speedups=sweep.metrics_named,
         best_pending=_pending_text(best_pending, so_far, sweep.names),
         answers=answers,
         highest_limit=highest_limit((t.number, t.user_attrs) for t in pool),
-        noise=_noise(pool, sweep),
+        noise=noise_view(pool, sweep.names, sweep.directions) if noisy else None,
     )
     (sweep.sweep_dir / "summary.txt").write_text(text + "\n")
     return text
-
-
-def _noise(pool: list[Any], sweep: SweepIdentity) -> NoiseView | None:
-    """Which trials cannot be told apart, where an objective is one of gpuopt's metrics (noisy
-    timings); an app's own values are exact and keep the plain front."""
-    from gpuopt.core.metrics import goals
-
-    if not pool or not sweep.metrics_named or not any(n in goals() for n in sweep.names):
-        return None
-    return noise_view(pool, sweep.names, sweep.directions)
 
 
 def _pending_text(pending: Pending | None, so_far: Any | None, names: list[str]) -> str | None:
@@ -176,46 +163,38 @@ def _pending_text(pending: Pending | None, so_far: Any | None, names: list[str])
 def write_stock_outputs(
     sweep: SweepIdentity, best: Any | None, pareto: list[Any], pending: str | None
 ) -> None:
-    """hydra-optuna-sweeper's outputs: optimization_results.yaml and its closing log lines, word
-    for word (scripts parse them)."""
-    if len(sweep.directions) < 2:
-        write_results(sweep, [best] if best is not None else pareto, best, pending)
-        if best is not None:
-            log.info(f"Best parameters: {best.params}")
-            log.info(f"Best value: {best.value}")
-        return
-    write_results(sweep, pareto, best, pending)
-    log.info(f"Number of Pareto solutions: {len(pareto)}")
-    for t in pareto:
-        log.info(f"    Values: {t.values}, Params: {t.params}")
-
-
-def write_results(
-    sweep: SweepIdentity, ranked: list[Any], best: Any | None, pending: str | None = None
-) -> None:
-    """optimization_results.yaml; `pending`: the worker(s) the final result comes from."""
-    extra = {
-        "study_name": sweep.study_name,
-        "storage": sweep.storage,
-        "objectives": sweep.names,
-        "directions": sweep.directions,
-        "best_trial": best.number if best is not None else None,
-    }
-    if pending:
-        extra["pending"] = pending
+    """hydra-optuna-sweeper's outputs: optimization_results.yaml in its shape plus gpuopt's keys
+    (`pending`: the worker(s) the final result comes from), and its closing log lines, word for
+    word (scripts parse them)."""
     path = sweep.sweep_dir / "optimization_results.yaml"
-    if pending and _final_result_of(path, sweep.study_name):
-        return  # two workers share this sweep dir: the confirming one already wrote it
-    # hydra-optuna-sweeper's shape, plus gpuopt's keys
-    if len(sweep.directions) < 2:
-        best_params = dict(ranked[0].params) if ranked else {}
-        results = {"name": "optuna", "best_params": best_params}
+    single = len(sweep.directions) < 2
+    ranked = [best] if single and best is not None else pareto
+    if single:
+        results = {"name": "optuna", "best_params": dict(ranked[0].params) if ranked else {}}
         results["best_value"] = ranked[0].value if ranked else None
     else:
         solutions = [{"params": dict(t.params), "values": list(t.values)} for t in ranked]
         results = {"name": "optuna", "solutions": solutions}
-    results.update(extra)
-    OmegaConf.save(OmegaConf.create(json.loads(json.dumps(results, default=str))), path)
+    results.update(
+        study_name=sweep.study_name,
+        storage=sweep.storage,
+        objectives=sweep.names,
+        directions=sweep.directions,
+        best_trial=best.number if best is not None else None,
+    )
+    if pending:
+        results["pending"] = pending
+    # two workers sharing this sweep dir: the confirming one's final result stays
+    if not (pending and _final_result_of(path, sweep.study_name)):
+        OmegaConf.save(OmegaConf.create(json.loads(json.dumps(results, default=str))), path)
+    if single:
+        if best is not None:
+            log.info(f"Best parameters: {best.params}")
+            log.info(f"Best value: {best.value}")
+        return
+    log.info(f"Number of Pareto solutions: {len(pareto)}")
+    for t in pareto:
+        log.info(f"    Values: {t.values}, Params: {t.params}")
 
 
 def _final_result_of(path: Path, study_name: str) -> bool:

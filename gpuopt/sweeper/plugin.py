@@ -6,10 +6,11 @@ Every key of the stock `hydra/sweeper=optuna` works unchanged; the keys below th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -22,14 +23,11 @@ from omegaconf import OmegaConf
 
 from gpuopt.core.errors import ConfigError
 from gpuopt.core.secrets import mask_secrets
-from gpuopt.sweeper.options import SweeperOptions
+from gpuopt.sweeper.options import ConfirmOptions, RaceOptions, SweeperOptions
 
 # The sampler configs (tpe, random, grid, nsgaii, gp, cmaes, qmc, ...) are the stock plugin's,
 # stored under hydra/sweeper/sampler by the import above.
 SAMPLER_WHITELIST = ("hydra_plugins.hydra_optuna_sweeper.*", "optuna.samplers.*")
-
-
-_DEFAULTS = SweeperOptions()  # the one default of each setting (gpuopt/sweeper/options.py)
 
 
 def sqlite_url(path: str) -> str:
@@ -42,29 +40,28 @@ if not OmegaConf.has_resolver("gpuopt.sqlite"):
     OmegaConf.register_resolver("gpuopt.sqlite", sqlite_url)
 
 
+def _conf(
+    options: type, name: str, types: dict[str, Any], *extra: Any, bases: tuple[type, ...] = ()
+) -> type:
+    """A structured config node of the options class's keys and defaults, not frozen (Hydra
+    merges the command line's overrides into it); `types`: OmegaConf's types where the options'
+    differ (tuples and mappings are OmegaConf's lists and dicts), a nested node's class."""
+    fields: list[Any] = list(extra)
+    for f in dataclasses.fields(options):
+        kind = types.get(f.name, f.type)
+        if dataclasses.is_dataclass(kind):  # a nested node (confirm, race)
+            fields.append((f.name, kind, field(default_factory=kind)))
+        elif f.default is dataclasses.MISSING:
+            fields.append((f.name, kind, field(default_factory=f.default_factory)))
+        else:
+            fields.append((f.name, kind, f.default))
+    namespace = {"__doc__": options.__doc__, "__module__": __name__}
+    return dataclasses.make_dataclass(name, fields, bases=bases, namespace=namespace)
+
+
 # Each key's meaning: docs/searching.md's "Sweeper keys" table; defaults: SweeperOptions.
-@dataclass
-class ConfirmConf:
-    """End-of-sweep re-measurement: the baseline and the top-k candidates, interleaved."""
-
-    top_k: int = _DEFAULTS.confirm.top_k
-    rounds: int = _DEFAULTS.confirm.rounds  # 0 turns it off
-    max_share: float = _DEFAULTS.confirm.max_share
-    target_halfwidth: float = _DEFAULTS.confirm.target_halfwidth
-    in_process: bool = _DEFAULTS.confirm.in_process
-    window_s: float = _DEFAULTS.confirm.window_s
-
-
-@dataclass
-class RaceConf:
-    """The race: a space whose configurations share one process is raced in it (sweeper/race/)."""
-
-    enabled: bool = _DEFAULTS.race.enabled
-    window_s: float = _DEFAULTS.race.window_s
-    slices: int = _DEFAULTS.race.slices
-    finalists: int = _DEFAULTS.race.finalists
-    floor: float = _DEFAULTS.race.floor
-    screen: int = _DEFAULTS.race.screen
+ConfirmConf = _conf(ConfirmOptions, "ConfirmConf", {})
+RaceConf = _conf(RaceOptions, "RaceConf", {})
 
 
 # gpuopt's default sampler: the stock TPE config with `multivariate: true` (Optuna's own TPE default
@@ -85,41 +82,26 @@ ConfigStore.instance().store(
 )
 
 
-@dataclass
-class GpuoptSweeperConf(OptunaSweeperConf):
-    _target_: str = "gpuopt.sweeper.plugin.GpuoptSweeper"
-    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "gpuopt_tpe"}])
-
-    # Stock keys whose defaults differ for gpuopt:
-    # null: each objective's goal (gpuopt.core.metrics); a stock config's without `objectives`
-    direction: Any = _DEFAULTS.direction
-    # null: in-memory (the stock meaning); gpuopt's conf/config.yaml sets <output_dir>/gpuopt.db
-    storage: Any | None = _DEFAULTS.storage
-    # null: for gpuopt's own task derived from the workload, the space and the hardware
-    study_name: str | None = _DEFAULTS.study_name
-    n_trials: int = _DEFAULTS.n_trials  # the study's TOTAL: a re-run resumes up to it
-    n_jobs: int = _DEFAULTS.n_jobs
-    max_failure_rate: float = _DEFAULTS.max_failure_rate  # `error` trials only, from the 3rd on
-
-    # gpuopt's keys
-    objectives: list[str] | None = None
-    device_aware: bool = _DEFAULTS.device_aware
-    device_params: dict[str, dict[str, str]] = field(default_factory=dict)
-    baseline: bool | None = _DEFAULTS.baseline
-    gpuopt_task: bool = _DEFAULTS.gpuopt_task
-    confirm: ConfirmConf = field(default_factory=ConfirmConf)
-    race: RaceConf = field(default_factory=RaceConf)
-    env_timeout_s: float = _DEFAULTS.env_timeout_s  # the env probe's limit (then no trimming)
-    memory_axis: bool = _DEFAULTS.memory_axis
-    memory_cap_mb: float | None = _DEFAULTS.memory_cap_mb
-    seeding: bool = _DEFAULTS.seeding
-    profile: bool = _DEFAULTS.profile
-    batch_keys: list[str] | None = None
-    artifacts: str | None = _DEFAULTS.artifacts
-    heartbeat_interval: int | None = _DEFAULTS.heartbeat_interval
-    grace_period: int | None = _DEFAULTS.grace_period
-
-
+# The stock node's keys (gpuopt's defaults where they differ: `direction` null is each objective's
+# goal, `storage` null in-memory, `study_name` null derived for gpuopt's own task, `n_trials` the
+# study's total), then gpuopt's.
+_STOCK = {f.name: f for f in dataclasses.fields(OptunaSweeperConf)}
+GpuoptSweeperConf = _conf(
+    SweeperOptions,
+    "GpuoptSweeperConf",
+    {
+        "objectives": list[str] | None,
+        "batch_keys": list[str] | None,
+        "device_params": dict[str, dict[str, str]],
+        "custom_search_space": _STOCK["custom_search_space"].type,
+        "params": _STOCK["params"].type,
+        "confirm": ConfirmConf,
+        "race": RaceConf,
+    },
+    ("_target_", str, "gpuopt.sweeper.plugin.GpuoptSweeper"),
+    ("defaults", list[Any], field(default_factory=lambda: [{"sampler": "gpuopt_tpe"}])),
+    bases=(OptunaSweeperConf,),
+)
 ConfigStore.instance().store(
     group="hydra/sweeper", name="gpuopt", node=GpuoptSweeperConf, provider="gpuopt"
 )

@@ -63,7 +63,6 @@ class Progress:
     n_trials: int
     names: list[str]
     directions: list[str]
-    done_before: int  # counted trials of the study when this run started
     t_start: float  # when the sweep started
     t_loop: float = field(default_factory=time.monotonic)  # when the trials started
     best: tuple[int, list[float]] | None = None
@@ -87,25 +86,20 @@ class Progress:
         number: int,
         baseline: bool,
         outcome: TrialOutcome,
-        trials: Sequence[Any] | None = None,
+        trials: Sequence[Any],
         traceback: str | None = None,
     ) -> str:
         """Count one finished trial of this worker; the progress line. `trials`: the study's trials
-        after the tell (None: this worker's count only)."""
+        after the tell."""
         self.finished += 1
         self.errors += outcome.failed
         if outcome.failed:
             self.last_failure = failure_text(number, outcome.user_attrs, traceback)
-        if trials is None:
-            done, pace_done = self.done_before + self.finished, self.finished
-            self._keep_best(number, outcome)
-        else:
-            done = study_done(trials)
-            pace_done = done - (self.done_at_start or 0)
-            leader = leading_trial(trials, self.directions)
-            self.best = (leader.number, leader.values) if leader is not None else None
-            self.several = self.several or self._others_worked(trials)
-        per_trial = (time.monotonic() - self.t_loop) / max(1, pace_done)
+        done = study_done(trials)
+        leader = leading_trial(trials, self.directions)
+        self.best = (leader.number, leader.values) if leader is not None else None
+        self.several = self.several or self._others_worked(trials)
+        per_trial = (time.monotonic() - self.t_loop) / max(1, done - (self.done_at_start or 0))
         line = progress_line(
             done,
             self.n_trials,
@@ -120,15 +114,6 @@ class Progress:
             outcome.user_attrs.get(ATTR_REASON),
         )
         return f"{line} | worker {self.me}" if self.several else line
-
-    def _keep_best(self, number: int, outcome: TrialOutcome) -> None:
-        sign = 1 if self.directions[0] == "maximize" else -1
-        if (
-            outcome.feasible
-            and outcome.values
-            and (self.best is None or sign * outcome.values[0] > sign * self.best[1][0])
-        ):
-            self.best = (number, outcome.values)
 
     def _others_worked(self, trials: Sequence[Any]) -> bool:
         """Whether another worker ran a trial of the study since this worker started."""

@@ -152,25 +152,19 @@ def prune_trial(
 
 def fail_trial(study: Any, trial: Any, attrs: Mapping[str, Any]) -> bool:
     """FAIL a trial through the storage (it may be another worker's: no Trial object), with its
-    attrs; False when it was already finished (another worker got there first)."""
+    attrs (a reason masked before it is cut, so no part of a secret is left); False when it was
+    already finished (another worker got there first)."""
     from optuna.exceptions import UpdateFinishedTrialError
 
-    storage, tid = storage_of(study), trial_id(trial)
+    storage, tid, masked = storage_of(study), trial_id(trial), _masked(attrs)
+    if isinstance(masked.get(ATTR_REASON), str):
+        masked[ATTR_REASON] = masked[ATTR_REASON][:REASON_CHARS]
     try:
-        for key, value in _masked(attrs).items():
+        for key, value in masked.items():
             storage.set_trial_user_attr(tid, key, value)
         return bool(storage.set_trial_state_values(tid, state=TrialState.FAIL))
     except UpdateFinishedTrialError:
         return False
-
-
-def fail_running(study: optuna.Study, trial: Trial, reason: str) -> None:
-    """A trial of this worker's FAIL as an error with `reason` (the sweep is stopping); masked
-    before it is cut, so no part of a secret is left."""
-    reason = mask_secrets(reason)[:REASON_CHARS]
-    trial_attrs(study, trial, {ATTR_STATUS: "error", ATTR_REASON: reason})
-    with _quiet():
-        study.tell(trial, state=TrialState.FAIL)
 
 
 # ---- records around trials ----------------------------------------------------------------------

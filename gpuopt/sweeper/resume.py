@@ -6,14 +6,16 @@ enqueued again. A surplus trial (owners.is_surplus) is void (FAIL, never counted
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from gpuopt.core._compat import (
     heartbeat_base,
     heartbeat_enabled,
+    heartbeat_thread,
     stale_trial_ids,
     storage_of,
     trial_id,
@@ -162,23 +164,27 @@ def void(study: Any, trial: Any, why: str) -> None:
     record.fail_trial(study, trial, attrs)
 
 
-def claim_confirmation(study: Any, after_trials: int, settle_s: float = 1.0) -> bool:
+def claim_confirmation(study: Any, after_trials: int) -> bool:
     """Whether this worker runs the confirmation round for a study of `after_trials` trials.
 
-    Each finishing worker writes a claim, waits `settle_s` and reads it back: the last writer wins.
+    Each finishing worker writes a claim, waits a second and reads it back: the last writer wins.
     Best effort (no compare-and-set): at worst two workers confirm, costing time, not correctness."""
-    storage, sid = storage_of(study), study_id(study)
-    current = storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM)
-    if (
-        isinstance(current, dict)
-        and current.get("after_trials") == after_trials
-        and owner_alive(current.get("owner")) is not False
-    ):
+    current = live_claim(study, after_trials)
+    if current is not None:
         return current.get("owner") == this_owner()
+    storage, sid = storage_of(study), study_id(study)
     mine = {"owner": this_owner(), "after_trials": after_trials}
     record.study_system_attr(storage, sid, STUDY_CONFIRM_CLAIM, mine)
-    time.sleep(settle_s)
+    time.sleep(1.0)
     return storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM) == mine
+
+
+def live_claim(study: Any, after_trials: int) -> dict[str, Any] | None:
+    """The confirmation's claim for a study of `after_trials` trials, unless its owner is gone."""
+    claim = storage_of(study).get_study_system_attrs(study_id(study)).get(STUDY_CONFIRM_CLAIM)
+    if isinstance(claim, dict) and claim.get("after_trials") == after_trials:
+        return claim if owner_alive(claim.get("owner")) is not False else None
+    return None
 
 
 def fail_own_running(study: Any, reason: str) -> list[int]:
@@ -214,11 +220,7 @@ class FinishedElsewhere:
         self._next = clock() + interval_s
         self._done: set[int] = set()
 
-    def seen(self, slot: int) -> bool:
-        """Whether a read already found the trial finished elsewhere (no read)."""
-        return slot in self._done
-
-    def finished(self, slot: int) -> bool:
+    def reason(self, slot: int) -> str | None:
         from optuna.trial import TrialState
 
         if slot not in self._done and self._clock() >= self._next:
@@ -226,10 +228,7 @@ class FinishedElsewhere:
             for k, tid in enumerate(self._ids):
                 if self._storage.get_trial(tid).state != TrialState.RUNNING:
                     self._done.add(k)
-        return slot in self._done
-
-    def reason(self, slot: int) -> str | None:
-        if not self.finished(slot):
+        if slot not in self._done:
             return None
         return (
             f"trial #{self._numbers[slot]} was failed as stale by another worker while this one "
@@ -238,16 +237,28 @@ class FinishedElsewhere:
         )
 
 
+@contextlib.contextmanager
+def beating(study: Any, trials: Sequence[Any]) -> Iterator[None]:
+    """The trials' heartbeats while they run; when the sweep stops (a bad custom_search_space, a
+    storage error) none of them may stay RUNNING, or every later run would find them in flight."""
+    beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
+    for beat in beats:
+        beat.start()  # records a beat at once, then every heartbeat_interval seconds
+    try:
+        yield
+    except Exception as exc:
+        fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        for beat in beats:
+            beat.join()
+
+
 def fail_unfinished(study: Any, trials: Sequence[Any], reason: str) -> None:
     """FAIL every trial of `trials` still RUNNING (best effort: the sweep is stopping already)."""
-    import optuna
-
     for trial in trials:
         try:
-            frozen = storage_of(study).get_trial(trial_id(trial))
-            if frozen.state != optuna.trial.TrialState.RUNNING:
-                continue
-            record.fail_running(study, trial, reason)
+            record.fail_trial(study, trial, {ATTR_STATUS: "error", ATTR_REASON: reason})
         except Exception as exc:  # the storage itself may be what failed
             log.warning("could not mark trial #%d failed: %s", trial.number, exc)
 
@@ -264,19 +275,16 @@ def recover(
     RUNNING, and failing one finished meanwhile does nothing); read again after a step failed some.
     The storage's stale check only when `stale_gate` says it is due (None: always)."""
     trials = _read(study, trials)
-    heartbeats = heartbeat_enabled(storage_of(study))
-    steps: list[tuple[Callable[[Sequence[Any]], list[int]], str]] = [
-        (lambda t: recover_interrupted(study, t), "a killed sweep on this host")
+    steps: list[tuple[Callable[[Any, Sequence[Any]], list[int]], str]] = [
+        (recover_interrupted, "a killed sweep on this host")
     ]
     if stale_gate is None or stale_gate.due():
-        steps.append((lambda t: fail_stale(study, t), "a worker whose heartbeat stopped"))
-    if heartbeats:
-        steps.append(
-            (lambda t: ownerless.fail_dead(study, t), "a worker that died right after asking")
-        )
+        steps.append((fail_stale, "a worker whose heartbeat stopped"))
+    if heartbeat_enabled(storage_of(study)):
+        steps.append((ownerless.fail_dead, "a worker that died right after asking"))
     changed = False
     for step, cause in steps:
-        numbers = step(trials)
+        numbers = step(study, trials)
         if numbers:
             changed = True
             trials = study.get_trials(deepcopy=False)

@@ -171,10 +171,9 @@ def expert_seeds(
     facts: SeedFacts,
     space: Mapping[str, Sequence[Any]],
     baseline: Mapping[str, Any],
-    max_seeds: int = MAX_SEEDS,
     rule: BatchRule | None = None,
 ) -> list[Seed]:
-    """Up to `max_seeds` configurations (the space's keys and choices), each different from the
+    """Up to MAX_SEEDS configurations (the space's keys and choices), each different from the
     baseline and from each other. `rule`: which key is the micro-batch and which sizes run."""
     common, why_common = common_params(facts, space, baseline)
     micro = rule.micro if rule is not None else BATCH
@@ -192,7 +191,7 @@ def expert_seeds(
             if seed.params not in seen:
                 seen.append(seed.params)
                 seeds.append(seed)
-    return seeds[:max_seeds]
+    return seeds[:MAX_SEEDS]
 
 
 def _held_assignments(
@@ -214,9 +213,8 @@ def same_training_seeds(
     baseline: Mapping[str, Any],
     rule: BatchRule,
     taken: Sequence[Mapping[str, Any]] = (),
-    max_seeds: int = MAX_SAME_SEEDS,
 ) -> list[Seed]:
-    """Up to `max_seeds` configurations at the baseline's global batch, none equal to the
+    """Up to MAX_SAME_SEEDS configurations at the baseline's global batch, none equal to the
     baseline, its default threads or one of `taken`."""
     common, why_common = common_params(facts, space, baseline)
     held = _held_assignments(rule, space, baseline)
@@ -224,16 +222,13 @@ def same_training_seeds(
     seeds: list[Seed] = []
     for index, split in enumerate(_space_splits(facts, space)):
         for assignment in held:
-            why = [f"same training (global batch {rule.held} held: {_shown(assignment)})"]
+            shown = " ".join(f"{k}={v}" for k, v in assignment.items())
+            why = [f"same training (global batch {rule.held} held: {shown})"]
             seed = _seed({**common, **assignment}, why + why_common, split, index)
             if seed.params not in seen:
                 seen.append(seed.params)
                 seeds.append(seed)
-    return seeds[:max_seeds]
-
-
-def _shown(assignment: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in assignment.items())
+    return seeds[:MAX_SAME_SEEDS]
 
 
 def held_batch_trials(

@@ -345,12 +345,10 @@ def suggest(trial: Any, name: str, distribution: Any) -> Any:
 
     if isinstance(distribution, CategoricalDistribution):
         return trial.suggest_categorical(name, distribution.choices)
-    if isinstance(distribution, IntDistribution):
-        return trial.suggest_int(
-            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
-        )
-    if isinstance(distribution, FloatDistribution):
-        return trial.suggest_float(
+    if isinstance(distribution, (IntDistribution, FloatDistribution)):
+        is_int = isinstance(distribution, IntDistribution)
+        draw = trial.suggest_int if is_int else trial.suggest_float
+        return draw(
             name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
         )
     raise TypeError(f"unsupported distribution for {name}: {distribution!r}")

@@ -50,13 +50,10 @@ def progress_line(
     )
 
 
-def param_text(params: dict[str, Any]) -> str:
-    return " ".join(f"{k}={fmt(v)}" for k, v in sorted(params.items())) or "(as configured)"
-
-
 def trial_text(names: Sequence[str], trial: Any) -> str:
     """`throughput=1,234  [key=value ...]`: a trial's values and params."""
-    return f"{values_text(names, trial.values)}  [{param_text(trial.params)}]"
+    params = " ".join(f"{k}={fmt(v)}" for k, v in sorted(trial.params.items()))
+    return f"{values_text(names, trial.values)}  [{params or '(as configured)'}]"
 
 
 def render(

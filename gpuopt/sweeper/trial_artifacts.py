@@ -53,14 +53,6 @@ def store_dir(option: str | None, storage_url: str | None) -> Path | None:
     return None if study_file is None else study_file.resolve().parent / STORE_DIR
 
 
-def for_sweep(options: Any, storage_url: str | None, study: optuna.Study) -> TrialFiles | None:
-    """The sweep's store: for a sweep gpuopt measures (an app whose objective is its own value
-    returns plain values: no files to keep, no warning)."""
-    if not options.measured:
-        return None
-    return TrialFiles.for_study(options.artifacts, storage_url, study)
-
-
 @dataclass
 class TrialFiles:
     """The sweep's artifact store, and the uploads of each trial's files into it."""

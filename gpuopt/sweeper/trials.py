@@ -24,7 +24,6 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from gpuopt.core._compat import (
-    heartbeat_thread,
     set_system_attr_and_beat,
     storage_of,
     trial_id,
@@ -205,23 +204,22 @@ class TrialRunner:
         """Launch one batch under heartbeats and record each trial as it is read back; the study's
         trials as read after the last record (None: not read since a trial was dropped). A trial failed
         as stale elsewhere later still makes its tell raise UpdateFinishedTrialError (`_tell`)."""
-        beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
-        for beat in beats:
-            beat.start()  # records a beat at once, then every heartbeat_interval seconds
-        elsewhere = resume.FinishedElsewhere(study, trials)
-        snapshot: list[FrozenTrial] | None = None
         if storage_mod.heartbeat_on(storage_of(study)) and hasattr(self.launcher, "stop_check"):
-            self.launcher.stop_check = elsewhere.reason  # a paused worker's stale trial: stop it
-        try:
-            overrides = [self.configure(t, space) for t in trials]
-            launched = profile_runs.launch_overrides(self.options, trials, overrides)
-            returns = launch(self.launcher, launched, [t.number for t in trials])
-            snapshot = study.get_trials(deepcopy=False)
-            for slot, (trial, trial_overrides, ret) in enumerate(
-                zip(trials, overrides, returns, strict=False)
-            ):
+            # a paused worker's trial failed as stale elsewhere meanwhile: its process is stopped
+            self.launcher.stop_check = resume.FinishedElsewhere(study, trials).reason
+        with resume.beating(study, trials):
+            try:
+                overrides = [self.configure(t, space) for t in trials]
+                launched = profile_runs.launch_overrides(self.options, trials, overrides)
+                returns = launch(self.launcher, launched, [t.number for t in trials])
+            finally:
+                if hasattr(self.launcher, "stop_check"):
+                    self.launcher.stop_check = None
+            snapshot: list[FrozenTrial] | None = study.get_trials(deepcopy=False)
+            for trial, trial_overrides, ret in zip(trials, overrides, returns, strict=False):
                 now = snapshot if snapshot is not None else study.get_trials(deepcopy=False)
-                if elsewhere.seen(slot) or not still_running(now, trial):
+                frozen = owners.frozen_of(now, trial.number)
+                if frozen is None or frozen.state != TrialState.RUNNING:  # read after the launch
                     log.warning(
                         "trial #%d was failed as stale by another worker while this worker sent "
                         "no heartbeat (paused?): its result is dropped, its re-run counts",
@@ -230,16 +228,6 @@ class TrialRunner:
                     snapshot = None
                     continue
                 snapshot = self.record(study, trial, trial_overrides, ret, space, progress, now)
-        except Exception as exc:
-            # The sweep stops (a bad custom_search_space, a storage error): none of its trials
-            # may stay RUNNING, or every later run of the study would find them in flight.
-            resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
-            raise
-        finally:
-            if hasattr(self.launcher, "stop_check"):
-                self.launcher.stop_check = None
-            for beat in beats:
-                beat.join()
         return snapshot
 
     def record(
@@ -274,11 +262,8 @@ class TrialRunner:
     def configure(self, trial: Trial, space: SearchSpace) -> list[str]:
         """Suggest the trial's params once; its overrides. The baseline suggests only the keys it
         was enqueued with."""
-        if trial.number not in self.configured:
-            self.configured[trial.number] = self._suggest(trial, space)
-        return self.configured[trial.number]
-
-    def _suggest(self, trial: Trial, space: SearchSpace) -> list[str]:
+        if trial.number in self.configured:
+            return self.configured[trial.number]
         is_baseline = bool(trial.user_attrs.get(ATTR_BASELINE))
         pinned = baseline.pinned_params(trial) if is_baseline else {}
         for name, dist in space.distributions.items():
@@ -295,11 +280,12 @@ class TrialRunner:
             raise SweepConfigError(
                 "hydra.sweeper.params", sorted(overlap), "each key either searched or fixed"
             )
-        return (
+        self.configured[trial.number] = (
             [override_text(k, v) for k, v in trial.params.items()]
             + [f"{k}={v}" for k, v in space.fixed_params.items()]
             + list(space.fixed_overrides)
         )
+        return self.configured[trial.number]
 
     def _tell(
         self,
@@ -331,11 +317,6 @@ def own_and_beat(storage: Any, trial_id_: int, owner: dict[str, Any]) -> None:
     elif not set_system_attr_and_beat(storage, trial_id_, ATTR_OWNER, owner):
         storage.record_heartbeat(trial_id_)  # a storage with heartbeats but no RDB transaction
         record.trial_system_attr(storage, trial_id_, ATTR_OWNER, owner)
-
-
-def still_running(trials: list[FrozenTrial], trial: Trial) -> bool:
-    frozen = owners.frozen_of(trials, trial.number)
-    return frozen is not None and frozen.state == TrialState.RUNNING
 
 
 def launch(

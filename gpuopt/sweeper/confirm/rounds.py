@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuopt.core._compat import storage_of
 from gpuopt.study.keys import (
     ATTR_CONFIG,
     ATTR_OWNER,
     ATTR_RACE,
-    STUDY_CONFIRM_CLAIM,
     STUDY_OBJECTIVES,
 )
 from gpuopt.study.records import (
@@ -320,8 +318,6 @@ def elsewhere(
     counted = sum(1 for t in trials if owners.counted(t))
     if confirmation is not None and confirmation.after_trials == counted:
         return None  # final for these trials
-    claim = storage_of(study).get_study_system_attrs(owners.study_id(study))
-    claim = claim.get(STUDY_CONFIRM_CLAIM)
     _, ranked, _ = candidates(trials, directions)  # whether these trials get a round
     confirms = (
         bool(ranked)
@@ -329,18 +325,12 @@ def elsewhere(
         and plan(settings.top_k, settings.rounds, settings.max_share, n_trials, len(ranked))
         is not None
     )
-    if (
-        confirms
-        and isinstance(claim, dict)
-        and claim.get("after_trials") == counted
-        and claim.get("owner") not in (None, owners.this_owner())
-        and owners.owner_alive(claim.get("owner")) is not False
-    ):
-        owner = claim["owner"]
-        name = f"{owner.get('host')}:{owner.get('pid')}"
+    claim = resume.live_claim(study, counted) if confirms else None
+    if claim is not None and claim.get("owner") not in (None, owners.this_owner()):
+        name = owners.worker_name(claim["owner"])
         return Pending((name,), f"the confirmation runs in worker {name}")
-    holders = [t.system_attrs.get(ATTR_OWNER) or {} for t in owners.running_elsewhere(trials)]
-    others = tuple(sorted({f"{o.get('host')}:{o.get('pid')}" for o in holders}))
+    holders = owners.running_elsewhere(trials)
+    others = tuple(sorted({owners.worker_name(t.system_attrs.get(ATTR_OWNER)) for t in holders}))
     if not others:
         return None
     then = "confirms and " if confirms else ""

@@ -25,7 +25,6 @@ import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.trial import Trial, TrialState
 
-from gpuopt.core._compat import heartbeat_thread, storage_of
 from gpuopt.core.result import TrialResult
 from gpuopt.core.shared_protocol import Failure, Reading
 from gpuopt.study.keys import (
@@ -59,23 +58,10 @@ class Screened:
     trial: Trial
     overrides: list[str]
     label: str
-    turn: Turn | None = None
+    turn: Turn = field(default_factory=lambda: Turn(None))  # no window: not screened yet
     ratio: float | None = None
     neighbours: tuple[float | None, float | None] = (None, None)
     config_file: Path | None = None  # the job config the screen built it from
-
-    @property
-    def window(self) -> Reading | Failure | None:
-        return self.turn.window if self.turn else None
-
-    @property
-    def config(self) -> dict[str, Any] | None:
-        return self.turn.config if self.turn else None
-
-    @property
-    def failure(self) -> TrialResult | None:
-        """It failed to build or in its window (not: it cost the process)."""
-        return self.turn.failure() if self.turn else None
 
 
 @dataclass
@@ -140,21 +126,12 @@ class RaceRunner:
         progress: Progress,
     ) -> None:
         """One screen of `trials` (asked at once), its finalists' whole trials, every trial told."""
-        beats = [heartbeat_thread(t, storage_of(study)) for t in trials]
-        for beat in beats:
-            beat.start()
-        try:
+        with resume.beating(study, trials):
             screened = self._screen(trials, space)
             chosen = self._decide(study, screened, space, progress)
             for entry in screened:
                 if entry.label in chosen:
                     self._finalist(study, entry, chosen[entry.label], space, progress)
-        except Exception as exc:
-            resume.fail_unfinished(study, trials, f"the sweep stopped: {type(exc).__name__}: {exc}")
-            raise
-        finally:
-            for beat in beats:
-                beat.join()
 
     # ---- 1. the baseline, a whole trial -------------------------------------------------------
     def _baseline(self, study: optuna.Study, space: SearchSpace, progress: Progress) -> bool:
@@ -211,7 +188,10 @@ class RaceRunner:
         for entry in entries:
             readings = compared.of(entry.label)  # its turn's windows
             first, last = readings[0], readings[-1]
-            entry.turn, entry.ratio = windows.turns.get(entry.label), ratios[entry.label]
+            entry.turn, entry.ratio = (
+                windows.turns.get(entry.label, entry.turn),
+                ratios[entry.label],
+            )
             entry.neighbours = (compared.neighbours(first)[0], compared.neighbours(last)[1])
         return entries
 
@@ -240,7 +220,7 @@ class RaceRunner:
             for entry in screened
             if rule is not None
             and baseline is not None
-            and entry.failure is None
+            and entry.turn.failure() is None
             and global_batch.keeps_training(rule, entry.trial.params, baseline.params)
         }
         race = self.trials.options.race
@@ -253,8 +233,8 @@ class RaceRunner:
                 ratios[chosen[-1]] or 0.0,
             )
         for entry in screened:
-            if entry.failure is not None:
-                ret = _returned(entry.failure)
+            if (failure := entry.turn.failure()) is not None:
+                ret = _returned(failure)
                 self.trials.record(study, entry.trial, entry.overrides, ret, space, progress)
             elif entry.label not in chosen:
                 self._prune(study, entry, self._screen_record(entry, ratios), progress)
@@ -272,7 +252,7 @@ class RaceRunner:
             "control": self.control,  # the ratio is over the control's (policy.CONTROL)
             "same_training": entry.label in self.same_training,  # holds the global batch and lr
             "window": {
-                **(entry.window.to_json() if entry.window else {}),
+                **(entry.turn.window.to_json() if entry.turn.window else {}),
                 "baseline_before": entry.neighbours[0],
                 "baseline_after": entry.neighbours[1],
             },
@@ -293,10 +273,10 @@ class RaceRunner:
             ATTR_OVERRIDES: entry.overrides,
             ATTR_STATUS: "pruned",
             ATTR_REASON: reason,
-            ATTR_CONFIG: entry.config,
+            ATTR_CONFIG: entry.turn.config,
             ATTR_RACE: read,
         }
-        reading = _value(entry.window, policy.SCREEN_METRIC[self.objective])
+        reading = _value(entry.turn.window, policy.SCREEN_METRIC[self.objective])
         record.prune_trial(study, entry.trial, attrs, reading)
         outcome = TrialOutcome("pruned", None, user_attrs={ATTR_REASON: reason})
         log.info(
@@ -375,15 +355,15 @@ class RaceRunner:
 def screen_line(entry: Screened, done: int, total: int, objective: str) -> str:
     """The progress line of one screened candidate, with the ratio the race decides on."""
     head = f"race: screened {done}/{total} #{entry.trial.number}"
-    failure = entry.failure
+    failure = entry.turn.failure()
     if failure is not None:
         return f"{head} {failure.status.value}: {failure.reason}"
-    if isinstance(entry.window, Failure):  # too slow to screen
-        return f"{head}: too slow to screen ({entry.window.reason})"
+    if isinstance(entry.turn.window, Failure):  # too slow to screen
+        return f"{head}: too slow to screen ({entry.turn.window.reason})"
     metric = policy.SCREEN_METRIC[objective]
     said = "" if entry.ratio is None else f" ({entry.ratio:.2f}x the baseline)"
-    build_s = entry.turn.build_s if entry.turn else None
-    return f"{head}: {metric}={_value(entry.window, metric):.4g}{said}, built in {build_s or 0.0:.1f} s"
+    value, build_s = _value(entry.turn.window, metric), entry.turn.build_s or 0.0
+    return f"{head}: {metric}={value:.4g}{said}, built in {build_s:.1f} s"
 
 
 def paired_line(entry: Screened, paired: screen.Paired, objective: str) -> str:
@@ -400,12 +380,12 @@ def paired_line(entry: Screened, paired: screen.Paired, objective: str) -> str:
 def prune_reason(entry: Screened, ratio: float | None, rank: int | None, of: int, race: Any) -> str:
     """Why a candidate went no further, as its `reason` user attr says it."""
     if ratio is None:
-        why = entry.window.reason if isinstance(entry.window, Failure) else "no window"
+        why = entry.turn.window.reason if isinstance(entry.turn.window, Failure) else "no window"
         return f"raced out: too slow to screen ({why})"
-    n = len(entry.turn.slices) if entry.turn and entry.turn.slices else 1
+    n = len(entry.turn.slices) or 1
     where = (
         "on its drain steps, its fastest"
-        if isinstance(entry.window, Reading) and entry.window.read_on_drain
+        if isinstance(entry.turn.window, Reading) and entry.turn.window.read_on_drain
         else f"in {n} window{'s' if n > 1 else ''} of {race.window_s:g} s"
     )
     head = f"raced out: {ratio:.2f}x the baseline {where} (rank {rank} of {of}"
