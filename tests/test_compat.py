@@ -184,12 +184,13 @@ def test_local_executor_controller_and_job_process(tmp_path):
     writes the exit codes; the job's Popen is reachable."""
     import json
 
-    from gpuopt.sweeper.launchers.fresh_process import EXIT_CODES_SUFFIX, _start_controller
-
-    assert issubclass(
-        __import__("gpuopt.sweeper.launchers._controller", fromlist=["x"]).ExitCodeController,
-        _compat.local_controller_class(),
+    from gpuopt.sweeper.launchers.fresh_process import (
+        EXIT_CODES_SUFFIX,
+        _controller,
+        _start_controller,
     )
+
+    assert issubclass(_controller(), _compat.local_controller_class())
     executor = _compat.local_executor_class(_start_controller)(folder=tmp_path)
     executor.update_parameters(timeout_min=2)
     job = executor.submit(operator.mul, 6, 7)

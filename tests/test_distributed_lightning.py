@@ -23,7 +23,8 @@ from tests.conftest import TINY_TRIAL
 
 pytest.importorskip("lightning")
 
-from gpuopt.engines.lightning.strategy import ddp_kwargs, lightning_strategy, trainer_devices
+from gpuopt.engines._distributed import ddp_kwargs
+from gpuopt.engines.lightning.engine import lightning_strategy, trainer_devices
 from gpuopt.trial.prepare import load_spec
 
 REPO = Path(__file__).resolve().parents[1]

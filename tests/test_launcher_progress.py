@@ -7,8 +7,10 @@ import operator
 import re
 import time
 
+from gpuopt.core._compat import local_executor_class
 from gpuopt.sweeper.launchers import fresh_process
 from gpuopt.sweeper.launchers.fresh_process import FreshProcessLauncher
+from gpuopt.sweeper.launchers.submitit_base import TrialJob
 
 LINE = re.compile(r"^trial #7 still running \((\d+):(\d\d) elapsed, timeout 60 s\)$")
 
@@ -17,12 +19,12 @@ def _wait(tmp_path, monkeypatch, caplog, interval, fn, *args):
     """Submit fn(*args) as the launcher does and wait for it with the launcher's own loop; the
     progress lines it logged and the seconds it waited."""
     monkeypatch.setattr(fresh_process, "PROGRESS_S", interval)
-    executor = fresh_process._executor_class()(folder=tmp_path)
+    executor = local_executor_class(fresh_process._start_controller)(folder=tmp_path)
     executor.update_parameters(timeout_min=2)
     t0 = time.monotonic()
     job = executor.submit(fn, *args)
     with caplog.at_level(logging.INFO, logger="gpuopt.sweeper"):
-        FreshProcessLauncher(timeout_s=60)._collect(job, t0, [], slot=0, number=7)
+        FreshProcessLauncher(timeout_s=60).collect([TrialJob([], 7, 0, job=job)])
     waited = time.monotonic() - t0
     lines = [r.getMessage() for r in caplog.records if r.name == "gpuopt.sweeper"]
     return lines, waited

@@ -31,8 +31,7 @@ pytest.importorskip("lightning")
 from gpuopt.engines._ceiling import CEILING_WARMUP_STEPS
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines.lightning.engine import BuiltinModule
-from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback
-from gpuopt.engines.lightning.precision import lightning_precision
+from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback, lightning_precision
 from gpuopt.engines.registry import run_trial
 
 HELPERS = "tests.helpers.lightning_models"
@@ -332,7 +331,7 @@ def test_spec_engine_is_in_the_recorded_config(compose_cfg) -> None:
      ("fp32", "bf16-true", "bf16"), ("fp32", "16-mixed", "fp16"), ("fp32", "64-true", None)],
 )  # fmt: skip
 def test_peak_mode_is_the_precision_the_fit_runs(compose_cfg, mode, override, expected) -> None:
-    from gpuopt.engines.lightning.precision import peak_mode
+    from gpuopt.engines.lightning.meter import peak_mode
 
     spec = load_spec(compose_cfg("engine=lightning", "device=cpu"))
     spec = dataclasses.replace(

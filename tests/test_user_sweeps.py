@@ -254,7 +254,7 @@ def test_gpuopts_own_trial_over_two_nodes_meets_at_the_rendezvous_and_reports_th
 
 
 # ---- the pieces ---------------------------------------------------------------------------------------
-def test_a_trial_presents_itself_as_a_single_run_of_the_script():
+def test_a_trial_presents_itself_as_a_single_run_of_the_script(monkeypatch):
     """What a re-launched rank gets on its command line: the config options of the sweep's command
     line, the trial's task overrides, and none of the sweep's own settings."""
     argv = ["-m", "--config-dir", "/x/conf", "--config-name=exp", "-cp", "y", "lr=0.1"]
@@ -273,8 +273,9 @@ def test_a_trial_presents_itself_as_a_single_run_of_the_script():
         )
     )  # fmt: skip
     assert trial_task.run_overrides(hydra) == ["batch_size=64", "+extra=1", "hydra.job.chdir=true"]
-    entry = trial_task.EntryPoint(script="/app/train.py", config_args=("-cn", "exp"))
-    assert entry.target() == ["--gpuopt-script", "/app/train.py"]
+    monkeypatch.setattr(sys, "argv", ["/app/train.py", "-cn", "exp", "lr=0.1"])
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__file__="/app/train.py"))
+    assert trial_task.entry_args() == ("--gpuopt-script", "/app/train.py", "--", "-cn", "exp")
 
 
 def test_slurm_tasks_are_ranks_meeting_on_the_jobs_first_node():

@@ -19,6 +19,9 @@ from gpuopt.trial.measure import mfu_percent, synchronize
 if TYPE_CHECKING:
     import torch
 
+    from gpuopt.engines._distributed import Ranks
+    from gpuopt.trial.context import Trial
+
 # Compute-ceiling steps run (unmeasured) before timing it: the model is already warm, this only
 # re-warms caches for the replayed batch.
 CEILING_WARMUP_STEPS = 1
@@ -103,12 +106,6 @@ class CeilingReplay:
         m.ceiling_throughput = self.samples / self.seconds
         m.input_efficiency = 100.0 * m.throughput / m.ceiling_throughput if m.throughput else None
 
-    @property
-    def compute_cost_s(self) -> float | None:
-        if self.cpu_seconds is None:
-            return None
-        return limits.per_sample_cost(self.cpu_seconds, self.samples)
-
 
 class _PricedLoop:
     """A one-item map-style dataset whose item is a price: fetched inside one DataLoader worker
@@ -157,31 +154,40 @@ def measure_loader_cost(loader: Any, budget_s: float = LOADER_COST_BUDGET_S) -> 
     return limits.per_sample_cost(core_seconds, samples)
 
 
-def record_limit(
-    m: Metrics, device: torch.device, loader_cost_s: float | None, ceiling: CeilingReplay | None
+def record_limits(
+    trial: Trial,
+    ranks: Ranks | None,
+    loader_cost_s: float | None,
+    replay: Callable[[], CeilingReplay],
+    peak_mode: str | None,
 ) -> None:
-    """loader/compute cost per sample, limit_throughput (what bounds it) and limit_efficiency."""
+    """After every timed span: the compute ceiling (`replay()`, in one process only: it is
+    time-budgeted, and the ranks would disagree), the loader/compute cost per sample,
+    limit_throughput (what bounds it), limit_efficiency, and (rank 0 alone) mfu_achievable, model
+    FLOP/s against this machine's measured matmul peak (cached per hardware fingerprint)."""
     from gpuopt.core.host import usable_cpus
+    from gpuopt.trial.matmul_peak import probed_peak_flops
 
-    compute_cost = ceiling.compute_cost_s if ceiling is not None else None
+    m, leader, conf = trial.metrics, ranks is None or ranks.leader, trial.spec.measure
+    ceiling = None
+    if conf.ceiling and ranks is None:
+        with trial.phase("ceiling"):
+            ceiling = replay()
+    elif conf.ceiling and leader:
+        trial.warnings.append(DISTRIBUTED_CEILING_NOTE)
+    compute_cost = None
+    if ceiling is not None and ceiling.cpu_seconds is not None:
+        compute_cost = limits.per_sample_cost(ceiling.cpu_seconds, ceiling.samples)
     m.loader_cost_us = None if loader_cost_s is None else loader_cost_s * 1e6
     m.compute_cost_us = None if compute_cost is None else compute_cost * 1e6
     limit = limits.machine_limit(
-        device.type, usable_cpus(), loader_cost_s, compute_cost, m.ceiling_throughput
+        trial.device.type, usable_cpus(), loader_cost_s, compute_cost, m.ceiling_throughput
     )
-    if limit is None:
-        return
-    limit = limits.at_least_achieved(limit, m.throughput)
-    m.limit_throughput, m.limit_bound = limit.throughput, limit.bound
-    m.limit_efficiency = limits.limit_efficiency(m.throughput, limit.throughput)
-
-
-def record_achievable_mfu(m: Metrics, device: torch.device, precision_mode: str | None) -> None:
-    """mfu_achievable: model FLOP/s against this machine's measured matmul peak (cached per
-    hardware fingerprint; run after every timed span)."""
-    from gpuopt.trial.matmul_peak import probed_peak_flops
-
-    if not precision_mode or not m.flops_per_sample or not m.throughput:
-        return
-    m.peak_flops_measured = probed_peak_flops(device, precision_mode)
-    m.mfu_achievable = mfu_percent(m.flops_per_sample, m.throughput, m.peak_flops_measured)
+    if limit is not None:
+        limit = limits.at_least_achieved(limit, m.throughput)
+        m.limit_throughput, m.limit_bound = limit.throughput, limit.bound
+        m.limit_efficiency = limits.limit_efficiency(m.throughput, limit.throughput)
+    if conf.peak_probe and leader and peak_mode and m.flops_per_sample and m.throughput:
+        with trial.phase("peak_probe"):  # cached on disk (gpuopt.trial.matmul_peak)
+            m.peak_flops_measured = probed_peak_flops(trial.device, peak_mode)
+        m.mfu_achievable = mfu_percent(m.flops_per_sample, m.throughput, m.peak_flops_measured)

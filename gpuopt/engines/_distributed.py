@@ -1,10 +1,10 @@
 """The engines' side of a distributed trial, inside one rank (the process group is already up:
 gpuopt.trial.distributed started the rank and joined it): `Ranks.wrap` (DDP or FSDP2, before the
 optimizer is built: FSDP2 replaces the parameters with sharded DTensors), `Ranks.no_sync`
-(gradients reduced once per optimizer step), `Ranks.align` (every rank's window starts at a
-barrier and stops after the same step: a rank that stopped one step early would leave the others
-waiting in a collective; rank 0's verdict goes over a gloo group, so no device sync inside the
-window, also under NCCL), and `Ranks.barrier` (the profiled window's steps start together).
+(gradients reduced once per optimizer step), `Ranks.align` (every rank's window stops after the
+same step: a rank that stopped one step early would leave the others waiting in a collective;
+rank 0's verdict goes over a gloo group, so no device sync inside the window, also under NCCL),
+and `Ranks.barrier` (the window's and the profiled window's steps start together).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from gpuopt.core.checks import check_module_patterns, matches_any
 from gpuopt.core.spec import DistributedConf, TrialSpec
-from gpuopt.trial.measure import StepClock, StopRule
+from gpuopt.trial.measure import StopRule
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # The stop rule's verdicts, as the broadcast carries them.
@@ -87,10 +87,6 @@ class Ranks:
         finally:
             setter(True)
 
-    def loader_seed(self, seed: int) -> int:
-        """Each rank draws its own samples (the model's init shared)."""
-        return seed + self.rank
-
     def mean(self, values: list[float]) -> list[float]:
         """Each value averaged over the ranks (one all-reduce on the job's own backend)."""
         summed = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -101,9 +97,9 @@ class Ranks:
         """Every rank here before any goes on (host-side, over the gloo group)."""
         dist.barrier(group=self.host_group)
 
-    def align(self, clock: StepClock, rule: StopRule) -> tuple[StepClock, StopRule]:
-        """A clock whose window starts at a barrier, and a rule every rank obeys alike."""
-        return AlignedClock(clock, self.host_group), AgreedStop(rule, self)
+    def align(self, rule: StopRule) -> AgreedStop:
+        """The rule every rank obeys alike."""
+        return AgreedStop(rule, self)
 
     def verdict(self, mine: str | None) -> str | None:
         """Rank 0's verdict, on every rank (a host-side broadcast)."""
@@ -160,20 +156,6 @@ def _named_children(model: torch.nn.Module, names: list[str], key: str) -> list[
     children = [m for m in model.modules() if m is not model]
     check_module_patterns(key, names, [type(m).__name__ for m in children])
     return [m for m in children if matches_any(type(m).__name__, names)]
-
-
-class AlignedClock:
-    """The rank's step clock, its window started right after a barrier of every rank."""
-
-    def __init__(self, clock: StepClock, group: Any) -> None:
-        self.clock, self.group = clock, group
-
-    def start(self) -> None:
-        dist.barrier(group=self.group)
-        self.clock.start()
-
-    def __getattr__(self, name: str) -> Any:  # mark, completed_step_times, finish: the clock's
-        return getattr(self.clock, name)
 
 
 class AgreedStop:

@@ -1,25 +1,22 @@
-"""Steady state: what an epoch boundary costs (a fresh epoch's worker start-up, sampler and first
-batch), measured after the window and amortized over the user's real epoch length. The timed
-window never straddles an epoch restart (`_batches.steady_sampler`): the cost comes back in here.
+"""Steady state, measured after the window by both engines (`beside_window`): what an epoch boundary
+costs (a fresh epoch's worker start-up, sampler and first batch), amortized over the user's real
+epoch length, and the input pipeline's cost per sample. The timed window never straddles an epoch
+restart (`_batches.steady_sampler`): the cost comes back in here.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from gpuopt.core.result import Metrics
 from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._batches import dataset_length, stop_workers
+from gpuopt.engines._ceiling import measure_loader_cost
 from gpuopt.trial.measure import amortized_throughput, epoch_overhead
 
-
-@dataclass(frozen=True)
-class EpochBoundary:
-    first_fetch_s: float | None  # a fresh epoch's iter() to its first batch
-    steady_fetch_s: float  # the window's mean host fetch wait per step
-    epoch_steps: int | None  # the user's real steps per epoch (None: an endless stream)
+if TYPE_CHECKING:
+    from gpuopt.trial.context import Trial
 
 
 def real_epoch_steps(spec: TrialSpec, dataset_len: int | None) -> int | None:
@@ -51,22 +48,29 @@ def time_epoch_start(loader: Any) -> float:
     return seconds
 
 
-def measure_epoch_boundary(
-    spec: TrialSpec, loader: Any, fetch_wait_s: float, steps: int
-) -> EpochBoundary:
-    """The epoch boundary's cost for `loader` (the caller stopped its non-persistent workers)."""
-    first_fetch = time_epoch_start(loader) if hasattr(loader, "__iter__") else None
+def beside_window(
+    trial: Trial, loader: Any, fetch_wait_s: float, stop_workers: Callable[[], None]
+) -> float | None:
+    """After the window: epoch_overhead_s (a fresh epoch of `loader` against the window's fetch
+    wait per step; `stop_workers()` stops the window's workers first unless they persist, as
+    between real epochs), epoch_steps and throughput_amortized over the user's epoch length, then
+    the input pipeline's cost per sample (`measure.loader_cost`). `loader` None: not measured."""
+    m, spec = trial.metrics, trial.spec
+    with trial.phase("boundary"):
+        if not getattr(loader, "persistent_workers", False):
+            stop_workers()
+        first_fetch = time_epoch_start(loader) if loader is not None else None
+        stop_workers()
     length = dataset_length(getattr(loader, "dataset", None))
-    return EpochBoundary(first_fetch, fetch_wait_s / max(1, steps), real_epoch_steps(spec, length))
-
-
-def record_steady_state(m: Metrics, boundary: EpochBoundary) -> None:
-    """epoch_overhead_s, epoch_steps and throughput_amortized (over the user's epoch length)."""
-    if m.throughput is None or not m.timed_steps or not m.timed_seconds:
-        return
-    if boundary.first_fetch_s is not None:
-        m.epoch_overhead_s = epoch_overhead(boundary.first_fetch_s, boundary.steady_fetch_s)
-    m.epoch_steps = boundary.epoch_steps
-    m.throughput_amortized = amortized_throughput(
-        m.throughput, m.timed_seconds / m.timed_steps, boundary.epoch_steps, m.epoch_overhead_s
-    )
+    epoch_steps = real_epoch_steps(spec, length) if loader is not None else None
+    if m.throughput is not None and m.timed_steps and m.timed_seconds:
+        if first_fetch is not None:
+            m.epoch_overhead_s = epoch_overhead(first_fetch, fetch_wait_s / m.timed_steps)
+        m.epoch_steps = epoch_steps
+        m.throughput_amortized = amortized_throughput(
+            m.throughput, m.timed_seconds / m.timed_steps, epoch_steps, m.epoch_overhead_s
+        )
+    if loader is None or not spec.measure.loader_cost:
+        return None
+    with trial.phase("loader_cost"):
+        return measure_loader_cost(loader)

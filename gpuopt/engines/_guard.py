@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 Clock = Callable[[str], AbstractContextManager[None]]  # `Trial.phase`
 
 
+def _unclocked(name: str) -> AbstractContextManager[None]:
+    return nullcontext()  # the guard called outside a trial
+
+
 def guard_numerics(trial: Trial) -> None:
     """The guard on a measured trial (`trial.after_release`), when it is on and the trial changes
     the math; a guard that cannot run leaves a warning. In a distributed trial every rank runs it
@@ -117,9 +121,15 @@ def reference_losses(
 ) -> list[float]:
     """The fp32 reference trajectory: from this process's cache, the sweep dir's, or trained now,
     keyed with the process-wide settings it trains under."""
+    import torch
+
     reference = numerics.reference_spec(spec)
     with guard_threads() as threads:
-        settings = reference_settings(threads)
+        # What changes the reference's last bits: the thread count and, on CUDA, cuDNN
+        # autotuning (the float32 matmul precision the reference sets itself).
+        settings: dict[str, Any] = {"threads": threads}
+        if torch.cuda.is_available():
+            settings["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
         key = numerics.reference_key(reference, device, len(batches), settings=settings)
         cached = numerics.cached_reference(key, cache_dir)
         if cached is not None:
@@ -145,21 +155,6 @@ def guard_threads() -> Iterator[int]:
         yield torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-
-
-def reference_settings(threads: int) -> dict[str, Any]:
-    """The process-wide settings that change the reference's last bits: the thread count and, on
-    CUDA, cuDNN autotuning (the float32 matmul precision the reference sets itself)."""
-    import torch
-
-    settings: dict[str, Any] = {"threads": threads}
-    if torch.cuda.is_available():
-        settings["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
-    return settings
-
-
-def _unclocked(name: str) -> AbstractContextManager[None]:
-    return nullcontext()  # the guard called outside a trial
 
 
 def check_guardable(spec: TrialSpec) -> None:

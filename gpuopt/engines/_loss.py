@@ -63,13 +63,9 @@ def model_loss(forward: Callable[..., Any], batch: Any, loss: str | LossFunction
             "outputs.loss / outputs['loss'] (the Hugging Face convention), or set loss._target_ "
             "to a function loss(outputs, targets)"
         )
-    return compute_loss(loss, outputs_logits(outputs), targets)
-
-
-def compute_loss(loss_name: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The `loss` config: cross_entropy over the last dimension of `outputs`, or mse."""
     import torch.nn.functional as F
 
-    if loss_name == "mse":
-        return F.mse_loss(outputs, targets.to(outputs.dtype))
-    return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+    logits = outputs_logits(outputs)  # the built-in loss: mse, or cross_entropy over the last dim
+    if loss == "mse":
+        return F.mse_loss(logits, targets.to(logits.dtype))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -7,7 +7,7 @@ rest alike for all of them.
 The phases, in steps: one compile step when compile is on, the warm-up steps (the first under
 FlopCounterMode for MFU), then the timed window until `StopRule` ends it. On CUDA the clocks are
 events: the host never synchronizes inside the window. In a rank of a multi-rank trial or job the
-window starts at a barrier and rank 0's rule is broadcast (`Ranks.align`), so every rank stops
+window starts at a barrier and rank 0's verdict is broadcast (`Ranks.align`), so every rank stops
 after the same step.
 """
 
@@ -68,7 +68,7 @@ class WindowMeter:
         self.rule: Any = StopRule.from_measure(spec.measure)
         self.clock: Any = make_clock(device)
         if ranks is not None:
-            self.clock, self.rule = ranks.align(self.clock, self.rule)
+            self.rule = ranks.align(self.rule)
         self.compile_steps = 0 if spec.compile.mode == "off" else 1
         self.untimed = self.compile_steps + spec.measure.warmup_steps
         counting = count_flops and spec.measure.count_flops and spec.measure.warmup_steps >= 1
@@ -163,8 +163,7 @@ class WindowMeter:
         if flops.hardware and samples:
             self.trial.metrics.flops_per_sample = flops.model / samples
             self.trial.metrics.hardware_flops_per_sample = flops.hardware / samples
-            notes = flop_notes(self.trial.spec, self.device, self.precision_mode, flops)
-            self.trial.warnings.extend(notes)
+            self.trial.warnings += flop_notes(self.device, self.precision_mode, flops)
         self.memory.release_cache()
 
     def _start_window(self) -> None:
@@ -173,6 +172,8 @@ class WindowMeter:
         self.wait.reset()
         self._ticks = cpu_ticks()
         self.timing = self.wait.active = True
+        if self.ranks is not None:
+            self.ranks.barrier()  # every rank's window starts together
         self.clock.start()
         self._next_check = self.rule.min_steps
         self._first_step_at = time.time()

@@ -13,13 +13,14 @@ gpuopt starts no rank here; it joins what the user started:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.rank_files import write_rank_result
 from gpuopt.core.result import Status, TrialResult
-from gpuopt.core.spec import DistributedConf, TrialSpec
+from gpuopt.core.spec import DistributedConf, MeasureConf, TrialSpec
 from gpuopt.engines._lifecycle import process_start_time, release
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import classify_failure
@@ -68,6 +69,21 @@ def optimizer_lr(optimizer: Any) -> float | None:
     return float(lr) if isinstance(lr, int | float | torch.Tensor) else None
 
 
+def loader_settings(loader: Any, private: bool = False) -> dict[str, Any]:
+    """What a DataLoader was made with (`private`: read from its iterator's private copies): what
+    gpuopt.core.search_space traces to config keys."""
+    prefix = "_" if private else ""
+    sampler = getattr(loader, "_index_sampler", None) if private else loader
+    workers = int(getattr(loader, prefix + "num_workers", 0))
+    return {
+        "batch_size": getattr(sampler, "batch_size", None),
+        "num_workers": workers,
+        "pin_memory": bool(getattr(loader, prefix + "pin_memory", False)),
+        "prefetch_factor": getattr(loader, prefix + "prefetch_factor", None) if workers else None,
+        "persistent_workers": bool(getattr(loader, prefix + "persistent_workers", False)),
+    }
+
+
 def user_ranks(device: torch.device) -> Ranks | None:
     """This rank of the user's initialized process group (None in one process)."""
     from gpuopt.engines._distributed import Ranks
@@ -95,6 +111,8 @@ class UserLoop:
     """What measuring a loop gpuopt does not own shares (the HF and Lightning callbacks, MeasureJob):
     its one trial and window meter, and its result, a failure as the status."""
 
+    engine_name = ""  # the result's `config`: its engine.name
+    measure: MeasureConf
     trial: Trial | None = None
     meter: WindowMeter | None = None
     ranks: Ranks | None = None
@@ -109,8 +127,12 @@ class UserLoop:
         return self.trial
 
     def config(self) -> dict[str, Any]:
-        """The result's `config`."""
-        raise NotImplementedError
+        """The result's `config`: the engine, the measure settings and what `described` adds."""
+        measure = dataclasses.asdict(self.measure)
+        return {"engine": {"name": self.engine_name}, "measure": measure, **self.described()}
+
+    def described(self) -> dict[str, Any]:
+        return {}
 
     def run(self, loop: Callable[[], Any], world: int | None = None) -> TrialResult:
         """`loop()` measured (a failure is the status); a failing rank of a multi-rank job

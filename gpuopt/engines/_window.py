@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.result import Metrics
-from gpuopt.core.spec import TrialSpec
 from gpuopt.trial.measure import (
     StepFlops,
     WindowResult,
@@ -220,9 +219,7 @@ def attention_tf32_note(
     )
 
 
-def flop_notes(
-    spec: TrialSpec, device: torch.device, peak_mode: str | None, flops: StepFlops
-) -> list[str]:
+def flop_notes(device: torch.device, peak_mode: str | None, flops: StepFlops) -> list[str]:
     """What a trial's MFU must be read with: tensor-core attention under fp32 (CUDA sm80+)."""
     import torch
 

@@ -67,6 +67,8 @@ class HFMeasureCallback(UserLoop, TrainerCallback):
     a dict of its fields, or a MeasureConf. No compute ceiling (it needs the batch replayed
     outside the Trainer: gpuopt.measure_step measures one)."""
 
+    engine_name = ENGINE_NAME
+
     def __init__(self, measure: MeasureConf | dict[str, Any] | str | None = None) -> None:
         self.measure = measure_conf(measure)
         self._micro_batch: int | None = None
@@ -81,8 +83,12 @@ class HFMeasureCallback(UserLoop, TrainerCallback):
         def get_batch_samples(*args: Any, **kwargs: Any) -> Any:
             if self.meter is not None:
                 self.meter.fetch_started()
-            batches, items = fetch(*args, **kwargs)
-            self.fetched(batches)
+            batches, items = fetch(*args, **kwargs)  # a step's micro-batches
+            counts = [batch_samples(batch) for batch in batches]
+            if self._micro_batch is None and counts:
+                self._micro_batch = counts[0]
+            if self.meter is not None:
+                self.meter.batch_fetched(sum(counts))
             return batches, items
 
         def training_step(*args: Any, **kwargs: Any) -> Any:
@@ -101,14 +107,13 @@ class HFMeasureCallback(UserLoop, TrainerCallback):
         return job_result(result, self.ranks, started)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        device = args.device
         compile_mode = "default" if args.torch_compile else "off"
         measure = self.measure
         if args.torch_compile and measure.count_flops:  # a compiled step hides its kernels
             measure = dataclasses.replace(measure, count_flops=False)
         engine = EngineConf(name=ENGINE_NAME)
-        spec = measuring_spec(device, measure, engine, peak_mode(args), compile_mode)
-        self.meter = WindowMeter(self.start_trial(spec, device), self.ranks)
+        spec = measuring_spec(args.device, measure, engine, peak_mode(args), compile_mode)
+        self.meter = WindowMeter(self.start_trial(spec, args.device), self.ranks)
         self._micro_batch, self._args = None, args
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -123,14 +128,6 @@ class HFMeasureCallback(UserLoop, TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.meter is not None and self.result is None:
             self.result = self.measured(lambda: self._record_training(args))
-
-    def fetched(self, batches: list[Any]) -> None:
-        """A step's micro-batches, as `get_batch_samples` returned them."""
-        counts = [batch_samples(batch, None) for batch in batches]
-        if self._micro_batch is None and counts:
-            self._micro_batch = counts[0]
-        if self.meter is not None:
-            self.meter.batch_fetched(sum(counts))
 
     def _record_training(self, args: Any) -> None:
         """Global batch = the micro-batch that trained x gradient_accumulation_steps x world size."""
@@ -147,10 +144,8 @@ class HFMeasureCallback(UserLoop, TrainerCallback):
                     "the global batch reported is the one that trained"
                 )
 
-    def config(self) -> dict[str, Any]:
+    def described(self) -> dict[str, Any]:
         args = self._args
         return {
-            "engine": {"name": ENGINE_NAME},
-            "measure": dataclasses.asdict(self.measure),
-            "trainer": {name: getattr(args, name, None) for name in RECORDED_ARGS} if args else {},
+            "trainer": {name: getattr(args, name, None) for name in RECORDED_ARGS} if args else {}
         }

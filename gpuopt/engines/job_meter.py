@@ -13,7 +13,6 @@ timeout.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import statistics
@@ -33,27 +32,22 @@ from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._batches import batch_samples
 from gpuopt.engines._lifecycle import measuring_spec
 from gpuopt.engines._meter import WindowMeter
-from gpuopt.engines._user_job import UserLoop, job_result, optimizer_lr, world_size
+from gpuopt.engines._user_job import (
+    UserLoop,
+    job_result,
+    loader_settings,
+    optimizer_lr,
+    world_size,
+)
 
 log = logging.getLogger(__name__)
 ENGINE_NAME = "measure_job"
 
 
-def loader_settings(iterator: _BaseDataLoaderIter) -> dict[str, Any]:
-    """What a DataLoader iterator was made with (private attributes, read here only): what
-    gpuopt.core.search_space traces to config keys."""
-    workers = int(getattr(iterator, "_num_workers", 0))
-    return {
-        "batch_size": getattr(getattr(iterator, "_index_sampler", None), "batch_size", None),
-        "num_workers": workers,
-        "pin_memory": bool(getattr(iterator, "_pin_memory", False)),
-        "prefetch_factor": getattr(iterator, "_prefetch_factor", None) if workers else None,
-        "persistent_workers": bool(getattr(iterator, "_persistent_workers", False)),
-    }
-
-
 class JobMeter(UserLoop):
     """The hooks of one job: install, (the job trains), then the result or a clear status."""
+
+    engine_name = ENGINE_NAME
 
     def __init__(self, measure: MeasureConf, budget_s: float | None = None) -> None:
         self.measure = measure
@@ -110,7 +104,7 @@ class JobMeter(UserLoop):
         if self.train_data is None:
             self.fetched[dataset] += samples
             self.last_fetched = dataset
-            self.loaders.setdefault(dataset, loader_settings(iterator))
+            self.loaders.setdefault(dataset, loader_settings(iterator, private=True))
         elif counting:
             self._pending += samples
             self.batch_sizes.append(samples)
@@ -121,9 +115,8 @@ class JobMeter(UserLoop):
         """The trial, on the device the job trains on as seen at its first batch."""
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        trial = self.start_trial(
-            measuring_spec(device, self.measure, EngineConf(name=ENGINE_NAME)), device
-        )
+        spec = measuring_spec(device, self.measure, EngineConf(name=ENGINE_NAME))
+        trial = self.start_trial(spec, device)
         trial.warnings.append(
             "MFU is read against the device's fp32 peak: gpuopt.MeasureJob cannot see an autocast "
             "dtype inside the job's loop"
@@ -186,10 +179,8 @@ class JobMeter(UserLoop):
             metrics.global_batch = per_step * world_size()
         metrics.lr = self.lr
 
-    def config(self) -> dict[str, Any]:
-        observed = self.loaders.get(self.train_data or -1, {})
-        return {"engine": {"name": ENGINE_NAME}, "measure": dataclasses.asdict(self.measure),
-                "observed": observed}  # fmt: skip
+    def described(self) -> dict[str, Any]:
+        return {"observed": self.loaders.get(self.train_data or -1, {})}
 
     def _cancel_budget(self) -> None:
         budget, self._budget = self._budget, None

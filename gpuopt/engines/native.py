@@ -13,6 +13,7 @@ The sweeper's probing processes build their trials here too, through `registry.e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -25,15 +26,9 @@ import torch
 from gpuopt.core.spec import DATA_GPUOPT_KEYS, TrialSpec
 from gpuopt.engines._batches import BatchFeed, batch_samples, build_loader, record_batches
 from gpuopt.engines._build import TrialPolicies, apply_policies, instantiate_data, instantiate_model
-from gpuopt.engines._ceiling import (
-    DISTRIBUTED_CEILING_NOTE,
-    CeilingReplay,
-    measure_loader_cost,
-    record_achievable_mfu,
-    record_limit,
-)
+from gpuopt.engines._ceiling import CeilingReplay, record_limits
 from gpuopt.engines._distributed import Ranks
-from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
+from gpuopt.engines._epoch import beside_window
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._step import Batch, Workload, build_workload
@@ -59,7 +54,7 @@ def build(
         )
     non_blocking = spec.loader.non_blocking
     workload = build_workload(spec, model, device, trial_policies.precision, non_blocking, ranks)
-    seed = ranks.loader_seed(spec.seed) if ranks is not None else None
+    seed = spec.seed + ranks.rank if ranks is not None else None  # a rank's own samples
     loader = build_loader(spec, dataset, device, trial.warnings, seed=seed)
     feed = BatchFeed(loader, workload.to_device, device, accumulation_steps=spec.accumulation_steps)
     trial.resources += [workload, feed]
@@ -73,34 +68,25 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
     """flops_per_sample from one forward+backward of the eager module on one micro-batch (outside
     the window), counted once per process per `flops_key`, and the notes its MFU must be read with."""
     key = flops_key(trial.spec, trial.device, batch)
-    counted = _flops_per_sample.get(key)
-    if counted is None:
+    if key not in _flops_per_sample:
         eager, workload.forward = workload.forward, workload.model
         try:
             flops = measure_step_flops(lambda: workload.forward_backward(batch))
         finally:
             workload.forward = eager
             workload.optimizer.zero_grad(set_to_none=True)
-        n = batch_samples(batch)
-        counted = _flops_per_sample[key] = SampleFlops(flops.model / n, flops.hardware / n, flops)
-    if counted.hardware:
-        trial.metrics.flops_per_sample = counted.model
-        trial.metrics.hardware_flops_per_sample = counted.hardware
-    trial.warnings += flop_notes(trial.spec, trial.device, trial.spec.precision.mode, counted.step)
+        _flops_per_sample[key] = (flops, batch_samples(batch))
+    flops, samples = _flops_per_sample[key]
+    if flops.hardware:
+        trial.metrics.flops_per_sample = flops.model / samples
+        trial.metrics.hardware_flops_per_sample = flops.hardware / samples
+    trial.warnings += flop_notes(trial.device, trial.spec.precision.mode, flops)
 
 
-@dataclass(frozen=True)
-class SampleFlops:
-    """One counted step's FLOPs per sample (model: no recompute; hardware: what ran)."""
-
-    model: float
-    hardware: float
-    step: StepFlops
-
-
-# FLOPs per sample, counted once per process for each `flops_key`: flop_counter counts the
-# operators' shapes, which the knobs a sweep searches do not change (per sample; the eager module).
-_flops_per_sample: dict[str, SampleFlops] = {}
+# One counted step's FLOPs and its samples, counted once per process for each `flops_key`:
+# flop_counter counts the operators' shapes, which the knobs a sweep searches do not change (per
+# sample; the eager module).
+_flops_per_sample: dict[str, tuple[StepFlops, int]] = {}
 
 
 def flops_key(spec: TrialSpec, device: torch.device, batch: Batch) -> str:
@@ -163,24 +149,6 @@ def timed_window(
         workload.check_finite("the timed window")
 
 
-def beside_window(
-    trial: Trial, feed: BatchFeed, fetch_wait_s: float
-) -> tuple[EpochBoundary, float | None]:
-    """After the window: what an epoch boundary costs (the window's workers stopped first unless
-    they persist, as between real epochs) and the input pipeline's cost per sample."""
-    loader, steps = feed.loader, trial.metrics.timed_steps or 0
-    with trial.phase("boundary"):
-        if not trial.spec.loader.persistent_workers:
-            feed.close()
-        boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, steps)
-        feed.close()
-    loader_cost = None
-    if trial.spec.measure.loader_cost:
-        with trial.phase("loader_cost"):
-            loader_cost = measure_loader_cost(loader)
-    return boundary, loader_cost
-
-
 def compute_ceiling(
     trial: Trial, workload: Workload, feed: BatchFeed, first_step: list[Batch]
 ) -> CeilingReplay:
@@ -234,7 +202,6 @@ def measure(trial: Trial, process_t0: float) -> None:
     phase = trial.phase
     with phase("setup"):
         ranks = Ranks.current(trial.spec, trial.device)
-        leader = ranks is None or ranks.leader
         trial.after_release.append(guard_numerics)  # every rank; rank 0 records
         memory = MemoryBaseline.take(trial.device)
         trial_policies = apply_policies(trial.spec, trial.device)
@@ -251,18 +218,9 @@ def measure(trial: Trial, process_t0: float) -> None:
     if trial.spec.profile.enabled:  # before the boundary stops the loader
         with phase("profile"):
             profiled_window(trial, workload, feed, ranks)
-    boundary, loader_cost = beside_window(trial, feed, window_fetch_s)
-    record_steady_state(trial.metrics, boundary)
-    ceiling = None
-    if trial.spec.measure.ceiling and ranks is None:  # time-budgeted: ranks would disagree
-        with phase("ceiling"):
-            ceiling = compute_ceiling(trial, workload, feed, first_step)
-    elif trial.spec.measure.ceiling and ranks is not None and leader:
-        trial.warnings.append(DISTRIBUTED_CEILING_NOTE)
-    record_limit(trial.metrics, trial.device, loader_cost, ceiling)
-    if trial.spec.measure.peak_probe and leader:
-        with phase("peak_probe"):  # the matmul peak: cached on disk (gpuopt.trial.matmul_peak)
-            record_achievable_mfu(trial.metrics, trial.device, trial.spec.precision.mode)
+    loader_cost = beside_window(trial, feed.loader, window_fetch_s, feed.close)
+    replay = functools.partial(compute_ceiling, trial, workload, feed, first_step)
+    record_limits(trial, ranks, loader_cost, replay, trial.spec.precision.mode)
 
 
 LOADER_KEEPS_UP = 1.0  # data_wait (%) under which a configuration's loader keeps up
@@ -311,26 +269,24 @@ class WindowedTrial:
         convs on a CPU: a few steps, not minutes). `give_up_below` (samples/s): a `warm`
         configuration whose drain reads slower ends there (`read_on_drain`): steps on prefetched
         batches right after its own are the fastest it runs, so its window could only read slower."""
-        trial, workload, feed = self.trial, self.workload, self.feed
-        apply_policies(trial.spec, trial.device)
-        feed.reset_counters()
-        started = time.perf_counter()
-        self.drained = self._steps(self.queued_steps(warm), 0.0, deadline_s)
-        synchronize(trial.device)
-        seconds = time.perf_counter() - started
+        apply_policies(self.trial.spec, self.trial.device)
+        measured = self._timed(self.queued_steps(warm), 0.0, deadline_s)  # the drain
+        self.drained, seconds, samples = measured
         self.read_on_drain = bool(
-            warm and give_up_below and self.drained and feed.samples / seconds < give_up_below
+            warm and give_up_below and self.drained and samples / seconds < give_up_below
         )
-        if self.read_on_drain:
-            workload.check_finite("an interleaved window")
-            return self.drained, seconds, feed.samples
-        feed.reset_counters()
+        if not self.read_on_drain:
+            measured = self._timed(min_steps, window_s, deadline_s, self.cache.after_step)
+        self.workload.check_finite("an interleaved window")
+        return measured
+
+    def _timed(self, *steps_args: Any) -> tuple[int, float, int]:
+        """`_steps(*steps_args)` timed to their end on the device: (steps, seconds, samples)."""
+        self.feed.reset_counters()
         started = time.perf_counter()
-        steps = self._steps(min_steps, window_s, deadline_s, self.cache.after_step)
-        synchronize(trial.device)
-        seconds = time.perf_counter() - started
-        workload.check_finite("an interleaved window")
-        return steps, seconds, feed.samples
+        steps = self._steps(*steps_args)
+        synchronize(self.trial.device)
+        return steps, time.perf_counter() - started, self.feed.samples
 
     def _steps(
         self,

@@ -81,13 +81,9 @@ class OptimizerSteps:
 class UserStep:
     step: Callable[[Any], Any]  # one training step on a batch; may return its loss (NaN check)
     batches: Iterable[Any]  # re-iterable (restarted at its end): a DataLoader, a list
+    move: Callable[[Any], Any]  # each batch to where the step runs (or as it comes)
     model: torch.nn.Module | None = None  # for MFU: flops are counted on one step when given
-    move_to: torch.device | None = None  # where gpuopt moves each batch (None: left as it comes)
     samples: SampleCount = None  # per batch: a count or a function of the batch (None: dim 0)
-    non_blocking: bool = False
-    pin_memory: bool = False
-    count_flops: bool = True
-    ceiling: bool = True
     nonfinite: NonFiniteLoss = field(default_factory=NonFiniteLoss)
     global_batch: int | None = None  # samples per optimizer step, as the user gave it
     counter: OptimizerSteps | None = None  # counts them from the optimizer's steps
@@ -103,11 +99,6 @@ class UserStep:
             self.nonfinite.update(loss)
         return samples
 
-    def move(self, batch: Any) -> Any:
-        if self.move_to is None:
-            return batch
-        return move_batch(batch, self.move_to, self.non_blocking, self.pin_memory)
-
 
 def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     """The engine: fill `trial.metrics`, raising on failure (`run_measured` classifies it)."""
@@ -122,7 +113,7 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
 
     first_batch = feed.next()
     micro_batch = batch_samples(first_batch, user.samples)
-    if user.count_flops and user.model is not None:
+    if trial.spec.measure.count_flops and user.model is not None:
         flops = measure_step_flops(lambda: user.train(first_batch))  # one (untimed) training step
         if flops.hardware:
             m.flops_per_sample = flops.model / micro_batch
@@ -145,9 +136,9 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     m.compile_time_s = None  # the user's step: gpuopt cannot tell a compile step apart
     user.nonfinite.check("the timed window")
     record_training(user, micro_batch, m, trial.warnings)
-    if user.ceiling and user.ranks is not None:  # each replayed step would be a collective
+    if trial.spec.measure.ceiling and user.ranks is not None:  # each step would be a collective
         trial.warnings.append("no compute ceiling in a multi-rank job (its replay is per rank)")
-    elif user.ceiling:
+    elif trial.spec.measure.ceiling:
         feed.close()
         ceiling = CeilingReplay.for_trial(trial.spec, device)
         ceiling.run(lambda: user.train(first_batch))
@@ -178,6 +169,10 @@ def record_training(user: UserStep, micro_batch: int, m: Metrics, warnings: list
             )
 
 
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
 def _resolve_device(
     device: str | torch.device | None, model: torch.nn.Module | None
 ) -> torch.device:
@@ -199,7 +194,7 @@ def _describe(user: UserStep, device: torch.device, spec: TrialSpec) -> dict[str
         "step": f"{getattr(user.step, '__module__', '?')}.{step}",
         "model": type(user.model).__name__ if user.model is not None else None,
         "device": {"type": str(device)},
-        "loader": {"pin_memory": user.pin_memory, "non_blocking": user.non_blocking},
+        "loader": {"pin_memory": spec.loader.pin_memory, "non_blocking": spec.loader.non_blocking},
         "precision": {"mode": spec.precision.mode},
         "measure": dataclasses.asdict(spec.measure),
     }
@@ -253,16 +248,15 @@ def measure_step(
     conf = measure_conf(dict(measure) if isinstance(measure, Mapping) else measure)
     conf = dataclasses.replace(conf, ceiling=ceiling)
     resolved = _resolve_device(device, model)
+    move = functools.partial(
+        move_batch, device=resolved, non_blocking=non_blocking, pin_memory=pin_memory
+    )
     user = UserStep(
         step=step,
         batches=batches,
+        move=move if device is not None else _as_is,
         model=model,
-        move_to=torch.device(device) if device is not None else None,
         samples=samples_per_batch,
-        non_blocking=non_blocking,
-        pin_memory=pin_memory,
-        count_flops=conf.count_flops,
-        ceiling=ceiling,
         global_batch=global_batch,
         counter=OptimizerSteps(optimizer) if optimizer is not None else None,
         ranks=user_ranks(resolved),

@@ -108,7 +108,7 @@ def _overrides(target: str, method: str) -> bool | None:
     return getattr(cls, method, None) is not getattr(pl.LightningModule, method)
 
 
-# The FSDP2 knobs gpuopt applies in its own configure_model (gpuopt.engines.lightning.strategy),
+# The FSDP2 knobs gpuopt applies in its own configure_model (gpuopt.engines.lightning.engine, BuiltinModule),
 # which a user's LightningModule replaces with its own.
 LIGHTNING_MODULE_FSDP2_KEYS = (
     "reshard_after_forward",

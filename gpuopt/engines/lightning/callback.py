@@ -2,13 +2,13 @@
 `lightning.Trainer`, no gpuopt config needed (`[lightning]` extra).
 
 It extends the engine's meter (gpuopt.engines.lightning.meter), with data wait read by a profiler
-beside the user's own (`_TeeProfiler`). Under a multi-device strategy (however its ranks started)
-every rank runs the callback and every rank's result is the job's (gpuopt.engines._user_job).
+in front of the user's own (`FetchTimer`'s `inner`). Under a multi-device strategy (however its
+ranks started) every rank runs the callback and every rank's result is the job's
+(gpuopt.engines._user_job).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,36 +21,10 @@ from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
 from gpuopt.engines._lifecycle import measuring_spec
-from gpuopt.engines._user_job import UserLoop, job_result, optimizer_lr
-from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback
-from gpuopt.engines.lightning.precision import PEAK_MODE
+from gpuopt.engines._user_job import UserLoop, job_result, loader_settings, optimizer_lr
+from gpuopt.engines.lightning.meter import PEAK_MODE, FetchTimer, MeasureCallback
 from gpuopt.trial import policies
 from gpuopt.trial.memory import MemoryBaseline
-
-
-class _TeeProfiler(Profiler):
-    """The user's profiler, unchanged, plus gpuopt's FetchTimer seeing the same actions."""
-
-    def __init__(self, inner: Profiler, timer: FetchTimer) -> None:
-        super().__init__()
-        self.inner, self.timer = inner, timer
-
-    def start(self, action_name: str) -> None:
-        self.inner.start(action_name)
-        self.timer.start(action_name)
-
-    def stop(self, action_name: str) -> None:
-        self.timer.stop(action_name)
-        self.inner.stop(action_name)
-
-    def summary(self) -> str:
-        return self.inner.summary()
-
-    def describe(self) -> None:
-        self.inner.describe()
-
-    def teardown(self, stage: str | None) -> None:
-        self.inner.teardown(stage)
 
 
 class UserMeasureCallback(UserLoop, MeasureCallback):
@@ -64,6 +38,8 @@ class UserMeasureCallback(UserLoop, MeasureCallback):
     `fit(trainer, model, ...)` runs `trainer.fit` and returns the result, never raising for a
     failing fit. Calling `trainer.fit` yourself works too: a failure then raises as usual, after
     `result` recorded it."""
+
+    engine_name = "lightning_callback"
 
     def __init__(
         self, measure: MeasureConf | dict[str, Any] | str | None = None, compiled: bool = False
@@ -94,18 +70,19 @@ class UserMeasureCallback(UserLoop, MeasureCallback):
             accumulate_grad_batches=int(trainer.accumulate_grad_batches),
         )
         compile_mode = "default" if self.compiled else "off"
-        peak = PEAK_MODE.get(precision, "fp32")
-        spec = measuring_spec(device, self.measure, engine, peak, compile_mode)
         memory = MemoryBaseline.take(device)
         # The strategy's process group is up by now (Lightning's setup_environment runs first).
-        trial = self.start_trial(spec, device)
-        timer = FetchTimer(device)
-        cache_policy = policies.CachePolicy(spec.cache, device)
+        peak = PEAK_MODE.get(precision, "fp32")
+        trial = self.start_trial(
+            measuring_spec(device, self.measure, engine, peak, compile_mode), device
+        )
+        timer = FetchTimer(device, trainer.profiler)
+        cache_policy = policies.CachePolicy(trial.spec.cache, device)
         MeasureCallback.__init__(self, trial, timer, cache_policy, memory, self.ranks)
         self.result = None
         self._micro_batch = self._lr = None
         self._user_profiler = trainer.profiler
-        trainer.profiler = _TeeProfiler(trainer.profiler, timer)
+        trainer.profiler = timer
 
     def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
         self._lr = optimizer_lr(trainer.optimizers[0] if trainer.optimizers else None)
@@ -166,24 +143,14 @@ class UserMeasureCallback(UserLoop, MeasureCallback):
             "accumulate_grad_batches": accumulate,
         }
         loader = trainer.train_dataloader
-        if isinstance(loader, torch.utils.data.DataLoader):  # what gpuopt.core.search_space traces
-            self._observed.update(
-                batch_size=loader.batch_size,
-                num_workers=loader.num_workers,
-                pin_memory=loader.pin_memory,
-                prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-                persistent_workers=loader.persistent_workers,
-            )
+        if isinstance(loader, torch.utils.data.DataLoader):
+            self._observed.update(loader_settings(loader))
 
     def _restore_profiler(self, trainer: pl.Trainer) -> None:
         if self._user_profiler is not None:
             trainer.profiler, self._user_profiler = self._user_profiler, None
 
-    def config(self) -> dict[str, Any]:
+    def described(self) -> dict[str, Any]:
         assert self.trial is not None
-        return {
-            "engine": {"name": "lightning_callback"},
-            "measure": dataclasses.asdict(self.measure),
-            "precision": {"lightning": self.trial.spec.engine.precision},
-            "observed": self._observed,
-        }
+        precision = {"lightning": self.trial.spec.engine.precision}
+        return {"precision": precision, "observed": self._observed}

@@ -4,8 +4,12 @@ by a Callback with the same clocks, stop rule, monitors and metrics as gpuopt's 
 gpuopt's keys map onto Lightning's own knobs: precision -> `Trainer(precision=...)`, compile ->
 `torch.compile(LightningModule)`, loader.* -> gpuopt's DataLoader for a Dataset, the arguments a
 LightningDataModule's constructor takes for one. Distributed: each rank of gpuopt's own launch
-fits with a Lightning strategy (gpuopt.engines.lightning.strategy); the compute ceiling is left
-out, as by the native engine.
+fits with a Lightning strategy (`lightning_strategy`); the compute ceiling is left out, as by the
+native engine. The ranks are gpuopt's (gpuopt.trial.distributed starts them): Lightning detects
+the launcher's `TorchElasticEnvironment`, whose `creates_processes_externally` keeps it from
+launching processes of its own (its DDP launcher re-executes `sys.argv`, which under a Hydra
+multirun starts a new sweep per rank: Lightning #11617, #18175, Hydra #2070), and leaves the
+group gpuopt set up as it is.
 
 The model is a plain `nn.Module`, wrapped in `BuiltinModule` with gpuopt's loss and optimizer, or
 the user's own `LightningModule`, run as is. After the fit, outside any timed span: the profiled
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import functools
 import inspect
 import logging
 import tempfile
@@ -30,7 +36,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.profilers import Profiler
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from gpuopt.core.spec import TrialSpec
@@ -42,26 +50,26 @@ from gpuopt.engines._build import (
     instantiate_data,
     instantiate_model,
 )
-from gpuopt.engines._ceiling import (
-    DISTRIBUTED_CEILING_NOTE,
-    CeilingReplay,
-    measure_loader_cost,
-    record_achievable_mfu,
-    record_limit,
-)
-from gpuopt.engines._distributed import Ranks, checkpoint, shard
-from gpuopt.engines._epoch import EpochBoundary, measure_epoch_boundary, record_steady_state
+from gpuopt.engines._ceiling import CeilingReplay, record_limits
+from gpuopt.engines._distributed import Ranks, checkpoint, ddp_kwargs, shard
+from gpuopt.engines._epoch import beside_window
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._loss import model_loss, step_loss
 from gpuopt.engines._window import record_profile
-from gpuopt.engines.lightning.meter import FetchTimer, MeasureCallback
-from gpuopt.engines.lightning.precision import lightning_precision, peak_mode
-from gpuopt.engines.lightning.strategy import DATA_PARALLEL, lightning_strategy, trainer_devices
+from gpuopt.engines.lightning.fit_profile import profiled_fit
+from gpuopt.engines.lightning.meter import (
+    FetchTimer,
+    MeasureCallback,
+    lightning_precision,
+    peak_mode,
+)
 from gpuopt.trial import library_bugs, policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.memory import MemoryBaseline
 
+# The data-parallel dimension of ModelParallelStrategy's device mesh.
+DATA_PARALLEL = "data_parallel"
 # Warnings Lightning gives for every trial that say nothing about the configuration.
 _IGNORED_WARNINGS = (
     "does not have many workers",  # gpuopt's loader group is the place to tune num_workers
@@ -202,14 +210,51 @@ def build_lightning_workload(
                 f"{type(built).__name__} brings its own train_dataloader"
             )
         return module, {}
-    if data_cls is None:
-        raise TypeError(
-            f"{type(built).__name__} has no train_dataloader and no data._target_ is set: "
-            "give a Dataset or LightningDataModule as data._target_"
-        )
+    # (No data and no train_dataloader of its own: gpuopt.trial.prepare's ConfigError, upstream.)
     dataset = instantiate_data(spec)
-    seed = ranks.loader_seed(spec.seed) if ranks is not None else None
+    seed = spec.seed + ranks.rank if ranks is not None else None  # a rank's own samples
     return module, {"train_dataloaders": build_loader(spec, dataset, device, notes, seed)}
+
+
+def lightning_strategy(spec: TrialSpec) -> str | Strategy:
+    """The Trainer's `strategy`: `engine.strategy` for one process, else the distributed kind's:
+    `DDPStrategy` with the DDP knobs as DistributedDataParallel's own arguments, or for `fsdp2`
+    `ModelParallelStrategy` on a 1-D data-parallel mesh (its `FSDPStrategy` is FSDP1's wrapper
+    class, another implementation; the sharding is `BuiltinModule.configure_model`'s, while a
+    user's LightningModule shards itself, out of reach of gpuopt's FSDP2 knobs). Lightning 2.6
+    reduces the gradients of every micro-batch under ModelParallelStrategy (its
+    `block_backward_sync` skips only DDP's): what a Lightning FSDP2 job with accumulation costs."""
+    conf = spec.distributed
+    if conf.kind == "none":
+        return spec.engine.strategy
+    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+    backend = str(torch.distributed.get_backend()) if initialized else None
+    timeout = datetime.timedelta(seconds=conf.timeout_s)
+    if conf.kind == "ddp":
+        return DDPStrategy(process_group_backend=backend, timeout=timeout, **ddp_kwargs(conf))
+    return ModelParallelStrategy(
+        data_parallel_size=conf.world_size,
+        tensor_parallel_size=1,
+        process_group_backend=backend,
+        timeout=timeout,
+    )
+
+
+def trainer_devices(spec: TrialSpec, device: torch.device) -> dict[str, Any]:
+    """The Trainer's accelerator, devices and num_nodes: the trial's one device, or for a
+    distributed trial every rank's devices of this node (Lightning picks LOCAL_RANK's) over
+    `nnodes` nodes, in the launcher's environment, named (inside a SLURM job too: not a guess)."""
+    conf = spec.distributed
+    if conf.kind != "none":
+        return {
+            "accelerator": device.type,
+            "devices": conf.nproc_per_node,
+            "num_nodes": conf.nnodes,
+            "plugins": [TorchElasticEnvironment()],
+        }
+    if device.type == "cuda":
+        return {"accelerator": "cuda", "devices": [device.index or 0]}
+    return {"accelerator": device.type, "devices": 1}
 
 
 def make_trainer(
@@ -293,7 +338,6 @@ def measure(trial: Trial, process_t0: float) -> None:
     record_batches(trial)
     # A distributed trial's rank (None in one process): the process group is already up.
     ranks = Ranks.current(spec, device)
-    leader = ranks is None or ranks.leader
     module, fit_data = build_lightning_workload(spec, device, trial.warnings, ranks)
     trial.show("module", module)
     trial.show("fit_data", fit_data)
@@ -307,66 +351,32 @@ def measure(trial: Trial, process_t0: float) -> None:
         trial.show("trainer", trainer)
         trainer.fit(fit_module, **fit_data)
         meter.meter.record(process_t0)
-        loader_cost = _beside_fit(
-            trial, trainer.train_dataloader, fetch_timer.wait.fetch_s, meter.meter.timed_steps
-        )
+        loader_cost = _beside_fit(trial, trainer.train_dataloader, fetch_timer.wait.fetch_s)
         batch, meter.first_batch = meter.first_batch, None
         if spec.profile.enabled:  # every rank alike: the same steps, after a barrier
-            _profile(trial, trainer.lightning_module, fit_data, root, own_loader, ranks)
-        ceiling = None
-        if spec.measure.ceiling and ranks is None and batch is not None:
-            # trainer.lightning_module: the fitted module (already compiled, if compile is on).
-            ceiling = _compute_ceiling(trial, trainer.lightning_module, batch, root)
-        elif spec.measure.ceiling and ranks is not None and leader:
-            trial.warnings.append(DISTRIBUTED_CEILING_NOTE)
-        record_limit(trial.metrics, device, loader_cost, ceiling)
-        if spec.measure.peak_probe and leader:  # rank 0 alone, as in the native engine
-            record_achievable_mfu(trial.metrics, device, peak_mode(spec))
+            trainer_for = functools.partial(
+                make_trainer, spec, device, root=root, own_loader=own_loader
+            )
+            summary = profiled_fit(trial, trainer.lightning_module, fit_data, trainer_for, ranks)
+            record_profile(trial, summary)
+        # trainer.lightning_module: the fitted module (already compiled, if compile is on).
+        replay = functools.partial(_compute_ceiling, trial, trainer.lightning_module, batch, root)
+        record_limits(trial, ranks, loader_cost, replay, peak_mode(spec))
 
 
-def _profile(
-    trial: Trial,
-    module: pl.LightningModule,
-    fit_data: dict[str, Any],
-    root: Path,
-    own_loader: bool,
-    ranks: Ranks | None,
-) -> None:
-    """The profiled window: a short extra fit of the fitted module under torch.profiler (in a
-    distributed trial every rank fits the same steps)."""
-    from gpuopt.engines.lightning.fit_profile import profiled_fit
-    from gpuopt.trial.profiled_window import steps_within_budget
-
-    spec, device = trial.spec, trial.device
-    profiled = spec
-    if ranks is None:  # ranks profile the same steps: their own step times could disagree
-        conf = steps_within_budget(spec.profile, trial.metrics.step_time_ms)
-        profiled = dataclasses.replace(spec, profile=conf)
-    summary = profiled_fit(
-        profiled,
-        device,
-        module,
-        fit_data,
-        lambda callbacks, spans: make_trainer(spec, device, callbacks, spans, root, own_loader),
-        ranks=ranks,
-    )
-    record_profile(trial, summary)
-
-
-def _beside_fit(trial: Trial, loader: Any, fetch_wait_s: float, timed_steps: int) -> float | None:
-    """After the fit: the epoch boundary's cost and the input pipeline's cost per sample, for a
-    torch DataLoader (a CombinedLoader or a user's own iterable is not priced)."""
+def _beside_fit(trial: Trial, loader: Any, fetch_wait_s: float) -> float | None:
+    """The epoch boundary's and the input pipeline's costs, for a torch DataLoader (a
+    CombinedLoader or a user's own iterable is not priced)."""
     if not isinstance(loader, torch.utils.data.DataLoader):
         trial.warnings.append(
             "epoch_overhead_s and loader_cost_us not measured: the train dataloader is a "
             f"{type(loader).__name__}, not one torch DataLoader"
         )
-        record_steady_state(trial.metrics, EpochBoundary(None, 0.0, None))
-        return None
-    boundary = measure_epoch_boundary(trial.spec, loader, fetch_wait_s, timed_steps)
-    record_steady_state(trial.metrics, boundary)
-    stop_workers(getattr(loader, "_iterator", None))  # persistent ones: before the ceiling runs
-    return measure_loader_cost(loader) if trial.spec.measure.loader_cost else None
+        return beside_window(trial, None, 0.0, lambda: None)
+    # Persistent workers stopped before the ceiling runs (the fit stopped the others).
+    return beside_window(
+        trial, loader, fetch_wait_s, lambda: stop_workers(getattr(loader, "_iterator", None))
+    )
 
 
 def _compute_ceiling(

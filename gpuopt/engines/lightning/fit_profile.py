@@ -16,12 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.profilers import Profiler
 
-from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._distributed import Ranks
-from gpuopt.trial.profiled_window import ProfiledSteps, ProfileSummary, summarize, trace_file
+from gpuopt.trial.context import Trial
+from gpuopt.trial.profiled_window import (
+    ProfiledSteps,
+    ProfileSummary,
+    steps_within_budget,
+    summarize,
+    trace_file,
+)
 from gpuopt.trial.trace import SPAN_PREFIX
 
 
@@ -101,19 +106,21 @@ class ProfileWindow(pl.Callback):
 
 
 def profiled_fit(
-    spec: TrialSpec,
-    device: torch.device,
+    trial: Trial,
     module: pl.LightningModule,
     fit_data: dict[str, Any],
     trainer_for: Callable[[list[pl.Callback], Profiler], pl.Trainer],
     ranks: Ranks | None = None,
 ) -> ProfileSummary:
-    """Fit `module` for profile.warmup_steps + profile.steps more optimizer steps under
+    """Fit the fitted `module` for profile.warmup_steps + profile.steps more optimizer steps under
     torch.profiler; `trainer_for(callbacks, profiler)` builds the trainer as the engine does."""
     began = time.perf_counter()
+    conf = trial.spec.profile
+    if ranks is None:  # ranks profile the same steps: their own step times could disagree
+        conf = steps_within_budget(conf, trial.metrics.step_time_ms)
     rank = ranks.rank if ranks is not None else None
     align = ranks.barrier if ranks is not None else None
-    steps = ProfiledSteps(device, spec.profile, trace_file(None, rank), align=align)
+    steps = ProfiledSteps(trial.device, conf, trace_file(None, rank), align=align)
     spans = PhaseSpans()
     trainer = trainer_for([ProfileWindow(steps, spans)], spans)
     try:

@@ -4,7 +4,8 @@ Lightning's hooks pushed into the one window meter (gpuopt.engines._meter.Window
 Batch ends are the step boundaries (an optimizer step's, with gradient accumulation). Input wait
 is marked by `FetchTimer` around Lightning's `next(dataloader)` and its host-to-device copy.
 Lightning's own per-step work (hooks, progress tracking) is inside the step time: that overhead
-is part of what this engine costs.
+is part of what this engine costs. gpuopt's precision modes map to Lightning's precision strings
+here too (`lightning_precision`), and those to the dtype whose peak MFU is read against.
 """
 
 from __future__ import annotations
@@ -16,28 +17,56 @@ import torch
 from lightning.pytorch.profilers import Profiler
 from lightning.pytorch.utilities.data import extract_batch_size
 
+from gpuopt.core.spec import TrialSpec
 from gpuopt.engines._distributed import Ranks
 from gpuopt.engines._loss import step_loss
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._window import InputWait
-from gpuopt.engines.lightning.precision import peak_mode
 from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.memory import MemoryBaseline
 
+# gpuopt precision mode -> Lightning `Trainer(precision=...)`.
+PRECISION_TO_LIGHTNING = {
+    "fp32": "32-true",
+    "tf32": "32-true",
+    "bf16": "bf16-mixed",
+    "fp16": "16-mixed",
+}
+# Lightning precision string -> the dtype whose documented peak MFU is measured against.
+PEAK_MODE = {"16-mixed": "fp16", "16-true": "fp16", "bf16-mixed": "bf16", "bf16-true": "bf16"}
+
+
+def lightning_precision(spec: TrialSpec) -> str:
+    """The Trainer's precision: `engine.precision`, else the precision group's mapping."""
+    return spec.engine.precision or PRECISION_TO_LIGHTNING[spec.precision.mode]
+
+
+def peak_mode(spec: TrialSpec) -> str | None:
+    """The precision mode for MFU's peak of the precision the fit runs; None without a peak."""
+    precision = lightning_precision(spec)
+    if precision == "32-true":
+        # float32 math: TF32 tensor cores only where precision.mode=tf32 set the matmul precision
+        # to "high" (a bf16/fp16 precision.mode overridden by "32-true" runs plain fp32).
+        return "tf32" if spec.precision.mode == "tf32" else "fp32"
+    return PEAK_MODE.get(precision)
+
 
 class FetchTimer(Profiler):
     """Lightning's profiler hook, used only to mark the fetch and host-to-device copy spans of
-    each step for `InputWait` (on CUDA read with events on the stream Lightning copies on)."""
+    each step for `InputWait` (on CUDA read with events on the stream Lightning copies on).
+    `inner`: the user's own profiler (gpuopt.MeasureCallback), which sees every action as before."""
 
     FETCH = "train_dataloader_next"
     COPY = "batch_to_device"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, inner: Profiler | None = None) -> None:
         super().__init__()
-        self.wait = InputWait(device)
+        self.wait, self.inner = InputWait(device), inner
 
     def start(self, action_name: str) -> None:
+        if self.inner is not None:
+            self.inner.start(action_name)
         if action_name.endswith(self.FETCH):
             self.wait.fetch_started()
         elif action_name.endswith(self.COPY):
@@ -48,6 +77,17 @@ class FetchTimer(Profiler):
             self.wait.fetch_ended()
         elif action_name.endswith(self.COPY):
             self.wait.copy_ended()
+        if self.inner is not None:
+            self.inner.stop(action_name)
+
+    def summary(self) -> str:
+        return (self.inner or super()).summary()
+
+    def describe(self) -> None:
+        (self.inner or super()).describe()
+
+    def teardown(self, stage: str | None) -> None:
+        (self.inner or super()).teardown(stage)
 
 
 def use_eager_steps(module: pl.LightningModule) -> dict[str, Any] | None:

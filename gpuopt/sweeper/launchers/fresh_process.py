@@ -26,33 +26,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import JobReturn
 from hydra_plugins.hydra_submitit_launcher.config import LocalQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
 
 from gpuopt.core import lifeline
-from gpuopt.core._compat import job_process, local_executor_class
+from gpuopt.core._compat import job_process, local_controller_class, local_executor_class
 from gpuopt.core.fmt import duration
 from gpuopt.sweeper.launchers import gpus as gpus_mod
 from gpuopt.sweeper.launchers import submitit_base as base
 from gpuopt.sweeper.launchers.oom_evidence import OomWatch
-from gpuopt.sweeper.launchers.results import (
-    TrialProcessError,
-    attach_diagnostics,
-    describe_exit,
-    failed_return,
-    fatal_error,
-    job_return,
-    log_tail,
-)
+from gpuopt.sweeper.launchers.results import describe_exit, fatal_error, log_tail
 from gpuopt.sweeper.launchers.trial_task import RankPlan
 
 log = logging.getLogger(__name__)
 # The sweep's own lines (gpuopt.sweeper.progress, trials): a trial still running is one of them.
 progress_log = logging.getLogger("gpuopt.sweeper")
 
-EXIT_CODES_SUFFIX = "_exit_codes.json"  # written by _controller.py next to the logs
-POLL_S = 0.05
+EXIT_CODES_SUFFIX = "_exit_codes.json"  # written by the job's controller next to its logs
 # While a trial runs, one "still running" line every this many seconds: a long trial (compile, a
 # slow window) never makes the sweep look hung; a trial that ends sooner prints none.
 PROGRESS_S = 10.0
@@ -97,14 +87,10 @@ def _start_controller(
         CUDA_VISIBLE_DEVICES=",".join(str(k) for k in range(params.get("gpus_per_node") or 0)),
         SUBMITIT_LOCAL_WITH_SHELL="1" if setup else "",
     )
-    cmd: Any = [sys.executable, "-m", "gpuopt.sweeper.launchers._controller", str(folder)]
+    cmd: Any = [sys.executable, "-m", "gpuopt.sweeper.launchers.fresh_process", str(folder)]
     if setup:
         cmd = " && ".join([*setup, shlex.join(cmd)])
     return subprocess.Popen(cmd, shell=bool(setup), env=env, start_new_session=True)
-
-
-def _executor_class() -> type:
-    return local_executor_class(_start_controller)
 
 
 class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
@@ -155,83 +141,82 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
             log.warning(warning)
         return [gpus_mod.assign(gpus, n_jobs, slot, per_job) for slot in range(n_jobs)]
 
-    def run_batch(self, jobs: list[base.TrialJob], started: list[Any]) -> list[JobReturn]:
-        """Every job submitted at once, each with its GPUs; then each collected by its deadline."""
+    def submit(self, trials: list[base.TrialJob], started: list[Any]) -> None:
+        """Every job submitted at once, each with its GPUs."""
         params = dict(self.params)
         # submitit's own limit (whole minutes) stays above the per-trial deadline.
         params["timeout_min"] = max(
             int(params.get("timeout_min") or 0), math.ceil(self.timeout_s / 60) + 1
         )
-        executor = _executor_class()(
+        executor = local_executor_class(_start_controller)(
             folder=params.pop("submitit_folder"), python=params.pop("python", None)
         )
         for key in ("max_num_timeout", "name", "mem_gb", "cpus_per_task", "nodes"):
             params.pop(key, None)  # cluster-only keys: meaningless for a local process
         user_setup = list(params.pop("setup", None) or [])
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-        plan = self._device_plan(len(jobs))
+        plan = self._device_plan(len(trials))
         self.sweep_process = lifeline.SweepProcess.this()
         self._oom_watch = OomWatch.start()
-        for trial, device in zip(jobs, plan, strict=True):
+        for trial, device in zip(trials, plan, strict=True):
             own = [] if device == "<submitit>" else [gpus_mod.setup_line(device)]
             executor.update_parameters(setup=[*user_setup, *own])
-            job = executor.submit(self, *trial.args())
-            started.append((job, time.monotonic(), None if device == "<submitit>" else device))
-        returns = []
-        for slot, ((job, t0, device), trial) in enumerate(zip(started, jobs, strict=True)):
-            run_dir = self.run_dir_of(trial)
-            ret = self._collect(job, t0, trial.overrides, slot, trial.number, run_dir)
-            ret.gpuopt_visible_devices = device  # type: ignore[attr-defined]
-            attach_diagnostics(ret, job, run_dir)
-            returns.append(ret)
-        return returns
+            trial.job = executor.submit(self, *trial.args())
+            trial.devices = None if device == "<submitit>" else device
+            started.append(trial.job)
 
     def stop(self, started: list[Any]) -> None:
-        for job, _, _ in started:
+        for job in started:
             self._kill(job)
 
-    def _collect(
-        self,
-        job: Any,
-        t0: float,
-        overrides: list[str],
-        slot: int = 0,
-        number: int = 0,
-        run_dir: str | None = None,
-    ) -> JobReturn:
-        """Wait for trial #`number` until its deadline, saying every PROGRESS_S that it still runs;
-        a JobReturn whatever happened to it."""
-        deadline = t0 + self.timeout_s
-        next_note = t0 + PROGRESS_S
-        while not job.done():
-            if (now := time.monotonic()) >= next_note:
+    @staticmethod
+    def has_result(job: Any) -> bool:
+        # Once its process ended: one that hangs after writing its result still meets its deadline.
+        return bool(job.done() and job.paths.result_pickle.exists())
+
+    def ended(self, waiting: list[base.TrialJob], batch: dict[str, Any]) -> dict[int, str]:
+        """Each ended job's exit status, or why it was killed: its deadline, or `stop_check`; every
+        PROGRESS_S, a "still running" line for the first trial still running."""
+        now, t0 = time.monotonic(), batch["t0"]
+        note = now >= batch.setdefault("note", t0 + PROGRESS_S)
+        reasons = {}
+        for trial in waiting:
+            if trial.job.done():
+                reasons[trial.slot] = self._exit_reason(trial.job)
+                continue
+            if note:
                 progress_log.info(
                     "trial #%d still running (%s elapsed, timeout %g s)",
-                    number, duration(now - t0), self.timeout_s,
+                    trial.number, duration(now - t0), self.timeout_s,
                 )  # fmt: skip
-                next_note = now + PROGRESS_S
-            stop = self.stop_check(slot) if self.stop_check is not None else None
+                note, batch["note"] = False, now + PROGRESS_S
+            stop = self.stop_check(trial.slot) if self.stop_check is not None else None
             if stop is not None:
-                self._kill(job)
                 log.warning("%s", stop)
-                return failed_return(overrides, TrialProcessError(stop))
-            if time.monotonic() > deadline:
-                self._kill(job)
+            elif time.monotonic() > t0 + self.timeout_s:
                 limit = f"timed out after {self.timeout_s:g} s (hydra.launcher.timeout_s)"
-                reason = f"{limit}: the trial process was killed"
-                return base.resultless(job, overrides, reason, run_dir)
-            time.sleep(POLL_S)
-        if job.paths.result_pickle.exists():
-            return job_return(job, overrides)
-        codes, pids = _exit_codes(job)
+                stop = f"{limit}: the trial process was killed"
+            if stop is not None:
+                self._kill(trial.job)
+                reasons[trial.slot] = stop
+        return reasons
+
+    def _exit_reason(self, job: Any) -> str:
+        """How the job's process ended, from the exit codes and pids its controller wrote (else the
+        controller's own status: it died itself)."""
+        try:
+            record = json.loads((job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}").read_text())
+            codes, pids = list(record["codes"]), [int(pid) for pid in record.get("pids", [])]
+        except (OSError, ValueError, KeyError, TypeError):
+            process = job_process(job)
+            codes, pids = [process.poll() if process is not None else None], []
         code = next((c for c in codes if c not in (0, None)), codes[0] if codes else None)
         evidence = self._oom_watch.evidence(pids) if code == -signal.SIGKILL else None
         reason = lifeline.reason_from_log(log_tail(job.paths.stderr)) or describe_exit(
             code, evidence
         )
         crash = fatal_error(job.paths.stderr)
-        reason = f"{reason}: {crash}" if crash else reason
-        return base.resultless(job, overrides, reason, run_dir)
+        return f"{reason}: {crash}" if crash else reason
 
     @staticmethod
     def _kill(job: Any) -> None:
@@ -247,13 +232,23 @@ class FreshProcessLauncher(base.TrialJobLauncher, LocalLauncher):
             log.warning("job %s did not end after SIGKILL", job.job_id)
 
 
-def _exit_codes(job: Any) -> tuple[list[int | None], list[int]]:
-    """The job's tasks' exit statuses and process ids, as _controller.py wrote them."""
-    path = job.paths.folder / f"{job.job_id}{EXIT_CODES_SUFFIX}"
-    try:
-        record = json.loads(path.read_text())
-        return list(record["codes"]), [int(pid) for pid in record.get("pids", [])]
-    except (OSError, ValueError, KeyError, TypeError):
-        process = job_process(job)
-        poll = process.poll() if process is not None else None
-        return [poll], []  # the controller itself died: its own status is all there is
+def _controller() -> type:
+    """submitit's local job controller, also writing its tasks' exit codes and pids next to the
+    job's logs: a trial killed by a signal leaves no result pickle, and submitit's controller keeps
+    the status to itself, so the reason could not say "killed by signal SIGSEGV"."""
+    from submitit.core.utils import JobPaths
+
+    class ExitCodeController(local_controller_class()):  # type: ignore[misc]
+        def wait(self, freq: int = 24) -> Any:
+            codes = super().wait(freq)
+            folder = JobPaths(self.folder, self.pid, 0).folder
+            with contextlib.suppress(OSError):
+                record = {"codes": list(codes), "pids": [task.pid for task in self.tasks]}
+                (folder / f"{self.pid}{EXIT_CODES_SUFFIX}").write_text(json.dumps(record))
+            return codes
+
+    return ExitCodeController
+
+
+if __name__ == "__main__":  # a job's controller (`_start_controller`)
+    _controller()(Path(sys.argv[1])).run()

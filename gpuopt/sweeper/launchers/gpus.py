@@ -58,9 +58,7 @@ def assign(gpus: Sequence[str], n_jobs: int, slot: int, per_job: int | None = No
     if not gpus:
         return ""
     if per_job is None:
-        if n_jobs > len(gpus):
-            return gpus[slot % len(gpus)]
-        per_job = len(gpus) // n_jobs
+        per_job = max(1, len(gpus) // n_jobs)
     per_job = min(max(per_job, 0), len(gpus))
     first = slot * per_job
     return ",".join(gpus[(first + k) % len(gpus)] for k in range(per_job))
@@ -70,24 +68,18 @@ def sharing_warning(gpu_count: int, n_jobs: int, per_job: int | None = None) -> 
     """Why `assign` must let parallel trials share GPUs, or None."""
     if gpu_count <= 0:
         return None
-    if per_job is None:
-        if n_jobs <= gpu_count:
-            return None
-        return (
-            f"{n_jobs} parallel trials on {gpu_count} GPU(s): trials share GPUs and their "
-            f"measurements interfere (lower hydra.sweeper.n_jobs to {gpu_count})"
-        )
-    if per_job > gpu_count:
+    if per_job is not None and per_job > gpu_count:
         return (
             f"hydra.launcher.gpus_per_node={per_job} but {gpu_count} GPU(s) visible: each trial "
             f"gets {gpu_count}" + (" and they share them" if n_jobs > 1 else "")
         )
-    if n_jobs * per_job <= gpu_count:
+    each = 1 if per_job is None else per_job
+    if n_jobs * each <= gpu_count:
         return None
+    size = "" if per_job is None else f" x {per_job} GPU(s)"
     return (
-        f"{n_jobs} parallel trials x {per_job} GPU(s) on {gpu_count} GPU(s): trials share GPUs "
-        f"and their measurements interfere (lower hydra.sweeper.n_jobs to "
-        f"{max(1, gpu_count // max(per_job, 1))})"
+        f"{n_jobs} parallel trials{size} on {gpu_count} GPU(s): trials share GPUs and their "
+        f"measurements interfere (lower hydra.sweeper.n_jobs to {max(1, gpu_count // max(each, 1))})"
     )
 
 

@@ -19,6 +19,7 @@ Hydra imports this module on every run (plugin discovery): no submitit, optuna o
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -34,7 +35,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf
 
 from gpuopt.sweeper.launchers import submitit_base as base
-from gpuopt.sweeper.launchers.results import attach_diagnostics, describe_exit, job_return, log_tail
+from gpuopt.sweeper.launchers.results import describe_exit, log_tail
 from gpuopt.sweeper.launchers.trial_task import RankPlan
 
 log = logging.getLogger(__name__)
@@ -144,28 +145,30 @@ def state_from_log(job_id: str, stderr_text: str) -> SlurmJobState | None:
     return SlurmJobState(job_id, state.get(cause, "CANCELLED"), cause)
 
 
+# The trial's reason for a job SLURM ended without a result, naming the knob to turn.
+END_REASONS = {
+    "TIMEOUT": "cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min={timeout_min}), {job}",
+    "OUT_OF_MEMORY": "killed by SLURM: OUT OF MEMORY (hydra.launcher.mem_gb={mem_gb}), {job}",
+    "CANCELLED": "cancelled by SLURM (scancel or an administrator), {job}",
+    "PREEMPTED": "preempted by SLURM, {job}",
+    "DEADLINE": "cancelled by SLURM: DEADLINE, {job}",
+    "NODE_FAIL": "SLURM: NODE FAIL ({node}), {job}",
+    "BOOT_FAIL": "SLURM: BOOT FAIL ({node}), {job}",
+}
+
+
 def end_reason(state: SlurmJobState, params: dict[str, Any], exit_code: int | None = None) -> str:
-    """The trial's reason for a job SLURM ended without a result, naming the knob to turn."""
+    """END_REASONS' line for the state, else its name and the exit status."""
     name = state.state.split()[0]
-    job = f"job {state.job_id}"
-    if name == "TIMEOUT":
-        limit = params.get("timeout_min")
-        return f"cancelled by SLURM: TIME LIMIT (hydra.launcher.timeout_min={limit}), {job}"
-    if name == "OUT_OF_MEMORY":
-        return (
-            f"killed by SLURM: OUT OF MEMORY (hydra.launcher.mem_gb={params.get('mem_gb')}), {job}"
+    if name in END_REASONS:
+        return END_REASONS[name].format(
+            job=f"job {state.job_id}",
+            timeout_min=params.get("timeout_min"),
+            mem_gb=params.get("mem_gb"),
+            node=state.reason or "the node failed",
         )
-    fixed = {
-        "CANCELLED": "cancelled by SLURM (scancel or an administrator)",
-        "PREEMPTED": "preempted by SLURM",
-        "DEADLINE": "cancelled by SLURM: DEADLINE",
-    }
-    if name in fixed:
-        return f"{fixed[name]}, {job}"
-    if name in ("NODE_FAIL", "BOOT_FAIL"):
-        return f"SLURM: {name.replace('_', ' ')} ({state.reason or 'the node failed'}), {job}"
     detail = f" ({state.reason})" if state.reason not in ("", "None") else ""
-    return f"SLURM {job} ended {name}{detail}: {describe_exit(exit_code)}"
+    return f"SLURM job {state.job_id} ended {name}{detail}: {describe_exit(exit_code)}"
 
 
 class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
@@ -174,6 +177,7 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
     def __init__(self, poll_s: float = 5.0, nproc_per_node: int = 1, **params: Any) -> None:
         super().__init__(**params)
         self.poll_s = base.positive("poll_s", poll_s)
+        self.tick_s = min(1.0, self.poll_s)
         self.ranks = RankPlan(
             base.positive("nproc_per_node", nproc_per_node, integer=True), slurm=True
         )
@@ -204,65 +208,63 @@ class GpuoptSlurmLauncher(base.TrialJobLauncher, SlurmLauncher):
         )
         return executor
 
-    def run_batch(self, jobs: list[base.TrialJob], started: list[Any]) -> list[JobReturn]:
-        """One job array per group of trials with the same needs (`trial_resources`); then all
-        collected."""
-        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
-        for slot, trial in enumerate(jobs):
+    def submit(self, trials: list[base.TrialJob], started: list[Any]) -> None:
+        """One job array per group of trials with the same needs (`trial_resources`)."""
+        groups: dict[tuple[tuple[str, Any], ...], list[base.TrialJob]] = {}
+        for trial in trials:
             need = trial_resources(self.trial_config(trial), self.params)
-            groups.setdefault(tuple(sorted(need.items())), []).append(slot)
-        submitted: dict[int, Any] = {}
-        for extra, slots in groups.items():
-            args = [jobs[k].args() for k in slots]
+            groups.setdefault(tuple(sorted(need.items())), []).append(trial)
+        for extra, group in groups.items():
+            args = [trial.args() for trial in group]
             array = self._executor(dict(extra)).map_array(self, *zip(*args, strict=True))
             started += array
-            submitted.update(zip(slots, array, strict=True))
-        ordered = [submitted[k] for k in range(len(jobs))]
-        log.info("submitted SLURM job(s) %s", " ".join(job.job_id for job in ordered))
-        run_dirs = [self.run_dir_of(trial) for trial in jobs]
-        return self._collect(ordered, [trial.overrides for trial in jobs], run_dirs)
+            for trial, job in zip(group, array, strict=True):
+                trial.job = job
+        log.info("submitted SLURM job(s) %s", " ".join(trial.job.job_id for trial in trials))
 
     def stop(self, started: list[Any]) -> None:
         pending = [job for job in started if not job.paths.result_pickle.exists()]
         _scancel([job.job_id for job in pending])
 
-    def _collect(
-        self, jobs: list[Any], overrides: list[list[str]], run_dirs: list[str | None]
-    ) -> list[JobReturn]:
-        """A JobReturn for each job once it has a result or an end, in order. A job of several
-        tasks (ranks) is over once task 0's result is in."""
-        returns: dict[int, JobReturn] = {}
-        ended_at: dict[int, float] = {}
-        last_query = float("-inf")
-        while len(returns) < len(jobs):
-            states = None
-            if time.monotonic() - last_query >= self.poll_s:
-                states = query_squeue([j.job_id for k, j in enumerate(jobs) if k not in returns])
-                last_query = time.monotonic()
-            for k, job in enumerate(jobs):
-                if k in returns:
-                    continue
-                if job.paths.result_pickle.exists():
-                    returns[k] = job_return(job, overrides[k])
-                elif states is None:
-                    continue
-                else:
-                    state = states.get(job.job_id) or self._final_state(job)
-                    exited = state.state in ("COMPLETED", "FAILED")  # its pickle may be on its way
-                    if not state.ended:
-                        continue
-                    waited = time.monotonic() - ended_at.setdefault(k, time.monotonic())
-                    if waited < (RESULT_GRACE_S if exited else 0.0):
-                        continue
-                    code = query_exit_code(job.job_id) if exited else None
-                    reason = end_reason(state, self.params, code)
-                    log.warning("trial job %s: %s", job.job_id, reason)
-                    returns[k] = base.resultless(job, overrides[k], reason, run_dirs[k])
-                attach_diagnostics(returns[k], job, run_dirs[k])
-            if len(returns) < len(jobs):
-                time.sleep(min(1.0, self.poll_s))
-        _end_leftover_ranks([job.job_id for job in jobs if getattr(job, "num_tasks", 1) > 1])
-        return [returns[k] for k in range(len(jobs))]
+    def collect(self, trials: list[base.TrialJob]) -> list[JobReturn]:
+        """A job of several tasks (ranks) is over once task 0's result is in; a rank still running
+        LEFTOVER_GRACE_S later (in a collective with a rank that failed, without --kill-on-bad-exit's
+        help) is cancelled: none outlives its trial."""
+        returns = super().collect(trials)
+        running = [t.job.job_id for t in trials if getattr(t.job, "num_tasks", 1) > 1]
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        while running and time.monotonic() < deadline:
+            states = query_squeue(running) or {}
+            running = [j for j in running if j in states and not states[j].ended]
+            if running:
+                time.sleep(0.5)
+        if running:
+            log.warning("trial job(s) %s: rank 0's result is in, other ranks still ran", running)
+            _scancel(running)
+        return returns
+
+    def ended(self, waiting: list[base.TrialJob], batch: dict[str, Any]) -> dict[int, str]:
+        """SLURM's verdict on each job it ended, from one `squeue` every poll_s."""
+        if not waiting or time.monotonic() - batch.get("queried", -math.inf) < self.poll_s:
+            return {}
+        states = query_squeue([trial.job.job_id for trial in waiting])
+        batch["queried"] = time.monotonic()
+        if states is None:
+            return {}
+        reasons = {}
+        for trial in waiting:
+            job = trial.job
+            state = states.get(job.job_id) or self._final_state(job)
+            exited = state.state in ("COMPLETED", "FAILED")  # its pickle may be on its way
+            if not state.ended:
+                continue
+            trial.seen_end = trial.seen_end or time.monotonic()
+            if time.monotonic() - trial.seen_end < (RESULT_GRACE_S if exited else 0.0):
+                continue
+            code = query_exit_code(job.job_id) if exited else None
+            reasons[trial.slot] = end_reason(state, self.params, code)
+            log.warning("trial job %s: %s", job.job_id, reasons[trial.slot])
+        return reasons
 
     @staticmethod
     def _final_state(job: Any) -> SlurmJobState:
@@ -305,26 +307,8 @@ def _warn_time_limit(signum: int, frame: Any) -> None:
     )
 
 
-def _end_leftover_ranks(job_ids: list[str]) -> None:
-    """Cancel a rank still running LEFTOVER_GRACE_S after task 0's result is in (in a collective
-    with a rank that failed, without --kill-on-bad-exit's help): none outlives its trial."""
-    deadline = time.monotonic() + LEFTOVER_GRACE_S
-    running = list(job_ids)
-    while running and time.monotonic() < deadline:
-        states = query_squeue(running) or {}
-        running = [j for j in running if j in states and not states[j].ended]
-        if running:
-            time.sleep(0.5)
-    if running:
-        log.warning("trial job(s) %s: rank 0's result is in, other ranks still ran", running)
-        _scancel(running)
-
-
 def _scancel(job_ids: list[str]) -> None:
     if not job_ids:
         return
     log.warning("cancelling SLURM job(s) %s", " ".join(job_ids))
-    try:
-        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("scancel failed: %s", exc)
+    _run("scancel", *job_ids, failed="scancel failed: %s")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,9 @@ from gpuopt.core.secrets import masked_singleton_state
 from gpuopt.sweeper.launchers import main_task, trial_task
 from gpuopt.sweeper.launchers.results import (
     TrialProcessError,
+    attach_diagnostics,
     failed_return,
+    job_return,
     log_excerpt,
     with_traceback,
 )
@@ -72,10 +75,14 @@ def resultless(job: Any, overrides: list[str], reason: str, run_dir: str | None)
     return ret
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrialJob:
     overrides: list[str]
     number: int
+    slot: int  # its place in the batch
+    job: Any = None  # the submitit job, once submitted
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES it was given (fresh_process)
+    seen_end: float | None = None  # when SLURM was first seen to have ended it
 
     def args(self) -> tuple[Any, ...]:
         """The stock arguments of the launcher's call, the sweep's secrets masked."""
@@ -87,6 +94,7 @@ class TrialJobLauncher(BaseSubmititLauncher):
     """hydra-submitit-launcher's launcher with one result per trial."""
 
     ranks = trial_task.RankPlan()  # how a trial's ranks start (`hydra.launcher.nproc_per_node`)
+    tick_s = 0.05  # seconds between two looks at the batch's jobs
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         from omegaconf import OmegaConf
@@ -98,14 +106,10 @@ class TrialJobLauncher(BaseSubmititLauncher):
                 n,
                 "1 for gpuopt's own app (distributed=ddp distributed.nproc_per_node=N starts ranks)",
             )
-        entry = trial_task.EntryPoint.of_this_process()
-        super().setup(
-            hydra_context=hydra_context,
-            task_function=trial_task.TrialTask(
-                main_task.for_main(task_function), entry, self.ranks
-            ),
-            config=config,
+        task = trial_task.TrialTask(
+            main_task.for_main(task_function), trial_task.entry_args(), self.ranks
         )
+        super().setup(hydra_context=hydra_context, task_function=task, config=config)
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
         # Runs in the trial process: a segfault or abort leaves a Python traceback in its stderr.
@@ -150,21 +154,54 @@ class TrialJobLauncher(BaseSubmititLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
-        jobs = [TrialJob(list(o), initial_job_idx + k) for k, o in enumerate(job_overrides)]
+        jobs = [TrialJob(list(o), initial_job_idx + k, k) for k, o in enumerate(job_overrides)]
         for job in jobs:
             log.info(f"\t#{job.number} : {' '.join(filter_overrides(job.overrides))}")
         started: list[Any] = []
         try:
             with terminate_as_interrupt():
-                return self.run_batch(jobs, started)
+                self.submit(jobs, started)
+                return self.collect(jobs)
         except BaseException:
             # Ctrl-C or SIGTERM: the jobs run in sessions (or on nodes) of their own, so no signal
             # reaches them; without this they would go on (and hold a GPU) after the sweep is gone.
             self.stop(started)
             raise
 
-    def run_batch(self, jobs: list[TrialJob], started: list[Any]) -> list[JobReturn]:
-        """Submit `jobs` (each submitted one appended to `started`); their returns, in order."""
+    def collect(self, trials: list[TrialJob]) -> list[JobReturn]:
+        """Each trial's JobReturn, in order, once it has a result or `ended` says why it has none;
+        its diagnostics attached."""
+        batch: dict[str, Any] = {"t0": time.monotonic()}  # the launcher's notes on the batch
+        run_dirs = [self.run_dir_of(trial) for trial in trials]
+        returns: dict[int, JobReturn] = {}
+        while len(returns) < len(trials):
+            waiting = [t for t in trials if t.slot not in returns]
+            reasons = self.ended([t for t in waiting if not self.has_result(t.job)], batch)
+            for trial in waiting:
+                job, run_dir = trial.job, run_dirs[trial.slot]
+                if self.has_result(job):  # also one that came since `ended` looked
+                    ret = job_return(job, trial.overrides)
+                elif trial.slot in reasons:
+                    ret = resultless(job, trial.overrides, reasons[trial.slot], run_dir)
+                else:
+                    continue
+                ret.gpuopt_visible_devices = trial.devices  # type: ignore[attr-defined]
+                attach_diagnostics(ret, job, run_dir)
+                returns[trial.slot] = ret
+            if len(returns) < len(trials):
+                time.sleep(self.tick_s)
+        return [returns[k] for k in range(len(trials))]
+
+    @staticmethod
+    def has_result(job: Any) -> bool:
+        return bool(job.paths.result_pickle.exists())
+
+    def submit(self, trials: list[TrialJob], started: list[Any]) -> None:
+        """Submit each trial (`trial.job`), appending each submitted job to `started`."""
+        raise NotImplementedError
+
+    def ended(self, waiting: list[TrialJob], batch: dict[str, Any]) -> dict[int, str]:
+        """slot -> why the job ended without a result, for the jobs of `waiting` that ended."""
         raise NotImplementedError
 
     def stop(self, started: list[Any]) -> None:

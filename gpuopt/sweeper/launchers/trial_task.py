@@ -48,23 +48,14 @@ RANKS_PROCESS = "gpuopt.processes.user_ranks"
 JOB_FILE = "job.pkl"  # the task and its config, for the ranks (cloudpickle)
 
 
-@dataclass(frozen=True)
-class EntryPoint:
-    """How the sweep's program was started: its script (or module) and its config options."""
-
-    script: str | None = None
-    module: str | None = None
-    config_args: tuple[str, ...] = ()
-
-    @classmethod
-    def of_this_process(cls) -> EntryPoint:
-        module, script = main_task.origin(sys.modules.get("__main__"))
-        return cls(script, module, config_arguments(sys.argv[1:]))
-
-    def target(self) -> list[str]:
-        if self.script is not None:
-            return ["--gpuopt-script", self.script]
-        return ["--gpuopt-module", self.module] if self.module else []
+def entry_args() -> tuple[str, ...]:
+    """How a re-launched rank starts the sweep's program: its script (or module), then the config
+    options of its command line."""
+    module, script = main_task.origin(sys.modules.get("__main__"))
+    target = (
+        ("--gpuopt-script", script) if script else ("--gpuopt-module", module) if module else ()
+    )
+    return (*target, "--", *config_arguments(sys.argv[1:]))
 
 
 def config_arguments(argv: list[str]) -> tuple[str, ...]:
@@ -94,7 +85,7 @@ class TrialTask:
     """The app's task (a `main_task.MainTask` or the function itself) in a trial process."""
 
     task: Any
-    entry: EntryPoint
+    entry: tuple[str, ...]  # `entry_args`
     ranks: RankPlan = RankPlan()
 
     def __call__(self, cfg: Any) -> Any:
@@ -137,7 +128,7 @@ def own_rank(task: Any, cfg: Any, folder: Path) -> Any:
 
 
 @contextlib.contextmanager
-def single_run(entry: EntryPoint, folder: Path) -> Iterator[None]:
+def single_run(entry: tuple[str, ...], folder: Path) -> Iterator[None]:
     """While the task runs: `sys.argv`, `__main__`, `hydra.run.dir` and the environment as a
     re-launched rank of a single run of the script needs them."""
     from hydra.core.hydra_config import HydraConfig
@@ -148,7 +139,7 @@ def single_run(entry: EntryPoint, folder: Path) -> Iterator[None]:
         hydra.run.dir = str(hydra.runtime.output_dir)
     argv, main = sys.argv, sys.modules.get("__main__")
     environ = {k: os.environ.get(k) for k in (rank_files.RANKS_DIR_ENV, rank_files.TRIAL_PID_ENV)}
-    sys.argv = [RELAUNCH_ENTRY, *entry.target(), "--", *entry.config_args, *run_overrides(hydra)]
+    sys.argv = [RELAUNCH_ENTRY, *entry, *run_overrides(hydra)]
     sys.modules["__main__"] = _spec_free_main(main)
     os.environ[rank_files.RANKS_DIR_ENV] = str(folder)
     os.environ[rank_files.TRIAL_PID_ENV] = str(os.getpid())
