@@ -15,7 +15,13 @@ from typing import Any
 
 from gpuopt.core._compat import storage_of
 from gpuopt.core.lifeline import process_alive, start_ticks
-from gpuopt.study.keys import ATTR_BASELINE, ATTR_INTERRUPTED, ATTR_OWNER, ATTR_VOID
+from gpuopt.study.keys import (
+    ATTR_BASELINE,
+    ATTR_INTERRUPTED,
+    ATTR_OWNER,
+    ATTR_VOID,
+    STUDY_CONFIRM_CLAIM,
+)
 
 
 def host_name() -> str:
@@ -118,3 +124,11 @@ def frozen_of(trials: Sequence[Any], number: int) -> Any | None:
     if 0 <= number < len(trials) and trials[number].number == number:
         return trials[number]
     return next((t for t in trials if t.number == number), None)
+
+
+def live_claim(study: Any, after_trials: int) -> dict[str, Any] | None:
+    """The confirmation's claim for a study of `after_trials` trials, unless its owner is gone."""
+    claim = storage_of(study).get_study_system_attrs(study_id(study)).get(STUDY_CONFIRM_CLAIM)
+    if isinstance(claim, dict) and claim.get("after_trials") == after_trials:
+        return claim if owner_alive(claim.get("owner")) is not False else None
+    return None

@@ -35,7 +35,7 @@ from gpuopt.study.keys import (
     STUDY_CONFIRM_CLAIM,
 )
 from gpuopt.sweeper import record
-from gpuopt.sweeper.owners import owner_alive, study_id, this_owner, worker_name
+from gpuopt.sweeper.owners import live_claim, owner_alive, study_id, this_owner, worker_name
 
 log = logging.getLogger("gpuopt.sweeper")
 
@@ -177,14 +177,6 @@ def claim_confirmation(study: Any, after_trials: int) -> bool:
     record.study_system_attr(storage, sid, STUDY_CONFIRM_CLAIM, mine)
     time.sleep(1.0)
     return storage.get_study_system_attrs(sid).get(STUDY_CONFIRM_CLAIM) == mine
-
-
-def live_claim(study: Any, after_trials: int) -> dict[str, Any] | None:
-    """The confirmation's claim for a study of `after_trials` trials, unless its owner is gone."""
-    claim = storage_of(study).get_study_system_attrs(study_id(study)).get(STUDY_CONFIRM_CLAIM)
-    if isinstance(claim, dict) and claim.get("after_trials") == after_trials:
-        return claim if owner_alive(claim.get("owner")) is not False else None
-    return None
 
 
 def fail_own_running(study: Any, reason: str) -> list[int]:

@@ -325,7 +325,7 @@ def elsewhere(
         and plan(settings.top_k, settings.rounds, settings.max_share, n_trials, len(ranked))
         is not None
     )
-    claim = resume.live_claim(study, counted) if confirms else None
+    claim = owners.live_claim(study, counted) if confirms else None
     if claim is not None and claim.get("owner") not in (None, owners.this_owner()):
         name = owners.worker_name(claim["owner"])
         return Pending((name,), f"the confirmation runs in worker {name}")
