@@ -107,7 +107,7 @@ def test_a_pattern_matching_no_submodule_is_one_line_naming_the_classes():
 def test_a_builtin_models_bad_pattern_is_the_trials_error_before_any_rank(compose_cfg, monkeypatch):
     from gpuopt.trial import distributed
 
-    monkeypatch.setattr(distributed, "_elastic_launch", pytest.fail)  # no rank may start
+    monkeypatch.setattr(distributed, "run_ranks", pytest.fail)  # no rank may start
     spec = load_spec(compose_cfg(*SMALL, "distributed=fsdp2", "distributed.shard_modules=[Blok]"))
     result = run_trial(spec)
     assert result.status is Status.ERROR

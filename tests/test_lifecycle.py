@@ -307,7 +307,7 @@ def _runner(n_trials, launcher=None, n_jobs=1, files=None):
         config=OmegaConf.create({}),
         n_trials=n_trials,
         storage_text="sqlite",
-        ownerless=resume.OwnerlessWatch(60),
+        recovery=resume.Recovery(60),
         files=files,
     )
 
@@ -431,7 +431,7 @@ def test_the_trial_loop_flags_another_workers_trial_beside_its_own_and_counts_it
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_recovery_on_a_snapshot_fails_a_stale_trial_newer_than_it_once(tmp_path):
-    """`resume.recover` given the loop's snapshot: the stale check asks the storage, and a stale
+    """`Recovery.recover` given the loop's snapshot: the stale check asks the storage, and a stale
     trial missing from the snapshot is read anew, failed and re-queued once; it says so."""
     spec = f"journal://{tmp_path / 'study.log'}"
     store = storage_mod.open_storage(spec, heartbeat_interval=1, grace_period=2)
@@ -440,14 +440,14 @@ def test_recovery_on_a_snapshot_fails_a_stale_trial_newer_than_it_once(tmp_path)
     dead = study.ask()
     dead.suggest_int("x", 0, 9)
     store.set_trial_system_attr(dead._trial_id, storage_mod.ATTR_HEARTBEAT, time.time() - 10)
-    watch = resume.OwnerlessWatch(60)
-    assert resume.recover(study, watch, before) is True
+    watch = resume.Recovery(60)
+    assert watch.recover(study, before) is True
     trials = study.get_trials()
     assert trials[dead.number].state == TrialState.FAIL
     assert trials[dead.number].user_attrs["interrupted"] is True
     (rerun,) = [t for t in trials if t.user_attrs.get("rerun_of") == dead.number]
     assert rerun.state == TrialState.WAITING and rerun.system_attrs["fixed_params"] == dead.params
-    assert resume.recover(study, watch, study.get_trials(deepcopy=False)) is False
+    assert watch.recover(study, study.get_trials(deepcopy=False)) is False
 
 
 def test_an_ask_is_judged_on_the_snapshot_only_when_a_fresh_read_would_agree(tmp_path):

@@ -156,7 +156,7 @@ def test_a_repeat_of_the_baseline_is_the_baseline_never_a_best_of_its_own(tmp_pa
 
 def test_the_report_and_the_page_group_what_the_sweep_cannot_tell_apart(tmp_path):
     from gpuopt.report.build import build_report
-    from gpuopt.report.page import noise_section, trials_table
+    from gpuopt.report.page import front_table, trials_table
     from gpuopt.report.text import render
 
     study = _aa_study(tmp_path)
@@ -168,9 +168,10 @@ def test_the_report_and_the_page_group_what_the_sweep_cannot_tell_apart(tmp_path
     text = out.getvalue()
     assert "Pareto front: no trade-off beyond noise (8 trials, one choice)" in text
     assert "┃ ≈ ┃" in text  # the trials table's noise-group column
-    page = trials_table(report) + noise_section(report)
-    assert "<th>noise group</th>" in page and 'data-value="1">1</td>' in page
-    assert "no trade-off beyond noise: 8 trials (7 configurations)" in page
+    page = trials_table(report) + front_table(report)  # the terminal's tables, as HTML
+    assert "<th>≈</th>" in page and 'data-value="1">1</td>' in page
+    assert "Pareto front: no trade-off beyond noise (8 trials, one choice)" in page
+    assert "8 trials (7 configurations) within noise of each other" in page
 
 
 def test_noise_groups_rank_the_first_objective_and_keep_real_trade_offs_apart():
@@ -219,7 +220,7 @@ def _runner(n_trials: int, **options: Any) -> TrialRunner:
         config=OmegaConf.create({}),
         n_trials=n_trials,
         storage_text="sqlite",
-        ownerless=resume.OwnerlessWatch(60),
+        recovery=resume.Recovery(60),
     )
 
 
@@ -325,23 +326,26 @@ def test_an_enqueued_key_stays_and_only_the_samplers_keys_avoid_a_repeat(tmp_pat
 
 
 def test_the_races_screen_asks_no_repeat(tmp_path):
-    """The race asks a whole screen at once (9 by default) and the sampler may repeat itself
-    within it: each asked configuration is one the study does not hold."""
-    from gpuopt.sweeper.race.runner import RaceRunner
+    """The race asks a whole screen at once (9 by default; the trial loop with the race's round
+    as its batch) and the sampler may repeat itself within it: each asked configuration is one
+    the study does not hold."""
+    import time
+
+    from gpuopt.sweeper.progress import Progress
 
     study = _repeating_study(tmp_path)
     space = SearchSpace(dict(SPACE), {}, [])
-    runner = RaceRunner(_runner(4, race={"screen": 3}))
+    runner = _runner(4, race={"screen": 3})
     screened: list[Any] = []
 
     def round_(study, trials, space, progress):  # the screen: each configured, told
         for trial in trials:
-            runner.trials.configure(trial, space)
+            runner.configure(trial, space)
             screened.append(trial)
             study.tell(trial, 1.0)
 
-    runner._round = round_
-    runner._rounds(study, space, None)
+    progress = Progress(4, ["throughput"], ["maximize"], time.monotonic())
+    runner.run(study, 3, space, progress, round_, runner.options.race.screen)
     configs = [tuple(t.params.values()) for t in screened]
     assert len(screened) == 3 and len(set(configs)) == 3 and (32, 0) not in configs
 

@@ -489,7 +489,7 @@ def _decided(batches_and_readings: list[tuple[int, int, float]]) -> tuple[list[s
         turn = Turn(window, {})
         screened.append(Screened(trial, [], f"#{trial.number}", turn, reading / 100.0))
     runner = RaceRunner(
-        TrialRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+        TrialRunner(None, SweeperOptions.build(), None, 10, "", resume.Recovery(60))
     )
     progress = Progress(10, ["throughput"], ["maximize"], time.monotonic())
     chosen = runner._decide(study, screened, space, progress)
@@ -669,7 +669,7 @@ def test_a_finalist_read_below_the_floor_over_the_baseline_is_pruned_without_a_w
 
     race = _ScriptedRace({policy.BASELINE: 100.0, "#1": 80.0})
     runner = RaceRunner(
-        TrialRunner(None, SweeperOptions.build(), None, 10, "", resume.OwnerlessWatch(60))
+        TrialRunner(None, SweeperOptions.build(), None, 10, "", resume.Recovery(60))
     )
     runner.process, runner.directory = race, tmp_path  # type: ignore[assignment]
     study = optuna.create_study(direction="maximize")

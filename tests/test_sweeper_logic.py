@@ -909,10 +909,9 @@ def test_the_stale_check_runs_at_once_then_at_most_every_half_interval(monkeypat
     from gpuopt.sweeper import resume
 
     now, asked = [0.0], []
-    gate = resume.StaleGate(30.0, clock=lambda: now[0])
     monkeypatch.setattr(resume, "fail_stale", lambda s, t=None: asked.append(now[0]) or [])
-    study, watch = optuna.create_study(), resume.OwnerlessWatch(60)
+    study, recovery = optuna.create_study(), resume.Recovery(60, 30.0, clock=lambda: now[0])
     for t in (0.0, 1.0, 29.0, 30.0, 31.0, 61.0):
         now[0] = t
-        resume.recover(study, watch, [], gate)
+        recovery.recover(study, [])
     assert asked == [0.0, 30.0, 61.0]

@@ -425,7 +425,7 @@ def test_a_baseline_the_launcher_failed_is_a_failed_trial_not_skipped():
         config=OmegaConf.create({}),
         n_trials=3,
         storage_text="memory",
-        ownerless=resume.OwnerlessWatch(0),
+        recovery=resume.Recovery(0),
     )
     for name, ret in cases.items():
         study = optuna.create_study(direction="maximize")

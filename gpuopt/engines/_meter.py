@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.host import cpu_ticks, steal_percent
-from gpuopt.engines._window import InputWait, WindowMonitors, flop_notes, record_window
+from gpuopt.engines._window import InputWait, WindowMonitors, record_flops, record_window
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.measure import (
     StopRule,
@@ -31,6 +31,7 @@ from gpuopt.trial.measure import (
 from gpuopt.trial.memory import MemoryBaseline
 
 if TYPE_CHECKING:
+    from gpuopt.engines._batches import BatchFeed
     from gpuopt.engines._distributed import Ranks
     from gpuopt.trial.context import Trial
 
@@ -74,7 +75,8 @@ class WindowMeter:
         counting = count_flops and spec.measure.count_flops and spec.measure.warmup_steps >= 1
         self.flop_step: int | None = self.compile_steps if counting else None
         self.nonfinite = NonFiniteLoss()
-        self.steps = self.timed_steps = self.timed_samples = self._pending = 0
+        self.steps = self.timed_steps = self.timed_samples = 0
+        self.pending = 0  # samples fetched for the optimizer step in progress
         self.window: WindowResult | None = None
         self.nvml: Any = None
         self._flops: Any = None
@@ -114,13 +116,13 @@ class WindowMeter:
         """A batch of `samples` for the current optimizer step (unmarked spans end here)."""
         self.wait.fetch_ended()
         self.wait.copy_ended()
-        self._pending += samples
+        self.pending += samples
 
     def optimizer_stepped(self, samples: int | None = None) -> str | None:
         """An optimizer step ended, of `samples` (default: what `batch_fetched` counted)."""
         if samples is None:
-            samples = self._pending
-        self._pending = 0
+            samples = self.pending
+        self.pending = 0
         self.steps += 1
         if self._flops is not None:
             self._end_flop_step(samples)
@@ -156,14 +158,39 @@ class WindowMeter:
             self.step_started()
             self.optimizer_stepped(step())
 
+    def measure(
+        self,
+        feed: BatchFeed,
+        train: Callable[[], Any],
+        check_finite: Callable[[str], None],
+        process_t0: float,
+    ) -> None:
+        """A loop gpuopt owns (the native engine's, `measure_step`'s): `train()` (one optimizer
+        step on `feed`'s batches) through the warm-up and the window, each a phase, the loop's own
+        `check_finite(phase)` after each, then the window's metrics."""
+
+        def step() -> int:
+            before = feed.samples
+            train()
+            return feed.samples - before
+
+        try:
+            with self.trial.phase("warmup"):
+                self.memory.release_cache()  # the FLOP count's
+                self.run(step, until="warmup")
+                check_finite("warm-up")
+            with self.trial.phase("window"):
+                self.run(step)
+        finally:
+            self.close()  # the monitors stopped, on a failure too
+        with self.trial.phase("window"):
+            self.record(process_t0)
+            check_finite("the timed window")
+
     def _end_flop_step(self, samples: int) -> None:
         counter, self._flops = self._flops, None
         counter.__exit__(None, None, None)
-        flops = counter.step_flops()
-        if flops.hardware and samples:
-            self.trial.metrics.flops_per_sample = flops.model / samples
-            self.trial.metrics.hardware_flops_per_sample = flops.hardware / samples
-            self.trial.warnings += flop_notes(self.device, self.precision_mode, flops)
+        record_flops(self.trial, counter.step_flops(), samples, self.precision_mode)
         self.memory.release_cache()
 
     def _start_window(self) -> None:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuopt.core.rank_files import write_rank_result
 from gpuopt.core.result import Status, TrialResult
-from gpuopt.core.spec import DistributedConf, MeasureConf, TrialSpec
-from gpuopt.engines._lifecycle import process_start_time, release
+from gpuopt.core.spec import DistributedConf, EngineConf, MeasureConf
+from gpuopt.engines._lifecycle import measuring_spec, process_start_time, release
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import classify_failure
 from gpuopt.trial.ranks import merge_ranks
@@ -119,7 +119,18 @@ class UserLoop:
     result: TrialResult | None = None
     process_t0 = started = 0.0
 
-    def start_trial(self, spec: TrialSpec, device: torch.device) -> Trial:
+    def start_trial(
+        self,
+        device: torch.device,
+        precision_mode: str = "fp32",
+        compile_mode: str = "off",
+        engine: EngineConf | None = None,
+        measure: MeasureConf | None = None,
+    ) -> Trial:
+        """The loop's trial (`measuring_spec`: `measure`, default its own), its engine named
+        `engine_name` unless given."""
+        engine = engine or EngineConf(name=self.engine_name)
+        spec = measuring_spec(device, measure or self.measure, engine, precision_mode, compile_mode)
         self.trial = Trial(spec, device)
         self.ranks = user_ranks(device)
         self.process_t0 = process_start_time() or time.time()
@@ -133,6 +144,14 @@ class UserLoop:
 
     def described(self) -> dict[str, Any]:
         return {}
+
+    def record_batch(self, micro: int | None, accumulate: int, world: int, lr: Any) -> None:
+        """What one optimizer step of a Trainer trained on: `micro` x `accumulate` x `world`."""
+        assert self.trial is not None
+        m = self.trial.metrics
+        m.micro_batch, m.accumulation_steps, m.lr = micro, accumulate, lr
+        if micro is not None:
+            m.global_batch = micro * accumulate * world
 
     def run(self, loop: Callable[[], Any], world: int | None = None) -> TrialResult:
         """`loop()` measured (a failure is the status); a failing rank of a multi-rank job

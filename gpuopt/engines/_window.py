@@ -219,13 +219,19 @@ def attention_tf32_note(
     )
 
 
-def flop_notes(device: torch.device, peak_mode: str | None, flops: StepFlops) -> list[str]:
-    """What a trial's MFU must be read with: tensor-core attention under fp32 (CUDA sm80+)."""
+def record_flops(trial: Trial, flops: StepFlops, samples: int, peak_mode: str | None) -> None:
+    """flops_per_sample from one counted step of `samples` (every engine), and what its MFU must
+    be read with: tensor-core attention under fp32 (CUDA sm80+)."""
     import torch
 
+    if flops.hardware and samples:
+        trial.metrics.flops_per_sample = flops.model / samples
+        trial.metrics.hardware_flops_per_sample = flops.hardware / samples
+    device = trial.device
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     attention = attention_tf32_note(peak_mode, capability, flops)
-    return [attention] if attention else []
+    if attention:
+        trial.warnings.append(attention)
 
 
 def record_profile(trial: Trial, summary: ProfileSummary) -> None:

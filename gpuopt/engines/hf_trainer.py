@@ -28,9 +28,8 @@ from transformers import Trainer, TrainerCallback
 
 from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import TrialResult
-from gpuopt.core.spec import EngineConf, MeasureConf
+from gpuopt.core.spec import MeasureConf
 from gpuopt.engines._batches import batch_samples
-from gpuopt.engines._lifecycle import measuring_spec
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import UserLoop, job_result, world_size
 
@@ -111,9 +110,8 @@ class HFMeasureCallback(UserLoop, TrainerCallback):
         measure = self.measure
         if args.torch_compile and measure.count_flops:  # a compiled step hides its kernels
             measure = dataclasses.replace(measure, count_flops=False)
-        engine = EngineConf(name=ENGINE_NAME)
-        spec = measuring_spec(args.device, measure, engine, peak_mode(args), compile_mode)
-        self.meter = WindowMeter(self.start_trial(spec, args.device), self.ranks)
+        trial = self.start_trial(args.device, peak_mode(args), compile_mode, measure=measure)
+        self.meter = WindowMeter(trial, self.ranks)
         self._micro_batch, self._args = None, args
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -131,18 +129,14 @@ class HFMeasureCallback(UserLoop, TrainerCallback):
 
     def _record_training(self, args: Any) -> None:
         """Global batch = the micro-batch that trained x gradient_accumulation_steps x world size."""
-        assert self.trial is not None
-        m, accumulate = self.trial.metrics, int(args.gradient_accumulation_steps)
-        m.micro_batch, m.accumulation_steps = self._micro_batch, accumulate
-        m.lr = args.learning_rate
-        if self._micro_batch is not None:
-            m.global_batch = self._micro_batch * accumulate * world_size()
-            if self._micro_batch != args.per_device_train_batch_size:
-                self.trial.warnings.append(
-                    f"trained at micro-batch {self._micro_batch}, not per_device_train_batch_size="
-                    f"{args.per_device_train_batch_size} (auto_find_batch_size after an OOM?): "
-                    "the global batch reported is the one that trained"
-                )
+        accumulate = int(args.gradient_accumulation_steps)
+        self.record_batch(self._micro_batch, accumulate, world_size(), args.learning_rate)
+        if self._micro_batch not in (None, args.per_device_train_batch_size):
+            self.trial.warnings.append(  # type: ignore[union-attr]
+                f"trained at micro-batch {self._micro_batch}, not per_device_train_batch_size="
+                f"{args.per_device_train_batch_size} (auto_find_batch_size after an OOM?): "
+                "the global batch reported is the one that trained"
+            )
 
     def described(self) -> dict[str, Any]:
         args = self._args

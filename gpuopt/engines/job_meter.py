@@ -28,9 +28,8 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from gpuopt.core import measured_job
 from gpuopt.core.result import Status, TrialResult
-from gpuopt.core.spec import EngineConf, MeasureConf
+from gpuopt.core.spec import MeasureConf
 from gpuopt.engines._batches import batch_samples
-from gpuopt.engines._lifecycle import measuring_spec
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._user_job import (
     UserLoop,
@@ -106,7 +105,6 @@ class JobMeter(UserLoop):
             self.last_fetched = dataset
             self.loaders.setdefault(dataset, loader_settings(iterator, private=True))
         elif counting:
-            self._pending += samples
             self.batch_sizes.append(samples)
             self.meter.batch_fetched(samples)
         return batch
@@ -115,14 +113,12 @@ class JobMeter(UserLoop):
         """The trial, on the device the job trains on as seen at its first batch."""
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        spec = measuring_spec(device, self.measure, EngineConf(name=ENGINE_NAME))
-        trial = self.start_trial(spec, device)
+        trial = self.start_trial(device)
         trial.warnings.append(
             "MFU is read against the device's fp32 peak: gpuopt.MeasureJob cannot see an autocast "
             "dtype inside the job's loop"
         )
         self.meter = WindowMeter(trial, self.ranks)
-        self._pending = 0
         if self.meter.flop_step is not None and self.measure.warmup_steps >= 2:
             # The second step is counted: what runs before the first optimizer step may include
             # the job's other loaders (Lightning's sanity-check validation); from one step's end
@@ -141,10 +137,8 @@ class JobMeter(UserLoop):
         self.optimizer_steps += 1
         if self.train_data is None:  # the loader that fed this first step is the training one
             self.train_data = self.last_fetched
-            self._pending = self.fetched.get(self.train_data, 0)
-            self.meter.batch_fetched(self._pending)
-        self.step_samples.append(self._pending)
-        self._pending = 0
+            self.meter.batch_fetched(self.fetched.get(self.train_data, 0))
+        self.step_samples.append(self.meter.pending)
         try:
             stopped = self.meter.optimizer_stepped()
         except Exception as exc:  # a NaN/inf loss at the window's end: the status

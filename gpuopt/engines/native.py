@@ -32,7 +32,7 @@ from gpuopt.engines._epoch import beside_window
 from gpuopt.engines._guard import guard_numerics
 from gpuopt.engines._meter import WindowMeter
 from gpuopt.engines._step import Batch, Workload, build_workload
-from gpuopt.engines._window import flop_notes, record_profile
+from gpuopt.engines._window import record_flops, record_profile
 from gpuopt.trial import policies
 from gpuopt.trial.context import Trial
 from gpuopt.trial.measure import StepFlops, measure_step_flops, synchronize
@@ -76,11 +76,7 @@ def count_flops(trial: Trial, workload: Workload, batch: Batch) -> None:
             workload.forward = eager
             workload.optimizer.zero_grad(set_to_none=True)
         _flops_per_sample[key] = (flops, batch_samples(batch))
-    flops, samples = _flops_per_sample[key]
-    if flops.hardware:
-        trial.metrics.flops_per_sample = flops.model / samples
-        trial.metrics.hardware_flops_per_sample = flops.hardware / samples
-    trial.warnings += flop_notes(trial.device, trial.spec.precision.mode, flops)
+    record_flops(trial, *_flops_per_sample[key], trial.spec.precision.mode)
 
 
 # One counted step's FLOPs and its samples, counted once per process for each `flops_key`:
@@ -126,27 +122,14 @@ def timed_window(
     already fetched, so compile time is the step's own) and the timed window, each a phase."""
     pending = [first_step] if trial.spec.compile.mode != "off" else []
 
-    def step() -> int:
-        before = feed.samples
+    def train() -> None:
         workload.train_step(pending.pop() if pending else feed.next_step())
-        return feed.samples - before
 
     after_step = cache_policy.after_step
     meter = WindowMeter(
         trial, ranks, wait=feed.wait, memory=memory, after_step=after_step, count_flops=False
     )
-    try:
-        with trial.phase("warmup"):
-            memory.release_cache()  # the FLOP count's
-            meter.run(step, until="warmup")
-            workload.check_finite("warm-up")
-        with trial.phase("window"):
-            meter.run(step)
-    finally:
-        meter.close()  # the monitors stopped, on a failure too
-    with trial.phase("window"):
-        meter.record(process_t0)
-        workload.check_finite("the timed window")
+    meter.measure(feed, train, workload.check_finite, process_t0)
 
 
 def compute_ceiling(

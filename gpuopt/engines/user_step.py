@@ -34,6 +34,7 @@ from gpuopt.engines._user_job import (
     user_ranks,
     world_size,
 )
+from gpuopt.engines._window import record_flops
 from gpuopt.trial.context import Trial
 from gpuopt.trial.failures import NonFiniteLoss
 from gpuopt.trial.measure import measure_step_flops
@@ -115,26 +116,10 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
     micro_batch = batch_samples(first_batch, user.samples)
     if trial.spec.measure.count_flops and user.model is not None:
         flops = measure_step_flops(lambda: user.train(first_batch))  # one (untimed) training step
-        if flops.hardware:
-            m.flops_per_sample = flops.model / micro_batch
-            m.hardware_flops_per_sample = flops.hardware / micro_batch
+        record_flops(trial, flops, micro_batch, trial.spec.precision.mode)
     meter = WindowMeter(trial, user.ranks, wait=feed.wait, memory=memory, count_flops=False)
-    meter.memory.release_cache()  # the FLOP count's
-
-    def step() -> int:
-        before = feed.samples
-        user.train(feed.next())
-        return feed.samples - before
-
-    try:
-        meter.run(step, until="warmup")
-        user.nonfinite.check("warm-up")
-        meter.run(step)
-    finally:
-        meter.close()
-    meter.record(process_t0)
+    meter.measure(feed, lambda: user.train(feed.next()), user.nonfinite.check, process_t0)
     m.compile_time_s = None  # the user's step: gpuopt cannot tell a compile step apart
-    user.nonfinite.check("the timed window")
     record_training(user, micro_batch, m, trial.warnings)
     if trial.spec.measure.ceiling and user.ranks is not None:  # each step would be a collective
         trial.warnings.append("no compute ceiling in a multi-rank job (its replay is per rank)")

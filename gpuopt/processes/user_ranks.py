@@ -27,14 +27,12 @@ from gpuopt.core import measured_job, rank_files
 from gpuopt.core.lifeline import set_parent_death_signal
 from gpuopt.core.result import Status, TrialResult
 from gpuopt.trial.distributed import (
-    crashes_of,
+    RanksNotStarted,
     free_port,
-    keep_logs,
     launch_config,
-    own_signal_handlers,
-    quiet_launcher,
+    merged_result,
+    run_ranks,
 )
-from gpuopt.trial.ranks import RankFailure, merge_ranks
 
 RETURN_FILE = "rank_0.return.pkl"  # rank 0's return value
 
@@ -42,10 +40,6 @@ RETURN_FILE = "rank_0.return.pkl"  # rank 0's return value
 def launch(job_path: Path) -> tuple[str, Any]:
     """Start the job's ranks and wait for them: ("return", rank 0's value pickled) or ("result",
     the failed job's TrialResult as a dict)."""
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
     job, folder = cloudpickle.loads(job_path.read_bytes()), job_path.parent
     endpoint = f"127.0.0.1:{free_port()}"
     run_id = f"gpuopt-user-{os.getpid()}"
@@ -53,36 +47,22 @@ def launch(job_path: Path) -> tuple[str, Any]:
     if job.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks
     started = time.time()
-    crashed: dict[int, RankFailure] = {}
     try:
-        with quiet_launcher(), own_signal_handlers():
-            elastic_launch(config, user_rank)(str(job_path), os.getpid())
-    except ChildFailedError as exc:
-        measured = measured_job.read(folder.parent)
-        if measured is not None:  # the ranks' measuring callback ended them (MeasureJob's budget)
-            return "result", measured.to_dict()
-        crashed = crashes_of(exc, folder, job.nproc_per_node)
-    except SignalException:
-        raise
-    except Exception as exc:  # the rendezvous timed out, the launcher failed to start
-        reason = f"the ranks did not start ({type(exc).__name__}: {exc})"
-        return "result", TrialResult(Status.ERROR, reason=reason).to_dict()
-    keep_logs(folder)
+        crashed = run_ranks(config, user_rank, (str(job_path),), folder)
+    except RanksNotStarted as exc:
+        return "result", TrialResult(Status.ERROR, reason=str(exc)).to_dict()
+    measured = measured_job.read(folder.parent) if crashed else None
+    if measured is not None:  # the ranks' measuring callback ended them (MeasureJob's budget)
+        return "result", measured.to_dict()
     if not crashed and (folder / RETURN_FILE).exists():
         return "return", (folder / RETURN_FILE).read_bytes()
-    files = [folder / rank_files.RESULT_FILE.format(rank=r) for r in range(job.nproc_per_node)]
-    results = {rank: TrialResult.load(path) for rank, path in enumerate(files) if path.exists()}
-    merged = merge_ranks(results, crashed, "user", time.time() - started)
-    return "result", merged.to_dict()
+    return "result", merged_result(folder, job.nproc_per_node, crashed, "user", started).to_dict()
 
 
-def user_rank(job_path: str, parent: int) -> None:
-    """One rank (spawned by the launcher): end with the launching process, become the trial's
-    Hydra job again, run the task; rank 0 keeps its return value. A failure is written (its
-    `RankFailed` did so already) and raised, so that the launcher ends the other ranks."""
-    set_parent_death_signal()
-    if os.getppid() != parent:  # the launching process died before the signal was set
-        os._exit(1)
+def user_rank(job_path: str) -> None:
+    """One rank (spawned by the launcher): become the trial's Hydra job again, run the task; rank
+    0 keeps its return value. A failure is written (its `RankFailed` did so already) and raised,
+    so that the launcher ends the other ranks."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import JobReturn, JobStatus
     from hydra.utils import instantiate

@@ -14,7 +14,8 @@ from rich.table import Table
 from gpuopt.report.build import ReportError, StudyReport, build_report, config_diff
 from gpuopt.report.export_best import compose_experiment, conf_groups
 from gpuopt.report.page import PLOTLY_HINT, plotly_available, write_html
-from gpuopt.report.text import render, table, trial_detail, values_text
+from gpuopt.report.tables import rows_table, to_rich
+from gpuopt.report.text import render, trial_detail, values_text
 from gpuopt.study.artifact_store import store_page
 from gpuopt.study.experiment import overrides_to_experiment, write_experiment
 from gpuopt.study.storage import (
@@ -109,19 +110,21 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def studies_table(studies: list[StudyEntry], current: str | None) -> Table:
-    return table(
-        "Studies",
-        ("study", "trials", "directions", "started"),
-        [
-            (
-                e.name + (" <" if e.name == current else ""),
-                str(e.n_trials),
-                ", ".join(e.directions),
-                e.started.strftime("%Y-%m-%d %H:%M") if e.started else "-",
-            )
-            for e in studies
-        ],
-        justify="left",
+    return to_rich(
+        rows_table(
+            "Studies",
+            ("study", "trials", "directions", "started"),
+            [
+                (
+                    e.name + (" <" if e.name == current else ""),
+                    str(e.n_trials),
+                    ", ".join(e.directions),
+                    e.started.strftime("%Y-%m-%d %H:%M") if e.started else "-",
+                )
+                for e in studies
+            ],
+            numbers=False,
+        )
     )
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from rich.console import Console, Group
 
+from gpuopt.core.fmt import fixed
+from gpuopt.core.fmt import metric as fmt
 from gpuopt.core.result import TrialResult, result_user_attrs
 from gpuopt.report.build import (
     COMPARED_METRICS,
@@ -23,6 +25,7 @@ from gpuopt.report.build import (
 )
 from gpuopt.report.diagnose import diagnose
 from gpuopt.report.evidence import PHASE_LABELS
+from gpuopt.report.tables import change, rows_table, to_rich
 
 GPU_SHARES = ("kernel", "memcpy", "idle", "host_wait", "kernel_wait")
 
@@ -120,24 +123,18 @@ def compare(side_a: TrialSide, side_b: TrialSide) -> Comparison:
 
 
 # -- rendering ------------------------------------------------------------------------------------
-def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def _tables(c: Comparison) -> list[Any]:
-    from gpuopt.report.text import change, fmt, table
-
     a, b = c.labels
     no_config = "(no difference)" if c.a.config and c.b.config else "(no config)"
     parts = [
-        table(
+        rows_table(
             "Config: what differs",
             ("key", a, b),
             [(i.key, repr(i.baseline), repr(i.best)) for i in c.config_changes]
             or [(no_config, "", "")],
-            justify="left",
+            numbers=False,
         ),
-        table(
+        rows_table(
             "Metrics",
             ("metric", a, b, "B vs A"),
             [
@@ -148,19 +145,25 @@ def _tables(c: Comparison) -> list[Any]:
     ]
     if c.phases:
         parts.append(
-            table(
+            rows_table(
                 "Where the step goes (profiled window)",
                 ("phase", f"{a} ms", f"{a} %", f"{b} ms", f"{b} %"),
                 [
-                    (r.phase, _num(r.a_ms, 2), _num(r.a_pct), _num(r.b_ms, 2), _num(r.b_pct))
+                    (
+                        r.phase,
+                        fixed(r.a_ms),
+                        fixed(r.a_pct, digits=1),
+                        fixed(r.b_ms),
+                        fixed(r.b_pct, digits=1),
+                    )
                     for r in c.phases
                 ],
             )
         )
     if c.gpu:
-        rows = [(name, _num(va), _num(vb)) for name, va, vb in c.gpu]
-        parts.append(table("GPU time (% of the profiled window)", ("share", a, b), rows))
-    return parts
+        rows = [(name, fixed(va, digits=1), fixed(vb, digits=1)) for name, va, vb in c.gpu]
+        parts.append(rows_table("GPU time (% of the profiled window)", ("share", a, b), rows))
+    return [to_rich(part) for part in parts]
 
 
 def render_comparison(c: Comparison, console: Console) -> None:

@@ -18,12 +18,11 @@ from typing import Any
 
 import optuna
 
-from gpuopt.core.metrics import columns
+from gpuopt.report import tables
 from gpuopt.report.build import StudyReport, TrialView
 from gpuopt.report.charts import figures, phases_figure, speedup_figure
-from gpuopt.report.noise_tables import group_cell
+from gpuopt.report.tables import to_html
 from gpuopt.study.answers import KEEP_SAME
-from gpuopt.study.noise import front_lines
 
 PLOTLY_HINT = "plots need plotly: pip install 'gpuopt[report]'"
 CHART_HEIGHT = 360  # px: two charts side by side and a heading fit a laptop screen
@@ -49,19 +48,20 @@ h1 { font-size: 1.5em; margin: 0.3em 0; } h2 { margin-top: 1.6em; border-bottom:
 .chart h3 { font-size: 1em; margin: 0.2em 0.4em; }
 .note { color: #8a6d3b; }
 code { background: #eee; padding: 0 0.25em; border-radius: 3px; word-break: break-word; }
-table.trials { width: 100%; border-collapse: collapse; table-layout: fixed; background: #fff; font-size: 0.9em; }
-table.trials th, table.trials td { border-bottom: 1px solid #e5e5e5; padding: 0.3em 0.4em; text-align: left;
+table { width: 100%; border-collapse: collapse; background: #fff; font-size: 0.9em; margin: 1em 0; }
+caption { text-align: left; font-weight: 600; padding: 0.3em 0; }
+th, td { border-bottom: 1px solid #e5e5e5; padding: 0.3em 0.4em; text-align: left;
   overflow-wrap: anywhere; vertical-align: top; }
-table.trials th { cursor: pointer; background: #f0f0f0; user-select: none; }
-table.trials th[aria-sort="ascending"]::after { content: " \\25B2"; }
-table.trials th[aria-sort="descending"]::after { content: " \\25BC"; }
+th { cursor: pointer; background: #f0f0f0; user-select: none; }
+th[aria-sort="ascending"]::after { content: " \\25B2"; }
+th[aria-sort="descending"]::after { content: " \\25BC"; }
 tr.best td { font-weight: 600; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 details pre { font-size: 12px; overflow-x: auto; }
 """
 
-# Sorting the trials table: numbers by value (data-value), the rest as text; click again to flip.
+# Sorting a table: numbers by value (data-value), the rest as text; click again to flip.
 _SORT_SCRIPT = """
-document.querySelectorAll("table.trials").forEach(function (table) {
+document.querySelectorAll("table").forEach(function (table) {
   table.querySelectorAll("th").forEach(function (th, column) {
     th.addEventListener("click", function () {
       var ascending = th.getAttribute("aria-sort") !== "ascending";
@@ -106,7 +106,7 @@ def _throughput(trial: TrialView | None) -> str:
 
 
 def _speedup_card(report: StudyReport, label: str, trial: TrialView | None) -> str:
-    """One answer's card: its confirmed speedup with the 95% interval, else the one-measurement
+    """One answer's card: its confirmed speedup with its interval, else the one-measurement
     ratio (said so), "keep" for the baseline itself."""
     if trial is None:
         return _card(label, "-", "no feasible trial")
@@ -116,7 +116,11 @@ def _speedup_card(report: StudyReport, label: str, trial: TrialView | None) -> s
     confirmed = report.confirmation and report.confirmation.comparison_of(trial.number)
     if confirmed and confirmed.measured:
         low, high = confirmed.ci_low, confirmed.ci_high
-        interval = f"95% CI {low:.2f}-{high:.2f}x" if low is not None and high is not None else ""
+        interval = (
+            f"{confirmed.ci_name} {low:.2f}-{high:.2f}x"
+            if low is not None and high is not None
+            else ""
+        )
         return _card(named, f"{confirmed.ratio:.2f}x", _e(f"re-measured, {interval}"))
     base, own = report.baseline, trial.metric("throughput")
     ratio = own / base.metric("throughput") if base and own and base.metric("throughput") else None
@@ -185,68 +189,16 @@ def diagnosis_text(report: StudyReport) -> str:
     return "\n".join(parts)
 
 
-def _cell(value: Any, digits: int = 1) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f'<td class="num" data-value="{value}">{value:,.{digits}f}</td>'
-    return '<td data-value="NaN">-</td>' if value is None else f"<td>{_e(value)}</td>"
-
-
 def trials_table(report: StudyReport) -> str:
     """Every trial, one row each; click a header to sort."""
-    first = report.objectives[0] if report.objectives else "value"
-    # The first objective's column; throughput has its own whatever the objective.
-    objective = [] if first == "throughput" else [first]
-    shown = columns("page")
-    # The noise group (gpuopt.study.noise): trials of one group cannot be told apart.
-    grouped = report.best is not None and group_cell(report, report.best) is not None
-    # (header, % of the page's width): the parameters get what the others leave
-    head = [("#", 9), ("status", 8), *([("noise group", 6)] if grouped else []),
-            *((name, 10) for name in objective), *((c.header, c.width) for _, c in shown),
-            ("bottleneck", 14)]  # fmt: skip
-    head.append(("parameters", 33 - (10 if objective else 0) - (6 if grouped else 0)))
-    rows = []
-    best = report.best.number if report.best is not None else None
-    for t in report.trials:
-        # Infeasible trials carry worst-case values: not a measurement, not shown.
-        value = t.values[0] if t.values and t.status == "ok" else None
-        mark = " (baseline)" if t.baseline else (" (best)" if t.number == best else "")
-        params = ", ".join(f"{k}={v}" for k, v in t.params.items())
-        place = group_cell(report, t)
-        cells = [
-            f'<td class="num" data-value="{t.number}">{t.number}{_e(mark)}</td>',
-            f"<td>{_e(t.status)}</td>",
-            *([_cell(int(place) if place else None, 0)] if grouped else []),
-            *([_cell(value)] if objective else []),
-            *(_cell(t.metric(name), c.digits) for name, c in shown),
-            f"<td>{_e(t.diagnosis.bottleneck.value) if t.status == 'ok' else '-'}</td>",
-            f"<td>{_e(params)}</td>",
-        ]
-        css = ' class="best"' if t.number == best else ""
-        rows.append(f"<tr{css}>{''.join(cells)}</tr>")
-    cols = "".join(f'<col style="width:{w}%">' for _, w in head)
-    header = "".join(f"<th>{_e(h)}</th>" for h, _ in head)
-    return (
-        f'<table class="trials"><colgroup>{cols}</colgroup><thead><tr>{header}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
-    )
+    return to_html(tables.trials(report, None)[0], "trials")
 
 
-def noise_section(report: StudyReport) -> str:
-    """Below the search's charts: the Pareto front in noise groups (what Optuna's front chart
-    draws as trade-offs may be one configuration's noise) and what "within noise" meant."""
-    noise = report.noise
-    if noise is None or not noise.front:
-        return ""
-
-    by_number = {t.number: t for t in report.trials}
-
-    def shown(trial: Any) -> str:
-        params = ", ".join(f"{k}={v}" for k, v in by_number[trial.number].params.items())
-        return f"({params or 'as configured'})"
-
-    lines = front_lines(noise, report.objectives, shown)
-    items = "".join(f"<li>{_e(line.strip())}</li>" for line in lines[1:])
-    return f"<p><b>{_e(lines[0])}</b></p><ul>{items}</ul>"
+def front_table(report: StudyReport) -> str:
+    """Below the search's charts: the Pareto front, in noise groups where the objectives are
+    gpuopt's metrics (what Optuna's front chart draws as trade-offs may be one configuration's
+    noise)."""
+    return to_html(tables.front(report), "front") if report.multi_objective else ""
 
 
 def _chart(title: str, figure: Any, first: bool) -> str:
@@ -303,7 +255,7 @@ def render_page(
     else:
         divs = "".join(chart(title, figure) for title, figure in search_figures)
         sections.append(f'<div class="grid">{divs}</div>')
-    sections.append(noise_section(report))
+    sections.append(front_table(report))
     sections += [
         "<h2>Trials</h2>",
         trials_table(report),

@@ -266,6 +266,26 @@ def runner_up_text(view: NoiseView, number: int) -> str | None:
     )
 
 
+def best_noise_lines(
+    view: NoiseView, best: int, baseline: int | None, confirmation: Any | None
+) -> list[str]:
+    """What noise says of the best pick (trial `best`) where no confirmation (a
+    gpuopt.study.records.Confirmation) said it: within noise of the baseline, or of its runner-up;
+    the summary's and the report's words."""
+    confirmed = confirmation is not None and bool(confirmation.comparisons)
+    lines = []
+    unconfirmed = not confirmed and baseline is not None and best != baseline
+    if unconfirmed and view.apart(best, baseline) is False:  # type: ignore[arg-type]
+        lines.append("within noise of the baseline: nothing here is measurably faster")
+    if not confirmed or confirmation.top_two is None:
+        runner_up = runner_up_text(view, best)
+        if runner_up:
+            lines.append(runner_up)
+    if lines and not view.front:  # several objectives: the front's lines say it
+        lines.append(f"within noise: {view.spread.text()}")
+    return lines
+
+
 def front_lines(
     view: NoiseView, names: Sequence[str], shown: Callable[[Any], str], limit: int = 10
 ) -> list[str]:

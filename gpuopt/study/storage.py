@@ -71,7 +71,7 @@ class HeartbeatJournalStorage(StaleTrialsByPublicName, JournalStorage, heartbeat
         assert self.heartbeat_interval is not None
         grace = self.grace_period or 2 * self.heartbeat_interval
         now, running = time.time(), (TrialState.RUNNING,)
-        # Never beat: resume.OwnerlessWatch times it (as for RDBStorage, which skips it too).
+        # Never beat: resume.Recovery times it (as for RDBStorage, which skips it too).
         return [
             trial_id(t)
             for t in self.get_all_trials(study_id, deepcopy=False, states=running)

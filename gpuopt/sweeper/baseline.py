@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import FrozenTrial, Trial
 
 from gpuopt.core import knobs
 from gpuopt.study.keys import (
@@ -157,5 +157,4 @@ def enqueue_seeds(
 
 def seed_room(trials: Sequence[FrozenTrial], n_trials: int) -> int:
     """Trials the study can still add: n_trials less those that count or are queued."""
-    taken = sum(1 for t in trials if owners.counted(t) or t.state == TrialState.WAITING)
-    return max(0, n_trials - taken)
+    return max(0, n_trials - owners.held(trials))

@@ -112,8 +112,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
         # self.n_trials (the stock attribute) is the effective count: a grid may lower it.
         # Same grace as the storage's heartbeat check (Optuna's default: 2 x interval).
         grace = options.grace_period or 2 * (options.heartbeat_interval or 0)
-        self._ownerless = resume.OwnerlessWatch(grace)
-        self._stale_gate = resume.StaleGate((options.heartbeat_interval or 0) / 2)
+        self._recovery = resume.Recovery(grace, (options.heartbeat_interval or 0) / 2)
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -303,8 +302,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
             config=self.config,
             n_trials=self.n_trials,
             storage_text=storage_mod.display(self.storage),
-            ownerless=self._ownerless,
-            stale_gate=self._stale_gate,
+            recovery=self._recovery,
             extender=self.custom_search_space_extender,
             baseline_point=baseline_point,
             files=self._files,
@@ -350,7 +348,7 @@ class GpuoptSweeperImpl(stock_sweeper_impl()):  # type: ignore[misc]
     ) -> tuple[int, dict[str, Any] | None]:
         """Recover dead workers' trials, prepare the baseline, fit n_trials to a grid; trials
         still to go, and the grid point to mark baseline (if any)."""
-        resume.recover(study, self._ownerless, stale_gate=self._stale_gate)
+        self._recovery.recover(study)
         to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.n_trials)
         point = None
         if to_go and self.options.baseline:

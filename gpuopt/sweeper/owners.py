@@ -65,12 +65,14 @@ def counted(trial: Any) -> bool:
 def is_surplus(number: int, trials: Sequence[Any], n_trials: int) -> bool:
     """Whether trial `number`, just asked, would exceed n_trials (the module docstring's rule).
     WAITING trials count as ahead: popped by another worker, or re-runs that go first."""
+    return held(t for t in trials if t.number < number) >= n_trials
+
+
+def held(trials: Iterable[Any]) -> int:
+    """The trials that hold a place among n_trials: counted ones and WAITING ones (queued)."""
     from optuna.trial import TrialState
 
-    ahead = sum(
-        1 for t in trials if t.number < number and (counted(t) or t.state == TrialState.WAITING)
-    )
-    return ahead >= n_trials
+    return sum(1 for t in trials if counted(t) or t.state == TrialState.WAITING)
 
 
 def duplicate_baseline(number: int, trials: Sequence[Any]) -> bool:

@@ -84,11 +84,11 @@ def _measured_or(ret: Any, value: Any) -> Any:
 
 
 def run_dir(ret: Any) -> str | None:
-    cfg = getattr(ret, "hydra_cfg", None)
-    try:
-        return str(cfg.hydra.runtime.output_dir) if cfg is not None else None
-    except Exception:
-        return None
+    """The job's run dir: Hydra's, else the one gpuopt's launchers knew (a trial that ended
+    without reporting its own)."""
+    with contextlib.suppress(Exception):
+        return str(ret.hydra_cfg.hydra.runtime.output_dir)
+    return getattr(getattr(ret, "gpuopt_diagnostics", None), "run_dir", None)
 
 
 def record_trial(
@@ -107,7 +107,6 @@ def record_trial(
     diagnostics = getattr(ret, "gpuopt_diagnostics", None)  # gpuopt's launchers: logs, traceback
     if diagnostics is not None:
         attrs[ATTR_LOGS] = diagnostics.logs
-        attrs[ATTR_RUN_DIR] = attrs[ATTR_RUN_DIR] or diagnostics.run_dir
         if outcome.failed and diagnostics.traceback:
             attrs[ATTR_TRACEBACK] = mask_secrets(diagnostics.traceback)
     devices = getattr(ret, "gpuopt_visible_devices", None)

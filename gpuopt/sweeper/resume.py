@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from gpuopt.sweeper import record
 from gpuopt.sweeper.owners import live_claim, owner_alive, study_id, this_owner, worker_name
 
 log = logging.getLogger("gpuopt.sweeper")
+_STALE_CHECK = "the storage's stale check"  # Recovery's key beside the trial ids
 
 
 def recover_interrupted(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
@@ -87,55 +89,74 @@ def fail_stale(study: Any, trials: Sequence[Any] | None = None) -> list[int]:
     ]
 
 
-class OwnerlessWatch:
-    """Fails RUNNING trials that never got an owner (worker died between `study.ask()` and its
-    first heartbeat). RDBStorage's stale check only sees trials that beat once, and a trial's start
-    time is its worker's clock, so this worker times them itself: still ownerless `grace_s` after
-    first seen means dead."""
+class Recovery:
+    """This worker's recovery of dead workers' trials (`recover`), timed on its own clock (a trial's
+    start time is its worker's clock) by one rule: act once a thing has waited its time since seen.
 
-    def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.grace_s = grace_s
+    A RUNNING trial that never got an owner (its worker died between `study.ask()` and its first
+    heartbeat; RDBStorage's stale check only sees trials that beat once) is dead once ownerless for
+    `grace_s`. The storage's stale check runs at once, then at most every `stale_every_s` (before
+    every trial of a fast sweep it finds nothing new; a query each)."""
+
+    def __init__(
+        self,
+        grace_s: float,
+        stale_every_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.grace_s, self.stale_every_s = grace_s, stale_every_s
         self._clock = clock
-        self._first_seen: dict[int, float] = {}
+        self._since: dict[int | str, float] = {_STALE_CHECK: -math.inf}  # first seen / last run
+
+    def _waited(self, key: int | str, wait_s: float, now: float) -> bool:
+        return now - self._since.setdefault(key, now) >= wait_s
 
     def fail_dead(self, study: Any, trials: Sequence[Any] | None = None) -> list[int]:
         """Fail the trials ownerless for grace_s."""
         from optuna.trial import TrialState
 
         now = self._clock()
-        ownerless = {
-            trial_id(t): t
-            for t in _read(study, trials)
-            if t.state == TrialState.RUNNING and ATTR_OWNER not in t.system_attrs
-        }
-        self._first_seen = {tid: self._first_seen.get(tid, now) for tid in ownerless}
         reason = (
             "interrupted: the worker that asked for this trial ended before it started (no owner "
             f"and no heartbeat for over {self.grace_s:g} s); its params were enqueued again"
         )
         return [
-            trial.number
-            for tid, trial in ownerless.items()
-            if now - self._first_seen[tid] >= self.grace_s
-            and fail_and_requeue(study, trial, reason)
+            t.number
+            for t in _read(study, trials)
+            if t.state == TrialState.RUNNING
+            and ATTR_OWNER not in t.system_attrs
+            and self._waited(trial_id(t), self.grace_s, now)
+            and fail_and_requeue(study, t, reason)
         ]
 
+    def recover(self, study: Any, trials: Sequence[Any] | None = None) -> bool:
+        """Fail and re-queue trials whose worker died; whether it failed any (the study changed).
 
-class StaleGate:
-    """When to ask the storage for stale trials again: at once, then at most every `every_s`
-    seconds (asking before every trial of a fast sweep finds nothing new; a query each)."""
-
-    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.every_s = every_s
-        self._clock = clock
-        self._last: float | None = None
-
-    def due(self) -> bool:
+        `trials`: a snapshot read a moment ago is enough to find candidates (a dead worker's trial
+        stays RUNNING, and failing one finished meanwhile does nothing); read again after a step
+        failed some."""
+        trials = _read(study, trials)
+        steps: list[tuple[Callable[[Any, Sequence[Any]], list[int]], str]] = [
+            (recover_interrupted, "a killed sweep on this host")
+        ]
         now = self._clock()
-        if self._last is not None and now - self._last < self.every_s:
-            return False
-        self._last = now
-        return True
+        if self._waited(_STALE_CHECK, self.stale_every_s, now):
+            self._since[_STALE_CHECK] = now
+            steps.append((fail_stale, "a worker whose heartbeat stopped"))
+        if heartbeat_enabled(storage_of(study)):
+            steps.append((self.fail_dead, "a worker that died right after asking"))
+        changed = False
+        for step, cause in steps:
+            numbers = step(study, trials)
+            if numbers:
+                changed = True
+                trials = study.get_trials(deepcopy=False)
+                log.warning(
+                    "trials %s were interrupted by %s: marked FAIL, their params enqueued again",
+                    numbers,
+                    cause,
+                )
+        return changed
 
 
 def fail_and_requeue(study: Any, trial: Any, reason: str) -> bool:
@@ -253,39 +274,6 @@ def fail_unfinished(study: Any, trials: Sequence[Any], reason: str) -> None:
             record.fail_trial(study, trial, {ATTR_STATUS: "error", ATTR_REASON: reason})
         except Exception as exc:  # the storage itself may be what failed
             log.warning("could not mark trial #%d failed: %s", trial.number, exc)
-
-
-def recover(
-    study: Any,
-    ownerless: OwnerlessWatch,
-    trials: Sequence[Any] | None = None,
-    stale_gate: StaleGate | None = None,
-) -> bool:
-    """Fail and re-queue trials whose worker died; whether it failed any (the study changed).
-
-    `trials`: a snapshot read a moment ago is enough to find candidates (a dead worker's trial stays
-    RUNNING, and failing one finished meanwhile does nothing); read again after a step failed some.
-    The storage's stale check only when `stale_gate` says it is due (None: always)."""
-    trials = _read(study, trials)
-    steps: list[tuple[Callable[[Any, Sequence[Any]], list[int]], str]] = [
-        (recover_interrupted, "a killed sweep on this host")
-    ]
-    if stale_gate is None or stale_gate.due():
-        steps.append((fail_stale, "a worker whose heartbeat stopped"))
-    if heartbeat_enabled(storage_of(study)):
-        steps.append((ownerless.fail_dead, "a worker that died right after asking"))
-    changed = False
-    for step, cause in steps:
-        numbers = step(study, trials)
-        if numbers:
-            changed = True
-            trials = study.get_trials(deepcopy=False)
-            log.warning(
-                "trials %s were interrupted by %s: marked FAIL, their params enqueued again",
-                numbers,
-                cause,
-            )
-    return changed
 
 
 def _read(study: Any, trials: Sequence[Any] | None) -> Sequence[Any]:

@@ -17,7 +17,7 @@ from gpuopt.study.answers import (
 )
 from gpuopt.study.experiment import override_diff
 from gpuopt.study.keys import ATTR_INTERFERENCE, ATTR_OVERRIDES, ATTR_REPLACES, ATTR_REPLICATE_OF
-from gpuopt.study.noise import NoiseView, front_lines, runner_up_text
+from gpuopt.study.noise import NoiseView, best_noise_lines, front_lines
 from gpuopt.study.records import Confirmation
 from gpuopt.study.rules import unknown_training
 
@@ -109,7 +109,9 @@ def render(
         )
     lines.extend(answers)  # both answers first, then the confirmation they come from
     lines.extend(_comparison_lines(confirmation, baseline, best, names, directions, speedups))
-    lines.extend(_noise_lines(confirmation, baseline, best, names, noise))
+    if noise is not None and best is not None:
+        base = baseline.number if baseline is not None else None
+        lines += [f"  {line}" for line in best_noise_lines(noise, best.number, base, confirmation)]
     lines.extend(_pareto_lines(names, pareto, noise))
     lines.extend(notes)
     lines.append(f"sweep dir: {sweep_dir}")
@@ -196,30 +198,6 @@ def _comparison_lines(
             "(hydra.sweeper.confirm.rounds)"
         ]
     return []
-
-
-def _noise_lines(
-    confirmation: Confirmation | None,
-    baseline: Any | None,
-    best: Any | None,
-    names: Sequence[str],
-    noise: NoiseView | None,
-) -> list[str]:
-    """What noise says of the best pick where no confirmation said it."""
-    if noise is None or best is None:
-        return []
-    lines = []
-    confirmed = confirmation is not None and bool(confirmation.comparisons)
-    unconfirmed = not confirmed and baseline is not None and best.number != baseline.number
-    if unconfirmed and noise.apart(best.number, baseline.number) is False:
-        lines.append("  within noise of the baseline: nothing here is measurably faster")
-    if not confirmed or confirmation.top_two is None:  # type: ignore[union-attr]
-        runner_up = runner_up_text(noise, best.number)
-        if runner_up:
-            lines.append(runner_up)
-    if lines and len(names) < 2:  # several objectives: the front's lines say it
-        lines.append(f"  within noise: {noise.spread.text()}")
-    return lines
 
 
 def repeats_lines(trials: Sequence[Any]) -> list[str]:

@@ -148,8 +148,7 @@ def trial_files(ret: Any, outcome: Any, scratch: Path) -> list[Path]:
 
 
 def _run_dir_result(ret: Any) -> Path | None:
-    diagnostics = getattr(ret, "gpuopt_diagnostics", None)
-    folder = run_dir(ret) or getattr(diagnostics, "run_dir", None)
+    folder = run_dir(ret)
     path = Path(folder) / RESULT_FILE if folder else None
     return path if path is not None and path.is_file() else None
 

@@ -58,29 +58,38 @@ class TrialRunner:
     config: DictConfig  # the composed config (the custom search space extender reads it)
     n_trials: int  # the study's total (a grid may have lowered hydra.sweeper.n_trials)
     storage_text: str  # the storage as logs show it
-    ownerless: resume.OwnerlessWatch
+    recovery: resume.Recovery  # dead workers' trials failed and re-queued, on this worker's clock
     extender: Callable[[DictConfig, Trial], None] | None = None  # hydra.sweeper.custom_search_space
     # Grid sweeps whose composed config is one of the grid's points: those params, until the grid
     # reaches that point and the trial is marked baseline (no extra trial).
     baseline_point: dict[str, Any] | None = None
     labels_checked: bool = False  # plain values relabelled once per sweep, not per trial
     files: TrialFiles | None = None  # the artifact store each trial's files go to (artifacts.py)
-    stale_gate: resume.StaleGate | None = None  # how often the storage's stale check runs
     # Each trial's overrides once its params are suggested (at its ask: `_no_blind_repeat`), so
     # that the launch (or the race's screen) calls no custom_search_space function a second time.
     configured: dict[int, list[str]] = field(default_factory=dict)
 
-    def run(self, study: optuna.Study, to_go: int, space: SearchSpace, progress: Progress) -> None:
+    def run(
+        self,
+        study: optuna.Study,
+        to_go: int,
+        space: SearchSpace,
+        progress: Progress,
+        batch: Callable[..., list[FrozenTrial] | None] | None = None,
+        size: int | None = None,
+    ) -> None:
         """Ask, launch, record until the study holds n_trials counted trials (where the study is
-        read: the module docstring)."""
+        read: the module docstring). `batch` runs each `size` asked trials instead of a launch of
+        n_jobs (the race's rounds)."""
         trials: list[FrozenTrial] | None = study.get_trials(deepcopy=False)
-        progress.start(trials)
+        if progress.done_at_start is None:  # the race started it before its baseline
+            progress.start(trials)
         first, waiting_logged = True, False
         while True:
             if not first:
                 if trials is None:
                     trials = study.get_trials(deepcopy=False)
-                if resume.recover(study, self.ownerless, trials, self.stale_gate):
+                if self.recovery.recover(study, trials):
                     trials = study.get_trials(deepcopy=False)  # failed and re-queued some
                 to_go = owners.trials_to_go(trials, self.n_trials)
             first = False
@@ -92,10 +101,10 @@ class TrialRunner:
                     return
                 waiting_logged, trials = True, None  # it waited: the study is read anew
                 continue
-            asked, full = self.ask(study, min(self.options.n_jobs, to_go), trials, space)
+            asked, full = self.ask(study, min(size or self.options.n_jobs, to_go), trials, space)
             if not asked:
                 return
-            trials = self._run_batch(study, asked, space, progress)
+            trials = (batch or self._run_batch)(study, asked, space, progress)
             progress.check_failure_rate(
                 self.options.max_failure_rate, study.study_name, self.storage_text
             )

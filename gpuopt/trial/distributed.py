@@ -81,9 +81,6 @@ def backend_for(spec: TrialSpec, device: torch.device) -> str:
 def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> TrialResult:
     """Start `distributed.nproc_per_node` ranks running `entry`, wait for them, and return the
     trial's one result (never raises for a failing rank: that is the trial's status)."""
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     dist = spec.distributed
     try:
         check_builtin_modules(spec)
@@ -100,32 +97,71 @@ def launch_ranks(spec: TrialSpec, device: torch.device, entry: RankEntry) -> Tri
             logs /= f"node_{node or f'{socket.gethostname()}-{os.getpid()}'}"
         timeout = dist.timeout_s + RENDEZVOUS_START_S
         config = launch_config(dist.nproc_per_node, dist.nnodes, endpoint, timeout, logs, run_id)
+        # Hydra's run directory (or $GPUOPT_RUN_DIR) and the guard's reference cache, shared with
+        # the sweep's trials: the ranks have no Hydra.
+        found = {RUN_DIR_ENV: known_run_dir(), numerics.CACHE_ENV: numerics.sweep_cache_dir()}
+        env = {name: str(path) for name, path in found.items() if path}
+        args = (entry, spec, device.type, str(scratch), env)
         started = time.time()
         try:
-            with quiet_launcher(), own_signal_handlers():
-                _elastic_launch(config, entry, spec, device, scratch)
-            crashed: dict[int, RankFailure] = {}
-        except ChildFailedError as exc:
-            crashed = crashes_of(exc, scratch, dist.nproc_per_node)
-        except SignalException:  # the trial itself was told to stop: not a result
-            raise
-        except Exception as exc:  # the rendezvous timed out, the launcher failed to start
+            crashed = run_ranks(config, rank_main, args, scratch)
+        except RanksNotStarted as exc:
             return TrialResult(
                 status=Status.ERROR,
-                reason=f"the ranks did not start ({type(exc).__name__}: {exc})",
+                reason=str(exc),
                 warnings=[f"distributed={dist.kind}: no rank measured"],
             )
-        keep_logs(scratch, dist.nnodes)
-        files = {rank: scratch / RESULT_FILE.format(rank=rank) for rank in range(dist.world_size)}
-        results = {  # a rank killed before it finished wrote none
-            rank: TrialResult.from_dict(json.loads(path.read_text()))
-            for rank, path in files.items()
-            if path.exists()
-        }
-        return merge_ranks(results, crashed, backend_for(spec, device), time.time() - started)
+        return merged_result(scratch, dist.world_size, crashed, backend_for(spec, device), started)
     finally:
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+class RanksNotStarted(Exception):
+    """The rendezvous timed out or the launcher failed to start: no rank ran."""
+
+
+def run_ranks(
+    config: Any, rank_fn: Callable[..., None], args: tuple[Any, ...], folder: Path
+) -> dict[int, RankFailure]:
+    """Run `rank_fn(*args)` in every rank of `config`, each ending with this process, and wait for
+    them (the launcher ends the others once one fails): the failed ranks, by global rank, each
+    rank's output kept in `folder`. The one launch path of gpuopt's ranks and a user script's
+    (gpuopt.processes.user_ranks)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    crashed: dict[int, RankFailure] = {}
+    try:
+        with quiet_launcher():
+            elastic_launch(config, _with_lifeline)(os.getpid(), rank_fn, *args)
+    except ChildFailedError as exc:
+        crashed = crashes_of(exc, folder, config.nproc_per_node)
+    except SignalException:  # this process itself was told to stop: not a result
+        raise
+    except Exception as exc:
+        raise RanksNotStarted(f"the ranks did not start ({type(exc).__name__}: {exc})") from exc
+    keep_logs(folder, config.max_nodes)
+    return crashed
+
+
+def _with_lifeline(parent: int, rank_fn: Callable[..., None], *args: Any) -> None:
+    """A rank: SIGKILL when the launching process dies, then `rank_fn(*args)`."""
+    set_parent_death_signal()
+    if os.getppid() != parent:  # the launching process died before the signal was set
+        os._exit(1)
+    rank_fn(*args)
+
+
+def merged_result(
+    folder: Path, world_size: int, crashed: dict[int, RankFailure], backend: str, started: float
+) -> TrialResult:
+    """The job's one result from the ranks' results in `folder` (a rank killed before it finished
+    wrote none) and the crashed ranks."""
+    files = {rank: folder / RESULT_FILE.format(rank=rank) for rank in range(world_size)}
+    results = {rank: TrialResult.load(path) for rank, path in files.items() if path.exists()}
+    return merge_ranks(results, crashed, backend, time.time() - started)
 
 
 def check_builtin_modules(spec: TrialSpec) -> None:
@@ -208,45 +244,24 @@ def launch_config(
     )
 
 
-def _elastic_launch(
-    config: Any, entry: RankEntry, spec: TrialSpec, device: torch.device, scratch: Path
-) -> None:
-    from torch.distributed.launcher.api import elastic_launch
-
-    # Hydra's run directory (or $GPUOPT_RUN_DIR) and the guard's reference cache, shared with the
-    # sweep's trials: the ranks have no Hydra.
-    found = {RUN_DIR_ENV: known_run_dir(), numerics.CACHE_ENV: numerics.sweep_cache_dir()}
-    env = {name: str(path) for name, path in found.items() if path}
-    elastic_launch(config, rank_main)(entry, spec, device.type, os.getpid(), str(scratch), env)
-
-
 @contextlib.contextmanager
 def quiet_launcher() -> Iterator[None]:
-    """Quiet the launcher's tracebacks of rank failures: the trial reports them as its reason."""
+    """While the ranks run, the launcher's tracebacks of rank failures quiet (the trial reports
+    them as its reason). The launcher installs handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT
+    (they raise its SignalException) and leaves them: this process's own come back after."""
     loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
+    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+    sigs = [getattr(signal, name) for name in names if hasattr(signal, name)]
+    main = threading.current_thread() is threading.main_thread()  # signals: the main thread's
+    previous = {sig: signal.getsignal(sig) for sig in sigs} if main else {}
     try:
         yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-@contextlib.contextmanager
-def own_signal_handlers() -> Iterator[None]:
-    """The launcher installs handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT (they raise its
-    SignalException) and leaves them; this process's own come back once the ranks ended."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    names = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-    sigs = [getattr(signal, name) for name in names if hasattr(signal, name)]
-    previous = {sig: signal.getsignal(sig) for sig in sigs}
-    try:
-        yield
-    finally:
         for sig, handler in previous.items():
             if handler is not None:
                 signal.signal(sig, handler)
@@ -300,16 +315,12 @@ def rank_main(
     entry: RankEntry,
     spec: TrialSpec,
     device_type: str,
-    parent: int,
     scratch: str,
     env: dict[str, str],
 ) -> None:
-    """One rank: end with the trial, join the process group, measure through `entry`, write the
-    result. A failed result then raises, so the launcher stops the others instead of leaving them
-    in a collective. No Hydra here: the trial hands down its paths as `env`."""
-    set_parent_death_signal()
-    if os.getppid() != parent:  # the trial died before the signal was set
-        os._exit(1)
+    """One rank: join the process group, measure through `entry`, write the result. A failed
+    result then raises, so the launcher stops the others instead of leaving them in a
+    collective. No Hydra here: the trial hands down its paths as `env`."""
     os.environ.update(env)
     import torch.distributed as torch_dist
 

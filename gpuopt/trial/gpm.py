@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuopt.core.metrics import METRICS
+from gpuopt.trial.monitor import PeriodicSampler
 
 GPM_MIN_SEGMENT_S = 0.1  # NVML's GPM refresh: two samples closer than this read no new counters
 GPM_INTERVAL_S = 1.0  # a long window's intermediate samples, this far apart
@@ -77,10 +77,12 @@ def why_not(nvml: Any, exc: BaseException | None, mig: bool = False) -> str:
     return f"{why}: {NULL_NOTE}"
 
 
-class GpmSampler:
+class GpmSampler(PeriodicSampler):
     """GPM samples of one device (or MIG instance) between start() and stop(), which gives the
     window's metrics and frees every buffer. `read(buffer)` fills a buffer (nvmlGpmSampleGet or
     nvmlGpmMigSampleGet)."""
+
+    thread_name = "gpuopt-gpm"
 
     def __init__(
         self, nvml: Any, read: Callable[[Any], Any], interval_s: float = GPM_INTERVAL_S
@@ -88,10 +90,8 @@ class GpmSampler:
         self.nvml, self._read, self.interval_s = nvml, read, interval_s
         self.taken: list[_Taken] = []
         self._notes: list[str] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def take(self) -> BaseException | None:
+    def sample(self) -> BaseException | None:
         """One sample now, appended to `taken`; the NVML error (also noted) when it refused."""
         try:
             buffer = self.nvml.nvmlGpmSampleAlloc()
@@ -104,7 +104,7 @@ class GpmSampler:
             self._free(buffer)
             self._note(f"nvmlGpmSampleGet: {type(exc).__name__}: {exc}")
             return exc
-        self.taken.append(_Taken(time.perf_counter(), buffer))  # the thread's, joined before a read
+        self.taken.append(_Taken(time.perf_counter(), buffer))
         return None
 
     def _note(self, note: str) -> None:
@@ -115,16 +115,9 @@ class GpmSampler:
         with contextlib.suppress(Exception):  # a buffer NVML will not free: nothing else to do
             self.nvml.nvmlGpmSampleFree(buffer)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.take()
-
     def start(self) -> None:
         self.taken, self._notes = [], []
-        self._stop.clear()
-        self.take()
-        self._thread = threading.Thread(target=self._run, name="gpuopt-gpm", daemon=True)
-        self._thread.start()
+        self._start_sampling()
 
     def discard(self) -> None:
         """Free the samples taken so far (none kept)."""
@@ -133,11 +126,7 @@ class GpmSampler:
         self.taken, self._notes = [], []
 
     def stop(self) -> GpmStats:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.take()  # the window's end
+        self._stop_sampling()
         try:
             return self._stats()
         finally:
@@ -232,7 +221,7 @@ def open_gpm(nvml: Any, handle: Any, interval_s: float = GPM_INTERVAL_S) -> tupl
     sampler = GpmSampler(nvml, read, interval_s)
     # A first read: the permission check (a profiler holding the counters, a container without
     # them) happens here, not at the window's start.
-    refused = sampler.take()
+    refused = sampler.sample()
     sampler.discard()
     if refused is not None:
         return None, why_not(nvml, refused, mig)

@@ -1,8 +1,9 @@
 """NVML sampling during the timed window: GPU utilization, memory, power and energy.
 
-A background thread polls NVML every `interval_s` (cheap driver queries, no CUDA sync). The NVML
-module is injectable (tests script a stand-in); the device maps to its NVML handle by UUID or PCI
-bus id, which stay right under CUDA_VISIBLE_DEVICES, where torch's and NVML's indices differ.
+A background thread (`PeriodicSampler`, GPM's too) polls NVML every `interval_s` (cheap driver
+queries, no CUDA sync). The NVML module is injectable (tests script a stand-in); the device maps
+to its NVML handle by UUID or PCI bus id, which stay right under CUDA_VISIBLE_DEVICES, where
+torch's and NVML's indices differ.
 
 Windows are short (0.5-2 s) next to NVML's own averaging (nvmlDeviceGetPowerUsage is a 1 s
 average on Ampere and newer, nvmlDeviceGetUtilizationRates 1/6-1 s), so a polled mean mostly
@@ -128,9 +129,37 @@ def summarize(
     )
 
 
-class NvmlSampler:
-    """Polls one device in a background thread between start() and stop(), fetching the driver's
-    utilization samples newer than the last seen, and reads the energy counter at both ends."""
+class PeriodicSampler:
+    """Calls `sample()` at start, every `interval_s` in a daemon thread, and at the end: the one
+    polling loop of the NVML and GPM samplers."""
+
+    interval_s: float
+    thread_name: str
+
+    def sample(self) -> Any:
+        raise NotImplementedError
+
+    def _start_sampling(self) -> None:
+        self.sample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def _stop_sampling(self) -> None:
+        self._stop.set()
+        self._thread.join()  # before the samples are read: the thread appends to them
+        self.sample()  # the window's end
+
+
+class NvmlSampler(PeriodicSampler):
+    """Polls one device between start() and stop(), fetching the driver's utilization samples
+    newer than the last seen, and reads the energy counter at both ends."""
+
+    thread_name = "gpuopt-nvml"
 
     def __init__(self, nvml: Any, handle: Any, interval_s: float = 0.1) -> None:
         self.nvml = nvml
@@ -140,8 +169,6 @@ class NvmlSampler:
         self.device_samples: list[tuple[int, float]] = []  # (timestamp µs, utilization %)
         self._device_samples_supported = False
         self._last_seen_us = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._energy_start_mj: float | None = None
         self._started_s = 0.0  # perf_counter at the window's start
         self.window_s = 0.0  # the last window's seconds (energy counter read at both ends)
@@ -153,16 +180,20 @@ class NvmlSampler:
         except Exception:  # NVMLError_NotSupported and friends: this field is unavailable
             return None
 
-    def sample_once(self) -> Sample:
+    def sample(self) -> None:
         rates = self._query("nvmlDeviceGetUtilizationRates")
         memory = self._query("nvmlDeviceGetMemoryInfo")
         power_mw = self._query("nvmlDeviceGetPowerUsage")
-        return Sample(
-            t=time.perf_counter(),
-            utilization=float(rates.gpu) if rates is not None else None,
-            memory_used_mb=memory.used / 2**20 if memory is not None else None,
-            power_w=power_mw / 1e3 if power_mw is not None else None,
+        self.samples.append(
+            Sample(
+                t=time.perf_counter(),
+                utilization=float(rates.gpu) if rates is not None else None,
+                memory_used_mb=memory.used / 2**20 if memory is not None else None,
+                power_w=power_mw / 1e3 if power_mw is not None else None,
+            )
         )
+        if self._device_samples_supported:
+            self.fetch_device_samples()
 
     def fetch_device_samples(self) -> bool:
         """Append the driver's utilization samples newer than the last one seen. False when the
@@ -181,16 +212,8 @@ class NvmlSampler:
                 self._last_seen_us = int(sample.timeStamp)
         return True
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(self.sample_once())
-            if self._device_samples_supported:
-                self.fetch_device_samples()
-            self._stop.wait(self.interval_s)
-
     def start(self) -> None:
         self.samples, self.device_samples = [], []
-        self._stop.clear()
         # lastSeenTimeStamp 0 returns the driver's whole buffer: a cheap probe for support.
         self._last_seen_us = 0
         self._device_samples_supported = self.fetch_device_samples()
@@ -198,23 +221,18 @@ class NvmlSampler:
         self._energy_start_mj = self._query("nvmlDeviceGetTotalEnergyConsumption")
         self._started_s = time.perf_counter()
         self._window_us = (int(time.time() * 1e6), 0)
-        self._thread = threading.Thread(target=self._run, name="gpuopt-nvml", daemon=True)
-        self._thread.start()
+        self._start_sampling()
 
     def stop(self) -> NvmlStats:
         energy_end_mj = self._query("nvmlDeviceGetTotalEnergyConsumption")
         self.window_s = window_s = time.perf_counter() - self._started_s
         self._window_us = (self._window_us[0], int(time.time() * 1e6))
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.samples.append(self.sample_once())  # one sample at the window's end
+        self._stop_sampling()
         counter_j = None
         if self._energy_start_mj is not None and energy_end_mj is not None:
             counter_j = (energy_end_mj - self._energy_start_mj) / 1e3
         inside = None
         if self._device_samples_supported:
-            self.fetch_device_samples()
             start_us, end_us = self._window_us
             inside = [v for t, v in self.device_samples if start_us < t <= end_us]
         stats = summarize(self.samples, counter_j, window_s, inside)

@@ -22,12 +22,12 @@ import json
 import logging
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuopt.core import knobs
+from gpuopt.core.machine_cache import read_json, write_json
 from gpuopt.core.spec import CompileConf, DistributedConf, PrecisionConf, TrainConf, TrialSpec
 from gpuopt.trial.failures import is_oom
 
@@ -179,32 +179,19 @@ def sweep_cache_dir() -> Path | None:
 
 def cached_reference(key: str, cache_dir: Path | None) -> list[float] | None:
     """The reference trajectory under `key`, from this process's cache or the sweep dir's."""
-    if key in _reference_cache:
-        return _reference_cache[key]
-    path = cache_dir / f"{key}.json" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        try:
-            _reference_cache[key] = list(json.loads(path.read_text())["losses"])
-            return _reference_cache[key]
-        except (OSError, ValueError, KeyError):
-            pass  # a half-written or foreign file: recompute
-    return None
+    if key not in _reference_cache and cache_dir is not None:
+        losses = read_json(cache_dir / f"{key}.json").get("losses")
+        if isinstance(losses, list):  # else none, or a half-written or foreign file: recompute
+            _reference_cache[key] = losses
+    return _reference_cache.get(key)
 
 
 def store_reference(key: str, losses: list[float], cache_dir: Path | None) -> None:
     """Keep a trained reference trajectory for this process and, in a multirun, the sweep (workers
-    may write the same key at once: written aside, then renamed)."""
+    may write the same key at once: `write_json` writes aside, then renames)."""
     _reference_cache[key] = losses
-    if cache_dir is None:
-        return
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"losses": losses}, f)
-        os.replace(tmp, cache_dir / f"{key}.json")
-    except OSError as exc:
-        log.warning("numerics reference not cached: %s", exc)
+    if cache_dir is not None:
+        write_json(cache_dir / f"{key}.json", {"losses": losses})
 
 
 def evidence(

@@ -20,7 +20,6 @@ from gpuopt.core import measured_job
 from gpuopt.core.checks import measure_conf
 from gpuopt.core.result import TrialResult
 from gpuopt.core.spec import EngineConf, MeasureConf
-from gpuopt.engines._lifecycle import measuring_spec
 from gpuopt.engines._user_job import UserLoop, job_result, loader_settings, optimizer_lr
 from gpuopt.engines.lightning.meter import PEAK_MODE, FetchTimer, MeasureCallback
 from gpuopt.trial import policies
@@ -72,10 +71,7 @@ class UserMeasureCallback(UserLoop, MeasureCallback):
         compile_mode = "default" if self.compiled else "off"
         memory = MemoryBaseline.take(device)
         # The strategy's process group is up by now (Lightning's setup_environment runs first).
-        peak = PEAK_MODE.get(precision, "fp32")
-        trial = self.start_trial(
-            measuring_spec(device, self.measure, engine, peak, compile_mode), device
-        )
+        trial = self.start_trial(device, PEAK_MODE.get(precision, "fp32"), compile_mode, engine)
         timer = FetchTimer(device, trainer.profiler)
         cache_policy = policies.CachePolicy(trial.spec.cache, device)
         MeasureCallback.__init__(self, trial, timer, cache_policy, memory, self.ranks)
@@ -133,11 +129,8 @@ class UserMeasureCallback(UserLoop, MeasureCallback):
 
     def _record_training(self, trainer: pl.Trainer) -> None:
         """The Trainer's global batch (batch x accumulate_grad_batches x world size) and lr."""
-        assert self.trial is not None
-        m, accumulate = self.trial.metrics, int(trainer.accumulate_grad_batches)
-        m.micro_batch, m.accumulation_steps, m.lr = self._micro_batch, accumulate, self._lr
-        if self._micro_batch is not None:
-            m.global_batch = self._micro_batch * accumulate * int(trainer.world_size)
+        accumulate = int(trainer.accumulate_grad_batches)
+        self.record_batch(self._micro_batch, accumulate, int(trainer.world_size), self._lr)
         self._observed = {
             "precision": str(trainer.precision),
             "accumulate_grad_batches": accumulate,

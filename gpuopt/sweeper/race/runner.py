@@ -67,8 +67,8 @@ class Screened:
 @dataclass
 class RaceRunner:
     """A worker's trials run in one shared process; `trials` (the worker's sweeper.trials.
-    TrialRunner) asks, configures and records them, and runs them in fresh processes where the
-    race cannot go on."""
+    TrialRunner) asks, configures and records them, its loop running a round per batch (fresh
+    processes where the race cannot go on)."""
 
     trials: Any
     compose: Callable[[list[str]], Any] | None = None  # a job's config as the launcher composes it
@@ -93,30 +93,16 @@ class RaceRunner:
             self.trials.run(study, to_go, space, progress)
             return
         try:
+            rounds: tuple[Any, ...] = (self._round, self.trials.options.race.screen)
             if not self._baseline(study, space, progress):
                 log.warning("race: no baseline to pair windows with; the rest in fresh processes")
                 race.close()
-                to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.trials.n_trials)
-                self.trials.run(study, to_go, space, progress)
-                return
-            self._rounds(study, space, progress)
+                rounds = ()
+            to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.trials.n_trials)
+            self.trials.run(study, to_go, space, progress, *rounds)
         except BaseException:
             self.process.close()
             raise
-
-    def _rounds(self, study: optuna.Study, space: SearchSpace, progress: Progress) -> None:
-        to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.trials.n_trials)
-        while to_go > 0:
-            # asked with the space: a repeat of a measured configuration is replaced (repeats.py)
-            trials, full = self.trials.ask(
-                study, min(to_go, self.trials.options.race.screen), space=space
-            )
-            if not trials:
-                return
-            self._round(study, trials, space, progress)
-            if full:
-                return
-            to_go = owners.trials_to_go(study.get_trials(deepcopy=False), self.trials.n_trials)
 
     def _round(
         self,
