@@ -19,7 +19,8 @@ The ways (each with the sweep's own code and constants):
   two-stage stop) in a
   shared process of the baseline and an identical candidate, its plan sized as the default
   sweep's; `verdicts.compare`. A claim: the 95% interval excludes 1.0x.
-- fresh: the same rounds in fresh processes (a user app's confirmation).
+- fresh: the same rounds in fresh processes (a user app's confirmation). A claim: its interval,
+  at the fresh-process level (`rounds.FRESH_LEVEL`, 98%), excludes 1.0x.
 - power: the in-process confirmation of the baseline against the same model made 10% slower
   (scripts/slowed.py): how often the interval excludes 1.0x on the right side.
 """
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
+import math
 import os
 import statistics
 import sys
@@ -39,10 +42,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 
+from gpuopt.core.stats import LEVEL, two_sided
 from gpuopt.study.records import ConfirmedConfig
 from gpuopt.sweeper.comparison import Executor, Measurement, calibrated
 from gpuopt.sweeper.confirm import in_process, schedule
-from gpuopt.sweeper.confirm.rounds import Rule, run_rounds
+from gpuopt.sweeper.confirm.rounds import FRESH_LEVEL, Rule, run_rounds
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.options import ConfirmOptions, RaceOptions
 from gpuopt.sweeper.race import policy, screen
@@ -156,13 +160,18 @@ def _configs() -> list[ConfirmedConfig]:
     return [ConfirmedConfig(label, i, {}, []) for i, label in enumerate(schedule.labels([0, 1]))]
 
 
-def confirmation(measure: Executor, plan: schedule.ConfirmPlan, how: str) -> dict[str, Any]:
-    """The confirmation's rounds and verdict, as the sweep's end runs them."""
+def confirmation(
+    measure: Executor, plan: schedule.ConfirmPlan, how: str, level: float = LEVEL
+) -> dict[str, Any]:
+    """The confirmation's rounds and verdict, as the sweep's end runs them (`level`: the
+    interval's, FRESH_LEVEL in fresh processes)."""
     options = ConfirmOptions()
     configs = _configs()
-    rule = Rule("maximize", options.target_halfwidth)
+    rule = Rule("maximize", options.target_halfwidth, level)
     done = run_rounds(configs, plan, OBJECTIVE, measure, rule, how=how)
-    verdict = compare(configs, "maximize", options.target_halfwidth, plan.rounds, done.loads)
+    verdict = compare(
+        configs, "maximize", options.target_halfwidth, plan.rounds, done.loads, level=level
+    )
     return verdict["comparisons"][0]
 
 
@@ -197,7 +206,7 @@ def fresh_confirmation(model: str) -> dict[str, Any]:
         value = (result.get("metrics") or {}).get(OBJECTIVE)
         return Measurement("ok", value) if value else Measurement("error")
 
-    return confirmation(measure, plan, "fresh processes")
+    return confirmation(measure, plan, "fresh processes", FRESH_LEVEL)
 
 
 def claimed(entry: dict[str, Any]) -> bool:
@@ -260,6 +269,30 @@ def confirm_way(name: str, run: Callable[[], dict[str, Any]], n: int, log: Calla
     }
 
 
+def rescored(paths: Sequence[str], way: str, levels: Sequence[float]) -> dict[str, Any]:
+    """The claims the recorded comparisons of `way` would make at other interval levels: each
+    entry's interval is mean log-ratio +- t(df) x sd / sqrt(pairs), so its half-width scales by
+    the ratio of the two levels' t quantiles (df: the one that gives the recorded half-width)."""
+    entries = [
+        e
+        for path in paths
+        for ways in json.loads(Path(path).read_text()).values()
+        if isinstance(ways, dict) and isinstance(ways.get(way), dict)
+        for e in ways[way]["entries"]
+        if e.get("log_sd") and e.get("halfwidth") is not None
+    ]
+    claims = dict.fromkeys(levels, 0)
+    for e in entries:
+        half, n, sd = math.asinh(e["halfwidth"]), e["n_pairs"], e["log_sd"]
+        df = min(
+            range(1, n), key=lambda k: abs(two_sided(e.get("level", LEVEL), k) * sd - half * n**0.5)
+        )
+        for level in levels:
+            new = half * two_sided(level, df) / two_sided(e.get("level", LEVEL), df)
+            claims[level] += abs(math.log(e["ratio"])) > new
+    return {"files": list(paths), "way": way, "n": len(entries), "claims": claims}
+
+
 def fmt(values: Sequence[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values)
 
@@ -276,7 +309,13 @@ def main() -> int:
     parser.add_argument("--slowdown", type=float, default=0.1)
     parser.add_argument("--trial-s", type=float, default=5.0, help="a trial's seconds (the plan)")
     parser.add_argument("--json")
+    parser.add_argument("--rescore", nargs="+", help="recorded JSONs: their claims at --levels")
+    parser.add_argument("--levels", nargs="+", type=float, default=[LEVEL, FRESH_LEVEL])
     args = parser.parse_args()
+    if args.rescore:
+        for way in ("fresh", "in-process", "power"):
+            print(json.dumps(rescored(args.rescore, way, args.levels)))
+        return 0
     # the shared processes import scripts/slowed.py (the power's slowed model)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")])

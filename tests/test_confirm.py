@@ -21,7 +21,7 @@ from gpuopt.study.records import (
     ConfirmedConfig,
 )
 from gpuopt.sweeper.comparison import Measurement
-from gpuopt.sweeper.confirm.rounds import Measured, Rule, run_rounds
+from gpuopt.sweeper.confirm.rounds import FRESH_LEVEL, Measured, Rule, run_rounds
 from gpuopt.sweeper.confirm.schedule import ConfirmPlan, lean_overrides, with_overrides
 from gpuopt.sweeper.confirm.verdicts import compare
 from gpuopt.sweeper.record import store_confirmation
@@ -64,12 +64,12 @@ class Study(SimpleNamespace):
         self.user_attrs[key] = value
 
 
-def sweep(machine, arms, max_runs, rounds=4, target=0.10, direction="maximize"):
+def sweep(machine, arms, max_runs, rounds=4, target=0.10, direction="maximize", level=0.95):
     """One confirmation as the sweeper runs it; (its record as stored, the configs). What the
     typed record writes is what its readers see."""
     cfgs = configs(*arms)
     plan = ConfirmPlan(top_k=len(arms) - 1, rounds=rounds, max_runs=max_runs)
-    rule = Rule(direction, target)
+    rule = Rule(direction, target, level)
     done = run_rounds(cfgs, plan, "throughput", machine.executor(cfgs), rule, load=lambda: 0.5)
     written = Measured("throughput", cfgs, plan, done, FRESH_PROCESSES).record(rule, 9, "here")
     study = Study(user_attrs={})
@@ -103,6 +103,39 @@ def test_interval_covers_the_true_speedup_95_percent_and_is_unbiased(
     coverage = hits / sweeps
     assert 0.92 <= coverage <= 0.98, coverage  # binomial sd at 600 sweeps: 0.9%
     assert abs(statistics.fmean(errors)) < 0.01  # bias of the log-ratio, vs sigma 5-14%
+
+
+def test_the_fresh_process_level_keeps_a_b_claims_of_the_same_config_under_3_percent():
+    """The same configuration twice in fresh processes at the default cap (10 runs: 5 pairs), each
+    process with its own layout draw (heavier-tailed than normal: 1 in 10 reads 20% slower). At
+    FRESH_LEVEL the interval excludes 1.0x (a false claim) in <= 3% of confirmations; at 95% it
+    would in ~5%, the rate the goal rules out."""
+    rng, sweeps = random.Random(40), 800
+
+    class LayoutDraw(ScriptedMachine):
+        def executor(self, cfgs):
+            plain = super().executor(cfgs)
+
+            def measure(label, job, so_far):
+                slow = 0.8 if self.rng.random() < 0.1 else 1.0
+                reading = plain(label, job, so_far)
+                return Measurement("ok", reading.value * slow)
+
+            return measure
+
+    rates = {}
+    for level in (0.95, FRESH_LEVEL):
+        claims = 0
+        for _ in range(sweeps):
+            machine = LayoutDraw({"A": 1000.0}, 0.05, rng)
+            record, _ = sweep(machine, ["A", "A"], max_runs=10, target=0.05, level=level)
+            (entry,) = record["comparisons"]
+            assert entry["level"] == level and entry["n_pairs"] <= 5
+            claims += entry["distinguishable"]
+        rates[level] = claims / sweeps
+    assert rates[FRESH_LEVEL] <= 0.03 < rates[0.95], rates  # binomial sd at 800: <= 0.8%
+    text = speedup_text(Comparison.from_attr(entry))
+    assert "(98% CI)" in text or "[98% CI" in text
 
 
 def test_quiet_machine_stops_after_the_first_stage_within_the_target():

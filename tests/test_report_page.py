@@ -55,7 +55,7 @@ def test_answer_shows_the_confirmed_speedup_with_its_interval(page):
     assert report.best.number == 1
     assert f"{entry.ratio:.2f}x" in text
     assert f"95% CI {entry.ci_low:.2f}-{entry.ci_high:.2f}x" in text
-    assert "Speedup over the baseline (re-measured, 95% interval)" in text
+    assert "Speedup over the baseline (re-measured, 95% CI)" in text
     assert "loader.batch_size=64 loader.num_workers=2" in text  # the change to apply
     assert "53% of the step in next(loader)" in text  # the baseline's diagnosis cites its phases
 

@@ -26,6 +26,7 @@ from gpuopt.study.keys import ATTR_BASELINE
 from gpuopt.study.records import FRESH_PROCESSES, read_confirmation
 from gpuopt.study.rules import leading_trial
 from gpuopt.sweeper import owners, resume
+from gpuopt.sweeper.confirm.rounds import FRESH_LEVEL
 from gpuopt.sweeper.launchers import gpus
 from gpuopt.sweeper.launchers.results import describe_exit
 from gpuopt.sweeper.objectives import outcome_from_return
@@ -235,7 +236,7 @@ def test_a_trial_whose_worker_died_right_after_asking_is_failed_after_grace(tmp_
     assert resume.fail_stale(study) == []  # the gap: never beat, so never stale
 
     now = [100.0]
-    watch = resume.OwnerlessWatch(5, clock=lambda: now[0])
+    watch = resume.Recovery(5, clock=lambda: now[0])
     assert watch.fail_dead(study) == []  # first seen now
     now[0] += 4.9
     assert watch.fail_dead(study) == []
@@ -430,6 +431,7 @@ def _assert_one_result(tmp_path, pids, study):
     of its own: confirmed in fresh processes (its launcher's runs), no shared measuring process."""
     confirmation = read_confirmation(study.user_attrs)
     assert confirmation is not None and confirmation.mode == FRESH_PROCESSES
+    assert all(c.level == FRESH_LEVEL for c in confirmation.comparisons)  # its wider interval
     results = {}
     for i, pid in enumerate(pids):
         (path,) = (tmp_path / f"w{i}").glob("sweeps/*/*/optimization_results.yaml")

@@ -10,6 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The paired intervals' confidence (the race, the in-process confirmation). The fresh-process
+# confirmation's is FRESH_LEVEL (sweeper/confirm/rounds.py says why).
+LEVEL = 0.95
+
 
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta function (Numerical Recipes, modified Lentz)."""
@@ -74,18 +78,23 @@ def t_quantile(p: float, df: float) -> float:
     return 0.5 * (lo + hi)
 
 
-def mean_interval(values: list[float]) -> tuple[float, float, float]:
-    """(mean, half-width, sample sd) of the 95% t-interval for the mean of `values`: the confirmation's
-    paired log-ratios. Needs >= 2 values; an sd of 0 gives a half-width of 0."""
+def mean_interval(values: list[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(mean, half-width, sample sd) of the `level` t-interval for the mean of `values`: the
+    confirmation's paired log-ratios. Needs >= 2 values; an sd of 0 gives a half-width of 0."""
     n = len(values)
     if n < 2:
         raise ValueError(f"a t-interval needs >= 2 values, got {n}")
     mean = math.fsum(values) / n
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t_quantile(0.975, n - 1) * sd / math.sqrt(n), sd
+    return mean, two_sided(level, n - 1) * sd / math.sqrt(n), sd
 
 
-def stein_pairs(sd: float, first: int, half: float) -> int:
+def two_sided(level: float, df: float) -> float:
+    """The t quantile of a two-sided `level` interval."""
+    return t_quantile(0.5 + level / 2.0, df)
+
+
+def stein_pairs(sd: float, first: int, half: float, level: float = LEVEL) -> int:
     """Pairs Stein's two-stage procedure needs for a half-width `half` (log scale) from the spread
     `sd` of its `first` pairs: max(first, ceil((t(first-1) * sd / half)^2)). Its interval, mean of
     all pairs +- t(first-1) * sd / sqrt(n), then covers at the nominal rate whatever the noise: n
@@ -96,7 +105,7 @@ def stein_pairs(sd: float, first: int, half: float) -> int:
         raise ValueError(f"the first stage needs >= 2 pairs, got {first}")
     if sd <= 0.0:
         return first
-    need = (t_quantile(0.975, first - 1) * sd / half) ** 2
+    need = (two_sided(level, first - 1) * sd / half) ** 2
     return max(first, math.ceil(min(need, 1e9) - 1e-9))
 
 
@@ -122,10 +131,11 @@ class Speedup:
     halfwidth: float | None = None  # relative: (ci_high - ci_low) / (2 * ratio)
     verdict: str | None = None  # faster | slower | same | too noisy; None without an interval
     pairs_needed: int | None = None  # pairs for +-target at this spread (Stein)
+    level: float = LEVEL  # the interval's confidence
 
     @property
     def distinguishable(self) -> bool | None:
-        """Whether the 95% CI excludes 1 (no difference); None when there is no CI."""
+        """Whether the interval excludes 1 (no difference); None when there is no CI."""
         if self.ci_low is None or self.ci_high is None:
             return None
         return self.ci_low > 1.0 or self.ci_high < 1.0
@@ -150,10 +160,11 @@ def speedup(
     direction: str = "maximize",
     target: float = DEFAULT_TARGET,
     first_stage: int | None = None,
+    level: float = LEVEL,
 ) -> Speedup:
     """Paired speedup of candidate over reference; entry i of each is round i (None: no value).
 
-    exp(mean log-ratio) with a 95% t-interval on the log scale. With `first_stage` (the rounds run
+    exp(mean log-ratio) with a `level` t-interval on the log scale. With `first_stage` (the rounds run
     before the number of rounds was chosen from their spread) the interval is Stein's: the first
     stage's sd with its df, over all pairs - the one that keeps its coverage after that choice.
     """
@@ -163,12 +174,12 @@ def speedup(
         raise ValueError("speedup needs at least one round with a positive measurement each")
     mean = math.fsum(d) / len(d)
     if len(d) < 2:
-        return Speedup(math.exp(mean), None, None, n_c, n_r, n_pairs=1)
-    _, half, sd = mean_interval(d)
+        return Speedup(math.exp(mean), None, None, n_c, n_r, n_pairs=1, level=level)
+    _, half, sd = mean_interval(d, level)
     first = len(d) if first_stage is None or not 2 <= first_stage < len(d) else first_stage
     if first < len(d):
         _, _, sd = mean_interval(d[:first])
-        half = t_quantile(0.975, first - 1) * sd / math.sqrt(len(d))
+        half = two_sided(level, first - 1) * sd / math.sqrt(len(d))
     low, high = _exp(mean - half), _exp(mean + half)
     halfwidth = math.sinh(min(half, 700.0))
     return Speedup(
@@ -181,7 +192,8 @@ def speedup(
         log_sd=sd,
         halfwidth=halfwidth,
         verdict=verdict(low, high, halfwidth, target),
-        pairs_needed=stein_pairs(sd, first, math.asinh(target)),
+        pairs_needed=stein_pairs(sd, first, math.asinh(target), level),
+        level=level,
     )
 
 

@@ -23,7 +23,7 @@ PHASE_COLOURS = {
 
 
 def speedup_figure(report: StudyReport) -> Any:
-    """Each confirmed candidate's speedup over the baseline as a point with its 95% interval, the
+    """Each confirmed candidate's speedup over the baseline as a point with its interval, the
     line at 1.0 meaning "no change"; without a confirmation, the one-measurement ratio alone."""
     import plotly.graph_objects as go
 
@@ -42,11 +42,11 @@ def speedup_figure(report: StudyReport) -> Any:
                 mode="markers",
                 marker={"size": 12, "color": "#1f77b4"},
                 error_x={"type": "data", "symmetric": False, "array": upper, "arrayminus": lower},
-                name="speedup, 95% CI",
+                name=f"speedup, {rows[0].ci_name}",
                 hovertemplate="%{x:.2f}x<extra>%{y}</extra>",
             )
         )
-        title = "Speedup over the baseline (re-measured, 95% interval)"
+        title = f"Speedup over the baseline (re-measured, {rows[0].ci_name})"
     elif report.speedup is not None and report.best is not None:
         figure.add_trace(
             go.Scatter(

@@ -28,8 +28,8 @@ class Line(NamedTuple):
 
 
 def speedup_text(entry: Comparison) -> str:
-    """A stored speedup: ratio, 95% CI, its half-width, the pairs, the verdict; "too noisy here"
-    with the spread and the load instead of an interval too wide to act on."""
+    """A stored speedup: ratio, CI at its level, its half-width, the pairs, the verdict; "too noisy
+    here" with the spread and the load instead of an interval too wide to act on."""
     if not entry.measured:
         return entry.error or "n/a"
     ratio = entry.ratio
@@ -41,7 +41,8 @@ def speedup_text(entry: Comparison) -> str:
     sample = f"{pairs} pairs" if pairs else f"n={entry.n_candidate}/{entry.n_reference}"
     width = "" if entry.halfwidth is None else f", +-{_percent(entry.halfwidth)}"
     verdict = "" if entry.distinguishable else ", not distinguishable from 1.0x"
-    return f"{ratio:.3f}x [95% CI {entry.ci_low:.3f}-{entry.ci_high:.3f}{width}, {sample}{verdict}]"
+    ci = f"{entry.ci_name} {entry.ci_low:.3f}-{entry.ci_high:.3f}"
+    return f"{ratio:.3f}x [{ci}{width}, {sample}{verdict}]"
 
 
 def _too_noisy(entry: Comparison) -> str:
@@ -60,7 +61,7 @@ def _too_noisy(entry: Comparison) -> str:
     )
     return (
         f"too noisy here: {entry.ratio:.2f}x +-{_percent(entry.halfwidth or 0.0)} "
-        f"(95% CI) is no answer ({seen}){more}"
+        f"({entry.ci_name}) is no answer ({seen}){more}"
     )
 
 

@@ -64,9 +64,10 @@ class Comparison:
     n_reference: int | None = None
     n_pairs: int | None = None  # None: a record from before the pairing
     log_sd: float | None = None
-    halfwidth: float | None = None  # relative half-width of the 95% CI
+    halfwidth: float | None = None  # relative half-width of the CI
     verdict: str | None = None  # faster | slower | same | too noisy (gpuopt.core.stats.verdict)
     pairs_needed: int | None = None
+    level: float = 0.95  # the CI's confidence (records before it was stored: 95%)
     distinguishable: bool | None = None  # the CI excludes 1.0x; None without a CI
     error: str | None = None
     # Seen while measuring, for a "too noisy" verdict: the target, the 1-min load range and the
@@ -86,6 +87,11 @@ class Comparison:
             tuple(load) if isinstance(load, list | tuple) and len(load) == 2 else None
         )
         return cls(**values)
+
+    @property
+    def ci_name(self) -> str:
+        """The interval as the summary and the report name it: "95% CI", "98% CI"."""
+        return f"{100 * self.level:.0f}% CI"
 
     @property
     def measured(self) -> bool:

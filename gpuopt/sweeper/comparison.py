@@ -26,7 +26,14 @@ from operator import attrgetter
 from typing import Any, Protocol
 
 from gpuopt.core.host import cpu_ticks, steal_percent
-from gpuopt.core.stats import DEFAULT_TARGET, Speedup, log_ratios, mean_interval, speedup
+from gpuopt.core.stats import (
+    DEFAULT_TARGET,
+    LEVEL,
+    Speedup,
+    log_ratios,
+    mean_interval,
+    speedup,
+)
 from gpuopt.core.stats import stein_pairs as _stein_pairs
 
 log = logging.getLogger("gpuopt.sweeper")
@@ -149,6 +156,7 @@ def paired_speedup(
     direction: str,
     target: float = DEFAULT_TARGET,
     first_stage: int | None = None,
+    level: float = LEVEL,
 ) -> Speedup | None:
     """gpuopt.core.stats.speedup of two arms' values by round; `first_stage` (the rounds run
     before the count was chosen) counted in pairs. None without one pair."""
@@ -162,6 +170,7 @@ def paired_speedup(
             direction,
             target=target,
             first_stage=first_stage,
+            level=level,
         )
     except ValueError:
         return None
@@ -187,7 +196,7 @@ class FixedCount:
 
 @dataclass(frozen=True)
 class PairStop:
-    """After a first stage of `first` rounds, Stein's count of pairs for a 95% interval of
+    """After a first stage of `first` rounds, Stein's count of pairs for a `level` interval of
     +-`target` (reported as Stein's interval: its coverage holds after the count was chosen from
     the first stage's spread); an arm the first stage shows slower than another leaves."""
 
@@ -196,6 +205,7 @@ class PairStop:
     first: int
     # arms that may be an answer of their own: only one of these beats another of these
     protected: frozenset[str] = frozenset()
+    level: float = LEVEL
 
     def wanted(self, compared: Compared) -> dict[str, int]:
         wanted = {arm: self.pairs(compared, arm) for arm in compared.arms}
@@ -215,7 +225,7 @@ class PairStop:
         d = self._log_ratios(compared, arm, compared.control)
         if len(d) < 2:
             return self.first
-        n = _stein_pairs(mean_interval(d)[2], len(d), math.asinh(self.target))
+        n = _stein_pairs(mean_interval(d)[2], len(d), math.asinh(self.target), self.level)
         return self.first + (n - len(d)) + (n - len(d)) % 2
 
     def beaten(self, compared: Compared) -> dict[str, str]:
@@ -233,7 +243,7 @@ class PairStop:
                 d = self._log_ratios(compared, arm, rival)
                 if len(d) < 2:
                     continue
-                mean, half, _ = mean_interval(d)
+                mean, half, _ = mean_interval(d, self.level)
                 if mean + half < 0.0:
                     out[arm] = rival
                     break

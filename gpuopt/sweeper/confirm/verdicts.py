@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gpuopt.core.host import usable_cpus
-from gpuopt.core.stats import DEFAULT_TARGET
+from gpuopt.core.stats import DEFAULT_TARGET, LEVEL
 from gpuopt.study.records import ConfirmedConfig
 from gpuopt.sweeper.comparison import paired_speedup
 
@@ -35,6 +35,7 @@ def compare(
     first_stage: int | None = None,
     loads: Sequence[float] = (),
     steal_pct: float | None = None,
+    level: float = LEVEL,
 ) -> dict[str, Any]:
     """The record's `comparisons` (over the baseline, configs[0]) and `top_two` (the top two
     candidates against each other); `loads` and `steal_pct` kept on each entry for a "too noisy"
@@ -48,10 +49,13 @@ def compare(
     out: dict[str, Any] = {"comparisons": [], "top_two": None}
     for cand in configs[1:]:
         entry = {"label": cand.label, "trial_number": cand.trial_number}
-        entry.update(paired(cand, base, direction, target=target, first_stage=first_stage))
+        entry.update(
+            paired(cand, base, direction, target=target, first_stage=first_stage, level=level)
+        )
         out["comparisons"].append({**entry, **seen})
     if len(configs) >= 3:
         a, b = configs[1], configs[2]
         # no first stage here: the rounds were not chosen from this pair's spread
-        out["top_two"] = {"labels": [a.label, b.label], **paired(a, b, direction, target=target)}
+        top_two = paired(a, b, direction, target=target, level=level)
+        out["top_two"] = {"labels": [a.label, b.label], **top_two}
     return out
