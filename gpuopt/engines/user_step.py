@@ -118,8 +118,10 @@ def run_user_step(user: UserStep, trial: Trial, process_t0: float) -> None:
         flops = measure_step_flops(lambda: user.train(first_batch))  # one (untimed) training step
         record_flops(trial, flops, micro_batch, trial.spec.precision.mode)
     meter = WindowMeter(trial, user.ranks, wait=feed.wait, memory=memory, count_flops=False)
-    meter.measure(feed, lambda: user.train(feed.next()), user.nonfinite.check, process_t0)
-    m.compile_time_s = None  # the user's step: gpuopt cannot tell a compile step apart
+    try:
+        meter.measure(feed, lambda: user.train(feed.next()), user.nonfinite.check, process_t0)
+    finally:  # a diverged window too
+        m.compile_time_s = None  # the user's step: gpuopt cannot tell a compile step apart
     record_training(user, micro_batch, m, trial.warnings)
     if trial.spec.measure.ceiling and user.ranks is not None:  # each step would be a collective
         trial.warnings.append("no compute ceiling in a multi-rank job (its replay is per rank)")
