@@ -1,7 +1,8 @@
-"""The numerics guard of a distributed trial, with real gloo ranks of world size 2 on this CPU: the
-ranks' averaged loss trajectory on the same global batch follows the single-process fp32 reference
-to rounding for fp32 DDP / FSDP2, drifts by bf16 rounding under an FSDP2 bf16 param policy, and a
-parameter left out of the gradient reduction (the ranks' replicas drift apart) shows as drift."""
+"""The numerics guard of a distributed trial, with real gloo ranks of world size 2 on this CPU: a
+DDP / FSDP2 job from the command line is one printed result whose ranks' averaged loss trajectory
+on the same global batch follows the single-process fp32 reference to rounding; it drifts by bf16
+rounding under an FSDP2 bf16 param policy, and a parameter left out of the gradient reduction (the
+ranks' replicas drift apart) shows as drift."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import torch
 
 from gpuopt.core.checks import check_module_patterns
 from gpuopt.core.errors import ConfigError
-from gpuopt.core.result import Status
+from gpuopt.core.result import Status, TrialResult
 from gpuopt.engines import _guard
 from gpuopt.engines.registry import run_trial
 from gpuopt.trial.prepare import load_spec
 from gpuopt.workload.models import MLP
+from tests.helpers.cli import run_cli
 
 # A small MLP that learns within the guard's K=8 steps; global batch 128 = 32 x 2 x 2 ranks.
 SMALL = [
@@ -62,19 +64,53 @@ def _guarded(compose_cfg, *overrides):
     return result, result.numerics
 
 
+# Each kind's own knobs ride along: none of them changes the math (the guard must not list them).
+KIND_KNOBS = {
+    "ddp": ["distributed.bucket_cap_mb=1", "distributed.gradient_as_bucket_view=true"],
+    "fsdp2": [
+        "distributed.shard_modules=[Sequential]",
+        "distributed.checkpoint_modules=[Sequential]",
+    ],
+}
+
+
 @pytest.mark.slow  # starts real gloo ranks in subprocesses
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
-def test_fp32_ranks_follow_the_single_process_reference_to_rounding(compose_cfg, kind):
-    result, found = _guarded(compose_cfg, f"distributed={kind}", TIGHT)
+def test_a_job_from_the_command_line_is_one_result_and_its_fp32_ranks_follow_the_reference(
+    tmp_path, compose_cfg, kind
+):
+    """One `python -m gpuopt.run distributed=KIND` job: one printed result for both ranks (merged
+    as trial/ranks says), and its ranks' loss trajectory is the single-process reference's."""
+    overrides = [*SMALL, f"distributed={kind}", *KIND_KNOBS[kind]]
+    proc = run_cli(tmp_path, *overrides, TIGHT, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("gpuopt trial: ok") == 1 and "2 (gloo)" in proc.stdout
+    (path,) = (tmp_path / "outputs" / "runs").glob("*/*/result.json")
+    result = TrialResult.load(path)
+    m = result.metrics
+    assert result.status is Status.OK and m.world_size == 2 and result.env["backend"] == "gloo"
+    assert result.config["distributed"]["kind"] == kind
+    # global batch 128 = micro-batch 32 x accumulation 2 x 2 ranks
+    assert (m.global_batch, m.micro_batch, m.accumulation_steps) == (128, 32, 2)
+    rows = result.ranks
+    assert [row["rank"] for row in rows] == [0, 1]
+    assert rows[0]["timed_steps"] == rows[1]["timed_steps"] == m.timed_steps  # steps agreed
+    samples = sum(row["throughput"] * row["timed_seconds"] for row in rows)
+    assert m.timed_seconds == max(row["timed_seconds"] for row in rows)
+    assert m.throughput == pytest.approx(samples / m.timed_seconds)
+    slowest = max(rows, key=lambda row: row["step_time_ms"])
+    assert m.straggler_rank == slowest["rank"] and m.step_time_ms == slowest["step_time_ms"]
+    assert m.peak_memory_mb == max(row["peak_memory_mb"] for row in rows)
+    found = result.numerics
     assert found["passed"] and found["loss_drift"] < 1e-5, found["summary"]
     assert found["changes"] == ["accumulation 2 x 32", f"{kind} x 2 ranks"]
     assert len(found["losses"]) == 8 and found["losses"][-1] < found["losses"][0]
     # rank 0 compared with the reference one process trains on the job's global batch
-    spec = load_spec(compose_cfg(*SMALL, f"distributed={kind}"))
+    spec = load_spec(compose_cfg(*overrides))
     batches = _guard.fixed_batches(spec, 8)
     alone = _guard.reference_losses(spec, torch.device(CPU), batches, None)
     assert found["reference_losses"] == pytest.approx(alone, rel=1e-9)
-    assert result.metrics.loss_drift == found["loss_drift"]
+    assert m.loss_drift == found["loss_drift"]
 
 
 @pytest.mark.slow  # starts real gloo ranks in subprocesses
